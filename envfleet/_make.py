@@ -1,0 +1,157 @@
+"""``envfleet.make``: strings become Enums and checked numbers here, at the edge."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from envfleet.backends import Backend, TransportOptions, open_transport
+from envfleet.errors import EnvRaisedError, Phase
+from envfleet.pool import Pool
+from envfleet.protocol import EnvFailure
+from envfleet.spec import EnvSpec
+
+START_METHODS = ("fork", "forkserver", "spawn")
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def make(
+    env: Any,
+    num_envs: int,
+    *,
+    backend: str | Backend = Backend.PROCESS,
+    num_workers: int | None = None,
+    batch_size: int | None = None,
+    seed: int | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+    context: str | None = None,
+) -> Pool:
+    """Run ``num_envs`` copies of an environment in parallel behind one ``VectorEnv``.
+
+    Args:
+        env: a registered id (``"CartPole-v1"``, ``"ALE/Pong-v5"``), an env class or a
+            zero-argument callable returning an env (closures work under every start method).
+        num_envs: number of envs.
+        backend: ``"process"`` (worker processes, shared memory) or ``"serial"`` (the caller's
+            thread; the reference semantics).
+        num_workers: worker processes (default: usable cores, at most ``num_envs``); envs are
+            split over them in contiguous blocks that need not be equal.
+        batch_size: envs returned per :meth:`Pool.recv` (default ``num_envs``: synchronous).
+        seed: env ``i`` is reset with ``seed + i`` on the first reset; also seeds the action
+            spaces.
+        env_kwargs: keyword arguments for ``gymnasium.make`` or the factory.
+        autoreset_mode: Gymnasium's ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED``.
+        context: multiprocessing start method for the process backend (``"fork"``,
+            ``"forkserver"``, ``"spawn"``; default: the platform's).
+
+    Returns:
+        A :class:`Pool`; close it (or use it as a context manager) to free its workers.
+
+    Raises:
+        ValueError, TypeError: an argument is invalid; the message says what was expected.
+        EnvError: building the env failed.
+
+    Example:
+        >>> import envfleet
+        >>> with envfleet.make("CartPole-v1", num_envs=4, backend="serial", seed=0) as pool:
+        ...     obs, infos = pool.reset()
+        ...     obs, rewards, terminations, truncations, infos = pool.step([0, 1, 0, 1])
+        >>> obs.shape, rewards.tolist()
+        ((4, 4), [1.0, 1.0, 1.0, 1.0])
+    """
+    backend = _enum(Backend, backend, "backend")
+    autoreset_mode = _enum(AutoresetMode, autoreset_mode, "autoreset_mode")
+    num_envs = _positive_int(num_envs, "num_envs")
+    if num_workers is None:
+        num_workers = min(usable_cores(), num_envs)
+    num_workers = _positive_int(num_workers, "num_workers")
+    if num_workers > num_envs:
+        raise ValueError(f"num_workers={num_workers} exceeds num_envs={num_envs}")
+    batch_size = num_envs if batch_size is None else _positive_int(batch_size, "batch_size")
+    if batch_size > num_envs:
+        raise ValueError(f"batch_size={batch_size} exceeds num_envs={num_envs}")
+    if seed is not None and not isinstance(seed, int | np.integer):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    if context is not None and context not in START_METHODS:
+        raise ValueError(f"context must be one of {START_METHODS} or None, got {context!r}")
+    spec = EnvSpec.from_user(env, env_kwargs)
+    if backend is Backend.SERIAL:
+        num_workers = 1
+
+    probe = _probe(spec)
+    assignment = [tuple(int(i) for i in ids) for ids in np.array_split(range(num_envs), num_workers)]
+    options = TransportOptions(
+        spec=spec,
+        assignment=assignment,
+        observation_space=probe["observation_space"],
+        action_space=probe["action_space"],
+        autoreset_mode=autoreset_mode,
+        context=context,
+    )
+    transport = open_transport(backend, options)
+    return Pool(
+        transport,
+        assignment,
+        env_name=spec.name,
+        observation_space=probe["observation_space"],
+        action_space=probe["action_space"],
+        metadata=probe["metadata"],
+        render_mode=probe["render_mode"],
+        autoreset_mode=autoreset_mode,
+        batch_size=batch_size,
+        seed=None if seed is None else int(seed),
+    )
+
+
+def _probe(spec: EnvSpec) -> dict[str, Any]:
+    """Build one env in the caller to learn its spaces (and fail fast on a broken factory)."""
+    try:
+        env = spec.build()
+    except Exception as exc:
+        failure = EnvFailure.capture(None, Phase.MAKE, exc)
+        error = EnvRaisedError(
+            f"building {spec.name} failed: {failure.type_name}: {failure.message}",
+            env_index=None,
+            phase=Phase.MAKE,
+            worker=-1,
+        )
+        raise error from exc
+    try:
+        return {
+            "observation_space": env.observation_space,
+            "action_space": env.action_space,
+            "metadata": dict(env.metadata),
+            "render_mode": env.render_mode,
+        }
+    finally:
+        env.close()
+
+
+def _enum(kind: Any, value: Any, name: str) -> Any:
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(repr(m.value) for m in kind)
+        raise ValueError(f"unknown {name} {value!r}: expected one of {choices}") from None
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return int(value)

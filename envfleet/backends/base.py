@@ -1,0 +1,78 @@
+"""The backend contract: a transport only moves commands and replies.
+
+It knows nothing of autoreset, episodes or validation (that is the pool's and the group's job);
+it starts the workers, hands each command to the right group, reports replies as they come and
+turns a worker that disappears into a :class:`WorkerLost` reply instead of a hang.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import gymnasium
+from gymnasium.vector import AutoresetMode
+
+from envfleet.buffers import Batch
+from envfleet.protocol import Command, Reply
+from envfleet.spec import EnvSpec
+
+
+class Backend(enum.Enum):
+    """Where the envs run."""
+
+    SERIAL = "serial"
+    PROCESS = "process"
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    """A worker exited or was killed; its in-flight commands will never be answered."""
+
+    exitcode: int | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class TransportOptions:
+    """Everything a transport needs to start its workers."""
+
+    spec: EnvSpec
+    assignment: Sequence[tuple[int, ...]]  # global env ids per worker
+    observation_space: gymnasium.Space[Any]
+    action_space: gymnasium.Space[Any]
+    autoreset_mode: AutoresetMode
+    context: str | None = None
+
+    @property
+    def num_envs(self) -> int:
+        return sum(len(ids) for ids in self.assignment)
+
+
+class Transport(Protocol):
+    """What every backend implements."""
+
+    batch: Batch
+    """The pool-side view of the batch arrays the groups fill."""
+
+    def submit(self, worker: int, command: Command) -> None:
+        """Hand ``command`` to ``worker``; its reply comes back through :meth:`wait`."""
+
+    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost]]:
+        """Replies that are in, in order per worker; block up to ``timeout`` for at least one."""
+
+    def close(self, timeout: float) -> None:
+        """Stop every worker and free every resource; idempotent."""
+
+
+_MODULES = {Backend.SERIAL: "envfleet.backends.serial", Backend.PROCESS: "envfleet.backends.process"}
+
+
+def open_transport(backend: Backend, options: TransportOptions) -> Transport:
+    """Start the transport of ``backend`` (imported lazily: Ray is an optional extra)."""
+    module = importlib.import_module(_MODULES[backend])
+    transport: Transport = module.open_transport(options)
+    return transport

@@ -1,0 +1,250 @@
+"""The process backend: worker processes, shared-memory batch arrays, pipes for signalling.
+
+::
+
+    pool (parent)                                   worker w (child process)
+    ─────────────                                   ────────────────────────
+    write actions into shared rows ──┐
+    conn.send(Step(ids)) ────────────┼── pipe ──►   conn.recv() (blocks in the kernel)
+                                     │              group.step(ids): envs write obs, rewards,
+                                     │              terminations, truncations into their rows
+    wait(pipes + process sentinels) ◄┴── pipe ───   conn.send(Reply(infos only if non-empty))
+    read rows
+
+Waiting blocks in ``poll``/``read`` on both sides: no spinning, so on a machine with few cores
+the envs get every cycle (see ``bench/waiting.py`` for the measurement behind this choice). A
+worker that dies wakes the parent through its process sentinel; a worker whose parent dies sees
+EOF on its pipe or, if it is stuck inside an env, is stopped by a watchdog thread.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import threading
+import time
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import cloudpickle
+
+from envfleet.backends.base import TransportOptions, WorkerLost
+from envfleet.buffers import SharedBatch
+from envfleet.errors import Phase
+from envfleet.group import EnvGroup, GroupStartError
+from envfleet.protocol import Close, Command, EnvFailure, Reply
+
+PARENT_CHECK_INTERVAL = 1.0
+"""Seconds between a worker's checks that its parent is still alive."""
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit this worker when the parent dies, even if an env is stuck in C code."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_CHECK_INTERVAL)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="envfleet-parent-watch", daemon=True).start()
+
+
+def _worker_main(
+    worker: int,
+    conn: Connection,
+    parent_end: Connection | None,
+    spec_blob: bytes,
+    env_ids: tuple[int, ...],
+    shared: SharedBatch,
+    options: TransportOptions,
+    parent_pid: int,
+) -> None:
+    # Ctrl-C goes to the whole process group: the parent alone handles it and closes us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent_end is not None:
+        parent_end.close()  # so that our recv sees EOF once the parent is gone
+    _watch_parent(parent_pid)
+    try:
+        group = EnvGroup(
+            pickle.loads(spec_blob),
+            env_ids,
+            shared.views(),
+            options.autoreset_mode,
+            options.observation_space,
+            options.action_space,
+            ship_observations=shared.observations is None,
+        )
+    except GroupStartError as exc:
+        conn.send(Reply(failures=(exc.failure,)))
+        return
+    except BaseException as exc:
+        conn.send(Reply(failures=(EnvFailure.capture(None, Phase.MAKE, exc),)))
+        return
+    conn.send(Reply())
+    while True:
+        try:
+            command: Command = conn.recv()
+        except (EOFError, OSError):
+            group.close()
+            return
+        try:
+            reply = command.run(group)
+        except BaseException as exc:
+            reply = Reply(failures=(EnvFailure.capture(None, Phase.STEP, exc),))
+        try:
+            conn.send(reply)
+        except Exception as exc:  # an info or call result that cannot be pickled
+            conn.send(Reply(env_ids=reply.env_ids, failures=(_unpicklable(reply, exc),)))
+        if isinstance(command, Close):
+            return
+
+
+def _unpicklable(reply: Reply, exc: Exception) -> EnvFailure:
+    try:
+        raise TypeError(f"the reply could not be pickled to send to the parent: {exc}") from exc
+    except TypeError as error:
+        env = reply.env_ids[0] if reply.env_ids else None
+        return EnvFailure.capture(env, Phase.STEP, error)
+
+
+class ProcessTransport:
+    """One process per worker; the batch arrays live in shared memory."""
+
+    def __init__(self, options: TransportOptions) -> None:
+        self._ctx = multiprocessing.get_context(options.context)
+        self._shared: SharedBatch | None = SharedBatch.allocate(
+            options.observation_space, options.action_space, options.num_envs, self._ctx
+        )
+        self.batch = self._shared.views()
+        self._conns: list[Connection] = []
+        self._procs: list[BaseProcess] = []
+        self._alive: list[bool] = []
+        self._closed = False
+        spec_blob = cloudpickle.dumps(options.spec)
+        try:
+            for worker, ids in enumerate(options.assignment):
+                parent_end, child_end = self._ctx.Pipe()
+                proc = self._ctx.Process(
+                    target=_worker_main,
+                    name=f"envfleet-worker-{worker}",
+                    args=(
+                        worker,
+                        child_end,
+                        parent_end,
+                        spec_blob,
+                        ids,
+                        self._shared,
+                        options,
+                        os.getpid(),
+                    ),
+                    daemon=True,
+                )
+                proc.start()
+                child_end.close()
+                self._conns.append(parent_end)
+                self._procs.append(proc)
+                self._alive.append(True)
+            self._await_start(options)
+        except BaseException:
+            self.close(1.0)
+            raise
+
+    def _await_start(self, options: TransportOptions) -> None:
+        started = [False] * len(self._procs)
+        while not all(started):
+            for worker, reply in self.wait(None):
+                if isinstance(reply, WorkerLost):
+                    from envfleet.errors import WorkerDiedError
+
+                    raise WorkerDiedError(
+                        f"worker {worker} died while building its envs "
+                        f"{options.assignment[worker]} ({reply.reason})",
+                        env_index=None,
+                        phase=Phase.MAKE,
+                        worker=worker,
+                        exitcode=reply.exitcode,
+                        env_ids=tuple(options.assignment[worker]),
+                    )
+                if reply.failures:
+                    raise reply.failures[0].to_error(worker, options.spec.name)
+                started[worker] = True
+
+    def submit(self, worker: int, command: Command) -> None:
+        try:
+            self._conns[worker].send(command)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            pass  # the worker is gone; its sentinel reports it on the next wait
+
+    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost]]:
+        live = [w for w, alive in enumerate(self._alive) if alive]
+        handles: list[Any] = [self._conns[w] for w in live]
+        handles += [self._procs[w].sentinel for w in live]
+        ready = set(multiprocessing.connection.wait(handles, timeout))
+        replies: list[tuple[int, Reply | WorkerLost]] = []
+        for w in live:
+            conn, proc = self._conns[w], self._procs[w]
+            if conn in ready or proc.sentinel in ready:
+                try:
+                    while conn.poll():
+                        replies.append((w, conn.recv()))
+                except (EOFError, OSError):
+                    pass
+                if proc.sentinel in ready:
+                    proc.join(0.1)
+                    self._alive[w] = False
+                    replies.append((w, WorkerLost(proc.exitcode, _describe_exit(proc.exitcode))))
+        return replies
+
+    def close(self, timeout: float) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for w, alive in enumerate(self._alive):
+            if alive:
+                self.submit(w, Close())
+        deadline = time.monotonic() + timeout
+        while any(p.is_alive() for p in self._procs):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            # Drain replies so that no worker blocks writing to a full pipe while exiting.
+            handles: list[Any] = [c for c, p in zip(self._conns, self._procs) if p.is_alive()]
+            handles += [p.sentinel for p in self._procs if p.is_alive()]
+            for handle in multiprocessing.connection.wait(handles, min(remaining, 0.1)):
+                if isinstance(handle, Connection):
+                    try:
+                        handle.recv()
+                    except (EOFError, OSError):
+                        pass
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(1.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)
+            proc.close()
+        for conn in self._conns:
+            conn.close()
+        self._alive = [False] * len(self._alive)
+        self._shared = None
+
+
+def _describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def open_transport(options: TransportOptions) -> ProcessTransport:
+    return ProcessTransport(options)

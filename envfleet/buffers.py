@@ -1,0 +1,247 @@
+"""Batched arrays laid out from Gymnasium spaces, in shared or local memory.
+
+One array per field (observations, actions, rewards, terminations, truncations) holds every env
+of the pool; env ``i`` owns row ``i``. Workers write their rows in place, so observations never
+travel through a pipe on the hot path. Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple
+nests of them are shared; any other space (Text, Graph, Sequence, OneOf, custom) falls back to a
+Python list per pool whose entries the workers send back pickled.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.context
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import singledispatch
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector.utils import (
+    concatenate,
+    create_empty_array,
+    create_shared_memory,
+    read_from_shared_memory,
+)
+
+Writer = Callable[[int, Any], None]
+Reader = Callable[[int], Any]
+
+_ARRAY_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
+def is_array_space(space: spaces.Space[Any]) -> bool:
+    """Whether ``space`` batches into fixed-shape numpy arrays (and so into shared memory)."""
+    if isinstance(space, _ARRAY_SPACES):
+        return True
+    if isinstance(space, spaces.Dict):
+        return all(is_array_space(s) for s in space.spaces.values())
+    if isinstance(space, spaces.Tuple):
+        return all(is_array_space(s) for s in space.spaces)
+    return False
+
+
+class ObjectRows(list[Any]):
+    """Per-env storage for observations of spaces that do not fit arrays (pickled path)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Row writers and readers: resolved once per space, called per env per step.
+
+
+@singledispatch
+def make_writer(space: spaces.Space[Any], batch: Any) -> Writer:
+    """Return ``write(i, value)`` that stores one env's value in row ``i`` of ``batch``."""
+    if isinstance(batch, ObjectRows):
+        return batch.__setitem__
+    raise TypeError(f"no row writer for space {space}")
+
+
+@make_writer.register(spaces.Box)
+@make_writer.register(spaces.Discrete)
+@make_writer.register(spaces.MultiDiscrete)
+@make_writer.register(spaces.MultiBinary)
+def _write_array(space: spaces.Space[Any], batch: Any) -> Writer:
+    if isinstance(batch, ObjectRows):
+        return batch.__setitem__
+    return batch.__setitem__  # type: ignore[no-any-return]
+
+
+@make_writer.register(spaces.Dict)
+def _write_dict(space: spaces.Dict, batch: Any) -> Writer:
+    if isinstance(batch, ObjectRows):
+        return batch.__setitem__
+    writers = [(key, make_writer(sub, batch[key])) for key, sub in space.spaces.items()]
+
+    def write(i: int, value: Any) -> None:
+        for key, writer in writers:
+            writer(i, value[key])
+
+    return write
+
+
+@make_writer.register(spaces.Tuple)
+def _write_tuple(space: spaces.Tuple, batch: Any) -> Writer:
+    if isinstance(batch, ObjectRows):
+        return batch.__setitem__
+    writers = [make_writer(sub, part) for sub, part in zip(space.spaces, batch, strict=True)]
+
+    def write(i: int, value: Any) -> None:
+        for writer, item in zip(writers, value, strict=True):
+            writer(i, item)
+
+    return write
+
+
+@singledispatch
+def make_reader(space: spaces.Space[Any], batch: Any) -> Reader:
+    """Return ``read(i)`` giving row ``i`` of ``batch`` as one env's value."""
+    if isinstance(batch, ObjectRows):
+        return batch.__getitem__
+    raise TypeError(f"no row reader for space {space}")
+
+
+@make_reader.register(spaces.Box)
+@make_reader.register(spaces.Discrete)
+@make_reader.register(spaces.MultiDiscrete)
+@make_reader.register(spaces.MultiBinary)
+def _read_array(space: spaces.Space[Any], batch: Any) -> Reader:
+    return batch.__getitem__  # type: ignore[no-any-return]
+
+
+@make_reader.register(spaces.Dict)
+def _read_dict(space: spaces.Dict, batch: Any) -> Reader:
+    readers = [(key, make_reader(sub, batch[key])) for key, sub in space.spaces.items()]
+    return lambda i: {key: reader(i) for key, reader in readers}
+
+
+@make_reader.register(spaces.Tuple)
+def _read_tuple(space: spaces.Tuple, batch: Any) -> Reader:
+    readers = [make_reader(sub, part) for sub, part in zip(space.spaces, batch, strict=True)]
+    return lambda i: tuple(reader(i) for reader in readers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole-batch helpers used by the pool.
+
+
+def take(space: spaces.Space[Any], batch: Any, ids: np.ndarray | None) -> Any:
+    """Copy the rows ``ids`` (all rows when ``None``) of ``batch`` into a new batch."""
+    if isinstance(batch, ObjectRows):
+        rows = list(batch) if ids is None else [batch[i] for i in ids]
+        return concatenate(space, rows, create_empty_array(space, len(rows), fn=np.zeros))
+    if isinstance(space, spaces.Dict):
+        return {key: take(sub, batch[key], ids) for key, sub in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(take(sub, part, ids) for sub, part in zip(space.spaces, batch, strict=True))
+    return batch.copy() if ids is None else batch[ids]
+
+
+def put(space: spaces.Space[Any], batch: Any, ids: np.ndarray | None, values: Any) -> None:
+    """Write a batch of ``values`` into rows ``ids`` (all rows when ``None``) of ``batch``."""
+    if isinstance(space, spaces.Dict):
+        for key, sub in space.spaces.items():
+            put(sub, batch[key], ids, values[key])
+    elif isinstance(space, spaces.Tuple):
+        for sub, part, value in zip(space.spaces, batch, values, strict=True):
+            put(sub, part, ids, value)
+    elif ids is None:
+        batch[...] = values
+    else:
+        batch[ids] = values
+
+
+def allocate_local(space: spaces.Space[Any], n: int) -> Any:
+    """A batch for ``n`` envs in this process's memory."""
+    if is_array_space(space):
+        return create_empty_array(space, n, fn=np.zeros)
+    return ObjectRows([None] * n)
+
+
+@dataclass
+class Batch:
+    """The arrays one step of the pool fills: row ``i`` belongs to env ``i``."""
+
+    observations: Any
+    actions: Any
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+
+    @classmethod
+    def local(cls, obs_space: spaces.Space[Any], act_space: spaces.Space[Any], n: int) -> Batch:
+        """Allocate every field in this process's memory."""
+        return cls(
+            observations=allocate_local(obs_space, n),
+            actions=allocate_local(act_space, n),
+            rewards=np.zeros(n, dtype=np.float64),
+            terminations=np.zeros(n, dtype=np.bool_),
+            truncations=np.zeros(n, dtype=np.bool_),
+        )
+
+
+_FLAGS = spaces.Box(0, 1, shape=(), dtype=np.bool_)
+_REWARDS = spaces.Box(-np.inf, np.inf, shape=(), dtype=np.float64)
+
+
+@dataclass
+class SharedBatch:
+    """Shared-memory handles for a :class:`Batch`, passed to worker processes at start.
+
+    The memory comes from ``multiprocessing``'s heap: its backing file is unlinked as soon as it
+    is created, so nothing is left in ``/dev/shm`` whatever way the processes end.
+    """
+
+    obs_space: spaces.Space[Any]
+    act_space: spaces.Space[Any]
+    n: int
+    observations: Any  # None when observations travel pickled
+    actions: Any  # None when actions travel pickled
+    rewards: Any
+    terminations: Any
+    truncations: Any
+
+    @classmethod
+    def allocate(
+        cls,
+        obs_space: spaces.Space[Any],
+        act_space: spaces.Space[Any],
+        n: int,
+        ctx: multiprocessing.context.BaseContext,
+    ) -> SharedBatch:
+        """Allocate every array-like field in shared memory."""
+
+        def shared(space: spaces.Space[Any]) -> Any:
+            return create_shared_memory(space, n, ctx=ctx) if is_array_space(space) else None
+
+        return cls(
+            obs_space,
+            act_space,
+            n,
+            shared(obs_space),
+            shared(act_space),
+            shared(_REWARDS),
+            shared(_FLAGS),
+            shared(_FLAGS),
+        )
+
+    def views(self) -> Batch:
+        """Numpy views of the shared memory (local lists for the pickled fields)."""
+
+        def view(space: spaces.Space[Any], shm: Any) -> Any:
+            if shm is None:
+                return ObjectRows([None] * self.n)
+            return read_from_shared_memory(space, shm, self.n)
+
+        return Batch(
+            observations=view(self.obs_space, self.observations),
+            actions=view(self.act_space, self.actions),
+            rewards=view(_REWARDS, self.rewards),
+            terminations=view(_FLAGS, self.terminations),
+            truncations=view(_FLAGS, self.truncations),
+        )
+
+
+def rows(batch: Any, ids: Sequence[int]) -> dict[int, Any]:
+    """The entries ``ids`` of a pickled-path batch, to send back to the parent."""
+    return {i: batch[i] for i in ids}

@@ -1,0 +1,100 @@
+"""Exceptions raised by envfleet.
+
+Every failure inside an environment reaches the caller as an :class:`EnvError` that names the
+env index, the phase (make/reset/step/call/close) and the worker. The original exception, rebuilt
+in the parent when it can be unpickled, is the ``__cause__``; its own ``__cause__`` is a
+:class:`RemoteTraceback` holding the traceback text from the worker.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Phase(enum.Enum):
+    """What an environment was doing when it failed."""
+
+    MAKE = "make"
+    RESET = "reset"
+    STEP = "step"
+    CALL = "call"
+    CLOSE = "close"
+
+
+class RemoteTraceback(Exception):
+    """The formatted traceback of an exception raised in a worker, kept for display."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.tb}"""'
+
+
+class RemoteError(Exception):
+    """Stands in for a worker exception that could not be pickled or rebuilt in the parent."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(f"{type_name}: {message}")
+        self.type_name = type_name
+        self.message = message
+
+
+class EnvError(RuntimeError):
+    """An environment failed; the pool names which one, where and doing what.
+
+    Attributes:
+        env_index: global index of the env in the pool (``None`` when a whole worker failed
+            before any env could be blamed).
+        phase: what the env was doing.
+        worker: index of the worker that held the env.
+    """
+
+    def __init__(self, message: str, *, env_index: int | None, phase: Phase, worker: int) -> None:
+        super().__init__(message)
+        self.env_index = env_index
+        self.phase = phase
+        self.worker = worker
+
+
+class EnvRaisedError(EnvError):
+    """The environment code raised an exception (the original is ``__cause__``)."""
+
+
+class WorkerDiedError(EnvError):
+    """The worker process holding the env exited or was killed."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        env_index: int | None,
+        phase: Phase,
+        worker: int,
+        exitcode: int | None = None,
+        env_ids: tuple[int, ...] = (),
+    ) -> None:
+        super().__init__(message, env_index=env_index, phase=phase, worker=worker)
+        self.exitcode = exitcode
+        self.env_ids = env_ids
+
+
+class PoolStateError(RuntimeError):
+    """Base class for misuse of the pool's send/recv state machine."""
+
+
+class ClosedPoolError(PoolStateError):
+    """The pool was used after ``close()``."""
+
+
+class BrokenPoolError(PoolStateError):
+    """The pool was used after an env failure left it unusable; only ``close()`` is allowed."""
+
+
+class NoPendingError(PoolStateError):
+    """``recv()`` was called with no env in flight (nothing sent)."""
+
+
+class AlreadyPendingError(PoolStateError):
+    """An action was sent to an env that already has an action (or reset) in flight."""

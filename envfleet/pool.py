@@ -1,0 +1,479 @@
+"""Pool: the ``gymnasium.vector.VectorEnv`` users hold, over any backend.
+
+Sync ``step`` is ``send`` of every env followed by ``recv`` of every env; async mode
+(``batch_size < num_envs``) returns the first ``batch_size`` envs whose results are in, EnvPool
+style. The pool validates every action before anything reaches a worker, tracks which envs are
+in flight with one explicit state per env, and turns failures into :class:`~envfleet.EnvError`.
+
+Granularity: per env. Actions go to workers per worker (one message steps all of that worker's
+envs in the call), but results are handed out per env, so ``batch_size`` need not be a multiple
+of the envs per worker: envs that are done but not yet returned wait in a FIFO for the next
+``recv``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space, iterate
+
+from envfleet.backends import Transport, WorkerLost
+from envfleet.buffers import is_array_space, put, take
+from envfleet.errors import (
+    AlreadyPendingError,
+    BrokenPoolError,
+    ClosedPoolError,
+    EnvError,
+    NoPendingError,
+    Phase,
+    WorkerDiedError,
+)
+from envfleet.protocol import Call, Command, Reply, Reset, SetAttr, Step
+from envfleet.validation import check_actions, check_env_ids
+
+DEFAULT_CLOSE_TIMEOUT = 5.0
+
+
+class EnvState(enum.IntEnum):
+    """Where each env of the pool stands."""
+
+    IDLE = 0  # its last result was handed to the caller; it may be sent an action
+    IN_FLIGHT = 1  # a step or reset was sent; its result is not in yet
+    READY = 2  # its result is in and waits for ``recv``
+
+
+class Pool(VectorEnv):  # type: ignore[misc]
+    """Many copies of an environment stepped in parallel; build one with :func:`envfleet.make`.
+
+    Attributes:
+        num_envs: number of envs.
+        batch_size: envs returned by each :meth:`recv` (``num_envs`` in sync mode).
+        autoreset_mode: Gymnasium's autoreset mode the envs follow.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        assignment: Sequence[tuple[int, ...]],
+        *,
+        env_name: str,
+        observation_space: spaces.Space[Any],
+        action_space: spaces.Space[Any],
+        metadata: dict[str, Any],
+        render_mode: str | None,
+        autoreset_mode: AutoresetMode,
+        batch_size: int,
+        seed: int | None,
+    ) -> None:
+        self.num_envs = sum(len(ids) for ids in assignment)
+        self.batch_size = batch_size
+        self.autoreset_mode = autoreset_mode
+        self.metadata = {**metadata, "autoreset_mode": autoreset_mode}
+        self.render_mode = render_mode
+        self.single_observation_space = observation_space
+        self.single_action_space = action_space
+        self.observation_space = batch_space(observation_space, self.num_envs)
+        self.action_space = batch_space(action_space, self.num_envs)
+        if seed is not None:
+            self.action_space.seed(seed)
+            self.single_action_space.seed(seed)
+        self.closed = False
+        self._env_name = env_name
+        self._transport = transport
+        self._batch = transport.batch
+        self._assignment = [tuple(ids) for ids in assignment]
+        self._worker_of = np.empty(self.num_envs, dtype=np.intp)
+        for worker, ids in enumerate(self._assignment):
+            self._worker_of[list(ids)] = worker
+        self._array_actions = is_array_space(action_space)
+        self._state = np.zeros(self.num_envs, dtype=np.int8)
+        self._ready: deque[int] = deque()
+        self._infos: dict[int, dict[str, Any]] = {}
+        self._pending: list[deque[Command]] = [deque() for _ in self._assignment]
+        self._answers: dict[int, Reply] = {}
+        self._needs_reset = np.zeros(self.num_envs, dtype=np.bool_)
+        self._first_seed = seed
+        self._broken: BaseException | None = None
+
+    # -- the Gymnasium API ---------------------------------------------------------------------
+
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset every env (or those in ``options["reset_mask"]``) and wait for them.
+
+        Args:
+            seed: ``None``, an int ``s`` (env ``i`` gets ``s + i``) or one seed per env. A pool
+                made with ``seed=s`` uses ``s + i`` on its first reset.
+            options: passed to each env's ``reset``; ``"reset_mask"`` (a bool array of shape
+                ``(num_envs,)``) resets only those envs, as Gymnasium's DISABLED mode needs.
+
+        Returns:
+            The observations of all envs and the infos of the envs reset.
+        """
+        self._check_usable()
+        options = dict(options) if options is not None else None
+        env_ids = np.arange(self.num_envs)
+        if options is not None and "reset_mask" in options:
+            env_ids = np.flatnonzero(self._check_reset_mask(options.pop("reset_mask")))
+        seeds = self._seeds_for(seed, env_ids, per_env=self.num_envs)
+        busy = np.flatnonzero(self._state != EnvState.IDLE)
+        if busy.size:
+            raise AlreadyPendingError(
+                f"reset() needs every env idle, but envs {busy.tolist()} have results pending; "
+                "recv() them first (or use async_reset(env_id=...))"
+            )
+        self._submit_reset(env_ids, seeds, options)
+        self._collect(env_ids)
+        infos = self._merge_infos(env_ids, positions=env_ids, size=self.num_envs)
+        return take(self.single_observation_space, self._batch.observations, None), infos
+
+    def step(
+        self, actions: Any, env_id: Sequence[int] | np.ndarray | None = None
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Step envs with ``actions`` and return the next batch.
+
+        In sync mode (``batch_size == num_envs``, ``env_id=None``) this is Gymnasium's
+        ``step``; otherwise it is :meth:`send` followed by :meth:`recv`.
+        """
+        if env_id is None and self.batch_size == self.num_envs:
+            self.send(actions)
+            env_ids = np.arange(self.num_envs)
+            self._collect(env_ids)
+            return self._results(env_ids, with_env_id=False)
+        self.send(actions, env_id)
+        return self.recv()
+
+    def render(self) -> tuple[Any, ...] | None:
+        """The frames of every env (``env.render()`` of each)."""
+        return self.call("render")
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call method ``name`` of every env (or read attribute ``name``); one result per env."""
+        return self._call_all(lambda ids: Call(name, args, kwargs))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Attribute ``name`` of every env (through wrappers)."""
+        return self.call(name)
+
+    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | object) -> None:
+        """Set attribute ``name`` of every env: one value each, or one value for all."""
+        if not isinstance(values, list | tuple):
+            values = [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError(
+                f"set_attr({name!r}) needs one value per env ({self.num_envs}), "
+                f"got {len(values)}"
+            )
+        self._call_all(lambda ids: SetAttr(name, {i: values[i] for i in ids}))
+
+    def close(self, timeout: float = DEFAULT_CLOSE_TIMEOUT, **kwargs: Any) -> None:
+        """Stop every worker and free every resource. Idempotent; safe after any error.
+
+        Args:
+            timeout: seconds to let envs close cleanly before their workers are terminated.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        self._transport.close(timeout)
+
+    def close_extras(self, **kwargs: Any) -> None:
+        self.close(**kwargs)
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True):
+            try:
+                self.close(timeout=1.0)
+            except Exception:
+                pass
+
+    # -- async API (EnvPool style) -------------------------------------------------------------
+
+    def async_reset(
+        self,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+        env_id: Sequence[int] | np.ndarray | None = None,
+    ) -> None:
+        """Start resetting envs ``env_id`` (default all); their results come from :meth:`recv`.
+
+        Args:
+            seed: ``None``, an int ``s`` (env ``i`` gets ``s + i``) or one seed per env reset.
+            options: passed to each env's ``reset``.
+            env_id: the envs to reset; each must be idle.
+        """
+        self._check_usable()
+        env_ids = self._idle_ids(env_id, "async_reset")
+        seeds = self._seeds_for(seed, env_ids, per_env=len(env_ids))
+        self._submit_reset(env_ids, seeds, options)
+
+    def send(self, actions: Any, env_id: Sequence[int] | np.ndarray | None = None) -> None:
+        """Send one action to each env of ``env_id`` (default all); non-blocking.
+
+        Raises:
+            ValueError, TypeError: actions or env ids do not match what the pool expects.
+            AlreadyPendingError: an env in ``env_id`` still has a step or result pending.
+        """
+        self._check_usable()
+        env_ids = self._idle_ids(env_id, "send")
+        if self.autoreset_mode is AutoresetMode.DISABLED and self._needs_reset[env_ids].any():
+            done = env_ids[self._needs_reset[env_ids]].tolist()
+            raise ValueError(
+                f"envs {done} ended their episode and autoreset_mode is DISABLED: reset them "
+                "first (reset(options={'reset_mask': mask}) or async_reset(env_id=...))"
+            )
+        actions = check_actions(self.single_action_space, actions, env_ids)
+        carried: list[dict[int, Any]] | None = None
+        if self._array_actions:
+            put(self.single_action_space, self._batch.actions, env_ids, actions)
+        else:
+            items = list(iterate(batch_space(self.single_action_space, len(env_ids)), actions))
+            carried = [dict[int, Any]() for _ in self._assignment]
+            for i, item in zip(env_ids.tolist(), items, strict=True):
+                carried[self._worker_of[i]][i] = item
+        for worker, ids in self._by_worker(env_ids):
+            self._submit(worker, Step(ids, carried[worker] if carried is not None else None))
+
+    def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Wait for ``batch_size`` envs and return their results; ``infos["env_id"]`` names them.
+
+        Raises:
+            NoPendingError: fewer than ``batch_size`` envs are in flight or ready.
+        """
+        self._check_usable()
+        owed = int(np.count_nonzero(self._state != EnvState.IDLE))
+        if owed < self.batch_size:
+            raise NoPendingError(
+                f"recv() returns batch_size={self.batch_size} envs but only {owed} have a step "
+                "or reset pending; send() actions (or async_reset()) first"
+            )
+        while len(self._ready) < self.batch_size:
+            self._pump(block=True)
+        env_ids = np.array([self._ready.popleft() for _ in range(self.batch_size)])
+        self._state[env_ids] = EnvState.IDLE
+        if self.batch_size == self.num_envs:
+            env_ids.sort()
+        return self._results(env_ids, with_env_id=True)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _results(
+        self, env_ids: np.ndarray, *, with_env_id: bool
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        batch = self._batch
+        whole = len(env_ids) == self.num_envs and bool((env_ids[1:] > env_ids[:-1]).all())
+        rows = None if whole else env_ids
+        terminations = batch.terminations[env_ids]
+        truncations = batch.truncations[env_ids]
+        self._needs_reset[env_ids] = terminations | truncations
+        infos = self._merge_infos(env_ids, positions=range(len(env_ids)), size=len(env_ids))
+        if with_env_id:
+            infos["env_id"] = env_ids
+        return (
+            take(self.single_observation_space, batch.observations, rows),
+            batch.rewards[env_ids],
+            terminations,
+            truncations,
+            infos,
+        )
+
+    def _merge_infos(self, env_ids: Iterable[int], positions: Iterable[int], size: int) -> dict[str, Any]:
+        infos: dict[str, Any] = {}
+        for i, position in zip(env_ids, positions):
+            info = self._infos.pop(int(i), None)
+            if info:
+                _add_info(infos, info, int(position), size)
+        return infos
+
+    def _submit_reset(
+        self, env_ids: np.ndarray, seeds: list[int | None], options: dict[str, Any] | None
+    ) -> None:
+        seed_of = dict(zip(env_ids.tolist(), seeds, strict=True))
+        for worker, ids in self._by_worker(env_ids):
+            self._submit(worker, Reset(ids, tuple(seed_of[i] for i in ids), options))
+
+    def _collect(self, env_ids: np.ndarray) -> None:
+        """Wait until every env of ``env_ids`` is ready and take them out of the FIFO."""
+        while (self._state[env_ids] == EnvState.IN_FLIGHT).any():
+            self._pump(block=True)
+        wanted = set(env_ids.tolist())
+        self._ready = deque(i for i in self._ready if i not in wanted)
+        self._state[env_ids] = EnvState.IDLE
+
+    def _call_all(self, command_for: Any) -> tuple[Any, ...]:
+        self._check_usable()
+        commands = [command_for(ids) for ids in self._assignment]
+        for worker, command in enumerate(commands):
+            self._submit(worker, command)
+        while any(id(c) not in self._answers for c in commands):
+            self._pump(block=True)
+        values: dict[int, Any] = {}
+        failures = []
+        for worker, command in enumerate(commands):
+            reply = self._answers.pop(id(command))
+            values.update(reply.values or {})
+            failures += [(worker, f) for f in reply.failures]
+        if failures:
+            worker, failure = failures[0]
+            raise failure.to_error(worker, self._env_name)
+        return tuple(values.get(i) for i in range(self.num_envs))
+
+    def _submit(self, worker: int, command: Command) -> None:
+        if command.delivers_envs:
+            self._state[list(command.env_ids)] = EnvState.IN_FLIGHT  # type: ignore[union-attr]
+        self._pending[worker].append(command)
+        self._transport.submit(worker, command)
+
+    def _pump(self, block: bool) -> None:
+        """Take in the replies that have arrived (waiting for at least one if ``block``)."""
+        for worker, reply in self._transport.wait(None if block else 0.0):
+            if isinstance(reply, WorkerLost):
+                self._fail(self._worker_lost(worker, reply))
+            command = self._pending[worker].popleft()
+            if not command.delivers_envs:
+                self._answers[id(command)] = reply
+                continue
+            failed = {f.env_index for f in reply.failures}
+            if reply.observations:
+                for i, obs in reply.observations.items():
+                    if i not in failed:
+                        self._batch.observations[i] = obs
+            if reply.infos:
+                self._infos.update(reply.infos)
+            for i in reply.env_ids:
+                if i not in failed:
+                    self._state[i] = EnvState.READY
+                    self._ready.append(i)
+            if reply.failures:
+                self._fail(reply.failures[0].to_error(worker, self._env_name))
+
+    def _worker_lost(self, worker: int, lost: WorkerLost) -> EnvError:
+        ids = self._assignment[worker]
+        in_flight = [i for i in ids if self._state[i] == EnvState.IN_FLIGHT]
+        command = self._pending[worker][0] if self._pending[worker] else None
+        phase = {Step: Phase.STEP, Reset: Phase.RESET}.get(type(command), Phase.CALL)
+        return WorkerDiedError(
+            f"worker {worker} holding envs {list(ids)} ({self._env_name}) died during "
+            f"{phase.value} ({lost.reason}); envs in flight: {in_flight}",
+            env_index=in_flight[0] if in_flight else None,
+            phase=phase,
+            worker=worker,
+            exitcode=lost.exitcode,
+            env_ids=ids,
+        )
+
+    def _fail(self, error: EnvError) -> None:
+        self._broken = error
+        raise error
+
+    def _check_usable(self) -> None:
+        if self.closed:
+            raise ClosedPoolError(f"this pool of {self._env_name} is closed")
+        if self._broken is not None:
+            raise BrokenPoolError(
+                f"this pool of {self._env_name} is broken by an earlier failure "
+                f"({self._broken}); close() it and make a new one"
+            ) from self._broken
+
+    def _idle_ids(self, env_id: Sequence[int] | np.ndarray | None, what: str) -> np.ndarray:
+        env_ids = check_env_ids(env_id, self.num_envs)
+        busy = env_ids[self._state[env_ids] != EnvState.IDLE]
+        if busy.size:
+            raise AlreadyPendingError(
+                f"{what}: envs {busy.tolist()} already have a step or result pending; "
+                "recv() their results first"
+            )
+        return env_ids
+
+    def _by_worker(self, env_ids: np.ndarray) -> list[tuple[int, tuple[int, ...]]]:
+        workers = self._worker_of[env_ids]
+        order = np.argsort(workers, kind="stable")
+        groups: list[tuple[int, tuple[int, ...]]] = []
+        for worker in np.unique(workers).tolist():
+            ids = env_ids[order][workers[order] == worker]
+            groups.append((worker, tuple(sorted(ids.tolist()))))
+        return groups
+
+    def _seeds_for(
+        self, seed: int | Sequence[int | None] | None, env_ids: np.ndarray, per_env: int
+    ) -> list[int | None]:
+        if seed is None and self._first_seed is not None:
+            seed, self._first_seed = self._first_seed, None
+        elif seed is not None:
+            self._first_seed = None
+        if seed is None:
+            return [None] * len(env_ids)
+        if isinstance(seed, int | np.integer):
+            return [int(seed) + int(i) for i in env_ids]
+        seeds = list(seed)
+        if len(seeds) != per_env:
+            raise ValueError(f"expected {per_env} seeds (one per env), got {len(seeds)}")
+        if per_env == self.num_envs:
+            return [seeds[i] for i in env_ids]
+        return seeds
+
+    def _check_reset_mask(self, mask: Any) -> np.ndarray:
+        if not isinstance(mask, np.ndarray):
+            raise TypeError(f"options['reset_mask'] must be a numpy array, got {type(mask)}")
+        if mask.shape != (self.num_envs,):
+            raise ValueError(
+                f"options['reset_mask'] must have shape ({self.num_envs},), got {mask.shape}"
+            )
+        if mask.dtype != np.bool_:
+            raise TypeError(f"options['reset_mask'] must have dtype bool, got {mask.dtype}")
+        if not mask.any():
+            raise ValueError("options['reset_mask'] must select at least one env")
+        return mask
+
+    def __repr__(self) -> str:
+        return (
+            f"Pool({self._env_name}, num_envs={self.num_envs}, workers={len(self._assignment)}, "
+            f"batch_size={self.batch_size})"
+        )
+
+
+def _add_info(infos: dict[str, Any], info: dict[str, Any], index: int, size: int) -> None:
+    """Gymnasium's ``VectorEnv._add_info`` for a batch of ``size`` (async batches differ)."""
+    for key, value in info.items():
+        if key == "final_obs":
+            array = infos.get(key)
+            if array is None:
+                array = np.full(size, fill_value=None, dtype=object)
+            array[index] = value
+        elif isinstance(value, dict):
+            array = infos.get(key, {})
+            _add_info(array, value, index, size)
+        else:
+            array = infos.get(key)
+            if array is None:
+                if type(value) in (int, float, bool) or issubclass(type(value), np.number):
+                    array = np.zeros(size, dtype=type(value))
+                elif isinstance(value, np.ndarray):
+                    array = np.zeros((size, *value.shape), dtype=value.dtype)
+                else:
+                    array = np.full(size, fill_value=None, dtype=object)
+            array[index] = value
+        mask = infos.get(f"_{key}")
+        if mask is None:
+            mask = np.zeros(size, dtype=np.bool_)
+        mask[index] = True
+        infos[key], infos[f"_{key}"] = array, mask
+
+
+__all__ = ["EnvState", "Pool"]

@@ -1,0 +1,143 @@
+"""The messages between the pool and the env groups it drives, whatever the transport.
+
+A command is a small frozen dataclass that knows which :class:`~envfleet.group.EnvGroup` method
+serves it (``command.run(group)``), so workers dispatch without an ``if``/``elif`` chain on
+strings. Every command gets exactly one :class:`Reply`, in order, per worker.
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+
+from envfleet.errors import EnvError, EnvRaisedError, Phase, RemoteError, RemoteTraceback
+
+if TYPE_CHECKING:
+    from envfleet.group import EnvGroup
+
+
+@dataclass(frozen=True)
+class EnvFailure:
+    """An exception raised by one env, in a form that crosses any transport."""
+
+    env_index: int | None
+    phase: Phase
+    type_name: str
+    message: str
+    traceback: str
+    exception: bytes | None  # cloudpickled original, when it survives a round trip
+
+    @classmethod
+    def capture(cls, env_index: int | None, phase: Phase, exc: BaseException) -> EnvFailure:
+        """Record ``exc`` (call from inside the ``except`` block)."""
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            blob: bytes | None = cloudpickle.dumps(exc)
+            pickle.loads(blob)  # custom __init__ signatures fail only here
+        except Exception:
+            blob = None
+        return cls(env_index, phase, type(exc).__qualname__, str(exc), text, blob)
+
+    def original(self) -> BaseException:
+        """The original exception rebuilt (or a :class:`RemoteError` with its text)."""
+        exc: BaseException | None = None
+        if self.exception is not None:
+            try:
+                exc = pickle.loads(self.exception)
+            except Exception:
+                exc = None
+        if exc is None:
+            exc = RemoteError(self.type_name, self.message)
+        exc.__cause__ = RemoteTraceback(self.traceback)
+        return exc
+
+    def to_error(self, worker: int, env_name: str) -> EnvError:
+        """The error the pool raises, naming env, phase and worker; the original is its cause."""
+        where = f"env {self.env_index}" if self.env_index is not None else "a worker"
+        error = EnvRaisedError(
+            f"{where} ({env_name}, worker {worker}) raised {self.type_name} during "
+            f"{self.phase.value}: {self.message}",
+            env_index=self.env_index,
+            phase=self.phase,
+            worker=worker,
+        )
+        error.__cause__ = self.original()
+        return error
+
+
+@dataclass
+class Reply:
+    """What a group sends back for one command."""
+
+    env_ids: tuple[int, ...] = ()
+    infos: dict[int, dict[str, Any]] | None = None  # only the non-empty ones
+    observations: dict[int, Any] | None = None  # only on the pickled-observation path
+    values: dict[int, Any] | None = None  # results of call/get_attr, per env
+    failures: tuple[EnvFailure, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reset:
+    """Reset ``env_ids`` with one seed each; their results land in the batch arrays."""
+
+    env_ids: tuple[int, ...]
+    seeds: tuple[int | None, ...]
+    options: dict[str, Any] | None = None
+    delivers_envs = True
+
+    def run(self, group: EnvGroup) -> Reply:
+        return group.reset(self.env_ids, self.seeds, self.options)
+
+
+@dataclass(frozen=True)
+class Step:
+    """Step ``env_ids`` with the actions already in the batch (or carried, pickled path)."""
+
+    env_ids: tuple[int, ...]
+    actions: dict[int, Any] | None = None
+    delivers_envs = True
+
+    def run(self, group: EnvGroup) -> Reply:
+        return group.step(self.env_ids, self.actions)
+
+
+@dataclass(frozen=True)
+class Call:
+    """Call a method (or read an attribute) on every env of the group."""
+
+    name: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    delivers_envs = False
+
+    def run(self, group: EnvGroup) -> Reply:
+        return group.call(self.name, self.args, self.kwargs)
+
+
+@dataclass(frozen=True)
+class SetAttr:
+    """Set an attribute on each env of the group, one value per env."""
+
+    name: str
+    values: dict[int, Any]
+    delivers_envs = False
+
+    def run(self, group: EnvGroup) -> Reply:
+        return group.set_attr(self.name, self.values)
+
+
+@dataclass(frozen=True)
+class Close:
+    """Close every env of the group; the worker exits after replying."""
+
+    delivers_envs = False
+
+    def run(self, group: EnvGroup) -> Reply:
+        return group.close()
+
+
+Command = Reset | Step | Call | SetAttr | Close
