@@ -101,26 +101,36 @@ class EnvGroup:
         if actions is not None:
             for i, action in actions.items():
                 self._write_action(i, action)
-        batch, mode, infos, failures = self.batch, self.mode, {}, []
+        batch, infos, failures = self.batch, {}, []
         rewards, terms, truncs = batch.rewards, batch.terminations, batch.truncations
+        envs, needs_reset, read_action, write_obs = (
+            self.envs,
+            self._needs_reset,
+            self._read_action,
+            self._write_obs,
+        )
+        next_step = self.mode is AutoresetMode.NEXT_STEP
+        same_step = self.mode is AutoresetMode.SAME_STEP
         for i in env_ids:
-            env = self.envs[i]
+            env = envs[i]
             try:
-                if mode is AutoresetMode.NEXT_STEP and self._needs_reset[i]:
+                if next_step and needs_reset[i]:
                     obs, info = env.reset()
                     reward, terminated, truncated = 0.0, False, False
                 else:
-                    obs, reward, terminated, truncated, info = env.step(self._read_action(i))
-                    if mode is AutoresetMode.SAME_STEP and (terminated or truncated):
+                    obs, reward, terminated, truncated, info = env.step(read_action(i))
+                    if same_step and (terminated or truncated):
                         final = {"final_obs": obs, "final_info": info}
                         obs, info = env.reset()
                         info = {**final, **info}
             except Exception as exc:
                 failures.append(EnvFailure.capture(i, Phase.STEP, exc))
                 continue
-            self._write_obs(i, obs)
-            rewards[i], terms[i], truncs[i] = reward, terminated, truncated
-            self._needs_reset[i] = bool(terminated or truncated)
+            write_obs(i, obs)
+            rewards[i] = reward
+            terms[i] = terminated
+            truncs[i] = truncated
+            needs_reset[i] = terminated or truncated
             if info:
                 infos[i] = info
         return self._reply(env_ids, infos, failures)

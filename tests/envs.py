@@ -1,0 +1,129 @@
+"""Environments for the test suite: deterministic, small, with fault-injection hooks."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+
+class DictTupleEnv(gymnasium.Env[dict[str, Any], np.ndarray]):
+    """A seeded random walk with a nested Dict/Tuple observation and a Box action.
+
+    Episodes end after a seed-dependent number of steps (terminated) or at ``max_steps``
+    (truncated); infos carry an int, a float array and a nested dict so that info merging is
+    exercised.
+    """
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, max_steps: int = 12, render_mode: str | None = None) -> None:
+        self.observation_space = spaces.Dict(
+            {
+                "pos": spaces.Box(-100.0, 100.0, shape=(2,), dtype=np.float32),
+                "pair": spaces.Tuple(
+                    (spaces.Discrete(5), spaces.MultiBinary(3)),
+                ),
+                "grid": spaces.MultiDiscrete([3, 4]),
+            }
+        )
+        self.action_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.max_steps = max_steps
+        self.render_mode = render_mode
+        self._pos = np.zeros(2, dtype=np.float32)
+        self._t = 0
+        self._limit = max_steps
+
+    def _obs(self) -> dict[str, Any]:
+        rng = self.np_random
+        return {
+            "pos": self._pos.copy(),
+            "pair": (int(rng.integers(5)), rng.integers(0, 2, size=3).astype(np.int8)),
+            "grid": rng.integers([3, 4]).astype(np.int64),
+        }
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        super().reset(seed=seed)
+        self._pos = self.np_random.uniform(-1, 1, size=2).astype(np.float32)
+        self._t = 0
+        self._limit = int(self.np_random.integers(3, self.max_steps + 3))
+        return self._obs(), {"start": self._pos.copy()}
+
+    def step(
+        self, action: np.ndarray
+    ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        self._t += 1
+        self._pos = np.clip(self._pos + np.asarray(action, np.float32), -100, 100)
+        reward = float(-np.abs(self._pos).sum() + self.np_random.normal())
+        terminated = self._t >= self._limit
+        truncated = not terminated and self._t >= self.max_steps
+        info: dict[str, Any] = {"t": self._t}
+        if self._t % 3 == 0:
+            info["extra"] = {"noise": self.np_random.normal(size=2)}
+        return self._obs(), reward, terminated, truncated, info
+
+    def render(self) -> np.ndarray:
+        return np.full((4, 4, 3), self._t, dtype=np.uint8)
+
+
+StepHook = Callable[["FaultyEnv", Any], None]
+
+
+class FaultyEnv(gymnasium.Env[np.ndarray, np.int64]):
+    """A counter env whose ``reset``/``step``/``close`` call injectable hooks first.
+
+    The hooks are plain functions (cloudpickled to workers), so a test can make one env raise,
+    exit, segfault or hang at a chosen step: ``FaultyEnv.when(env_index, step, action)``.
+    """
+
+    metadata: dict[str, Any] = {}
+
+    def __init__(
+        self,
+        step_hook: StepHook | None = None,
+        reset_hook: Callable[[FaultyEnv], None] | None = None,
+        close_hook: Callable[[FaultyEnv], None] | None = None,
+        episode_length: int = 5,
+        sleep: float = 0.0,
+    ) -> None:
+        self.observation_space = spaces.Box(0, 10_000, shape=(1,), dtype=np.int64)
+        self.action_space = spaces.Discrete(3)
+        self.step_hook, self.reset_hook, self.close_hook = step_hook, reset_hook, close_hook
+        self.episode_length = episode_length
+        self.sleep = sleep
+        self.count = 0
+        self.seed_used: int | None = None
+        self.pid = os.getpid()
+        self.thread = threading.get_ident()
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        if seed is not None:
+            self.seed_used = seed
+        if self.reset_hook is not None:
+            self.reset_hook(self)
+        self.count = 0 if seed is None else seed * 100
+        return np.array([self.count], dtype=np.int64), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self.step_hook is not None:
+            self.step_hook(self, action)
+        if self.sleep:
+            time.sleep(self.sleep)
+        self.count += 1
+        terminated = self.count % self.episode_length == 0
+        return np.array([self.count], dtype=np.int64), float(action), terminated, False, {}
+
+    def close(self) -> None:
+        if self.close_hook is not None:
+            self.close_hook(self)
