@@ -10,8 +10,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envfleet.backends import Backend, TransportOptions, open_transport
-from envfleet.errors import EnvRaisedError, Phase
-from envfleet.pool import Pool
+from envfleet.errors import EnvRaisedError, OnError, Phase
+from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
 from envfleet.protocol import EnvFailure
 from envfleet.spec import EnvSpec
 
@@ -37,6 +37,9 @@ def make(
     env_kwargs: Mapping[str, Any] | None = None,
     autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
     context: str | None = None,
+    on_error: str | OnError = OnError.RAISE,
+    step_timeout: float | None = None,
+    max_restarts: int = DEFAULT_MAX_RESTARTS,
 ) -> Pool:
     """Run ``num_envs`` copies of an environment in parallel behind one ``VectorEnv``.
 
@@ -55,6 +58,14 @@ def make(
         autoreset_mode: Gymnasium's ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED``.
         context: multiprocessing start method for the process backend (``"fork"``,
             ``"forkserver"``, ``"spawn"``; default: the platform's).
+        on_error: ``"raise"`` (default): the first failure raises an :class:`EnvError` naming
+            the env, phase and worker; ``"restart"``: the failed env (or its worker's envs,
+            when the worker died or hung) is rebuilt and its episode reported truncated with
+            ``infos["envfleet/restarted"]``.
+        step_timeout: seconds a step/reset/call may take before its worker is killed and
+            handled as dead (process backend).
+        max_restarts: restarts allowed per env over the pool's life before
+            :class:`RestartLimitError`.
 
     Returns:
         A :class:`Pool`; close it (or use it as a context manager) to free its workers.
@@ -71,8 +82,8 @@ def make(
         >>> obs.shape, rewards.tolist()
         ((4, 4), [1.0, 1.0, 1.0, 1.0])
     """
-    backend = _enum(Backend, backend, "backend")
-    autoreset_mode = _enum(AutoresetMode, autoreset_mode, "autoreset_mode")
+    backend_kind: Backend = _enum(Backend, backend, "backend")
+    mode: AutoresetMode = _enum(AutoresetMode, autoreset_mode, "autoreset_mode")
     num_envs = _positive_int(num_envs, "num_envs")
     if num_workers is None:
         num_workers = min(usable_cores(), num_envs)
@@ -86,21 +97,38 @@ def make(
         raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
     if context is not None and context not in START_METHODS:
         raise ValueError(f"context must be one of {START_METHODS} or None, got {context!r}")
+    policy: OnError = _enum(OnError, on_error, "on_error")
+    if step_timeout is not None:
+        if not isinstance(step_timeout, int | float) or step_timeout <= 0:
+            raise ValueError(
+                f"step_timeout must be a positive number of seconds, got {step_timeout!r}"
+            )
+        if backend_kind is Backend.SERIAL:
+            raise ValueError(
+                "step_timeout needs the process backend: an env stepped in the caller's "
+                "thread cannot be interrupted"
+            )
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be a non-negative int, got {max_restarts!r}")
     spec = EnvSpec.from_user(env, env_kwargs)
-    if backend is Backend.SERIAL:
+    if backend_kind is Backend.SERIAL:
         num_workers = 1
 
     probe = _probe(spec)
-    assignment = [tuple(int(i) for i in ids) for ids in np.array_split(range(num_envs), num_workers)]
+    assignment = [
+        tuple(int(i) for i in ids) for ids in np.array_split(np.arange(num_envs), num_workers)
+    ]
     options = TransportOptions(
         spec=spec,
         assignment=assignment,
         observation_space=probe["observation_space"],
         action_space=probe["action_space"],
-        autoreset_mode=autoreset_mode,
+        autoreset_mode=mode,
         context=context,
+        on_error=policy,
+        seed_base=None if seed is None else int(seed),
     )
-    transport = open_transport(backend, options)
+    transport = open_transport(backend_kind, options)
     return Pool(
         transport,
         assignment,
@@ -109,9 +137,12 @@ def make(
         action_space=probe["action_space"],
         metadata=probe["metadata"],
         render_mode=probe["render_mode"],
-        autoreset_mode=autoreset_mode,
+        autoreset_mode=mode,
         batch_size=batch_size,
         seed=None if seed is None else int(seed),
+        on_error=policy,
+        step_timeout=step_timeout,
+        max_restarts=max_restarts,
     )
 
 

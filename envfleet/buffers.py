@@ -81,7 +81,7 @@ def _write_dict(space: spaces.Dict, batch: Any) -> Writer:
 
 
 @make_writer.register(spaces.Tuple)
-def _write_tuple(space: spaces.Tuple, batch: Any) -> Writer:
+def _write_tuple(space: spaces.Tuple[Any], batch: Any) -> Writer:
     if isinstance(batch, ObjectRows):
         return batch.__setitem__
     writers = [make_writer(sub, part) for sub, part in zip(space.spaces, batch, strict=True)]
@@ -122,7 +122,7 @@ def _read_dict(space: spaces.Dict, batch: Any) -> Reader:
 
 
 @make_reader.register(spaces.Tuple)
-def _read_tuple(space: spaces.Tuple, batch: Any) -> Reader:
+def _read_tuple(space: spaces.Tuple[Any], batch: Any) -> Reader:
     readers = [make_reader(sub, part) for sub, part in zip(space.spaces, batch, strict=True)]
     return lambda i: tuple(reader(i) for reader in readers)
 
@@ -135,7 +135,8 @@ def take(space: spaces.Space[Any], batch: Any, ids: np.ndarray | None) -> Any:
     """Copy the rows ``ids`` (all rows when ``None``) of ``batch`` into a new batch."""
     if isinstance(batch, ObjectRows):
         rows = list(batch) if ids is None else [batch[i] for i in ids]
-        return concatenate(space, rows, create_empty_array(space, len(rows), fn=np.zeros))
+        out: Any = create_empty_array(space, len(rows), fn=np.zeros)
+        return concatenate(space, rows, out)
     if isinstance(space, spaces.Dict):
         return {key: take(sub, batch[key], ids) for key, sub in space.spaces.items()}
     if isinstance(space, spaces.Tuple):
@@ -186,7 +187,7 @@ class Batch:
         )
 
 
-_FLAGS = spaces.Box(0, 1, shape=(), dtype=np.bool_)
+_FLAGS: spaces.Space[Any] = spaces.Box(0, 1, shape=(), dtype=np.bool_)  # type: ignore[arg-type]
 _REWARDS = spaces.Box(-np.inf, np.inf, shape=(), dtype=np.float64)
 
 
@@ -218,7 +219,9 @@ class SharedBatch:
         """Allocate every array-like field in shared memory."""
 
         def shared(space: spaces.Space[Any]) -> Any:
-            return create_shared_memory(space, n, ctx=ctx) if is_array_space(space) else None
+            if not is_array_space(space):
+                return None
+            return create_shared_memory(space, n, ctx=ctx)  # type: ignore[arg-type]
 
         return cls(
             obs_space,

@@ -9,6 +9,14 @@ in the parent when it can be unpickled, is the ``__cause__``; its own ``__cause_
 from __future__ import annotations
 
 import enum
+from typing import Any
+
+
+class OnError(enum.Enum):
+    """What the pool does when an env raises, its worker dies or it hangs."""
+
+    RAISE = "raise"
+    RESTART = "restart"
 
 
 class Phase(enum.Enum):
@@ -51,11 +59,17 @@ class EnvError(RuntimeError):
         worker: index of the worker that held the env.
     """
 
+    completed: tuple[Any, ...] | None
+    """Results of the envs of the failed call that did complete, when the pool could gather
+    them: ``(observations, rewards, terminations, truncations, infos)`` with
+    ``infos["env_id"]`` naming the envs, as :meth:`Pool.recv` returns them; else ``None``."""
+
     def __init__(self, message: str, *, env_index: int | None, phase: Phase, worker: int) -> None:
         super().__init__(message)
         self.env_index = env_index
         self.phase = phase
         self.worker = worker
+        self.completed = None
 
 
 class EnvRaisedError(EnvError):
@@ -78,6 +92,14 @@ class WorkerDiedError(EnvError):
         super().__init__(message, env_index=env_index, phase=phase, worker=worker)
         self.exitcode = exitcode
         self.env_ids = env_ids
+
+
+class EnvTimeoutError(WorkerDiedError):
+    """An env took longer than ``step_timeout``; its worker was killed."""
+
+
+class RestartLimitError(EnvError):
+    """An env failed more than ``max_restarts`` times (the last failure is ``__cause__``)."""
 
 
 class PoolStateError(RuntimeError):

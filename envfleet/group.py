@@ -4,20 +4,36 @@ A group owns a few envs of the pool (global indices) and the batch arrays it wri
 shared-memory views in a worker process, the pool's own arrays in the serial and thread
 backends. It applies the autoreset mode and catches each env's exceptions as
 :class:`~envfleet.protocol.EnvFailure` records, so one env's crash never stops the others.
+
+Under ``on_error="restart"`` a failed env is rebuilt here, at once, and its interrupted episode
+is reported as truncated (reward 0, ``infos["envfleet/restarted"]``); the fresh env is reset
+with a seed derived from the pool seed, the env index and its restart count.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium
+import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envfleet.buffers import Batch, make_reader, make_writer
-from envfleet.errors import Phase
+from envfleet.errors import OnError, Phase
 from envfleet.protocol import EnvFailure, Reply
 from envfleet.spec import EnvSpec
+
+RESTARTED = "envfleet/restarted"
+"""Info key set on the result that reports an env's restart."""
+
+
+def derive_seed(seed_base: int | None, env_index: int, restarts: int) -> int | None:
+    """The seed a restarted env is reset with: deterministic when the pool is seeded."""
+    if seed_base is None:
+        return None
+    return int(np.random.SeedSequence([seed_base, env_index, restarts]).generate_state(1)[0])
 
 
 class GroupStartError(Exception):
@@ -38,8 +54,11 @@ class EnvGroup:
         autoreset_mode: Gymnasium's autoreset semantics to apply.
         observation_space: the pool's single observation space (each env must match it).
         action_space: the pool's single action space (each env must match it).
-        ship_observations: send observations back in each reply (pickled path) instead of
-            relying on the parent to see the batch arrays.
+        ship_observations: send observations back in each reply (pickled path).
+        on_error: rebuild a failed env in place (``RESTART``) or report it (``RAISE``).
+        seed_base: the pool's seed, from which restarted envs' seeds derive.
+        restarts: restarts so far per env (a restarted worker continues the count).
+        restarted: this group replaces a worker that died: every env starts restarted.
     """
 
     def __init__(
@@ -51,29 +70,38 @@ class EnvGroup:
         observation_space: gymnasium.Space[Any],
         action_space: gymnasium.Space[Any],
         ship_observations: bool = False,
+        on_error: OnError = OnError.RAISE,
+        seed_base: int | None = None,
+        restarts: Mapping[int, int] | None = None,
+        restarted: bool = False,
     ) -> None:
+        self.spec = spec
         self.env_ids = tuple(env_ids)
         self.batch = batch
         self.mode = autoreset_mode
         self.ship_observations = ship_observations
+        self.on_error = on_error
+        self.seed_base = seed_base
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.restarts = {i: (restarts or {}).get(i, 0) for i in self.env_ids}
         self.envs: dict[int, gymnasium.Env[Any, Any]] = {}
         self._needs_reset = dict.fromkeys(self.env_ids, False)
+        self._truncate_next: set[int] = set()  # restarted envs owing a truncated result
+        self._reset_seed: dict[int, int | None] = {}  # seeds for restarted envs' next reset
+        self._restart_log: list[EnvFailure] = []
         self._write_obs = make_writer(observation_space, batch.observations)
+        self._read_obs = make_reader(observation_space, batch.observations)
         self._write_action = make_writer(action_space, batch.actions)
         self._read_action = make_reader(action_space, batch.actions)
         for i in self.env_ids:
             try:
-                env = spec.build()
-                if env.observation_space != observation_space or env.action_space != action_space:
-                    raise ValueError(
-                        f"env {i} has observation space {env.observation_space} and action "
-                        f"space {env.action_space}, expected {observation_space} and "
-                        f"{action_space} (every env of a pool must share its spaces)"
-                    )
+                self.envs[i] = self._build(i)
             except Exception as exc:
                 self.close()
                 raise GroupStartError(EnvFailure.capture(i, Phase.MAKE, exc)) from exc
-            self.envs[i] = env
+            if restarted:
+                self._owe_truncation(i)
 
     def reset(
         self,
@@ -82,16 +110,33 @@ class EnvGroup:
         options: dict[str, Any] | None,
     ) -> Reply:
         """Reset ``env_ids``, writing their first observations."""
-        batch, infos, failures = self.batch, {}, []
+        batch = self.batch
+        infos: dict[int, Any] = {}
+        failures: list[EnvFailure] = []
         for i, seed in zip(env_ids, seeds, strict=True):
+            if seed is None:
+                seed = self._reset_seed.pop(i, None)
+            restarted = i in self._truncate_next
+            self._truncate_next.discard(i)
             try:
                 obs, info = self.envs[i].reset(seed=seed, options=options)
             except Exception as exc:
-                failures.append(EnvFailure.capture(i, Phase.RESET, exc))
-                continue
+                failure = EnvFailure.capture(i, Phase.RESET, exc)
+                if self.on_error is OnError.RAISE or not self._restart(i, failure, failures):
+                    failures.append(failure)
+                    continue
+                try:
+                    obs, info = self.envs[i].reset(seed=self._reset_seed.pop(i), options=options)
+                except Exception as exc2:
+                    failures.append(EnvFailure.capture(i, Phase.RESET, exc2))
+                    continue
+                self._truncate_next.discard(i)
+                restarted = True
             self._write_obs(i, obs)
             batch.terminations[i] = batch.truncations[i] = False
             self._needs_reset[i] = False
+            if restarted:
+                info = {**info, RESTARTED: True}
             if info:
                 infos[i] = info
         return self._reply(env_ids, infos, failures)
@@ -101,7 +146,10 @@ class EnvGroup:
         if actions is not None:
             for i, action in actions.items():
                 self._write_action(i, action)
-        batch, infos, failures = self.batch, {}, []
+        batch = self.batch
+        infos: dict[int, Any] = {}
+        failures: list[EnvFailure] = []
+        kept: list[int] = []
         rewards, terms, truncs = batch.rewards, batch.terminations, batch.truncations
         envs, needs_reset, read_action, write_obs = (
             self.envs,
@@ -111,20 +159,29 @@ class EnvGroup:
         )
         next_step = self.mode is AutoresetMode.NEXT_STEP
         same_step = self.mode is AutoresetMode.SAME_STEP
+        truncate_next = self._truncate_next
         for i in env_ids:
+            if truncate_next and i in truncate_next:
+                self._truncate(i, infos, failures, kept)
+                continue
             env = envs[i]
+            reward: Any
             try:
                 if next_step and needs_reset[i]:
-                    obs, info = env.reset()
+                    obs, info = env.reset(seed=self._reset_seed.pop(i, None))
                     reward, terminated, truncated = 0.0, False, False
                 else:
                     obs, reward, terminated, truncated, info = env.step(read_action(i))
                     if same_step and (terminated or truncated):
                         final = {"final_obs": obs, "final_info": info}
-                        obs, info = env.reset()
+                        obs, info = env.reset(seed=self._reset_seed.pop(i, None))
                         info = {**final, **info}
             except Exception as exc:
-                failures.append(EnvFailure.capture(i, Phase.STEP, exc))
+                failure = EnvFailure.capture(i, Phase.STEP, exc)
+                if self.on_error is OnError.RAISE or not self._restart(i, failure, failures):
+                    failures.append(failure)
+                else:
+                    self._truncate(i, infos, failures, kept)
                 continue
             write_obs(i, obs)
             rewards[i] = reward
@@ -133,11 +190,12 @@ class EnvGroup:
             needs_reset[i] = terminated or truncated
             if info:
                 infos[i] = info
-        return self._reply(env_ids, infos, failures)
+        return self._reply(env_ids, infos, failures, kept)
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Reply:
         """Call ``name`` on each env (or read it, when it is not callable)."""
-        values, failures = {}, []
+        values: dict[int, Any] = {}
+        failures: list[EnvFailure] = []
         for i, env in self.envs.items():
             try:
                 attr = env.get_wrapper_attr(name)
@@ -148,7 +206,7 @@ class EnvGroup:
 
     def set_attr(self, name: str, values: dict[int, Any]) -> Reply:
         """Set attribute ``name`` of each env to its value."""
-        failures = []
+        failures: list[EnvFailure] = []
         for i, value in values.items():
             try:
                 self.envs[i].set_wrapper_attr(name, value)
@@ -158,7 +216,7 @@ class EnvGroup:
 
     def close(self) -> Reply:
         """Close every env, reporting (not raising) what fails."""
-        failures = []
+        failures: list[EnvFailure] = []
         for i, env in self.envs.items():
             try:
                 env.close()
@@ -167,15 +225,79 @@ class EnvGroup:
         self.envs.clear()
         return Reply(failures=tuple(failures))
 
+    # -- restarts ----------------------------------------------------------------------------
+
+    def _build(self, i: int) -> gymnasium.Env[Any, Any]:
+        env = self.spec.build()
+        if env.observation_space != self.observation_space or env.action_space != self.action_space:
+            env.close()
+            raise ValueError(
+                f"env {i} has observation space {env.observation_space} and action space "
+                f"{env.action_space}, expected {self.observation_space} and {self.action_space} "
+                "(every env of a pool must share its spaces)"
+            )
+        return env
+
+    def _restart(self, i: int, failure: EnvFailure, failures: list[EnvFailure]) -> bool:
+        """Replace env ``i`` by a fresh one; False (and a failure recorded) if that fails."""
+        self.restarts[i] += 1
+        self._restart_log.append(failure)
+        try:
+            self.envs[i].close()
+        except Exception:
+            pass  # the env is broken; its close may be too
+        try:
+            self.envs[i] = self._build(i)
+        except Exception as exc:
+            failures.append(EnvFailure.capture(i, Phase.MAKE, exc))
+            return False
+        self._owe_truncation(i)
+        return True
+
+    def _owe_truncation(self, i: int) -> None:
+        self._truncate_next.add(i)
+        self._reset_seed[i] = derive_seed(self.seed_base, i, self.restarts[i])
+
+    def _truncate(
+        self, i: int, infos: dict[int, Any], failures: list[EnvFailure], kept: list[int]
+    ) -> None:
+        """Report the interrupted episode of restarted env ``i`` as truncated."""
+        self._truncate_next.discard(i)
+        info: dict[str, Any] = {RESTARTED: True}
+        if self.mode is AutoresetMode.SAME_STEP:
+            final_obs = copy.deepcopy(self._read_obs(i))
+            try:
+                obs, reset_info = self.envs[i].reset(seed=self._reset_seed.pop(i, None))
+            except Exception as exc:
+                failures.append(EnvFailure.capture(i, Phase.RESET, exc))
+                return
+            self._write_obs(i, obs)
+            info = {"final_obs": final_obs, "final_info": {}, **reset_info, **info}
+            self._needs_reset[i] = False
+        else:
+            # The last observation stands; the next step (or the caller's reset) starts anew.
+            kept.append(i)
+            self._needs_reset[i] = True
+        self.batch.rewards[i] = 0.0
+        self.batch.terminations[i] = False
+        self.batch.truncations[i] = True
+        infos[i] = info
+
     def _reply(
-        self, env_ids: Sequence[int], infos: dict[int, Any], failures: list[EnvFailure]
+        self,
+        env_ids: Sequence[int],
+        infos: dict[int, Any],
+        failures: list[EnvFailure],
+        kept: Sequence[int] = (),
     ) -> Reply:
         observations = None
         if self.ship_observations:
-            observations = {i: self.batch.observations[i] for i in env_ids}
+            observations = {i: self.batch.observations[i] for i in env_ids if i not in kept}
+        restarts, self._restart_log = tuple(self._restart_log), []
         return Reply(
             env_ids=tuple(env_ids),
             infos=infos or None,
             observations=observations,
             failures=tuple(failures),
+            restarts=restarts,
         )

@@ -14,6 +14,7 @@ of the envs per worker: envs that are done but not yet returned wait in a FIFO f
 from __future__ import annotations
 
 import enum
+import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -30,14 +31,20 @@ from envfleet.errors import (
     BrokenPoolError,
     ClosedPoolError,
     EnvError,
+    EnvTimeoutError,
     NoPendingError,
+    OnError,
     Phase,
+    RestartLimitError,
     WorkerDiedError,
 )
-from envfleet.protocol import Call, Command, Reply, Reset, SetAttr, Step
+from envfleet.protocol import Call, Close, Command, EnvFailure, Reply, Reset, SetAttr, Step
 from envfleet.validation import check_actions, check_env_ids
 
 DEFAULT_CLOSE_TIMEOUT = 5.0
+DEFAULT_MAX_RESTARTS = 100
+DRAIN_TIMEOUT = 5.0
+"""Seconds a failing call waits for the other envs' results, gathered on the error."""
 
 
 class EnvState(enum.IntEnum):
@@ -70,6 +77,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
         autoreset_mode: AutoresetMode,
         batch_size: int,
         seed: int | None,
+        on_error: OnError = OnError.RAISE,
+        step_timeout: float | None = None,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
     ) -> None:
         self.num_envs = sum(len(ids) for ids in assignment)
         self.batch_size = batch_size
@@ -100,6 +110,13 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._needs_reset = np.zeros(self.num_envs, dtype=np.bool_)
         self._first_seed = seed
         self._broken: BaseException | None = None
+        self.on_error = on_error
+        self.step_timeout = step_timeout
+        self.max_restarts = max_restarts
+        self._restarts = np.zeros(self.num_envs, dtype=np.int64)
+        self._busy_since = [0.0] * len(self._assignment)
+        self._hung: dict[int, float] = {}
+        self._draining = False
 
     # -- the Gymnasium API ---------------------------------------------------------------------
 
@@ -171,8 +188,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
             values = [values] * self.num_envs
         if len(values) != self.num_envs:
             raise ValueError(
-                f"set_attr({name!r}) needs one value per env ({self.num_envs}), "
-                f"got {len(values)}"
+                f"set_attr({name!r}) needs one value per env ({self.num_envs}), got {len(values)}"
             )
         self._call_all(lambda ids: SetAttr(name, {i: values[i] for i in ids}))
 
@@ -202,6 +218,12 @@ class Pool(VectorEnv):  # type: ignore[misc]
                 self.close(timeout=1.0)
             except Exception:
                 pass
+
+    @property
+    def restarts(self) -> np.ndarray:
+        """How many times each env has been restarted (``on_error="restart"``)."""
+        restarts: np.ndarray = self._restarts.copy()
+        return restarts
 
     # -- async API (EnvPool style) -------------------------------------------------------------
 
@@ -293,9 +315,11 @@ class Pool(VectorEnv):  # type: ignore[misc]
             infos,
         )
 
-    def _merge_infos(self, env_ids: Iterable[int], positions: Iterable[int], size: int) -> dict[str, Any]:
+    def _merge_infos(
+        self, env_ids: Iterable[int], positions: Iterable[int], size: int
+    ) -> dict[str, Any]:
         infos: dict[str, Any] = {}
-        for i, position in zip(env_ids, positions):
+        for i, position in zip(env_ids, positions, strict=False):
             info = self._infos.pop(int(i), None)
             if info:
                 _add_info(infos, info, int(position), size)
@@ -337,49 +361,152 @@ class Pool(VectorEnv):  # type: ignore[misc]
     def _submit(self, worker: int, command: Command) -> None:
         if command.delivers_envs:
             self._state[list(command.env_ids)] = EnvState.IN_FLIGHT  # type: ignore[union-attr]
+        if not self._pending[worker]:
+            self._busy_since[worker] = time.monotonic()
         self._pending[worker].append(command)
         self._transport.submit(worker, command)
 
     def _pump(self, block: bool) -> None:
         """Take in the replies that have arrived (waiting for at least one if ``block``)."""
-        for worker, reply in self._transport.wait(None if block else 0.0):
-            if isinstance(reply, WorkerLost):
-                self._fail(self._worker_lost(worker, reply))
-            command = self._pending[worker].popleft()
-            if not command.delivers_envs:
-                self._answers[id(command)] = reply
-                continue
-            failed = {f.env_index for f in reply.failures}
-            if reply.observations:
-                for i, obs in reply.observations.items():
-                    if i not in failed:
-                        self._batch.observations[i] = obs
-            if reply.infos:
-                self._infos.update(reply.infos)
-            for i in reply.env_ids:
-                if i not in failed:
-                    self._state[i] = EnvState.READY
-                    self._ready.append(i)
-            if reply.failures:
-                self._fail(reply.failures[0].to_error(worker, self._env_name))
+        timeout = self._wait_timeout() if block else 0.0
+        first: EnvError | None = None
+        for worker, reply in self._transport.wait(timeout):
+            error = self._take(worker, reply)
+            first = first or error
+        if self.step_timeout is not None:
+            self._kill_hung_workers()
+        if first is not None:
+            self._fail(first)
 
-    def _worker_lost(self, worker: int, lost: WorkerLost) -> EnvError:
+    def _take(self, worker: int, reply: Reply | WorkerLost) -> EnvError | None:
+        """Account for one reply; return the error it reports, if any."""
+        if isinstance(reply, WorkerLost):
+            return self._lost(worker, reply)
+        command = self._pending[worker].popleft()
+        self._busy_since[worker] = time.monotonic()
+        error = self._count_restarts(worker, reply.restarts) if reply.restarts else None
+        if not command.delivers_envs:
+            self._answers[id(command)] = reply
+            return error
+        failed = {f.env_index for f in reply.failures}
+        if reply.observations:
+            for i, obs in reply.observations.items():
+                if i not in failed:
+                    self._batch.observations[i] = obs
+        if reply.infos:
+            self._infos.update(reply.infos)
+        for i in reply.env_ids:
+            if i in failed:
+                self._state[i] = EnvState.IDLE
+            else:
+                self._state[i] = EnvState.READY
+                self._ready.append(i)
+        if reply.failures:
+            return reply.failures[0].to_error(worker, self._env_name)
+        return error
+
+    def _lost(self, worker: int, lost: WorkerLost) -> EnvError | None:
+        """A worker died (or was killed for hanging): raise, or restart it and resend."""
         ids = self._assignment[worker]
         in_flight = [i for i in ids if self._state[i] == EnvState.IN_FLIGHT]
         command = self._pending[worker][0] if self._pending[worker] else None
         phase = {Step: Phase.STEP, Reset: Phase.RESET}.get(type(command), Phase.CALL)
-        return WorkerDiedError(
-            f"worker {worker} holding envs {list(ids)} ({self._env_name}) died during "
-            f"{phase.value} ({lost.reason}); envs in flight: {in_flight}",
+        hung = self._hung.pop(worker, None)
+        kind = EnvTimeoutError if hung is not None else WorkerDiedError
+        reason = (
+            f"no reply after {hung:.3g}s (step_timeout={self.step_timeout}); killed"
+            if hung is not None
+            else lost.reason
+        )
+        error = kind(
+            f"worker {worker} holding envs {list(ids)} ({self._env_name}) "
+            f"{'hung' if hung is not None else 'died'} during {phase.value} ({reason}); "
+            f"envs in flight: {in_flight}",
             env_index=in_flight[0] if in_flight else None,
             phase=phase,
             worker=worker,
             exitcode=lost.exitcode,
             env_ids=ids,
         )
+        if self.on_error is OnError.RAISE or self._draining:
+            for i in in_flight:
+                self._state[i] = EnvState.IDLE
+            self._pending[worker].clear()
+            return error
+        self._restarts[list(ids)] += 1
+        over = [i for i in ids if self._restarts[i] > self.max_restarts]
+        if over:
+            return self._restart_limit(over[0], worker, error)
+        resend = [c for c in self._pending[worker] if not isinstance(c, Close)]
+        self._pending[worker].clear()
+        self._transport.restart(worker, {i: int(self._restarts[i]) for i in ids})
+        for command in resend:
+            self._submit(worker, command)
+        return None
+
+    def _count_restarts(self, worker: int, failures: tuple[EnvFailure, ...]) -> EnvError | None:
+        for failure in failures:
+            i = failure.env_index
+            if i is None:
+                continue
+            self._restarts[i] += 1
+            if self._restarts[i] > self.max_restarts:
+                return self._restart_limit(i, worker, failure.to_error(worker, self._env_name))
+        return None
+
+    def _restart_limit(self, env: int, worker: int, cause: EnvError) -> EnvError:
+        error = RestartLimitError(
+            f"env {env} ({self._env_name}) failed {int(self._restarts[env])} times, more than "
+            f"max_restarts={self.max_restarts}; last failure: {cause}",
+            env_index=env,
+            phase=cause.phase,
+            worker=worker,
+        )
+        error.__cause__ = cause
+        return error
+
+    def _wait_timeout(self) -> float | None:
+        if self.step_timeout is None:
+            return None
+        busy = [
+            since for since, pending in zip(self._busy_since, self._pending, strict=True) if pending
+        ]
+        if not busy:
+            return None
+        return max(0.0, min(busy) + self.step_timeout - time.monotonic())
+
+    def _kill_hung_workers(self) -> None:
+        assert self.step_timeout is not None
+        now = time.monotonic()
+        for worker, pending in enumerate(self._pending):
+            if pending and worker not in self._hung:
+                waited = now - self._busy_since[worker]
+                if waited >= self.step_timeout:
+                    self._hung[worker] = waited
+                    self._transport.kill(worker)
 
     def _fail(self, error: EnvError) -> None:
+        """Break the pool, gather what other envs completed onto the error, and raise it."""
         self._broken = error
+        self._draining = True
+        try:
+            limit = min(DRAIN_TIMEOUT, self.step_timeout or DRAIN_TIMEOUT)
+            deadline = time.monotonic() + limit
+            while (self._state == EnvState.IN_FLIGHT).any():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                for worker, reply in self._transport.wait(remaining):
+                    self._take(worker, reply)
+            if self._ready:
+                ready = np.array(self._ready)
+                self._ready.clear()
+                self._state[ready] = EnvState.IDLE
+                error.completed = self._results(ready, with_env_id=True)
+        except Exception:
+            pass  # the original error matters more than what could not be gathered
+        finally:
+            self._draining = False
         raise error
 
     def _check_usable(self) -> None:

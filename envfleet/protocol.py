@@ -37,7 +37,7 @@ class EnvFailure:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         try:
             blob: bytes | None = cloudpickle.dumps(exc)
-            pickle.loads(blob)  # custom __init__ signatures fail only here
+            pickle.loads(cloudpickle.dumps(exc))  # custom __init__ signatures fail only here
         except Exception:
             blob = None
         return cls(env_index, phase, type(exc).__qualname__, str(exc), text, blob)
@@ -78,6 +78,7 @@ class Reply:
     observations: dict[int, Any] | None = None  # only on the pickled-observation path
     values: dict[int, Any] | None = None  # results of call/get_attr, per env
     failures: tuple[EnvFailure, ...] = ()
+    restarts: tuple[EnvFailure, ...] = ()  # failures the group recovered from by a restart
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -74,9 +75,12 @@ class EnvSpec:
     @property
     def name(self) -> str:
         """A short human-readable name, for messages."""
-        if isinstance(self.target, str):
-            return self.target
-        return getattr(self.target, "__qualname__", repr(self.target))
+        target: Any = self.target
+        if isinstance(target, str):
+            return target
+        while isinstance(target, functools.partial):
+            target = target.func
+        return str(getattr(target, "__qualname__", None) or type(target).__qualname__)
 
     def build(self) -> gymnasium.Env[Any, Any]:
         """Build one environment."""

@@ -17,6 +17,7 @@ import gymnasium
 from gymnasium.vector import AutoresetMode
 
 from envfleet.buffers import Batch
+from envfleet.errors import OnError
 from envfleet.protocol import Command, Reply
 from envfleet.spec import EnvSpec
 
@@ -46,6 +47,8 @@ class TransportOptions:
     action_space: gymnasium.Space[Any]
     autoreset_mode: AutoresetMode
     context: str | None = None
+    on_error: OnError = OnError.RAISE
+    seed_base: int | None = None
 
     @property
     def num_envs(self) -> int:
@@ -64,11 +67,20 @@ class Transport(Protocol):
     def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost]]:
         """Replies that are in, in order per worker; block up to ``timeout`` for at least one."""
 
+    def kill(self, worker: int) -> None:
+        """Kill a hung worker at once; :meth:`wait` then reports it lost."""
+
+    def restart(self, worker: int, restarts: dict[int, int]) -> None:
+        """Replace a lost worker by a fresh one whose envs all start restarted."""
+
     def close(self, timeout: float) -> None:
         """Stop every worker and free every resource; idempotent."""
 
 
-_MODULES = {Backend.SERIAL: "envfleet.backends.serial", Backend.PROCESS: "envfleet.backends.process"}
+_MODULES = {
+    Backend.SERIAL: "envfleet.backends.serial",
+    Backend.PROCESS: "envfleet.backends.process",
+}
 
 
 def open_transport(backend: Backend, options: TransportOptions) -> Transport:

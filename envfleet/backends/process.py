@@ -23,9 +23,11 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import select
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -63,6 +65,7 @@ def _worker_main(
     shared: SharedBatch,
     options: TransportOptions,
     parent_pid: int,
+    restarts: dict[int, int],
 ) -> None:
     # Ctrl-C goes to the whole process group: the parent alone handles it and closes us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -78,6 +81,10 @@ def _worker_main(
             options.observation_space,
             options.action_space,
             ship_observations=shared.observations is None,
+            on_error=options.on_error,
+            seed_base=options.seed_base,
+            restarts=restarts,
+            restarted=bool(restarts),
         )
     except GroupStartError as exc:
         conn.send(Reply(failures=(exc.failure,)))
@@ -125,38 +132,68 @@ class ProcessTransport:
         self._procs: list[BaseProcess] = []
         self._alive: list[bool] = []
         self._closed = False
-        spec_blob = cloudpickle.dumps(options.spec)
+        self._poller: select.poll | None = None
+        self._options = options
+        self._spec_blob = cloudpickle.dumps(options.spec)
         try:
-            for worker, ids in enumerate(options.assignment):
-                parent_end, child_end = self._ctx.Pipe()
-                proc = self._ctx.Process(
-                    target=_worker_main,
-                    name=f"envfleet-worker-{worker}",
-                    args=(
-                        worker,
-                        child_end,
-                        parent_end,
-                        spec_blob,
-                        ids,
-                        self._shared,
-                        options,
-                        os.getpid(),
-                    ),
-                    daemon=True,
-                )
-                proc.start()
-                child_end.close()
-                self._conns.append(parent_end)
-                self._procs.append(proc)
-                self._alive.append(True)
-            self._await_start(options)
+            for worker in range(len(options.assignment)):
+                self._start(worker, {})
+            self._await_start(range(len(options.assignment)))
         except BaseException:
             self.close(1.0)
             raise
 
-    def _await_start(self, options: TransportOptions) -> None:
-        started = [False] * len(self._procs)
-        while not all(started):
+    def _start(self, worker: int, restarts: dict[int, int]) -> None:
+        assert self._shared is not None
+        parent_end, child_end = self._ctx.Pipe()
+        proc = self._ctx.Process(  # type: ignore[attr-defined]
+            target=_worker_main,
+            name=f"envfleet-worker-{worker}",
+            args=(
+                worker,
+                child_end,
+                parent_end,
+                self._spec_blob,
+                self._options.assignment[worker],
+                self._shared,
+                self._options,
+                os.getpid(),
+                restarts,
+            ),
+            daemon=True,
+        )
+        proc.start()
+        child_end.close()
+        if worker < len(self._procs):
+            self._conns[worker], self._procs[worker] = parent_end, proc
+            self._alive[worker] = True
+        else:
+            self._conns.append(parent_end)
+            self._procs.append(proc)
+            self._alive.append(True)
+        if self._poller is not None:
+            self._poller.register(parent_end.fileno(), select.POLLIN)
+            self._poller.register(proc.sentinel, select.POLLIN)
+
+    def kill(self, worker: int) -> None:
+        proc = self._procs[worker]
+        if proc.is_alive():
+            proc.kill()
+
+    def restart(self, worker: int, restarts: dict[int, int]) -> None:
+        old_conn, old_proc = self._conns[worker], self._procs[worker]
+        if old_proc.is_alive():
+            old_proc.kill()
+        old_proc.join(1.0)
+        old_conn.close()
+        old_proc.close()
+        self._start(worker, restarts)
+        self._await_start([worker])
+
+    def _await_start(self, workers: Sequence[int]) -> None:
+        options = self._options
+        waiting = set(workers)
+        while waiting:
             for worker, reply in self.wait(None):
                 if isinstance(reply, WorkerLost):
                     from envfleet.errors import WorkerDiedError
@@ -172,7 +209,7 @@ class ProcessTransport:
                     )
                 if reply.failures:
                     raise reply.failures[0].to_error(worker, options.spec.name)
-                started[worker] = True
+                waiting.discard(worker)
 
     def submit(self, worker: int, command: Command) -> None:
         try:
@@ -181,23 +218,35 @@ class ProcessTransport:
             pass  # the worker is gone; its sentinel reports it on the next wait
 
     def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost]]:
-        live = [w for w, alive in enumerate(self._alive) if alive]
-        handles: list[Any] = [self._conns[w] for w in live]
-        handles += [self._procs[w].sentinel for w in live]
-        ready = set(multiprocessing.connection.wait(handles, timeout))
+        if self._poller is None:
+            self._poller = select.poll()
+            for w, alive in enumerate(self._alive):
+                if alive:
+                    self._poller.register(self._conns[w].fileno(), select.POLLIN)
+                    self._poller.register(self._procs[w].sentinel, select.POLLIN)
+        ms = None if timeout is None else max(0, int(timeout * 1000))
+        events = _retry_eintr(self._poller.poll, ms)
         replies: list[tuple[int, Reply | WorkerLost]] = []
-        for w in live:
+        if not events:
+            return replies
+        ready = {fd for fd, _ in events}
+        for w, alive in enumerate(self._alive):
+            if not alive:
+                continue
             conn, proc = self._conns[w], self._procs[w]
-            if conn in ready or proc.sentinel in ready:
+            died = proc.sentinel in ready
+            if conn.fileno() in ready or died:
                 try:
                     while conn.poll():
                         replies.append((w, conn.recv()))
                 except (EOFError, OSError):
-                    pass
-                if proc.sentinel in ready:
-                    proc.join(0.1)
-                    self._alive[w] = False
-                    replies.append((w, WorkerLost(proc.exitcode, _describe_exit(proc.exitcode))))
+                    died = True
+            if died:
+                proc.join(1.0)
+                self._alive[w] = False
+                self._poller.unregister(conn.fileno())
+                self._poller.unregister(proc.sentinel)
+                replies.append((w, WorkerLost(proc.exitcode, _describe_exit(proc.exitcode))))
         return replies
 
     def close(self, timeout: float) -> None:
@@ -213,7 +262,9 @@ class ProcessTransport:
             if remaining <= 0:
                 break
             # Drain replies so that no worker blocks writing to a full pipe while exiting.
-            handles: list[Any] = [c for c, p in zip(self._conns, self._procs) if p.is_alive()]
+            handles: list[Any] = [
+                c for c, p in zip(self._conns, self._procs, strict=True) if p.is_alive()
+            ]
             handles += [p.sentinel for p in self._procs if p.is_alive()]
             for handle in multiprocessing.connection.wait(handles, min(remaining, 0.1)):
                 if isinstance(handle, Connection):
@@ -233,6 +284,14 @@ class ProcessTransport:
             conn.close()
         self._alive = [False] * len(self._alive)
         self._shared = None
+
+
+def _retry_eintr(poll: Any, ms: int | None) -> list[tuple[int, int]]:
+    while True:
+        try:
+            return poll(ms)  # type: ignore[no-any-return]
+        except InterruptedError:  # pragma: no cover - PEP 475 retries already
+            continue
 
 
 def _describe_exit(exitcode: int | None) -> str:

@@ -27,6 +27,8 @@ class SerialTransport:
                         options.autoreset_mode,
                         options.observation_space,
                         options.action_space,
+                        on_error=options.on_error,
+                        seed_base=options.seed_base,
                     )
                 )
         except GroupStartError as exc:
@@ -40,6 +42,12 @@ class SerialTransport:
         replies = list(self._replies)
         self._replies.clear()
         return replies
+
+    def kill(self, worker: int) -> None:
+        raise NotImplementedError("the serial backend runs envs in the caller's thread")
+
+    def restart(self, worker: int, restarts: dict[int, int]) -> None:
+        raise NotImplementedError("a serial group never dies without its caller")
 
     def close(self, timeout: float) -> None:
         for group in self.groups:

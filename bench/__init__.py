@@ -1,0 +1,1 @@
+"""Benchmarks for envfleet (``python bench/throughput.py``); not part of the installed package."""

@@ -1,0 +1,118 @@
+"""Shared fixtures: leak checks after every test and the backends every test runs on.
+
+Add a backend (``"thread"``, ``"ray"``) to :data:`BACKENDS` and, if it runs envs on several
+workers, to :data:`WORKER_BACKENDS`: every test taking ``backend`` or ``pool_config`` picks it up.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
+import os
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+BACKENDS = ("serial", "process")
+"""Every backend; tests taking the ``backend`` fixture run once per entry."""
+
+WORKER_BACKENDS = ("process",)
+"""Backends whose envs are split over ``num_workers`` workers (the others ignore it)."""
+
+WORKER_COUNTS = (1, 2, 3)
+"""Worker counts the equivalence tests try (with 7 envs: blocks of 7; 4+3; 3+2+2)."""
+
+POOL_CONFIGS = [(b, None) for b in BACKENDS if b not in WORKER_BACKENDS] + [
+    (b, w) for b in WORKER_BACKENDS for w in WORKER_COUNTS
+]
+"""``(backend, num_workers)`` pairs for tests taking the ``pool_config`` fixture."""
+
+SHM = "/dev/shm"
+CHILD_EXIT_GRACE = 3.0
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        metafunc.parametrize("backend", BACKENDS)
+    if "pool_config" in metafunc.fixturenames:
+        ids = [b if w is None else f"{b}-w{w}" for b, w in POOL_CONFIGS]
+        metafunc.parametrize("pool_config", POOL_CONFIGS, ids=ids)
+
+
+def _infrastructure_pids() -> set[int]:
+    """multiprocessing's own long-lived helpers (not envfleet's workers): they outlive pools.
+
+    The resource tracker starts with the first spawn/forkserver semaphore; the fork server with
+    the first forkserver process. Their private attributes are the only way to know their pids.
+    """
+    pids = set()
+    tracker = getattr(multiprocessing.resource_tracker, "_resource_tracker", None)
+    if getattr(tracker, "_pid", None):
+        pids.add(tracker._pid)
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    if getattr(server, "_forkserver_pid", None):
+        pids.add(server._forkserver_pid)
+    return pids
+
+
+def _leftover_children() -> list[psutil.Process]:
+    infrastructure = _infrastructure_pids()
+    children = []
+    for child in psutil.Process().children(recursive=True):
+        if child.pid in infrastructure:
+            continue
+        try:
+            if child.is_running():
+                children.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return children
+
+
+def _describe(child: psutil.Process) -> str:
+    try:
+        return f"pid {child.pid} ({child.name()}, {child.status()})"
+    except psutil.Error:
+        return f"pid {child.pid}"
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return set(os.listdir(SHM))
+    except FileNotFoundError:  # no /dev/shm on this platform
+        return set()
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes_or_shared_memory() -> Iterator[None]:
+    """Fail a test that leaves a child process or a new ``/dev/shm`` entry behind."""
+    shm_before = _shm_entries()
+    yield
+    # Pools a test forgot in a reference cycle (tracebacks, pytest.raises) are leaks of the
+    # test, not of envfleet, and would be freed anyway: collect them before looking.
+    gc.collect()
+    deadline = time.monotonic() + CHILD_EXIT_GRACE
+    children = _leftover_children()
+    while children and time.monotonic() < deadline:
+        time.sleep(0.05)
+        children = _leftover_children()
+    problems = []
+    if children:
+        problems.append(
+            "child processes still running after the test: "
+            + ", ".join(_describe(c) for c in children)
+        )
+        for child in children:  # ours (children of this process): stop them for later tests
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(children, timeout=2.0)
+    new_shm = sorted(_shm_entries() - shm_before)
+    if new_shm:
+        problems.append(f"new entries left in {SHM}: {new_shm}")
+    if problems:
+        pytest.fail("; ".join(problems), pytrace=False)
