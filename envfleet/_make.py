@@ -47,7 +47,8 @@ def make(
         env: a registered id (``"CartPole-v1"``, ``"ALE/Pong-v5"``), an env class or a
             zero-argument callable returning an env (closures work under every start method).
         num_envs: number of envs.
-        backend: ``"process"`` (worker processes, shared memory) or ``"serial"`` (the caller's
+        backend: ``"process"`` (worker processes, shared memory), ``"thread"`` (threads of this
+            process, for envs that sleep or release the GIL) or ``"serial"`` (the caller's
             thread; the reference semantics).
         num_workers: worker processes (default: usable cores, at most ``num_envs``); envs are
             split over them in contiguous blocks that need not be equal.
@@ -86,7 +87,8 @@ def make(
     mode: AutoresetMode = _enum(AutoresetMode, autoreset_mode, "autoreset_mode")
     num_envs = _positive_int(num_envs, "num_envs")
     if num_workers is None:
-        num_workers = min(usable_cores(), num_envs)
+        # Threads are for envs that wait (sleep, I/O, GIL-free C code): one per env.
+        num_workers = num_envs if backend_kind is Backend.THREAD else min(usable_cores(), num_envs)
     num_workers = _positive_int(num_workers, "num_workers")
     if num_workers > num_envs:
         raise ValueError(f"num_workers={num_workers} exceeds num_envs={num_envs}")
@@ -103,10 +105,10 @@ def make(
             raise ValueError(
                 f"step_timeout must be a positive number of seconds, got {step_timeout!r}"
             )
-        if backend_kind is Backend.SERIAL:
+        if backend_kind in (Backend.SERIAL, Backend.THREAD):
             raise ValueError(
-                "step_timeout needs the process backend: an env stepped in the caller's "
-                "thread cannot be interrupted"
+                f"step_timeout needs the process backend: an env stepped by the "
+                f"{backend_kind.value} backend runs in this process and cannot be interrupted"
             )
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be a non-negative int, got {max_restarts!r}")

@@ -151,6 +151,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
             )
         self._submit_reset(env_ids, seeds, options)
         self._collect(env_ids)
+        self._needs_reset[env_ids] = False
         infos = self._merge_infos(env_ids, positions=env_ids, size=self.num_envs)
         return take(self.single_observation_space, self._batch.observations, None), infos
 

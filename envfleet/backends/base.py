@@ -26,6 +26,7 @@ class Backend(enum.Enum):
     """Where the envs run."""
 
     SERIAL = "serial"
+    THREAD = "thread"
     PROCESS = "process"
 
 
@@ -79,6 +80,7 @@ class Transport(Protocol):
 
 _MODULES = {
     Backend.SERIAL: "envfleet.backends.serial",
+    Backend.THREAD: "envfleet.backends.thread",
     Backend.PROCESS: "envfleet.backends.process",
 }
 

@@ -1,0 +1,130 @@
+"""The thread backend: each worker is a thread of the caller's process.
+
+For envs that sleep (a remote simulator, a game server, I/O) or release the GIL in C code
+(ALE's emulator, MuJoCo, Box2D): groups write straight into the pool's batch arrays, with no
+copies and no inter-process messages. Pure-Python envs gain nothing here (the GIL runs one
+at a time); use the process backend for them. A thread cannot be killed, so ``step_timeout``
+is not offered on this backend.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from envfleet.backends.base import TransportOptions, WorkerLost
+from envfleet.buffers import Batch
+from envfleet.errors import Phase
+from envfleet.group import EnvGroup, GroupStartError
+from envfleet.protocol import Close, Command, EnvFailure, Reply
+
+_STOP = None
+
+
+class ThreadTransport:
+    """One thread per worker, each serving its group's commands in order."""
+
+    def __init__(self, options: TransportOptions) -> None:
+        self.batch = Batch.local(options.observation_space, options.action_space, options.num_envs)
+        self._options = options
+        self._replies: queue.SimpleQueue[tuple[int, Reply | WorkerLost]] = queue.SimpleQueue()
+        self._inboxes: list[queue.SimpleQueue[Command | None]] = []
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        for worker, ids in enumerate(options.assignment):
+            inbox: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
+            thread = threading.Thread(
+                target=self._serve,
+                args=(worker, ids, inbox),
+                name=f"envfleet-thread-{worker}",
+                daemon=True,
+            )
+            self._inboxes.append(inbox)
+            self._threads.append(thread)
+            thread.start()
+        self._await_start()
+
+    def _await_start(self) -> None:
+        waiting = set(range(len(self._threads)))
+        failure: tuple[int, EnvFailure] | None = None
+        while waiting:
+            worker, reply = self._replies.get()
+            waiting.discard(worker)
+            if isinstance(reply, Reply) and reply.failures and failure is None:
+                failure = (worker, reply.failures[0])
+        if failure is not None:
+            self.close(1.0)
+            raise failure[1].to_error(failure[0], self._options.spec.name)
+
+    def _serve(
+        self, worker: int, ids: tuple[int, ...], inbox: queue.SimpleQueue[Command | None]
+    ) -> None:
+        options = self._options
+        try:
+            group = EnvGroup(
+                options.spec,
+                ids,
+                self.batch,
+                options.autoreset_mode,
+                options.observation_space,
+                options.action_space,
+                on_error=options.on_error,
+                seed_base=options.seed_base,
+            )
+        except GroupStartError as exc:
+            self._replies.put((worker, Reply(failures=(exc.failure,))))
+            return
+        except BaseException as exc:
+            self._replies.put(
+                (worker, Reply(failures=(EnvFailure.capture(None, Phase.MAKE, exc),)))
+            )
+            return
+        self._replies.put((worker, Reply()))
+        while True:
+            command = inbox.get()
+            if command is _STOP:
+                group.close()
+                return
+            try:
+                reply = command.run(group)
+            except BaseException as exc:
+                reply = Reply(failures=(EnvFailure.capture(None, Phase.STEP, exc),))
+            self._replies.put((worker, reply))
+            if isinstance(command, Close):
+                return
+
+    def submit(self, worker: int, command: Command) -> None:
+        self._inboxes[worker].put(command)
+
+    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost]]:
+        try:
+            replies = [self._replies.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                replies.append(self._replies.get_nowait())
+            except queue.Empty:
+                return replies
+
+    def kill(self, worker: int) -> None:
+        raise NotImplementedError("a thread cannot be killed; use the process backend")
+
+    def restart(self, worker: int, restarts: dict[int, int]) -> None:
+        raise NotImplementedError("a thread worker never dies on its own")
+
+    def close(self, timeout: float) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for inbox in self._inboxes:
+            inbox.put(_STOP)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        # A thread stuck inside an env is a daemon: it cannot block interpreter exit.
+
+
+def open_transport(options: TransportOptions) -> ThreadTransport:
+    return ThreadTransport(options)
