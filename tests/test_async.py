@@ -35,7 +35,7 @@ def test_every_env_returned_exactly_once_per_action(kind: str) -> None:
             pool.async_reset()
             sent += 1
             for _ in range(2_500):
-                obs, rewards, terms, truncs, infos = pool.recv()
+                obs, rewards, _, _, infos = pool.recv()
                 ids = infos["env_id"]
                 assert len(ids) == batch_size == len(obs) == len(rewards)
                 assert len(set(ids.tolist())) == batch_size, "an env returned twice in a batch"
