@@ -40,6 +40,7 @@ def make(
     on_error: str | OnError = OnError.RAISE,
     step_timeout: float | None = None,
     max_restarts: int = DEFAULT_MAX_RESTARTS,
+    threads_per_worker: int = 1,
 ) -> Pool:
     """Run ``num_envs`` copies of an environment in parallel behind one ``VectorEnv``.
 
@@ -67,6 +68,8 @@ def make(
             handled as dead (process backend).
         max_restarts: restarts allowed per env over the pool's life before
             :class:`RestartLimitError`.
+        threads_per_worker: process backend: each worker steps its envs on this many threads,
+            so envs that sleep or release the GIL overlap inside a worker.
 
     Returns:
         A :class:`Pool`; close it (or use it as a context manager) to free its workers.
@@ -112,6 +115,12 @@ def make(
             )
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be a non-negative int, got {max_restarts!r}")
+    threads_per_worker = _positive_int(threads_per_worker, "threads_per_worker")
+    if threads_per_worker > 1 and backend_kind is not Backend.PROCESS:
+        raise ValueError(
+            "threads_per_worker is an option of the process backend; the thread backend "
+            f"already runs one thread per worker (got backend={backend_kind.value!r})"
+        )
     spec = EnvSpec.from_user(env, env_kwargs)
     if backend_kind is Backend.SERIAL:
         num_workers = 1
@@ -129,6 +138,7 @@ def make(
         context=context,
         on_error=policy,
         seed_base=None if seed is None else int(seed),
+        threads_per_worker=threads_per_worker,
     )
     transport = open_transport(backend_kind, options)
     return Pool(

@@ -9,15 +9,29 @@ from __future__ import annotations
 
 import pickle
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import cloudpickle
 
 from envfleet.errors import EnvError, EnvRaisedError, Phase, RemoteError, RemoteTraceback
 
-if TYPE_CHECKING:
-    from envfleet.group import EnvGroup
+
+class Group(Protocol):
+    """What serves commands: an :class:`~envfleet.group.EnvGroup` or a threaded set of them."""
+
+    def reset(
+        self, env_ids: Sequence[int], seeds: Sequence[int | None], options: dict[str, Any] | None
+    ) -> Reply: ...
+
+    def step(self, env_ids: Sequence[int], actions: dict[int, Any] | None = None) -> Reply: ...
+
+    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Reply: ...
+
+    def set_attr(self, name: str, values: dict[int, Any]) -> Reply: ...
+
+    def close(self) -> Reply: ...
 
 
 @dataclass(frozen=True)
@@ -90,7 +104,7 @@ class Reset:
     options: dict[str, Any] | None = None
     delivers_envs = True
 
-    def run(self, group: EnvGroup) -> Reply:
+    def run(self, group: Group) -> Reply:
         return group.reset(self.env_ids, self.seeds, self.options)
 
 
@@ -102,7 +116,7 @@ class Step:
     actions: dict[int, Any] | None = None
     delivers_envs = True
 
-    def run(self, group: EnvGroup) -> Reply:
+    def run(self, group: Group) -> Reply:
         return group.step(self.env_ids, self.actions)
 
 
@@ -115,7 +129,7 @@ class Call:
     kwargs: dict[str, Any] = field(default_factory=dict)
     delivers_envs = False
 
-    def run(self, group: EnvGroup) -> Reply:
+    def run(self, group: Group) -> Reply:
         return group.call(self.name, self.args, self.kwargs)
 
 
@@ -127,7 +141,7 @@ class SetAttr:
     values: dict[int, Any]
     delivers_envs = False
 
-    def run(self, group: EnvGroup) -> Reply:
+    def run(self, group: Group) -> Reply:
         return group.set_attr(self.name, self.values)
 
 
@@ -137,7 +151,7 @@ class Close:
 
     delivers_envs = False
 
-    def run(self, group: EnvGroup) -> Reply:
+    def run(self, group: Group) -> Reply:
         return group.close()
 
 

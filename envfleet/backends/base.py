@@ -50,6 +50,7 @@ class TransportOptions:
     context: str | None = None
     on_error: OnError = OnError.RAISE
     seed_base: int | None = None
+    threads_per_worker: int = 1
 
     @property
     def num_envs(self) -> int:

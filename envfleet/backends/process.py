@@ -37,8 +37,9 @@ import cloudpickle
 from envfleet.backends.base import TransportOptions, WorkerLost
 from envfleet.buffers import SharedBatch
 from envfleet.errors import Phase
-from envfleet.group import EnvGroup, GroupStartError
+from envfleet.group import GroupStartError
 from envfleet.protocol import Close, Command, EnvFailure, Reply
+from envfleet.threads import build_group
 
 PARENT_CHECK_INTERVAL = 1.0
 """Seconds between a worker's checks that its parent is still alive."""
@@ -60,10 +61,8 @@ def _worker_main(
     worker: int,
     conn: Connection,
     parent_end: Connection | None,
-    spec_blob: bytes,
-    env_ids: tuple[int, ...],
+    options_blob: bytes,
     shared: SharedBatch,
-    options: TransportOptions,
     parent_pid: int,
     restarts: dict[int, int],
 ) -> None:
@@ -73,18 +72,14 @@ def _worker_main(
         parent_end.close()  # so that our recv sees EOF once the parent is gone
     _watch_parent(parent_pid)
     try:
-        group = EnvGroup(
-            pickle.loads(spec_blob),
-            env_ids,
+        # cloudpickle: the env factory may be a lambda or closure, under any start method.
+        options: TransportOptions = pickle.loads(options_blob)
+        group = build_group(
+            options,
+            options.assignment[worker],
             shared.views(),
-            options.autoreset_mode,
-            options.observation_space,
-            options.action_space,
             ship_observations=shared.observations is None,
-            on_error=options.on_error,
-            seed_base=options.seed_base,
             restarts=restarts,
-            restarted=bool(restarts),
         )
     except GroupStartError as exc:
         conn.send(Reply(failures=(exc.failure,)))
@@ -134,7 +129,7 @@ class ProcessTransport:
         self._closed = False
         self._poller: select.poll | None = None
         self._options = options
-        self._spec_blob = cloudpickle.dumps(options.spec)
+        self._options_blob = cloudpickle.dumps(options)
         try:
             for worker in range(len(options.assignment)):
                 self._start(worker, {})
@@ -153,10 +148,8 @@ class ProcessTransport:
                 worker,
                 child_end,
                 parent_end,
-                self._spec_blob,
-                self._options.assignment[worker],
+                self._options_blob,
                 self._shared,
-                self._options,
                 os.getpid(),
                 restarts,
             ),
