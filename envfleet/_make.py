@@ -41,6 +41,9 @@ def make(
     step_timeout: float | None = None,
     max_restarts: int = DEFAULT_MAX_RESTARTS,
     threads_per_worker: int = 1,
+    address: str | None = None,
+    ray_init_kwargs: Mapping[str, Any] | None = None,
+    worker_resources: Mapping[str, Any] | None = None,
 ) -> Pool:
     """Run ``num_envs`` copies of an environment in parallel behind one ``VectorEnv``.
 
@@ -68,8 +71,14 @@ def make(
             handled as dead (process backend).
         max_restarts: restarts allowed per env over the pool's life before
             :class:`RestartLimitError`.
-        threads_per_worker: process backend: each worker steps its envs on this many threads,
-            so envs that sleep or release the GIL overlap inside a worker.
+        threads_per_worker: process and ray backends: each worker steps its envs on this many
+            threads, so envs that sleep or release the GIL overlap inside a worker.
+        address: ray backend: ``None`` starts a local Ray sized for this machine unless one
+            is running; ``"auto"`` or ``"ray://host:port"`` joins an existing cluster.
+        ray_init_kwargs: extra keyword arguments for ``ray.init``.
+        worker_resources: ray backend: ``.options()`` for each actor, such as
+            ``{"num_cpus": 1}`` or ``{"resources": {"sim": 1}}``; actors spread over nodes
+            (``scheduling_strategy="SPREAD"``) unless this says otherwise.
 
     Returns:
         A :class:`Pool`; close it (or use it as a context manager) to free its workers.
@@ -116,11 +125,22 @@ def make(
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be a non-negative int, got {max_restarts!r}")
     threads_per_worker = _positive_int(threads_per_worker, "threads_per_worker")
-    if threads_per_worker > 1 and backend_kind is not Backend.PROCESS:
+    if threads_per_worker > 1 and backend_kind not in (Backend.PROCESS, Backend.RAY):
         raise ValueError(
-            "threads_per_worker is an option of the process backend; the thread backend "
-            f"already runs one thread per worker (got backend={backend_kind.value!r})"
+            "threads_per_worker is an option of the process and ray backends; "
+            f"got backend={backend_kind.value!r}"
         )
+    ray_given = [
+        name
+        for name, value in (
+            ("address", address),
+            ("ray_init_kwargs", ray_init_kwargs),
+            ("worker_resources", worker_resources),
+        )
+        if value is not None
+    ]
+    if ray_given and backend_kind is not Backend.RAY:
+        raise ValueError(f"{', '.join(ray_given)} only apply to backend='ray'")
     spec = EnvSpec.from_user(env, env_kwargs)
     if backend_kind is Backend.SERIAL:
         num_workers = 1
@@ -139,6 +159,13 @@ def make(
         on_error=policy,
         seed_base=None if seed is None else int(seed),
         threads_per_worker=threads_per_worker,
+        ray=None
+        if backend_kind is not Backend.RAY
+        else {
+            "address": address,
+            "init_kwargs": dict(ray_init_kwargs or {}),
+            "worker_resources": dict(worker_resources or {}),
+        },
     )
     transport = open_transport(backend_kind, options)
     return Pool(

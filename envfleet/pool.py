@@ -38,7 +38,7 @@ from envfleet.errors import (
     RestartLimitError,
     WorkerDiedError,
 )
-from envfleet.protocol import Call, Close, Command, EnvFailure, Reply, Reset, SetAttr, Step
+from envfleet.protocol import Call, Close, Command, EnvFailure, Reply, Reset, Rows, SetAttr, Step
 from envfleet.validation import check_actions, check_env_ids
 
 DEFAULT_CLOSE_TIMEOUT = 5.0
@@ -102,6 +102,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         for worker, ids in enumerate(self._assignment):
             self._worker_of[list(ids)] = worker
         self._array_actions = is_array_space(action_space)
+        self._shares_memory = transport.shares_memory
         self._state = np.zeros(self.num_envs, dtype=np.int8)
         self._ready: deque[int] = deque()
         self._infos: dict[int, dict[str, Any]] = {}
@@ -263,10 +264,14 @@ class Pool(VectorEnv):  # type: ignore[misc]
             )
         actions = check_actions(self.single_action_space, actions, env_ids)
         carried: list[dict[int, Any]] | None = None
-        if self._array_actions:
+        if self._array_actions and self._shares_memory:
             put(self.single_action_space, self._batch.actions, env_ids, actions)
         else:
-            items = list(iterate(batch_space(self.single_action_space, len(env_ids)), actions))
+            # The actions travel with the command (pickled path, or no shared memory).
+            if isinstance(actions, np.ndarray):
+                items = list(actions)
+            else:
+                items = list(iterate(batch_space(self.single_action_space, len(env_ids)), actions))
             carried = [dict[int, Any]() for _ in self._assignment]
             for i, item in zip(env_ids.tolist(), items, strict=True):
                 carried[self._worker_of[i]][i] = item
@@ -390,6 +395,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
             self._answers[id(command)] = reply
             return error
         failed = {f.env_index for f in reply.failures}
+        if reply.rows is not None:
+            self._write_rows(reply.rows)
         if reply.observations:
             for i, obs in reply.observations.items():
                 if i not in failed:
@@ -405,6 +412,17 @@ class Pool(VectorEnv):  # type: ignore[misc]
         if reply.failures:
             return reply.failures[0].to_error(worker, self._env_name)
         return error
+
+    def _write_rows(self, rows: Rows) -> None:
+        batch, ids = self._batch, rows.env_ids
+        if isinstance(batch.observations, list):
+            for k, i in enumerate(ids.tolist()):
+                batch.observations[i] = rows.observations[k]
+        else:
+            put(self.single_observation_space, batch.observations, ids, rows.observations)
+        batch.rewards[ids] = rows.rewards
+        batch.terminations[ids] = rows.terminations
+        batch.truncations[ids] = rows.truncations
 
     def _lost(self, worker: int, lost: WorkerLost) -> EnvError | None:
         """A worker died (or was killed for hanging): raise, or restart it and resend."""

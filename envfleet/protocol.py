@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import cloudpickle
+import numpy as np
 
 from envfleet.errors import EnvError, EnvRaisedError, Phase, RemoteError, RemoteTraceback
 
@@ -84,12 +85,25 @@ class EnvFailure:
 
 
 @dataclass
+class Rows:
+    """Result rows of some envs, for transports without shared memory (Ray)."""
+
+    env_ids: np.ndarray
+    observations: Any  # a batch laid out like the pool's (or a list, pickled path)
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+
+
+@dataclass
 class Reply:
     """What a group sends back for one command."""
 
     env_ids: tuple[int, ...] = ()
     infos: dict[int, dict[str, Any]] | None = None  # only the non-empty ones
     observations: dict[int, Any] | None = None  # only on the pickled-observation path
+    rows: Rows | None = None  # the results themselves, when the worker shares no memory
+
     values: dict[int, Any] | None = None  # results of call/get_attr, per env
     failures: tuple[EnvFailure, ...] = ()
     restarts: tuple[EnvFailure, ...] = ()  # failures the group recovered from by a restart

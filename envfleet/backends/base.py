@@ -28,6 +28,7 @@ class Backend(enum.Enum):
     SERIAL = "serial"
     THREAD = "thread"
     PROCESS = "process"
+    RAY = "ray"
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class TransportOptions:
     on_error: OnError = OnError.RAISE
     seed_base: int | None = None
     threads_per_worker: int = 1
+    ray: dict[str, Any] | None = None  # address, init_kwargs, worker_resources
 
     @property
     def num_envs(self) -> int:
@@ -62,6 +64,9 @@ class Transport(Protocol):
 
     batch: Batch
     """The pool-side view of the batch arrays the groups fill."""
+
+    shares_memory: bool
+    """Whether the groups write :attr:`batch` directly (else results come back as rows)."""
 
     def submit(self, worker: int, command: Command) -> None:
         """Hand ``command`` to ``worker``; its reply comes back through :meth:`wait`."""
@@ -83,11 +88,19 @@ _MODULES = {
     Backend.SERIAL: "envfleet.backends.serial",
     Backend.THREAD: "envfleet.backends.thread",
     Backend.PROCESS: "envfleet.backends.process",
+    Backend.RAY: "envfleet.backends.ray",
 }
 
 
 def open_transport(backend: Backend, options: TransportOptions) -> Transport:
     """Start the transport of ``backend`` (imported lazily: Ray is an optional extra)."""
-    module = importlib.import_module(_MODULES[backend])
+    try:
+        module = importlib.import_module(_MODULES[backend])
+    except ImportError as exc:
+        if backend is Backend.RAY and exc.name == "ray":
+            raise ImportError(
+                "backend='ray' needs Ray: pip install 'envfleet[ray]'", name="ray"
+            ) from exc
+        raise
     transport: Transport = module.open_transport(options)
     return transport

@@ -204,6 +204,8 @@ class ProcessTransport:
                     raise reply.failures[0].to_error(worker, options.spec.name)
                 waiting.discard(worker)
 
+    shares_memory = True
+
     def submit(self, worker: int, command: Command) -> None:
         try:
             self._conns[worker].send(command)

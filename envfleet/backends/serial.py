@@ -35,6 +35,8 @@ class SerialTransport:
             self.close(0.0)
             raise exc.failure.to_error(len(self.groups), options.spec.name)  # noqa: B904
 
+    shares_memory = True
+
     def submit(self, worker: int, command: Command) -> None:
         self._replies.append((worker, command.run(self.groups[worker])))
 

@@ -94,6 +94,8 @@ class ThreadTransport:
             if isinstance(command, Close):
                 return
 
+    shares_memory = True
+
     def submit(self, worker: int, command: Command) -> None:
         self._inboxes[worker].put(command)
 

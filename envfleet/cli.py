@@ -1,0 +1,798 @@
+"""The ``envfleet`` command line.
+
+``envfleet run ENV`` steps ``--num-envs`` copies of ``ENV`` with a policy (random by default),
+shows live progress on stderr when it is a terminal, and prints a summary: throughput and the
+returns of the episodes that finished. Episodes are counted by the CLI from rewards,
+terminations and truncations, per env, under Gymnasium's ``NEXT_STEP`` autoreset: the step
+after an episode ends is the env's reset step and belongs to no episode.
+
+``--out FILE.npz`` saves the rollout, one row per env-step in the order the steps were
+returned (within a batch, in ``env_ids`` order):
+
+* ``env_ids`` (int64): the env that took the step;
+* ``actions``: the action sent to it (a Dict/Tuple action space gives ``actions.KEY`` /
+  ``actions.INDEX`` arrays instead);
+* ``rewards``, ``terminations``, ``truncations``: what the step returned;
+* ``autoreset`` (bool): the row is a ``NEXT_STEP`` reset step (its action was ignored, its
+  reward is 0): it is part of no episode;
+* ``observations`` (only with ``--save-obs``): the observation the action was chosen from.
+
+Errors are reported as one ``envfleet: error: ...`` line on stderr, exit status 2 for bad
+input (arguments, unknown env id, a policy that cannot be imported) and 1 for failures while
+running; ``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import numpy as np
+import numpy.typing as npt
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+import envfleet
+from envfleet.errors import EnvError, PoolStateError
+
+PROG = "envfleet"
+DEFAULT_STEPS = 100_000
+RECENT_EPISODES = 100
+REFRESH_INTERVAL = 0.25
+"""Seconds between two refreshes of the live display."""
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+Policy = Callable[[Any], Any]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+class CliError(Exception):
+    """A failure while running: reported on one line, exit status 1."""
+
+
+class UsageError(CliError):
+    """Bad input from the user: reported on one line, exit status 2."""
+
+
+class PolicyError(CliError):
+    """The policy raised or returned actions the pool refused."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument parsing
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors raise :class:`UsageError` instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``envfleet`` parser: one subparser per command (``run`` for now)."""
+    parser = _Parser(
+        prog=PROG,
+        description="Run many copies of a Gymnasium environment in parallel.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {envfleet.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = commands.add_parser(
+        "run",
+        help="step an environment with a policy and report throughput and returns",
+        description=(
+            "Step NUM_ENVS copies of ENV with a policy (random by default), show live progress "
+            "on stderr and print a summary. Episodes are counted per env under Gymnasium's "
+            "NEXT_STEP autoreset (the reset step after an episode is part of no episode)."
+        ),
+        allow_abbrev=False,
+    )
+    run.add_argument("env", metavar="ENV", help="a registered env id, e.g. CartPole-v1")
+    run.add_argument(
+        "--num-envs", type=_positive_int, default=8, help="number of envs (default: 8)"
+    )
+    run.add_argument(
+        "--backend",
+        choices=[backend.value for backend in envfleet.Backend],
+        default=envfleet.Backend.PROCESS.value,
+        help="where the envs run (default: process)",
+    )
+    run.add_argument(
+        "--num-workers",
+        type=_positive_int,
+        help="worker processes (process backend; default: usable cores, at most NUM_ENVS)",
+    )
+    run.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        help="envs per batch; below NUM_ENVS runs asynchronously (default: NUM_ENVS)",
+    )
+    run.add_argument(
+        "--seed", type=_non_negative_int, default=0, help="env i is seeded seed+i (default: 0)"
+    )
+    limit = run.add_mutually_exclusive_group()
+    limit.add_argument(
+        "--steps",
+        type=_positive_int,
+        help=f"run until at least this many env-steps (default: {DEFAULT_STEPS:_})",
+    )
+    limit.add_argument("--seconds", type=_positive_float, help="run for this many seconds")
+    run.add_argument(
+        "--policy",
+        metavar="MODULE:FUNCTION",
+        help=(
+            "a function called with a batch of observations that returns a batch of actions "
+            "(default: random actions, seeded); MODULE is imported from the current directory "
+            "or the installed packages"
+        ),
+    )
+    run.add_argument(
+        "--out", metavar="FILE.npz", type=Path, help="save the rollout to this .npz file"
+    )
+    run.add_argument(
+        "--save-obs", action="store_true", help="also save observations in --out (large)"
+    )
+    run.add_argument(
+        "--json", action="store_true", help="print the summary as JSON on stdout, nothing else"
+    )
+    run.add_argument(
+        "-q", "--quiet", action="store_true", help="no live progress (the summary still prints)"
+    )
+    run.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    run.set_defaults(handler=_cmd_run)
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------
+# Policies
+
+
+class RandomPolicy:
+    """Samples a batch of actions from a (seeded) batched action space, ignoring observations."""
+
+    def __init__(self, space: spaces.Space[Any]) -> None:
+        self.space = space
+
+    def __call__(self, observations: Any) -> Any:
+        return self.space.sample()
+
+
+def load_policy(spec: str) -> Policy:
+    """Import ``module:function`` (``function`` may be dotted: ``module:Class.method``)."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise UsageError(f"--policy must look like 'module:function', got {spec!r}")
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)  # as `python -m` does; the console script would not
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+            raise UsageError(
+                f"--policy {spec}: no module named {exc.name!r} (not installed, and not found "
+                f"under the current directory {cwd})"
+            ) from exc
+        raise CliError(f"--policy {spec}: importing {module_name!r} failed: {exc}") from exc
+    except Exception as exc:
+        raise CliError(
+            f"--policy {spec}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    target: Any = module
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise UsageError(
+                f"--policy {spec}: module {module_name!r} has no attribute {attribute!r}"
+            ) from None
+    if not callable(target):
+        raise UsageError(
+            f"--policy {spec}: {attribute!r} is not callable (it is a {type(target).__name__})"
+        )
+    policy: Policy = target
+    return policy
+
+
+# ---------------------------------------------------------------------------------------------
+# Episode bookkeeping
+
+
+class EpisodeTracker:
+    """Episodic returns and lengths, per env, from what each step returns (NEXT_STEP autoreset).
+
+    The step after an episode's last step is the env's reset step: its reward (0) and flags
+    belong to no episode. An episode still running at the end is not counted.
+    """
+
+    def __init__(self, num_envs: int, recent: int = RECENT_EPISODES) -> None:
+        self._return = np.zeros(num_envs, dtype=np.float64)
+        self._length = np.zeros(num_envs, dtype=np.int64)
+        self._ended = np.zeros(num_envs, dtype=np.bool_)
+        self.returns: list[float] = []
+        self.lengths: list[int] = []
+        self.recent: deque[float] = deque(maxlen=recent)
+
+    @property
+    def episodes(self) -> int:
+        return len(self.returns)
+
+    def update(
+        self,
+        env_ids: IntArray,
+        rewards: npt.NDArray[Any],
+        terminations: BoolArray,
+        truncations: BoolArray,
+    ) -> BoolArray:
+        """Account for one batch of steps; return which rows were reset steps."""
+        autoreset: BoolArray = self._ended[env_ids]
+        done = terminations | truncations
+        if autoreset.any():
+            self._ended[env_ids[autoreset]] = False
+            live = ~autoreset
+            env_ids, rewards, done = env_ids[live], rewards[live], done[live]
+        self._return[env_ids] += rewards
+        self._length[env_ids] += 1
+        self._ended[env_ids] = done
+        if done.any():
+            finished = env_ids[done]
+            returns = self._return[finished].tolist()
+            self.returns += returns
+            self.lengths += self._length[finished].tolist()
+            self.recent.extend(returns)
+            self._return[finished] = 0.0
+            self._length[finished] = 0
+        return autoreset
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout recording
+
+_ARRAY_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
+def _allocate(space: spaces.Space[Any], n: int, what: str) -> Any:
+    """Per-env rows for values of ``space``: an array, or a dict/tuple nest of arrays."""
+    if isinstance(space, _ARRAY_SPACES):
+        return np.zeros((n, *(space.shape or ())), dtype=space.dtype)
+    if isinstance(space, spaces.Dict):
+        return {key: _allocate(sub, n, what) for key, sub in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(_allocate(sub, n, what) for sub in space.spaces)
+    raise UsageError(
+        f"--out cannot save {what} of space {space}: only Box, Discrete, MultiDiscrete, "
+        "MultiBinary and Dict/Tuple nests of them are supported"
+    )
+
+
+def _put(rows: Any, env_ids: IntArray, values: Any) -> None:
+    if isinstance(rows, dict):
+        for key, sub in rows.items():
+            _put(sub, env_ids, values[key])
+    elif isinstance(rows, tuple):
+        for sub, value in zip(rows, values, strict=True):
+            _put(sub, env_ids, value)
+    else:
+        rows[env_ids] = values
+
+
+def _flatten(prefix: str, rows: Any, env_ids: IntArray) -> dict[str, npt.NDArray[Any]]:
+    """Copies of rows ``env_ids``, one array per leaf, named ``prefix.key...``."""
+    if isinstance(rows, dict):
+        return {
+            name: array
+            for key, sub in rows.items()
+            for name, array in _flatten(f"{prefix}.{key}", sub, env_ids).items()
+        }
+    if isinstance(rows, tuple):
+        return {
+            name: array
+            for index, sub in enumerate(rows)
+            for name, array in _flatten(f"{prefix}.{index}", sub, env_ids).items()
+        }
+    return {prefix: rows[env_ids]}
+
+
+class Recorder:
+    """Collects the rollout row by row and writes it as an ``.npz`` (see the module doc)."""
+
+    def __init__(
+        self,
+        num_envs: int,
+        action_space: spaces.Space[Any],
+        observation_space: spaces.Space[Any],
+        save_obs: bool,
+    ) -> None:
+        self._actions = _allocate(action_space, num_envs, "actions")
+        self._observations = (
+            _allocate(observation_space, num_envs, "observations") if save_obs else None
+        )
+        self._columns: defaultdict[str, list[npt.NDArray[Any]]] = defaultdict(list)
+
+    def sent(self, env_ids: IntArray, observations: Any, actions: Any) -> None:
+        """Remember what each env of ``env_ids`` was sent, until its result comes back."""
+        _put(self._actions, env_ids, actions)
+        if self._observations is not None:
+            _put(self._observations, env_ids, observations)
+
+    def received(
+        self,
+        env_ids: IntArray,
+        rewards: npt.NDArray[Any],
+        terminations: BoolArray,
+        truncations: BoolArray,
+        autoreset: BoolArray,
+    ) -> None:
+        """Add one row per env of ``env_ids`` (each must have been :meth:`sent` an action)."""
+        columns = self._columns
+        columns["env_ids"].append(np.array(env_ids, dtype=np.int64))
+        for name, array in _flatten("actions", self._actions, env_ids).items():
+            columns[name].append(array)
+        columns["rewards"].append(np.array(rewards))
+        columns["terminations"].append(np.array(terminations, dtype=np.bool_))
+        columns["truncations"].append(np.array(truncations, dtype=np.bool_))
+        columns["autoreset"].append(np.array(autoreset, dtype=np.bool_))
+        if self._observations is not None:
+            for name, array in _flatten("observations", self._observations, env_ids).items():
+                columns[name].append(array)
+
+    def save(self, path: Path) -> None:
+        # An interrupt may land between two appends: keep the batches every column has.
+        batches = min((len(chunks) for chunks in self._columns.values()), default=0)
+        arrays = {name: np.concatenate(chunks[:batches]) for name, chunks in self._columns.items()}
+        with path.open("wb") as file:
+            np.savez_compressed(file, **arrays)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# Live display
+
+
+class LiveDisplay:
+    """Two lines of live progress on stderr, refreshed by the run loop (no background thread).
+
+    ::
+
+        CartPole-v1 ━━━━━━━━━━━━━━━╺━━━━━━━━  61,440/100,000 steps  0:00:09
+        6,826 steps/s · 2,812 episodes · return 22.41 [9.00, 71.00] (last 100)
+    """
+
+    def __init__(
+        self, console: Console, env: str, steps: int | None, seconds: float | None
+    ) -> None:
+        self._env, self._steps, self._seconds = env, steps, seconds
+        self._live = Live(console=console, auto_refresh=False, transient=True)
+
+    def __enter__(self) -> LiveDisplay:
+        self._live.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._live.stop()
+
+    def update(self, steps: int, elapsed: float, tracker: EpisodeTracker) -> None:
+        if self._steps is not None:
+            bar = ProgressBar(total=self._steps, completed=min(steps, self._steps), width=24)
+            count = f"{steps:,}/{self._steps:,} steps"
+        else:
+            assert self._seconds is not None
+            bar = ProgressBar(total=self._seconds, completed=min(elapsed, self._seconds), width=24)
+            count = f"{steps:,} steps"
+        minutes, seconds = divmod(int(elapsed), 60)
+        head = Table.grid(padding=(0, 1))
+        head.add_row(Text(self._env, style="bold"), bar, count, Text(f"{minutes}:{seconds:02d}"))
+        rate = steps / elapsed if elapsed > 0 else 0.0
+        stats = f"{rate:,.0f} steps/s · {tracker.episodes:,} episodes"
+        if tracker.recent:
+            recent = np.fromiter(tracker.recent, dtype=np.float64, count=len(tracker.recent))
+            stats += (
+                f" · return {recent.mean():.2f} [{recent.min():.2f}, {recent.max():.2f}]"
+                f" (last {len(recent)})"
+            )
+        self._live.update(Group(head, Text(stats)), refresh=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run loop
+
+
+@dataclass
+class RunResult:
+    steps: int = 0
+    seconds: float = 0.0
+    num_workers: int | None = None
+    interrupted: bool = False
+    tracker: EpisodeTracker = field(default_factory=lambda: EpisodeTracker(0))
+
+
+class Runner:
+    """Steps a pool with a policy until a number of env-steps or seconds is reached."""
+
+    def __init__(
+        self,
+        pool: envfleet.Pool,
+        policy: Policy,
+        policy_name: str,
+        *,
+        steps: int | None,
+        seconds: float | None,
+        recorder: Recorder | None,
+        display: LiveDisplay | None,
+    ) -> None:
+        self.pool = pool
+        self.policy = policy
+        self.policy_name = policy_name
+        self.max_steps = steps if steps is not None else math.inf
+        self.max_seconds = seconds if seconds is not None else math.inf
+        self.recorder = recorder
+        self.display = display
+        self.result = RunResult(
+            num_workers=_num_workers(pool), tracker=EpisodeTracker(pool.num_envs)
+        )
+        self._start = time.perf_counter()
+        self._next_refresh = math.inf
+
+    def run(self) -> RunResult:
+        """Run until the limit (or Ctrl-C, which stops early and keeps what ran)."""
+        asynchronous = self.pool.batch_size < self.pool.num_envs
+        try:
+            if asynchronous:
+                self._run_async()
+            else:
+                self._run_sync()
+        except KeyboardInterrupt:
+            self.result.interrupted = True
+        self.result.seconds = time.perf_counter() - self._start
+        return self.result
+
+    def _begin(self) -> None:
+        self._start = time.perf_counter()
+        if self.display is not None:
+            self._next_refresh = self._start
+
+    def _run_sync(self) -> None:
+        pool = self.pool
+        env_ids: IntArray = np.arange(pool.num_envs, dtype=np.int64)
+        observations, _ = pool.reset()
+        self._begin()
+        while True:
+            actions = self._act(observations)
+            try:
+                next_observations, rewards, terminations, truncations, _ = pool.step(actions)
+            except (ValueError, TypeError) as exc:  # the pool checks actions before stepping
+                raise self._bad_actions(exc) from exc
+            if self.recorder is not None:
+                self.recorder.sent(env_ids, observations, actions)
+            observations = next_observations
+            if self._account(env_ids, rewards, terminations, truncations):
+                return
+
+    def _run_async(self) -> None:
+        pool = self.pool
+        started = np.zeros(pool.num_envs, dtype=np.bool_)
+        all_started = False
+        pool.async_reset()
+        self._begin()
+        while True:
+            observations, rewards, terminations, truncations, infos = pool.recv()
+            env_ids: IntArray = np.asarray(infos["env_id"], dtype=np.int64)
+            if all_started:
+                stop = self._account(env_ids, rewards, terminations, truncations)
+            else:  # an env's first result is its reset, not a step
+                stepped = started[env_ids]
+                started[env_ids] = True
+                all_started = bool(started.all())
+                stop = self._account(
+                    env_ids[stepped], rewards[stepped], terminations[stepped], truncations[stepped]
+                )
+            if stop:
+                return
+            actions = self._act(observations)
+            try:
+                pool.send(actions, env_ids)
+            except (ValueError, TypeError) as exc:
+                raise self._bad_actions(exc) from exc
+            if self.recorder is not None:
+                self.recorder.sent(env_ids, observations, actions)
+
+    def _act(self, observations: Any) -> Any:
+        try:
+            return self.policy(observations)
+        except Exception as exc:
+            raise PolicyError(
+                f"policy {self.policy_name} raised {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _bad_actions(self, exc: Exception) -> PolicyError:
+        return PolicyError(f"policy {self.policy_name} returned invalid actions: {exc}")
+
+    def _account(
+        self,
+        env_ids: IntArray,
+        rewards: npt.NDArray[Any],
+        terminations: BoolArray,
+        truncations: BoolArray,
+    ) -> bool:
+        """Count one batch of steps; return whether the run is over."""
+        result = self.result
+        if env_ids.size:
+            autoreset = result.tracker.update(env_ids, rewards, terminations, truncations)
+            if self.recorder is not None:
+                self.recorder.received(env_ids, rewards, terminations, truncations, autoreset)
+            result.steps += int(env_ids.size)
+        now = time.perf_counter()
+        elapsed = now - self._start
+        if now >= self._next_refresh:
+            assert self.display is not None
+            self.display.update(result.steps, elapsed, result.tracker)
+            self._next_refresh = now + REFRESH_INTERVAL
+        return result.steps > 0 and (result.steps >= self.max_steps or elapsed >= self.max_seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run command
+
+
+def _out_path(out: Path) -> Path:
+    """``out`` with the ``.npz`` suffix numpy would add; its folder must exist."""
+    if out.suffix != ".npz":
+        out = out.with_name(out.name + ".npz")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder")
+    return out
+
+
+def _num_workers(pool: envfleet.Pool) -> int | None:
+    """Workers the pool runs (``envfleet.make`` picks the default per backend)."""
+    workers = getattr(pool, "num_workers", None)
+    if isinstance(workers, int):
+        return workers
+    assignment = getattr(pool, "_assignment", None)  # one tuple of env ids per worker
+    return len(assignment) if assignment is not None else None
+
+
+def _check_run_args(args: argparse.Namespace) -> None:
+    if args.batch_size is not None and args.batch_size > args.num_envs:
+        raise UsageError(
+            f"--batch-size {args.batch_size} exceeds --num-envs {args.num_envs}: "
+            "a batch holds at most every env"
+        )
+    if args.num_workers is not None and args.num_workers > args.num_envs:
+        raise UsageError(
+            f"--num-workers {args.num_workers} exceeds --num-envs {args.num_envs}: "
+            "each worker needs at least one env"
+        )
+    if args.save_obs and args.out is None:
+        raise UsageError("--save-obs needs --out FILE.npz")
+    if args.steps is None and args.seconds is None:
+        args.steps = DEFAULT_STEPS
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    _check_run_args(args)
+    out = _out_path(args.out) if args.out is not None else None
+    policy = load_policy(args.policy) if args.policy is not None else None
+    stderr = Console(stderr=True, highlight=False)
+    live = not (args.json or args.quiet) and stderr.is_terminal and not stderr.is_dumb_terminal
+
+    try:
+        pool = envfleet.make(
+            args.env,
+            args.num_envs,
+            backend=args.backend,
+            num_workers=args.num_workers,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            autoreset_mode=AutoresetMode.NEXT_STEP,
+        )
+    except (ValueError, TypeError) as exc:  # envfleet.make's checks on its arguments
+        raise UsageError(str(exc)) from exc
+    with pool:
+        if policy is None:
+            if pool.batch_size == pool.num_envs:
+                space: spaces.Space[Any] = pool.action_space
+            else:
+                space = batch_space(pool.single_action_space, pool.batch_size)
+            space.seed(args.seed)
+            policy = RandomPolicy(space)
+        recorder = (
+            Recorder(
+                pool.num_envs,
+                pool.single_action_space,
+                pool.single_observation_space,
+                save_obs=args.save_obs,
+            )
+            if out is not None
+            else None
+        )
+        display = LiveDisplay(stderr, args.env, args.steps, args.seconds) if live else None
+        runner = Runner(
+            pool,
+            policy,
+            args.policy or "random",
+            steps=args.steps,
+            seconds=args.seconds,
+            recorder=recorder,
+            display=display,
+        )
+        if display is not None:
+            with display:
+                result = runner.run()
+        else:
+            result = runner.run()
+
+    if recorder is not None and out is not None:
+        try:
+            recorder.save(out)
+        except OSError as exc:
+            raise CliError(f"writing {out} failed: {exc.strerror or exc}") from exc
+    summary = _summary(args, result, out)
+    if args.json:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    else:
+        Console(highlight=False).print(_summary_table(summary))
+    if result.interrupted:
+        stderr.print(f"{PROG}: interrupted after {result.steps:,} steps")
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def _summary(args: argparse.Namespace, result: RunResult, out: Path | None) -> dict[str, Any]:
+    returns = np.asarray(result.tracker.returns, dtype=np.float64)
+    lengths = np.asarray(result.tracker.lengths, dtype=np.float64)
+    some = returns.size > 0
+    return {
+        "env": args.env,
+        "backend": args.backend,
+        "num_envs": args.num_envs,
+        "num_workers": result.num_workers,
+        "batch_size": args.batch_size or args.num_envs,
+        "seed": args.seed,
+        "policy": args.policy or "random",
+        "steps": result.steps,
+        "seconds": result.seconds,
+        "steps_per_second": result.steps / result.seconds if result.seconds > 0 else None,
+        "episodes": int(returns.size),
+        "return_mean": float(returns.mean()) if some else None,
+        "return_min": float(returns.min()) if some else None,
+        "return_max": float(returns.max()) if some else None,
+        "length_mean": float(lengths.mean()) if some else None,
+        "interrupted": result.interrupted,
+        "out": str(out) if out is not None else None,
+    }
+
+
+def _summary_table(summary: dict[str, Any]) -> Table:
+    def number(value: float | None, digits: int = 2) -> str:
+        return "-" if value is None else f"{value:,.{digits}f}"
+
+    table = Table(title=f"{PROG} run", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    rows = [
+        ("env", summary["env"]),
+        ("backend", summary["backend"]),
+        ("num_envs", str(summary["num_envs"])),
+        ("workers", str(summary["num_workers"] or "-")),
+        ("batch_size", str(summary["batch_size"])),
+        ("policy", summary["policy"]),
+        ("steps", f"{summary['steps']:,}"),
+        ("seconds", number(summary["seconds"])),
+        ("steps/s", number(summary["steps_per_second"], 0)),
+        ("episodes", f"{summary['episodes']:,}"),
+        ("mean return", number(summary["return_mean"])),
+        ("min return", number(summary["return_min"])),
+        ("max return", number(summary["return_max"])),
+        ("mean length", number(summary["length_mean"], 1)),
+    ]
+    if summary["interrupted"]:
+        rows.append(("interrupted", "yes"))
+    if summary["out"] is not None:
+        rows.append(("saved", summary["out"]))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+def _report(message: str) -> None:
+    sys.stderr.write(f"{PROG}: error: {_one_line(message)}\n")
+    sys.stderr.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``envfleet`` command line; return the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        _report(str(exc))
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help, --version
+        return exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else 1
+    debug = bool(getattr(args, "debug", False))
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt as exc:
+        return _fail(exc, "interrupted", EXIT_INTERRUPTED, debug)
+    except UsageError as exc:
+        return _fail(exc, str(exc), EXIT_USAGE, debug)
+    except (CliError, EnvError, PoolStateError) as exc:
+        return _fail(exc, str(exc), EXIT_FAILURE, debug)
+    except Exception as exc:
+        return _fail(exc, f"{type(exc).__name__}: {exc}", EXIT_FAILURE, debug)
+
+
+def _fail(exc: BaseException, message: str, status: int, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+    _report(message)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
