@@ -325,6 +325,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self, env_ids: Iterable[int], positions: Iterable[int], size: int
     ) -> dict[str, Any]:
         infos: dict[str, Any] = {}
+        if not self._infos:  # the common case: no env had anything to say
+            return infos
         for i, position in zip(env_ids, positions, strict=False):
             info = self._infos.pop(int(i), None)
             if info:
@@ -342,8 +344,11 @@ class Pool(VectorEnv):  # type: ignore[misc]
         """Wait until every env of ``env_ids`` is ready and take them out of the FIFO."""
         while (self._state[env_ids] == EnvState.IN_FLIGHT).any():
             self._pump(block=True)
-        wanted = set(env_ids.tolist())
-        self._ready = deque(i for i in self._ready if i not in wanted)
+        if len(env_ids) == self.num_envs:
+            self._ready.clear()
+        else:
+            wanted = set(env_ids.tolist())
+            self._ready = deque(i for i in self._ready if i not in wanted)
         self._state[env_ids] = EnvState.IDLE
 
     def _call_all(self, command_for: Any) -> tuple[Any, ...]:
@@ -384,12 +389,21 @@ class Pool(VectorEnv):  # type: ignore[misc]
         if first is not None:
             self._fail(first)
 
-    def _take(self, worker: int, reply: Reply | WorkerLost) -> EnvError | None:
+    def _take(self, worker: int, reply: Reply | WorkerLost | None) -> EnvError | None:
         """Account for one reply; return the error it reports, if any."""
         if isinstance(reply, WorkerLost):
             return self._lost(worker, reply)
         command = self._pending[worker].popleft()
         self._busy_since[worker] = time.monotonic()
+        if reply is None:  # done, nothing to report: the hot path of the process backend
+            if command.delivers_envs:
+                state, ready = self._state, self._ready
+                for i in command.env_ids:  # type: ignore[union-attr]
+                    state[i] = EnvState.READY
+                    ready.append(i)
+            else:
+                self._answers[id(command)] = Reply()
+            return None
         error = self._count_restarts(worker, reply.restarts) if reply.restarts else None
         if not command.delivers_envs:
             self._answers[id(command)] = reply
@@ -548,6 +562,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
         return env_ids
 
     def _by_worker(self, env_ids: np.ndarray) -> list[tuple[int, tuple[int, ...]]]:
+        if len(env_ids) == self.num_envs:
+            return list(enumerate(self._assignment))
         workers = self._worker_of[env_ids]
         order = np.argsort(workers, kind="stable")
         groups: list[tuple[int, tuple[int, ...]]] = []

@@ -71,8 +71,11 @@ class Transport(Protocol):
     def submit(self, worker: int, command: Command) -> None:
         """Hand ``command`` to ``worker``; its reply comes back through :meth:`wait`."""
 
-    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost]]:
-        """Replies that are in, in order per worker; block up to ``timeout`` for at least one."""
+    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost | None]]:
+        """Replies that are in, in order per worker; block up to ``timeout`` for at least one.
+
+        ``None`` stands for a reply with nothing to report (the command simply succeeded).
+        """
 
     def kill(self, worker: int) -> None:
         """Kill a hung worker at once; :meth:`wait` then reports it lost."""

@@ -99,11 +99,18 @@ def _worker_main(
         except BaseException as exc:
             reply = Reply(failures=(EnvFailure.capture(None, Phase.STEP, exc),))
         try:
-            conn.send(reply)
+            conn.send(None if _plain(reply) else reply)
         except Exception as exc:  # an info or call result that cannot be pickled
             conn.send(Reply(env_ids=reply.env_ids, failures=(_unpicklable(reply, exc),)))
         if isinstance(command, Close):
             return
+
+
+def _plain(reply: Reply) -> bool:
+    """Nothing to report beyond success: the parent knows which envs the command named."""
+    return not (
+        reply.infos or reply.failures or reply.restarts or reply.observations or reply.values
+    )
 
 
 def _unpicklable(reply: Reply, exc: Exception) -> EnvFailure:
@@ -200,7 +207,7 @@ class ProcessTransport:
                         exitcode=reply.exitcode,
                         env_ids=tuple(options.assignment[worker]),
                     )
-                if reply.failures:
+                if reply is not None and reply.failures:
                     raise reply.failures[0].to_error(worker, options.spec.name)
                 waiting.discard(worker)
 
@@ -212,7 +219,7 @@ class ProcessTransport:
         except (BrokenPipeError, ConnectionResetError, EOFError):
             pass  # the worker is gone; its sentinel reports it on the next wait
 
-    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost]]:
+    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost | None]]:
         if self._poller is None:
             self._poller = select.poll()
             for w, alive in enumerate(self._alive):
@@ -221,7 +228,7 @@ class ProcessTransport:
                     self._poller.register(self._procs[w].sentinel, select.POLLIN)
         ms = None if timeout is None else max(0, int(timeout * 1000))
         events = _retry_eintr(self._poller.poll, ms)
-        replies: list[tuple[int, Reply | WorkerLost]] = []
+        replies: list[tuple[int, Reply | WorkerLost | None]] = []
         if not events:
             return replies
         ready = {fd for fd, _ in events}

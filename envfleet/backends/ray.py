@@ -155,7 +155,7 @@ class RayTransport:
     def submit(self, worker: int, command: Command) -> None:
         self._refs[worker].append(self._actors[worker].run.remote(command))
 
-    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost]]:
+    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost | None]]:
         heads = [refs[0] for refs in self._refs if refs]
         if not heads:
             return []
@@ -165,7 +165,7 @@ class RayTransport:
         # Everything else already done comes too, without waiting.
         pending = [ref for refs in self._refs for ref in refs]
         done = set(ray.wait(pending, num_returns=len(pending), timeout=0)[0]) | set(ready)
-        replies: list[tuple[int, Reply | WorkerLost]] = []
+        replies: list[tuple[int, Reply | WorkerLost | None]] = []
         for worker, refs in enumerate(self._refs):
             while refs and refs[0] in done:
                 ref = refs.popleft()

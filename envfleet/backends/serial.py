@@ -16,7 +16,7 @@ class SerialTransport:
     def __init__(self, options: TransportOptions) -> None:
         self.batch = Batch.local(options.observation_space, options.action_space, options.num_envs)
         self.groups: list[EnvGroup] = []
-        self._replies: deque[tuple[int, Reply | WorkerLost]] = deque()
+        self._replies: deque[tuple[int, Reply | WorkerLost | None]] = deque()
         try:
             for ids in options.assignment:
                 self.groups.append(
@@ -40,7 +40,7 @@ class SerialTransport:
     def submit(self, worker: int, command: Command) -> None:
         self._replies.append((worker, command.run(self.groups[worker])))
 
-    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost]]:
+    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost | None]]:
         replies = list(self._replies)
         self._replies.clear()
         return replies

@@ -28,7 +28,9 @@ class ThreadTransport:
     def __init__(self, options: TransportOptions) -> None:
         self.batch = Batch.local(options.observation_space, options.action_space, options.num_envs)
         self._options = options
-        self._replies: queue.SimpleQueue[tuple[int, Reply | WorkerLost]] = queue.SimpleQueue()
+        self._replies: queue.SimpleQueue[tuple[int, Reply | WorkerLost | None]] = (
+            queue.SimpleQueue()
+        )
         self._inboxes: list[queue.SimpleQueue[Command | None]] = []
         self._threads: list[threading.Thread] = []
         self._closed = False
@@ -99,7 +101,7 @@ class ThreadTransport:
     def submit(self, worker: int, command: Command) -> None:
         self._inboxes[worker].put(command)
 
-    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost]]:
+    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost | None]]:
         try:
             replies = [self._replies.get(timeout=timeout)]
         except queue.Empty:
