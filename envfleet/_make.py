@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -206,7 +207,17 @@ def _probe(spec: EnvSpec) -> dict[str, Any]:
             "render_mode": env.render_mode,
         }
     finally:
-        env.close()
+        _close_probe(env)
+
+
+PROBE_CLOSE_TIMEOUT = 5.0
+
+
+def _close_probe(env: Any) -> None:
+    """Close the probe env without letting a hanging ``close`` hang ``make``."""
+    closer = threading.Thread(target=env.close, name="envfleet-probe-close", daemon=True)
+    closer.start()
+    closer.join(PROBE_CLOSE_TIMEOUT)
 
 
 def _enum(kind: Any, value: Any, name: str) -> Any:

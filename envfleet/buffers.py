@@ -9,6 +9,7 @@ Python list per pool whose entries the workers send back pickled.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing.context
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,12 +18,7 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
-from gymnasium.vector.utils import (
-    concatenate,
-    create_empty_array,
-    create_shared_memory,
-    read_from_shared_memory,
-)
+from gymnasium.vector.utils import concatenate, create_empty_array
 
 Writer = Callable[[int, Any], None]
 Reader = Callable[[int], Any]
@@ -128,6 +124,48 @@ def _read_tuple(space: spaces.Tuple[Any], batch: Any) -> Reader:
 
 
 # ---------------------------------------------------------------------------------------------
+# Shared allocation: raw bytes (no lock, so no named semaphore to leak) viewed as numpy arrays.
+
+
+@singledispatch
+def allocate_shared(space: spaces.Space[Any], n: int, ctx: Any) -> Any:
+    """Raw shared memory for ``n`` rows of ``space`` (nested like the space)."""
+    raise TypeError(f"space {space} has no shared-memory layout")
+
+
+@allocate_shared.register(spaces.Box)
+@allocate_shared.register(spaces.Discrete)
+@allocate_shared.register(spaces.MultiDiscrete)
+@allocate_shared.register(spaces.MultiBinary)
+def _allocate_array(space: spaces.Space[Any], n: int, ctx: Any) -> Any:
+    assert space.dtype is not None and space.shape is not None
+    nbytes = n * int(np.prod(space.shape)) * space.dtype.itemsize
+    return ctx.RawArray(ctypes.c_uint8, max(1, nbytes))
+
+
+@allocate_shared.register(spaces.Dict)
+def _allocate_dict(space: spaces.Dict, n: int, ctx: Any) -> Any:
+    return {key: allocate_shared(sub, n, ctx) for key, sub in space.spaces.items()}
+
+
+@allocate_shared.register(spaces.Tuple)
+def _allocate_tuple(space: spaces.Tuple[Any], n: int, ctx: Any) -> Any:
+    return tuple(allocate_shared(sub, n, ctx) for sub in space.spaces)
+
+
+def view_shared(space: spaces.Space[Any], raw: Any, n: int) -> Any:
+    """Numpy arrays over memory from :func:`allocate_shared`, one row per env."""
+    if isinstance(space, spaces.Dict):
+        return {key: view_shared(sub, raw[key], n) for key, sub in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(view_shared(sub, part, n) for sub, part in zip(space.spaces, raw, strict=True))
+    assert space.dtype is not None and space.shape is not None
+    count = n * int(np.prod(space.shape))
+    array = np.frombuffer(raw, dtype=space.dtype, count=count)
+    return array.reshape((n, *space.shape))
+
+
+# ---------------------------------------------------------------------------------------------
 # Whole-batch helpers used by the pool.
 
 
@@ -219,9 +257,7 @@ class SharedBatch:
         """Allocate every array-like field in shared memory."""
 
         def shared(space: spaces.Space[Any]) -> Any:
-            if not is_array_space(space):
-                return None
-            return create_shared_memory(space, n, ctx=ctx)  # type: ignore[arg-type]
+            return allocate_shared(space, n, ctx) if is_array_space(space) else None
 
         return cls(
             obs_space,
@@ -240,7 +276,7 @@ class SharedBatch:
         def view(space: spaces.Space[Any], shm: Any) -> Any:
             if shm is None:
                 return ObjectRows([None] * self.n)
-            return read_from_shared_memory(space, shm, self.n)
+            return view_shared(space, shm, self.n)
 
         return Batch(
             observations=view(self.obs_space, self.observations),

@@ -771,8 +771,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         _report(str(exc))
         return EXIT_USAGE
-    except SystemExit as exc:  # --help, --version
-        return exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else 1
+    except SystemExit as exc:  # --help and --version print, then exit 0
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
     debug = bool(getattr(args, "debug", False))
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:

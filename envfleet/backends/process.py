@@ -48,10 +48,20 @@ PARENT_CHECK_INTERVAL = 1.0
 def _watch_parent(parent_pid: int) -> None:
     """Exit this worker when the parent dies, even if an env is stuck in C code."""
 
+    # Under forkserver our parent is the fork server, which outlives nothing of ours: watch the
+    # pool's process itself, and being re-parented.
+    first_parent = os.getppid()
+
     def watch() -> None:
         while True:
             time.sleep(PARENT_CHECK_INTERVAL)
-            if os.getppid() != parent_pid:
+            try:
+                os.kill(parent_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:
+                pass  # alive, only not ours to signal
+            if os.getppid() != first_parent:
                 os._exit(1)
 
     threading.Thread(target=watch, name="envfleet-parent-watch", daemon=True).start()

@@ -1,0 +1,34 @@
+"""Environments for the CLI tests, registered on import: ``envfleet run tests.cli_envs:ID``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+
+class CrashAfter(gymnasium.Env[np.ndarray, np.int64]):
+    """Counts its steps and raises on step ``crash_at`` of its life."""
+
+    def __init__(self, crash_at: int = 7) -> None:
+        self.observation_space = spaces.Box(0, 1_000_000, shape=(1,), dtype=np.int64)
+        self.action_space = spaces.Discrete(2)
+        self.crash_at = crash_at
+        self.count = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        return np.array([self.count], dtype=np.int64), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.count += 1
+        if self.count >= self.crash_at:
+            raise RuntimeError(f"boom at step {self.count}")
+        return np.array([self.count], dtype=np.int64), 1.0, self.count % 3 == 0, False, {}
+
+
+gymnasium.register("CrashAfter-v0", entry_point=CrashAfter)

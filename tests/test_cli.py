@@ -1,0 +1,459 @@
+"""The ``envfleet`` command line, run for real on CartPole-v1 (in-process and as a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+
+from envfleet.cli import EpisodeTracker, main
+
+ENV = "CartPole-v1"
+ROOT = Path(__file__).resolve().parent.parent
+SERIAL = ["--backend", "serial"]
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``envfleet ARGV`` in this process: (exit status, stdout, stderr)."""
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    status, out, err = run_cli(capsys, "run", ENV, *argv, "--json")
+    assert status == 0, err
+    summary: dict[str, Any] = json.loads(out)  # stdout holds the JSON and nothing else
+    return summary
+
+
+def run_subprocess(*argv: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """``python -m envfleet.cli ARGV`` from the repository root."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
+    return subprocess.run(
+        [sys.executable, "-m", "envfleet.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def episodes_from_rollout(data: Any) -> tuple[list[float], list[int], np.ndarray]:
+    """Episodic returns and lengths recomputed from a saved rollout, and its reset steps.
+
+    Under NEXT_STEP autoreset, an env's row right after the end of an episode is its reset step
+    and belongs to no episode; an episode still running at the end of the rollout is dropped.
+    """
+    returns: list[float] = []
+    lengths: list[int] = []
+    reset_steps = np.zeros(len(data["env_ids"]), dtype=bool)
+    running: dict[int, float] = defaultdict(float)
+    length: dict[int, int] = defaultdict(int)
+    ended: dict[int, bool] = defaultdict(bool)
+    for row, env in enumerate(data["env_ids"].tolist()):
+        if ended[env]:
+            reset_steps[row] = True
+            ended[env] = False
+            continue
+        running[env] += float(data["rewards"][row])
+        length[env] += 1
+        if data["terminations"][row] or data["truncations"][row]:
+            returns.append(running[env])
+            lengths.append(length[env])
+            running[env], length[env], ended[env] = 0.0, 0, True
+    return returns, lengths, reset_steps
+
+
+def check_summary(summary: dict[str, Any], num_envs: int, steps: int, batch: int) -> None:
+    assert summary["env"] == ENV
+    assert summary["num_envs"] == num_envs
+    assert summary["batch_size"] == batch
+    assert steps <= summary["steps"] < steps + batch
+    assert summary["steps"] % batch == 0
+    assert summary["seconds"] > 0
+    assert summary["steps_per_second"] == pytest.approx(summary["steps"] / summary["seconds"])
+    assert summary["episodes"] > 0
+    assert summary["return_min"] <= summary["return_mean"] <= summary["return_max"]
+    # CartPole pays 1 per step: a return is the episode's length.
+    assert summary["length_mean"] == pytest.approx(summary["return_mean"])
+    assert summary["interrupted"] is False
+
+
+# -- summaries -----------------------------------------------------------------------------------
+
+
+def test_run_sync_json_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    summary = run_json(capsys, *SERIAL, "--num-envs", "4", "--steps", "1001", "--seed", "3")
+    check_summary(summary, num_envs=4, steps=1001, batch=4)
+    assert summary["steps"] == 1004
+    assert summary["backend"] == "serial"
+    assert summary["num_workers"] == 1
+    assert summary["seed"] == 3
+    assert summary["policy"] == "random"
+    assert summary["out"] is None
+
+
+def test_run_async_json_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    summary = run_json(capsys, *SERIAL, "--num-envs", "8", "--batch-size", "4", "--steps", "1000")
+    check_summary(summary, num_envs=8, steps=1000, batch=4)
+
+
+def test_same_seed_same_run(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = (*SERIAL, "--num-envs", "4", "--steps", "400", "--seed", "7")
+    first, second = run_json(capsys, *argv), run_json(capsys, *argv)
+    keys = ("steps", "episodes", "return_mean", "return_min", "return_max")
+    assert [first[k] for k in keys] == [second[k] for k in keys]
+
+
+def test_seconds_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    summary = run_json(capsys, *SERIAL, "--num-envs", "2", "--seconds", "0.3")
+    assert 0.3 <= summary["seconds"] < 10
+    assert summary["steps"] > 0
+
+
+def test_table_summary_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(capsys, "run", ENV, *SERIAL, "--num-envs", "2", "--steps", "300")
+    assert status == 0, err
+    for text in (ENV, "serial", "steps/s", "episodes", "mean return", "300"):
+        assert text in out
+    assert err == ""  # stderr is not a terminal: no live display
+
+
+# -- saved rollouts ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch_size", [None, 4], ids=["sync", "async"])
+def test_out_npz_matches_summary(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, batch_size: int | None
+) -> None:
+    out = tmp_path / "rollout.npz"
+    batch = ["--batch-size", str(batch_size)] if batch_size else []
+    summary = run_json(
+        capsys, *SERIAL, "--num-envs", "8", *batch, "--steps", "2000", "--out", str(out)
+    )
+    assert summary["out"] == str(out)
+    data = np.load(out)
+    steps = summary["steps"]
+    assert set(data.files) == {
+        "env_ids",
+        "actions",
+        "rewards",
+        "terminations",
+        "truncations",
+        "autoreset",
+    }
+    for name in data.files:
+        assert data[name].shape == (steps,), name
+    assert data["terminations"].dtype == np.bool_
+    assert set(np.unique(data["env_ids"]).tolist()) == set(range(8))
+    assert np.bincount(data["env_ids"]).max() - np.bincount(data["env_ids"]).min() <= 1
+    assert set(np.unique(data["actions"]).tolist()) <= {0, 1}
+
+    returns, lengths, reset_steps = episodes_from_rollout(data)
+    np.testing.assert_array_equal(data["autoreset"], reset_steps)
+    assert (data["rewards"][reset_steps] == 0).all()
+    assert not (data["terminations"] | data["truncations"])[reset_steps].any()
+    assert len(returns) == summary["episodes"] > 0
+    assert np.mean(returns) == pytest.approx(summary["return_mean"])
+    assert min(returns) == summary["return_min"]
+    assert max(returns) == summary["return_max"]
+    assert np.mean(lengths) == pytest.approx(summary["length_mean"])
+    # Every step is in an episode, a reset step, or the unfinished episode of its env.
+    assert sum(lengths) + reset_steps.sum() <= steps
+
+
+@pytest.mark.parametrize("batch_size", [None, 3], ids=["sync", "async"])
+def test_saved_rollout_replays_exactly(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, batch_size: int | None
+) -> None:
+    """Replaying each env's saved actions from its seed gives the saved obs, rewards and flags."""
+    out = tmp_path / "rollout"  # ".npz" is added
+    batch = ["--batch-size", str(batch_size)] if batch_size else []
+    summary = run_json(
+        capsys,
+        *SERIAL,
+        "--num-envs",
+        "4",
+        *batch,
+        "--steps",
+        "600",
+        "--seed",
+        "11",
+        "--out",
+        str(out),
+        "--save-obs",
+    )
+    assert summary["out"] == str(tmp_path / "rollout.npz")
+    data = np.load(tmp_path / "rollout.npz")
+    assert data["observations"].shape == (summary["steps"], 4)
+    assert data["observations"].dtype == np.float32
+    for env_index in range(4):
+        rows = np.flatnonzero(data["env_ids"] == env_index)
+        env = gymnasium.make(ENV)
+        obs, _ = env.reset(seed=11 + env_index)
+        done = False
+        for row in rows:
+            np.testing.assert_array_equal(data["observations"][row], obs)
+            if done:  # NEXT_STEP: this row is the reset step; its action is ignored
+                assert data["autoreset"][row]
+                obs, _ = env.reset()
+                reward, terminated, truncated = 0.0, False, False
+            else:
+                assert not data["autoreset"][row]
+                obs, reward, terminated, truncated, _ = env.step(int(data["actions"][row]))
+            assert data["rewards"][row] == reward
+            assert data["terminations"][row] == terminated
+            assert data["truncations"][row] == truncated
+            done = terminated or truncated
+        env.close()
+
+
+# -- policies ------------------------------------------------------------------------------------
+
+
+def test_policy_from_module(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "zero.npz"
+    summary = run_json(
+        capsys,
+        *SERIAL,
+        "--num-envs",
+        "4",
+        "--steps",
+        "400",
+        "--policy",
+        "tests.cli_policies:always_zero",
+        "--out",
+        str(out),
+    )
+    assert summary["policy"] == "tests.cli_policies:always_zero"
+    assert summary["episodes"] > 0
+    # Always pushing left topples the pole within a few steps.
+    assert summary["return_max"] < 20
+    data = np.load(out)
+    assert (data["actions"] == 0).all()
+
+
+@pytest.mark.parametrize("batch_size", [None, 3], ids=["sync", "async"])
+def test_policy_wrong_shape(capsys: pytest.CaptureFixture[str], batch_size: int | None) -> None:
+    batch = ["--batch-size", str(batch_size)] if batch_size else []
+    policy = "tests.cli_policies:wrong_shape"
+    status, out, err = run_cli(capsys, "run", ENV, *SERIAL, *batch, "--policy", policy)
+    assert status == 1
+    assert out == ""
+    assert err.count("\n") == 1
+    assert err.startswith(f"envfleet: error: policy {policy} returned invalid actions")
+    expected = batch_size or 8
+    assert f"expected actions of shape ({expected},)" in err
+    assert f"got shape ({expected + 1},)" in err
+    assert "Traceback" not in err
+
+
+def test_policy_that_raises(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_cli(
+        capsys, "run", ENV, *SERIAL, "--policy", "tests.cli_policies:raises", "--steps", "10"
+    )
+    assert status == 1
+    assert err == (
+        "envfleet: error: policy tests.cli_policies:raises raised ZeroDivisionError: "
+        "the policy divided by zero\n"
+    )
+
+
+def test_debug_shows_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_cli(
+        capsys, "run", ENV, *SERIAL, "--policy", "tests.cli_policies:raises", "--debug"
+    )
+    assert status == 1
+    assert "Traceback" in err
+    assert "ZeroDivisionError" in err
+    assert err.splitlines()[-1].startswith("envfleet: error: policy")
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        ("no_such_module_xyz:act", "no module named 'no_such_module_xyz'"),
+        ("tests.cli_policies:missing", "has no attribute 'missing'"),
+        ("tests.cli_policies:not_callable", "is not callable"),
+        ("tests.cli_policies", "must look like 'module:function'"),
+    ],
+)
+def test_policy_that_cannot_be_loaded(
+    capsys: pytest.CaptureFixture[str], policy: str, message: str
+) -> None:
+    status, out, err = run_cli(capsys, "run", ENV, *SERIAL, "--policy", policy)
+    assert status == 2
+    assert out == ""
+    assert err.startswith("envfleet: error: ")
+    assert err.count("\n") == 1
+    assert message in err
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--num-envs", "0"], "argument --num-envs: must be at least 1, got 0"),
+        (["--num-envs", "two"], "argument --num-envs: expected a positive integer, got 'two'"),
+        (["--steps", "-5"], "argument --steps: must be at least 1, got -5"),
+        (["--seconds", "0"], "argument --seconds: must be a positive number"),
+        (["--seed", "-1"], "argument --seed: must be at least 0, got -1"),
+        (["--backend", "nosuch"], "argument --backend: invalid choice: 'nosuch'"),
+        (["--batch-size", "9"], "--batch-size 9 exceeds --num-envs 8"),
+        (["--num-workers", "9"], "--num-workers 9 exceeds --num-envs 8"),
+        (["--steps", "10", "--seconds", "1"], "not allowed with argument"),
+        (["--save-obs"], "--save-obs needs --out"),
+        (["--out", "/no/such/folder/x.npz"], "folder /no/such/folder does not exist"),
+    ],
+)
+def test_bad_arguments(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    status, out, err = run_cli(capsys, "run", ENV, *SERIAL, *argv)
+    assert status == 2
+    assert out == ""
+    assert err.startswith("envfleet: error: ")
+    assert err.count("\n") == 1
+    assert message in err
+
+
+def test_no_command(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_cli(capsys)
+    assert status == 2
+    assert err.startswith("envfleet: error: the following arguments are required: COMMAND")
+
+
+def test_help(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run_cli(capsys, "run", "--help")
+    assert status == 0
+    for option in ("--num-envs", "--batch-size", "--policy", "--out", "--save-obs", "--json"):
+        assert option in out
+
+
+# -- subprocesses: the real command --------------------------------------------------------------
+
+
+def test_unknown_env_id_subprocess() -> None:
+    result = run_subprocess("run", "CartPol-v1", "--steps", "10")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("envfleet: error: unknown environment id 'CartPol-v1'")
+    assert "Did you mean" in lines[0]
+
+
+def test_process_backend_subprocess(tmp_path: Path) -> None:
+    out = tmp_path / "process.npz"
+    result = run_subprocess(
+        "run",
+        ENV,
+        "--backend",
+        "process",
+        "--num-envs",
+        "4",
+        "--num-workers",
+        "2",
+        "--steps",
+        "2000",
+        "--out",
+        str(out),
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    check_summary(summary, num_envs=4, steps=2000, batch=4)
+    assert summary["backend"] == "process"
+    assert summary["num_workers"] == 2
+    returns, _, _ = episodes_from_rollout(np.load(out))
+    assert len(returns) == summary["episodes"]
+    assert np.mean(returns) == pytest.approx(summary["return_mean"])
+
+
+def test_process_backend_async_subprocess() -> None:
+    result = run_subprocess(
+        "run", ENV, "--num-envs", "8", "--batch-size", "4", "--num-workers", "2", "--steps", "2000"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "steps/s" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_console_script() -> None:
+    script = Path(sys.executable).parent / "envfleet"
+    if not script.exists():
+        pytest.skip("the envfleet console script is not installed (pip install -e .)")
+    result = subprocess.run(
+        [str(script), "run", ENV, "--backend", "serial", "--steps", "100", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["steps"] == 104
+
+
+# -- episode bookkeeping -------------------------------------------------------------------------
+
+
+def test_episode_tracker_next_step_semantics() -> None:
+    tracker = EpisodeTracker(num_envs=2, recent=2)
+    ids = np.array([0, 1])
+
+    def update(rewards: list[float], terminated: list[bool], truncated: list[bool]) -> list[bool]:
+        flags = tracker.update(
+            ids, np.array(rewards), np.array(terminated), np.array(truncated)
+        ).tolist()
+        return [bool(flag) for flag in flags]
+
+    assert update([1, 2], [False, False], [False, False]) == [False, False]
+    assert update([1, 2], [True, False], [False, False]) == [False, False]  # env 0 ends: 2
+    assert update([0, 2], [False, False], [False, True]) == [True, False]  # env 0 resets; 1 ends
+    assert update([5, 0], [False, False], [False, False]) == [False, True]
+    assert update([5, 1], [True, True], [False, False]) == [False, False]  # 0 ends: 10; 1: 1
+    assert tracker.returns == [2.0, 6.0, 10.0, 1.0]
+    assert tracker.lengths == [2, 3, 2, 1]
+    assert list(tracker.recent) == [10.0, 1.0]
+    # Out-of-order subsets of envs (async batches).
+    tracker.update(np.array([1]), np.array([0.0]), np.array([False]), np.array([False]))
+    tracker.update(
+        np.array([1, 0]), np.array([3.0, 0.0]), np.array([True, False]), np.zeros(2, bool)
+    )
+    assert tracker.returns[-1] == 3.0
+    assert tracker.episodes == 5
+
+
+# -- failures while running ----------------------------------------------------------------------
+
+
+def test_env_failure_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import tests.cli_envs  # noqa: F401  (registers CrashAfter-v0 in this process)
+
+    argv = ["run", "CrashAfter-v0", *SERIAL, "--num-envs", "2", "--steps", "100"]
+    status, out, err = run_cli(capsys, *argv)
+    assert status == 1
+    assert out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("envfleet: error: ")
+    assert "RuntimeError" in err
+    assert "boom at step 7" in err
+    assert "Traceback" not in err
+
+    status, _, err = run_cli(capsys, *argv, "--debug")
+    assert status == 1
+    assert "Traceback" in err
+    assert err.splitlines()[-1].startswith("envfleet: error: ")

@@ -1,0 +1,275 @@
+"""The failure matrix: {raise, exit, segfault, kill, hang} x {raise, restart} x start methods.
+
+Every case must end in a clear error or a restart within the per-test timeout (a timeout is a
+failure), and leave nothing behind: the autouse fixture in conftest checks that no child process
+and no new ``/dev/shm`` entry remain; each test also closes its pool twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+import envfleet
+from tests import matrix_hooks as hooks
+from tests.envs import FaultyEnv
+
+ACTIONS = np.ones(hooks.NUM_ENVS, dtype=np.int64)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _pool(on_error: str, context: str | None = None, **env: Any) -> envfleet.Pool:
+    return envfleet.make(
+        functools.partial(FaultyEnv, **env),
+        hooks.NUM_ENVS,
+        backend="process",
+        num_workers=hooks.NUM_WORKERS,
+        seed=hooks.SEED,
+        on_error=on_error,
+        step_timeout=2.0,
+        context=context,
+    )
+
+
+def _run(pool: envfleet.Pool, steps: int = 6) -> list[tuple[Any, ...]]:
+    pool.reset()
+    return [pool.step(ACTIONS) for _ in range(steps)]
+
+
+def _reference(steps: int = 6) -> list[tuple[Any, ...]]:
+    with envfleet.make(FaultyEnv, hooks.NUM_ENVS, backend="serial", seed=hooks.SEED) as pool:
+        return _run(pool, steps)
+
+
+def _close_twice(pool: envfleet.Pool) -> None:
+    pool.close()
+    pool.close()
+
+
+STEP_FAULTS: dict[str, tuple[Callable[..., None], type[envfleet.EnvError], bool]] = {
+    # name: (hook, error under "raise", whether the whole worker is lost)
+    "raise": (hooks.raise_in_step, envfleet.EnvRaisedError, False),
+    "unpicklable": (hooks.raise_unpicklable, envfleet.EnvRaisedError, False),
+    "exit": (hooks.exit_in_step, envfleet.WorkerDiedError, True),
+    "segfault": (hooks.segfault_in_step, envfleet.WorkerDiedError, True),
+    "hang": (hooks.hang_in_step, envfleet.EnvTimeoutError, True),
+}
+
+
+@pytest.mark.parametrize("fault", list(STEP_FAULTS))
+def test_step_fault_raises_a_named_error(fault: str) -> None:
+    hook, error_type, worker_lost = STEP_FAULTS[fault]
+    pool = _pool("raise", step_hook=hook)
+    started = time.monotonic()
+    with pytest.raises(error_type) as info:
+        _run(pool)
+    error = info.value
+    assert time.monotonic() - started < 15
+    assert error.phase is envfleet.Phase.STEP
+    assert error.worker == 1
+    if worker_lost:
+        assert isinstance(error, envfleet.WorkerDiedError)
+        assert error.env_ids == hooks.VICTIM_WORKER_ENVS
+        assert "worker 1" in str(error)
+    else:
+        assert error.env_index == hooks.VICTIM
+        assert f"env {hooks.VICTIM}" in str(error)
+        cause = error.__cause__
+        assert isinstance(cause, ValueError) or "unpicklable failure 1+2" in str(cause)
+        assert isinstance(cause.__cause__, envfleet.RemoteTraceback)
+        assert "matrix_hooks.py" in cause.__cause__.tb
+    if fault == "segfault":
+        assert "SIGSEGV" in str(error)
+    # The other worker's envs finished that step: their results ride on the error.
+    assert error.completed is not None
+    completed_ids = set(error.completed[4]["env_id"].tolist())
+    assert {0, 1, 2} <= completed_ids
+    assert hooks.VICTIM not in completed_ids
+    with pytest.raises(envfleet.BrokenPoolError):
+        pool.step(ACTIONS)
+    _close_twice(pool)
+
+
+@pytest.mark.parametrize("fault", list(STEP_FAULTS))
+def test_step_fault_restarts_and_the_run_goes_on(fault: str) -> None:
+    hook, _, worker_lost = STEP_FAULTS[fault]
+    expected = _reference()
+    pool = _pool("restart", step_hook=hook)
+    results = _run(pool)
+    restarted = set(hooks.VICTIM_WORKER_ENVS) if worker_lost else {hooks.VICTIM}
+    fault_step = hooks.FAULT_STEP - 1
+    obs, rewards, _, truncations, infos = results[fault_step]
+    flagged = set(np.flatnonzero(infos.get("envfleet/restarted", np.zeros(6, bool))).tolist())
+    assert flagged == restarted
+    assert all(truncations[i] and rewards[i] == 0.0 for i in restarted)
+    # Envs that were not restarted are untouched: identical to a fault-free run, every step.
+    for step, (got, want) in enumerate(zip(results, expected, strict=True)):
+        for i in sorted(set(range(6)) - restarted):
+            assert got[0][i] == want[0][i] and got[1][i] == want[1][i], (step, i)
+    # The restarted envs start a fresh episode on the next step (NEXT_STEP autoreset) and go on.
+    assert all(not results[fault_step + 1][3][i] for i in restarted)
+    assert pool.restarts[sorted(restarted)].tolist() == [1] * len(restarted)
+    _close_twice(pool)
+
+
+def test_reset_fault_raise_and_restart() -> None:
+    pool = _pool("raise", reset_hook=hooks.raise_in_reset)
+    with pytest.raises(envfleet.EnvRaisedError) as info:
+        pool.reset()
+    assert info.value.phase is envfleet.Phase.RESET and info.value.env_index == hooks.VICTIM
+    _close_twice(pool)
+    pool = _pool("restart", reset_hook=hooks.raise_in_reset)
+    obs, infos = pool.reset()
+    assert infos["envfleet/restarted"].tolist() == [i == hooks.VICTIM for i in range(6)]
+    pool.step(ACTIONS)
+    _close_twice(pool)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "restart"])
+def test_factory_failure_fails_make_fast(on_error: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(envfleet.EnvError, match="license server") as info:
+        envfleet.make(hooks.factory_raises, 4, backend="process", on_error=on_error)
+    assert info.value.phase is envfleet.Phase.MAKE
+    assert isinstance(info.value.__cause__, OSError)
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("on_error", ["raise", "restart"])
+def test_sigkill_from_outside_mid_step(on_error: str) -> None:
+    pool = _pool(on_error, sleep=0.05)
+    pool.reset()
+    pool.send(ACTIONS)
+    victim = psutil.Process(pool._transport._procs[1].pid)  # type: ignore[attr-defined]
+    victim.send_signal(signal.SIGKILL)
+    if on_error == "raise":
+        with pytest.raises(envfleet.WorkerDiedError, match="SIGKILL"):
+            pool.recv()
+    else:
+        infos = pool.recv()[4]
+        assert infos["envfleet/restarted"][list(hooks.VICTIM_WORKER_ENVS)].all()
+        pool.step(ACTIONS)
+    _close_twice(pool)
+
+
+def test_close_escalates_when_env_close_hangs() -> None:
+    pool = _pool("raise", close_hook=hooks.hang_in_close)
+    pool.reset()
+    started = time.monotonic()
+    pool.close(timeout=1.0)
+    assert time.monotonic() - started < 6
+    pool.close()
+
+
+def test_crash_loop_hits_max_restarts() -> None:
+    pool = envfleet.make(
+        functools.partial(FaultyEnv, step_hook=hooks.raise_always),
+        2,
+        backend="process",
+        num_workers=1,
+        seed=0,
+        on_error="restart",
+        max_restarts=3,
+    )
+    pool.reset()
+    with pytest.raises(envfleet.RestartLimitError, match="max_restarts=3") as info:
+        for _ in range(50):
+            pool.step(np.ones(2, dtype=np.int64))
+    assert isinstance(info.value.__cause__, envfleet.EnvError)
+    assert "crash loop" in str(info.value)
+    _close_twice(pool)
+
+
+@pytest.mark.parametrize("context", ["fork", "forkserver", "spawn"])
+@pytest.mark.parametrize("fault", ["raise", "exit", "hang"])
+def test_start_methods(context: str, fault: str) -> None:
+    hook, error_type, _ = STEP_FAULTS[fault]
+    pool = _pool("raise", context=context, step_hook=hook)
+    with pytest.raises(error_type):
+        _run(pool)
+    _close_twice(pool)
+    pool = _pool("restart", context=context, step_hook=hook)
+    _, _, _, truncations, infos = _run(pool)[hooks.FAULT_STEP - 1]
+    assert truncations[hooks.VICTIM] and infos["envfleet/restarted"][hooks.VICTIM]
+    _close_twice(pool)
+
+
+def _script(body: str) -> list[str]:
+    code = textwrap.dedent(
+        f"""
+        import sys, time, functools
+        sys.path.insert(0, {REPO!r})
+        import numpy as np, envfleet
+        from tests.envs import FaultyEnv
+        if __name__ == "__main__":
+        """
+    ) + textwrap.indent(textwrap.dedent(body), "    ")
+    return [sys.executable, "-c", code]
+
+
+def test_workers_exit_when_the_parent_is_killed() -> None:
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen(
+        _script(
+            """
+            pool = envfleet.make(functools.partial(FaultyEnv, sleep=0.01), 4, num_workers=2)
+            pool.reset()
+            print(*[p.pid for p in pool._transport._procs], flush=True)
+            while True:
+                pool.step(np.ones(4, dtype=np.int64))
+            """
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    workers = [psutil.Process(int(pid)) for pid in proc.stdout.readline().split()]
+    assert len(workers) == 2
+    proc.kill()
+    proc.wait(10)
+    gone, alive = psutil.wait_procs(workers, timeout=5)
+    assert not alive, f"workers outlived their parent: {alive}"
+    assert set(os.listdir("/dev/shm")) <= shm_before
+    assert proc.stderr is not None
+    assert "resource_tracker" not in proc.stderr.read()
+
+
+def test_sigint_during_step_shuts_down_cleanly() -> None:
+    proc = subprocess.Popen(
+        _script(
+            """
+            with envfleet.make(functools.partial(FaultyEnv, sleep=0.2), 4, num_workers=2) as pool:
+                pool.reset()
+                print(*[p.pid for p in pool._transport._procs], flush=True)
+                while True:
+                    pool.step(np.ones(4, dtype=np.int64))
+            """
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a terminal's Ctrl-C reaches the whole process group
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    workers = [psutil.Process(int(pid)) for pid in proc.stdout.readline().split()]
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(15) != 0
+    stderr = proc.stderr.read()
+    assert stderr.count("Traceback") == 1, stderr
+    assert "KeyboardInterrupt" in stderr
+    assert "resource_tracker" not in stderr
+    _, alive = psutil.wait_procs(workers, timeout=5)
+    assert not alive
