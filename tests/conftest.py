@@ -1,7 +1,8 @@
 """Shared fixtures: leak checks after every test and the backends every test runs on.
 
-Add a backend (``"thread"``, ``"ray"``) to :data:`BACKENDS` and, if it runs envs on several
-workers, to :data:`WORKER_BACKENDS`: every test taking ``backend`` or ``pool_config`` picks it up.
+Add a backend (``"thread"``, ``"ray"``) to :data:`BACKENDS`; if it runs envs on several workers,
+to :data:`WORKER_BACKENDS` too, and if those workers are other processes, to
+:data:`PROCESS_BACKENDS`. Every test taking ``backend`` or ``pool_config`` then picks it up.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ BACKENDS = ("serial", "process")
 
 WORKER_BACKENDS = ("process",)
 """Backends whose envs are split over ``num_workers`` workers (the others ignore it)."""
+
+PROCESS_BACKENDS = ("process",)
+"""Worker backends whose workers are other processes (a worker may ``os._exit``; own pids)."""
 
 WORKER_COUNTS = (1, 2, 3)
 """Worker counts the equivalence tests try (with 7 envs: blocks of 7; 4+3; 3+2+2)."""
@@ -42,20 +46,34 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("pool_config", POOL_CONFIGS, ids=ids)
 
 
-def _infrastructure_pids() -> set[int]:
-    """multiprocessing's own long-lived helpers (not envfleet's workers): they outlive pools.
+def _helpers() -> dict[str, object]:
+    """multiprocessing's own long-lived helper processes, by name (``None``: absent).
 
-    The resource tracker starts with the first spawn/forkserver semaphore; the fork server with
-    the first forkserver process. Their private attributes are the only way to know their pids.
+    The resource tracker starts with the first spawn/forkserver semaphore, the fork server with
+    the first forkserver process; both then live as long as this process. Their private
+    attributes are the only way to know their pids, and ``_stop()`` (which CPython's own tests
+    use) the only way to stop them.
     """
-    pids = set()
-    tracker = getattr(multiprocessing.resource_tracker, "_resource_tracker", None)
-    if getattr(tracker, "_pid", None):
-        pids.add(tracker._pid)
-    server = getattr(multiprocessing.forkserver, "_forkserver", None)
-    if getattr(server, "_forkserver_pid", None):
-        pids.add(server._forkserver_pid)
-    return pids
+    return {
+        "resource tracker": getattr(multiprocessing.resource_tracker, "_resource_tracker", None),
+        "fork server": getattr(multiprocessing.forkserver, "_forkserver", None),
+    }
+
+
+def _helper_pid(helper: object) -> int | None:
+    return getattr(helper, "_pid", None) or getattr(helper, "_forkserver_pid", None)
+
+
+def _infrastructure_pids() -> set[int]:
+    return {pid for pid in map(_helper_pid, _helpers().values()) if pid}
+
+
+def _stop_helpers_started_since(running_before: set[int]) -> None:
+    """Stop the helpers a test started, so that later tests see only their own children."""
+    for helper in _helpers().values():
+        pid = _helper_pid(helper)
+        if pid and pid not in running_before:
+            helper._stop()  # type: ignore[attr-defined]
 
 
 def _leftover_children() -> list[psutil.Process]:
@@ -90,10 +108,12 @@ def _shm_entries() -> set[str]:
 def no_leaked_processes_or_shared_memory() -> Iterator[None]:
     """Fail a test that leaves a child process or a new ``/dev/shm`` entry behind."""
     shm_before = _shm_entries()
+    helpers_before = _infrastructure_pids()
     yield
     # Pools a test forgot in a reference cycle (tracebacks, pytest.raises) are leaks of the
     # test, not of envfleet, and would be freed anyway: collect them before looking.
     gc.collect()
+    _stop_helpers_started_since(helpers_before)
     deadline = time.monotonic() + CHILD_EXIT_GRACE
     children = _leftover_children()
     while children and time.monotonic() < deadline:

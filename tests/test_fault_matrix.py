@@ -109,7 +109,7 @@ def test_step_fault_restarts_and_the_run_goes_on(fault: str) -> None:
     results = _run(pool)
     restarted = set(hooks.VICTIM_WORKER_ENVS) if worker_lost else {hooks.VICTIM}
     fault_step = hooks.FAULT_STEP - 1
-    obs, rewards, _, truncations, infos = results[fault_step]
+    _obs, rewards, _, truncations, infos = results[fault_step]
     flagged = set(np.flatnonzero(infos.get("envfleet/restarted", np.zeros(6, bool))).tolist())
     assert flagged == restarted
     assert all(truncations[i] and rewards[i] == 0.0 for i in restarted)
@@ -130,7 +130,7 @@ def test_reset_fault_raise_and_restart() -> None:
     assert info.value.phase is envfleet.Phase.RESET and info.value.env_index == hooks.VICTIM
     _close_twice(pool)
     pool = _pool("restart", reset_hook=hooks.raise_in_reset)
-    obs, infos = pool.reset()
+    _obs, infos = pool.reset()
     assert infos["envfleet/restarted"].tolist() == [i == hooks.VICTIM for i in range(6)]
     pool.step(ACTIONS)
     _close_twice(pool)
@@ -239,7 +239,7 @@ def test_workers_exit_when_the_parent_is_killed() -> None:
     assert len(workers) == 2
     proc.kill()
     proc.wait(10)
-    gone, alive = psutil.wait_procs(workers, timeout=5)
+    _gone, alive = psutil.wait_procs(workers, timeout=5)
     assert not alive, f"workers outlived their parent: {alive}"
     assert set(os.listdir("/dev/shm")) <= shm_before
     assert proc.stderr is not None
