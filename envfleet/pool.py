@@ -39,6 +39,7 @@ from envfleet.errors import (
     WorkerDiedError,
 )
 from envfleet.protocol import Call, Close, Command, EnvFailure, Reply, Reset, Rows, SetAttr, Step
+from envfleet.stats import PoolStats, StatsRecorder
 from envfleet.validation import check_actions, check_env_ids
 
 DEFAULT_CLOSE_TIMEOUT = 5.0
@@ -118,6 +119,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._busy_since = [0.0] * len(self._assignment)
         self._hung: dict[int, float] = {}
         self._draining = False
+        self._stats = StatsRecorder(self._assignment, self.num_envs)
 
     # -- the Gymnasium API ---------------------------------------------------------------------
 
@@ -222,6 +224,25 @@ class Pool(VectorEnv):  # type: ignore[misc]
                 pass
 
     @property
+    def num_workers(self) -> int:
+        """Workers the envs are split over."""
+        return len(self._assignment)
+
+    def stats(self) -> PoolStats:
+        """Per-worker step latency (p50/p99), idle fraction, steps, episodes and restarts.
+
+        Example:
+            >>> import envfleet
+            >>> with envfleet.make("CartPole-v1", 2, backend="serial", seed=0) as pool:
+            ...     _ = pool.reset()
+            ...     _ = pool.step([0, 0])
+            ...     stats = pool.stats()
+            >>> stats.steps, len(stats.workers)
+            (2, 1)
+        """
+        return self._stats.snapshot(self._restarts)
+
+    @property
     def restarts(self) -> np.ndarray:
         """How many times each env has been restarted (``on_error="restart"``)."""
         restarts: np.ndarray = self._restarts.copy()
@@ -309,7 +330,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
         rows = None if whole else env_ids
         terminations = batch.terminations[env_ids]
         truncations = batch.truncations[env_ids]
-        self._needs_reset[env_ids] = terminations | truncations
+        done = terminations | truncations
+        self._needs_reset[env_ids] = done
+        self._stats.ended(env_ids, done)
         infos = self._merge_infos(env_ids, positions=range(len(env_ids)), size=len(env_ids))
         if with_env_id:
             infos["env_id"] = env_ids
@@ -373,7 +396,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
         if command.delivers_envs:
             self._state[list(command.env_ids)] = EnvState.IN_FLIGHT  # type: ignore[union-attr]
         if not self._pending[worker]:
-            self._busy_since[worker] = time.monotonic()
+            now = time.monotonic()
+            self._busy_since[worker] = now
+            self._stats.busy(worker, now)
         self._pending[worker].append(command)
         self._transport.submit(worker, command)
 
@@ -393,8 +418,12 @@ class Pool(VectorEnv):  # type: ignore[misc]
         """Account for one reply; return the error it reports, if any."""
         if isinstance(reply, WorkerLost):
             return self._lost(worker, reply)
-        command = self._pending[worker].popleft()
-        self._busy_since[worker] = time.monotonic()
+        pending = self._pending[worker]
+        command = pending.popleft()
+        now = time.monotonic()
+        steps = len(command.env_ids) if isinstance(command, Step) else 0
+        self._stats.replied(worker, self._busy_since[worker], now, steps, not pending)
+        self._busy_since[worker] = now
         if reply is None:  # done, nothing to report: the hot path of the process backend
             if command.delivers_envs:
                 state, ready = self._state, self._ready
@@ -540,6 +569,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
             pass  # the original error matters more than what could not be gathered
         finally:
             self._draining = False
+        self._stats = StatsRecorder(self._assignment, self.num_envs)
         raise error
 
     def _check_usable(self) -> None:

@@ -1,0 +1,112 @@
+"""Pool statistics: per-worker latency, idle fraction, steps, episodes and restarts.
+
+Measured in the pool's process, per command: a worker is busy from the moment it has a command
+(sent, or queued behind the previous one) until its reply is taken in, so latency includes the
+transport. Recording costs one clock read and a few additions per command.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+LATENCY_WINDOW = 1024
+"""Commands per worker kept for the latency percentiles."""
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """One worker's figures since the pool was made."""
+
+    worker: int
+    env_ids: tuple[int, ...]
+    latency_p50_ms: float | None
+    latency_p99_ms: float | None
+    idle_fraction: float
+    steps: int
+    episodes: int
+    restarts: int
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """What :meth:`envfleet.Pool.stats` returns."""
+
+    seconds: float
+    steps: int
+    episodes: int
+    restarts: int
+    workers: tuple[WorkerStats, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain types, for JSON."""
+        return asdict(self)
+
+
+class StatsRecorder:
+    """Accumulates per-worker figures as the pool submits commands and takes replies."""
+
+    def __init__(self, assignment: list[tuple[int, ...]], num_envs: int) -> None:
+        self.assignment = assignment
+        self.created = time.monotonic()
+        workers = len(assignment)
+        self.latency: list[deque[float]] = [deque(maxlen=LATENCY_WINDOW) for _ in assignment]
+        self.busy_seconds = [0.0] * workers
+        self.busy_start: list[float | None] = [None] * workers
+        self.steps = [0] * workers
+        self.episodes = np.zeros(num_envs, dtype=np.int64)
+
+    def busy(self, worker: int, now: float) -> None:
+        """The worker got a command while it had none."""
+        self.busy_start[worker] = now
+
+    def replied(
+        self, worker: int, started: float, now: float, env_steps: int, idle_after: bool
+    ) -> None:
+        """A reply came in for a command the worker began at ``started``."""
+        self.latency[worker].append(now - started)
+        self.steps[worker] += env_steps
+        if idle_after:
+            start = self.busy_start[worker]
+            if start is not None:
+                self.busy_seconds[worker] += now - start
+            self.busy_start[worker] = None
+
+    def ended(self, env_ids: np.ndarray, done: np.ndarray) -> None:
+        """Count the episodes that ended among results handed to the caller."""
+        if done.any():
+            np.add.at(self.episodes, env_ids[done], 1)
+
+    def snapshot(self, restarts: np.ndarray) -> PoolStats:
+        now = time.monotonic()
+        elapsed = max(now - self.created, 1e-9)
+        workers = []
+        for w, ids in enumerate(self.assignment):
+            busy = self.busy_seconds[w]
+            start = self.busy_start[w]
+            if start is not None:
+                busy += now - start
+            lat = np.array(self.latency[w]) * 1e3
+            workers.append(
+                WorkerStats(
+                    worker=w,
+                    env_ids=ids,
+                    latency_p50_ms=float(np.percentile(lat, 50)) if lat.size else None,
+                    latency_p99_ms=float(np.percentile(lat, 99)) if lat.size else None,
+                    idle_fraction=float(min(1.0, max(0.0, 1.0 - busy / elapsed))),
+                    steps=self.steps[w],
+                    episodes=int(self.episodes[list(ids)].sum()),
+                    restarts=int(restarts[list(ids)].sum()),
+                )
+            )
+        return PoolStats(
+            seconds=elapsed,
+            steps=sum(self.steps),
+            episodes=int(self.episodes.sum()),
+            restarts=int(restarts.sum()),
+            workers=tuple(workers),
+        )
