@@ -19,6 +19,7 @@ EOF on its pipe or, if it is stuck inside an env, is stopped by a watchdog threa
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -43,6 +44,24 @@ from envfleet.threads import build_group
 
 PARENT_CHECK_INTERVAL = 1.0
 """Seconds between a worker's checks that its parent is still alive."""
+
+SPIN_SECONDS = 0.0
+"""How long each side polls without sleeping before it blocks in the kernel.
+
+0 (block at once) measured fastest on 2 cores, where a spinning parent or worker takes the core
+an env needs: see ``bench/waiting.py``. Raise it only with more cores than busy processes.
+"""
+
+
+def _spin(ready: Any, seconds: float) -> bool:
+    """Poll ``ready()`` for up to ``seconds`` without sleeping; True once it says so."""
+    if seconds <= 0:
+        return False
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        if ready():
+            return True
+    return False
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -100,6 +119,7 @@ def _worker_main(
     conn.send(Reply())
     while True:
         try:
+            _spin(conn.poll, SPIN_SECONDS)
             command: Command = conn.recv()
         except (EOFError, OSError):
             group.close()
@@ -236,8 +256,14 @@ class ProcessTransport:
                 if alive:
                     self._poller.register(self._conns[w].fileno(), select.POLLIN)
                     self._poller.register(self._procs[w].sentinel, select.POLLIN)
-        ms = None if timeout is None else max(0, int(timeout * 1000))
-        events = _retry_eintr(self._poller.poll, ms)
+        ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+        events: list[tuple[int, int]] = []
+        if SPIN_SECONDS > 0 and timeout != 0:
+            deadline = time.perf_counter() + SPIN_SECONDS
+            while not events and time.perf_counter() < deadline:
+                events = self._poller.poll(0)
+        if not events:
+            events = _retry_eintr(self._poller.poll, ms)
         replies: list[tuple[int, Reply | WorkerLost | None]] = []
         if not events:
             return replies
