@@ -16,12 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import envfleet  # noqa: E402
-from envfleet.backends import process  # noqa: E402
+import envfleet
+from envfleet.backends import process
 
 SPINS = (0.0, 20e-6, 200e-6, 2e-3)
 WORKLOADS = (("CartPole-v1", 64, 2), ("ALE/Pong-v5", 8, 2))
@@ -32,9 +30,7 @@ def measure(env_id: str, num_envs: int, workers: int, spin: float, seconds: floa
     try:
         with envfleet.make(env_id, num_envs, num_workers=workers, seed=0, context="fork") as pool:
             pool.reset()
-            rng = np.random.default_rng(0)
             actions = [pool.action_space.sample() for _ in range(64)]
-            del rng
             for k in range(20):
                 pool.step(actions[k % 64])
             steps, start = 0, time.perf_counter()
