@@ -113,12 +113,16 @@ def _read_array(space: spaces.Space[Any], batch: Any) -> Reader:
 
 @make_reader.register(spaces.Dict)
 def _read_dict(space: spaces.Dict, batch: Any) -> Reader:
+    if isinstance(batch, ObjectRows):
+        return batch.__getitem__
     readers = [(key, make_reader(sub, batch[key])) for key, sub in space.spaces.items()]
     return lambda i: {key: reader(i) for key, reader in readers}
 
 
 @make_reader.register(spaces.Tuple)
 def _read_tuple(space: spaces.Tuple[Any], batch: Any) -> Reader:
+    if isinstance(batch, ObjectRows):
+        return batch.__getitem__
     readers = [make_reader(sub, part) for sub, part in zip(space.spaces, batch, strict=True)]
     return lambda i: tuple(reader(i) for reader in readers)
 

@@ -17,10 +17,10 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-BACKENDS = ("serial", "process")
+BACKENDS = ("serial", "thread", "process")
 """Every backend; tests taking the ``backend`` fixture run once per entry."""
 
-WORKER_BACKENDS = ("process",)
+WORKER_BACKENDS = ("thread", "process")
 """Backends whose envs are split over ``num_workers`` workers (the others ignore it)."""
 
 PROCESS_BACKENDS = ("process",)

@@ -1,0 +1,236 @@
+"""The Pool is a Gymnasium ``VectorEnv``: its attributes, call/get_attr/set_attr/render, closing."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+import envfleet
+from tests.conftest import PROCESS_BACKENDS
+from tests.envs import DictTupleEnv, FaultyEnv
+
+NUM_ENVS = 7
+NUM_WORKERS = 3
+MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
+
+
+class CallableEnv(FaultyEnv):
+    """A FaultyEnv with a method taking positional and keyword arguments."""
+
+    def scaled(self, x: int, *, factor: int = 1) -> tuple[int | None, int]:
+        return self.seed_used, x * factor
+
+
+@pytest.mark.parametrize("mode", MODES, ids=[m.name for m in MODES])
+def test_pool_is_a_vector_env(backend: str, mode: AutoresetMode) -> None:
+    with envfleet.make(
+        "CartPole-v1", NUM_ENVS, backend=backend, num_workers=NUM_WORKERS, autoreset_mode=mode
+    ) as pool:
+        assert isinstance(pool, VectorEnv)
+        assert isinstance(pool, envfleet.Pool)
+        assert pool.num_envs == NUM_ENVS
+        assert pool.single_observation_space.shape == (4,)
+        assert pool.single_action_space.n == 2
+        assert pool.observation_space == batch_space(pool.single_observation_space, NUM_ENVS)
+        assert pool.action_space == batch_space(pool.single_action_space, NUM_ENVS)
+        assert pool.observation_space.shape == (NUM_ENVS, 4)
+        assert pool.autoreset_mode is mode
+        assert pool.metadata["autoreset_mode"] is mode
+        assert pool.metadata["render_fps"] == 50  # CartPole's own metadata is kept
+        assert pool.render_mode is None
+        assert pool.unwrapped is pool
+        assert not pool.closed
+        obs, infos = pool.reset(seed=0)
+        assert obs.shape == (NUM_ENVS, 4) and obs.dtype == np.float32
+        assert isinstance(infos, dict)
+        obs, rewards, terminations, truncations, infos = pool.step(pool.action_space.sample())
+        assert obs.shape == (NUM_ENVS, 4) and obs.dtype == np.float32
+        assert rewards.shape == (NUM_ENVS,) and rewards.dtype == np.float64
+        assert terminations.shape == (NUM_ENVS,) and terminations.dtype == np.bool_
+        assert truncations.shape == (NUM_ENVS,) and truncations.dtype == np.bool_
+        assert isinstance(infos, dict)
+
+
+def test_autoreset_mode_accepts_its_string_value(backend: str) -> None:
+    with envfleet.make("CartPole-v1", 2, backend=backend, autoreset_mode="SameStep") as pool:
+        assert pool.autoreset_mode is AutoresetMode.SAME_STEP
+        assert pool.metadata["autoreset_mode"] is AutoresetMode.SAME_STEP
+
+
+def test_make_seed_seeds_the_action_spaces(backend: str) -> None:
+    samples = []
+    for _ in range(2):
+        with envfleet.make("CartPole-v1", NUM_ENVS, backend=backend, seed=3) as pool:
+            samples.append((pool.action_space.sample(), pool.single_action_space.sample()))
+    np.testing.assert_array_equal(samples[0][0], samples[1][0])
+    assert samples[0][1] == samples[1][1]
+
+
+def test_call_get_attr_and_set_attr_round_trip(backend: str) -> None:
+    with envfleet.make(CallableEnv, NUM_ENVS, backend=backend, num_workers=NUM_WORKERS) as pool:
+        pool.reset(seed=100)
+        seeds = tuple(100 + i for i in range(NUM_ENVS))
+        assert pool.call("scaled", 3, factor=2) == tuple((s, 6) for s in seeds)
+        assert pool.call("scaled", 5) == tuple((s, 5) for s in seeds)
+        assert pool.call("get_wrapper_attr", "episode_length") == (5,) * NUM_ENVS
+        assert pool.get_attr("episode_length") == (5,) * NUM_ENVS
+        assert pool.call("episode_length") == (5,) * NUM_ENVS  # attributes read through call
+
+        pool.set_attr("episode_length", 2)  # one value for every env
+        assert pool.get_attr("episode_length") == (2,) * NUM_ENVS
+        pool.step(np.zeros(NUM_ENVS, dtype=np.int64))
+        _, _, terminations, _, _ = pool.step(np.zeros(NUM_ENVS, dtype=np.int64))
+        assert terminations.all()  # the new value is what the envs use
+
+        values = [10 * i + 1 for i in range(NUM_ENVS)]
+        pool.set_attr("episode_length", values)  # one value per env
+        assert pool.get_attr("episode_length") == tuple(values)
+        pool.set_attr("tag", tuple(f"env-{i}" for i in range(NUM_ENVS)))  # a tuple: per env too
+        assert pool.get_attr("tag") == tuple(f"env-{i}" for i in range(NUM_ENVS))
+        pool.set_attr("tag", {"shared": True})  # any other object is broadcast
+        assert pool.get_attr("tag") == ({"shared": True},) * NUM_ENVS
+
+
+def test_render_returns_one_frame_per_env(backend: str) -> None:
+    with envfleet.make(
+        DictTupleEnv,
+        NUM_ENVS,
+        backend=backend,
+        num_workers=NUM_WORKERS,
+        env_kwargs={"render_mode": "rgb_array"},
+    ) as pool:
+        assert pool.render_mode == "rgb_array"
+        pool.reset(seed=0)
+        for _ in range(2):  # DictTupleEnv episodes last at least 3 steps
+            pool.step(np.zeros((NUM_ENVS, 2), dtype=np.float32))
+        frames = pool.render()
+        assert isinstance(frames, tuple) and len(frames) == NUM_ENVS
+        for frame in frames:
+            np.testing.assert_array_equal(frame, np.full((4, 4, 3), 2, dtype=np.uint8))
+
+
+def test_context_manager_closes(backend: str) -> None:
+    with envfleet.make(FaultyEnv, 3, backend=backend, num_workers=2) as pool:
+        pool.reset()
+        assert not pool.closed
+    assert pool.closed
+    with pytest.raises(envfleet.ClosedPoolError):
+        pool.step([0, 0, 0])
+
+
+def test_context_manager_closes_on_error(backend: str) -> None:
+    with (
+        pytest.raises(KeyError, match="inside the block"),
+        envfleet.make(FaultyEnv, 3, backend=backend, num_workers=2) as pool,
+    ):
+        raise KeyError("inside the block")
+    assert pool.closed
+
+
+def test_uneven_split_over_workers(backend: str) -> None:
+    """7 envs over 3 workers: contiguous blocks of 3, 2 and 2, each env stepped exactly once."""
+    with envfleet.make(FaultyEnv, NUM_ENVS, backend=backend, num_workers=NUM_WORKERS) as pool:
+        pool.reset(seed=0)
+        pids = pool.get_attr("pid")
+        for t in range(1, 4):
+            actions = np.array([t % 3] * NUM_ENVS)
+            obs, rewards, _, _, _ = pool.step(actions)
+            np.testing.assert_array_equal(obs[:, 0], [i * 100 + t for i in range(NUM_ENVS)])
+            np.testing.assert_array_equal(rewards, actions.astype(np.float64))
+    if backend in PROCESS_BACKENDS:
+        assert pids[0] == pids[1] == pids[2] != pids[3] == pids[4] != pids[5] == pids[6]
+        assert len(set(pids)) == NUM_WORKERS
+        assert os.getpid() not in pids
+    else:
+        assert set(pids) == {os.getpid()}
+
+
+def test_default_num_workers_and_one_env(backend: str) -> None:
+    with envfleet.make(FaultyEnv, 1, backend=backend) as pool:
+        obs, _ = pool.reset(seed=1)
+        np.testing.assert_array_equal(obs, [[100]])
+        obs, rewards, _, _, _ = pool.step([2])
+        np.testing.assert_array_equal(obs, [[101]])
+        np.testing.assert_array_equal(rewards, [2.0])
+
+
+@pytest.mark.parametrize("context", ["fork", "forkserver", "spawn"])
+def test_closures_work_under_every_start_method(context: str) -> None:
+    length = 3  # captured by both factories below: they must travel by value
+
+    def factory() -> FaultyEnv:
+        return FaultyEnv(episode_length=length)
+
+    for env in (factory, lambda: FaultyEnv(episode_length=length)):
+        with envfleet.make(env, 2, num_workers=2, context=context) as pool:
+            pool.reset()  # counters start at 0 and end their episode at ``length``
+            assert pool.get_attr("episode_length") == (length, length)
+            pids = pool.get_attr("pid")
+            assert len(set(pids)) == 2 and os.getpid() not in pids
+            for _ in range(length):
+                obs, _, terminations, _, _ = pool.step([1, 1])
+            assert terminations.all()
+            np.testing.assert_array_equal(obs[:, 0], [length, length])
+
+
+def test_env_kwargs_reach_gymnasium_make(backend: str) -> None:
+    with envfleet.make(
+        "CartPole-v1", 3, backend=backend, env_kwargs={"max_episode_steps": 4}
+    ) as pool:
+        pool.reset(seed=0)
+        for t in range(4):
+            _, _, terminations, truncations, _ = pool.step([0, 1, 0] if t % 2 else [1, 0, 1])
+            assert not terminations.any()
+            assert truncations.all() == (t == 3), f"step {t}: {truncations}"
+
+
+def test_env_kwargs_reach_an_env_class(backend: str) -> None:
+    with envfleet.make(
+        FaultyEnv, 4, backend=backend, num_workers=2, env_kwargs={"episode_length": 2}
+    ) as pool:
+        assert pool.get_attr("episode_length") == (2,) * 4
+        pool.reset()
+        pool.step([0] * 4)
+        _, _, terminations, _, _ = pool.step([0] * 4)
+        assert terminations.all()
+
+
+def test_env_kwargs_reach_a_factory(backend: str) -> None:
+    def factory(**kwargs: Any) -> FaultyEnv:
+        return FaultyEnv(**kwargs)
+
+    with envfleet.make(factory, 2, backend=backend, env_kwargs={"episode_length": 9}) as pool:
+        assert pool.get_attr("episode_length") == (9, 9)
+
+
+def test_env_class_as_env(backend: str) -> None:
+    with envfleet.make(DictTupleEnv, 3, backend=backend, num_workers=2) as pool:
+        assert pool.single_observation_space == DictTupleEnv().observation_space
+        assert pool.single_action_space == DictTupleEnv().action_space
+        obs, infos = pool.reset(seed=0)
+        assert set(obs) == {"pos", "pair", "grid"}
+        assert obs["pos"].shape == (3, 2)
+        assert infos["start"].shape == (3, 2) and infos["_start"].all()
+
+
+def test_results_are_not_overwritten_by_later_steps(backend: str) -> None:
+    with envfleet.make("CartPole-v1", 4, backend=backend, num_workers=2) as pool:
+        obs, _ = pool.reset(seed=0)
+        kept = [obs.copy()]
+        held = [obs]
+        for t in range(5):
+            result = pool.step(np.array([t % 2] * 4))
+            held.append(result[0])
+            kept.append(result[0].copy())
+            held_rewards = result[1]
+            held_rewards_copy = result[1].copy()
+        pool.reset(seed=1)
+        pool.step(np.zeros(4, dtype=np.int64))
+        for old, copy in zip(held, kept, strict=True):
+            np.testing.assert_array_equal(old, copy)
+        np.testing.assert_array_equal(held_rewards, held_rewards_copy)

@@ -1,0 +1,326 @@
+"""Bad input gets a clear ValueError/TypeError before anything reaches a worker.
+
+After each refused call the pool must still work, and be exactly where it was: the envs are
+counters (:class:`tests.envs.FaultyEnv`), so a step that slipped through would show in the
+observations of the next good step.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+import envfleet
+from tests.envs import DictTupleEnv, FaultyEnv
+
+NUM_ENVS = 7
+NUM_WORKERS = 3
+SEED = 10
+GOOD_ACTIONS = np.array([0, 1, 2, 0, 1, 2, 0])
+
+
+class MultiDiscreteEnv(gymnasium.Env[np.ndarray, np.ndarray]):
+    """Counts its steps; takes MultiDiscrete([2, 3]) actions; reward is their sum."""
+
+    def __init__(self) -> None:
+        self.observation_space = spaces.Box(0, 1000, shape=(1,), dtype=np.int64)
+        self.action_space = spaces.MultiDiscrete([2, 3])
+        self.count = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.count = 0
+        return np.array([0]), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        assert self.action_space.contains(action), action
+        self.count += 1
+        return np.array([self.count]), float(np.sum(action)), False, False, {}
+
+
+@pytest.fixture
+def pool(backend: str) -> Iterator[envfleet.Pool]:
+    """Seven counters over three workers, reset with ``SEED`` (env ``i`` starts at (SEED+i)*100)."""
+    with envfleet.make(
+        FaultyEnv, NUM_ENVS, backend=backend, num_workers=NUM_WORKERS, seed=SEED
+    ) as pool:
+        pool.reset()
+        yield pool
+
+
+def assert_untouched(pool: envfleet.Pool, steps_before: int = 0) -> None:
+    """One good step works and shows that no env moved since the last good call."""
+    obs, rewards, terminations, truncations, _ = pool.step(GOOD_ACTIONS)
+    expected = [(SEED + i) * 100 + steps_before + 1 for i in range(NUM_ENVS)]
+    np.testing.assert_array_equal(obs[:, 0], expected)
+    np.testing.assert_array_equal(rewards, GOOD_ACTIONS.astype(np.float64))
+    assert not terminations.any() and not truncations.any()
+
+
+# -- actions -----------------------------------------------------------------------------------
+
+BAD_DISCRETE_ACTIONS = {
+    "too few": ([0] * 6, ValueError, r"shape \(7,\).*got shape \(6,\)"),
+    "too many": ([0] * 8, ValueError, r"shape \(7,\).*got shape \(8,\)"),
+    "scalar": (1, ValueError, r"shape \(7,\).*got shape \(\)"),
+    "extra axis": (np.zeros((7, 1), dtype=np.int64), ValueError, r"shape \(7,\).*\(7, 1\)"),
+    "floats": (np.zeros(7), TypeError, r"integer actions.*Discrete\(3\).*float64"),
+    "float list": ([0.0, 1.0, 2.0, 0.0, 1.0, 2.0, 0.0], TypeError, r"integer actions"),
+    "strings": (["a"] * 7, TypeError, r"integer actions"),
+    "too high": ([0, 1, 2, 3, 0, 1, 2], ValueError, r"action 3 for env 3 is outside.*Discrete"),
+    "negative": ([0, 1, 2, 0, 1, -1, 2], ValueError, r"action -1 for env 5 is outside"),
+}
+
+
+@pytest.mark.parametrize(
+    ("actions", "error", "match"),
+    list(BAD_DISCRETE_ACTIONS.values()),
+    ids=list(BAD_DISCRETE_ACTIONS),
+)
+def test_bad_discrete_actions_are_refused(
+    pool: envfleet.Pool, actions: Any, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        pool.step(actions)
+    assert_untouched(pool)
+    with pytest.raises(error, match=match):  # and again, mid-episode
+        pool.step(actions)
+    assert_untouched(pool, steps_before=1)
+
+
+def test_bad_action_after_good_steps_changes_nothing(pool: envfleet.Pool) -> None:
+    assert_untouched(pool)
+    with pytest.raises(ValueError, match="env 6"):
+        pool.step([0, 0, 0, 0, 0, 0, 9])
+    with pytest.raises(ValueError, match="env 0"):
+        pool.send([7, 0, 0, 0, 0, 0, 0])
+    with pytest.raises(envfleet.NoPendingError):  # the refused send left nothing in flight
+        pool.recv()
+    assert_untouched(pool, steps_before=1)
+
+
+BAD_MULTIDISCRETE_ACTIONS = {
+    "one component": (np.zeros((7, 1), dtype=np.int64), ValueError, r"shape \(7, 2\)"),
+    "flat": (np.zeros(7, dtype=np.int64), ValueError, r"shape \(7, 2\)"),
+    "too few envs": (np.zeros((6, 2), dtype=np.int64), ValueError, r"shape \(7, 2\)"),
+    "floats": (np.zeros((7, 2)), TypeError, r"integer actions.*MultiDiscrete"),
+    "second too high": (
+        np.array([[0, 0], [1, 2], [0, 3], [0, 0], [0, 0], [0, 0], [0, 0]]),
+        ValueError,
+        r"action \[0, 3\] for env 2 is outside.*MultiDiscrete",
+    ),
+    "first too high": (
+        np.array([[0, 0], [1, 2], [0, 0], [0, 0], [0, 0], [0, 0], [2, 0]]),
+        ValueError,
+        r"action \[2, 0\] for env 6 is outside",
+    ),
+    "negative": (
+        np.array([[0, 0], [0, -1], [0, 0], [0, 0], [0, 0], [0, 0], [0, 0]]),
+        ValueError,
+        r"for env 1 is outside",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("actions", "error", "match"),
+    list(BAD_MULTIDISCRETE_ACTIONS.values()),
+    ids=list(BAD_MULTIDISCRETE_ACTIONS),
+)
+def test_bad_multidiscrete_actions_are_refused(
+    backend: str, actions: Any, error: type[Exception], match: str
+) -> None:
+    with envfleet.make(MultiDiscreteEnv, NUM_ENVS, backend=backend, num_workers=2) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(error, match=match):
+            pool.step(actions)
+        good = np.array([[1, 2]] * NUM_ENVS)
+        obs, rewards, _, _, _ = pool.step(good)
+        np.testing.assert_array_equal(obs[:, 0], np.ones(NUM_ENVS))
+        np.testing.assert_array_equal(rewards, np.full(NUM_ENVS, 3.0))
+
+
+BAD_BOX_ACTIONS = {
+    "wrong width": (np.zeros((7, 3), dtype=np.float32), ValueError, r"shape \(7, 2\)"),
+    "too few envs": (np.zeros((5, 2), dtype=np.float32), ValueError, r"shape \(7, 2\)"),
+    "flat": (np.zeros(14, dtype=np.float32), ValueError, r"shape \(7, 2\)"),
+    "strings": (np.full((7, 2), "x"), TypeError, r"float32-compatible actions"),
+}
+
+
+@pytest.mark.parametrize(
+    ("actions", "error", "match"), list(BAD_BOX_ACTIONS.values()), ids=list(BAD_BOX_ACTIONS)
+)
+def test_bad_box_actions_are_refused(
+    backend: str, actions: Any, error: type[Exception], match: str
+) -> None:
+    with envfleet.make(DictTupleEnv, NUM_ENVS, backend=backend, num_workers=2) as pool:
+        first, _ = pool.reset(seed=0)
+        with pytest.raises(error, match=match):
+            pool.step(actions)
+        obs, _, _, _, infos = pool.step(np.zeros((NUM_ENVS, 2), dtype=np.float32))
+        # A zero action keeps every walker where it started: nothing moved in between.
+        np.testing.assert_array_equal(obs["pos"], first["pos"])
+        np.testing.assert_array_equal(infos["t"], np.ones(NUM_ENVS))
+
+
+# -- make() ------------------------------------------------------------------------------------
+
+BAD_MAKE_ARGUMENTS = {
+    "unknown id": (dict(env="NoSuchEnv-v0"), ValueError, r"unknown environment id 'NoSuchEnv-v0'"),
+    "unknown ALE game": (dict(env="ALE/NoSuchGame-v5"), ValueError, r"unknown environment id"),
+    "unknown backend": (
+        dict(backend="gpu"),
+        ValueError,
+        r"unknown backend 'gpu': expected one of .*'serial'.*'process'",
+    ),
+    "zero envs": (dict(num_envs=0), ValueError, r"num_envs must be at least 1, got 0"),
+    "negative envs": (dict(num_envs=-2), ValueError, r"num_envs must be at least 1, got -2"),
+    "float envs": (dict(num_envs=2.0), TypeError, r"num_envs must be an int, got float"),
+    "bool envs": (dict(num_envs=True), TypeError, r"num_envs must be an int, got bool"),
+    "too many workers": (
+        dict(num_envs=3, num_workers=4),
+        ValueError,
+        r"num_workers=4 exceeds num_envs=3",
+    ),
+    "zero workers": (dict(num_workers=0), ValueError, r"num_workers must be at least 1"),
+    "batch too big": (
+        dict(num_envs=3, batch_size=4),
+        ValueError,
+        r"batch_size=4 exceeds num_envs=3",
+    ),
+    "zero batch": (dict(batch_size=0), ValueError, r"batch_size must be at least 1"),
+    "not callable": (dict(env=42), TypeError, r"registered id \(str\), an env class or a zero-arg"),
+    "env instance": (dict(env="instance"), TypeError, r"not an instance \(CartPoleEnv\)"),
+    "bad autoreset mode": (
+        dict(autoreset_mode="sometimes"),
+        ValueError,
+        r"unknown autoreset_mode 'sometimes': expected one of",
+    ),
+    "bad context": (dict(context="thread"), ValueError, r"context must be one of"),
+    "bad seed": (dict(seed="1"), TypeError, r"seed must be an int or None, got str"),
+}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "match"),
+    list(BAD_MAKE_ARGUMENTS.values()),
+    ids=list(BAD_MAKE_ARGUMENTS),
+)
+def test_bad_make_arguments_are_refused(
+    overrides: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    arguments: dict[str, Any] = {"env": "CartPole-v1", "num_envs": 2, "backend": "process"}
+    arguments.update(overrides)
+    if arguments["env"] == "instance":
+        arguments["env"] = gymnasium.make("CartPole-v1").unwrapped
+    with pytest.raises(error, match=match):
+        envfleet.make(**arguments)
+
+
+# -- reset() -----------------------------------------------------------------------------------
+
+BAD_RESET_MASKS = {
+    "int dtype": (np.ones(NUM_ENVS, dtype=np.int64), TypeError, r"dtype bool, got int64"),
+    "short": (np.ones(NUM_ENVS - 1, dtype=np.bool_), ValueError, r"shape \(7,\), got \(6,\)"),
+    "2-D": (np.ones((NUM_ENVS, 1), dtype=np.bool_), ValueError, r"shape \(7,\), got \(7, 1\)"),
+    "list": ([True] * NUM_ENVS, TypeError, r"must be a numpy array"),
+    "all false": (np.zeros(NUM_ENVS, dtype=np.bool_), ValueError, r"at least one env"),
+}
+
+
+@pytest.mark.parametrize(
+    ("mask", "error", "match"), list(BAD_RESET_MASKS.values()), ids=list(BAD_RESET_MASKS)
+)
+def test_bad_reset_masks_are_refused(
+    pool: envfleet.Pool, mask: Any, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=r"reset_mask.*" + match):
+        pool.reset(seed=0, options={"reset_mask": mask})
+    assert_untouched(pool)  # no env was reset (seed 0 would have zeroed the counters)
+
+
+def test_wrong_number_of_seeds_is_refused(pool: envfleet.Pool) -> None:
+    with pytest.raises(ValueError, match=re.escape("expected 7 seeds (one per env), got 2")):
+        pool.reset(seed=[1, 2])
+    assert_untouched(pool)
+
+
+def test_set_attr_with_wrong_number_of_values_is_refused(pool: envfleet.Pool) -> None:
+    with pytest.raises(ValueError, match=r"one value per env \(7\), got 2"):
+        pool.set_attr("episode_length", [3, 4])
+    assert pool.get_attr("episode_length") == (5,) * NUM_ENVS
+    assert_untouched(pool)
+
+
+# -- closed pools ------------------------------------------------------------------------------
+
+USES = {
+    "step": lambda pool: pool.step([0, 0, 0]),
+    "reset": lambda pool: pool.reset(),
+    "send": lambda pool: pool.send([0, 0, 0]),
+    "recv": lambda pool: pool.recv(),
+    "async_reset": lambda pool: pool.async_reset(),
+    "call": lambda pool: pool.call("get_wrapper_attr", "count"),
+    "get_attr": lambda pool: pool.get_attr("count"),
+    "set_attr": lambda pool: pool.set_attr("count", 0),
+    "render": lambda pool: pool.render(),
+}
+
+
+@pytest.mark.parametrize("use", list(USES.values()), ids=list(USES))
+def test_use_after_close_raises_closed_pool_error(backend: str, use: Any) -> None:
+    pool = envfleet.make(FaultyEnv, 3, backend=backend, num_workers=2)
+    pool.reset()
+    pool.close()
+    assert pool.closed
+    with pytest.raises(envfleet.ClosedPoolError, match="closed"):
+        use(pool)
+    pool.close()  # still fine
+
+
+def test_close_twice_is_fine(backend: str) -> None:
+    pool = envfleet.make(FaultyEnv, 3, backend=backend, num_workers=2)
+    pool.close()
+    pool.close()
+    assert pool.closed
+    with envfleet.make(FaultyEnv, 3, backend=backend, num_workers=2) as pool:
+        pool.close()
+    pool.close()
+
+
+def test_disabled_mode_refuses_to_step_an_ended_env_until_it_is_reset(backend: str) -> None:
+    with envfleet.make(
+        FaultyEnv,
+        4,
+        backend=backend,
+        num_workers=2,
+        autoreset_mode="Disabled",
+        env_kwargs={"episode_length": 2},
+    ) as pool:
+        pool.reset()
+        pool.step([0, 0, 0, 0])
+        pool.step([0, 0, 0, 0])  # the counters reach 2: every episode ended
+        with pytest.raises(ValueError, match=r"envs \[0, 1, 2, 3\] ended.*DISABLED.*reset"):
+            pool.step([1, 1, 1, 1])
+        mask = np.array([True, False, True, False])
+        pool.reset(options={"reset_mask": mask})
+        with pytest.raises(ValueError, match=r"envs \[1, 3\] ended"):
+            pool.step([1, 1, 1, 1])
+        pool.reset(options={"reset_mask": ~mask})
+        obs, rewards, terminations, _, _ = pool.step([1, 1, 1, 1])
+        np.testing.assert_array_equal(obs[:, 0], [1, 1, 1, 1])  # no refused step slipped in
+        np.testing.assert_array_equal(rewards, [1.0] * 4)
+        assert not terminations.any()
+        pool.step([0, 0, 0, 0])
+        pool.reset()  # a full reset clears every env too
+        obs, *_ = pool.step([2, 2, 2, 2])
+        np.testing.assert_array_equal(obs[:, 0], [1, 1, 1, 1])
