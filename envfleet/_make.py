@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
@@ -15,6 +15,7 @@ from envfleet.errors import EnvRaisedError, OnError, Phase
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
 from envfleet.protocol import EnvFailure
 from envfleet.spec import EnvSpec
+from envfleet.tune import auto_layout, profile_env
 
 START_METHODS = ("fork", "forkserver", "spawn")
 
@@ -32,7 +33,7 @@ def make(
     num_envs: int,
     *,
     backend: str | Backend = Backend.PROCESS,
-    num_workers: int | None = None,
+    num_workers: int | Literal["auto"] | None = None,
     batch_size: int | None = None,
     seed: int | None = None,
     env_kwargs: Mapping[str, Any] | None = None,
@@ -55,8 +56,11 @@ def make(
         backend: ``"process"`` (worker processes, shared memory), ``"thread"`` (threads of this
             process, for envs that sleep or release the GIL) or ``"serial"`` (the caller's
             thread; the reference semantics).
-        num_workers: worker processes (default: usable cores, at most ``num_envs``); envs are
-            split over them in contiguous blocks that need not be equal.
+        num_workers: worker processes (default: usable cores, at most ``num_envs``; for the
+            thread backend, one per env); envs are split over them in contiguous blocks that
+            need not be equal. ``"auto"`` probes the env for a fraction of a second and picks
+            workers (and ``threads_per_worker`` for envs that mostly wait), as ``envfleet tune``
+            would.
         batch_size: envs returned per :meth:`Pool.recv` (default ``num_envs``: synchronous).
         seed: env ``i`` is reset with ``seed + i`` on the first reset; also seeds the action
             spaces.
@@ -99,6 +103,9 @@ def make(
     backend_kind: Backend = _enum(Backend, backend, "backend")
     mode: AutoresetMode = _enum(AutoresetMode, autoreset_mode, "autoreset_mode")
     num_envs = _positive_int(num_envs, "num_envs")
+    auto = num_workers == "auto"
+    if auto:
+        num_workers = None
     if num_workers is None:
         # Threads are for envs that wait (sleep, I/O, GIL-free C code): one per env.
         num_workers = num_envs if backend_kind is Backend.THREAD else min(usable_cores(), num_envs)
@@ -143,6 +150,11 @@ def make(
     if ray_given and backend_kind is not Backend.RAY:
         raise ValueError(f"{', '.join(ray_given)} only apply to backend='ray'")
     spec = EnvSpec.from_user(env, env_kwargs)
+    if auto:
+        layout = auto_layout(profile_env(spec), backend_kind.value, num_envs, usable_cores())
+        num_workers = layout.num_workers
+        if threads_per_worker == 1:
+            threads_per_worker = layout.threads_per_worker
     if backend_kind is Backend.SERIAL:
         num_workers = 1
 

@@ -1,0 +1,161 @@
+"""Measure an env and choose a pool layout: what ``envfleet tune`` and ``num_workers="auto"`` use.
+
+The probe builds one env in this process and steps it with random actions for a fraction of a
+second. Two figures decide the layout: the step time (cheap envs want few workers with many envs
+each, so signalling is amortised) and the CPU share of a step (``thread_time / wall time``): an
+env that mostly waits (sleeps, I/O, a remote simulator) wants one thread per env, not one core.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium.vector.utils import batch_space
+
+from envfleet.spec import EnvSpec
+
+WAITING_CPU_SHARE = 0.2
+"""Below this share of CPU per step an env counts as waiting rather than computing (low: a
+computing env on a busy machine still gets well over this share of a core)."""
+
+
+@dataclass(frozen=True)
+class EnvProfile:
+    """What the probe measured of one env."""
+
+    step_seconds: float
+    step_cv: float  # coefficient of variation of the step time
+    reset_seconds: float
+    cpu_share: float  # CPU seconds per wall second while stepping
+    observation_bytes: int
+
+    @property
+    def waits(self) -> bool:
+        """Whether the env spends most of a step waiting, not computing."""
+        return self.cpu_share < WAITING_CPU_SHARE
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "waits": self.waits}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A way to run ``num_envs`` envs: the arguments of :func:`envfleet.make` it stands for."""
+
+    backend: str
+    num_workers: int
+    threads_per_worker: int = 1
+    batch_size: int | None = None
+
+    def make_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"backend": self.backend, "num_workers": self.num_workers}
+        if self.threads_per_worker > 1:
+            kwargs["threads_per_worker"] = self.threads_per_worker
+        if self.batch_size is not None:
+            kwargs["batch_size"] = self.batch_size
+        return kwargs
+
+    def describe(self, env: str, num_envs: int) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.make_kwargs().items())
+        return f"envfleet.make({env!r}, {num_envs}, {args})"
+
+
+def profile_env(spec: EnvSpec, seconds: float = 0.3, max_steps: int = 2000) -> EnvProfile:
+    """Step one env built from ``spec`` for about ``seconds`` and measure it."""
+    env = spec.build()
+    try:
+        env.action_space.seed(0)
+        start = time.perf_counter()
+        obs, _ = env.reset(seed=0)
+        reset_seconds = time.perf_counter() - start
+        durations: list[float] = []
+        wall0, cpu0 = time.perf_counter(), time.thread_time()
+        while time.perf_counter() - wall0 < seconds and len(durations) < max_steps:
+            action = env.action_space.sample()
+            t = time.perf_counter()
+            obs, _, terminated, truncated, _ = env.step(action)
+            durations.append(time.perf_counter() - t)
+            if terminated or truncated:
+                env.reset()
+        wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
+        mean = statistics.fmean(durations)
+        return EnvProfile(
+            step_seconds=mean,
+            step_cv=statistics.pstdev(durations) / mean if mean > 0 else 0.0,
+            reset_seconds=reset_seconds,
+            cpu_share=min(1.0, cpu / wall) if wall > 0 else 1.0,
+            observation_bytes=_nbytes(obs),
+        )
+    finally:
+        env.close()
+
+
+def _nbytes(obs: Any) -> int:
+    if isinstance(obs, dict):
+        return sum(_nbytes(v) for v in obs.values())
+    if isinstance(obs, tuple):
+        return sum(_nbytes(v) for v in obs)
+    return int(np.asarray(obs).nbytes)
+
+
+def auto_layout(profile: EnvProfile, backend: str, num_envs: int, cores: int) -> Layout:
+    """The layout ``num_workers="auto"`` picks for ``backend`` from a probe."""
+    workers = max(1, min(cores, num_envs))
+    if backend == "thread":
+        return Layout("thread", num_envs if profile.waits else workers)
+    if backend == "serial":
+        return Layout("serial", 1)
+    if profile.waits:
+        # Waiting envs overlap on threads; processes keep them isolated from each other.
+        return Layout(backend, workers, threads_per_worker=-(-num_envs // workers))
+    return Layout(backend, workers)
+
+
+def candidate_layouts(profile: EnvProfile, num_envs: int, cores: int) -> list[Layout]:
+    """Layouts worth timing for ``envfleet tune`` (a handful, bounded by the time budget)."""
+    candidates: list[Layout] = []
+    for workers in sorted({1, max(1, cores // 2), cores, min(num_envs, 2 * cores)}):
+        if workers <= num_envs:
+            candidates.append(Layout("process", workers))
+    candidates.append(auto_layout(profile, "process", num_envs, cores))
+    candidates.append(Layout("thread", num_envs))
+    candidates.append(Layout("serial", 1))
+    if num_envs >= 4:
+        candidates.append(Layout("process", min(cores, num_envs), batch_size=num_envs // 2))
+    unique: list[Layout] = []
+    for layout in candidates:
+        if layout not in unique:
+            unique.append(layout)
+    return unique
+
+
+def time_layout(spec: EnvSpec, num_envs: int, layout: Layout, seconds: float) -> float:
+    """Env steps per second of ``layout`` with random actions (after a short warm-up)."""
+    from envfleet._make import make
+
+    with make(spec, num_envs, seed=0, **layout.make_kwargs()) as pool:
+        batch = layout.batch_size or num_envs
+        space = batch_space(pool.single_action_space, batch)
+        space.seed(0)
+        actions = [space.sample() for _ in range(16)]
+        steps = 0
+        if layout.batch_size is None:
+            pool.reset()
+            for k in range(5):
+                pool.step(actions[k % 16])
+            start = time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                pool.step(actions[steps % 16])
+                steps += num_envs
+        else:
+            pool.async_reset()
+            start = time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                ids = pool.recv()[4]["env_id"]
+                pool.send(actions[steps % 16], ids)
+                steps += batch
+        return steps / (time.perf_counter() - start)

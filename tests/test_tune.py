@@ -1,0 +1,49 @@
+"""The probe behind ``envfleet tune`` and ``num_workers="auto"``."""
+
+from __future__ import annotations
+
+import functools
+
+import envfleet
+from envfleet.spec import EnvSpec
+from envfleet.tune import Layout, auto_layout, candidate_layouts, profile_env, time_layout
+from tests.envs import FaultyEnv
+
+SLEEPY = functools.partial(FaultyEnv, sleep=0.002)
+
+
+def test_profile_tells_a_waiting_env_from_a_computing_one() -> None:
+    sleepy = profile_env(EnvSpec.from_user(SLEEPY), seconds=0.1)
+    assert sleepy.waits and sleepy.step_seconds >= 0.002
+    cartpole = profile_env(EnvSpec.from_user("CartPole-v1"), seconds=0.1)
+    assert not cartpole.waits and cartpole.step_seconds < 0.002
+    assert cartpole.observation_bytes == 4 * 4
+
+
+def test_auto_layout_gives_waiting_envs_a_thread_each() -> None:
+    sleepy = profile_env(EnvSpec.from_user(SLEEPY), seconds=0.05)
+    assert auto_layout(sleepy, "process", 8, cores=2) == Layout("process", 2, 4)
+    assert auto_layout(sleepy, "thread", 8, cores=2) == Layout("thread", 8)
+    cartpole = profile_env(EnvSpec.from_user("CartPole-v1"), seconds=0.05)
+    assert auto_layout(cartpole, "process", 8, cores=2) == Layout("process", 2)
+    assert auto_layout(cartpole, "process", 1, cores=2) == Layout("process", 1)
+
+
+def test_num_workers_auto_applies_the_layout() -> None:
+    with envfleet.make(SLEEPY, 6, num_workers="auto", seed=0) as pool:
+        assert pool.num_workers == min(envfleet._make.usable_cores(), 6)
+        pool.reset()
+        obs = pool.step([1] * 6)[0]
+        assert obs.ravel().tolist() == [100 * i + 1 for i in range(6)]
+
+
+def test_candidates_run_and_describe_themselves() -> None:
+    spec = EnvSpec.from_user("CartPole-v1")
+    profile = profile_env(spec, seconds=0.05)
+    layouts = candidate_layouts(profile, 8, cores=2)
+    assert len(layouts) == len(set(layouts)) >= 4
+    assert any(layout.batch_size == 4 for layout in layouts)
+    rate = time_layout(spec, 8, Layout("process", 2, batch_size=4), seconds=0.2)
+    assert rate > 0
+    line = Layout("process", 2, batch_size=4).describe("CartPole-v1", 8)
+    assert line == "envfleet.make('CartPole-v1', 8, backend='process', num_workers=2, batch_size=4)"
