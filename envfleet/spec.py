@@ -8,10 +8,12 @@ API) has its env wrapped into a ``gymnasium.Env`` by :func:`as_gymnasium`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
 import inspect
+import io
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -178,7 +180,7 @@ def _in_legacy_gym_registry(env_id: str) -> bool:
             importlib.import_module(module_name)
         except ImportError:
             return False
-    gym = importlib.import_module("gym")
+    gym = _import_gym()
     try:
         gym.spec(bare_id)
     except Exception:  # gym raises its own error types (and versions differ)
@@ -186,8 +188,21 @@ def _in_legacy_gym_registry(env_id: str) -> bool:
     return True
 
 
+def _import_gym() -> Any:
+    """Import the legacy ``gym`` package without its import-time banner.
+
+    gym 0.26 prints an "unmaintained" notice to stderr when imported; here it is only a registry
+    to look ids up in (a user who imports gym still sees it), so the notice stays out of the
+    output of a lookup such as the one behind an "unknown environment id" error.
+    """
+    if "gym" in sys.modules:
+        return sys.modules["gym"]
+    with contextlib.redirect_stderr(io.StringIO()):
+        return importlib.import_module("gym")
+
+
 def _legacy_gym_make(env_id: str, kwargs: Mapping[str, Any]) -> Any:
-    gym = importlib.import_module("gym")
+    gym = _import_gym()
     module_name, sep, bare_id = env_id.rpartition(":")
     if sep:
         importlib.import_module(module_name)
@@ -296,6 +311,7 @@ class LegacyEnv(gymnasium.Env[Any, Any]):
         metadata = getattr(env, "metadata", None)
         self.metadata = dict(metadata) if isinstance(metadata, Mapping) else {"render_modes": []}
         modes = self.metadata.get("render_modes") or self.metadata.get("render.modes") or []
+        self.metadata.setdefault("render_modes", list(modes))
         if self._takes_seed:
             self.render_mode = getattr(env, "render_mode", None)
         else:  # gym 0.21 chose the mode per render() call: a worker can only return frames

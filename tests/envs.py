@@ -57,9 +57,7 @@ class DictTupleEnv(gymnasium.Env[dict[str, Any], np.ndarray]):
         self._limit = int(self.np_random.integers(3, self.max_steps + 3))
         return self._obs(), {"start": self._pos.copy()}
 
-    def step(
-        self, action: np.ndarray
-    ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+    def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         self._t += 1
         self._pos = np.clip(self._pos + np.asarray(action, np.float32), -100, 100)
         reward = float(-np.abs(self._pos).sum() + self.np_random.normal())

@@ -25,6 +25,7 @@ EXPECTED_ALL = {
     "WorkerDiedError",
     "__version__",
     "make",
+    "register_vector",
 }
 
 

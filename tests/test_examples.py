@@ -1,0 +1,117 @@
+"""The examples run as a user runs them (``python examples/...``), with tiny settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def _run(script: str, *args: str, timeout: float = 120) -> tuple[list[str], dict[str, Any]]:
+    """Run an example; return its output lines and its final ``summary: {...}`` line."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    lines = result.stdout.splitlines()
+    assert lines and lines[-1].startswith("summary: "), result.stdout[-2000:]
+    return lines, json.loads(lines[-1].removeprefix("summary: "))
+
+
+def _read_png(path: Path) -> np.ndarray:
+    image = pytest.importorskip("matplotlib.image")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pixels: np.ndarray = image.imread(path)
+    return pixels
+
+
+def test_ppo_cartpole_prints_its_curve_and_saves_the_plot(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    plot = tmp_path / "curve.png"
+    lines, summary = _run(
+        "ppo_cartpole.py",
+        "--total-timesteps=1024",
+        "--num-envs=4",
+        "--num-steps=32",
+        "--backend=serial",
+        "--window=5",
+        f"--plot={plot}",
+    )
+    curve = [line for line in lines if line.startswith("iteration=")]
+    assert [line.split()[0] for line in curve] == [f"iteration={i}/8" for i in range(1, 9)]
+    steps = [int(line.split()[1].removeprefix("global_step=")) for line in curve]
+    assert steps == [128 * i for i in range(1, 9)]
+    assert summary["global_step"] == 1024 and summary["solved_at"] is None
+    # An untrained CartPole policy ends an episode every ~20 steps: many episodes in 1024.
+    assert summary["episodes"] >= 5
+    assert 8 <= summary["mean_return_last_5"] <= 500
+    pixels = _read_png(plot)
+    assert pixels.shape[:2] == (400, 700)  # 7x4 inches at 100 dpi
+    assert np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0).shape[0] > 10  # not blank
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_ppo_cartpole_reaches_475(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    _, summary = _run(
+        "ppo_cartpole.py",
+        "--backend=process",
+        "--num-workers=2",
+        "--total-timesteps=150000",
+        f"--plot={tmp_path / 'curve.png'}",
+        timeout=380,
+    )
+    assert summary["solved_at"] is not None, summary
+    assert summary["mean_return_last_20"] >= 475
+    assert (tmp_path / "curve.png").exists()
+
+
+def test_atari_rollout_saves_the_frames(tmp_path: Path) -> None:
+    out = tmp_path / "pong.npz"
+    lines, summary = _run(
+        "atari_rollout.py",
+        "--frames=64",
+        "--num-envs=4",
+        "--backend=serial",
+        "--seed=3",
+        f"--out={out}",
+    )
+    assert any(line.startswith("frames=64/64 ") for line in lines)
+    assert summary["frames"] == 64 and summary["observation_shape"] == [105, 80]
+    with np.load(out) as data:
+        assert str(data["env_id"]) == "ALE/Pong-v5" and int(data["num_envs"]) == 4
+        observations = data["observations"]
+        assert observations.shape == (16, 4, 105, 80) and observations.dtype == np.uint8
+        assert data["actions"].shape == (16, 4)
+        assert set(np.unique(data["actions"])) <= set(range(6))
+        assert set(np.unique(data["rewards"])) <= {-1.0, 0.0, 1.0}
+        assert data["terminations"].dtype == np.bool_ and data["truncations"].shape == (16, 4)
+        assert float(data["rewards"].sum()) == summary["reward_sum"]
+        assert len(data["episode_returns"]) == summary["episodes"] == 0  # Pong takes longer
+        # Row 0 is each env's first observation: env 1 was reset with seed 3 + 1.
+        import ale_py
+
+        gymnasium.register_envs(ale_py)
+        reference = gymnasium.make("ALE/Pong-v5", obs_type="grayscale")
+        first, _ = reference.reset(seed=4)
+        reference.close()
+        expected = first.reshape(105, 2, 80, 2).astype(np.float64).mean(axis=(1, 3))
+        np.testing.assert_array_equal(observations[0, 1], np.floor(expected + 0.5))
+        assert len({observations[t, 0].tobytes() for t in range(16)}) > 1  # the game moves

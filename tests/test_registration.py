@@ -1,0 +1,144 @@
+"""``envfleet.registration.register_vector``: ``gymnasium.make_vec`` hands out envfleet pools."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import envfleet
+from envfleet.registration import register_vector
+from tests.legacy_envs import OldApiCounterEnv
+
+VECTOR = "vector_entry_point"
+
+
+@pytest.fixture
+def ids() -> Iterator[list[str]]:
+    """Ids a test registers, removed from Gymnasium's registry afterwards."""
+    registered: list[str] = []
+    yield registered
+    for env_id in registered:
+        gymnasium.registry.pop(env_id, None)
+
+
+def test_an_id_target_gives_a_pool_like_the_base_env(ids: list[str]) -> None:
+    ids.append("envfleet-test/CartPole-v1")
+    spec = register_vector("envfleet-test/CartPole-v1", "CartPole-v1", backend="serial")
+    assert spec.max_episode_steps == 500  # taken from CartPole-v1's spec
+    with gymnasium.make_vec("envfleet-test/CartPole-v1", 3, vectorization_mode=VECTOR) as pool:
+        assert isinstance(pool, envfleet.Pool)
+        assert pool.num_envs == 3
+        assert pool.metadata["autoreset_mode"] is AutoresetMode.NEXT_STEP
+        assert pool.spec is not None and pool.spec.id == "envfleet-test/CartPole-v1"
+        obs, _ = pool.reset(seed=3)
+    reference = gymnasium.make_vec("CartPole-v1", 3, vectorization_mode="sync")
+    np.testing.assert_array_equal(obs, reference.reset(seed=3)[0])
+    assert pool.single_observation_space == reference.single_observation_space
+    reference.close()
+    # gymnasium.make still builds one env of the base id.
+    single = gymnasium.make("envfleet-test/CartPole-v1")
+    assert single.unwrapped.__class__.__name__ == "CartPoleEnv"
+    single.close()
+
+
+def test_make_vec_kwargs_split_into_pool_options_and_env_kwargs(ids: list[str]) -> None:
+    ids.append("envfleet-test/Pendulum-v1")
+    register_vector("envfleet-test/Pendulum-v1", "Pendulum-v1", backend="serial")
+    with gymnasium.make_vec(
+        "envfleet-test/Pendulum-v1",
+        4,
+        vectorization_mode=VECTOR,
+        backend="process",
+        num_workers=2,
+        seed=5,
+        autoreset_mode=AutoresetMode.SAME_STEP,
+        g=3.0,  # Pendulum's gravity: an env kwarg
+        max_episode_steps=2,
+    ) as pool:
+        assert "workers=2" in repr(pool)
+        assert pool.autoreset_mode is AutoresetMode.SAME_STEP
+        assert pool.get_attr("g") == (3.0,) * 4
+        obs, _ = pool.reset()  # the pool's seed: env i gets 5 + i
+        pool.step(np.zeros((4, 1), np.float32))
+        _, _, terminated, truncated, infos = pool.step(np.zeros((4, 1), np.float32))
+    assert truncated.all() and not terminated.any() and infos["_final_obs"].all()
+    reference = gymnasium.make("Pendulum-v1")
+    np.testing.assert_allclose(obs[2], reference.reset(seed=7)[0])
+    reference.close()
+
+
+def test_a_factory_target_with_a_time_limit(ids: list[str]) -> None:
+    ids.append("envfleet-test/LegacyCounter-v0")
+    register_vector(
+        "envfleet-test/LegacyCounter-v0", OldApiCounterEnv, max_episode_steps=2, backend="serial"
+    )
+    with gymnasium.make_vec("envfleet-test/LegacyCounter-v0", 2, vectorization_mode=VECTOR) as pool:
+        pool.reset(seed=0)
+        pool.step(np.array([0, 1]))
+        _, _, terminated, truncated, _ = pool.step(np.array([0, 1]))
+    assert truncated.tolist() == [True, True] and not terminated.any()
+    # The single-env entry point builds the (converted) factory env with the same time limit.
+    single = gymnasium.make("envfleet-test/LegacyCounter-v0")
+    single.reset(seed=0)
+    single.step(0)
+    assert single.step(0)[3] is True
+    single.close()
+
+
+def test_an_existing_id_keeps_its_env_and_gets_an_envfleet_vector_entry_point(
+    ids: list[str],
+) -> None:
+    ids.append("envfleet-test/Acrobot-v1")
+    gymnasium.register(
+        "envfleet-test/Acrobot-v1",
+        entry_point="gymnasium.envs.classic_control.acrobot:AcrobotEnv",
+        max_episode_steps=500,
+    )
+    register_vector("envfleet-test/Acrobot-v1", backend="serial", num_workers=1)
+    with gymnasium.make_vec("envfleet-test/Acrobot-v1", 2, vectorization_mode=VECTOR) as pool:
+        assert isinstance(pool, envfleet.Pool)
+        assert pool.single_action_space == gymnasium.spaces.Discrete(3)
+    spec = gymnasium.spec("envfleet-test/Acrobot-v1")
+    assert spec.entry_point == "gymnasium.envs.classic_control.acrobot:AcrobotEnv"
+    assert spec.max_episode_steps == 500
+    # Without a mode, make_vec prefers the vector entry point.
+    with gymnasium.make_vec("envfleet-test/Acrobot-v1", 2) as pool:
+        assert isinstance(pool, envfleet.Pool)
+
+
+def test_bad_registrations_are_refused() -> None:
+    with pytest.raises(ValueError, match="not registered"):
+        register_vector("envfleet-test/Nothing-v0")
+    with pytest.raises(ValueError, match=r"unknown envfleet\.make options"):
+        register_vector("envfleet-test/Nothing-v0", "CartPole-v1", gravity=1.0)
+    assert "envfleet-test/Nothing-v0" not in gymnasium.registry
+
+
+def test_torchrl_accepts_the_pool(ids: list[str]) -> None:
+    pytest.importorskip("torchrl")
+    from torchrl.envs import GymWrapper
+
+    ids.append("envfleet-test/CartPole-v1")
+    register_vector(
+        "envfleet-test/CartPole-v1",
+        "CartPole-v1",
+        backend="serial",
+        autoreset_mode=AutoresetMode.SAME_STEP,
+    )
+    pool = gymnasium.make_vec("envfleet-test/CartPole-v1", 4, vectorization_mode=VECTOR)
+    env = GymWrapper(pool)
+    try:
+        rollout = env.rollout(300, break_when_any_done=False)
+        assert tuple(rollout.batch_size) == (4, 300)
+        assert rollout["next", "done"].any()  # episodes ended and were reset inside the pool
+        assert rollout["next", "reward"].sum().item() == 4 * 300
+    finally:
+        env.close()
+    assert pool.closed
+    next_step = envfleet.make("CartPole-v1", 2, backend="serial")
+    with next_step, pytest.raises(RuntimeError, match="SAME_STEP or DISABLED"):
+        GymWrapper(next_step)  # TorchRL reads the pool's autoreset_mode
