@@ -1,6 +1,7 @@
 """Throughput of envfleet against the baselines, side by side in one run.
 
-Runners (random actions, after warm-up, median of the timed windows):
+Runners (random actions, after warm-up, median of the timed windows; the windows of the runners
+are interleaved, so that load from elsewhere on the machine hits them alike):
 
 - ``for-loop``: a Python for-loop over ``gymnasium.make`` envs in this process;
 - ``ceiling``: the envs split over one process per usable core that never communicate, their
@@ -40,7 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.envs import WORKLOADS, Workload
-from bench.runners import RUNNERS, RunResult, Timing, usable_cores
+from bench.runners import RUNNERS, RunResult, Timing, measure, usable_cores
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "throughput.json"
 REFERENCE = "for-loop"
@@ -137,15 +138,12 @@ def _fmt_ratio(value: float | None) -> str:
 def run_workload(
     workload: Workload, runners: list[str], timing: Timing, console: Console
 ) -> dict[str, Any]:
-    results: dict[str, RunResult | str] = {}
-    for name in runners:
-        with console.status(f"{workload.name}: {name} ..."):
-            try:
-                results[name] = RUNNERS[name](workload, timing)
-            except Exception as exc:
-                results[name] = f"{type(exc).__name__}: {exc}"
-                console.print(f"[red]{workload.name}: {name} failed[/red]")
-                console.print(traceback.format_exc(), markup=False, highlight=False)
+    def report_failure(name: str, exc: BaseException) -> None:
+        console.print(f"[red]{workload.name}: {name} failed[/red]")
+        console.print("".join(traceback.format_exception(exc)), markup=False, highlight=False)
+
+    with console.status(f"{workload.name}: {', '.join(runners)} ..."):
+        results = measure(runners, workload, timing, on_error=report_failure)
 
     def median(name: str) -> float | None:
         result = results.get(name)
@@ -163,10 +161,11 @@ def run_workload(
     table.add_column("vs ceiling", justify="right")
     table.add_column("setup s", justify="right")
     table.add_column("windows (steps/s)", justify="right")
+    table.add_column("other load", justify="right")
     out: dict[str, Any] = {}
     for name, result in results.items():
         if isinstance(result, str):
-            table.add_row(name, "[red]failed[/red]", "-", "-", "-", result[:60])
+            table.add_row(name, "[red]failed[/red]", "-", "-", "-", result[:60], "-")
             out[name] = {"error": result}
             continue
         to_reference, to_ceiling = _ratio(result.median, reference), _ratio(result.median, ceiling)
@@ -177,16 +176,24 @@ def run_workload(
             _fmt_ratio(to_ceiling),
             f"{result.setup_s:.2f}",
             " ".join(f"{t:,.0f}" for t in result.throughputs),
+            " ".join(f"{c:.2f}" for c in result.other_load),
         )
         out[name] = {
             "steps_per_s": result.median,
             "windows": result.throughputs,
             "setup_s": result.setup_s,
+            "other_load_cores": result.other_load,
             "ratio_to_for_loop": to_reference,
             "ratio_to_ceiling": to_ceiling,
             **result.info,
         }
     console.print(table)
+    loads = [c for r in results.values() if isinstance(r, RunResult) for c in r.other_load]
+    if loads and max(loads) > 0.1:
+        console.print(
+            f"[yellow]other processes kept up to {max(loads):.2f} cores busy during the windows "
+            "(column 'other load'): these numbers are skewed[/yellow]"
+        )
 
     subject = _ratio(median(SUBJECT), ceiling)
     meets = None if subject is None or workload.target is None else subject >= workload.target
@@ -226,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": timing.seconds,
             "repeats": timing.repeats,
             "warmup": timing.warmup,
+            "rewarm": timing.rewarm,
+            "interleaved": True,
             "seed": timing.seed,
             "action_batches": timing.action_batches,
             "statistic": "median",

@@ -1,4 +1,4 @@
-"""The ``envfleet`` command line.
+"""The ``envfleet`` command line: ``run``, ``bench`` and ``tune``.
 
 ``envfleet run ENV`` steps ``--num-envs`` copies of ``ENV`` with a policy (random by default),
 shows live progress on stderr when it is a terminal, and prints a summary: throughput and the
@@ -17,9 +17,23 @@ returned (within a batch, in ``env_ids`` order):
   reward is 0): it is part of no episode;
 * ``observations`` (only with ``--save-obs``): the observation the action was chosen from.
 
+``--stats`` adds the pool's per-worker statistics (:meth:`envfleet.Pool.stats`: step latency
+p50/p99, idle fraction, steps, episodes, restarts) as a table, and under ``"stats"`` in
+``--json``.
+
+``envfleet bench ENV`` measures, side by side in one run, a for-loop, the independent-processes
+ceiling, envfleet's backends and the peer libraries that are installed, for each ``--num-envs``
+of a list (see :mod:`envfleet.benchmark`); it prints a table (steps/s, ratio to the ceiling) and
+writes ``bench.json`` and ``bench.png`` (throughput against ``num_envs``) to ``--out DIR``.
+
+``envfleet tune ENV`` probes the env (step time and its variation, reset cost, CPU share,
+observation bytes), times a few layouts (backend, workers, threads per worker, batch size)
+within ``--budget`` seconds and prints the fastest with the ``envfleet.make(...)`` line to use.
+
 Errors are reported as one ``envfleet: error: ...`` line on stderr, exit status 2 for bad
 input (arguments, unknown env id, a policy that cannot be imported) and 1 for failures while
-running; ``--debug`` adds the traceback.
+running (for ``bench``: a runner that failed, after the results are written); ``--debug`` adds
+the traceback.
 """
 
 from __future__ import annotations
@@ -50,10 +64,21 @@ from rich.table import Table
 from rich.text import Text
 
 import envfleet
+from envfleet import benchmark
+from envfleet._make import usable_cores
 from envfleet.errors import EnvError, PoolStateError
+from envfleet.spec import EnvSpec
+from envfleet.tune import EnvProfile, Layout, candidate_layouts, profile_env, time_layout
 
 PROG = "envfleet"
 DEFAULT_STEPS = 100_000
+DEFAULT_BENCH_NUM_ENVS = (8, 32, 64)
+DEFAULT_BENCH_OUT = Path("envfleet-bench")
+DEFAULT_TUNE_BUDGET = 20.0
+TUNE_MIN_WINDOW = 0.1
+"""Seconds each layout is timed for at the least, whatever the budget."""
+TUNE_SETUP_GUESS = 0.3
+"""Seconds to start and close a pool, before one has been measured."""
 RECENT_EPISODES = 100
 REFRESH_INTERVAL = 0.25
 """Seconds between two refreshes of the live display."""
@@ -121,8 +146,32 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _num_envs_list(text: str) -> list[int]:
+    """``"8,32,64"``: positive env counts, duplicates dropped, in the order given."""
+    values: list[int] = []
+    for item in text.split(","):
+        try:
+            value = int(item.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated positive integers such as 8,32,64, got {text!r}"
+            ) from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"env counts must be at least 1, got {value}")
+        if value not in values:
+            values.append(value)
+    return values
+
+
+def _runner_list(text: str) -> list[str]:
+    try:
+        return benchmark.parse_runners(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``envfleet`` parser: one subparser per command (``run`` for now)."""
+    """The ``envfleet`` parser: one subparser per command (``run``, ``bench``, ``tune``)."""
     parser = _Parser(
         prog=PROG,
         description="Run many copies of a Gymnasium environment in parallel.",
@@ -192,9 +241,118 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "-q", "--quiet", action="store_true", help="no live progress (the summary still prints)"
     )
+    run.add_argument(
+        "--stats",
+        action="store_true",
+        help=(
+            "show the pool's per-worker statistics at the end: step latency p50/p99, idle "
+            "fraction, steps, episodes, restarts (also under 'stats' in --json)"
+        ),
+    )
     run.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     run.set_defaults(handler=_cmd_run)
+    _add_bench_parser(commands)
+    _add_tune_parser(commands)
     return parser
+
+
+def _add_bench_parser(commands: Any) -> None:
+    names = ", ".join(benchmark.RUNNERS)
+    bench = commands.add_parser(
+        "bench",
+        help="measure envfleet against a for-loop, the ceiling and peer libraries",
+        description=(
+            "Measure, side by side in one run, the throughput of a for-loop, independent "
+            "processes (the ceiling), envfleet's backends and the peer libraries that are "
+            "installed, for each of a list of env counts. Random actions; the windows of the "
+            "runners are interleaved and the median is reported. Prints a table and writes "
+            "DIR/bench.json and DIR/bench.png (throughput against num_envs). Runners not "
+            "installed are left out of the table and listed as such in the JSON."
+        ),
+        epilog="runners: "
+        + "; ".join(f"{kind.name}: {kind.description}" for kind in benchmark.RUNNERS.values()),
+        allow_abbrev=False,
+    )
+    bench.add_argument("env", metavar="ENV", help="a registered env id, e.g. CartPole-v1")
+    bench.add_argument(
+        "--num-envs",
+        type=_num_envs_list,
+        default=list(DEFAULT_BENCH_NUM_ENVS),
+        metavar="N[,N...]",
+        help=(
+            "env counts to sweep, comma-separated (default: "
+            f"{','.join(map(str, DEFAULT_BENCH_NUM_ENVS))})"
+        ),
+    )
+    bench.add_argument(
+        "--runners",
+        type=_runner_list,
+        metavar="NAME[,NAME...]",
+        help=f"comma-separated, from {names} (default: all)",
+    )
+    bench.add_argument(
+        "--seconds",
+        type=_positive_float,
+        default=1.0,
+        help="length of each timed window (default: 1)",
+    )
+    bench.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=3,
+        help="timed windows per runner and env count; the median is reported (default: 3)",
+    )
+    bench.add_argument(
+        "--seed", type=_non_negative_int, default=0, help="seeds resets and actions (default: 0)"
+    )
+    bench.add_argument(
+        "--out",
+        metavar="DIR",
+        type=Path,
+        default=DEFAULT_BENCH_OUT,
+        help=f"folder for bench.json and bench.png, made if missing (default: {DEFAULT_BENCH_OUT})",
+    )
+    bench.add_argument(
+        "--json", action="store_true", help="print the results as JSON on stdout, nothing else"
+    )
+    bench.add_argument("-q", "--quiet", action="store_true", help="no live progress")
+    bench.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    bench.set_defaults(handler=_cmd_bench)
+
+
+def _add_tune_parser(commands: Any) -> None:
+    tune = commands.add_parser(
+        "tune",
+        help="measure an environment and find the fastest pool layout for it",
+        description=(
+            "Probe ENV (step time and its variation, reset cost, CPU share, observation size), "
+            "time a few layouts (backend, workers, threads per worker, batch size) of NUM_ENVS "
+            "envs within the budget, and print the fastest with the envfleet.make(...) line "
+            "that uses it. envfleet.make(..., num_workers='auto') applies the same kind of "
+            "choice from a shorter probe."
+        ),
+        allow_abbrev=False,
+    )
+    tune.add_argument("env", metavar="ENV", help="a registered env id, e.g. CartPole-v1")
+    tune.add_argument(
+        "--num-envs", type=_positive_int, default=8, help="number of envs (default: 8)"
+    )
+    tune.add_argument(
+        "--budget",
+        type=_positive_float,
+        default=DEFAULT_TUNE_BUDGET,
+        metavar="SECONDS",
+        help=(
+            "about how long the whole tuning takes, shared among the layouts "
+            f"(default: {DEFAULT_TUNE_BUDGET:g})"
+        ),
+    )
+    tune.add_argument(
+        "--json", action="store_true", help="print the results as JSON on stdout, nothing else"
+    )
+    tune.add_argument("-q", "--quiet", action="store_true", help="no live progress")
+    tune.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    tune.set_defaults(handler=_cmd_tune)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -676,6 +834,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 result = runner.run()
         else:
             result = runner.run()
+        stats = pool.stats().as_dict() if args.stats else None
 
     if recorder is not None and out is not None:
         try:
@@ -683,10 +842,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CliError(f"writing {out} failed: {exc.strerror or exc}") from exc
     summary = _summary(args, result, out)
+    if stats is not None:
+        summary["stats"] = stats
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
-        Console(highlight=False).print(_summary_table(summary))
+        console = Console(highlight=False)
+        console.print(_summary_table(summary))
+        if stats is not None:
+            console.print(_stats_table(stats))
     if result.interrupted:
         stderr.print(f"{PROG}: interrupted after {result.steps:,} steps")
         return EXIT_INTERRUPTED

@@ -6,29 +6,53 @@ their rows packed in arrays, calls stay in flight on every actor at once, and ``
 hands back whichever actors finish first (the async mode). A dead actor or node surfaces as a
 :class:`~envfleet.backends.base.WorkerLost`, like a dead process.
 
+Connections: a pool joins the Ray this process is already connected to, and then leaves it
+alone. Otherwise it calls ``ray.init`` itself (a new local Ray sized for this machine with no
+address, or the cluster at ``address``), and the last pool on that connection to close calls
+``ray.shutdown``: that stops a Ray envfleet started, and only disconnects from a cluster it
+joined (which keeps running).
+
 Ray is an optional extra (``pip install envfleet[ray]``): this module alone imports it.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
+import cloudpickle
 import numpy as np
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from envfleet.backends.base import TransportOptions, WorkerLost
-from envfleet.buffers import Batch, take
-from envfleet.errors import Phase
+from envfleet.buffers import Batch, ObjectRows, take
+from envfleet.errors import Phase, WorkerDiedError
 from envfleet.group import GroupStartError
-from envfleet.protocol import Close, Command, EnvFailure, Reply, Rows
+from envfleet.protocol import Close, Command, EnvFailure, Reply, Reset, Rows, Step
 from envfleet.threads import build_group
 
+START_TIMEOUT = 300.0
+"""Seconds an actor may take to be placed and build its envs before the pool gives up on it
+(an actor asking for resources no node has would otherwise wait forever)."""
+
+START_ATTEMPTS = 5
+START_BACKOFF = 0.5
+"""An actor that dies before it has built its envs is replaced, up to this many actors in all,
+``START_BACKOFF`` seconds later and twice as long each time (about 8 s in all)."""
+
+Packed = tuple[
+    np.ndarray, Any, np.ndarray, np.ndarray, np.ndarray, "dict[int, dict[str, Any]] | None"
+]
+"""A step's or reset's reply with nothing but results: ``(env_ids, observations, rewards,
+terminations, truncations, infos)``, rows in ``env_ids`` order."""
+
 _lock = threading.Lock()
-_started_here = False  # whether envfleet called ray.init (and so may shut it down)
-_users = 0  # open pools on a Ray that envfleet started
+_session: str | None = None  # the Ray connection envfleet made (see _session_id), if any
+_users = 0  # open transports on that connection
 
 
 class GroupActor:
@@ -57,92 +81,181 @@ class GroupActor:
     def node_id(self) -> str:
         return str(ray.get_runtime_context().get_node_id())
 
-    def run(self, command: Command) -> Reply:
+    def run(self, command: Command) -> Reply | Packed:
         reply = command.run(self.group)
-        if command.delivers_envs and reply.env_ids:
-            failed = {f.env_index for f in reply.failures}
-            ids = np.array([i for i in reply.env_ids if i not in failed], dtype=np.intp)
-            batch = self.batch
-            reply.rows = Rows(
-                env_ids=ids,
-                observations=take(self.options.observation_space, batch.observations, ids),
-                rewards=batch.rewards[ids],
-                terminations=batch.terminations[ids],
-                truncations=batch.truncations[ids],
-            )
-        return reply
+        if reply.infos or reply.values:
+            # Ray pickles the reply after this returns, where a failure would lose the rows.
+            try:
+                cloudpickle.dumps((reply.infos, reply.values))
+            except Exception as exc:
+                reply = Reply(
+                    env_ids=reply.env_ids,
+                    failures=(*reply.failures, _unpicklable(exc)),
+                    restarts=reply.restarts,
+                )
+        if not (command.delivers_envs and reply.env_ids):
+            return reply
+        failed = {f.env_index for f in reply.failures}
+        ids = np.array([i for i in reply.env_ids if i not in failed], dtype=np.intp)
+        batch = self.batch
+        observations = batch.observations
+        rows = Rows(
+            env_ids=ids,
+            # Spaces that are not arrays travel as a list of per-env values.
+            observations=[observations[i] for i in ids.tolist()]
+            if isinstance(observations, ObjectRows)
+            else take(self.options.observation_space, observations, ids),
+            rewards=batch.rewards[ids],
+            terminations=batch.terminations[ids],
+            truncations=batch.truncations[ids],
+        )
+        if reply.failures or reply.restarts or reply.observations:
+            reply.rows = rows
+            return reply
+        # The common case travels as a tuple: Ray pickles it faster than the dataclasses.
+        return (
+            ids,
+            rows.observations,
+            rows.rewards,
+            rows.terminations,
+            rows.truncations,
+            reply.infos,
+        )
+
+
+def _unpack(result: Reply | Packed) -> Reply:
+    """The :class:`Reply` an actor's :meth:`GroupActor.run` result stands for."""
+    if isinstance(result, Reply):
+        return result
+    ids, observations, rewards, terminations, truncations, infos = result
+    rows = Rows(ids, observations, rewards, terminations, truncations)
+    return Reply(env_ids=tuple(ids.tolist()), infos=infos, rows=rows)
+
+
+def _unpicklable(exc: Exception) -> EnvFailure:
+    try:
+        raise TypeError(f"the reply could not be pickled to send to the pool: {exc}") from exc
+    except TypeError as error:
+        return EnvFailure.capture(None, Phase.STEP, error)
+
+
+def _session_id() -> str:
+    """What identifies the Ray this process is connected to (its GCS address)."""
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:  # a Ray Client connection may not say
+        return "connected"
 
 
 def _connect(address: str | None, init_kwargs: dict[str, Any]) -> bool:
-    """Join or start Ray; True when this call started it."""
-    global _started_here, _users
+    """Join this process's Ray, or connect it to one; True when envfleet owns the connection."""
+    global _session, _users
     with _lock:
         if ray.is_initialized():
-            if _started_here:
+            if _session is not None and _session == _session_id():
                 _users += 1
-            return False
-        kwargs = {"include_dashboard": False, "log_to_driver": False, **init_kwargs}
+                return True
+            return False  # the caller's connection: used, never shut down
+        kwargs = dict(init_kwargs)
         if address is not None:
-            ray.init(address=address, **kwargs)
-            return False
+            kwargs["address"] = address
+        if not str(kwargs.get("address") or "").startswith("ray://"):  # Ray Client takes few
+            kwargs = {"include_dashboard": False, "log_to_driver": False, **kwargs}
         ray.init(**kwargs)
-        _started_here, _users = True, 1
+        _session, _users = _session_id(), 1
         return True
 
 
 def _disconnect() -> None:
-    global _started_here, _users
+    """One transport on envfleet's connection is done; the last one shuts it down."""
+    global _session, _users
     with _lock:
-        if not _started_here:
+        if _session is None:
             return
         _users -= 1
-        if _users <= 0 and ray.is_initialized():
+        if _users > 0:
+            return
+        session, _session, _users = _session, None, 0
+        # Not if the caller shut it down and connected again meanwhile: that one is theirs.
+        if ray.is_initialized() and _session_id() == session:
             ray.shutdown()
-            _started_here, _users = False, 0
+
+
+_PHASES = {Step: Phase.STEP, Reset: Phase.RESET}
 
 
 class RayTransport:
     """One actor per worker; replies come back per actor, in order, through ``ray.wait``."""
 
+    shares_memory = False
+
     def __init__(self, options: TransportOptions) -> None:
         extra = options.ray or {}
         self._options = options
         self.batch = Batch.local(options.observation_space, options.action_space, options.num_envs)
-        _connect(extra.get("address"), dict(extra.get("init_kwargs") or {}))
-        self._uses_our_ray = _started_here
-        self._actor_cls = ray.remote(GroupActor)
-        resources = dict(extra.get("worker_resources") or {})
-        resources.setdefault("num_cpus", 0)
-        resources.setdefault("scheduling_strategy", "SPREAD")
-        self._resources = resources
         self._actors: list[Any] = []
-        self._refs: list[deque[Any]] = [deque() for _ in options.assignment]
+        # Per worker: (result ref, command) of each call in flight, oldest first.
+        self._refs: list[deque[tuple[Any, Command]]] = [deque() for _ in options.assignment]
         self._closed = False
+        self._connected = _connect(extra.get("address"), dict(extra.get("init_kwargs") or {}))
         try:
-            self._actors = [self._spawn(w, {}) for w in range(len(options.assignment))]
-            self._await_start(range(len(self._actors)))
+            self._actor_cls = ray.remote(GroupActor)
+            resources = dict(extra.get("worker_resources") or {})
+            resources.setdefault("num_cpus", 0)
+            if "placement_group" not in resources:
+                resources.setdefault("scheduling_strategy", "SPREAD")
+            self._resources = resources
+            for worker in range(len(options.assignment)):
+                self._actors.append(self._spawn(worker, {}))
+            self._await_start(range(len(self._actors)), {})
         except BaseException:
             self.close(1.0)
             raise
 
     def _spawn(self, worker: int, restarts: dict[int, int]) -> Any:
-        return self._actor_cls.options(
-            name=None, max_concurrency=1, max_restarts=0, **self._resources
-        ).remote(self._options, worker, restarts)
+        return self._actor_cls.options(max_concurrency=1, max_restarts=0, **self._resources).remote(
+            self._options, worker, restarts
+        )
 
-    def _await_start(self, workers: Any) -> None:
-        for worker in workers:
-            try:
-                reply: Reply = ray.get(self._actors[worker].start.remote())
-            except RayActorError as exc:
-                from envfleet.errors import WorkerDiedError
+    def _await_start(self, workers: Iterable[int], restarts: dict[int, int]) -> None:
+        """Wait until each of ``workers`` has built its envs; raise the first failure.
 
-                raise WorkerDiedError(
-                    f"ray actor {worker} died while building its envs: {exc}",
-                    env_index=None,
-                    phase=Phase.MAKE,
-                    worker=worker,
-                ) from exc
+        An actor that dies before it has built them (its worker process or its node died, say
+        a node that Ray does not know dead yet) is replaced, up to ``START_ATTEMPTS`` times.
+        """
+        started = [(worker, self._actors[worker].start.remote()) for worker in workers]
+        deadline = time.monotonic() + START_TIMEOUT
+        for worker, ref in started:
+            ids = tuple(self._options.assignment[worker])
+            delay = START_BACKOFF
+            for attempt in range(1, START_ATTEMPTS + 1):
+                try:
+                    reply: Reply = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+                    break
+                except GetTimeoutError as exc:
+                    raise WorkerDiedError(
+                        f"ray actor {worker} (envs {list(ids)}) did not start within "
+                        f"{START_TIMEOUT:g}s: is there a node with the resources it asks for "
+                        f"({self._resources})?",
+                        env_index=None,
+                        phase=Phase.MAKE,
+                        worker=worker,
+                        env_ids=ids,
+                    ) from exc
+                except RayError as exc:
+                    if attempt == START_ATTEMPTS:
+                        raise WorkerDiedError(
+                            f"ray actor {worker} died while building its envs {list(ids)} "
+                            f"({attempt} actors in a row): {exc}",
+                            env_index=None,
+                            phase=Phase.MAKE,
+                            worker=worker,
+                            env_ids=ids,
+                        ) from exc
+                    time.sleep(delay)
+                    delay *= 2
+                    self._actors[worker] = self._spawn(worker, restarts)
+                    ref = self._actors[worker].start.remote()
             if reply.failures:
                 raise reply.failures[0].to_error(worker, self._options.spec.name)
 
@@ -150,66 +263,82 @@ class RayTransport:
         """The Ray node each actor runs on."""
         return list(ray.get([actor.node_id.remote() for actor in self._actors]))
 
-    shares_memory = False
-
     def submit(self, worker: int, command: Command) -> None:
-        self._refs[worker].append(self._actors[worker].run.remote(command))
+        self._refs[worker].append((self._actors[worker].run.remote(command), command))
 
     def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost | None]]:
-        heads = [refs[0] for refs in self._refs if refs]
+        heads = [refs[0][0] for refs in self._refs if refs]
         if not heads:
             return []
         ready, _ = ray.wait(heads, num_returns=1, timeout=timeout)
         if not ready:
             return []
         # Everything else already done comes too, without waiting.
-        pending = [ref for refs in self._refs for ref in refs]
+        pending = [ref for refs in self._refs for ref, _ in refs]
         done = set(ray.wait(pending, num_returns=len(pending), timeout=0)[0]) | set(ready)
         replies: list[tuple[int, Reply | WorkerLost | None]] = []
         for worker, refs in enumerate(self._refs):
-            while refs and refs[0] in done:
-                ref = refs.popleft()
+            while refs and refs[0][0] in done:
+                ref, command = refs.popleft()
                 try:
-                    replies.append((worker, ray.get(ref)))
-                except RayActorError as exc:
+                    replies.append((worker, _unpack(ray.get(ref))))
+                except RayTaskError as exc:  # the actor lives but the call failed (a bug)
+                    replies.append((worker, _task_failed(command, exc)))
+                except RayError as exc:  # actor, worker process or node died; result lost
                     refs.clear()
                     replies.append((worker, WorkerLost(None, f"ray actor lost: {exc}")))
-                except RayTaskError as exc:
-                    failure = EnvFailure.capture(None, Phase.STEP, exc)
-                    replies.append((worker, Reply(failures=(failure,))))
         return replies
 
     def kill(self, worker: int) -> None:
-        ray.kill(self._actors[worker], no_restart=True)
-
-    def restart(self, worker: int, restarts: dict[int, int]) -> None:
         try:
             ray.kill(self._actors[worker], no_restart=True)
         except Exception:
-            pass
+            pass  # already gone: wait() reports it lost all the same
+
+    def restart(self, worker: int, restarts: dict[int, int]) -> None:
+        self.kill(worker)
         self._refs[worker].clear()
         self._actors[worker] = self._spawn(worker, restarts)
-        self._await_start([worker])
+        self._await_start([worker], restarts)
 
     def close(self, timeout: float) -> None:
         if self._closed:
             return
         self._closed = True
         try:
-            closing = [actor.run.remote(Close()) for actor in self._actors]
-            try:
-                ray.wait(closing, num_returns=len(closing), timeout=timeout)
-            except (RayActorError, GetTimeoutError):
-                pass
-            for actor in self._actors:
+            if self._actors and ray.is_initialized():
+                closing = []
+                for actor in self._actors:
+                    try:
+                        closing.append(actor.run.remote(Close()))
+                    except Exception:
+                        pass
                 try:
-                    ray.kill(actor, no_restart=True)
+                    if closing:
+                        ray.wait(closing, num_returns=len(closing), timeout=timeout)
                 except Exception:
-                    pass
+                    pass  # a dead actor or node: killed below all the same
+                for actor in self._actors:
+                    try:
+                        ray.kill(actor, no_restart=True)
+                    except Exception:
+                        pass
         finally:
             self._actors = []
-            if self._uses_our_ray:
+            for refs in self._refs:
+                refs.clear()
+            if self._connected:
+                self._connected = False
                 _disconnect()
+
+
+def _task_failed(command: Command, exc: RayTaskError) -> Reply:
+    """The reply to a call the actor could not run: every env it named failed."""
+    phase = _PHASES.get(type(command), Phase.CALL)
+    if command.delivers_envs:
+        ids: tuple[int, ...] = command.env_ids  # type: ignore[union-attr]
+        return Reply(env_ids=ids, failures=tuple(EnvFailure.capture(i, phase, exc) for i in ids))
+    return Reply(failures=(EnvFailure.capture(None, phase, exc),))
 
 
 def open_transport(options: TransportOptions) -> RayTransport:
