@@ -14,8 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from envfleet.backends.base import TransportOptions
-from envfleet.buffers import Batch
 from envfleet.group import EnvGroup
 from envfleet.protocol import Reply
 
@@ -103,41 +101,3 @@ def split_ids(env_ids: Sequence[int], parts: int) -> list[tuple[int, ...]]:
     """``env_ids`` in ``parts`` contiguous blocks (fewer when there are fewer envs)."""
     blocks = np.array_split(np.asarray(env_ids), min(parts, len(env_ids)))
     return [tuple(int(i) for i in block) for block in blocks]
-
-
-def build_group(
-    options: TransportOptions,
-    env_ids: Sequence[int],
-    batch: Batch,
-    *,
-    ship_observations: bool = False,
-    restarts: dict[int, int] | None = None,
-) -> EnvGroup | ThreadedGroup:
-    """The group a worker runs: one :class:`EnvGroup`, or several on threads."""
-
-    def group(ids: Sequence[int]) -> EnvGroup:
-        return EnvGroup(
-            options.spec,
-            ids,
-            batch,
-            options.autoreset_mode,
-            options.observation_space,
-            options.action_space,
-            ship_observations=ship_observations,
-            on_error=options.on_error,
-            seed_base=options.seed_base,
-            restarts=restarts,
-            restarted=bool(restarts),
-        )
-
-    if options.threads_per_worker <= 1 or len(env_ids) <= 1:
-        return group(env_ids)
-    groups: list[EnvGroup] = []
-    try:
-        for block in split_ids(env_ids, options.threads_per_worker):
-            groups.append(group(block))
-    except BaseException:
-        for built in groups:
-            built.close()
-        raise
-    return ThreadedGroup(groups)

@@ -38,9 +38,8 @@ import cloudpickle
 from envfleet.backends.base import TransportOptions, WorkerLost
 from envfleet.buffers import SharedBatch
 from envfleet.errors import Phase
-from envfleet.group import GroupStartError
 from envfleet.protocol import Close, Command, EnvFailure, Reply
-from envfleet.threads import build_group
+from envfleet.worker import serve, start_group
 
 PARENT_CHECK_INTERVAL = 1.0
 """Seconds between a worker's checks that its parent is still alive."""
@@ -103,20 +102,19 @@ def _worker_main(
     try:
         # cloudpickle: the env factory may be a lambda or closure, under any start method.
         options: TransportOptions = pickle.loads(options_blob)
-        group = build_group(
-            options,
-            options.assignment[worker],
-            shared.views(),
-            ship_observations=shared.observations is None,
-            restarts=restarts,
-        )
-    except GroupStartError as exc:
-        conn.send(Reply(failures=(exc.failure,)))
-        return
-    except BaseException as exc:
+    except Exception as exc:  # e.g. the factory's module cannot be imported in this process
         conn.send(Reply(failures=(EnvFailure.capture(None, Phase.MAKE, exc),)))
         return
-    conn.send(Reply())
+    group, started = start_group(
+        options,
+        options.assignment[worker],
+        shared.views(),
+        ship_observations=shared.observations is None,
+        restarts=restarts,
+    )
+    conn.send(started)
+    if group is None:
+        return
     while True:
         try:
             _spin(conn.poll, SPIN_SECONDS)
@@ -124,10 +122,7 @@ def _worker_main(
         except (EOFError, OSError):
             group.close()
             return
-        try:
-            reply = command.run(group)
-        except BaseException as exc:
-            reply = Reply(failures=(EnvFailure.capture(None, Phase.STEP, exc),))
+        reply = serve(group, command)
         try:
             conn.send(None if _plain(reply) else reply)
         except Exception as exc:  # an info or call result that cannot be pickled

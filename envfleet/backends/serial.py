@@ -6,8 +6,8 @@ from collections import deque
 
 from envfleet.backends.base import TransportOptions, WorkerLost
 from envfleet.buffers import Batch
-from envfleet.group import EnvGroup, GroupStartError
-from envfleet.protocol import Command, Reply
+from envfleet.protocol import Command, Group, Reply
+from envfleet.worker import serve, start_group
 
 
 class SerialTransport:
@@ -15,30 +15,19 @@ class SerialTransport:
 
     def __init__(self, options: TransportOptions) -> None:
         self.batch = Batch.local(options.observation_space, options.action_space, options.num_envs)
-        self.groups: list[EnvGroup] = []
+        self.groups: list[Group] = []
         self._replies: deque[tuple[int, Reply | WorkerLost | None]] = deque()
-        try:
-            for ids in options.assignment:
-                self.groups.append(
-                    EnvGroup(
-                        options.spec,
-                        ids,
-                        self.batch,
-                        options.autoreset_mode,
-                        options.observation_space,
-                        options.action_space,
-                        on_error=options.on_error,
-                        seed_base=options.seed_base,
-                    )
-                )
-        except GroupStartError as exc:
-            self.close(0.0)
-            raise exc.failure.to_error(len(self.groups), options.spec.name)  # noqa: B904
+        for worker, ids in enumerate(options.assignment):
+            group, started = start_group(options, ids, self.batch)
+            if group is None:
+                self.close(0.0)
+                raise started.failures[0].to_error(worker, options.spec.name)
+            self.groups.append(group)
 
     shares_memory = True
 
     def submit(self, worker: int, command: Command) -> None:
-        self._replies.append((worker, command.run(self.groups[worker])))
+        self._replies.append((worker, serve(self.groups[worker], command)))
 
     def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost | None]]:
         replies = list(self._replies)

@@ -15,9 +15,8 @@ import time
 
 from envfleet.backends.base import TransportOptions, WorkerLost
 from envfleet.buffers import Batch
-from envfleet.errors import Phase
-from envfleet.group import EnvGroup, GroupStartError
 from envfleet.protocol import Close, Command, EnvFailure, Reply
+from envfleet.worker import serve, start_group
 
 _STOP = None
 
@@ -62,37 +61,16 @@ class ThreadTransport:
     def _serve(
         self, worker: int, ids: tuple[int, ...], inbox: queue.SimpleQueue[Command | None]
     ) -> None:
-        options = self._options
-        try:
-            group = EnvGroup(
-                options.spec,
-                ids,
-                self.batch,
-                options.autoreset_mode,
-                options.observation_space,
-                options.action_space,
-                on_error=options.on_error,
-                seed_base=options.seed_base,
-            )
-        except GroupStartError as exc:
-            self._replies.put((worker, Reply(failures=(exc.failure,))))
+        group, started = start_group(self._options, ids, self.batch)
+        self._replies.put((worker, started))
+        if group is None:
             return
-        except BaseException as exc:
-            self._replies.put(
-                (worker, Reply(failures=(EnvFailure.capture(None, Phase.MAKE, exc),)))
-            )
-            return
-        self._replies.put((worker, Reply()))
         while True:
             command = inbox.get()
             if command is _STOP:
                 group.close()
                 return
-            try:
-                reply = command.run(group)
-            except BaseException as exc:
-                reply = Reply(failures=(EnvFailure.capture(None, Phase.STEP, exc),))
-            self._replies.put((worker, reply))
+            self._replies.put((worker, serve(group, command)))
             if isinstance(command, Close):
                 return
 

@@ -1,0 +1,82 @@
+"""What runs inside a worker, whatever the transport: build its group, serve its commands.
+
+Every backend (serial, thread, process, ray) starts its groups and answers commands through
+these two functions, so a failure at start-up or while serving looks the same everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from envfleet.backends.base import TransportOptions
+from envfleet.buffers import Batch
+from envfleet.errors import Phase
+from envfleet.group import EnvGroup, GroupStartError
+from envfleet.protocol import Command, EnvFailure, Group, Reply
+from envfleet.threads import ThreadedGroup, split_ids
+
+
+def build_group(
+    options: TransportOptions,
+    env_ids: Sequence[int],
+    batch: Batch,
+    *,
+    ship_observations: bool = False,
+    restarts: dict[int, int] | None = None,
+) -> EnvGroup | ThreadedGroup:
+    """The group a worker runs: one :class:`EnvGroup`, or several on threads."""
+
+    def group(ids: Sequence[int]) -> EnvGroup:
+        return EnvGroup(
+            options.spec,
+            ids,
+            batch,
+            options.autoreset_mode,
+            options.observation_space,
+            options.action_space,
+            ship_observations=ship_observations,
+            on_error=options.on_error,
+            seed_base=options.seed_base,
+            restarts=restarts,
+            restarted=bool(restarts),
+        )
+
+    if options.threads_per_worker <= 1 or len(env_ids) <= 1:
+        return group(env_ids)
+    groups: list[EnvGroup] = []
+    try:
+        for block in split_ids(env_ids, options.threads_per_worker):
+            groups.append(group(block))
+    except BaseException:
+        for built in groups:
+            built.close()
+        raise
+    return ThreadedGroup(groups)
+
+
+def start_group(
+    options: TransportOptions,
+    env_ids: Sequence[int],
+    batch: Batch,
+    *,
+    ship_observations: bool = False,
+    restarts: dict[int, int] | None = None,
+) -> tuple[Group | None, Reply]:
+    """Build a worker's group; the reply tells the pool it started or why it could not."""
+    try:
+        group = build_group(
+            options, env_ids, batch, ship_observations=ship_observations, restarts=restarts
+        )
+    except GroupStartError as exc:
+        return None, Reply(failures=(exc.failure,))
+    except Exception as exc:
+        return None, Reply(failures=(EnvFailure.capture(None, Phase.MAKE, exc),))
+    return group, Reply()
+
+
+def serve(group: Group, command: Command) -> Reply:
+    """Run one command; anything it raises (beyond one env's failure) becomes a failure reply."""
+    try:
+        return command.run(group)
+    except Exception as exc:
+        return Reply(failures=(EnvFailure.capture(None, Phase.STEP, exc),))
