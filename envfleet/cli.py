@@ -914,6 +914,335 @@ def _summary_table(summary: dict[str, Any]) -> Table:
     return table
 
 
+def _env_range(env_ids: Sequence[int]) -> str:
+    """``0-3`` for a contiguous block of env ids, else the ids."""
+    ids = list(env_ids)
+    if not ids:
+        return "-"
+    if ids == list(range(ids[0], ids[0] + len(ids))):
+        return str(ids[0]) if len(ids) == 1 else f"{ids[0]}-{ids[-1]}"
+    return ",".join(map(str, ids))
+
+
+def _stats_table(stats: dict[str, Any]) -> Table:
+    """:meth:`envfleet.Pool.stats` (as a dict), one row per worker and a total."""
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    table = Table(
+        title=f"pool stats over {stats['seconds']:.2f} s", title_justify="left", show_footer=True
+    )
+    workers = stats["workers"]
+    idle = [w["idle_fraction"] for w in workers]
+    columns = [
+        ("worker", "total", "left"),
+        ("envs", str(sum(len(w["env_ids"]) for w in workers)), "left"),
+        ("steps", f"{stats['steps']:,}", "right"),
+        ("episodes", f"{stats['episodes']:,}", "right"),
+        ("restarts", f"{stats['restarts']:,}", "right"),
+        ("p50 ms", "", "right"),
+        ("p99 ms", "", "right"),
+        ("idle", f"{sum(idle) / len(idle):.0%}" if idle else "-", "right"),
+    ]
+    for header, footer, justify in columns:
+        table.add_column(header, footer=footer, justify=justify)  # type: ignore[arg-type]
+    for w in workers:
+        table.add_row(
+            str(w["worker"]),
+            _env_range(w["env_ids"]),
+            f"{w['steps']:,}",
+            f"{w['episodes']:,}",
+            f"{w['restarts']:,}",
+            ms(w["latency_p50_ms"]),
+            ms(w["latency_p99_ms"]),
+            f"{w['idle_fraction']:.0%}",
+        )
+    return table
+
+
+# ---------------------------------------------------------------------------------------------
+# Bench and tune
+
+
+def _env_spec(env: str) -> EnvSpec:
+    """The env named on the command line; an unknown id is a usage error."""
+    try:
+        return EnvSpec.from_user(env)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _progress(args: argparse.Namespace) -> tuple[Console, bool]:
+    """The stderr console, and whether to show live progress on it."""
+    stderr = Console(stderr=True, highlight=False)
+    live = not (args.json or args.quiet) and stderr.is_terminal and not stderr.is_dumb_terminal
+    return stderr, live
+
+
+def _check_builds(spec: EnvSpec) -> None:
+    try:
+        env = spec.build()
+    except Exception as exc:
+        raise CliError(f"building {spec.name} failed: {type(exc).__name__}: {exc}") from exc
+    env.close()
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    spec = _env_spec(args.env)
+    names: list[str] = args.runners or list(benchmark.RUNNERS)
+    explicit = args.runners is not None
+    out: Path = args.out
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder")
+    available = {name: benchmark.availability(name, spec) for name in names}
+    if not any(a.ok for a in available.values()):
+        reasons = "; ".join(f"{name}: {a.reason}" for name, a in available.items())
+        raise CliError(f"none of the runners asked for can run here ({reasons})")
+    _check_builds(spec)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"cannot make the folder {out}: {exc.strerror or exc}") from exc
+
+    stderr, live = _progress(args)
+
+    def on_error(name: str, num_envs: int, exc: BaseException) -> None:
+        if args.debug:
+            traceback.print_exception(type(exc), exc, exc.__traceback__)
+        stderr.print(
+            f"{PROG}: {name} failed with {num_envs} envs: "
+            + _one_line(f"{type(exc).__name__}: {exc}"),
+            markup=False,
+            soft_wrap=True,
+        )
+
+    timing = benchmark.Timing.scaled(args.seconds, args.repeats, seed=args.seed)
+    if live:
+        with stderr.status(f"{spec.name}: starting") as status:
+            report = benchmark.sweep(
+                spec,
+                args.num_envs,
+                names,
+                timing,
+                on_error=on_error,
+                progress=lambda text: status.update(Text(text)),
+            )
+    else:
+        report = benchmark.sweep(spec, args.num_envs, names, timing, on_error=on_error)
+
+    json_path, png_path = out / "bench.json", out / "bench.png"
+    try:
+        benchmark.write_plot(report, png_path)
+        document = benchmark.write_json(
+            report, json_path, files={"json": str(json_path), "png": str(png_path)}
+        )
+    except OSError as exc:
+        raise CliError(f"writing the results to {out} failed: {exc.strerror or exc}") from exc
+    if args.json:
+        sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
+    else:
+        console = Console(highlight=False)
+        console.print(benchmark.report_table(report))
+        for note in benchmark.report_notes(report):
+            console.print(note, markup=False, soft_wrap=True)
+        skipped = [n for n in names if not available[n].ok]
+        if explicit and skipped:
+            console.print(
+                "skipped: " + "; ".join(f"{n} ({available[n].reason})" for n in skipped),
+                markup=False,
+                soft_wrap=True,
+            )
+        console.print(
+            f"results written to {json_path} and {png_path}", markup=False, soft_wrap=True
+        )
+
+    if report.interrupted:
+        stderr.print(
+            f"{PROG}: interrupted; what was measured is in {json_path}",
+            markup=False,
+            soft_wrap=True,
+        )
+        return EXIT_INTERRUPTED
+    errors = report.errors()
+    if errors:
+        described = "; ".join(
+            f"{name} ({', '.join(f'{n} envs' for n in points)})" for name, points in errors.items()
+        )
+        raise CliError(
+            f"{len(errors)} runner{'s' if len(errors) > 1 else ''} failed: {described}; "
+            f"the messages are in {json_path}"
+        )
+    return EXIT_OK
+
+
+@dataclass
+class LayoutTiming:
+    """One layout timed by ``envfleet tune``."""
+
+    layout: Layout
+    window_s: float
+    steps_per_second: float | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.layout.backend,
+            "num_workers": self.layout.num_workers,
+            "threads_per_worker": self.layout.threads_per_worker,
+            "batch_size": self.layout.batch_size,
+            "make_kwargs": self.layout.make_kwargs(),
+            "window_s": self.window_s,
+            "steps_per_second": self.steps_per_second,
+            "error": self.error,
+        }
+
+
+def tune_layouts(
+    spec: EnvSpec,
+    num_envs: int,
+    budget: float,
+    *,
+    cores: int | None = None,
+    progress: Callable[[str], object] | None = None,
+) -> tuple[EnvProfile, list[LayoutTiming]]:
+    """Probe the env, then time each candidate layout with what is left of ``budget`` seconds.
+
+    Each layout gets an equal share of the time left when its turn comes, less what starting
+    and closing a pool has cost so far (at least :data:`TUNE_MIN_WINDOW` seconds of stepping).
+    """
+    cores = cores or usable_cores()
+    start = time.perf_counter()
+    deadline = start + budget
+    try:
+        profile = profile_env(spec, seconds=min(0.3, budget / 20))
+    except Exception as exc:
+        raise CliError(f"probing {spec.name} failed: {type(exc).__name__}: {exc}") from exc
+    layouts = candidate_layouts(profile, num_envs, cores)
+    overheads: list[float] = []
+    timings: list[LayoutTiming] = []
+    for index, layout in enumerate(layouts):
+        setup = sum(overheads) / len(overheads) if overheads else TUNE_SETUP_GUESS
+        share = (deadline - time.perf_counter()) / (len(layouts) - index)
+        window = max(TUNE_MIN_WINDOW, share - setup)
+        if progress is not None:
+            progress(f"{spec.name}: layout {index + 1}/{len(layouts)}: {_layout_text(layout)}")
+        timing = LayoutTiming(layout, window)
+        began = time.perf_counter()
+        try:
+            timing.steps_per_second = time_layout(spec, num_envs, layout, window)
+        except Exception as exc:
+            timing.error = f"{type(exc).__name__}: {exc}"
+        overheads.append(max(0.0, time.perf_counter() - began - window))
+        timings.append(timing)
+    return profile, timings
+
+
+def _layout_text(layout: Layout) -> str:
+    parts = [layout.backend, f"{layout.num_workers} worker{'s' * (layout.num_workers != 1)}"]
+    if layout.threads_per_worker > 1:
+        parts.append(f"{layout.threads_per_worker} threads each")
+    if layout.batch_size is not None:
+        parts.append(f"batch {layout.batch_size}")
+    return ", ".join(parts)
+
+
+def _profile_table(env: str, num_envs: int, cores: int, profile: EnvProfile) -> Table:
+    table = Table(title=f"{env}: one env, probed", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    kind = "waits (sleeps, I/O)" if profile.waits else "computes"
+    for name, value in (
+        ("step time", f"{profile.step_seconds * 1e6:,.1f} µs"),
+        ("step time variation (cv)", f"{profile.step_cv:.2f}"),
+        ("reset time", f"{profile.reset_seconds * 1e6:,.1f} µs"),
+        ("CPU share of a step", f"{profile.cpu_share:.2f} ({kind})"),
+        ("observation", f"{profile.observation_bytes:,} bytes"),
+        ("envs / usable cores", f"{num_envs} / {cores}"),
+    ):
+        table.add_row(name, value)
+    return table
+
+
+def _layouts_table(timings: list[LayoutTiming], best: LayoutTiming) -> Table:
+    table = Table(title="layouts, random actions", title_justify="left")
+    for header, justify in (
+        ("backend", "left"),
+        ("workers", "right"),
+        ("threads/worker", "right"),
+        ("batch", "right"),
+        ("window s", "right"),
+        ("steps/s", "right"),
+        ("/ best", "right"),
+    ):
+        table.add_column(header, justify=justify)  # type: ignore[arg-type]
+    top = best.steps_per_second or 0.0
+    for timing in timings:
+        layout, rate = timing.layout, timing.steps_per_second
+        table.add_row(
+            layout.backend,
+            str(layout.num_workers),
+            str(layout.threads_per_worker),
+            "all" if layout.batch_size is None else str(layout.batch_size),
+            f"{timing.window_s:.2f}",
+            "[red]failed[/red]" if rate is None else f"{rate:,.0f}",
+            "-" if rate is None or not top else f"{rate / top:.2f}",
+            style="bold" if timing is best else None,
+        )
+    return table
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    spec = _env_spec(args.env)
+    cores = usable_cores()
+    stderr, live = _progress(args)
+    start = time.perf_counter()
+    if live:
+        with stderr.status(f"{spec.name}: probing") as status:
+            profile, timings = tune_layouts(
+                spec,
+                args.num_envs,
+                args.budget,
+                cores=cores,
+                progress=lambda text: status.update(Text(text)),
+            )
+    else:
+        profile, timings = tune_layouts(spec, args.num_envs, args.budget, cores=cores)
+    elapsed = time.perf_counter() - start
+    measured = [t for t in timings if t.steps_per_second is not None]
+    if not measured:
+        raise CliError(
+            f"every layout failed; the first: {_layout_text(timings[0].layout)}: {timings[0].error}"
+        )
+    best = max(measured, key=lambda t: t.steps_per_second or 0.0)
+    line = best.layout.describe(args.env, args.num_envs)
+    if args.json:
+        document = {
+            "env": args.env,
+            "num_envs": args.num_envs,
+            "budget_s": args.budget,
+            "seconds": elapsed,
+            "usable_cores": cores,
+            "profile": profile.as_dict(),
+            "layouts": [t.as_dict() for t in timings],
+            "best": best.as_dict(),
+            "make": line,
+        }
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        return EXIT_OK
+    console = Console(highlight=False)
+    console.print(_profile_table(spec.name, args.num_envs, cores, profile))
+    console.print(_layouts_table(timings, best))
+    console.print(
+        f"best: {_layout_text(best.layout)}: {best.steps_per_second:,.0f} steps/s "
+        f"(tuned in {elapsed:.1f} s)",
+        markup=False,
+        soft_wrap=True,
+    )
+    console.print(line, markup=False, soft_wrap=True)
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------------------------
 # Entry point
 

@@ -1,0 +1,239 @@
+"""``envfleet bench`` and ``envfleet run --stats``, run for real on CartPole-v1, small numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib.image
+import pytest
+
+from envfleet import benchmark
+from envfleet._make import usable_cores
+from tests.test_cli import ENV, run_cli, run_subprocess
+
+TINY = ["--seconds", "0.2", "--repeats", "1"]
+RUNNERS = ["loop", "serial", "process", "gym-sync"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def bench(capsys: pytest.CaptureFixture[str], out: Path, *argv: str) -> tuple[int, str, str]:
+    return run_cli(capsys, "bench", ENV, *TINY, "--out", str(out), *argv)
+
+
+def check_png(path: Path) -> None:
+    assert path.read_bytes().startswith(PNG_MAGIC)
+    image = matplotlib.image.imread(path)
+    assert image.shape[0] > 100 and image.shape[1] > 100
+
+
+# -- bench ---------------------------------------------------------------------------------------
+
+
+def test_bench_writes_png_and_json_with_the_runners_asked_for(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "results"  # made by the command
+    status, stdout, err = bench(
+        capsys, out, "--num-envs", "2,4", "--runners", ",".join(RUNNERS), "--json"
+    )
+    assert status == 0, err
+    document: dict[str, Any] = json.loads(stdout)  # stdout holds the JSON and nothing else
+    assert json.loads((out / "bench.json").read_text()) == document
+    check_png(out / "bench.png")
+    assert document["files"] == {"json": str(out / "bench.json"), "png": str(out / "bench.png")}
+
+    assert document["env"] == ENV
+    assert document["num_envs"] == [2, 4]
+    assert list(document["runners"]) == RUNNERS  # exactly those, in order
+    assert document["not_installed"] == []
+    assert document["interrupted"] is False
+    assert document["timing"]["seconds"] == 0.2
+    assert document["timing"]["repeats"] == 1
+    assert document["machine"]["usable_cores"] >= 1
+    loop = {p["num_envs"]: p["steps_per_s"] for p in document["runners"]["loop"]["results"]}
+    for name, entry in document["runners"].items():
+        assert entry["status"] == "ok", (name, entry)
+        assert [point["num_envs"] for point in entry["results"]] == [2, 4]
+        for point in entry["results"]:
+            assert point["steps_per_s"] > 0, (name, point)
+            assert point["windows"] == [point["steps_per_s"]]
+            assert point["setup_s"] >= 0
+            assert point["ratio_to_ceiling"] is None  # no ceiling asked for
+            ratio = point["steps_per_s"] / loop[point["num_envs"]]
+            assert point["ratio_to_loop"] == pytest.approx(ratio)
+    process = document["runners"]["process"]["results"]
+    assert [p["info"]["workers"] for p in process] == [min(usable_cores(), n) for n in (2, 4)]
+
+
+def test_bench_table_ceiling_ratio_and_not_installed_runner(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = benchmark.RunnerKind(
+        "missing", "a peer that is not installed", benchmark.open_loop, "envfleet_no_such_peer"
+    )
+    monkeypatch.setitem(benchmark.RUNNERS, "missing", missing)
+    status, stdout, err = bench(
+        capsys, tmp_path, "--num-envs", "2", "--runners", "loop,ceiling,missing"
+    )
+    assert status == 0, err
+    rows = {line.split()[1]: line for line in stdout.splitlines() if line.startswith("│")}
+    assert set(rows) == {"loop", "ceiling"}  # the missing runner has no row
+    assert "1.00" in rows["ceiling"]  # the ceiling's ratio to itself
+    assert "skipped: missing (envfleet_no_such_peer is not installed)" in stdout
+    assert f"results written to {tmp_path / 'bench.json'}" in stdout
+
+    document = json.loads((tmp_path / "bench.json").read_text())
+    assert list(document["runners"]) == ["loop", "ceiling", "missing"]
+    assert document["not_installed"] == ["missing"]
+    assert document["runners"]["missing"]["status"] == "not installed"
+    assert "results" not in document["runners"]["missing"]
+    (loop,) = document["runners"]["loop"]["results"]
+    (ceiling,) = document["runners"]["ceiling"]["results"]
+    assert ceiling["ratio_to_ceiling"] == 1.0
+    assert loop["ratio_to_ceiling"] == pytest.approx(loop["steps_per_s"] / ceiling["steps_per_s"])
+    assert ceiling["info"]["processes"] >= 1
+    check_png(tmp_path / "bench.png")
+
+
+def test_bench_runner_failure_exits_1_after_writing_results(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import tests.cli_envs  # noqa: F401  (registers CrashAfter-v0 in this process)
+
+    status, _, err = run_cli(
+        capsys, "bench", "CrashAfter-v0", *TINY, "--num-envs", "2", "--runners", "loop,serial",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert status == 1
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("envfleet: error: 2 runners failed: loop (2 envs); serial (2 envs)")
+    assert any("loop failed with 2 envs: RuntimeError: boom at step 7" in line for line in lines)
+    assert "Traceback" not in err
+    document = json.loads((tmp_path / "bench.json").read_text())
+    for name in ("loop", "serial"):
+        assert document["runners"][name]["status"] == "failed"
+        (point,) = document["runners"][name]["results"]
+        assert "boom at step 7" in point["error"]
+    check_png(tmp_path / "bench.png")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--runners", "loop,nosuch"], "argument --runners: unknown runner 'nosuch': choose from"),
+        (["--runners", ","], "argument --runners: no runner given"),
+        (["--num-envs", "8,x"], "argument --num-envs: expected comma-separated positive integers"),
+        (["--num-envs", "8,0"], "argument --num-envs: env counts must be at least 1, got 0"),
+        (["--num-envs", ""], "argument --num-envs: expected comma-separated positive integers"),
+        (["--seconds", "0"], "argument --seconds: must be a positive number"),
+        (["--repeats", "0"], "argument --repeats: must be at least 1, got 0"),
+    ],
+)
+def test_bench_bad_arguments(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], message: str
+) -> None:
+    status, out, err = bench(capsys, tmp_path / "never", *argv)
+    assert status == 2
+    assert out == ""
+    assert err.startswith("envfleet: error: ")
+    assert err.count("\n") == 1
+    assert message in err
+    assert not (tmp_path / "never").exists()
+
+
+def test_bench_out_is_a_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    file = tmp_path / "file"
+    file.write_text("")
+    status, _, err = bench(capsys, file, "--runners", "loop")
+    assert status == 2
+    assert err == f"envfleet: error: --out {file} is a file, not a folder\n"
+
+
+def test_bench_unknown_env_and_unknown_runner_subprocess(tmp_path: Path) -> None:
+    result = run_subprocess("bench", "CartPol-v1", "--out", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("envfleet: error: unknown environment id 'CartPol-v1'")
+
+    result = run_subprocess("bench", ENV, "--runners", "loop,gym-turbo", "--out", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "unknown runner 'gym-turbo'" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_parse_runners() -> None:
+    assert benchmark.parse_runners("loop, process,loop") == ["loop", "process"]
+    assert benchmark.parse_runners("for-loop,envfleet-process") == ["loop", "process"]
+    with pytest.raises(ValueError, match="unknown runner 'x'"):
+        benchmark.parse_runners("loop,x")
+
+
+# -- run --stats ---------------------------------------------------------------------------------
+
+
+def run_stats(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    status, out, err = run_cli(capsys, "run", ENV, *argv, "--stats", "--json")
+    assert status == 0, err
+    summary: dict[str, Any] = json.loads(out)
+    return summary
+
+
+def check_stats(stats: dict[str, Any], num_envs: int, workers: int) -> None:
+    assert len(stats["workers"]) == workers
+    assert sum(w["steps"] for w in stats["workers"]) == stats["steps"]
+    assert sum(w["episodes"] for w in stats["workers"]) == stats["episodes"]
+    assert sorted(i for w in stats["workers"] for i in w["env_ids"]) == list(range(num_envs))
+    assert stats["restarts"] == 0
+    for index, worker in enumerate(stats["workers"]):
+        assert worker["worker"] == index
+        assert worker["steps"] > 0
+        assert 0 <= worker["latency_p50_ms"] <= worker["latency_p99_ms"]
+        assert 0.0 <= worker["idle_fraction"] <= 1.0
+        assert worker["restarts"] == 0
+
+
+def test_run_stats_json_sync(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ("--num-envs", "4", "--num-workers", "2", "--steps", "400")
+    summary = run_stats(capsys, *argv)
+    stats = summary["stats"]
+    check_stats(stats, num_envs=4, workers=2)
+    assert stats["steps"] == summary["steps"] == 400  # every step was a whole-batch step
+    assert stats["episodes"] == summary["episodes"]
+    assert [w["steps"] for w in stats["workers"]] == [200, 200]
+    assert [w["env_ids"] for w in stats["workers"]] == [[0, 1], [2, 3]]
+
+
+def test_run_stats_json_async(capsys: pytest.CaptureFixture[str]) -> None:
+    summary = run_stats(capsys, "--num-envs", "6", "--num-workers", "3", "--batch-size", "2",
+                        "--steps", "300")  # fmt: skip
+    stats = summary["stats"]
+    check_stats(stats, num_envs=6, workers=3)
+    # The pool also counts the steps still in flight when the run stopped.
+    assert summary["steps"] <= stats["steps"] <= summary["steps"] + 6
+
+
+def test_run_stats_table(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(
+        capsys, "run", ENV, "--backend", "serial", "--num-envs", "3", "--steps", "300", "--stats"
+    )
+    assert status == 0, err
+    assert "pool stats" in out
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    worker = next(line for line in rows if line.split()[1] == "0")
+    assert "0-2" in worker and "300" in worker
+    assert any(line.split()[1] == "total" for line in rows)
+
+
+def test_run_without_stats_has_none(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run_cli(
+        capsys, "run", ENV, "--backend", "serial", "--num-envs", "2", "--steps", "10", "--json"
+    )
+    assert status == 0
+    assert "stats" not in json.loads(out)

@@ -1,0 +1,133 @@
+"""``envfleet tune``, run for real on CartPole-v1 with a small budget."""
+
+from __future__ import annotations
+
+import ast
+import json
+import time
+from typing import Any
+
+import pytest
+
+import envfleet
+from envfleet.cli import TUNE_MIN_WINDOW, tune_layouts
+from envfleet.spec import EnvSpec
+from tests.test_cli import ENV, run_cli
+
+BACKENDS = {backend.value for backend in envfleet.Backend}
+
+
+def parse_make_line(line: str, num_envs: int) -> tuple[ast.Expression, dict[str, Any]]:
+    """Check ``line`` is ``envfleet.make(ENV, num_envs, **literals)``; return it and the kwargs."""
+    tree = ast.parse(line, mode="eval")
+    call = tree.body
+    assert isinstance(call, ast.Call)
+    assert ast.unparse(call.func) == "envfleet.make"
+    assert [ast.literal_eval(arg) for arg in call.args] == [ENV, num_envs]
+    kwargs: dict[str, Any] = {}
+    for keyword in call.keywords:
+        assert keyword.arg is not None  # no **spread
+        kwargs[keyword.arg] = ast.literal_eval(keyword.value)
+    assert kwargs["backend"] in BACKENDS
+    return tree, kwargs
+
+
+def test_tune_json_names_a_valid_layout_that_works(capsys: pytest.CaptureFixture[str]) -> None:
+    start = time.perf_counter()
+    status, out, err = run_cli(capsys, "tune", ENV, "--num-envs", "4", "--budget", "2", "--json")
+    elapsed = time.perf_counter() - start
+    assert status == 0, err
+    document: dict[str, Any] = json.loads(out)  # stdout holds the JSON and nothing else
+    assert document["env"] == ENV
+    assert document["num_envs"] == 4
+    assert document["budget_s"] == 2
+    assert elapsed < 2 + 8  # the budget, plus pools starting and closing on a busy machine
+
+    profile = document["profile"]
+    assert profile["step_seconds"] > 0
+    assert profile["reset_seconds"] > 0
+    assert profile["step_cv"] >= 0
+    assert 0 < profile["cpu_share"] <= 1
+    assert profile["observation_bytes"] == 4 * 4  # four float32
+    assert profile["waits"] is False
+
+    layouts = document["layouts"]
+    assert len(layouts) >= 3
+    for layout in layouts:
+        assert layout["error"] is None, layout
+        assert layout["steps_per_second"] > 0
+        assert layout["window_s"] >= TUNE_MIN_WINDOW
+        assert layout["backend"] in BACKENDS
+    best = document["best"]
+    assert best["steps_per_second"] == max(layout["steps_per_second"] for layout in layouts)
+
+    tree, kwargs = parse_make_line(document["make"], num_envs=4)
+    assert kwargs == best["make_kwargs"]
+    pool = eval(compile(tree, "<make line>", "eval"), {"envfleet": envfleet})
+    with pool:
+        assert isinstance(pool, envfleet.Pool)
+        pool.reset(seed=0)
+        observations = pool.step(pool.action_space.sample())[0]
+        assert observations.shape == (4, 4)
+
+
+def test_tune_prints_profile_layouts_best_and_make_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, err = run_cli(capsys, "tune", ENV, "--num-envs", "2", "--budget", "1")
+    assert status == 0, err
+    for text in ("step time", "reset time", "CPU share", "observation", "16 bytes", "steps/s"):
+        assert text in out, text
+    lines = out.strip().splitlines()
+    assert lines[-2].startswith("best: ")
+    assert "steps/s" in lines[-2]
+    _, kwargs = parse_make_line(lines[-1], num_envs=2)
+    assert lines[-2].startswith(f"best: {kwargs['backend']}, ")
+
+
+def test_tune_layouts_share_the_budget() -> None:
+    spec = EnvSpec.from_user(ENV)
+    start = time.perf_counter()
+    profile, timings = tune_layouts(spec, 2, budget=1.0, cores=2)
+    elapsed = time.perf_counter() - start
+    assert not profile.waits
+    assert len(timings) >= 3
+    assert sum(t.window_s for t in timings) <= 1.0 + TUNE_MIN_WINDOW * len(timings)
+    assert elapsed < 1.0 + 6
+    assert all(t.steps_per_second for t in timings)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--budget", "0"], "argument --budget: must be a positive number"),
+        (["--budget", "soon"], "argument --budget: expected a positive number, got 'soon'"),
+        (["--num-envs", "0"], "argument --num-envs: must be at least 1, got 0"),
+    ],
+)
+def test_tune_bad_arguments(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    status, out, err = run_cli(capsys, "tune", ENV, *argv)
+    assert status == 2
+    assert out == ""
+    assert err.startswith("envfleet: error: ")
+    assert err.count("\n") == 1
+    assert message in err
+
+
+def test_tune_unknown_env(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(capsys, "tune", "CartPol-v1", "--budget", "1")
+    assert status == 2
+    assert out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("envfleet: error: unknown environment id 'CartPol-v1'")
+
+
+def test_tune_env_that_crashes(capsys: pytest.CaptureFixture[str]) -> None:
+    import tests.cli_envs  # noqa: F401  (registers CrashAfter-v0 in this process)
+
+    status, out, err = run_cli(capsys, "tune", "CrashAfter-v0", "--budget", "1")
+    assert status == 1
+    assert out == ""
+    assert err == "envfleet: error: probing CrashAfter-v0 failed: RuntimeError: boom at step 7\n"
