@@ -54,8 +54,9 @@ def make(
             zero-argument callable returning an env (closures work under every start method).
         num_envs: number of envs.
         backend: ``"process"`` (worker processes, shared memory), ``"thread"`` (threads of this
-            process, for envs that sleep or release the GIL) or ``"serial"`` (the caller's
-            thread; the reference semantics).
+            process, for envs that sleep or release the GIL), ``"ray"`` (one Ray actor per
+            worker, local or on a cluster) or ``"serial"`` (the caller's thread; the reference
+            semantics).
         num_workers: worker processes (default: usable cores, at most ``num_envs``; for the
             thread backend, one per env); envs are split over them in contiguous blocks that
             need not be equal. ``"auto"`` probes the env for a fraction of a second and picks
@@ -73,13 +74,16 @@ def make(
             when the worker died or hung) is rebuilt and its episode reported truncated with
             ``infos["envfleet/restarted"]``.
         step_timeout: seconds a step/reset/call may take before its worker is killed and
-            handled as dead (process backend).
+            handled as dead (process and ray backends).
         max_restarts: restarts allowed per env over the pool's life before
             :class:`RestartLimitError`.
         threads_per_worker: process and ray backends: each worker steps its envs on this many
             threads, so envs that sleep or release the GIL overlap inside a worker.
-        address: ray backend: ``None`` starts a local Ray sized for this machine unless one
-            is running; ``"auto"`` or ``"ray://host:port"`` joins an existing cluster.
+        address: ray backend: ``None`` uses the Ray this process is connected to, else
+            starts a local one; ``"local"`` always starts a new local Ray; ``"auto"`` or
+            ``"ray://host:port"`` joins an existing cluster. The last pool on a connection
+            envfleet made disconnects it (stopping a Ray envfleet started); a Ray the caller
+            connected to is never touched.
         ray_init_kwargs: extra keyword arguments for ``ray.init``.
         worker_resources: ray backend: ``.options()`` for each actor, such as
             ``{"num_cpus": 1}`` or ``{"resources": {"sim": 1}}``; actors spread over nodes

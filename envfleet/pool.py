@@ -501,7 +501,12 @@ class Pool(VectorEnv):  # type: ignore[misc]
             return self._restart_limit(over[0], worker, error)
         resend = [c for c in self._pending[worker] if not isinstance(c, Close)]
         self._pending[worker].clear()
-        self._transport.restart(worker, {i: int(self._restarts[i]) for i in ids})
+        try:
+            self._transport.restart(worker, {i: int(self._restarts[i]) for i in ids})
+        except EnvError as exc:  # the replacement could not even build its envs
+            for i in in_flight:
+                self._state[i] = EnvState.IDLE
+            return exc
         for command in resend:
             self._submit(worker, command)
         return None

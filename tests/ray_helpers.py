@@ -1,0 +1,136 @@
+"""Leak checks for the Ray test modules, where Ray's own daemons are children of pytest.
+
+``tests/conftest.py`` fails a test that leaves any child process behind. A Ray started by a test
+module (``ray.init`` or ``ray.cluster_utils.Cluster``) runs its daemons (``gcs_server``,
+``raylet``, agents, idle ``ray::IDLE`` workers) as children of this process for the whole module,
+so the Ray modules override that fixture with :func:`ray_leak_check`: a child process that
+appeared during the test and is still alive after it is a leak, except Ray's idle workers (the
+raylet starts and stops those when it likes). That still catches what envfleet must clean up:
+the actors of a closed pool (``ray::GroupActor`` processes) and the daemons of a Ray that a pool
+started itself. New ``/dev/shm`` entries are leaks too, as in ``conftest.py``. A module whose
+tests add nodes to its cluster on purpose passes ``ray_daemons_too=False``: then only actors
+(and processes that are not Ray's) count.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+GRACE = 10.0
+"""Seconds a killed actor's process gets to exit (``ray.kill`` is asynchronous)."""
+
+SHM = "/dev/shm"
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return set(os.listdir(SHM))
+    except FileNotFoundError:
+        return set()
+
+
+def _children() -> dict[int, psutil.Process]:
+    return {child.pid: child for child in psutil.Process().children(recursive=True)}
+
+
+def _is_idle_ray_worker(child: psutil.Process) -> bool:
+    """An idle Ray worker, or one still starting (before it names itself ``ray::...``)."""
+    try:
+        name = child.name()
+        if name == "ray::IDLE":
+            return True
+        if name.startswith("ray::"):
+            return False
+        return any("default_worker.py" in part for part in child.cmdline())
+    except psutil.Error:
+        return True  # already gone
+
+
+RAY_DAEMONS = ("gcs_server", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def _is_ray_daemon(child: psutil.Process) -> bool:
+    """One of the processes a Ray node runs (not a worker that hosts an actor)."""
+    try:
+        name = child.name()
+        if name in RAY_DAEMONS:
+            return True
+        if name.startswith("ray::"):
+            return False
+        return any(f"{os.sep}ray{os.sep}" in part for part in child.cmdline())
+    except psutil.Error:
+        return True  # already gone
+
+
+def _new_alive(before: set[int], ray_daemons_too: bool) -> list[psutil.Process]:
+    leftover = []
+    for pid, child in _children().items():
+        if pid in before or _is_idle_ray_worker(child):
+            continue
+        if not ray_daemons_too and _is_ray_daemon(child):
+            continue
+        try:
+            if child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
+                leftover.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return leftover
+
+
+def _describe(child: psutil.Process) -> str:
+    try:
+        return f"pid {child.pid} ({child.name()})"
+    except psutil.Error:
+        return f"pid {child.pid}"
+
+
+def ray_leak_check(ray_daemons_too: bool = True) -> Iterator[None]:
+    """Body of the Ray modules' ``no_leaked_processes_or_shared_memory`` fixture.
+
+    Args:
+        ray_daemons_too: whether the daemons of a Ray node started during the test count as
+            leaks (``False`` where tests add nodes to a module's cluster on purpose).
+    """
+    before = set(_children())
+    shm_before = _shm_entries()
+    yield
+    gc.collect()  # pools a test left in a reference cycle (tracebacks) close here
+    deadline = time.monotonic() + GRACE
+    leftover = _new_alive(before, ray_daemons_too)
+    while leftover and time.monotonic() < deadline:
+        time.sleep(0.1)
+        leftover = _new_alive(before, ray_daemons_too)
+    problems = []
+    if leftover:
+        problems.append(
+            "processes started during the test still run after it: "
+            + ", ".join(_describe(child) for child in leftover)
+        )
+        for child in leftover:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+    new_shm = sorted(_shm_entries() - shm_before)
+    if new_shm:
+        problems.append(f"new entries left in {SHM}: {new_shm}")
+    if problems:
+        pytest.fail("; ".join(problems), pytrace=False)
+
+
+def envfleet_actor_pids() -> list[int]:
+    """Processes of this process tree now running an envfleet actor."""
+    pids = []
+    for pid, child in _children().items():
+        try:
+            if child.name().startswith("ray::GroupActor"):
+                pids.append(pid)
+        except psutil.Error:
+            pass
+    return pids

@@ -1,0 +1,353 @@
+"""The ray backend: the same pool semantics as the others, on one local Ray shared by the module.
+
+Ray takes seconds to start here, so the module starts it once (:func:`ray_session`) and every
+pool joins it; only the first test, which checks that a pool with no Ray running starts one and
+shuts it down, runs before it. Ray's daemons are children of this process, so the module
+overrides ``conftest.py``'s leak check with :func:`tests.ray_helpers.ray_leak_check` (which
+still fails a test that leaves an actor or a Ray of its own behind).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import runpy
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+import ray
+from gymnasium.vector import AutoresetMode
+
+import envfleet
+import envfleet.backends.ray
+from tests import faults, gates
+from tests.envs import DictTupleEnv, FaultyEnv
+from tests.ray_helpers import envfleet_actor_pids, ray_leak_check
+from tests.test_equivalence import (
+    CASES,
+    PICKLED_CASE,
+    SEED,
+    Case,
+    assert_same,
+    assert_same_run,
+    drive,
+)
+
+NUM_ENVS = 7
+NUM_WORKERS = 3  # 7 envs as 3 + 2 + 2
+FAST = 20.0
+"""Seconds within which a failure must surface (no hang)."""
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "seed_simulator.py"
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes_or_shared_memory() -> Iterator[None]:
+    """Overrides conftest.py's: Ray's daemons outlive tests, envfleet's actors must not."""
+    yield from ray_leak_check()
+
+
+@pytest.fixture(scope="module")
+def ray_session() -> Iterator[None]:
+    """One local Ray for the module's pools to join (``address="local"``: never a cluster that
+    another test run on this machine started)."""
+    assert not ray.is_initialized()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def make_ray(env: Any, **kwargs: Any) -> envfleet.Pool:
+    kwargs.setdefault("num_workers", NUM_WORKERS)
+    return envfleet.make(env, NUM_ENVS, backend="ray", **kwargs)
+
+
+def wait_for_actors_to_exit(timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while envfleet_actor_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return envfleet_actor_pids()
+
+
+# -- connecting: a Ray of its own, or the caller's -------------------------------------------
+
+
+def test_pool_with_no_ray_running_starts_one_and_shuts_it_down() -> None:
+    """First in the module, before :func:`ray_session` starts the shared Ray."""
+    assert not ray.is_initialized(), "this test must run before the module's shared Ray starts"
+    # A temp dir of its own: ray.init() would join a cluster another test run on this machine
+    # started (Ray notes the latest one in /tmp/ray), instead of starting a Ray.
+    temp_dir = tempfile.mkdtemp(prefix="envfleet-ray-")
+    try:
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        with make_ray("CartPole-v1", ray_init_kwargs={"_temp_dir": temp_dir}, seed=0) as pool:
+            assert ray.is_initialized()
+            started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+            names = {p.name() for p in started}
+            assert {"gcs_server", "raylet"} <= names, f"no Ray of its own among {names}"
+            assert len(envfleet_actor_pids()) == NUM_WORKERS
+            pool.reset()
+            pool.step(np.zeros(NUM_ENVS, dtype=np.int64))
+        assert not ray.is_initialized(), "close() left the Ray it started running"
+        _, alive = psutil.wait_procs(started, timeout=10)
+        assert not alive, f"Ray processes still running after close(): {alive}"
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_pool_leaves_a_ray_it_joined_running(ray_session: None) -> None:
+    with make_ray("CartPole-v1", seed=0) as pool:
+        assert len(envfleet_actor_pids()) == NUM_WORKERS
+        pool.reset()
+        pool.step(np.ones(NUM_ENVS, dtype=np.int64))
+    assert ray.is_initialized(), "close() shut down the caller's Ray"
+    assert ray.get(ray.put(42)) == 42
+    assert wait_for_actors_to_exit() == [], "close() left envfleet's actors running"
+
+
+# -- same results as the serial backend ------------------------------------------------------
+
+RAY_CASES = {**CASES, "Pickled": PICKLED_CASE}
+"""``Pickled``: observations that do not fit arrays (Text in a Dict) travel as per-env values."""
+
+SYNC_RUNS = [
+    *((case, mode) for case in ("CartPole", "DictTuple") for mode in AutoresetMode),
+    ("Pong", AutoresetMode.SAME_STEP),
+    ("Pickled", AutoresetMode.SAME_STEP),
+]
+
+
+@pytest.mark.parametrize(
+    ("case_name", "mode"), SYNC_RUNS, ids=[f"{c}-{m.name}" for c, m in SYNC_RUNS]
+)
+def test_sync_steps_are_bit_identical_to_serial(
+    ray_session: None, case_name: str, mode: AutoresetMode
+) -> None:
+    case = RAY_CASES[case_name]
+    with (
+        envfleet.make(
+            case.env, NUM_ENVS, backend="serial", env_kwargs=case.kwargs, autoreset_mode=mode
+        ) as serial,
+        make_ray(case.env, env_kwargs=case.kwargs, autoreset_mode=mode) as pool,
+    ):
+        label = f"{case_name}/{mode.name} serial vs ray"
+        assert_same_run(drive(serial, case, mode), pool, case, mode, label)
+
+
+def row(batch: Any, j: int) -> Any:
+    """Row ``j`` of a batch of observations (numpy arrays, or Dict/Tuple nests of them)."""
+    if isinstance(batch, dict):
+        return {key: row(value, j) for key, value in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(row(value, j) for value in batch)
+    return batch[j].copy()
+
+
+def row_info(infos: dict[str, Any], j: int) -> dict[str, Any]:
+    """The info of row ``j`` of a batch of infos (what its ``_key`` masks say it has)."""
+    out: dict[str, Any] = {}
+    for key, value in infos.items():
+        if key.startswith("_") or key == "env_id" or not infos[f"_{key}"][j]:
+            continue
+        out[key] = row_info(value, j) if isinstance(value, dict) else value[j]
+    return out
+
+
+Record = tuple[Any, ...]
+
+
+def drive_async(pool: envfleet.Pool, case: Case, mode: AutoresetMode) -> list[list[Record]]:
+    """Per env, what ``recv`` returned for it, each env stepped with its own seeded actions.
+
+    Which envs each ``recv`` returns depends on timing, so results are gathered per env: an
+    env's sequence depends only on its seed and actions, whatever the order.
+    """
+    space = pool.single_action_space
+    space.seed(SEED)
+    plan = [[space.sample() for _ in range(case.steps)] for _ in range(NUM_ENVS)]
+    records: list[list[Record]] = [[] for _ in range(NUM_ENVS)]
+    taken = [0] * NUM_ENVS
+    pool.async_reset(seed=SEED)
+    while True:
+        obs, rewards, terminations, truncations, infos = pool.recv()
+        ids = infos["env_id"].tolist()
+        ended = []
+        for j, i in enumerate(ids):
+            record = (row(obs, j), rewards[j], terminations[j], truncations[j], row_info(infos, j))
+            records[i].append(record)
+            if mode is AutoresetMode.DISABLED and (terminations[j] or truncations[j]):
+                ended.append(i)
+        if ended:
+            pool.async_reset(env_id=ended)
+        to_step = [i for i in ids if i not in ended and taken[i] < case.steps]
+        if to_step:
+            pool.send(np.stack([plan[i][taken[i]] for i in to_step]), to_step)
+            for i in to_step:
+                taken[i] += 1
+        if int(np.count_nonzero(pool._state)) < pool.batch_size:  # too few left for a recv
+            return records
+
+
+ASYNC_RUNS = [
+    ("CartPole", AutoresetMode.DISABLED),
+    ("DictTuple", AutoresetMode.SAME_STEP),
+    ("Pong", AutoresetMode.NEXT_STEP),
+]
+
+
+@pytest.mark.parametrize(
+    ("case_name", "mode"), ASYNC_RUNS, ids=[f"{c}-{m.name}" for c, m in ASYNC_RUNS]
+)
+def test_async_results_are_bit_identical_to_serial(
+    ray_session: None, case_name: str, mode: AutoresetMode
+) -> None:
+    case = CASES[case_name]
+    common = {"env_kwargs": case.kwargs, "autoreset_mode": mode, "batch_size": 3}
+    with envfleet.make(case.env, NUM_ENVS, backend="serial", **common) as serial:
+        expected = drive_async(serial, case, mode)
+    with make_ray(case.env, **common) as pool:
+        got = drive_async(pool, case, mode)
+    for i in range(NUM_ENVS):
+        # The last few results of each env may stay unreceived (fewer than a batch in flight).
+        n = min(len(expected[i]), len(got[i]))
+        assert n > case.steps // 2, f"env {i}: only {n} results"
+        for k in range(n):
+            assert_same(expected[i][k], got[i][k], f"{case_name} env {i} result {k}")
+
+
+def test_call_get_attr_set_attr_and_seed_match_serial(ray_session: None) -> None:
+    with (
+        envfleet.make(DictTupleEnv, NUM_ENVS, backend="serial", seed=SEED) as serial,
+        make_ray(DictTupleEnv, seed=SEED) as pool,
+    ):
+        # seed=SEED at make: the first reset (without a seed) seeds env i with SEED + i.
+        assert_same(serial.reset(), pool.reset(), "reset")
+        actions = pool.action_space.sample()
+        assert_same(serial.step(actions), pool.step(actions), "step")
+        assert_same(serial.render(), pool.render(), "render")
+        assert pool.get_attr("max_steps") == (12,) * NUM_ENVS
+        pool.set_attr("max_steps", list(range(20, 20 + NUM_ENVS)))
+        assert pool.get_attr("max_steps") == tuple(range(20, 20 + NUM_ENVS))
+        pool.set_attr("max_steps", 30)
+        assert pool.get_attr("max_steps") == (30,) * NUM_ENVS
+        assert pool.call("get_wrapper_attr", "max_steps") == (30,) * NUM_ENVS
+
+
+# -- failures: the same error path as the process backend ------------------------------------
+
+VICTIM_WORKER = 1  # env 3 of 7 over 3 workers: worker 1 holds envs 3 and 4
+VICTIM_ENVS = (3, 4)
+ACTIONS = np.ones(NUM_ENVS, dtype=np.int64)
+
+
+def step_to_failure(pool: envfleet.Pool) -> Any:
+    """Reset with the faults' seed and step up to the failing step; return its result."""
+    pool.reset(seed=faults.SEED)
+    for _ in range(faults.FAIL_AT_STEP - 1):
+        pool.step(ACTIONS)
+    start = time.monotonic()
+    try:
+        return pool.step(ACTIONS)
+    finally:
+        assert time.monotonic() - start < FAST, "the failure took too long to surface"
+
+
+def assert_restarted(pool: envfleet.Pool, result: Any, envs: tuple[int, ...]) -> None:
+    """``envs`` report a truncated episode flagged restarted; the pool goes on."""
+    _, rewards, terminations, truncations, infos = result
+    mask = np.isin(np.arange(NUM_ENVS), envs)
+    assert (truncations == mask).all() and not terminations[mask].any()
+    assert (infos["_envfleet/restarted"] == mask).all()
+    assert (rewards[mask] == 0).all()
+    assert (pool.restarts == mask).all()
+    for _ in range(3):
+        _, _, _, truncations, infos = pool.step(ACTIONS)
+        assert "envfleet/restarted" not in infos
+    assert (pool.restarts == mask).all()
+
+
+@pytest.mark.parametrize("on_error", ["raise", "restart"])
+def test_env_exception(ray_session: None, on_error: str) -> None:
+    hook = faults.raise_value_error_in_step
+    with make_ray(FaultyEnv, env_kwargs={"step_hook": hook}, on_error=on_error) as pool:
+        if on_error == "restart":
+            assert_restarted(pool, step_to_failure(pool), (faults.VICTIM,))
+            return
+        with pytest.raises(envfleet.EnvRaisedError) as info:
+            step_to_failure(pool)
+        error = info.value
+        assert (error.env_index, error.worker, error.phase) == (
+            faults.VICTIM,
+            VICTIM_WORKER,
+            envfleet.Phase.STEP,
+        )
+        assert isinstance(error.__cause__, ValueError)
+        assert "boom in step" in str(error)
+        with pytest.raises(envfleet.BrokenPoolError):
+            pool.step(ACTIONS)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "restart", "restart-pieces"])
+def test_dead_actor(ray_session: None, on_error: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The victim's actor process exits mid-step (os._exit), as if killed.
+
+    ``restart-pieces``: every result travels in pieces (as large observations do), see
+    :meth:`envfleet.backends.ray.GroupActor.run_chunked`.
+    """
+    if on_error == "restart-pieces":
+        monkeypatch.setattr(envfleet.backends.ray, "CHUNK_BYTES", 16)
+        on_error = "restart"
+    hook = faults.exit_in_step
+    with make_ray(FaultyEnv, env_kwargs={"step_hook": hook}, on_error=on_error) as pool:
+        if on_error == "restart":
+            assert_restarted(pool, step_to_failure(pool), VICTIM_ENVS)
+            assert len(envfleet_actor_pids()) == NUM_WORKERS
+            return
+        with pytest.raises(envfleet.WorkerDiedError) as info:
+            step_to_failure(pool)
+        error = info.value
+        assert (error.worker, error.env_ids, error.phase) == (
+            VICTIM_WORKER,
+            VICTIM_ENVS,
+            envfleet.Phase.STEP,
+        )
+        # The others' results of that step are gathered onto the error.
+        assert error.completed is not None
+        assert sorted(error.completed[4]["env_id"].tolist()) == [0, 1, 2, 5, 6]
+
+
+def test_hung_actor_is_killed_after_step_timeout(ray_session: None, tmp_path: Path) -> None:
+    never = str(tmp_path / "never-created")
+    hook = functools.partial(gates.wait_for_file, path=never, env_seed=faults.SEED + faults.VICTIM)
+    with make_ray(FaultyEnv, env_kwargs={"step_hook": hook}, step_timeout=2.0) as pool:
+        pool.reset(seed=faults.SEED)
+        start = time.monotonic()
+        with pytest.raises(envfleet.EnvTimeoutError) as info:
+            pool.step(ACTIONS)
+        assert 2.0 <= time.monotonic() - start < FAST
+        assert (info.value.worker, info.value.env_ids) == (VICTIM_WORKER, VICTIM_ENVS)
+
+
+# -- the founding question ---------------------------------------------------------------------
+
+
+def test_seed_simulator_example(
+    ray_session: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One actor (serial) > two actors > envfleet, with 0.2 s steps instead of 1 s."""
+    monkeypatch.setattr(sys, "argv", [str(EXAMPLE), "--step-seconds", "0.2"])
+    runpy.run_path(str(EXAMPLE), run_name="__main__")
+    out = capsys.readouterr().out
+    timings = {int(m[1]): float(m[2]) for m in re.finditer(r"^\((\d)\).*?([\d.]+) s$", out, re.M)}
+    assert sorted(timings) == [1, 2, 3], out
+    one_actor, two_actors, fleet = timings[1], timings[2], timings[3]
+    assert fleet < two_actors < one_actor, out
+    assert one_actor >= 4 * 0.2 and two_actors >= 2 * 0.2 and fleet >= 0.2, out
+    assert ray.is_initialized(), "the example shut down a Ray it did not start"

@@ -1,0 +1,145 @@
+"""The ray backend on a multi-node cluster, all on this machine (``ray.cluster_utils.Cluster``).
+
+A head and two worker nodes that carry a custom resource (``sim``); the pools ask for it, so
+their actors go on the worker nodes only, spread over both. Removing a node mid-run gives
+:class:`~envfleet.WorkerDiedError` under ``on_error="raise"``; under ``"restart"`` the run goes
+on, the envs of that node reporting a truncated episode with ``infos["envfleet/restarted"]``.
+Never a hang. The cluster is shared by the module (it takes seconds to start); a test that
+removes a node adds a fresh one back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+import envfleet
+from tests.ray_helpers import ray_leak_check
+
+NUM_ENVS = 8
+NUM_WORKERS = 4  # 2 envs each
+RESOURCE = "sim"
+WORKER_NODE = {"num_cpus": 1, "resources": {RESOURCE: NUM_WORKERS}, "object_store_memory": 80 << 20}
+"""Each worker node can hold every actor of a pool (so one can take over from the other)."""
+DETECT_WITHIN = 60.0
+"""Seconds a node's death may take to surface: Ray notices a node killed without warning by
+missed health checks (about 15 s with its defaults)."""
+ACTIONS = np.ones(NUM_ENVS, dtype=np.int64)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes_or_shared_memory() -> Iterator[None]:
+    """Overrides conftest.py's: the nodes' daemons belong to the module's cluster (tests add
+    nodes), but no actor of a closed pool may outlive its test."""
+    yield from ray_leak_check(ray_daemons_too=False)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    assert not ray.is_initialized()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "object_store_memory": 80 << 20},
+    )
+    try:
+        for _ in range(2):
+            cluster.add_node(**WORKER_NODE)
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def make_pool(**kwargs: Any) -> envfleet.Pool:
+    return envfleet.make(
+        "CartPole-v1",
+        NUM_ENVS,
+        backend="ray",
+        num_workers=NUM_WORKERS,
+        worker_resources={"resources": {RESOURCE: 1}},
+        seed=0,
+        **kwargs,
+    )
+
+
+def worker_node_ids(cluster: Cluster) -> set[str]:
+    return {node.node_id for node in cluster.worker_nodes}
+
+
+def test_actors_spread_over_both_worker_nodes(cluster: Cluster) -> None:
+    with make_pool() as pool:
+        nodes = pool._transport.node_ids()
+        assert set(nodes) == worker_node_ids(cluster), "not on both worker nodes (or on the head)"
+        pool.reset()
+        for _ in range(5):
+            pool.step(ACTIONS)
+
+
+def remove_node_of_worker(cluster: Cluster, pool: envfleet.Pool, worker: int, **kwargs: Any) -> Any:
+    """Remove the node that runs ``worker``'s actor; return the workers that were on it."""
+    nodes = pool._transport.node_ids()
+    (victim,) = [node for node in cluster.worker_nodes if node.node_id == nodes[worker]]
+    cluster.remove_node(victim, **kwargs)
+    return [w for w, node in enumerate(nodes) if node == victim.node_id]
+
+
+@pytest.fixture
+def replace_removed_node(cluster: Cluster) -> Iterator[None]:
+    """Add a fresh worker node after the test for each one it removed."""
+    count = len(cluster.worker_nodes)
+    yield
+    while len(cluster.worker_nodes) < count:
+        cluster.add_node(**WORKER_NODE)
+
+
+def test_node_removed_mid_run_raises_worker_died(
+    cluster: Cluster, replace_removed_node: None
+) -> None:
+    with make_pool(on_error="raise") as pool:
+        pool.reset()
+        pool.step(ACTIONS)
+        lost = remove_node_of_worker(cluster, pool, worker=0)
+        start = time.monotonic()
+        with pytest.raises(envfleet.WorkerDiedError) as info:
+            while time.monotonic() - start < DETECT_WITHIN:
+                pool.step(ACTIONS)
+        assert info.value.worker in lost
+        assert info.value.phase is envfleet.Phase.STEP
+        with pytest.raises(envfleet.BrokenPoolError):
+            pool.step(ACTIONS)
+
+
+def test_node_killed_mid_run_restarts_its_envs(
+    cluster: Cluster, replace_removed_node: None
+) -> None:
+    """The node is killed without warning (no graceful shutdown) and the run goes on."""
+    with make_pool(on_error="restart") as pool:
+        pool.reset()
+        pool.step(ACTIONS)
+        lost = remove_node_of_worker(cluster, pool, worker=0, allow_graceful=False)
+        lost_envs = np.isin(np.arange(NUM_ENVS), [2 * w + k for w in lost for k in (0, 1)])
+        restarted = np.zeros(NUM_ENVS, dtype=bool)
+        start = time.monotonic()
+        while time.monotonic() - start < DETECT_WITHIN:
+            _, rewards, _, truncations, infos = pool.step(ACTIONS)
+            if "envfleet/restarted" in infos:
+                now = infos["_envfleet/restarted"]
+                assert truncations[now].all() and (rewards[now] == 0).all()
+                assert not (restarted & now).any(), "an env restarted twice"
+                restarted |= now
+            if (restarted == lost_envs).all():
+                break
+        assert (restarted == lost_envs).all(), f"restarted {restarted}, expected {lost_envs}"
+        assert (pool.restarts == lost_envs).all()
+        survivors = worker_node_ids(cluster)
+        assert set(pool._transport.node_ids()) <= survivors, "an actor on a dead node"
+        for _ in range(5):
+            _, _, _, _, infos = pool.step(ACTIONS)
+            assert "envfleet/restarted" not in infos
