@@ -56,6 +56,10 @@ class EnvState(enum.IntEnum):
     READY = 2  # its result is in and waits for ``recv``
 
 
+# Plain ints for the hot path (an Enum member lookup costs more than the comparison).
+_IDLE, _IN_FLIGHT, _READY = int(EnvState.IDLE), int(EnvState.IN_FLIGHT), int(EnvState.READY)
+
+
 class Pool(VectorEnv):  # type: ignore[misc]
     """Many copies of an environment stepped in parallel; build one with :func:`envfleet.make`.
 
@@ -120,6 +124,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._hung: dict[int, float] = {}
         self._draining = False
         self._stats = StatsRecorder(self._assignment, self.num_envs)
+        self._in_flight = 0  # envs with a step or reset sent and no reply yet
+        self._indices: dict[tuple[int, ...], np.ndarray] = {}
+        self._step_all = [Step(ids) for ids in self._assignment]  # reused: pickled once
 
     # -- the Gymnasium API ---------------------------------------------------------------------
 
@@ -146,7 +153,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         if options is not None and "reset_mask" in options:
             env_ids = np.flatnonzero(self._check_reset_mask(options.pop("reset_mask")))
         seeds = self._seeds_for(seed, env_ids, per_env=self.num_envs)
-        busy = np.flatnonzero(self._state != EnvState.IDLE)
+        busy = np.flatnonzero(self._state != _IDLE)
         if busy.size:
             raise AlreadyPendingError(
                 f"reset() needs every env idle, but envs {busy.tolist()} have results pending; "
@@ -296,6 +303,10 @@ class Pool(VectorEnv):  # type: ignore[misc]
             carried = [dict[int, Any]() for _ in self._assignment]
             for i, item in zip(env_ids.tolist(), items, strict=True):
                 carried[self._worker_of[i]][i] = item
+        if carried is None and len(env_ids) == self.num_envs:
+            for worker, command in enumerate(self._step_all):
+                self._submit(worker, command)
+            return
         for worker, ids in self._by_worker(env_ids):
             self._submit(worker, Step(ids, carried[worker] if carried is not None else None))
 
@@ -306,7 +317,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
             NoPendingError: fewer than ``batch_size`` envs are in flight or ready.
         """
         self._check_usable()
-        owed = int(np.count_nonzero(self._state != EnvState.IDLE))
+        owed = int(np.count_nonzero(self._state != _IDLE))
         if owed < self.batch_size:
             raise NoPendingError(
                 f"recv() returns batch_size={self.batch_size} envs but only {owed} have a step "
@@ -315,7 +326,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         while len(self._ready) < self.batch_size:
             self._pump(block=True)
         env_ids = np.array([self._ready.popleft() for _ in range(self.batch_size)])
-        self._state[env_ids] = EnvState.IDLE
+        self._state[env_ids] = _IDLE
         if self.batch_size == self.num_envs:
             env_ids.sort()
         return self._results(env_ids, with_env_id=True)
@@ -365,14 +376,16 @@ class Pool(VectorEnv):  # type: ignore[misc]
 
     def _collect(self, env_ids: np.ndarray) -> None:
         """Wait until every env of ``env_ids`` is ready and take them out of the FIFO."""
-        while (self._state[env_ids] == EnvState.IN_FLIGHT).any():
-            self._pump(block=True)
         if len(env_ids) == self.num_envs:
+            while self._in_flight:
+                self._pump(block=True)
             self._ready.clear()
         else:
+            while (self._state[env_ids] == _IN_FLIGHT).any():
+                self._pump(block=True)
             wanted = set(env_ids.tolist())
             self._ready = deque(i for i in self._ready if i not in wanted)
-        self._state[env_ids] = EnvState.IDLE
+        self._state[env_ids] = _IDLE
 
     def _call_all(self, command_for: Any) -> tuple[Any, ...]:
         self._check_usable()
@@ -392,9 +405,20 @@ class Pool(VectorEnv):  # type: ignore[misc]
             raise failure.to_error(worker, self._env_name)
         return tuple(values.get(i) for i in range(self.num_envs))
 
+    def _index(self, ids: tuple[int, ...]) -> np.ndarray:
+        """``ids`` as an index array (cached: the same tuples come back every step)."""
+        index = self._indices.get(ids)
+        if index is None:
+            if len(self._indices) > 4096:
+                self._indices.clear()
+            index = self._indices[ids] = np.array(ids, dtype=np.intp)
+        return index
+
     def _submit(self, worker: int, command: Command) -> None:
         if command.delivers_envs:
-            self._state[list(command.env_ids)] = EnvState.IN_FLIGHT  # type: ignore[union-attr]
+            ids = command.env_ids  # type: ignore[union-attr]
+            self._state[self._index(ids)] = _IN_FLIGHT
+            self._in_flight += len(ids)
         if not self._pending[worker]:
             now = time.monotonic()
             self._busy_since[worker] = now
@@ -426,10 +450,10 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._busy_since[worker] = now
         if reply is None:  # done, nothing to report: the hot path of the process backend
             if command.delivers_envs:
-                state, ready = self._state, self._ready
-                for i in command.env_ids:  # type: ignore[union-attr]
-                    state[i] = EnvState.READY
-                    ready.append(i)
+                ids = command.env_ids  # type: ignore[union-attr]
+                self._state[self._index(ids)] = _READY
+                self._ready.extend(ids)
+                self._in_flight -= len(ids)
             else:
                 self._answers[id(command)] = Reply()
             return None
@@ -446,11 +470,12 @@ class Pool(VectorEnv):  # type: ignore[misc]
                     self._batch.observations[i] = obs
         if reply.infos:
             self._infos.update(reply.infos)
-        for i in reply.env_ids:
+        self._in_flight -= len(command.env_ids)  # type: ignore[union-attr]
+        for i in command.env_ids:  # type: ignore[union-attr]
             if i in failed:
-                self._state[i] = EnvState.IDLE
+                self._state[i] = _IDLE
             else:
-                self._state[i] = EnvState.READY
+                self._state[i] = _READY
                 self._ready.append(i)
         if reply.failures:
             return reply.failures[0].to_error(worker, self._env_name)
@@ -470,7 +495,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
     def _lost(self, worker: int, lost: WorkerLost) -> EnvError | None:
         """A worker died (or was killed for hanging): raise, or restart it and resend."""
         ids = self._assignment[worker]
-        in_flight = [i for i in ids if self._state[i] == EnvState.IN_FLIGHT]
+        in_flight = [i for i in ids if self._state[i] == _IN_FLIGHT]
         command = self._pending[worker][0] if self._pending[worker] else None
         phase = {Step: Phase.STEP, Reset: Phase.RESET}.get(type(command), Phase.CALL)
         hung = self._hung.pop(worker, None)
@@ -490,26 +515,31 @@ class Pool(VectorEnv):  # type: ignore[misc]
             exitcode=lost.exitcode,
             env_ids=ids,
         )
+        resend = self._drop_pending(worker)
         if self.on_error is OnError.RAISE or self._draining:
-            for i in in_flight:
-                self._state[i] = EnvState.IDLE
-            self._pending[worker].clear()
             return error
         self._restarts[list(ids)] += 1
         over = [i for i in ids if self._restarts[i] > self.max_restarts]
         if over:
             return self._restart_limit(over[0], worker, error)
-        resend = [c for c in self._pending[worker] if not isinstance(c, Close)]
-        self._pending[worker].clear()
         try:
             self._transport.restart(worker, {i: int(self._restarts[i]) for i in ids})
         except EnvError as exc:  # the replacement could not even build its envs
-            for i in in_flight:
-                self._state[i] = EnvState.IDLE
             return exc
         for command in resend:
             self._submit(worker, command)
         return None
+
+    def _drop_pending(self, worker: int) -> list[Command]:
+        """Forget a lost worker's commands (its envs go idle); return those worth resending."""
+        resend: list[Command] = [c for c in self._pending[worker] if not isinstance(c, Close)]
+        for command in self._pending[worker]:
+            if command.delivers_envs:
+                ids = command.env_ids  # type: ignore[union-attr]
+                self._state[self._index(ids)] = _IDLE
+                self._in_flight -= len(ids)
+        self._pending[worker].clear()
+        return resend
 
     def _count_restarts(self, worker: int, failures: tuple[EnvFailure, ...]) -> EnvError | None:
         for failure in failures:
@@ -559,7 +589,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         try:
             limit = min(DRAIN_TIMEOUT, self.step_timeout or DRAIN_TIMEOUT)
             deadline = time.monotonic() + limit
-            while (self._state == EnvState.IN_FLIGHT).any():
+            while (self._state == _IN_FLIGHT).any():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -568,13 +598,12 @@ class Pool(VectorEnv):  # type: ignore[misc]
             if self._ready:
                 ready = np.array(self._ready)
                 self._ready.clear()
-                self._state[ready] = EnvState.IDLE
+                self._state[ready] = _IDLE
                 error.completed = self._results(ready, with_env_id=True)
         except Exception:
             pass  # the original error matters more than what could not be gathered
         finally:
             self._draining = False
-        self._stats = StatsRecorder(self._assignment, self.num_envs)
         raise error
 
     def _check_usable(self) -> None:
@@ -588,7 +617,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
 
     def _idle_ids(self, env_id: Sequence[int] | np.ndarray | None, what: str) -> np.ndarray:
         env_ids = check_env_ids(env_id, self.num_envs)
-        busy = env_ids[self._state[env_ids] != EnvState.IDLE]
+        busy = env_ids[self._state[env_ids] != _IDLE]
         if busy.size:
             raise AlreadyPendingError(
                 f"{what}: envs {busy.tolist()} already have a step or result pending; "

@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import cloudpickle
@@ -160,6 +161,7 @@ class ProcessTransport:
         self._alive: list[bool] = []
         self._closed = False
         self._poller: select.poll | None = None
+        self._pickled: dict[int, tuple[Command, bytes]] = {}
         self._options = options
         self._options_blob = cloudpickle.dumps(options)
         try:
@@ -239,8 +241,15 @@ class ProcessTransport:
     shares_memory = True
 
     def submit(self, worker: int, command: Command) -> None:
+        # The pool reuses its step-every-env commands: pickle each once.
+        cached = self._pickled.get(id(command))
+        if cached is None or cached[0] is not command:
+            if len(self._pickled) > 256:
+                self._pickled.clear()
+            cached = (command, bytes(ForkingPickler.dumps(command)))
+            self._pickled[id(command)] = cached
         try:
-            self._conns[worker].send(command)
+            self._conns[worker].send_bytes(cached[1])
         except (BrokenPipeError, ConnectionResetError, EOFError):
             pass  # the worker is gone; its sentinel reports it on the next wait
 
@@ -268,12 +277,19 @@ class ProcessTransport:
                 continue
             conn, proc = self._conns[w], self._procs[w]
             died = proc.sentinel in ready
-            if conn.fileno() in ready or died:
+            if conn.fileno() in ready:
+                # One message per wake-up: poll() says more are there on the next call, which
+                # costs less than Connection.poll (a new selector per call).
+                try:
+                    replies.append((w, conn.recv()))
+                except (EOFError, OSError):
+                    died = True
+            elif died:  # replies it sent before dying come first
                 try:
                     while conn.poll():
                         replies.append((w, conn.recv()))
                 except (EOFError, OSError):
-                    died = True
+                    pass
             if died:
                 proc.join(1.0)
                 self._alive[w] = False
