@@ -72,3 +72,18 @@ def raise_always(env: FaultyEnv, action: Any) -> None:
 
 def factory_raises() -> FaultyEnv:
     raise OSError("simulator license server unreachable")
+
+
+def exit_marking(env: FaultyEnv, action: Any, *, marker: str) -> None:
+    """The victim leaves ``marker`` behind and exits (see :func:`slow_after_marker`)."""
+    if _hit(env):
+        with open(marker, "w"):
+            pass
+        os._exit(1)
+
+
+def slow_after_marker(marker: str, **kwargs: Any) -> FaultyEnv:
+    """A factory that takes 0.5 s once ``marker`` exists: the replacement worker starts slowly."""
+    if os.path.exists(marker):
+        time.sleep(0.5)
+    return FaultyEnv(**kwargs)

@@ -273,3 +273,27 @@ def test_sigint_during_step_shuts_down_cleanly() -> None:
     assert "resource_tracker" not in stderr
     _, alive = psutil.wait_procs(workers, timeout=5)
     assert not alive
+
+
+def test_restart_keeps_other_workers_replies(tmp_path: Any) -> None:
+    """Worker 1 dies and its replacement starts slowly while worker 0's reply arrives: that
+    reply must reach the pool (a start-up wait that swallowed it left the pool waiting forever).
+    """
+    marker = str(tmp_path / "dying")
+    pool = envfleet.make(
+        functools.partial(
+            hooks.slow_after_marker,
+            marker,
+            step_hook=functools.partial(hooks.exit_marking, marker=marker),
+            sleep=0.1,
+        ),
+        hooks.NUM_ENVS,
+        backend="process",
+        num_workers=hooks.NUM_WORKERS,
+        seed=hooks.SEED,
+        on_error="restart",
+    )
+    results = _run(pool)
+    infos = results[hooks.FAULT_STEP - 1][4]
+    assert infos["envfleet/restarted"].tolist() == [i >= 3 for i in range(6)]
+    _close_twice(pool)

@@ -38,7 +38,7 @@ import cloudpickle
 
 from envfleet.backends.base import TransportOptions, WorkerLost
 from envfleet.buffers import SharedBatch
-from envfleet.errors import Phase
+from envfleet.errors import Phase, WorkerDiedError
 from envfleet.protocol import Close, Command, EnvFailure, Reply
 from envfleet.worker import serve, start_group
 
@@ -218,25 +218,37 @@ class ProcessTransport:
         self._await_start([worker])
 
     def _await_start(self, workers: Sequence[int]) -> None:
-        options = self._options
-        waiting = set(workers)
-        while waiting:
-            for worker, reply in self.wait(None):
-                if isinstance(reply, WorkerLost):
-                    from envfleet.errors import WorkerDiedError
+        """Wait for each of ``workers`` to report its envs built.
 
-                    raise WorkerDiedError(
-                        f"worker {worker} died while building its envs "
-                        f"{options.assignment[worker]} ({reply.reason})",
-                        env_index=None,
-                        phase=Phase.MAKE,
-                        worker=worker,
-                        exitcode=reply.exitcode,
-                        env_ids=tuple(options.assignment[worker]),
-                    )
-                if reply is not None and reply.failures:
-                    raise reply.failures[0].to_error(worker, options.spec.name)
-                waiting.discard(worker)
+        Only their own pipes and sentinels are watched: when one worker is restarted mid-run,
+        the other workers' replies stay in their pipes for the pool's next wait.
+        """
+        options = self._options
+        for worker in workers:
+            conn, proc = self._conns[worker], self._procs[worker]
+            reply: Reply | None = None
+            lost = False
+            multiprocessing.connection.wait([conn, proc.sentinel])
+            try:
+                if conn.poll():
+                    reply = conn.recv()
+                else:
+                    lost = True
+            except (EOFError, OSError):
+                lost = True
+            if lost:
+                proc.join(1.0)
+                raise WorkerDiedError(
+                    f"worker {worker} died while building its envs "
+                    f"{options.assignment[worker]} ({_describe_exit(proc.exitcode)})",
+                    env_index=None,
+                    phase=Phase.MAKE,
+                    worker=worker,
+                    exitcode=proc.exitcode,
+                    env_ids=tuple(options.assignment[worker]),
+                )
+            if reply is not None and reply.failures:
+                raise reply.failures[0].to_error(worker, options.spec.name)
 
     shares_memory = True
 
@@ -277,7 +289,7 @@ class ProcessTransport:
                 continue
             conn, proc = self._conns[w], self._procs[w]
             died = proc.sentinel in ready
-            if conn.fileno() in ready:
+            if conn.fileno() in ready and not died:
                 # One message per wake-up: poll() says more are there on the next call, which
                 # costs less than Connection.poll (a new selector per call).
                 try:
