@@ -80,3 +80,10 @@ def serve(group: Group, command: Command) -> Reply:
         return command.run(group)
     except Exception as exc:
         return Reply(failures=(EnvFailure.capture(None, Phase.STEP, exc),))
+
+
+def plain(reply: Reply) -> bool:
+    """Nothing to report beyond success: the parent knows which envs the command named."""
+    return not (
+        reply.infos or reply.failures or reply.restarts or reply.observations or reply.values
+    )

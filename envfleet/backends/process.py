@@ -40,7 +40,7 @@ from envfleet.backends.base import TransportOptions, WorkerLost
 from envfleet.buffers import SharedBatch
 from envfleet.errors import Phase, WorkerDiedError
 from envfleet.protocol import Close, Command, EnvFailure, Reply
-from envfleet.worker import serve, start_group
+from envfleet.worker import plain, serve, start_group
 
 PARENT_CHECK_INTERVAL = 1.0
 """Seconds between a worker's checks that its parent is still alive."""
@@ -125,18 +125,11 @@ def _worker_main(
             return
         reply = serve(group, command)
         try:
-            conn.send(None if _plain(reply) else reply)
+            conn.send(None if plain(reply) else reply)
         except Exception as exc:  # an info or call result that cannot be pickled
             conn.send(Reply(env_ids=reply.env_ids, failures=(_unpicklable(reply, exc),)))
         if isinstance(command, Close):
             return
-
-
-def _plain(reply: Reply) -> bool:
-    """Nothing to report beyond success: the parent knows which envs the command named."""
-    return not (
-        reply.infos or reply.failures or reply.restarts or reply.observations or reply.values
-    )
 
 
 def _unpicklable(reply: Reply, exc: Exception) -> EnvFailure:

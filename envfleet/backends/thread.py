@@ -16,7 +16,7 @@ import time
 from envfleet.backends.base import TransportOptions, WorkerLost
 from envfleet.buffers import Batch
 from envfleet.protocol import Close, Command, EnvFailure, Reply
-from envfleet.worker import serve, start_group
+from envfleet.worker import plain, serve, start_group
 
 _STOP = None
 
@@ -70,7 +70,8 @@ class ThreadTransport:
             if command is _STOP:
                 group.close()
                 return
-            self._replies.put((worker, serve(group, command)))
+            reply = serve(group, command)
+            self._replies.put((worker, None if plain(reply) else reply))
             if isinstance(command, Close):
                 return
 
