@@ -275,7 +275,8 @@ class EnvGroup:
             info = {"final_obs": final_obs, "final_info": {}, **reset_info, **info}
             self._needs_reset[i] = False
         else:
-            # The last observation stands; the next step (or the caller's reset) starts anew.
+            # The latest observation stands (the last delivered, or, when a worker died after this
+            # env had stepped, what that step produced); the next step or reset starts anew.
             kept.append(i)
             self._needs_reset[i] = True
         self.batch.rewards[i] = 0.0

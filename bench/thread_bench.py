@@ -1,0 +1,651 @@
+"""Thread backend: sleeping envs and ALE's Pong against the for-loop and the alternatives.
+
+Three parts, each side by side in one run (windows interleaved, order rotating each round, the
+median window reported):
+
+- ``sleep``: :class:`bench.envs.SleepEnv` (``time.sleep(0.001)`` per step) x 32. The ideal is
+  ``32 / measured step time`` (``ideal`` row: one env stepped alone, counted 32 times; the sleep
+  takes longer than 1 ms). Rows: for-loop, envfleet thread (one thread per env), envfleet
+  process (2 workers; and 2 workers x 16 threads), Gymnasium ``AsyncVectorEnv`` (32 processes).
+  Target: envfleet thread at least 0.8 of the ideal.
+- ``gil``: does ale-py release the GIL while it emulates? Pong stepped by 1 thread, by 2 threads
+  (each its own env) and by 2 processes (what the machine allows without a GIL); the same for
+  ``ALEInterface.act`` called directly. If 2 threads scale like 2 processes, it does.
+- ``pong``: ``ALE/Pong-v5`` x 8: for-loop, envfleet thread (8 threads), envfleet process (2
+  workers; and 2 workers x 4 threads), Gymnasium ``AsyncVectorEnv`` (8 processes) and ale-py's
+  own C++ ``AtariVectorEnv`` (configured like ``ALE/Pong-v5``: 210x160 RGB, no frame stack,
+  sticky actions 0.25; and with its default 84x84 grey x4 preprocessing). Target: envfleet
+  thread at least 1.6x the for-loop.
+
+It also records whether a free-threaded CPython (3.13t/3.14t) is at hand here.
+
+Usage::
+
+    python bench/thread_bench.py                 # everything: 3 x 3 s windows, about 4.5 minutes
+    python bench/thread_bench.py --quick         # smoke run: 1 x 0.5 s window, under 1 minute
+    python bench/thread_bench.py --parts pong,gil --seconds 5 --repeats 5
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import functools
+import multiprocessing
+import shutil
+import statistics
+import subprocess
+import sysconfig
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AsyncVectorEnv
+from rich.console import Console
+from rich.table import Table
+
+from bench.async_bench import (
+    RESULTS,
+    Case,
+    Result,
+    Runner,
+    Timing,
+    base_parser,
+    build,
+    cycle,
+    discrete_actions,
+    fmt,
+    machine_info,
+    measure,
+    median_of,
+    open_envfleet,
+    open_for_loop,
+    open_ideal,
+    print_table,
+    ratio,
+    timing_from,
+    usable_cores,
+    version,
+    write_json,
+)
+from bench.envs import SleepEnv
+
+SLEEP_TARGET = 0.8
+PONG_TARGET = 1.6
+BARRIER_TIMEOUT = 300.0
+
+# -- runners -------------------------------------------------------------------------------------
+
+
+def open_gym_async(env: Any, num_envs: int, timing: Timing, name: str) -> Runner:
+    """Gymnasium's ``AsyncVectorEnv(shared_memory=True)``: one process per env."""
+    vec = AsyncVectorEnv([functools.partial(build, env)] * num_envs, shared_memory=True)
+    try:
+        vec.reset(seed=timing.seed)
+        actions = discrete_actions(int(vec.single_action_space.n), num_envs, timing.seed)
+    except BaseException:
+        vec.close()
+        raise
+    return Runner(name, cycle(vec.step, actions, num_envs), vec.close, processes=num_envs)
+
+
+ATARI_AS_GYM = {
+    "img_height": 210,
+    "img_width": 160,
+    "grayscale": False,
+    "stack_num": 1,
+    "maxpool": False,
+    "noop_max": 0,
+    "repeat_action_probability": 0.25,
+    "reward_clipping": False,
+    "use_fire_reset": False,
+}
+"""``AtariVectorEnv`` settings that make its envs step like ``gymnasium.make("ALE/Pong-v5")``."""
+
+
+def open_atari_vector(num_envs: int, timing: Timing, name: str, **kwargs: Any) -> Runner:
+    """ale-py's C++ ``AtariVectorEnv`` (a thread pool, one thread per usable core)."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    kwargs.setdefault("num_threads", usable_cores())
+    vec = AtariVectorEnv("pong", num_envs, **kwargs)
+    try:
+        vec.reset(seed=timing.seed)
+        actions = discrete_actions(int(vec.single_action_space.n), num_envs, timing.seed)
+    except BaseException:
+        vec.close()
+        raise
+    return Runner(name, cycle(vec.step, actions, num_envs), vec.close, **kwargs)
+
+
+# -- the GIL check: k threads or k processes, each stepping its own env ---------------------------
+
+
+def pong_stepper(index: int) -> Callable[[], None]:
+    """Steps one ``ALE/Pong-v5`` env through Gymnasium (random actions, resets when done)."""
+    env = build("ALE/Pong-v5")
+    env.reset(seed=index)
+    actions = discrete_actions(int(env.action_space.n), 1, index, count=256)
+    state = [0]
+
+    def step() -> None:
+        k = state[0]
+        _, _, terminated, truncated, _ = env.step(int(actions[k % 256][0]))
+        state[0] = k + 1
+        if terminated or truncated:
+            env.reset()
+
+    return step
+
+
+def ale_act_stepper(index: int) -> Callable[[], None]:
+    """Calls ``ALEInterface.act`` directly (one emulator frame per call; resets at game over)."""
+    from ale_py import ALEInterface, LoggerMode, roms
+
+    ALEInterface.setLoggerMode(LoggerMode.Error)
+    ale = ALEInterface()
+    ale.setInt("random_seed", index)
+    ale.loadROM(roms.get_rom_path("pong"))
+    moves = ale.getMinimalActionSet()
+    rng = np.random.default_rng(index)
+    actions = [moves[i] for i in rng.integers(0, len(moves), size=256)]
+    state = [0]
+
+    def step() -> None:
+        k = state[0]
+        ale.act(actions[k % 256])
+        state[0] = k + 1
+        if ale.game_over():
+            ale.reset_game()
+
+    return step
+
+
+def _parallel_worker(
+    make_step: Callable[[int], Callable[[], None]],
+    index: int,
+    start: Any,
+    end: Any,
+    seconds: Any,
+    rates: Any,
+) -> None:
+    step = make_step(index)
+    start.wait(BARRIER_TIMEOUT)  # built: ready for the first window
+    while True:
+        start.wait(BARRIER_TIMEOUT)
+        window = seconds.value
+        if window <= 0:
+            return
+        calls = 0
+        begin = time.perf_counter()
+        deadline = begin + window
+        while True:
+            step()
+            calls += 1
+            now = time.perf_counter()
+            if now >= deadline:
+                break
+        rates[index] = calls / (now - begin)
+        end.wait(BARRIER_TIMEOUT)
+
+
+class ParallelRunner(Runner):
+    """``count`` threads (or forked processes), each stepping its own env; rates summed."""
+
+    def __init__(
+        self, name: str, make_step: Callable[[int], Callable[[], None]], count: int, mode: str
+    ) -> None:
+        super().__init__(name, lambda: 0, lambda: None, mode=mode, count=count)
+        ctx = multiprocessing.get_context("fork")
+        self._seconds = ctx.Value("d", 0.0, lock=False)
+        self._rates = ctx.Array("d", count, lock=False)
+        if mode == "thread":
+            self._start, self._end = threading.Barrier(count + 1), threading.Barrier(count + 1)
+            make: Any = functools.partial(threading.Thread, daemon=True)
+        else:
+            self._start, self._end = ctx.Barrier(count + 1), ctx.Barrier(count + 1)
+            make = functools.partial(ctx.Process, daemon=True)  # type: ignore[attr-defined]
+        args = (make_step, self._start, self._end, self._seconds, self._rates)
+        self._workers = [
+            make(target=_parallel_worker, args=(args[0], i, *args[1:])) for i in range(count)
+        ]
+        for worker in self._workers:
+            worker.start()
+        self._start.wait(BARRIER_TIMEOUT)
+
+    def window(self, seconds: float) -> float:
+        self._seconds.value = seconds
+        self._start.wait(BARRIER_TIMEOUT)
+        self._end.wait(BARRIER_TIMEOUT)
+        return float(sum(self._rates))
+
+    def close(self) -> None:
+        self._seconds.value = 0.0
+        try:
+            self._start.wait(10.0)
+        except threading.BrokenBarrierError:
+            pass
+        for worker in self._workers:
+            worker.join(10.0)
+            if isinstance(worker, multiprocessing.process.BaseProcess) and worker.is_alive():
+                worker.kill()
+
+
+def open_parallel(
+    timing: Timing,
+    *,
+    name: str,
+    make_step: Callable[[int], Callable[[], None]],
+    count: int,
+    mode: str,
+) -> Runner:
+    return ParallelRunner(name, make_step, count, mode)
+
+
+def gil_cases() -> list[Case]:
+    cases = []
+    for label, make_step in (("Pong env.step", pong_stepper), ("ale.act", ale_act_stepper)):
+        for count, mode in ((1, "thread"), (2, "thread"), (2, "process")):
+            name = (
+                f"{label}: {count} {mode}{'es' if mode == 'process' else 's'}"
+                if count > 1
+                else f"{label}: 1 {mode}"
+            )
+            cases.append(
+                Case(
+                    name,
+                    functools.partial(
+                        open_parallel, name=name, make_step=make_step, count=count, mode=mode
+                    ),
+                    forks=mode == "process",
+                )
+            )
+    return cases
+
+
+def gil_verdict(thread_speedup: float | None, process_speedup: float | None) -> str:
+    """Reading the 2-thread and 2-process speedups over 1 thread (meaningful on a quiet machine)."""
+    if thread_speedup is None or process_speedup is None:
+        return "not measured"
+    summary = f"2 threads {thread_speedup:.2f}x, 2 processes {process_speedup:.2f}x"
+    if process_speedup < 1.3:
+        return f"scaling inconclusive (2 processes do not scale: machine busy): {summary}"
+    if thread_speedup >= max(1.3, 0.75 * process_speedup):
+        return f"threads scale like processes: {summary}"
+    if thread_speedup < 1.15:
+        return f"threads do not scale: {summary}"
+    return f"threads scale partly: {summary}"
+
+
+# -- parts ---------------------------------------------------------------------------------------
+
+
+def sleep_cases() -> list[Case]:
+    env, n = SleepEnv, 32
+    ef = functools.partial(open_envfleet, env, n)
+    return [
+        Case("ideal (32 x 1 env)", lambda t: open_ideal(env, n, t, "ideal (32 x 1 env)")),
+        Case("for-loop", lambda t: open_for_loop(env, n, t)),
+        Case("envfleet thread", functools.partial(ef, name="envfleet thread", backend="thread")),
+        Case(
+            "envfleet process 2w",
+            functools.partial(ef, name="envfleet process 2w", backend="process", num_workers=2),
+            forks=True,
+        ),
+        Case(
+            "envfleet process 2w x16t",
+            functools.partial(
+                ef,
+                name="envfleet process 2w x16t",
+                backend="process",
+                num_workers=2,
+                threads_per_worker=16,
+            ),
+            forks=True,
+        ),
+        Case(
+            "gym AsyncVectorEnv",
+            lambda t: open_gym_async(env, n, t, "gym AsyncVectorEnv"),
+            forks=True,
+        ),
+    ]
+
+
+def pong_cases() -> list[Case]:
+    env, n = "ALE/Pong-v5", 8
+    ef = functools.partial(open_envfleet, env, n)
+    return [
+        Case("for-loop", lambda t: open_for_loop(env, n, t)),
+        Case("envfleet thread", functools.partial(ef, name="envfleet thread", backend="thread")),
+        Case(
+            "envfleet process 2w",
+            functools.partial(ef, name="envfleet process 2w", backend="process", num_workers=2),
+            forks=True,
+        ),
+        Case(
+            "envfleet process 2w x4t",
+            functools.partial(
+                ef,
+                name="envfleet process 2w x4t",
+                backend="process",
+                num_workers=2,
+                threads_per_worker=4,
+            ),
+            forks=True,
+        ),
+        Case(
+            "gym AsyncVectorEnv",
+            lambda t: open_gym_async(env, n, t, "gym AsyncVectorEnv"),
+            forks=True,
+        ),
+        Case(
+            "ale AtariVectorEnv (as ALE/Pong-v5)",
+            lambda t: open_atari_vector(
+                n, t, "ale AtariVectorEnv (as ALE/Pong-v5)", **ATARI_AS_GYM
+            ),
+        ),
+        Case(
+            "ale AtariVectorEnv (84x84 grey x4)",
+            lambda t: open_atari_vector(n, t, "ale AtariVectorEnv (84x84 grey x4)"),
+        ),
+    ]
+
+
+def run_sleep(timing: Timing, console: Console) -> dict[str, Any]:
+    cases = sleep_cases()
+    with console.status("sleep: measuring ..."):
+        results = measure(cases, timing, console)
+    ideal = median_of(results, "ideal (32 x 1 env)")
+    loop = median_of(results, "for-loop")
+    rows = print_table(
+        console,
+        f"SleepEnv (1 ms) x 32 ({timing.repeats} x {timing.seconds:g} s, median)",
+        cases,
+        results,
+        [
+            ("vs ideal", lambda name, r: fmt(ratio(r.median, ideal))),
+            ("vs for-loop", lambda name, r: fmt(ratio(r.median, loop))),
+        ],
+    )
+    for row in rows.values():
+        if "steps_per_s" in row:
+            row["ratio_to_ideal"] = ratio(row["steps_per_s"], ideal)
+            row["ratio_to_for_loop"] = ratio(row["steps_per_s"], loop)
+    ideal_result = results.get("ideal (32 x 1 env)")
+    step_ms = ideal_result.info.get("mean_step_ms") if isinstance(ideal_result, Result) else None
+    value = ratio(median_of(results, "envfleet thread"), ideal)
+    met = None if value is None else value >= SLEEP_TARGET
+    mark = {None: "", True: " [green]met[/green]", False: " [red]missed[/red]"}[met]
+    console.print(
+        f"measured SleepEnv step: {fmt(step_ms, '.3f')} ms, so ideal = 32 / step = "
+        f"{fmt(ideal, ',.0f')} steps/s"
+    )
+    console.print(
+        f"[bold]envfleet thread / ideal = {fmt(value)}[/bold] (target >= {SLEEP_TARGET}){mark}\n"
+    )
+    return {
+        "env": "bench.envs.SleepEnv(sleep_s=0.001)",
+        "num_envs": 32,
+        "measured_step_ms": step_ms,
+        "ideal_steps_per_s": ideal,
+        "thread_over_ideal": value,
+        "target": SLEEP_TARGET,
+        "meets_target": met,
+        "runners": rows,
+    }
+
+
+LONG_ACT_FRAMES = 2000
+"""Emulator frames per ``ale.act`` call in the progress probe (ALE's ``frame_skip``)."""
+
+
+def long_act_call() -> Callable[[], None]:
+    """One ``ALEInterface.act`` call that emulates ``LONG_ACT_FRAMES`` frames (~0.1-0.3 s)."""
+    from ale_py import ALEInterface, LoggerMode, roms
+
+    ALEInterface.setLoggerMode(LoggerMode.Error)
+    ale = ALEInterface()
+    ale.setInt("random_seed", 0)
+    ale.setInt("frame_skip", LONG_ACT_FRAMES)
+    ale.loadROM(roms.get_rom_path("pong"))
+    noop = ale.getMinimalActionSet()[0]
+
+    def call() -> None:
+        ale.act(noop)
+        if ale.game_over():
+            ale.reset_game()
+
+    return call
+
+
+def _holds_gil_call() -> Callable[[], None]:
+    """A C call known to keep the GIL: ``sum`` over a range (the 'holds' reference)."""
+    return lambda: sum(range(3_000_000))  # type: ignore[func-returns-value]
+
+
+def _sleep_call() -> Callable[[], None]:
+    """A C call known to release the GIL: ``time.sleep`` (the 'releases' reference)."""
+    return lambda: time.sleep(0.05)
+
+
+PROBES: dict[str, Callable[[], Callable[[], None]]] = {
+    "time.sleep(0.05) (releases)": _sleep_call,
+    "sum(range(3e6)) (holds)": _holds_gil_call,
+    f"ale.act, {LONG_ACT_FRAMES} frames a call": long_act_call,
+    "Pong env.step": lambda: pong_stepper(0),
+}
+
+
+def main_thread_progress(call: Callable[[], None], seconds: float) -> float:
+    """Iterations/s of a pure-Python loop in this thread while another thread repeats ``call``.
+
+    A call that releases the GIL leaves this loop its full speed; one that holds it stalls the
+    loop for as long as it runs (C code is never interrupted to hand the GIL over). Machine load
+    slows both alike, so the ratio to the ``time.sleep`` reference measures the GIL, not the
+    free cores.
+    """
+    stop = threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            call()
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    time.sleep(0.01)
+    try:
+        loops = 0
+        start = time.perf_counter()
+        deadline = start + seconds
+        now = start
+        while now < deadline:
+            loops += 1
+            now = time.perf_counter()
+    finally:
+        stop.set()
+        worker.join()
+    return loops / (now - start)
+
+
+def run_gil(timing: Timing, console: Console) -> dict[str, Any]:
+    out: dict[str, Any] = {"progress_probe": {}, "runners": {}, "verdicts": {}}
+    # 1. Load-independent: does this thread keep running while another is inside the call?
+    calls = {name: make() for name, make in PROBES.items()}
+    rates: dict[str, list[float]] = {name: [] for name in calls}
+    names = list(calls)
+    seconds = max(1.0, timing.seconds)
+    with console.status("gil: main-thread progress probe ..."):
+        for round_ in range(max(1, timing.repeats)):
+            k = round_ % len(names)
+            for name in names[k:] + names[:k]:
+                rates[name].append(main_thread_progress(calls[name], seconds))
+    free = statistics.median(rates["time.sleep(0.05) (releases)"])
+    table = Table(
+        title=f"GIL probe: main-thread loop while another thread repeats a call "
+        f"({max(1, timing.repeats)} x {seconds:g} s, median)",
+        title_justify="left",
+    )
+    for column in ("call in the other thread", "main loops/s", "vs sleep", "windows"):
+        table.add_column(column, justify="left" if column.startswith("call") else "right")
+    for name, values in rates.items():
+        progress = statistics.median(values)
+        table.add_row(
+            name,
+            f"{progress:,.0f}",
+            fmt(ratio(progress, free)),
+            " ".join(f"{v:,.0f}" for v in values),
+        )
+        out["progress_probe"][name] = {
+            "main_loops_per_s": progress,
+            "ratio_to_sleep": ratio(progress, free),
+            "windows": values,
+        }
+    console.print(table)
+    act = ratio(statistics.median(rates[f"ale.act, {LONG_ACT_FRAMES} frames a call"]), free)
+    released = act is not None and act >= 0.5
+    verdict = (
+        f"ale.act {'releases' if released else 'holds'} the GIL while it emulates: "
+        f"this thread keeps {fmt(act)} of its speed while another is inside a "
+        f"{LONG_ACT_FRAMES}-frame act (sleep: 1.00, sum(range): "
+        f"{fmt(ratio(statistics.median(rates['sum(range(3e6)) (holds)']), free))})"
+    )
+    console.print(f"[bold]{verdict}[/bold]\n")
+    out["ale_act_releases_gil"] = released
+    out["verdict"] = verdict
+    # 2. Throughput: 1 thread, 2 threads, 2 processes (needs free cores to mean anything).
+    cases = gil_cases()
+    with console.status("gil: threads vs processes ..."):
+        results = measure(cases, timing, console)
+    for label in ("Pong env.step", "ale.act"):
+        one = median_of(results, f"{label}: 1 thread")
+        subset = [c for c in cases if c.name.startswith(label)]
+        rows = print_table(
+            console,
+            f"{label}: 1 thread, 2 threads, 2 processes, each its own env "
+            f"({timing.repeats} x {timing.seconds:g} s, median; calls/s)",
+            subset,
+            results,
+            [("vs 1 thread", functools.partial(_vs, base=one))],
+        )
+        threads = ratio(median_of(results, f"{label}: 2 threads"), one)
+        procs = ratio(median_of(results, f"{label}: 2 processes"), one)
+        scaling = gil_verdict(threads, procs)
+        console.print(f"[bold]{label}: {scaling}[/bold]\n")
+        out["runners"].update(rows)
+        out["verdicts"][label] = {
+            "two_threads_over_one": threads,
+            "two_processes_over_one": procs,
+            "verdict": scaling,
+        }
+    return out
+
+
+def _vs(name: str, result: Result, base: float | None) -> str:
+    return fmt(ratio(result.median, base))
+
+
+def run_pong(timing: Timing, console: Console) -> dict[str, Any]:
+    cases = pong_cases()
+    with console.status("pong: measuring ..."):
+        results = measure(cases, timing, console)
+    loop = median_of(results, "for-loop")
+    rows = print_table(
+        console,
+        f"ALE/Pong-v5 x 8 ({timing.repeats} x {timing.seconds:g} s, median; agent steps/s)",
+        cases,
+        results,
+        [("vs for-loop", lambda name, r: fmt(ratio(r.median, loop)))],
+    )
+    for row in rows.values():
+        if "steps_per_s" in row:
+            row["ratio_to_for_loop"] = ratio(row["steps_per_s"], loop)
+    value = ratio(median_of(results, "envfleet thread"), loop)
+    met = None if value is None else value >= PONG_TARGET
+    mark = {None: "", True: " [green]met[/green]", False: " [red]missed[/red]"}[met]
+    console.print(
+        f"[bold]envfleet thread / for-loop = {fmt(value)}[/bold] (target >= {PONG_TARGET}){mark}\n"
+    )
+    return {
+        "env": "ALE/Pong-v5",
+        "num_envs": 8,
+        "thread_over_for_loop": value,
+        "target": PONG_TARGET,
+        "meets_target": met,
+        "runners": rows,
+    }
+
+
+def free_threaded_probe() -> dict[str, Any]:
+    """Is a free-threaded CPython (3.13t/3.14t) at hand? Looks only; installs nothing."""
+    found: dict[str, Any] = {
+        "this_interpreter_gil_disabled": bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
+        "on_path": {
+            name: shutil.which(name)
+            for name in ("python3.13t", "python3.14t", "python3t", "python3.13", "python3.14")
+        },
+    }
+    pyenv = shutil.which("pyenv")
+    if pyenv:
+        try:
+            listing = subprocess.run(
+                [pyenv, "versions", "--bare"], capture_output=True, text=True, timeout=20
+            ).stdout.split()
+        except (OSError, subprocess.SubprocessError):
+            listing = []
+        found["pyenv_versions"] = listing
+        found["pyenv_free_threaded"] = [v for v in listing if v.endswith("t")]
+    found["notes"] = (
+        "Checked on the 2-core dev machine: Debian 12 offers only python3.11 (apt-cache search "
+        "python3.13: nothing); pyenv has 3.13.0 built with the GIL (Py_GIL_DISABLED=0) and no "
+        "3.13t/3.14t; `uv python install 3.13t` (uv 0.13.9 from PyPI) fails: its builds download "
+        "from GitHub and only package registries are reachable. So no free-threaded CPython here."
+    )
+    return found
+
+
+PARTS: dict[str, Callable[[Timing, Console], dict[str, Any]]] = {
+    "sleep": run_sleep,
+    "gil": run_gil,
+    "pong": run_pong,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = base_parser(__doc__ or "", RESULTS / "thread_bench.json")
+    parser.add_argument(
+        "--parts", default=",".join(PARTS), help=f"comma-separated, from {','.join(PARTS)}"
+    )
+    args = parser.parse_args(argv)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        parser.error(f"unknown parts {unknown}: choose from {', '.join(PARTS)}")
+    timing = timing_from(args)
+    console = Console(width=max(Console().width, 140))
+    machine = machine_info()
+    console.print(
+        f"{machine['cpu_model']}, {machine['usable_cores']} usable cores, Python "
+        f"{machine['python']}, load average {machine['load_average_at_start'][0]:.2f}; "
+        + ", ".join(f"{k} {v}" for k, v in machine["versions"].items() if v)
+    )
+    report: dict[str, Any] = {
+        "machine": machine,
+        "timing": {**timing.__dict__, "interleaved": True, "statistic": "median"},
+        "free_threaded_python": free_threaded_probe(),
+        "ale_py": version("ale-py"),
+        "parts": {},
+    }
+    for part in parts:
+        report["parts"][part] = PARTS[part](timing, console)
+    write_json(args.json, report, console)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
