@@ -361,10 +361,15 @@ class Pool(VectorEnv):  # type: ignore[misc]
         infos: dict[str, Any] = {}
         if not self._infos:  # the common case: no env had anything to say
             return infos
-        for i, position in zip(env_ids, positions, strict=False):
-            info = self._infos.pop(int(i), None)
+        pairs = [
+            (self._infos.pop(int(i), None), int(p))
+            for i, p in zip(env_ids, positions, strict=False)
+        ]
+        if len(pairs) == size and _uniform_scalars([info for info, _ in pairs]):
+            return _stack_scalar_infos(pairs, size)
+        for info, position in pairs:
             if info:
-                _add_info(infos, info, int(position), size)
+                _add_info(infos, info, position, size)
         return infos
 
     def _submit_reset(
@@ -672,6 +677,34 @@ class Pool(VectorEnv):  # type: ignore[misc]
             f"Pool({self._env_name}, num_envs={self.num_envs}, workers={len(self._assignment)}, "
             f"batch_size={self.batch_size})"
         )
+
+
+_SCALARS = (int, float, bool)
+
+
+def _uniform_scalars(infos: list[dict[str, Any] | None]) -> bool:
+    """Every env has an info with the same keys, each a plain scalar (Atari's, for instance)."""
+    first = infos[0]
+    if not first:
+        return False
+    keys = first.keys()
+    for info in infos:
+        if not info or info.keys() != keys:
+            return False
+    return all(
+        type(value) in _SCALARS or isinstance(value, np.number) for value in first.values()
+    ) and all(type(info[k]) is type(first[k]) for info in infos for k in keys)  # type: ignore[index]
+
+
+def _stack_scalar_infos(pairs: list[tuple[Any, int]], size: int) -> dict[str, Any]:
+    """What :func:`_add_info` builds for uniform scalar infos, one array per key at once."""
+    order = np.argsort([position for _, position in pairs], kind="stable")
+    ordered = [pairs[k][0] for k in order]
+    infos: dict[str, Any] = {}
+    for key, value in ordered[0].items():
+        infos[key] = np.array([info[key] for info in ordered], dtype=type(value))
+        infos[f"_{key}"] = np.ones(size, dtype=np.bool_)
+    return infos
 
 
 def _add_info(infos: dict[str, Any], info: dict[str, Any], index: int, size: int) -> None:
