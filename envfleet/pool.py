@@ -383,7 +383,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         """Wait until every env of ``env_ids`` is ready and take them out of the FIFO."""
         if len(env_ids) == self.num_envs:
             while self._in_flight:
-                self._pump(block=True)
+                self._pump(block=True, want=sum(map(len, self._pending)))
             self._ready.clear()
         else:
             while (self._state[env_ids] == _IN_FLIGHT).any():
@@ -431,11 +431,15 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._pending[worker].append(command)
         self._transport.submit(worker, command)
 
-    def _pump(self, block: bool) -> None:
-        """Take in the replies that have arrived (waiting for at least one if ``block``)."""
+    def _pump(self, block: bool, want: int = 1) -> None:
+        """Take in the replies that have arrived (waiting for at least one if ``block``).
+
+        ``want`` tells the transport how many replies are worth waking up for: a sync step waits
+        for every pending command anyway.
+        """
         timeout = self._wait_timeout() if block else 0.0
         first: EnvError | None = None
-        for worker, reply in self._transport.wait(timeout):
+        for worker, reply in self._transport.wait(timeout, want):
             error = self._take(worker, reply)
             first = first or error
         if self.step_timeout is not None:

@@ -71,10 +71,14 @@ class Transport(Protocol):
     def submit(self, worker: int, command: Command) -> None:
         """Hand ``command`` to ``worker``; its reply comes back through :meth:`wait`."""
 
-    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost | None]]:
+    def wait(
+        self, timeout: float | None, want: int = 1
+    ) -> list[tuple[int, Reply | WorkerLost | None]]:
         """Replies that are in, in order per worker; block up to ``timeout`` for at least one.
 
         ``None`` stands for a reply with nothing to report (the command simply succeeded).
+        ``want`` is a hint: the pool will not act before that many replies are in (a transport
+        may wait for them before waking it; it never exceeds the commands pending).
         """
 
     def kill(self, worker: int) -> None:

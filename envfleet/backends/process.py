@@ -258,7 +258,9 @@ class ProcessTransport:
         except (BrokenPipeError, ConnectionResetError, EOFError):
             pass  # the worker is gone; its sentinel reports it on the next wait
 
-    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost | None]]:
+    def wait(
+        self, timeout: float | None, want: int = 1
+    ) -> list[tuple[int, Reply | WorkerLost | None]]:
         if self._poller is None:
             self._poller = select.poll()
             for w, alive in enumerate(self._alive):

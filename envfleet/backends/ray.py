@@ -313,7 +313,9 @@ class RayTransport:
             refs = [actor.run.remote(command)]
         self._refs[worker].append((refs, command))
 
-    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost | None]]:
+    def wait(
+        self, timeout: float | None, want: int = 1
+    ) -> list[tuple[int, Reply | WorkerLost | None]]:
         heads = [refs[0][0][-1] for refs in self._refs if refs]
         if not heads:
             return []

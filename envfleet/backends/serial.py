@@ -29,7 +29,9 @@ class SerialTransport:
     def submit(self, worker: int, command: Command) -> None:
         self._replies.append((worker, serve(self.groups[worker], command)))
 
-    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost | None]]:
+    def wait(
+        self, timeout: float | None, want: int = 1
+    ) -> list[tuple[int, Reply | WorkerLost | None]]:
         replies = list(self._replies)
         self._replies.clear()
         return replies

@@ -12,6 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 
 from envfleet.backends.base import TransportOptions, WorkerLost
 from envfleet.buffers import Batch
@@ -27,9 +28,11 @@ class ThreadTransport:
     def __init__(self, options: TransportOptions) -> None:
         self.batch = Batch.local(options.observation_space, options.action_space, options.num_envs)
         self._options = options
-        self._replies: queue.SimpleQueue[tuple[int, Reply | WorkerLost | None]] = (
-            queue.SimpleQueue()
-        )
+        # Replies gather here; the waiting pool is woken once enough are in (see wait's want),
+        # not once per reply: with one thread per env that saves a GIL hand-off per env.
+        self._replies: deque[tuple[int, Reply | WorkerLost | None]] = deque()
+        self._ready = threading.Condition(threading.Lock())
+        self._want = 1
         self._inboxes: list[queue.SimpleQueue[Command | None]] = []
         self._threads: list[threading.Thread] = []
         self._closed = False
@@ -47,11 +50,8 @@ class ThreadTransport:
         self._await_start()
 
     def _await_start(self) -> None:
-        waiting = set(range(len(self._threads)))
         failure: tuple[int, EnvFailure] | None = None
-        while waiting:
-            worker, reply = self._replies.get()
-            waiting.discard(worker)
+        for worker, reply in self.wait(None, want=len(self._threads)):
             if isinstance(reply, Reply) and reply.failures and failure is None:
                 failure = (worker, reply.failures[0])
         if failure is not None:
@@ -62,7 +62,7 @@ class ThreadTransport:
         self, worker: int, ids: tuple[int, ...], inbox: queue.SimpleQueue[Command | None]
     ) -> None:
         group, started = start_group(self._options, ids, self.batch)
-        self._replies.put((worker, started))
+        self._post(worker, started)
         if group is None:
             return
         while True:
@@ -71,7 +71,7 @@ class ThreadTransport:
                 group.close()
                 return
             reply = serve(group, command)
-            self._replies.put((worker, None if plain(reply) else reply))
+            self._post(worker, None if plain(reply) else reply)
             if isinstance(command, Close):
                 return
 
@@ -80,16 +80,22 @@ class ThreadTransport:
     def submit(self, worker: int, command: Command) -> None:
         self._inboxes[worker].put(command)
 
-    def wait(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost | None]]:
-        try:
-            replies = [self._replies.get(timeout=timeout)]
-        except queue.Empty:
-            return []
-        while True:
-            try:
-                replies.append(self._replies.get_nowait())
-            except queue.Empty:
-                return replies
+    def _post(self, worker: int, reply: Reply | WorkerLost | None) -> None:
+        with self._ready:
+            self._replies.append((worker, reply))
+            if len(self._replies) >= self._want:
+                self._ready.notify()
+
+    def wait(
+        self, timeout: float | None, want: int = 1
+    ) -> list[tuple[int, Reply | WorkerLost | None]]:
+        with self._ready:
+            self._want = max(1, want)
+            self._ready.wait_for(lambda: len(self._replies) >= self._want, timeout)
+            self._want = 1
+            replies = list(self._replies)
+            self._replies.clear()
+        return replies
 
     def kill(self, worker: int) -> None:
         raise NotImplementedError("a thread cannot be killed; use the process backend")
