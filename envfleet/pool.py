@@ -125,6 +125,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._draining = False
         self._stats = StatsRecorder(self._assignment, self.num_envs)
         self._in_flight = 0  # envs with a step or reset sent and no reply yet
+        self._all_ids = np.arange(self.num_envs)
+        self._all_ids.flags.writeable = False  # shared by every sync step: never handed out
         self._indices: dict[tuple[int, ...], np.ndarray] = {}
         self._step_all = [Step(ids) for ids in self._assignment]  # reused: pickled once
 
@@ -175,7 +177,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         """
         if env_id is None and self.batch_size == self.num_envs:
             self.send(actions)
-            env_ids = np.arange(self.num_envs)
+            env_ids = self._all_ids
             self._collect(env_ids)
             return self._results(env_ids, with_env_id=False)
         self.send(actions, env_id)
@@ -625,6 +627,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
             ) from self._broken
 
     def _idle_ids(self, env_id: Sequence[int] | np.ndarray | None, what: str) -> np.ndarray:
+        if env_id is None and not self._state.any():  # every env, all idle: the sync step
+            return self._all_ids
         env_ids = check_env_ids(env_id, self.num_envs)
         busy = env_ids[self._state[env_ids] != _IDLE]
         if busy.size:
