@@ -46,6 +46,7 @@ def make(
     address: str | None = None,
     ray_init_kwargs: Mapping[str, Any] | None = None,
     worker_resources: Mapping[str, Any] | None = None,
+    ray_shared_memory: bool | None = None,
 ) -> Pool:
     """Run ``num_envs`` copies of an environment in parallel behind one ``VectorEnv``.
 
@@ -88,6 +89,9 @@ def make(
         worker_resources: ray backend: ``.options()`` for each actor, such as
             ``{"num_cpus": 1}`` or ``{"resources": {"sim": 1}}``; actors spread over nodes
             (``scheduling_strategy="SPREAD"``) unless this says otherwise.
+        ray_shared_memory: ray backend: actors on this machine share the batch memory with the
+            pool and take commands over a socket, without a Ray call per step (default
+            ``True``); ``False`` makes every command a Ray call, as for actors on other nodes.
 
     Returns:
         A :class:`Pool`; close it (or use it as a context manager) to free its workers.
@@ -148,6 +152,7 @@ def make(
             ("address", address),
             ("ray_init_kwargs", ray_init_kwargs),
             ("worker_resources", worker_resources),
+            ("ray_shared_memory", ray_shared_memory),
         )
         if value is not None
     ]
@@ -182,6 +187,7 @@ def make(
             "address": address,
             "init_kwargs": dict(ray_init_kwargs or {}),
             "worker_resources": dict(worker_resources or {}),
+            "shared_memory": ray_shared_memory is not False,
         },
     )
     transport = open_transport(backend_kind, options)

@@ -14,7 +14,7 @@ import multiprocessing.context
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import singledispatch
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from gymnasium import spaces
@@ -233,6 +233,13 @@ _FLAGS: spaces.Space[Any] = spaces.Box(0, 1, shape=(), dtype=np.bool_)  # type: 
 _REWARDS = spaces.Box(-np.inf, np.inf, shape=(), dtype=np.float64)
 
 
+class RawAllocator(Protocol):
+    """What :meth:`SharedBatch.allocate` takes memory from: a multiprocessing context or another
+    allocator of raw bytes (``ctypes.c_uint8`` arrays or any buffer of that many bytes)."""
+
+    def RawArray(self, typecode_or_type: Any, size_or_initializer: int) -> Any: ...
+
+
 @dataclass
 class SharedBatch:
     """Shared-memory handles for a :class:`Batch`, passed to worker processes at start.
@@ -256,9 +263,9 @@ class SharedBatch:
         obs_space: spaces.Space[Any],
         act_space: spaces.Space[Any],
         n: int,
-        ctx: multiprocessing.context.BaseContext,
+        ctx: multiprocessing.context.BaseContext | RawAllocator,
     ) -> SharedBatch:
-        """Allocate every array-like field in shared memory."""
+        """Allocate every array-like field in shared memory (``ctx.RawArray`` gives the bytes)."""
 
         def shared(space: spaces.Space[Any]) -> Any:
             return allocate_shared(space, n, ctx) if is_array_space(space) else None

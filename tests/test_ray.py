@@ -64,9 +64,23 @@ def ray_session() -> Iterator[None]:
     ray.shutdown()
 
 
-def make_ray(env: Any, **kwargs: Any) -> envfleet.Pool:
+def make_ray(env: Any, path: str = "socket", **kwargs: Any) -> envfleet.Pool:
+    """A ray pool whose actors (all on this machine) take commands over ``path``: ``"socket"``,
+    the batch in shared memory (the default), or ``"calls"``: a Ray call each, as actors on
+    other nodes do."""
     kwargs.setdefault("num_workers", NUM_WORKERS)
-    return envfleet.make(env, NUM_ENVS, backend="ray", **kwargs)
+    pool = envfleet.make(env, NUM_ENVS, backend="ray", ray_shared_memory=path == "socket", **kwargs)
+    assert same_machine(pool) == [path == "socket"] * NUM_WORKERS
+    return pool
+
+
+def same_machine(pool: envfleet.Pool) -> list[bool]:
+    transport: envfleet.backends.ray.RayTransport = pool._transport  # type: ignore[assignment]
+    return transport.same_machine()
+
+
+PATHS = ["socket", "calls"]
+"""How actors take commands: both paths run the same tests."""
 
 
 def wait_for_actors_to_exit(timeout: float = 10.0) -> list[int]:
@@ -124,20 +138,21 @@ SYNC_RUNS = [
 ]
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
     ("case_name", "mode"), SYNC_RUNS, ids=[f"{c}-{m.name}" for c, m in SYNC_RUNS]
 )
 def test_sync_steps_are_bit_identical_to_serial(
-    ray_session: None, case_name: str, mode: AutoresetMode
+    ray_session: None, case_name: str, mode: AutoresetMode, path: str
 ) -> None:
     case = RAY_CASES[case_name]
     with (
         envfleet.make(
             case.env, NUM_ENVS, backend="serial", env_kwargs=case.kwargs, autoreset_mode=mode
         ) as serial,
-        make_ray(case.env, env_kwargs=case.kwargs, autoreset_mode=mode) as pool,
+        make_ray(case.env, path, env_kwargs=case.kwargs, autoreset_mode=mode) as pool,
     ):
-        label = f"{case_name}/{mode.name} serial vs ray"
+        label = f"{case_name}/{mode.name} serial vs ray ({path})"
         assert_same_run(drive(serial, case, mode), pool, case, mode, label)
 
 
@@ -202,17 +217,18 @@ ASYNC_RUNS = [
 ]
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
     ("case_name", "mode"), ASYNC_RUNS, ids=[f"{c}-{m.name}" for c, m in ASYNC_RUNS]
 )
 def test_async_results_are_bit_identical_to_serial(
-    ray_session: None, case_name: str, mode: AutoresetMode
+    ray_session: None, case_name: str, mode: AutoresetMode, path: str
 ) -> None:
     case = CASES[case_name]
     common = {"env_kwargs": case.kwargs, "autoreset_mode": mode, "batch_size": 3}
     with envfleet.make(case.env, NUM_ENVS, backend="serial", **common) as serial:
         expected = drive_async(serial, case, mode)
-    with make_ray(case.env, **common) as pool:
+    with make_ray(case.env, path, **common) as pool:
         got = drive_async(pool, case, mode)
     for i in range(NUM_ENVS):
         # The last few results of each env may stay unreceived (fewer than a batch in flight).
@@ -222,10 +238,11 @@ def test_async_results_are_bit_identical_to_serial(
             assert_same(expected[i][k], got[i][k], f"{case_name} env {i} result {k}")
 
 
-def test_call_get_attr_set_attr_and_seed_match_serial(ray_session: None) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_call_get_attr_set_attr_and_seed_match_serial(ray_session: None, path: str) -> None:
     with (
         envfleet.make(DictTupleEnv, NUM_ENVS, backend="serial", seed=SEED) as serial,
-        make_ray(DictTupleEnv, seed=SEED) as pool,
+        make_ray(DictTupleEnv, path, seed=SEED) as pool,
     ):
         # seed=SEED at make: the first reset (without a seed) seeds env i with SEED + i.
         assert_same(serial.reset(), pool.reset(), "reset")
@@ -273,10 +290,11 @@ def assert_restarted(pool: envfleet.Pool, result: Any, envs: tuple[int, ...]) ->
     assert (pool.restarts == mask).all()
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("on_error", ["raise", "restart"])
-def test_env_exception(ray_session: None, on_error: str) -> None:
+def test_env_exception(ray_session: None, on_error: str, path: str) -> None:
     hook = faults.raise_value_error_in_step
-    with make_ray(FaultyEnv, env_kwargs={"step_hook": hook}, on_error=on_error) as pool:
+    with make_ray(FaultyEnv, path, env_kwargs={"step_hook": hook}, on_error=on_error) as pool:
         if on_error == "restart":
             assert_restarted(pool, step_to_failure(pool), (faults.VICTIM,))
             return
@@ -294,8 +312,16 @@ def test_env_exception(ray_session: None, on_error: str) -> None:
             pool.step(ACTIONS)
 
 
-@pytest.mark.parametrize("on_error", ["raise", "restart", "restart-pieces"])
-def test_dead_actor(ray_session: None, on_error: str, monkeypatch: pytest.MonkeyPatch) -> None:
+DEAD_ACTOR_RUNS = [
+    *((on_error, path) for on_error in ("raise", "restart") for path in PATHS),
+    ("restart-pieces", "calls"),
+]
+
+
+@pytest.mark.parametrize(("on_error", "path"), DEAD_ACTOR_RUNS)
+def test_dead_actor(
+    ray_session: None, on_error: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The victim's actor process exits mid-step (os._exit), as if killed.
 
     ``restart-pieces``: every result travels in pieces (as large observations do), see
@@ -305,10 +331,12 @@ def test_dead_actor(ray_session: None, on_error: str, monkeypatch: pytest.Monkey
         monkeypatch.setattr(envfleet.backends.ray, "CHUNK_BYTES", 16)
         on_error = "restart"
     hook = faults.exit_in_step
-    with make_ray(FaultyEnv, env_kwargs={"step_hook": hook}, on_error=on_error) as pool:
+    with make_ray(FaultyEnv, path, env_kwargs={"step_hook": hook}, on_error=on_error) as pool:
         if on_error == "restart":
             assert_restarted(pool, step_to_failure(pool), VICTIM_ENVS)
             assert len(envfleet_actor_pids()) == NUM_WORKERS
+            # The replacement actor is on this machine too: it takes the same path.
+            assert same_machine(pool) == [path == "socket"] * NUM_WORKERS
             return
         with pytest.raises(envfleet.WorkerDiedError) as info:
             step_to_failure(pool)
@@ -323,10 +351,13 @@ def test_dead_actor(ray_session: None, on_error: str, monkeypatch: pytest.Monkey
         assert sorted(error.completed[4]["env_id"].tolist()) == [0, 1, 2, 5, 6]
 
 
-def test_hung_actor_is_killed_after_step_timeout(ray_session: None, tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_hung_actor_is_killed_after_step_timeout(
+    ray_session: None, tmp_path: Path, path: str
+) -> None:
     never = str(tmp_path / "never-created")
     hook = functools.partial(gates.wait_for_file, path=never, env_seed=faults.SEED + faults.VICTIM)
-    with make_ray(FaultyEnv, env_kwargs={"step_hook": hook}, step_timeout=2.0) as pool:
+    with make_ray(FaultyEnv, path, env_kwargs={"step_hook": hook}, step_timeout=2.0) as pool:
         pool.reset(seed=faults.SEED)
         start = time.monotonic()
         with pytest.raises(envfleet.EnvTimeoutError) as info:

@@ -25,7 +25,13 @@ from tests.ray_helpers import ray_leak_check
 NUM_ENVS = 8
 NUM_WORKERS = 4  # 2 envs each
 RESOURCE = "sim"
-WORKER_NODE = {"num_cpus": 1, "resources": {RESOURCE: NUM_WORKERS}, "object_store_memory": 80 << 20}
+ONE_PER_NODE = "slot"
+"""Every node, the head included, has one: three actors asking for one land one per node."""
+WORKER_NODE = {
+    "num_cpus": 1,
+    "resources": {RESOURCE: NUM_WORKERS, ONE_PER_NODE: 1},
+    "object_store_memory": 80 << 20,
+}
 """Each worker node can hold every actor of a pool (so one can take over from the other)."""
 DETECT_WITHIN = 60.0
 """Seconds a node's death may take to surface: Ray notices a node killed without warning by
@@ -45,7 +51,12 @@ def cluster() -> Iterator[Cluster]:
     assert not ray.is_initialized()
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False, "object_store_memory": 80 << 20},
+        head_node_args={
+            "num_cpus": 1,
+            "resources": {ONE_PER_NODE: 1},
+            "include_dashboard": False,
+            "object_store_memory": 80 << 20,
+        },
     )
     try:
         for _ in range(2):
@@ -80,6 +91,49 @@ def test_actors_spread_over_both_worker_nodes(cluster: Cluster) -> None:
         pool.reset()
         for _ in range(5):
             pool.step(ACTIONS)
+
+
+def test_actors_on_the_pools_node_use_its_memory_the_others_ray_calls(cluster: Cluster) -> None:
+    """One actor per node: the head's (the pool's node) takes commands over its socket, the two
+    on worker nodes by Ray calls; one pool waits on both kinds and matches the serial backend,
+    sync and async."""
+    actions = np.random.default_rng(0).integers(0, 2, size=(40, 6))
+    kwargs: dict[str, Any] = {"seed": 0, "autoreset_mode": "SameStep"}
+    with envfleet.make("CartPole-v1", 6, backend="serial", **kwargs) as serial:
+        expected = [serial.reset()] + [serial.step(a) for a in actions]
+    with envfleet.make(
+        "CartPole-v1",
+        6,
+        backend="ray",
+        num_workers=3,
+        worker_resources={"resources": {ONE_PER_NODE: 1}},
+        **kwargs,
+    ) as pool:
+        transport = pool._transport
+        head = cluster.head_node.node_id
+        assert sorted(transport.node_ids()) == sorted([head, *worker_node_ids(cluster)])
+        assert transport.same_machine() == [node == head for node in transport.node_ids()]
+        got = [pool.reset()] + [pool.step(a) for a in actions]
+    for k, (want, have) in enumerate(zip(expected, got, strict=True)):
+        for field, (x, y) in enumerate(zip(want[:-1], have[:-1], strict=True)):
+            np.testing.assert_array_equal(x, y, err_msg=f"step {k} field {field}")
+    with envfleet.make(
+        "CartPole-v1",
+        6,
+        backend="ray",
+        num_workers=3,
+        batch_size=2,
+        worker_resources={"resources": {ONE_PER_NODE: 1}},
+        **kwargs,
+    ) as pool:
+        pool.async_reset()
+        seen = np.zeros(6, dtype=np.int64)
+        for _ in range(60):
+            _, _, _, _, infos = pool.recv()
+            ids = infos["env_id"]
+            seen[ids] += 1
+            pool.send(np.ones(len(ids), dtype=np.int64), ids)
+        assert (seen > 0).all(), f"an env never came back: {seen}"
 
 
 def remove_node_of_worker(cluster: Cluster, pool: envfleet.Pool, worker: int, **kwargs: Any) -> Any:

@@ -31,16 +31,16 @@ import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import cloudpickle
 
 from envfleet.backends.base import TransportOptions, WorkerLost
+from envfleet.backends.channel import PickledCommands, serve_connection
 from envfleet.buffers import SharedBatch
 from envfleet.errors import Phase, WorkerDiedError
 from envfleet.protocol import Close, Command, EnvFailure, Reply
-from envfleet.worker import plain, serve, start_group
+from envfleet.worker import start_group
 
 PARENT_CHECK_INTERVAL = 1.0
 """Seconds between a worker's checks that its parent is still alive."""
@@ -51,17 +51,6 @@ SPIN_SECONDS = 0.0
 0 (block at once) measured fastest on 2 cores, where a spinning parent or worker takes the core
 an env needs: see ``bench/waiting.py``. Raise it only with more cores than busy processes.
 """
-
-
-def _spin(ready: Any, seconds: float) -> bool:
-    """Poll ``ready()`` for up to ``seconds`` without sleeping; True once it says so."""
-    if seconds <= 0:
-        return False
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        if ready():
-            return True
-    return False
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -114,30 +103,8 @@ def _worker_main(
         restarts=restarts,
     )
     conn.send(started)
-    if group is None:
-        return
-    while True:
-        try:
-            _spin(conn.poll, SPIN_SECONDS)
-            command: Command = conn.recv()
-        except (EOFError, OSError):
-            group.close()
-            return
-        reply = serve(group, command)
-        try:
-            conn.send(None if plain(reply) else reply)
-        except Exception as exc:  # an info or call result that cannot be pickled
-            conn.send(Reply(env_ids=reply.env_ids, failures=(_unpicklable(reply, exc),)))
-        if isinstance(command, Close):
-            return
-
-
-def _unpicklable(reply: Reply, exc: Exception) -> EnvFailure:
-    try:
-        raise TypeError(f"the reply could not be pickled to send to the parent: {exc}") from exc
-    except TypeError as error:
-        env = reply.env_ids[0] if reply.env_ids else None
-        return EnvFailure.capture(env, Phase.STEP, error)
+    if group is not None:
+        serve_connection(group, conn, SPIN_SECONDS)
 
 
 class ProcessTransport:
@@ -154,7 +121,7 @@ class ProcessTransport:
         self._alive: list[bool] = []
         self._closed = False
         self._poller: select.poll | None = None
-        self._pickled: dict[int, tuple[Command, bytes]] = {}
+        self._pickled = PickledCommands()
         self._options = options
         self._options_blob = cloudpickle.dumps(options)
         try:
@@ -246,15 +213,8 @@ class ProcessTransport:
     shares_memory = True
 
     def submit(self, worker: int, command: Command) -> None:
-        # The pool reuses its step-every-env commands: pickle each once.
-        cached = self._pickled.get(id(command))
-        if cached is None or cached[0] is not command:
-            if len(self._pickled) > 256:
-                self._pickled.clear()
-            cached = (command, bytes(ForkingPickler.dumps(command)))
-            self._pickled[id(command)] = cached
         try:
-            self._conns[worker].send_bytes(cached[1])
+            self._conns[worker].send_bytes(self._pickled.dumps(command))
         except (BrokenPipeError, ConnectionResetError, EOFError):
             pass  # the worker is gone; its sentinel reports it on the next wait
 
