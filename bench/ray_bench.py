@@ -6,7 +6,10 @@ change in the machine's load hits them all; the median window is reported):
 - ``naive-ray``: one Ray actor per env, one remote call per env step (all in flight at once);
 - ``batched-ray``: the envs split by hand over two actors (one per usable core), one remote call
   per actor steps all of its envs: what envfleet's ray backend automates;
-- ``envfleet-ray``: ``envfleet.make(..., backend="ray")`` joining the Ray this script started;
+- ``envfleet-ray``: ``envfleet.make(..., backend="ray")`` joining the Ray this script started
+  (its actors are on this machine: they share the batch memory and take commands over a socket);
+- ``envfleet-ray-calls``: the same with ``ray_shared_memory=False``: a Ray call per command, the
+  path actors on other machines of a cluster take;
 - ``envfleet-process``: ``envfleet.make(..., backend="process")``, the reference.
 
 Workloads: CartPole-v1 x 64 and ALE/Pong-v5 x 8. Targets: envfleet-ray at least 0.8x
@@ -31,6 +34,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 import argparse
 import datetime
+import functools
 import importlib.metadata
 import json
 import os
@@ -184,10 +188,12 @@ def open_batched_ray(workload: Workload, timing: Timing) -> Runner:
     )
 
 
-def open_envfleet_ray(workload: Workload, timing: Timing) -> Runner:
+def open_envfleet_ray(workload: Workload, timing: Timing, shared_memory: bool = True) -> Runner:
     """``envfleet.make(..., backend="ray")`` with its default worker count."""
     start = time.perf_counter()
-    pool = envfleet.make(workload.env, workload.num_envs, backend="ray")
+    pool = envfleet.make(
+        workload.env, workload.num_envs, backend="ray", ray_shared_memory=shared_memory
+    )
     try:
         pool.reset(seed=timing.seed)
         setup_s = time.perf_counter() - start
@@ -198,7 +204,7 @@ def open_envfleet_ray(workload: Workload, timing: Timing) -> Runner:
         raise
     workers = min(usable_cores(), workload.num_envs)
     return LoopRunner(
-        "envfleet-ray",
+        "envfleet-ray" if shared_memory else "envfleet-ray-calls",
         pool.step,
         actions,
         pool.num_envs,
@@ -213,6 +219,7 @@ RUNNERS: dict[str, Callable[[Workload, Timing], Runner]] = {
     "naive-ray": open_naive_ray,
     "batched-ray": open_batched_ray,
     "envfleet-ray": open_envfleet_ray,
+    "envfleet-ray-calls": functools.partial(open_envfleet_ray, shared_memory=False),
     "envfleet-process": open_envfleet_process,
 }
 """Every runner by name, in the order they are opened and shown."""
