@@ -2,7 +2,8 @@
 
 CartPole-v1 x 64 on the process backend by default. Statistics are recorded by the pool's own
 process alone (the workers record nothing), in three methods of
-:class:`envfleet.stats.StatsRecorder`: ``busy``, ``replied`` and ``ended``. Turning them off
+:class:`envfleet.stats.StatsRecorder`: ``busy``, ``replied`` and ``ended`` (and
+``busy_all``, ``replied_all``, their whole-pool forms). Turning them off
 means replacing those methods on the class with no-ops. A class attribute reaches every pool of
 the process, so both settings are measured on one pool, switching between windows (when every
 worker is idle): the two sides differ only in the recording, not in where the workers landed.
@@ -45,7 +46,7 @@ import envfleet
 from envfleet.benchmark import OtherLoad, machine_info
 from envfleet.stats import StatsRecorder
 
-RECORDING = ("busy", "replied", "ended")
+RECORDING = ("busy", "busy_all", "replied", "replied_all", "ended")
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "stats_overhead.json"
 TARGET_PERCENT = 2.0
 

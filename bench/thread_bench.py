@@ -5,14 +5,16 @@ median window reported):
 
 - ``sleep``: :class:`bench.envs.SleepEnv` (``time.sleep(0.001)`` per step) x 32. The ideal is
   ``32 / measured step time`` (``ideal`` row: one env stepped alone, counted 32 times; the sleep
-  takes longer than 1 ms). Rows: for-loop, envfleet thread (one thread per env), envfleet
-  process (2 workers; and 2 workers x 16 threads), Gymnasium ``AsyncVectorEnv`` (32 processes).
-  Target: envfleet thread at least 0.8 of the ideal.
+  takes longer than 1 ms). Rows: for-loop, envfleet thread (one thread per env; and with every
+  env thread pinned to one core, ``cpu_affinity=[last usable CPU]``), envfleet process (2
+  workers; and 2 workers x 16 threads, unpinned and ``cpu_affinity="spread"``: one core per
+  worker), Gymnasium ``AsyncVectorEnv`` (32 processes). Target: envfleet thread at least 0.8 of
+  the ideal.
 - ``gil``: does ale-py release the GIL while it emulates? Pong stepped by 1 thread, by 2 threads
   (each its own env) and by 2 processes (what the machine allows without a GIL); the same for
   ``ALEInterface.act`` called directly. If 2 threads scale like 2 processes, it does.
 - ``pong``: ``ALE/Pong-v5`` x 8: for-loop, envfleet thread (8 threads), envfleet process (2
-  workers; and 2 workers x 4 threads), Gymnasium ``AsyncVectorEnv`` (8 processes) and ale-py's
+  workers, unpinned and ``cpu_affinity="spread"``; and 2 workers x 4 threads), Gymnasium ``AsyncVectorEnv`` (8 processes) and ale-py's
   own C++ ``AtariVectorEnv`` (configured like ``ALE/Pong-v5``: 210x160 RGB, no frame stack,
   sticky actions 0.25; and with its default 84x84 grey x4 preprocessing). Target: envfleet
   thread at least 1.6x the for-loop.
@@ -36,6 +38,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 import functools
 import multiprocessing
+import os
 import shutil
 import statistics
 import subprocess
@@ -286,6 +289,14 @@ def gil_verdict(thread_speedup: float | None, process_speedup: float | None) -> 
 # -- parts ---------------------------------------------------------------------------------------
 
 
+THREAD_PINNED = "envfleet thread, pinned to 1 core"
+
+
+def one_core() -> list[int]:
+    """The core the pinned thread rows pack their env threads on: the last usable one."""
+    return [max(os.sched_getaffinity(0))]
+
+
 def sleep_cases() -> list[Case]:
     env, n = SleepEnv, 32
     ef = functools.partial(open_envfleet, env, n)
@@ -293,6 +304,10 @@ def sleep_cases() -> list[Case]:
         Case("ideal (32 x 1 env)", lambda t: open_ideal(env, n, t, "ideal (32 x 1 env)")),
         Case("for-loop", lambda t: open_for_loop(env, n, t)),
         Case("envfleet thread", functools.partial(ef, name="envfleet thread", backend="thread")),
+        Case(
+            THREAD_PINNED,
+            lambda t: ef(t, name=THREAD_PINNED, backend="thread", cpu_affinity=one_core()),
+        ),
         Case(
             "envfleet process 2w",
             functools.partial(ef, name="envfleet process 2w", backend="process", num_workers=2),
@@ -306,6 +321,18 @@ def sleep_cases() -> list[Case]:
                 backend="process",
                 num_workers=2,
                 threads_per_worker=16,
+            ),
+            forks=True,
+        ),
+        Case(
+            "envfleet process 2w x16t, spread",
+            functools.partial(
+                ef,
+                name="envfleet process 2w x16t, spread",
+                backend="process",
+                num_workers=2,
+                threads_per_worker=16,
+                cpu_affinity="spread",
             ),
             forks=True,
         ),
@@ -326,6 +353,17 @@ def pong_cases() -> list[Case]:
         Case(
             "envfleet process 2w",
             functools.partial(ef, name="envfleet process 2w", backend="process", num_workers=2),
+            forks=True,
+        ),
+        Case(
+            "envfleet process 2w, spread",
+            functools.partial(
+                ef,
+                name="envfleet process 2w, spread",
+                backend="process",
+                num_workers=2,
+                cpu_affinity="spread",
+            ),
             forks=True,
         ),
         Case(
@@ -386,8 +424,10 @@ def run_sleep(timing: Timing, console: Console) -> dict[str, Any]:
         f"measured SleepEnv step: {fmt(step_ms, '.3f')} ms, so ideal = 32 / step = "
         f"{fmt(ideal, ',.0f')} steps/s"
     )
+    pinned = ratio(median_of(results, THREAD_PINNED), ideal)
     console.print(
-        f"[bold]envfleet thread / ideal = {fmt(value)}[/bold] (target >= {SLEEP_TARGET}){mark}\n"
+        f"[bold]envfleet thread / ideal = {fmt(value)}[/bold] (target >= {SLEEP_TARGET}){mark}; "
+        f"pinned to 1 core: {fmt(pinned)}\n"
     )
     return {
         "env": "bench.envs.SleepEnv(sleep_s=0.001)",
@@ -395,6 +435,7 @@ def run_sleep(timing: Timing, console: Console) -> dict[str, Any]:
         "measured_step_ms": step_ms,
         "ideal_steps_per_s": ideal,
         "thread_over_ideal": value,
+        "thread_pinned_over_ideal": pinned,
         "target": SLEEP_TARGET,
         "meets_target": met,
         "runners": rows,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -129,6 +129,14 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._all_ids.flags.writeable = False  # shared by every sync step: never handed out
         self._indices: dict[tuple[int, ...], np.ndarray] = {}
         self._step_all = [Step(ids) for ids in self._assignment]  # reused: pickled once
+        # Set while every worker's only pending command is its part of a whole-pool step sent
+        # by _submit_all: the replies can then be taken for all workers at once.
+        self._all_out: float | None = None
+        # A transport may hand a whole-pool step to every worker at once (the thread backend's
+        # one wake-up for all threads); the others get one submit per worker.
+        self._submit_each_at_once: Callable[[Sequence[Command]], None] | None = getattr(
+            transport, "submit_all", None
+        )
 
     # -- the Gymnasium API ---------------------------------------------------------------------
 
@@ -177,9 +185,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
         """
         if env_id is None and self.batch_size == self.num_envs:
             self.send(actions)
-            env_ids = self._all_ids
-            self._collect(env_ids)
-            return self._results(env_ids, with_env_id=False)
+            self._collect(self._all_ids)
+            return self._results(self._all_ids, with_env_id=False)
         self.send(actions, env_id)
         return self.recv()
 
@@ -295,7 +302,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
         actions = check_actions(self.single_action_space, actions, env_ids)
         carried: list[dict[int, Any]] | None = None
         if self._array_actions and self._shares_memory:
-            put(self.single_action_space, self._batch.actions, env_ids, actions)
+            rows = None if env_ids is self._all_ids else env_ids
+            put(self.single_action_space, self._batch.actions, rows, actions)
         else:
             # The actions travel with the command (pickled path, or no shared memory).
             if isinstance(actions, np.ndarray):
@@ -306,8 +314,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
             for i, item in zip(env_ids.tolist(), items, strict=True):
                 carried[self._worker_of[i]][i] = item
         if carried is None and len(env_ids) == self.num_envs:
-            for worker, command in enumerate(self._step_all):
-                self._submit(worker, command)
+            self._submit_all()
             return
         for worker, ids in self._by_worker(env_ids):
             self._submit(worker, Step(ids, carried[worker] if carried is not None else None))
@@ -339,19 +346,30 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self, env_ids: np.ndarray, *, with_env_id: bool
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         batch = self._batch
-        whole = len(env_ids) == self.num_envs and bool((env_ids[1:] > env_ids[:-1]).all())
-        rows = None if whole else env_ids
-        terminations = batch.terminations[env_ids]
-        truncations = batch.truncations[env_ids]
-        done = terminations | truncations
-        self._needs_reset[env_ids] = done
+        whole = env_ids is self._all_ids or (
+            len(env_ids) == self.num_envs and bool((env_ids[1:] > env_ids[:-1]).all())
+        )
+        if whole:  # every env in order: plain copies, no fancy indexing
+            rows = None
+            terminations = batch.terminations.copy()
+            truncations = batch.truncations.copy()
+            rewards = batch.rewards.copy()
+            done = terminations | truncations
+            self._needs_reset[:] = done
+        else:
+            rows = env_ids
+            terminations = batch.terminations[env_ids]
+            truncations = batch.truncations[env_ids]
+            rewards = batch.rewards[env_ids]
+            done = terminations | truncations
+            self._needs_reset[env_ids] = done
         self._stats.ended(env_ids, done)
         infos = self._merge_infos(env_ids, positions=range(len(env_ids)), size=len(env_ids))
         if with_env_id:
             infos["env_id"] = env_ids
         return (
             take(self.single_observation_space, batch.observations, rows),
-            batch.rewards[env_ids],
+            rewards,
             terminations,
             truncations,
             infos,
@@ -385,13 +403,15 @@ class Pool(VectorEnv):  # type: ignore[misc]
         """Wait until every env of ``env_ids`` is ready and take them out of the FIFO."""
         if len(env_ids) == self.num_envs:
             while self._in_flight:
-                self._pump(block=True, want=sum(map(len, self._pending)))
+                want = self.num_workers if self._all_out else sum(map(len, self._pending))
+                self._pump(block=True, want=want)
             self._ready.clear()
-        else:
-            while (self._state[env_ids] == _IN_FLIGHT).any():
-                self._pump(block=True)
-            wanted = set(env_ids.tolist())
-            self._ready = deque(i for i in self._ready if i not in wanted)
+            self._state.fill(_IDLE)
+            return
+        while (self._state[env_ids] == _IN_FLIGHT).any():
+            self._pump(block=True)
+        wanted = set(env_ids.tolist())
+        self._ready = deque(i for i in self._ready if i not in wanted)
         self._state[env_ids] = _IDLE
 
     def _call_all(self, command_for: Any) -> tuple[Any, ...]:
@@ -421,7 +441,38 @@ class Pool(VectorEnv):  # type: ignore[misc]
             index = self._indices[ids] = np.array(ids, dtype=np.intp)
         return index
 
+    def _submit_all(self) -> None:
+        """Send every worker its part of a whole-pool step (all envs idle: the sync step).
+
+        The bookkeeping :meth:`_submit` does per worker is done here for all at once, so the
+        pool's thread spends next to nothing per worker beyond handing the command over.
+        """
+        now = time.monotonic()
+        self._state.fill(_IN_FLIGHT)
+        self._in_flight += self.num_envs
+        pending = self._pending
+        if any(pending):  # a worker still owes a reply (not after the usual sync step)
+            self._all_out = None
+            for worker, command in enumerate(self._step_all):
+                if not pending[worker]:
+                    self._busy_since[worker] = now
+                    self._stats.busy(worker, now)
+                pending[worker].append(command)
+        else:
+            self._all_out = now
+            self._busy_since = [now] * len(pending)
+            self._stats.busy_all(now)
+            for queue, command in zip(pending, self._step_all, strict=True):
+                queue.append(command)
+            if self._submit_each_at_once is not None:
+                self._submit_each_at_once(self._step_all)
+                return
+        submit = self._transport.submit
+        for worker, command in enumerate(self._step_all):
+            submit(worker, command)
+
     def _submit(self, worker: int, command: Command) -> None:
+        self._all_out = None
         if command.delivers_envs:
             ids = command.env_ids  # type: ignore[union-attr]
             self._state[self._index(ids)] = _IN_FLIGHT
@@ -441,7 +492,15 @@ class Pool(VectorEnv):  # type: ignore[misc]
         """
         timeout = self._wait_timeout() if block else 0.0
         first: EnvError | None = None
-        for worker, reply in self._transport.wait(timeout, want):
+        replies = self._transport.wait(timeout, want)
+        if (
+            self._all_out is not None
+            and len(replies) == len(self._pending)
+            and all(reply is None for _, reply in replies)
+        ):
+            self._take_all_plain([worker for worker, _ in replies])
+            replies = []
+        for worker, reply in replies:
             error = self._take(worker, reply)
             first = first or error
         if self.step_timeout is not None:
@@ -449,8 +508,28 @@ class Pool(VectorEnv):  # type: ignore[misc]
         if first is not None:
             self._fail(first)
 
+    def _take_all_plain(self, workers: list[int]) -> None:
+        """Every worker answered its part of a whole-pool step with nothing to report.
+
+        Each worker had exactly that one command pending (``_all_out``), and as many replies
+        as workers came in, so each worker answered once: :meth:`_take` for all at once.
+        ``workers`` is the order the replies came in, which async ``recv`` hands envs out in.
+        """
+        started, self._all_out = self._all_out, None
+        assert started is not None
+        now = time.monotonic()
+        for queue in self._pending:
+            queue.popleft()
+        self._busy_since = [now] * len(self._pending)
+        self._stats.replied_all(started, now)
+        self._state.fill(_READY)
+        assignment = self._assignment
+        self._ready.extend([i for worker in workers for i in assignment[worker]])
+        self._in_flight -= self.num_envs
+
     def _take(self, worker: int, reply: Reply | WorkerLost | None) -> EnvError | None:
         """Account for one reply; return the error it reports, if any."""
+        self._all_out = None
         if isinstance(reply, WorkerLost):
             return self._lost(worker, reply)
         pending = self._pending[worker]

@@ -8,7 +8,6 @@ transport. Recording costs one clock read and a few additions per command.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -48,33 +47,56 @@ class PoolStats:
 
 
 class StatsRecorder:
-    """Accumulates per-worker figures as the pool submits commands and takes replies."""
+    """Accumulates per-worker figures as the pool submits commands and takes replies.
+
+    Kept in numpy arrays, one row or entry per worker, so that a whole-pool step (every worker
+    sent one command at once, every reply taken at once) is recorded in a few array operations
+    (:meth:`busy_all`, :meth:`replied_all`) rather than a Python call per worker: with one
+    thread per env that per-worker cost ran on the pool's thread, under the GIL, every step.
+    """
 
     def __init__(self, assignment: list[tuple[int, ...]], num_envs: int) -> None:
         self.assignment = assignment
         self.created = time.monotonic()
         workers = len(assignment)
-        self.latency: list[deque[float]] = [deque(maxlen=LATENCY_WINDOW) for _ in assignment]
-        self.busy_seconds = [0.0] * workers
-        self.busy_start: list[float | None] = [None] * workers
-        self.steps = [0] * workers
+        self.latency = np.zeros((workers, LATENCY_WINDOW))  # a ring per worker
+        self.replies = np.zeros(workers, dtype=np.int64)  # commands answered, per worker
+        self.busy_seconds = np.zeros(workers)
+        self.busy_start = np.full(workers, np.nan)  # NaN: idle
+        self.steps = np.zeros(workers, dtype=np.int64)
         self.episodes = np.zeros(num_envs, dtype=np.int64)
+        self._sizes = np.array([len(ids) for ids in assignment], dtype=np.int64)
+        self._workers = np.arange(workers)
 
     def busy(self, worker: int, now: float) -> None:
         """The worker got a command while it had none."""
         self.busy_start[worker] = now
 
+    def busy_all(self, now: float) -> None:
+        """Every worker got a command while it had none (a whole-pool step)."""
+        self.busy_start.fill(now)
+
     def replied(
         self, worker: int, started: float, now: float, env_steps: int, idle_after: bool
     ) -> None:
         """A reply came in for a command the worker began at ``started``."""
-        self.latency[worker].append(now - started)
+        count = int(self.replies[worker])
+        self.latency[worker, count % LATENCY_WINDOW] = now - started
+        self.replies[worker] = count + 1
         self.steps[worker] += env_steps
         if idle_after:
             start = self.busy_start[worker]
-            if start is not None:
+            if start == start:  # not NaN
                 self.busy_seconds[worker] += now - start
-            self.busy_start[worker] = None
+            self.busy_start[worker] = np.nan
+
+    def replied_all(self, started: float, now: float) -> None:
+        """Every worker answered the whole-pool step all began at ``started``; all are idle."""
+        self.latency[self._workers, self.replies % LATENCY_WINDOW] = now - started
+        self.replies += 1
+        self.steps += self._sizes
+        self.busy_seconds += now - self.busy_start
+        self.busy_start.fill(np.nan)
 
     def ended(self, env_ids: np.ndarray, done: np.ndarray) -> None:
         """Count the episodes that ended among results handed to the caller."""
@@ -86,11 +108,11 @@ class StatsRecorder:
         elapsed = max(now - self.created, 1e-9)
         workers = []
         for w, ids in enumerate(self.assignment):
-            busy = self.busy_seconds[w]
-            start = self.busy_start[w]
-            if start is not None:
+            busy = float(self.busy_seconds[w])
+            start = float(self.busy_start[w])
+            if start == start:  # busy now
                 busy += now - start
-            lat = np.array(self.latency[w]) * 1e3
+            lat = self.latency[w, : min(int(self.replies[w]), LATENCY_WINDOW)] * 1e3
             workers.append(
                 WorkerStats(
                     worker=w,
@@ -98,14 +120,14 @@ class StatsRecorder:
                     latency_p50_ms=float(np.percentile(lat, 50)) if lat.size else None,
                     latency_p99_ms=float(np.percentile(lat, 99)) if lat.size else None,
                     idle_fraction=float(min(1.0, max(0.0, 1.0 - busy / elapsed))),
-                    steps=self.steps[w],
+                    steps=int(self.steps[w]),
                     episodes=int(self.episodes[list(ids)].sum()),
                     restarts=int(restarts[list(ids)].sum()),
                 )
             )
         return PoolStats(
             seconds=elapsed,
-            steps=sum(self.steps),
+            steps=int(self.steps.sum()),
             episodes=int(self.episodes.sum()),
             restarts=int(restarts.sum()),
             workers=tuple(workers),

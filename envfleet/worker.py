@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from envfleet.affinity import pin_worker
 from envfleet.backends.base import TransportOptions
 from envfleet.buffers import Batch
 from envfleet.errors import Phase
@@ -24,7 +25,14 @@ def build_group(
     ship_observations: bool = False,
     restarts: dict[int, int] | None = None,
 ) -> EnvGroup | ThreadedGroup:
-    """The group a worker runs: one :class:`EnvGroup`, or several on threads."""
+    """The group a worker runs: one :class:`EnvGroup`, or several on threads.
+
+    Runs in the worker (its thread, process or actor): first pins it to its CPUs if the pool
+    was made with ``cpu_affinity``, so its envs are built and stepped there, and threads it
+    starts for ``threads_per_worker`` inherit them.
+    """
+    if options.cpu_affinity is not None:
+        pin_worker(options.cpu_affinity, _worker_index(options, env_ids))
 
     def group(ids: Sequence[int]) -> EnvGroup:
         return EnvGroup(
@@ -72,6 +80,15 @@ def start_group(
     except Exception as exc:
         return None, Reply(failures=(EnvFailure.capture(None, Phase.MAKE, exc),))
     return group, Reply()
+
+
+def _worker_index(options: TransportOptions, env_ids: Sequence[int]) -> int:
+    """Which worker holds ``env_ids`` (workers hold disjoint blocks of env ids)."""
+    first = env_ids[0]
+    for worker, ids in enumerate(options.assignment):
+        if first in ids:
+            return worker
+    raise ValueError(f"env {first} is not in the pool's assignment")
 
 
 def serve(group: Group, command: Command) -> Reply:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import gymnasium
 from gymnasium.vector import AutoresetMode
 
+from envfleet.affinity import Affinity
 from envfleet.buffers import Batch
 from envfleet.errors import OnError
 from envfleet.protocol import Command, Reply
@@ -52,6 +53,7 @@ class TransportOptions:
     on_error: OnError = OnError.RAISE
     seed_base: int | None = None
     threads_per_worker: int = 1
+    cpu_affinity: Affinity | None = None  # applied by each worker to itself (affinity.py)
     ray: dict[str, Any] | None = None  # address, init_kwargs, worker_resources
 
     @property

@@ -5,48 +5,106 @@ For envs that sleep (a remote simulator, a game server, I/O) or release the GIL 
 copies and no inter-process messages. Pure-Python envs gain nothing here (the GIL runs one
 at a time); use the process backend for them. A thread cannot be killed, so ``step_timeout``
 is not offered on this backend.
+
+How commands reach the threads matters more than it seems: with one thread per env, every
+thread needs the GIL twice per step (to start the step, and to report it), and all of that
+runs one thread at a time. Waking 32 threads one lock at a time costs the pool's thread a
+system call each *while it holds the GIL*, so no worker can start until the last is woken.
+So a whole-pool step (:meth:`ThreadTransport.submit_all`) rings one shared bell (an eventfd on
+Linux, else a pipe), one system call made without the GIL that wakes every worker at once.
+Single commands (async steps, calls) ring the worker's own bell. An idle worker waits on both
+with ``poll``. Nobody takes the shared ring down while the workers answer: whole-pool rounds
+alternate between two shared bells, a worker done with round ``r`` waits on the other one, and
+the pool clears that one as it starts round ``r + 1`` (when every worker is past round ``r``),
+so a worker spends no extra system call (and GIL hand-off) per round.
+
+Replies gather under one lock and the waiting pool is woken once enough are in (see
+:meth:`ThreadTransport.wait`'s ``want``), not once per reply.
 """
 
 from __future__ import annotations
 
-import queue
+import os
+import select
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 
 from envfleet.backends.base import TransportOptions, WorkerLost
 from envfleet.buffers import Batch
-from envfleet.protocol import Close, Command, EnvFailure, Reply
+from envfleet.protocol import Close, Command, EnvFailure, Group, Reply
 from envfleet.worker import plain, serve, start_group
 
 _STOP = None
+_EVENTFD = hasattr(os, "eventfd")
+
+
+class _Bell:
+    """A flag threads can ``poll`` on: an eventfd where there is one, else a pipe."""
+
+    def __init__(self) -> None:
+        if _EVENTFD:
+            self.fd = self._write_fd = os.eventfd(0, os.EFD_CLOEXEC)
+        else:  # pragma: no cover - platforms without eventfd
+            self.fd, self._write_fd = os.pipe()
+
+    def ring(self) -> None:
+        if _EVENTFD:
+            os.eventfd_write(self._write_fd, 1)
+        else:  # pragma: no cover
+            os.write(self._write_fd, b"\0")
+
+    def clear(self) -> None:
+        """Remove every ring (call only when ``poll`` said there is one)."""
+        if _EVENTFD:
+            os.eventfd_read(self.fd)
+        else:  # pragma: no cover
+            os.read(self.fd, 1 << 16)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        if self._write_fd != self.fd:  # pragma: no cover
+            os.close(self._write_fd)
 
 
 class ThreadTransport:
     """One thread per worker, each serving its group's commands in order."""
 
+    shares_memory = True
+
     def __init__(self, options: TransportOptions) -> None:
         self.batch = Batch.local(options.observation_space, options.action_space, options.num_envs)
         self._options = options
-        # Replies gather here; the waiting pool is woken once enough are in (see wait's want),
-        # not once per reply: with one thread per env that saves a GIL hand-off per env.
         self._replies: deque[tuple[int, Reply | WorkerLost | None]] = deque()
-        self._ready = threading.Condition(threading.Lock())
-        self._want = 1
-        self._inboxes: list[queue.SimpleQueue[Command | None]] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Lock()  # held while the pool has no reason to wake up
+        self._wake.acquire()
+        self._want = 0  # replies the waiting pool needs (0: the pool is not waiting)
+        # Per worker: commands tagged with their round (0: a single command, else whole-pool).
+        self._inboxes: list[deque[tuple[int, Command | None]]] = []
+        self._bells: list[_Bell] = []
+        self._rounds = (_Bell(), _Bell())
+        self._round = 0
         self._threads: list[threading.Thread] = []
         self._closed = False
-        for worker, ids in enumerate(options.assignment):
-            inbox: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
-            thread = threading.Thread(
-                target=self._serve,
-                args=(worker, ids, inbox),
-                name=f"envfleet-thread-{worker}",
-                daemon=True,
-            )
-            self._inboxes.append(inbox)
-            self._threads.append(thread)
-            thread.start()
+        try:
+            for worker, ids in enumerate(options.assignment):
+                inbox: deque[tuple[int, Command | None]] = deque()
+                bell = _Bell()
+                self._inboxes.append(inbox)
+                self._bells.append(bell)
+                thread = threading.Thread(
+                    target=self._serve,
+                    args=(worker, ids, inbox, bell),
+                    name=f"envfleet-thread-{worker}",
+                    daemon=True,
+                )
+                self._threads.append(thread)
+                thread.start()
+        except BaseException:
+            self.close(1.0)
+            raise
         self._await_start()
 
     def _await_start(self) -> None:
@@ -59,42 +117,92 @@ class ThreadTransport:
             raise failure[1].to_error(failure[0], self._options.spec.name)
 
     def _serve(
-        self, worker: int, ids: tuple[int, ...], inbox: queue.SimpleQueue[Command | None]
+        self,
+        worker: int,
+        ids: tuple[int, ...],
+        inbox: deque[tuple[int, Command | None]],
+        bell: _Bell,
     ) -> None:
         group, started = start_group(self._options, ids, self.batch)
         self._post(worker, started)
         if group is None:
             return
+        self._loop(worker, group, inbox, bell)
+
+    def _loop(
+        self, worker: int, group: Group, inbox: deque[tuple[int, Command | None]], bell: _Bell
+    ) -> None:
+        rounds = self._rounds
+        waits = []  # waits[k]: this worker's bell and the round bell of rounds with parity k
+        for shared in rounds:
+            poller = select.poll()
+            poller.register(bell.fd, select.POLLIN)
+            poller.register(shared.fd, select.POLLIN)
+            waits.append(poller.poll)
+        last = 0  # the last whole-pool round served
+        own = bell.fd
+        post = self._post
         while True:
-            command = inbox.get()
+            if not inbox:
+                for fd, _ in waits[(last + 1) & 1]():  # blocks without the GIL
+                    if fd == own:
+                        bell.clear()
+                continue
+            round_, command = inbox.popleft()
             if command is _STOP:
                 group.close()
                 return
+            if round_:
+                last = round_
             reply = serve(group, command)
-            self._post(worker, None if plain(reply) else reply)
+            post(worker, None if plain(reply) else reply)
             if isinstance(command, Close):
                 return
 
-    shares_memory = True
-
     def submit(self, worker: int, command: Command) -> None:
-        self._inboxes[worker].put(command)
+        self._inboxes[worker].append((0, command))
+        self._bells[worker].ring()
+
+    def submit_all(self, commands: Sequence[Command]) -> None:
+        """One command per worker, all at once: one ring of a shared bell wakes them all.
+
+        Only when every worker has answered everything sent before (a whole-pool step, all
+        envs idle): then no worker waits on the bell of the previous round any more, and it
+        can be cleared for the next.
+        """
+        self._round += 1
+        round_ = self._round
+        if round_ > 1:
+            self._rounds[(round_ - 1) & 1].clear()
+        for inbox, command in zip(self._inboxes, commands, strict=True):
+            inbox.append((round_, command))
+        self._rounds[round_ & 1].ring()
 
     def _post(self, worker: int, reply: Reply | WorkerLost | None) -> None:
-        with self._ready:
+        with self._lock:
             self._replies.append((worker, reply))
-            if len(self._replies) >= self._want:
-                self._ready.notify()
+            if self._want and len(self._replies) >= self._want:
+                self._want = 0
+                self._wake.release()
 
     def wait(
         self, timeout: float | None, want: int = 1
     ) -> list[tuple[int, Reply | WorkerLost | None]]:
-        with self._ready:
-            self._want = max(1, want)
-            self._ready.wait_for(lambda: len(self._replies) >= self._want, timeout)
-            self._want = 1
-            replies = list(self._replies)
-            self._replies.clear()
+        with self._lock:
+            if len(self._replies) < max(1, want) and timeout != 0:
+                self._want = max(1, want)
+            else:
+                return self._take_replies()
+        woken = self._wake.acquire(timeout=-1 if timeout is None else timeout)
+        with self._lock:
+            if not woken and not self._want:  # a reply woke us just as the wait timed out
+                self._wake.acquire()
+            self._want = 0
+            return self._take_replies()
+
+    def _take_replies(self) -> list[tuple[int, Reply | WorkerLost | None]]:
+        replies = list(self._replies)
+        self._replies.clear()
         return replies
 
     def kill(self, worker: int) -> None:
@@ -107,12 +215,19 @@ class ThreadTransport:
         if self._closed:
             return
         self._closed = True
-        for inbox in self._inboxes:
-            inbox.put(_STOP)
+        for worker in range(len(self._threads)):
+            self._inboxes[worker].append((0, _STOP))
+            self._bells[worker].ring()
         deadline = time.monotonic() + timeout
+        stuck = False
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        # A thread stuck inside an env is a daemon: it cannot block interpreter exit.
+            stuck = stuck or thread.is_alive()
+        # A thread stuck inside an env is a daemon: it cannot block interpreter exit. Its bells
+        # stay open (it may still poll them); those of a pool whose threads all ended close.
+        if not stuck:
+            for bell in (*self._bells, *self._rounds):
+                bell.close()
 
 
 def open_transport(options: TransportOptions) -> ThreadTransport:
