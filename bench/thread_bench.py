@@ -14,10 +14,10 @@ median window reported):
   (each its own env) and by 2 processes (what the machine allows without a GIL); the same for
   ``ALEInterface.act`` called directly. If 2 threads scale like 2 processes, it does.
 - ``pong``: ``ALE/Pong-v5`` x 8: for-loop, envfleet thread (8 threads), envfleet process (2
-  workers, unpinned and ``cpu_affinity="spread"``; and 2 workers x 4 threads), Gymnasium ``AsyncVectorEnv`` (8 processes) and ale-py's
-  own C++ ``AtariVectorEnv`` (configured like ``ALE/Pong-v5``: 210x160 RGB, no frame stack,
-  sticky actions 0.25; and with its default 84x84 grey x4 preprocessing). Target: envfleet
-  thread at least 1.6x the for-loop.
+  workers, unpinned and ``cpu_affinity="spread"``; and 2 workers x 4 threads), Gymnasium
+  ``AsyncVectorEnv`` (8 processes) and ale-py's own C++ ``AtariVectorEnv`` (configured like
+  ``ALE/Pong-v5``: 210x160 RGB, no frame stack, sticky actions 0.25; and with its default
+  84x84 grey x4 preprocessing). Target: envfleet thread at least 1.6x the for-loop.
 
 It also records whether a free-threaded CPython (3.13t/3.14t) is at hand here.
 
