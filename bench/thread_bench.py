@@ -5,7 +5,9 @@ median window reported):
 
 - ``sleep``: :class:`bench.envs.SleepEnv` (``time.sleep(0.001)`` per step) x 32. The ideal is
   ``32 / measured step time`` (``ideal`` row: one env stepped alone, counted 32 times; the sleep
-  takes longer than 1 ms). Rows: for-loop, envfleet thread (one thread per env; and with every
+  takes longer than 1 ms). Rows: for-loop, bare threads (no library: one thread per env started
+  by one eventfd write, the ceiling of a Python thread pool with a GIL here; unpinned and pinned
+  to one core), envfleet thread (one thread per env; and with every
   env thread pinned to one core, ``cpu_affinity=[last usable CPU]``), envfleet process (2
   workers; and 2 workers x 16 threads, unpinned and ``cpu_affinity="spread"``: one core per
   worker), Gymnasium ``AsyncVectorEnv`` (32 processes). Target: envfleet thread at least 0.8 of
@@ -125,6 +127,62 @@ def open_atari_vector(num_envs: int, timing: Timing, name: str, **kwargs: Any) -
         vec.close()
         raise
     return Runner(name, cycle(vec.step, actions, num_envs), vec.close, **kwargs)
+
+
+# -- the ceiling: bare Python threads, no library -------------------------------------------------
+
+
+def open_bare_threads(
+    env: Any, num_envs: int, timing: Timing, name: str, cpus: list[int] | None = None
+) -> Runner:
+    """The least any Python thread pool can do: one thread per env, every step started by one
+    write to a shared eventfd (semaphore mode: each thread takes one), the end signalled by the
+    last thread through a lock; no actions, no results, no error handling. ``cpus``: pin the
+    env threads there (the caller's thread stays free). What this reaches is the ceiling of
+    threads with a GIL on this machine."""
+    envs = [build(env) for _ in range(num_envs)]
+    for i, e in enumerate(envs):
+        e.reset(seed=timing.seed + i)
+    bell = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC)
+    done = threading.Lock()
+    done.acquire()
+    count_lock = threading.Lock()
+    state = {"left": 0, "stop": False}
+
+    def serve(e: Any) -> None:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+        while True:
+            os.eventfd_read(bell)
+            if state["stop"]:
+                return
+            e.step(0)
+            with count_lock:
+                state["left"] -= 1
+                last = state["left"] == 0
+            if last:
+                done.release()
+
+    threads = [threading.Thread(target=serve, args=(e,), daemon=True) for e in envs]
+    for thread in threads:
+        thread.start()
+
+    def advance() -> int:
+        state["left"] = num_envs
+        os.eventfd_write(bell, num_envs)
+        done.acquire()
+        return num_envs
+
+    def close() -> None:
+        state["stop"] = True
+        os.eventfd_write(bell, num_envs)
+        for thread in threads:
+            thread.join(1.0)
+        os.close(bell)
+        for e in envs:
+            e.close()
+
+    return Runner(name, advance, close, threads=num_envs, cpus=cpus)
 
 
 # -- the GIL check: k threads or k processes, each stepping its own env ---------------------------
@@ -290,6 +348,7 @@ def gil_verdict(thread_speedup: float | None, process_speedup: float | None) -> 
 
 
 THREAD_PINNED = "envfleet thread, pinned to 1 core"
+BARE_PINNED = "bare threads, pinned to 1 core"
 
 
 def one_core() -> list[int]:
@@ -303,6 +362,11 @@ def sleep_cases() -> list[Case]:
     return [
         Case("ideal (32 x 1 env)", lambda t: open_ideal(env, n, t, "ideal (32 x 1 env)")),
         Case("for-loop", lambda t: open_for_loop(env, n, t)),
+        Case("bare threads", lambda t: open_bare_threads(env, n, t, "bare threads")),
+        Case(
+            BARE_PINNED,
+            lambda t: open_bare_threads(env, n, t, BARE_PINNED, cpus=one_core()),
+        ),
         Case("envfleet thread", functools.partial(ef, name="envfleet thread", backend="thread")),
         Case(
             THREAD_PINNED,
@@ -425,9 +489,11 @@ def run_sleep(timing: Timing, console: Console) -> dict[str, Any]:
         f"{fmt(ideal, ',.0f')} steps/s"
     )
     pinned = ratio(median_of(results, THREAD_PINNED), ideal)
+    bare = ratio(median_of(results, BARE_PINNED), ideal)
     console.print(
         f"[bold]envfleet thread / ideal = {fmt(value)}[/bold] (target >= {SLEEP_TARGET}){mark}; "
-        f"pinned to 1 core: {fmt(pinned)}\n"
+        f"pinned to 1 core: {fmt(pinned)}; bare Python threads, pinned (the ceiling here): "
+        f"{fmt(bare)}\n"
     )
     return {
         "env": "bench.envs.SleepEnv(sleep_s=0.001)",
@@ -436,6 +502,7 @@ def run_sleep(timing: Timing, console: Console) -> dict[str, Any]:
         "ideal_steps_per_s": ideal,
         "thread_over_ideal": value,
         "thread_pinned_over_ideal": pinned,
+        "bare_threads_pinned_over_ideal": bare,
         "target": SLEEP_TARGET,
         "meets_target": met,
         "runners": rows,
