@@ -52,14 +52,9 @@ from rich.table import Table
 
 import envfleet
 from bench.envs import WORKLOADS, Workload
-from bench.runners import (
-    LoopRunner,
-    Runner,
-    RunResult,
-    Timing,
-    open_envfleet_process,
-    usable_cores,
-)
+from envfleet import benchmark
+from envfleet._make import usable_cores
+from envfleet.benchmark import LoopRunner, Runner, RunResult, Timing
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "ray.json"
 BENCH_WORKLOADS = ("cartpole", "pong")
@@ -215,6 +210,12 @@ def open_envfleet_ray(workload: Workload, timing: Timing, shared_memory: bool = 
     )
 
 
+def open_envfleet_process(workload: Workload, timing: Timing) -> Runner:
+    """``envfleet.make(..., backend="process")``: the engine of ``envfleet bench``'s runner."""
+    spec = benchmark.Workload.of(workload.env, workload.num_envs)
+    return benchmark.RUNNERS["process"].open(spec, timing)
+
+
 RUNNERS: dict[str, Callable[[Workload, Timing], Runner]] = {
     "naive-ray": open_naive_ray,
     "batched-ray": open_batched_ray,
@@ -316,7 +317,7 @@ def report(
             entry["runners"][name] = {"error": result}
             continue
         base = speeds.get(baseline)
-        count = result.info.get("actors", result.info.get("processes", "-"))
+        count = next((result.info[k] for k in ("actors", "workers") if k in result.info), "-")
         table.add_row(
             name,
             f"{result.median:,.0f}",
