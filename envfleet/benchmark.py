@@ -668,7 +668,7 @@ ALIASES = {
     "envfleet-process": "process",
     "envfleet-thread": "thread",
 }
-"""Older names (``bench/runners.py``) still accepted by :func:`parse_runners`."""
+"""Longer names (``envfleet-process``) also accepted by :func:`parse_runners`."""
 
 
 def parse_runners(text: str) -> list[str]:
