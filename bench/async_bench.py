@@ -38,13 +38,10 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 import argparse
 import contextlib
-import datetime
 import functools
 import importlib.metadata
 import io
 import json
-import os
-import platform
 import statistics
 import time
 import traceback
@@ -54,12 +51,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import psutil
 from rich.console import Console
 from rich.table import Table
 
 import envfleet
 from bench.async_envs import HeavyTailEnv, build, expected_step_s, puffer_env
+from envfleet import benchmark
+from envfleet._make import usable_cores
+from envfleet.benchmark import OtherLoad
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ASYNC_TARGET = 1.5
@@ -161,38 +160,6 @@ class Result:
         return statistics.median(self.windows)
 
 
-def _busy_cpu_s() -> float:
-    t = psutil.cpu_times()
-    return float(sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq")))
-
-
-def _own_cpu_s() -> float:
-    me = psutil.Process()
-    total = 0.0
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system
-    return total
-
-
-class OtherLoad:
-    """Cores kept busy by processes outside this process tree over a stretch of time."""
-
-    def __enter__(self) -> OtherLoad:
-        self.cores = 0.0
-        self._start = (time.perf_counter(), _busy_cpu_s(), _own_cpu_s())
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        wall, busy, own = self._start
-        wall = time.perf_counter() - wall
-        other = (_busy_cpu_s() - busy) - (_own_cpu_s() - own)
-        self.cores = max(0.0, other / wall) if wall > 0 else 0.0
-
-
 def measure(
     cases: Sequence[Case], timing: Timing, console: Console | None = None
 ) -> dict[str, Result | str]:
@@ -272,35 +239,9 @@ def version(package: str) -> str | None:
         return None
 
 
-def usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
 def machine_info(packages: Sequence[str] = ()) -> dict[str, Any]:
-    model = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(
-                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                model,
-            )
-    except OSError:
-        pass
-    return {
-        "usable_cores": usable_cores(),
-        "cpu_count": os.cpu_count(),
-        "cpu_model": model,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": {
-            p: version(p) for p in ("envfleet", "gymnasium", "numpy", "ale-py", *packages)
-        },
-        "load_average_at_start": list(os.getloadavg()),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    """:func:`envfleet.benchmark.machine_info`, with ale-py and ``packages`` among the versions."""
+    return benchmark.machine_info(("ale-py", *packages))
 
 
 def ratio(value: float | None, base: float | None) -> float | None:

@@ -33,12 +33,8 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
-import datetime
 import functools
-import importlib.metadata
 import json
-import os
-import platform
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -268,33 +264,9 @@ def measure(workload: Workload, timing: Timing, console: Console) -> dict[str, R
     return {name: results[name] for name in RUNNERS if name in results}
 
 
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def machine_info() -> dict[str, Any]:
-    model = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(
-                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                model,
-            )
-    except OSError:
-        pass
-    return {
-        "usable_cores": usable_cores(),
-        "cpu_count": os.cpu_count(),
-        "cpu_model": model,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": {p: _version(p) for p in ("envfleet", "ray", "gymnasium", "ale-py", "numpy")},
-        "load_average_at_start": list(os.getloadavg()),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    """:func:`envfleet.benchmark.machine_info`, with Ray and ale-py among the versions."""
+    return benchmark.machine_info(("ray", "ale-py"))
 
 
 def report(

@@ -835,8 +835,9 @@ PACKAGES = (
 )
 
 
-def machine_info() -> dict[str, Any]:
-    """Cores, CPU, Python, package versions, load and date: what the numbers depend on."""
+def machine_info(packages: Sequence[str] = ()) -> dict[str, Any]:
+    """Cores, CPU, Python, package versions (:data:`PACKAGES` and ``packages``), load and date:
+    what the numbers depend on."""
     try:
         load: list[float] | None = list(os.getloadavg())
     except OSError:
@@ -847,7 +848,7 @@ def machine_info() -> dict[str, Any]:
         "cpu_model": _cpu_model(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "versions": {p: _version(p) for p in PACKAGES},
+        "versions": {p: _version(p) for p in dict.fromkeys((*PACKAGES, *packages))},
         "load_average_at_start": load,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
