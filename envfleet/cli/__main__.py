@@ -1,0 +1,7 @@
+"""``python -m envfleet.cli``: the ``envfleet`` command line."""
+
+import sys
+
+from envfleet.cli import main
+
+sys.exit(main())

@@ -1,0 +1,225 @@
+"""``envfleet bench ENV``: measure envfleet against a for-loop, the ceiling and peer libraries.
+
+It measures, side by side in one run, a for-loop, the independent-processes ceiling,
+envfleet's backends and the peer libraries that are installed, for each ``--num-envs`` of a
+list (see :mod:`envfleet.benchmark`); it prints a table (steps/s, ratio to the ceiling) and
+writes ``bench.json`` and ``bench.png`` (throughput against ``num_envs``) to ``--out DIR``.
+A runner that fails is reported on stderr, and the command exits with status 1 once the
+results are written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from envfleet import benchmark
+from envfleet.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    PROG,
+    CliError,
+    UsageError,
+    env_spec,
+    non_negative_int,
+    one_line,
+    positive_float,
+    positive_int,
+    progress_console,
+)
+from envfleet.spec import EnvSpec
+
+DEFAULT_BENCH_NUM_ENVS = (8, 32, 64)
+DEFAULT_BENCH_OUT = Path("envfleet-bench")
+
+
+def _num_envs_list(text: str) -> list[int]:
+    """``"8,32,64"``: positive env counts, duplicates dropped, in the order given."""
+    values: list[int] = []
+    for item in text.split(","):
+        try:
+            value = int(item.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated positive integers such as 8,32,64, got {text!r}"
+            ) from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"env counts must be at least 1, got {value}")
+        if value not in values:
+            values.append(value)
+    return values
+
+
+def _runner_list(text: str) -> list[str]:
+    try:
+        return benchmark.parse_runners(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_parser(commands: Any) -> None:
+    """Add the ``bench`` subcommand to ``commands`` (the top-level parser's subparsers)."""
+    names = ", ".join(benchmark.RUNNERS)
+    bench = commands.add_parser(
+        "bench",
+        help="measure envfleet against a for-loop, the ceiling and peer libraries",
+        description=(
+            "Measure, side by side in one run, the throughput of a for-loop, independent "
+            "processes (the ceiling), envfleet's backends and the peer libraries that are "
+            "installed, for each of a list of env counts. Random actions; the windows of the "
+            "runners are interleaved and the median is reported. Prints a table and writes "
+            "DIR/bench.json and DIR/bench.png (throughput against num_envs). Runners not "
+            "installed are left out of the table and listed as such in the JSON."
+        ),
+        epilog="runners: "
+        + "; ".join(f"{kind.name}: {kind.description}" for kind in benchmark.RUNNERS.values()),
+        allow_abbrev=False,
+    )
+    bench.add_argument("env", metavar="ENV", help="a registered env id, e.g. CartPole-v1")
+    bench.add_argument(
+        "--num-envs",
+        type=_num_envs_list,
+        default=list(DEFAULT_BENCH_NUM_ENVS),
+        metavar="N[,N...]",
+        help=(
+            "env counts to sweep, comma-separated (default: "
+            f"{','.join(map(str, DEFAULT_BENCH_NUM_ENVS))})"
+        ),
+    )
+    bench.add_argument(
+        "--runners",
+        type=_runner_list,
+        metavar="NAME[,NAME...]",
+        help=f"comma-separated, from {names} (default: all)",
+    )
+    bench.add_argument(
+        "--seconds",
+        type=positive_float,
+        default=1.0,
+        help="length of each timed window (default: 1)",
+    )
+    bench.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=3,
+        help="timed windows per runner and env count; the median is reported (default: 3)",
+    )
+    bench.add_argument(
+        "--seed", type=non_negative_int, default=0, help="seeds resets and actions (default: 0)"
+    )
+    bench.add_argument(
+        "--out",
+        metavar="DIR",
+        type=Path,
+        default=DEFAULT_BENCH_OUT,
+        help=f"folder for bench.json and bench.png, made if missing (default: {DEFAULT_BENCH_OUT})",
+    )
+    bench.add_argument(
+        "--json", action="store_true", help="print the results as JSON on stdout, nothing else"
+    )
+    bench.add_argument("-q", "--quiet", action="store_true", help="no live progress")
+    bench.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    bench.set_defaults(handler=_cmd_bench)
+
+
+def _check_builds(spec: EnvSpec) -> None:
+    try:
+        env = spec.build()
+    except Exception as exc:
+        raise CliError(f"building {spec.name} failed: {type(exc).__name__}: {exc}") from exc
+    env.close()
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    spec = env_spec(args.env)
+    names: list[str] = args.runners or list(benchmark.RUNNERS)
+    explicit = args.runners is not None
+    out: Path = args.out
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder")
+    available = {name: benchmark.availability(name, spec) for name in names}
+    if not any(a.ok for a in available.values()):
+        reasons = "; ".join(f"{name}: {a.reason}" for name, a in available.items())
+        raise CliError(f"none of the runners asked for can run here ({reasons})")
+    _check_builds(spec)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"cannot make the folder {out}: {exc.strerror or exc}") from exc
+
+    stderr, live = progress_console(args)
+
+    def on_error(name: str, num_envs: int, exc: BaseException) -> None:
+        if args.debug:
+            traceback.print_exception(type(exc), exc, exc.__traceback__)
+        stderr.print(
+            f"{PROG}: {name} failed with {num_envs} envs: "
+            + one_line(f"{type(exc).__name__}: {exc}"),
+            markup=False,
+            soft_wrap=True,
+        )
+
+    timing = benchmark.Timing.scaled(args.seconds, args.repeats, seed=args.seed)
+    if live:
+        with stderr.status(f"{spec.name}: starting") as status:
+            report = benchmark.sweep(
+                spec,
+                args.num_envs,
+                names,
+                timing,
+                on_error=on_error,
+                progress=lambda text: status.update(Text(text)),
+            )
+    else:
+        report = benchmark.sweep(spec, args.num_envs, names, timing, on_error=on_error)
+
+    json_path, png_path = out / "bench.json", out / "bench.png"
+    try:
+        benchmark.write_plot(report, png_path)
+        document = benchmark.write_json(
+            report, json_path, files={"json": str(json_path), "png": str(png_path)}
+        )
+    except OSError as exc:
+        raise CliError(f"writing the results to {out} failed: {exc.strerror or exc}") from exc
+    if args.json:
+        sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
+    else:
+        console = Console(highlight=False)
+        console.print(benchmark.report_table(report))
+        for note in benchmark.report_notes(report):
+            console.print(note, markup=False, soft_wrap=True)
+        skipped = [n for n in names if not available[n].ok]
+        if explicit and skipped:
+            console.print(
+                "skipped: " + "; ".join(f"{n} ({available[n].reason})" for n in skipped),
+                markup=False,
+                soft_wrap=True,
+            )
+        console.print(
+            f"results written to {json_path} and {png_path}", markup=False, soft_wrap=True
+        )
+
+    if report.interrupted:
+        stderr.print(
+            f"{PROG}: interrupted; what was measured is in {json_path}",
+            markup=False,
+            soft_wrap=True,
+        )
+        return EXIT_INTERRUPTED
+    errors = report.errors()
+    if errors:
+        described = "; ".join(
+            f"{name} ({', '.join(f'{n} envs' for n in points)})" for name, points in errors.items()
+        )
+        raise CliError(
+            f"{len(errors)} runner{'s' if len(errors) > 1 else ''} failed: {described}; "
+            f"the messages are in {json_path}"
+        )
+    return EXIT_OK

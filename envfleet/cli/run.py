@@ -1,0 +1,323 @@
+"""``envfleet run ENV``: step copies of an env with a policy, report throughput and returns.
+
+It steps ``--num-envs`` copies of ``ENV`` with a policy (random by default), shows live progress
+on stderr when it is a terminal, and prints a summary: throughput and the returns of the
+episodes that finished (counted as :mod:`envfleet.cli.runner` describes). ``--out FILE.npz``
+saves the rollout (its columns: :mod:`envfleet.cli.recorder`).
+
+``--stats`` adds the pool's per-worker statistics (:meth:`envfleet.Pool.stats`: step latency
+p50/p99, idle fraction, steps, episodes, restarts) as a table, and under ``"stats"`` in
+``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+from rich.console import Console
+from rich.table import Table
+
+import envfleet
+from envfleet.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    PROG,
+    CliError,
+    UsageError,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    progress_console,
+)
+from envfleet.cli.recorder import Recorder
+from envfleet.cli.runner import LiveDisplay, RandomPolicy, Runner, RunResult, load_policy
+
+DEFAULT_STEPS = 100_000
+
+
+def add_parser(commands: Any) -> None:
+    """Add the ``run`` subcommand to ``commands`` (the top-level parser's subparsers)."""
+    run = commands.add_parser(
+        "run",
+        help="step an environment with a policy and report throughput and returns",
+        description=(
+            "Step NUM_ENVS copies of ENV with a policy (random by default), show live progress "
+            "on stderr and print a summary. Episodes are counted per env under Gymnasium's "
+            "NEXT_STEP autoreset (the reset step after an episode is part of no episode)."
+        ),
+        allow_abbrev=False,
+    )
+    run.add_argument("env", metavar="ENV", help="a registered env id, e.g. CartPole-v1")
+    run.add_argument("--num-envs", type=positive_int, default=8, help="number of envs (default: 8)")
+    run.add_argument(
+        "--backend",
+        choices=[backend.value for backend in envfleet.Backend],
+        default=envfleet.Backend.PROCESS.value,
+        help="where the envs run (default: process)",
+    )
+    run.add_argument(
+        "--num-workers",
+        type=positive_int,
+        help="worker processes (process backend; default: usable cores, at most NUM_ENVS)",
+    )
+    run.add_argument(
+        "--batch-size",
+        type=positive_int,
+        help="envs per batch; below NUM_ENVS runs asynchronously (default: NUM_ENVS)",
+    )
+    run.add_argument(
+        "--seed", type=non_negative_int, default=0, help="env i is seeded seed+i (default: 0)"
+    )
+    limit = run.add_mutually_exclusive_group()
+    limit.add_argument(
+        "--steps",
+        type=positive_int,
+        help=f"run until at least this many env-steps (default: {DEFAULT_STEPS:_})",
+    )
+    limit.add_argument("--seconds", type=positive_float, help="run for this many seconds")
+    run.add_argument(
+        "--policy",
+        metavar="MODULE:FUNCTION",
+        help=(
+            "a function called with a batch of observations that returns a batch of actions "
+            "(default: random actions, seeded); MODULE is imported from the current directory "
+            "or the installed packages"
+        ),
+    )
+    run.add_argument(
+        "--out", metavar="FILE.npz", type=Path, help="save the rollout to this .npz file"
+    )
+    run.add_argument(
+        "--save-obs", action="store_true", help="also save observations in --out (large)"
+    )
+    run.add_argument(
+        "--json", action="store_true", help="print the summary as JSON on stdout, nothing else"
+    )
+    run.add_argument(
+        "-q", "--quiet", action="store_true", help="no live progress (the summary still prints)"
+    )
+    run.add_argument(
+        "--stats",
+        action="store_true",
+        help=(
+            "show the pool's per-worker statistics at the end: step latency p50/p99, idle "
+            "fraction, steps, episodes, restarts (also under 'stats' in --json)"
+        ),
+    )
+    run.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    run.set_defaults(handler=_cmd_run)
+
+
+def _out_path(out: Path) -> Path:
+    """``out`` with the ``.npz`` suffix numpy would add; its folder must exist."""
+    if out.suffix != ".npz":
+        out = out.with_name(out.name + ".npz")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder")
+    return out
+
+
+def _check_run_args(args: argparse.Namespace) -> None:
+    if args.batch_size is not None and args.batch_size > args.num_envs:
+        raise UsageError(
+            f"--batch-size {args.batch_size} exceeds --num-envs {args.num_envs}: "
+            "a batch holds at most every env"
+        )
+    if args.num_workers is not None and args.num_workers > args.num_envs:
+        raise UsageError(
+            f"--num-workers {args.num_workers} exceeds --num-envs {args.num_envs}: "
+            "each worker needs at least one env"
+        )
+    if args.save_obs and args.out is None:
+        raise UsageError("--save-obs needs --out FILE.npz")
+    if args.steps is None and args.seconds is None:
+        args.steps = DEFAULT_STEPS
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    _check_run_args(args)
+    out = _out_path(args.out) if args.out is not None else None
+    policy = load_policy(args.policy) if args.policy is not None else None
+    stderr, live = progress_console(args)
+
+    try:
+        pool = envfleet.make(
+            args.env,
+            args.num_envs,
+            backend=args.backend,
+            num_workers=args.num_workers,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            autoreset_mode=AutoresetMode.NEXT_STEP,
+        )
+    except (ValueError, TypeError) as exc:  # envfleet.make's checks on its arguments
+        raise UsageError(str(exc)) from exc
+    with pool:
+        if policy is None:
+            if pool.batch_size == pool.num_envs:
+                space: spaces.Space[Any] = pool.action_space
+            else:
+                space = batch_space(pool.single_action_space, pool.batch_size)
+            space.seed(args.seed)
+            policy = RandomPolicy(space)
+        recorder = (
+            Recorder(
+                pool.num_envs,
+                pool.single_action_space,
+                pool.single_observation_space,
+                save_obs=args.save_obs,
+            )
+            if out is not None
+            else None
+        )
+        display = LiveDisplay(stderr, args.env, args.steps, args.seconds) if live else None
+        runner = Runner(
+            pool,
+            policy,
+            args.policy or "random",
+            steps=args.steps,
+            seconds=args.seconds,
+            recorder=recorder,
+            display=display,
+        )
+        if display is not None:
+            with display:
+                result = runner.run()
+        else:
+            result = runner.run()
+        stats = pool.stats().as_dict() if args.stats else None
+
+    if recorder is not None and out is not None:
+        try:
+            recorder.save(out)
+        except OSError as exc:
+            raise CliError(f"writing {out} failed: {exc.strerror or exc}") from exc
+    summary = _summary(args, result, out)
+    if stats is not None:
+        summary["stats"] = stats
+    if args.json:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    else:
+        console = Console(highlight=False)
+        console.print(_summary_table(summary))
+        if stats is not None:
+            console.print(_stats_table(stats))
+    if result.interrupted:
+        stderr.print(f"{PROG}: interrupted after {result.steps:,} steps")
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def _summary(args: argparse.Namespace, result: RunResult, out: Path | None) -> dict[str, Any]:
+    returns = np.asarray(result.tracker.returns, dtype=np.float64)
+    lengths = np.asarray(result.tracker.lengths, dtype=np.float64)
+    some = returns.size > 0
+    return {
+        "env": args.env,
+        "backend": args.backend,
+        "num_envs": args.num_envs,
+        "num_workers": result.num_workers,
+        "batch_size": args.batch_size or args.num_envs,
+        "seed": args.seed,
+        "policy": args.policy or "random",
+        "steps": result.steps,
+        "seconds": result.seconds,
+        "steps_per_second": result.steps / result.seconds if result.seconds > 0 else None,
+        "episodes": int(returns.size),
+        "return_mean": float(returns.mean()) if some else None,
+        "return_min": float(returns.min()) if some else None,
+        "return_max": float(returns.max()) if some else None,
+        "length_mean": float(lengths.mean()) if some else None,
+        "interrupted": result.interrupted,
+        "out": str(out) if out is not None else None,
+    }
+
+
+def _summary_table(summary: dict[str, Any]) -> Table:
+    def number(value: float | None, digits: int = 2) -> str:
+        return "-" if value is None else f"{value:,.{digits}f}"
+
+    table = Table(title=f"{PROG} run", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    rows = [
+        ("env", summary["env"]),
+        ("backend", summary["backend"]),
+        ("num_envs", str(summary["num_envs"])),
+        ("workers", str(summary["num_workers"] or "-")),
+        ("batch_size", str(summary["batch_size"])),
+        ("policy", summary["policy"]),
+        ("steps", f"{summary['steps']:,}"),
+        ("seconds", number(summary["seconds"])),
+        ("steps/s", number(summary["steps_per_second"], 0)),
+        ("episodes", f"{summary['episodes']:,}"),
+        ("mean return", number(summary["return_mean"])),
+        ("min return", number(summary["return_min"])),
+        ("max return", number(summary["return_max"])),
+        ("mean length", number(summary["length_mean"], 1)),
+    ]
+    if summary["interrupted"]:
+        rows.append(("interrupted", "yes"))
+    if summary["out"] is not None:
+        rows.append(("saved", summary["out"]))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def _env_range(env_ids: Sequence[int]) -> str:
+    """``0-3`` for a contiguous block of env ids, else the ids."""
+    ids = list(env_ids)
+    if not ids:
+        return "-"
+    if ids == list(range(ids[0], ids[0] + len(ids))):
+        return str(ids[0]) if len(ids) == 1 else f"{ids[0]}-{ids[-1]}"
+    return ",".join(map(str, ids))
+
+
+def _stats_table(stats: dict[str, Any]) -> Table:
+    """:meth:`envfleet.Pool.stats` (as a dict), one row per worker and a total."""
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    table = Table(
+        title=f"pool stats over {stats['seconds']:.2f} s", title_justify="left", show_footer=True
+    )
+    workers = stats["workers"]
+    idle = [w["idle_fraction"] for w in workers]
+    columns = [
+        ("worker", "total", "left"),
+        ("envs", str(sum(len(w["env_ids"]) for w in workers)), "left"),
+        ("steps", f"{stats['steps']:,}", "right"),
+        ("episodes", f"{stats['episodes']:,}", "right"),
+        ("restarts", f"{stats['restarts']:,}", "right"),
+        ("p50 ms", "", "right"),
+        ("p99 ms", "", "right"),
+        ("idle", f"{sum(idle) / len(idle):.0%}" if idle else "-", "right"),
+    ]
+    for header, footer, justify in columns:
+        table.add_column(header, footer=footer, justify=justify)  # type: ignore[arg-type]
+    for w in workers:
+        table.add_row(
+            str(w["worker"]),
+            _env_range(w["env_ids"]),
+            f"{w['steps']:,}",
+            f"{w['episodes']:,}",
+            f"{w['restarts']:,}",
+            ms(w["latency_p50_ms"]),
+            ms(w["latency_p99_ms"]),
+            f"{w['idle_fraction']:.0%}",
+        )
+    return table
