@@ -38,6 +38,7 @@ from envfleet.errors import (
     RestartLimitError,
     WorkerDiedError,
 )
+from envfleet.infos import merge_infos
 from envfleet.protocol import Call, Close, Command, EnvFailure, Reply, Reset, Rows, SetAttr, Step
 from envfleet.stats import PoolStats, StatsRecorder
 from envfleet.validation import check_actions, check_env_ids
@@ -378,19 +379,13 @@ class Pool(VectorEnv):  # type: ignore[misc]
     def _merge_infos(
         self, env_ids: Iterable[int], positions: Iterable[int], size: int
     ) -> dict[str, Any]:
-        infos: dict[str, Any] = {}
         if not self._infos:  # the common case: no env had anything to say
-            return infos
+            return {}
         pairs = [
             (self._infos.pop(int(i), None), int(p))
             for i, p in zip(env_ids, positions, strict=False)
         ]
-        if len(pairs) == size and _uniform_scalars([info for info, _ in pairs]):
-            return _stack_scalar_infos(pairs, size)
-        for info, position in pairs:
-            if info:
-                _add_info(infos, info, position, size)
-        return infos
+        return merge_infos(pairs, size)
 
     def _submit_reset(
         self, env_ids: np.ndarray, seeds: list[int | None], options: dict[str, Any] | None
@@ -764,62 +759,6 @@ class Pool(VectorEnv):  # type: ignore[misc]
             f"Pool({self._env_name}, num_envs={self.num_envs}, workers={len(self._assignment)}, "
             f"batch_size={self.batch_size})"
         )
-
-
-_SCALARS = (int, float, bool)
-
-
-def _uniform_scalars(infos: list[dict[str, Any] | None]) -> bool:
-    """Every env has an info with the same keys, each a plain scalar (Atari's, for instance)."""
-    first = infos[0]
-    if not first:
-        return False
-    keys = first.keys()
-    for info in infos:
-        if not info or info.keys() != keys:
-            return False
-    return all(
-        type(value) in _SCALARS or isinstance(value, np.number) for value in first.values()
-    ) and all(type(info[k]) is type(first[k]) for info in infos for k in keys)  # type: ignore[index]
-
-
-def _stack_scalar_infos(pairs: list[tuple[Any, int]], size: int) -> dict[str, Any]:
-    """What :func:`_add_info` builds for uniform scalar infos, one array per key at once."""
-    order = np.argsort([position for _, position in pairs], kind="stable")
-    ordered = [pairs[k][0] for k in order]
-    infos: dict[str, Any] = {}
-    for key, value in ordered[0].items():
-        infos[key] = np.array([info[key] for info in ordered], dtype=type(value))
-        infos[f"_{key}"] = np.ones(size, dtype=np.bool_)
-    return infos
-
-
-def _add_info(infos: dict[str, Any], info: dict[str, Any], index: int, size: int) -> None:
-    """Gymnasium's ``VectorEnv._add_info`` for a batch of ``size`` (async batches differ)."""
-    for key, value in info.items():
-        if key == "final_obs":
-            array = infos.get(key)
-            if array is None:
-                array = np.full(size, fill_value=None, dtype=object)
-            array[index] = value
-        elif isinstance(value, dict):
-            array = infos.get(key, {})
-            _add_info(array, value, index, size)
-        else:
-            array = infos.get(key)
-            if array is None:
-                if type(value) in (int, float, bool) or issubclass(type(value), np.number):
-                    array = np.zeros(size, dtype=type(value))
-                elif isinstance(value, np.ndarray):
-                    array = np.zeros((size, *value.shape), dtype=value.dtype)
-                else:
-                    array = np.full(size, fill_value=None, dtype=object)
-            array[index] = value
-        mask = infos.get(f"_{key}")
-        if mask is None:
-            mask = np.zeros(size, dtype=np.bool_)
-        mask[index] = True
-        infos[key], infos[f"_{key}"] = array, mask
 
 
 __all__ = ["EnvState", "Pool"]

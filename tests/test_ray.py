@@ -325,7 +325,7 @@ def test_dead_actor(
     """The victim's actor process exits mid-step (os._exit), as if killed.
 
     ``restart-pieces``: every result travels in pieces (as large observations do), see
-    :meth:`envfleet.backends.ray.GroupActor.run_chunked`.
+    :meth:`envfleet.backends.ray_actor.GroupActor.run_chunked`.
     """
     if on_error == "restart-pieces":
         monkeypatch.setattr(envfleet.backends.ray, "CHUNK_BYTES", 16)

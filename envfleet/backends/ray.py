@@ -4,7 +4,8 @@ The naive pattern (an actor per env, a remote call per env step) pays Ray's per-
 every env step; here one ``run.remote(Step(ids))`` steps all of an actor's envs and returns
 their rows packed in arrays, calls stay in flight on every actor at once, and ``ray.wait``
 hands back whichever actors finish first (the async mode). Results larger than Ray returns
-inline (images) travel in pieces that it does (:meth:`GroupActor.run_chunked`). A dead actor or
+inline (images) travel in pieces that it does (the actor's side is in
+:mod:`~envfleet.backends.ray_actor`). A dead actor or
 node surfaces as a :class:`~envfleet.backends.base.WorkerLost`, like a dead process; an actor
 that dies before it has built its envs (placed on a node that just died) is replaced.
 
@@ -21,13 +22,13 @@ address, or the cluster at ``address``), and the last pool on that connection to
 ``ray.shutdown``: that stops a Ray envfleet started, and only disconnects from a cluster it
 joined (which keeps running).
 
-Ray is an optional extra (``pip install envfleet[ray]``): this module alone imports it.
+Ray is an optional extra (``pip install envfleet[ray]``): only this module and its actor's
+(:mod:`~envfleet.backends.ray_actor`) import it.
 """
 
 from __future__ import annotations
 
 import math
-import mmap
 import pickle
 import secrets
 import select
@@ -35,23 +36,20 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Client, Connection
 from typing import Any
 
-import cloudpickle
-import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from envfleet.backends import node_memory
 from envfleet.backends.base import TransportOptions, WorkerLost
-from envfleet.backends.channel import PickledCommands, serve_connection
-from envfleet.backends.node_memory import NodeMemory, PoolMemory
-from envfleet.buffers import Batch, ObjectRows, is_array_space, make_reader, take
+from envfleet.backends.channel import PickledCommands
+from envfleet.backends.node_memory import PoolMemory
+from envfleet.backends.ray_actor import GroupActor, unpack
+from envfleet.buffers import Batch, ObjectRows, is_array_space, make_reader
 from envfleet.errors import Phase, WorkerDiedError
-from envfleet.group import GroupStartError
-from envfleet.protocol import Close, Command, EnvFailure, Group, Reply, Reset, Rows, Step
-from envfleet.worker import build_group
+from envfleet.protocol import Close, Command, EnvFailure, Reply, Reset, Step
 
 START_TIMEOUT = 300.0
 """Seconds an actor may take to be placed and build its envs before the pool gives up on it
@@ -62,15 +60,10 @@ START_BACKOFF = 0.5
 """An actor that dies before it has built its envs is replaced, up to this many actors in all,
 ``START_BACKOFF`` seconds later and twice as long each time (about 8 s in all)."""
 
-Packed = tuple[
-    np.ndarray, Any, np.ndarray, np.ndarray, np.ndarray, "dict[int, dict[str, Any]] | None"
-]
-"""A step's or reset's reply with nothing but results: ``(env_ids, observations, rewards,
-terminations, truncations, infos)``, rows in ``env_ids`` order."""
-
 CHUNK_BYTES = 90 * 1024
 """Results of a step or reset expected to be larger travel in pieces of about this size (under
-Ray's 100 KiB limit for results returned inline), see :meth:`GroupActor.run_chunked`."""
+Ray's 100 KiB limit for results returned inline), see
+:meth:`~envfleet.backends.ray_actor.GroupActor.run_chunked`."""
 
 MIXED_WAIT_SLICE = 0.001
 """With commands in flight both on same-machine actors (sockets) and on others (Ray calls), the
@@ -79,140 +72,6 @@ pool waits on each kind in turn this many seconds at a time."""
 _lock = threading.Lock()
 _session: str | None = None  # the Ray connection envfleet made (see _session_id), if any
 _users = 0  # open transports on that connection
-
-
-class GroupActor:
-    """The actor: one group of envs, and the batch arrays it writes its rows of.
-
-    On the pool's machine those are the pool's own (mapped from its memory file) and the actor
-    serves commands from a socket (:meth:`serve`); elsewhere they are ``np.zeros`` of the full
-    pool size, of which only this actor's rows are ever touched (untouched zero pages cost no
-    memory), and each command is a Ray call (:meth:`run`).
-    """
-
-    def __init__(self, options: TransportOptions, worker: int, restarts: dict[int, int]) -> None:
-        self.options = options
-        self.worker = worker
-        self.restarts = restarts
-        self.batch = Batch.local(options.observation_space, options.action_space, 0)
-        self.group: Group | None = None
-        self._memory: mmap.mmap | None = None  # keeps the pool's memory mapped
-        self._listener: Listener | None = None
-
-    def start(
-        self, memory: NodeMemory | None, pool_node: str | None, authkey: bytes
-    ) -> tuple[Reply, str, str | None]:
-        """Build the envs; return the outcome, this actor's node and, on the pool's machine,
-        the socket address to serve the pool on (``None``: use Ray calls)."""
-        options = self.options
-        node = str(ray.get_runtime_context().get_node_id())
-        shared = False
-        if memory is not None and node == pool_node:
-            try:
-                self.batch, self._memory = memory.attach()
-                shared = True
-            except OSError:
-                pass  # not the pool's machine after all, or no access: Ray calls it is
-        if not shared:
-            self.batch = Batch.local(
-                options.observation_space, options.action_space, options.num_envs
-            )
-        try:
-            self.group = build_group(
-                options,
-                options.assignment[self.worker],
-                self.batch,
-                ship_observations=shared and isinstance(self.batch.observations, ObjectRows),
-                restarts=self.restarts,
-            )
-        except GroupStartError as exc:
-            return Reply(failures=(exc.failure,)), node, None
-        except Exception as exc:
-            return Reply(failures=(EnvFailure.capture(None, Phase.MAKE, exc),)), node, None
-        address = None
-        if shared:
-            # An abstract socket: no file to leave behind; the key keeps others out.
-            name = f"\0envfleet-{secrets.token_hex(12)}"
-            self._listener = Listener(name, family="AF_UNIX", authkey=authkey)
-            address = name
-        return Reply(), node, address
-
-    def serve(self) -> None:
-        """Serve the pool's commands from the socket until it closes the pool (or goes away)."""
-        assert self._listener is not None and self.group is not None
-        with self._listener.accept() as conn:
-            self._listener.close()
-            serve_connection(self.group, conn)
-
-    def run(self, command: Command) -> Reply | Packed:
-        assert self.group is not None
-        reply = command.run(self.group)
-        if reply.infos or reply.values:
-            # Ray pickles the reply after this returns, where a failure would lose the rows.
-            try:
-                cloudpickle.dumps((reply.infos, reply.values))
-            except Exception as exc:
-                reply = Reply(
-                    env_ids=reply.env_ids,
-                    failures=(*reply.failures, _unpicklable(exc)),
-                    restarts=reply.restarts,
-                )
-        if not (command.delivers_envs and reply.env_ids):
-            return reply
-        failed = {f.env_index for f in reply.failures}
-        ids = np.array([i for i in reply.env_ids if i not in failed], dtype=np.intp)
-        batch = self.batch
-        observations = batch.observations
-        rows = Rows(
-            env_ids=ids,
-            # Spaces that are not arrays travel as a list of per-env values.
-            observations=[observations[i] for i in ids.tolist()]
-            if isinstance(observations, ObjectRows)
-            else take(self.options.observation_space, observations, ids),
-            rewards=batch.rewards[ids],
-            terminations=batch.terminations[ids],
-            truncations=batch.truncations[ids],
-        )
-        if reply.failures or reply.restarts or reply.observations:
-            reply.rows = rows
-            return reply
-        # The common case travels as a tuple: Ray pickles it faster than the dataclasses.
-        return (
-            ids,
-            rows.observations,
-            rows.rewards,
-            rows.terminations,
-            rows.truncations,
-            reply.infos,
-        )
-
-    def run_chunked(self, command: Command, chunks: int) -> tuple[bytes, ...]:
-        """:meth:`run`, its result pickled and cut in ``chunks`` pieces for Ray to return.
-
-        Ray returns a result under 100 KiB inline, in the reply to the call, and a larger one
-        through its object store, which costs a round trip through the raylet on each side
-        (about 40% of the time of a step of 8 Pong envs over 2 actors, on 2 cores here). The
-        observations of a few images are larger: in pieces under that size, they travel inline.
-        """
-        data = cloudpickle.dumps(self.run(command), protocol=5)
-        size = -(-len(data) // chunks)
-        return tuple(data[k * size : (k + 1) * size] for k in range(chunks))
-
-
-def _unpack(result: Reply | Packed) -> Reply:
-    """The :class:`Reply` an actor's :meth:`GroupActor.run` result stands for."""
-    if isinstance(result, Reply):
-        return result
-    ids, observations, rewards, terminations, truncations, infos = result
-    rows = Rows(ids, observations, rewards, terminations, truncations)
-    return Reply(env_ids=tuple(ids.tolist()), infos=infos, rows=rows)
-
-
-def _unpicklable(exc: Exception) -> EnvFailure:
-    try:
-        raise TypeError(f"the reply could not be pickled to send to the pool: {exc}") from exc
-    except TypeError as error:
-        return EnvFailure.capture(None, Phase.STEP, error)
 
 
 def _session_id() -> str:
@@ -514,7 +373,7 @@ class RayTransport:
                 try:
                     values = ray.get(pieces)
                     result = values[0] if len(values) == 1 else pickle.loads(b"".join(values))
-                    replies.append((worker, _unpack(result)))
+                    replies.append((worker, unpack(result)))
                 except RayTaskError as exc:  # the actor lives but the call failed (a bug)
                     replies.append((worker, _task_failed(command, exc)))
                 except RayError as exc:  # actor, worker process or node died; result lost
