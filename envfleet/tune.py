@@ -8,9 +8,10 @@ env that mostly waits (sleeps, I/O, a remote simulator) wants one thread per env
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -44,12 +45,16 @@ class EnvProfile:
 
 @dataclass(frozen=True)
 class Layout:
-    """A way to run ``num_envs`` envs: the arguments of :func:`envfleet.make` it stands for."""
+    """A way to run ``num_envs`` envs: the arguments of :func:`envfleet.make` it stands for.
+
+    ``cpu_affinity``: ``"spread"`` or a tuple of CPU ids (a tuple, so that layouts hash).
+    """
 
     backend: str
     num_workers: int
     threads_per_worker: int = 1
     batch_size: int | None = None
+    cpu_affinity: str | tuple[int, ...] | None = None
 
     def make_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"backend": self.backend, "num_workers": self.num_workers}
@@ -57,6 +62,9 @@ class Layout:
             kwargs["threads_per_worker"] = self.threads_per_worker
         if self.batch_size is not None:
             kwargs["batch_size"] = self.batch_size
+        if self.cpu_affinity is not None:
+            affinity = self.cpu_affinity
+            kwargs["cpu_affinity"] = affinity if isinstance(affinity, str) else list(affinity)
         return kwargs
 
     def describe(self, env: str, num_envs: int) -> str:
@@ -121,8 +129,14 @@ def candidate_layouts(profile: EnvProfile, num_envs: int, cores: int) -> list[La
     for workers in sorted({1, max(1, cores // 2), cores, min(num_envs, 2 * cores)}):
         if workers <= num_envs:
             candidates.append(Layout("process", workers))
-    candidates.append(auto_layout(profile, "process", num_envs, cores))
+    waiting = auto_layout(profile, "process", num_envs, cores)
+    candidates.append(waiting)
     candidates.append(Layout("thread", num_envs))
+    if profile.waits and cores > 1:
+        # Threads of waiting envs hand the GIL over faster on one core (see bench/thread_bench.py).
+        candidates.append(Layout("thread", num_envs, cpu_affinity=(_last_cpu(),)))
+        if waiting.threads_per_worker > 1:
+            candidates.append(replace(waiting, cpu_affinity="spread"))
     candidates.append(Layout("serial", 1))
     if num_envs >= 4:
         candidates.append(Layout("process", min(cores, num_envs), batch_size=num_envs // 2))
@@ -131,6 +145,14 @@ def candidate_layouts(profile: EnvProfile, num_envs: int, cores: int) -> list[La
         if layout not in unique:
             unique.append(layout)
     return unique
+
+
+def _last_cpu() -> int:
+    """The last CPU this process may use (the pinned candidates pack env threads there)."""
+    try:
+        return max(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform: count the CPUs instead
+        return (os.cpu_count() or 1) - 1
 
 
 def time_layout(spec: EnvSpec, num_envs: int, layout: Layout, seconds: float) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import envfleet
 from envfleet.spec import EnvSpec
@@ -47,3 +48,19 @@ def test_candidates_run_and_describe_themselves() -> None:
     assert rate > 0
     line = Layout("process", 2, batch_size=4).describe("CartPole-v1", 8)
     assert line == "envfleet.make('CartPole-v1', 8, backend='process', num_workers=2, batch_size=4)"
+
+
+def test_waiting_envs_also_get_pinned_candidates_and_computing_ones_do_not() -> None:
+    spec = EnvSpec.from_user(SLEEPY)
+    sleepy = profile_env(spec, seconds=0.05)
+    layouts = candidate_layouts(sleepy, 8, cores=2)
+    last = max(os.sched_getaffinity(0))
+    pinned = Layout("thread", 8, cpu_affinity=(last,))
+    assert pinned in layouts
+    assert Layout("process", 2, 4, cpu_affinity="spread") in layouts
+    assert pinned.describe("Sleepy", 8) == (
+        f"envfleet.make('Sleepy', 8, backend='thread', num_workers=8, cpu_affinity=[{last}])"
+    )
+    assert time_layout(spec, 4, Layout("thread", 4, cpu_affinity=(last,)), seconds=0.1) > 0
+    cartpole = profile_env(EnvSpec.from_user("CartPole-v1"), seconds=0.05)
+    assert all(layout.cpu_affinity is None for layout in candidate_layouts(cartpole, 8, cores=2))

@@ -90,6 +90,7 @@ class LayoutTiming:
             "num_workers": self.layout.num_workers,
             "threads_per_worker": self.layout.threads_per_worker,
             "batch_size": self.layout.batch_size,
+            "cpu_affinity": self.layout.make_kwargs().get("cpu_affinity"),
             "make_kwargs": self.layout.make_kwargs(),
             "window_s": self.window_s,
             "steps_per_second": self.steps_per_second,
@@ -143,7 +144,16 @@ def _layout_text(layout: Layout) -> str:
         parts.append(f"{layout.threads_per_worker} threads each")
     if layout.batch_size is not None:
         parts.append(f"batch {layout.batch_size}")
+    if layout.cpu_affinity is not None:
+        parts.append(f"cpus {_cpus_text(layout)}")
     return ", ".join(parts)
+
+
+def _cpus_text(layout: Layout) -> str:
+    affinity = layout.cpu_affinity
+    if affinity is None:
+        return "any"
+    return affinity if isinstance(affinity, str) else ",".join(map(str, affinity))
 
 
 def _profile_table(env: str, num_envs: int, cores: int, profile: EnvProfile) -> Table:
@@ -170,6 +180,7 @@ def _layouts_table(timings: list[LayoutTiming], best: LayoutTiming) -> Table:
         ("workers", "right"),
         ("threads/worker", "right"),
         ("batch", "right"),
+        ("cpus", "right"),
         ("window s", "right"),
         ("steps/s", "right"),
         ("/ best", "right"),
@@ -183,6 +194,7 @@ def _layouts_table(timings: list[LayoutTiming], best: LayoutTiming) -> Table:
             str(layout.num_workers),
             str(layout.threads_per_worker),
             "all" if layout.batch_size is None else str(layout.batch_size),
+            _cpus_text(layout),
             f"{timing.window_s:.2f}",
             "[red]failed[/red]" if rate is None else f"{rate:,.0f}",
             "-" if rate is None or not top else f"{rate / top:.2f}",
