@@ -1,0 +1,235 @@
+"""What a sweep measured (:class:`Report`) and its renderings: a table with notes, a plot and
+JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.table import Table
+
+from envfleet.benchmark.base import (
+    CEILING,
+    FAILED,
+    LOOP,
+    NOT_INSTALLED,
+    OK,
+    PARTIAL,
+    RunResult,
+    Timing,
+)
+from envfleet.benchmark.registry import RUNNERS, Availability
+
+
+@dataclass
+class Report:
+    """What :func:`sweep` measured.
+
+    Attributes:
+        env: the env's name.
+        num_envs: the env counts swept, in order.
+        runners: every runner asked for, in order (measured or not).
+        timing: how it was measured.
+        availability: per runner asked for, whether it could run.
+        results: per measured runner, per env count, its result or the error message.
+        machine: :func:`machine_info`.
+        seconds: wall-clock time of the sweep.
+        interrupted: the sweep was stopped (Ctrl-C) before it finished.
+    """
+
+    env: str
+    num_envs: list[int]
+    runners: list[str]
+    timing: Timing
+    availability: dict[str, Availability]
+    results: dict[str, dict[int, RunResult | str]] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    interrupted: bool = False
+
+    @property
+    def measured(self) -> list[str]:
+        """The runners that were run (available ones), in order."""
+        return [name for name in self.runners if self.availability[name].ok]
+
+    def rate(self, name: str, num_envs: int) -> float | None:
+        """Median env-steps/s of ``name`` at ``num_envs``, if it was measured."""
+        result = self.results.get(name, {}).get(num_envs)
+        return result.median if isinstance(result, RunResult) else None
+
+    def ratio(self, name: str, num_envs: int, reference: str = CEILING) -> float | None:
+        value, base = self.rate(name, num_envs), self.rate(reference, num_envs)
+        if value is None or not base:
+            return None
+        return value / base
+
+    def errors(self) -> dict[str, dict[int, str]]:
+        """Per runner that failed somewhere, its error message per env count."""
+        out: dict[str, dict[int, str]] = {}
+        for name, points in self.results.items():
+            for n, result in points.items():
+                if isinstance(result, str):
+                    out.setdefault(name, {})[n] = result
+        return out
+
+    def status(self, name: str) -> str:
+        if not self.availability[name].ok:
+            return self.availability[name].status
+        failed = [isinstance(r, str) for r in self.results.get(name, {}).values()]
+        if failed and all(failed):
+            return FAILED
+        return PARTIAL if any(failed) else OK
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain types, for JSON."""
+        runners: dict[str, Any] = {}
+        for name in self.runners:
+            entry: dict[str, Any] = {
+                "status": self.status(name),
+                "description": RUNNERS[name].description,
+            }
+            if not self.availability[name].ok:
+                entry["reason"] = self.availability[name].reason
+                runners[name] = entry
+                continue
+            points = []
+            for n, result in self.results.get(name, {}).items():
+                if isinstance(result, str):
+                    points.append({"num_envs": n, "error": result})
+                    continue
+                points.append(
+                    {
+                        "num_envs": n,
+                        "steps_per_s": result.median,
+                        "ratio_to_ceiling": self.ratio(name, n, CEILING),
+                        "ratio_to_loop": self.ratio(name, n, LOOP),
+                        "windows": result.throughputs,
+                        "setup_s": result.setup_s,
+                        "other_load_cores": result.other_load,
+                        **({"info": result.info} if result.info else {}),
+                    }
+                )
+            entry["results"] = points
+            runners[name] = entry
+        return {
+            "env": self.env,
+            "num_envs": self.num_envs,
+            "runners": runners,
+            "not_installed": [
+                n for n in self.runners if self.availability[n].status == NOT_INSTALLED
+            ],
+            "timing": self.timing.as_dict(),
+            "machine": self.machine,
+            "seconds": self.seconds,
+            "interrupted": self.interrupted,
+        }
+
+
+# -- output ----------------------------------------------------------------------------------
+
+
+def _fmt_rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def report_table(report: Report) -> Table:
+    """One row per measured runner; per env count, steps/s and the ratio to the ceiling."""
+    timing = report.timing
+    title = f"{report.env}: env-steps/s, median of {timing.repeats} x {timing.seconds:g} s"
+    if report.interrupted:
+        title += " (interrupted)"
+    table = Table(title=title, title_justify="left", min_width=len(title) + 2)
+    table.add_column("runner", no_wrap=True)
+    with_ceiling = CEILING in report.measured
+    for n in report.num_envs:
+        table.add_column(f"{n} envs", justify="right")
+        if with_ceiling:
+            table.add_column("/ceiling", justify="right")
+    for name in report.measured:
+        cells = [name]
+        for n in report.num_envs:
+            result = report.results.get(name, {}).get(n)
+            if isinstance(result, str):
+                cells.append("[red]failed[/red]")
+            else:
+                cells.append(_fmt_rate(report.rate(name, n)))
+            if with_ceiling:
+                cells.append(_fmt_ratio(report.ratio(name, n)))
+        table.add_row(*cells)
+    return table
+
+
+def report_notes(report: Report) -> list[str]:
+    """What to keep in mind reading the table: load from elsewhere, peers' own env ids."""
+    notes = []
+    loads = [
+        c
+        for points in report.results.values()
+        for r in points.values()
+        if isinstance(r, RunResult)
+        for c in r.other_load
+    ]
+    if loads and max(loads) > 0.1:
+        notes.append(
+            f"other processes kept up to {max(loads):.2f} cores busy during the windows: "
+            "these numbers are skewed"
+        )
+    if "envpool" in report.measured:
+        notes.append("envpool steps its own implementation of the env, not Gymnasium's")
+    return notes
+
+
+def write_plot(report: Report, path: Path) -> None:
+    """Throughput against ``num_envs``, one line per runner, as a PNG."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    ax = fig.subplots()
+    for name in report.measured:
+        points = [(n, rate) for n in report.num_envs if (rate := report.rate(name, n)) is not None]
+        if not points:
+            continue
+        xs, ys = [n for n, _ in points], [rate for _, rate in points]
+        style: dict[str, Any] = {"linestyle": "--", "color": "black"} if name == CEILING else {}
+        ax.plot(xs, ys, marker="o", label=name, **style)
+    if len(report.num_envs) > 1 and min(report.num_envs) > 0:
+        spread = max(report.num_envs) / min(report.num_envs)
+        if spread >= 8:
+            ax.set_xscale("log", base=2)
+    ax.set_xticks(report.num_envs, [str(n) for n in report.num_envs])
+    ax.set_xlabel("num_envs")
+    ax.set_ylabel("env-steps per second")
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(lambda value, _: f"{value:,.0f}")
+    cores = report.machine.get("usable_cores")
+    ax.set_title(
+        f"{report.env}: throughput vs num_envs"
+        + (f" ({cores} cores, median of {report.timing.repeats})" if cores else "")
+    )
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        fig.legend(loc="outside right upper", fontsize="small")
+    fig.savefig(path, dpi=100)
+
+
+def write_json(report: Report, path: Path, **extra: Any) -> dict[str, Any]:
+    """Write :meth:`Report.as_dict` (plus ``extra``) to ``path``; return what was written."""
+    document = {**report.as_dict(), **extra}
+    path.write_text(json.dumps(document, indent=2, default=_jsonable) + "\n")
+    return document
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)

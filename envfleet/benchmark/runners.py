@@ -1,0 +1,211 @@
+"""Runners in this process's own stack: the for-loop, the independent-processes ceiling,
+envfleet's backends and Gymnasium's vector envs."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
+
+import envfleet
+from envfleet._make import usable_cores
+from envfleet.benchmark.base import (
+    CEILING,
+    LOOP,
+    LoopRunner,
+    Runner,
+    Timing,
+    Workload,
+    _open_vector,
+    _time_loop,
+)
+
+CEILING_TIMEOUT = 600.0
+"""Seconds the ceiling's processes and their parent wait for each other before giving up."""
+
+
+def _to_python(space: spaces.Space[Any], action: Any) -> Any:
+    return int(action) if isinstance(space, spaces.Discrete) else action
+
+
+def _for_loop(
+    workload: Workload, count: int, timing: Timing, first_index: int = 0
+) -> tuple[Callable[[Any], object], list[list[Any]], list[gymnasium.Env[Any, Any]]]:
+    """Build and reset ``count`` envs; return a sweep over them, its actions and the envs."""
+    envs: list[gymnasium.Env[Any, Any]] = []
+    try:
+        for i in range(count):
+            envs.append(workload.build())
+            envs[-1].reset(seed=timing.seed + first_index + i)
+        space = envs[0].action_space
+        space.seed(timing.seed + first_index)
+        actions = [
+            [_to_python(space, space.sample()) for _ in range(count)]
+            for _ in range(timing.action_batches)
+        ]
+    except BaseException:
+        for env in envs:
+            env.close()
+        raise
+
+    def sweep(batch: list[Any]) -> None:
+        for env, action in zip(envs, batch, strict=True):
+            _, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                env.reset()
+
+    return sweep, actions, envs
+
+
+def open_loop(workload: Workload, timing: Timing) -> Runner:
+    """A Python for-loop over the envs in this process, resetting finished ones."""
+    start = time.perf_counter()
+    sweep, actions, envs = _for_loop(workload, workload.num_envs, timing)
+    setup_s = time.perf_counter() - start
+
+    def close() -> None:
+        for env in envs:
+            env.close()
+
+    return LoopRunner(LOOP, sweep, actions, workload.num_envs, timing, setup_s, close)
+
+
+def _ceiling_worker(
+    workload: Workload,
+    count: int,
+    first_index: int,
+    timing: Timing,
+    go: Any,
+    seconds: Any,
+    results: Any,
+    index: int,
+) -> None:
+    """Build ``count`` envs; at each ``go``, time a window of ``seconds.value`` (<= 0: stop)."""
+    envs: list[gymnasium.Env[Any, Any]] = []
+    try:
+        sweep, actions, envs = _for_loop(workload, count, timing, first_index)
+        results.put((index, "ready", None))
+        while True:
+            go.wait(CEILING_TIMEOUT)
+            window = seconds.value
+            if window <= 0:
+                break
+            _time_loop(sweep, actions, timing.rewarm)
+            results.put((index, count * _time_loop(sweep, actions, window), None))
+    except BaseException as exc:
+        go.abort()
+        results.put((index, None, f"{type(exc).__name__}: {exc}"))
+    finally:
+        for env in envs:
+            env.close()
+
+
+class CeilingRunner(Runner):
+    """The envs split over one process per usable core, never communicating; throughputs summed.
+
+    Each process runs the for-loop on its share; the parent only starts each window (a barrier)
+    and adds up what the processes measured inside it.
+    """
+
+    def __init__(self, workload: Workload, timing: Timing) -> None:
+        self.name = CEILING
+        num_procs = min(usable_cores(), workload.num_envs)
+        counts = [len(ids) for ids in np.array_split(np.arange(workload.num_envs), num_procs)]
+        firsts = np.cumsum([0, *counts[:-1]]).tolist()
+        self.info = {"processes": num_procs, "envs_per_process": counts}
+        ctx = multiprocessing.get_context()
+        self._go = ctx.Barrier(num_procs + 1)
+        self._seconds = ctx.Value("d", 0.0)
+        self._results = ctx.Queue()
+        self._procs = [
+            ctx.Process(
+                target=_ceiling_worker,
+                args=(workload, counts[i], firsts[i], timing, self._go, self._seconds,
+                      self._results, i),
+                daemon=True,
+            )
+            for i in range(num_procs)
+        ]  # fmt: skip
+        start = time.perf_counter()
+        for proc in self._procs:
+            proc.start()
+        try:
+            self._gather()
+            self.setup_s = time.perf_counter() - start
+            self.window(timing.warmup)
+        except BaseException:
+            self.close()
+            raise
+
+    def _gather(self) -> list[Any]:
+        values = []
+        errors = []
+        for _ in self._procs:
+            _, value, error = self._results.get(timeout=CEILING_TIMEOUT)
+            if error is None:
+                values.append(value)
+            else:
+                errors.append(error)
+        if errors:
+            raise RuntimeError(f"a ceiling process failed: {errors[0]}")
+        return values
+
+    def window(self, seconds: float) -> float:
+        self._seconds.value = seconds
+        self._go.wait(CEILING_TIMEOUT)
+        return float(sum(self._gather()))
+
+    def close(self) -> None:
+        self._seconds.value = 0.0
+        try:
+            self._go.wait(10.0)
+        except Exception:
+            pass  # broken by a failed process: terminated below
+        for proc in self._procs:
+            proc.join(timeout=10.0)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+        self._results.close()
+        self._results.join_thread()
+
+
+def open_ceiling(workload: Workload, timing: Timing) -> Runner:
+    """See :class:`CeilingRunner`."""
+    return CeilingRunner(workload, timing)
+
+
+def _envfleet(backend: str) -> Callable[[Workload, Timing], Runner]:
+    def open_envfleet(workload: Workload, timing: Timing) -> Runner:
+        return _open_vector(
+            backend,
+            lambda: envfleet.make(workload.spec, workload.num_envs, backend=backend),
+            timing,
+            info=lambda pool: {"workers": pool.num_workers},
+        )
+
+    open_envfleet.__doc__ = f'``envfleet.make(..., backend="{backend}")``, default workers.'
+    return open_envfleet
+
+
+def open_gym_sync(workload: Workload, timing: Timing) -> Runner:
+    """Gymnasium's ``SyncVectorEnv``."""
+    fns = [workload.factory()] * workload.num_envs
+    return _open_vector("gym-sync", lambda: SyncVectorEnv(fns), timing)
+
+
+def open_gym_async(workload: Workload, timing: Timing) -> Runner:
+    """Gymnasium's ``AsyncVectorEnv(shared_memory=True)``: one process per env."""
+    fns = [workload.factory()] * workload.num_envs
+    return _open_vector(
+        "gym-async",
+        lambda: AsyncVectorEnv(fns, shared_memory=True),
+        timing,
+        info=lambda _: {"processes": workload.num_envs},
+    )
