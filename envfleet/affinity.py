@@ -8,7 +8,7 @@ one core (and leaving the others to the pool's thread and the learner) measured 
 of the ideal rate on a 2-core VM with a bare harness, 32 threads of a 1 ms sleep.
 
 The CPUs are applied inside each worker, wherever it runs (a thread of this process, a worker
-process, a Ray actor), by :func:`pin_worker`, which ``envfleet.worker.start_group`` calls
+process, a Ray actor), by :func:`pin_worker`, which ``envfleet.worker.build_group`` calls
 before building the envs; threads the worker starts later (``threads_per_worker``) inherit
 them. Only the worker's own thread is pinned (Linux ``sched_setaffinity`` on the calling
 thread), never the caller's.
