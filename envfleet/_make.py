@@ -261,11 +261,15 @@ def _close_probe(env: Any) -> None:
 
 
 def _enum(kind: Any, value: Any, name: str) -> Any:
+    """``value`` as a member of ``kind``: a member, its value (``"SameStep"``) or its name in
+    any case (``"same_step"``, ``"SAME_STEP"``)."""
     if isinstance(value, kind):
         return value
     try:
         return kind(value)
     except ValueError:
+        if isinstance(value, str) and value.upper() in kind.__members__:
+            return kind.__members__[value.upper()]
         choices = ", ".join(repr(m.value) for m in kind)
         raise ValueError(f"unknown {name} {value!r}: expected one of {choices}") from None
 

@@ -56,8 +56,9 @@ def test_pool_is_a_vector_env(backend: str, mode: AutoresetMode) -> None:
         assert isinstance(infos, dict)
 
 
-def test_autoreset_mode_accepts_its_string_value(backend: str) -> None:
-    with envfleet.make("CartPole-v1", 2, backend=backend, autoreset_mode="SameStep") as pool:
+@pytest.mark.parametrize("given", ["SameStep", "same_step", "SAME_STEP"])
+def test_autoreset_mode_accepts_its_string_value_or_name(backend: str, given: str) -> None:
+    with envfleet.make("CartPole-v1", 2, backend=backend, autoreset_mode=given) as pool:
         assert pool.autoreset_mode is AutoresetMode.SAME_STEP
         assert pool.metadata["autoreset_mode"] is AutoresetMode.SAME_STEP
 
