@@ -216,7 +216,6 @@ class RayTransport:
         started = [(worker, self._start_call(worker)) for worker in workers]
         deadline = time.monotonic() + START_TIMEOUT
         for worker, ref in started:
-            ids = tuple(self._options.assignment[worker])
             delay = START_BACKOFF
             for attempt in range(1, START_ATTEMPTS + 1):
                 try:
@@ -227,24 +226,15 @@ class RayTransport:
                     )
                     break
                 except GetTimeoutError as exc:
-                    raise WorkerDiedError(
-                        f"ray actor {worker} (envs {list(ids)}) did not start within "
-                        f"{START_TIMEOUT:g}s: is there a node with the resources it asks for "
-                        f"({self._resources})?",
-                        env_index=None,
-                        phase=Phase.MAKE,
-                        worker=worker,
-                        env_ids=ids,
+                    raise self._start_failed(
+                        worker,
+                        f"did not start within {START_TIMEOUT:g}s: is there a node with the "
+                        f"resources it asks for ({self._resources})?",
                     ) from exc
                 except RayError as exc:
                     if attempt == START_ATTEMPTS:
-                        raise WorkerDiedError(
-                            f"ray actor {worker} died while building its envs {list(ids)} "
-                            f"({attempt} actors in a row): {exc}",
-                            env_index=None,
-                            phase=Phase.MAKE,
-                            worker=worker,
-                            env_ids=ids,
+                        raise self._start_failed(
+                            worker, f"died while building them ({attempt} actors in a row): {exc}"
                         ) from exc
                     time.sleep(delay)
                     delay *= 2
@@ -255,19 +245,23 @@ class RayTransport:
             if address is not None:
                 self._connect_socket(worker, address)
 
+    def _start_failed(self, worker: int, why: str) -> WorkerDiedError:
+        ids = tuple(self._options.assignment[worker])
+        return WorkerDiedError(
+            f"ray actor {worker} (envs {list(ids)}) {why}",
+            env_index=None,
+            phase=Phase.MAKE,
+            worker=worker,
+            env_ids=ids,
+        )
+
     def _connect_socket(self, worker: int, address: str) -> None:
         self._serving[worker] = self._actors[worker].serve.remote()
         try:
             conn = Client(address, family="AF_UNIX", authkey=self._authkey)
         except (OSError, EOFError) as exc:
-            ids = tuple(self._options.assignment[worker])
-            raise WorkerDiedError(
-                f"ray actor {worker} (envs {list(ids)}) built its envs but its socket could "
-                f"not be reached: {exc}",
-                env_index=None,
-                phase=Phase.MAKE,
-                worker=worker,
-                env_ids=ids,
+            raise self._start_failed(
+                worker, f"built them but its socket could not be reached: {exc}"
             ) from exc
         self._conns[worker] = conn
         self._owed[worker] = 0
