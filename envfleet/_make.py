@@ -37,6 +37,7 @@ def make(
     num_workers: int | Literal["auto"] | None = None,
     batch_size: int | None = None,
     seed: int | None = None,
+    copy: bool = True,
     env_kwargs: Mapping[str, Any] | None = None,
     autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
     context: str | None = None,
@@ -68,6 +69,10 @@ def make(
         batch_size: envs returned per :meth:`Pool.recv` (default ``num_envs``: synchronous).
         seed: env ``i`` is reset with ``seed + i`` on the first reset; also seeds the action
             spaces.
+        copy: ``False`` returns the observations of a sync ``step`` or ``reset`` as the
+            pool's batch arrays themselves (shared memory on the process backend), saving a
+            copy per step; the next step overwrites them, so copy what you keep. Gymnasium's
+            ``copy`` of its vector envs. Async batches are always copies.
         env_kwargs: keyword arguments for ``gymnasium.make`` or the factory.
         autoreset_mode: Gymnasium's ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED``.
         context: multiprocessing start method for the process backend (``"fork"``,
@@ -173,6 +178,8 @@ def make(
             "cpu_affinity pins workers, and the serial backend has none: its envs run in the "
             "caller's thread (pin that with os.sched_setaffinity if wanted)"
         )
+    if not isinstance(copy, bool):
+        raise TypeError(f"copy must be True or False, got {copy!r}")
     if ray_given and backend_kind is not Backend.RAY:
         raise ValueError(f"{', '.join(ray_given)} only apply to backend='ray'")
     spec = EnvSpec.from_user(env, env_kwargs)
@@ -223,6 +230,7 @@ def make(
         on_error=policy,
         step_timeout=step_timeout,
         max_restarts=max_restarts,
+        copy=copy,
     )
 
 

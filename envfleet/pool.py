@@ -68,6 +68,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
         num_envs: number of envs.
         batch_size: envs returned by each :meth:`recv` (``num_envs`` in sync mode).
         autoreset_mode: Gymnasium's autoreset mode the envs follow.
+        copy: whether observations are returned as copies (the default) or, when every env
+            is returned in order (sync ``step`` and ``reset``), as the batch arrays themselves,
+            which the next step overwrites (Gymnasium's ``copy`` of its vector envs).
     """
 
     def __init__(
@@ -86,9 +89,11 @@ class Pool(VectorEnv):  # type: ignore[misc]
         on_error: OnError = OnError.RAISE,
         step_timeout: float | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
+        copy: bool = True,
     ) -> None:
         self.num_envs = sum(len(ids) for ids in assignment)
         self.batch_size = batch_size
+        self.copy = copy
         self.autoreset_mode = autoreset_mode
         self.metadata = {**metadata, "autoreset_mode": autoreset_mode}
         self.render_mode = render_mode
@@ -174,7 +179,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._collect(env_ids)
         self._needs_reset[env_ids] = False
         infos = self._merge_infos(env_ids, positions=env_ids, size=self.num_envs)
-        return take(self.single_observation_space, self._batch.observations, None), infos
+        return self._observations(None), infos
 
     def step(
         self, actions: Any, env_id: Sequence[int] | np.ndarray | None = None
@@ -369,12 +374,19 @@ class Pool(VectorEnv):  # type: ignore[misc]
         if with_env_id:
             infos["env_id"] = env_ids
         return (
-            take(self.single_observation_space, batch.observations, rows),
+            self._observations(rows),
             rewards,
             terminations,
             truncations,
             infos,
         )
+
+    def _observations(self, rows: np.ndarray | None) -> Any:
+        """The observations of ``rows`` (every env, in order, when ``None``)."""
+        observations = self._batch.observations
+        if rows is None and not self.copy and not isinstance(observations, list):
+            return observations
+        return take(self.single_observation_space, observations, rows)
 
     def _merge_infos(
         self, env_ids: Iterable[int], positions: Iterable[int], size: int

@@ -235,3 +235,28 @@ def test_results_are_not_overwritten_by_later_steps(backend: str) -> None:
         for old, copy in zip(held, kept, strict=True):
             np.testing.assert_array_equal(old, copy)
         np.testing.assert_array_equal(held_rewards, held_rewards_copy)
+
+
+def test_copy_false_returns_the_batch_arrays_themselves(backend: str) -> None:
+    """Same values as copies; the arrays are the pool's own, which the next step overwrites."""
+    actions = np.ones(NUM_ENVS, dtype=np.int64)
+    common = {"backend": backend, "seed": 0}
+    with (
+        envfleet.make("CartPole-v1", NUM_ENVS, copy=False, **common) as views,
+        envfleet.make("CartPole-v1", NUM_ENVS, **common) as copies,
+    ):
+        reset_view, _ = views.reset()
+        reset_copy, _ = copies.reset()
+        np.testing.assert_array_equal(reset_view, reset_copy)
+        step_view = views.step(actions)[0]
+        step_copy = copies.step(actions)[0]
+        np.testing.assert_array_equal(step_view, step_copy)
+        assert np.shares_memory(step_view, reset_view), "not the batch arrays"
+        np.testing.assert_array_equal(reset_view, step_copy)  # the reset's were overwritten
+        assert not np.array_equal(reset_copy, step_copy)
+        assert not np.shares_memory(step_copy, copies.step(actions)[0])
+
+
+def test_copy_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="copy must be True or False, got 'no'"):
+        envfleet.make("CartPole-v1", 2, backend="serial", copy="no")  # type: ignore[arg-type]
