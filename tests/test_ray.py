@@ -382,3 +382,14 @@ def test_seed_simulator_example(
     assert fleet < two_actors < one_actor, out
     assert one_actor >= 4 * 0.2 and two_actors >= 2 * 0.2 and fleet >= 0.2, out
     assert ray.is_initialized(), "the example shut down a Ray it did not start"
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_actors_run_on_the_cpus_given(ray_session: None, path: str) -> None:
+    from tests.test_affinity import AffinityEnv, last_cpu
+
+    cpu = last_cpu()
+    with make_ray(AffinityEnv, path, cpu_affinity=[cpu]) as pool:
+        pool.reset(seed=0)
+        pool.step(np.zeros(NUM_ENVS, dtype=np.int64))
+        assert pool.call("cpus") == ([cpu],) * NUM_ENVS
