@@ -10,6 +10,8 @@ still fails a test that leaves an actor or a Ray of its own behind).
 from __future__ import annotations
 
 import functools
+import gc
+import os
 import re
 import runpy
 import shutil
@@ -124,6 +126,33 @@ def test_pool_leaves_a_ray_it_joined_running(ray_session: None) -> None:
     assert ray.is_initialized(), "close() shut down the caller's Ray"
     assert ray.get(ray.put(42)) == 42
     assert wait_for_actors_to_exit() == [], "close() left envfleet's actors running"
+
+
+def batch_memory_files() -> list[str]:
+    """This process's open descriptors on a pool's batch memory (``memfd:envfleet-batch``)."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor)
+    return [link for link in links if "envfleet-batch" in link]
+
+
+def test_close_frees_the_sockets_and_the_batch_memory_goes_with_the_pool(
+    ray_session: None,
+) -> None:
+    before = batch_memory_files()
+    with make_ray("CartPole-v1", seed=0) as pool:
+        assert len(batch_memory_files()) > len(before)
+        sockets = list(pool._transport._conns)  # type: ignore[attr-defined]
+        assert all(conn is not None and not conn.closed for conn in sockets)
+        pool.reset()
+    assert all(conn.closed for conn in sockets)
+    # The observations it returned may still be in use: the memory lives while the pool does.
+    del pool
+    gc.collect()
+    assert batch_memory_files() == before
 
 
 # -- same results as the serial backend ------------------------------------------------------
