@@ -14,6 +14,7 @@ import gymnasium
 import numpy as np
 import pytest
 
+import envfleet
 from envfleet.cli import EpisodeTracker, main
 
 ENV = "CartPole-v1"
@@ -317,6 +318,12 @@ def test_policy_that_cannot_be_loaded(
         (["--steps", "10", "--seconds", "1"], "not allowed with argument"),
         (["--save-obs"], "--save-obs needs --out"),
         (["--out", "/no/such/folder/x.npz"], "folder /no/such/folder does not exist"),
+        (["--cpu-affinity", "0,x"], "argument --cpu-affinity: expected 'spread', CPU ids"),
+        (["--cpu-affinity", "0"], "cpu_affinity pins workers, and the serial backend has none"),
+        (["--threads-per-worker", "2"], "threads_per_worker is an option of the process and ray"),
+        (["--address", "auto"], "address only apply to backend='ray'"),
+        (["--on-error", "ignore"], "argument --on-error: invalid choice: 'ignore'"),
+        (["--step-timeout", "0"], "argument --step-timeout: must be a positive number"),
     ],
 )
 def test_bad_arguments(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
@@ -438,6 +445,43 @@ def test_episode_tracker_next_step_semantics() -> None:
 
 
 # -- failures while running ----------------------------------------------------------------------
+
+
+def test_on_error_restart_keeps_the_run_going_and_counts_restarts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import tests.cli_envs  # noqa: F401  (registers CrashAfter-v0 in this process)
+
+    argv = ["run", "CrashAfter-v0", *SERIAL, "--num-envs", "2", "--steps", "100", "--json"]
+    status, out, err = run_cli(capsys, *argv, "--on-error", "restart")
+    assert status == 0, err
+    summary = json.loads(out)
+    assert summary["steps"] == 100 and summary["on_error"] == "restart"
+    # Each env raises on the 7th step of its life: about once per 7 of its 50 steps.
+    assert 10 <= summary["restarts"] <= 16
+
+
+def test_pool_options_reach_the_pool(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[dict[str, Any]] = []
+    real_make = envfleet.make
+
+    def make(*args: Any, **kwargs: Any) -> envfleet.Pool:
+        made.append(kwargs)
+        return real_make(*args, **kwargs)
+
+    monkeypatch.setattr(envfleet, "make", make)
+    cpu = max(os.sched_getaffinity(0))
+    argv = ["--backend", "process", "--num-envs", "4", "--num-workers", "2", "--steps", "400"]
+    options = ["--threads-per-worker", "2", "--cpu-affinity", str(cpu), "--step-timeout", "30"]
+    summary = run_json(capsys, *argv, *options, "--max-restarts", "5", "--on-error", "restart")
+    (kwargs,) = made
+    assert kwargs["threads_per_worker"] == 2 and kwargs["cpu_affinity"] == [cpu]
+    assert (kwargs["step_timeout"], kwargs["max_restarts"]) == (30.0, 5)
+    assert kwargs["on_error"] == "restart" and kwargs["address"] is None
+    assert (summary["threads_per_worker"], summary["cpu_affinity"]) == (2, [cpu])
+    assert summary["steps"] == 400 and summary["restarts"] == 0
 
 
 def test_env_failure_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

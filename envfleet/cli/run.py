@@ -40,6 +40,7 @@ from envfleet.cli.common import (
 )
 from envfleet.cli.recorder import Recorder
 from envfleet.cli.runner import LiveDisplay, RandomPolicy, Runner, RunResult, load_policy
+from envfleet.pool import DEFAULT_MAX_RESTARTS
 
 DEFAULT_STEPS = 100_000
 
@@ -76,6 +77,45 @@ def add_parser(commands: Any) -> None:
     )
     run.add_argument(
         "--seed", type=non_negative_int, default=0, help="env i is seeded seed+i (default: 0)"
+    )
+    run.add_argument(
+        "--threads-per-worker",
+        type=positive_int,
+        default=1,
+        help="step each worker's envs on this many threads (process and ray backends; for "
+        "envs that sleep or release the GIL; default: 1)",
+    )
+    run.add_argument(
+        "--cpu-affinity",
+        type=cpu_affinity,
+        metavar="CPUS",
+        help="pin the workers: 'spread' (worker w on the w-th usable CPU), '1' or '0,1' (every "
+        "worker on those CPUs), '0;1' (worker w on entry w, cycled); default: no pinning",
+    )
+    run.add_argument(
+        "--on-error",
+        choices=["raise", "restart"],
+        default="raise",
+        help="an env that raises, dies or hangs stops the run (raise, the default) or is "
+        "rebuilt and its episode reported truncated (restart)",
+    )
+    run.add_argument(
+        "--step-timeout",
+        type=positive_float,
+        metavar="SECONDS",
+        help="a worker with no reply within this many seconds counts as hung and is killed "
+        "(process and ray backends)",
+    )
+    run.add_argument(
+        "--max-restarts",
+        type=non_negative_int,
+        default=DEFAULT_MAX_RESTARTS,
+        help=f"restarts allowed per env under --on-error restart (default: {DEFAULT_MAX_RESTARTS})",
+    )
+    run.add_argument(
+        "--address",
+        help="ray backend: the cluster to join ('auto', 'ray://host:port'); default: the local "
+        "Ray, started for the run",
     )
     limit = run.add_mutually_exclusive_group()
     limit.add_argument(
@@ -115,6 +155,20 @@ def add_parser(commands: Any) -> None:
     )
     run.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     run.set_defaults(handler=_cmd_run)
+
+
+def cpu_affinity(text: str) -> str | list[int] | list[list[int]]:
+    """``--cpu-affinity``: ``spread``, ``0,1`` (one set for every worker) or ``0;1`` (a set per
+    worker); :func:`envfleet.make` checks the CPUs themselves."""
+    if text == "spread":
+        return text
+    try:
+        sets = [[int(cpu) for cpu in part.split(",")] for part in text.split(";")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 'spread', CPU ids like '0,1', or per-worker sets like '0;1', got {text!r}"
+        ) from None
+    return sets[0] if len(sets) == 1 else sets
 
 
 def _out_path(out: Path) -> Path:
@@ -160,6 +214,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             seed=args.seed,
             autoreset_mode=AutoresetMode.NEXT_STEP,
+            threads_per_worker=args.threads_per_worker,
+            cpu_affinity=args.cpu_affinity,
+            on_error=args.on_error,
+            step_timeout=args.step_timeout,
+            max_restarts=args.max_restarts,
+            address=args.address,
         )
     except (ValueError, TypeError) as exc:  # envfleet.make's checks on its arguments
         raise UsageError(str(exc)) from exc
@@ -197,6 +257,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         else:
             result = runner.run()
         stats = pool.stats().as_dict() if args.stats else None
+        restarts = int(pool.restarts.sum())
 
     if recorder is not None and out is not None:
         try:
@@ -204,6 +265,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CliError(f"writing {out} failed: {exc.strerror or exc}") from exc
     summary = _summary(args, result, out)
+    summary["restarts"] = restarts
     if stats is not None:
         summary["stats"] = stats
     if args.json:
@@ -230,6 +292,9 @@ def _summary(args: argparse.Namespace, result: RunResult, out: Path | None) -> d
         "num_workers": result.num_workers,
         "batch_size": args.batch_size or args.num_envs,
         "seed": args.seed,
+        "threads_per_worker": args.threads_per_worker,
+        "cpu_affinity": args.cpu_affinity,
+        "on_error": args.on_error,
         "policy": args.policy or "random",
         "steps": result.steps,
         "seconds": result.seconds,
@@ -267,6 +332,8 @@ def _summary_table(summary: dict[str, Any]) -> Table:
         ("max return", number(summary["return_max"])),
         ("mean length", number(summary["length_mean"], 1)),
     ]
+    if summary.get("restarts"):
+        rows.append(("env restarts", f"{summary['restarts']:,}"))
     if summary["interrupted"]:
         rows.append(("interrupted", "yes"))
     if summary["out"] is not None:
