@@ -14,6 +14,7 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +89,8 @@ class PoolMemory:
         except BaseException:
             os.close(self._fd)
             raise
+        # The file closes with this object even if close() is never called.
+        self._close_fd = weakref.finalize(self, os.close, self._fd)
         token = secrets.token_bytes(_TOKEN_BYTES)
         self._memory[:_TOKEN_BYTES] = token
         shared, _ = _layout(obs_space, act_space, n, memoryview(self._memory))
@@ -96,9 +99,7 @@ class PoolMemory:
 
     def close(self) -> None:
         """Close the file: the memory goes once no actor maps it (the batch views stay valid)."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._close_fd()
 
 
 def available() -> bool:

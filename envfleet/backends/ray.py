@@ -149,15 +149,20 @@ class RayTransport:
         extra = options.ray or {}
         self._options = options
         self._memory: PoolMemory | None = None
-        if extra.get("shared_memory", True) and node_memory.available():
-            self._memory = PoolMemory(
-                options.observation_space, options.action_space, options.num_envs
-            )
-            self.batch = self._memory.batch
-        else:
-            self.batch = Batch.local(
-                options.observation_space, options.action_space, options.num_envs
-            )
+        self._connected = _connect(extra.get("address"), dict(extra.get("init_kwargs") or {}))
+        try:
+            if extra.get("shared_memory", True) and node_memory.available():
+                self._memory = PoolMemory(
+                    options.observation_space, options.action_space, options.num_envs
+                )
+        except BaseException:
+            self._disconnect()
+            raise
+        self.batch = (
+            self._memory.batch
+            if self._memory is not None
+            else Batch.local(options.observation_space, options.action_space, options.num_envs)
+        )
         self._read_action = (
             make_reader(options.action_space, self.batch.actions)
             if is_array_space(options.action_space)
@@ -178,7 +183,6 @@ class RayTransport:
         self._authkey = secrets.token_bytes(32)
         self._row_bytes = _row_bytes(self.batch, options.num_envs)
         self._closed = False
-        self._connected = _connect(extra.get("address"), dict(extra.get("init_kwargs") or {}))
         self._pool_node: str | None
         try:
             self._pool_node = str(ray.get_runtime_context().get_node_id())
@@ -403,9 +407,12 @@ class RayTransport:
                 refs.clear()
             if self._memory is not None:
                 self._memory.close()
-            if self._connected:
-                self._connected = False
-                _disconnect()
+            self._disconnect()
+
+    def _disconnect(self) -> None:
+        if self._connected:
+            self._connected = False
+            _disconnect()
 
     def _close_actors(self, timeout: float) -> None:
         """Ask each actor to close its envs, wait up to ``timeout``, then kill them all."""
