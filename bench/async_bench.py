@@ -41,6 +41,7 @@ import contextlib
 import functools
 import importlib.metadata
 import io
+import itertools
 import json
 import statistics
 import time
@@ -55,7 +56,8 @@ from rich.console import Console
 from rich.table import Table
 
 import envfleet
-from bench.async_envs import HeavyTailEnv, build, expected_step_s, puffer_env
+from bench.async_envs import HeavyTailEnv, expected_step_s, puffer_env
+from bench.envs import build_env as build
 from envfleet import benchmark
 from envfleet._make import usable_cores
 from envfleet.benchmark import OtherLoad
@@ -349,13 +351,10 @@ def discrete_actions(n: int, batch: int, seed: int, count: int = 64) -> list[np.
 
 def cycle(step: Callable[[Any], object], actions: Sequence[Any], envs_per_call: int) -> Any:
     """An ``advance`` that calls ``step`` with the actions in turn."""
-    state = [0]
-    count = len(actions)
+    following = itertools.cycle(actions).__next__
 
     def advance() -> int:
-        k = state[0]
-        step(actions[k % count])
-        state[0] = k + 1
+        step(following())
         return envs_per_call
 
     return advance

@@ -13,6 +13,8 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
+from bench.envs import build_env
+
 FAST_S = 0.0002
 SLOW_S = 0.005
 SLOW_P = 0.1
@@ -68,19 +70,8 @@ def expected_step_s(
     return (1 - slow_p) * fast_s + slow_p * slow_s
 
 
-def build(env: str | type[gymnasium.Env[Any, Any]]) -> gymnasium.Env[Any, Any]:
-    """One env from a registered id (registering ALE ids on demand) or a class."""
-    if isinstance(env, str):
-        if env.startswith("ALE/"):
-            import ale_py
-
-            gymnasium.register_envs(ale_py)
-        return gymnasium.make(env)
-    return env()
-
-
 def puffer_env(env: str | type[gymnasium.Env[Any, Any]], buf: Any = None, seed: int = 0) -> Any:
     """PufferLib's wrapper around one Gymnasium env (its ``Multiprocessing`` backend needs it)."""
     import pufferlib.emulation
 
-    return pufferlib.emulation.GymnasiumPufferEnv(env=build(env), buf=buf, seed=seed)
+    return pufferlib.emulation.GymnasiumPufferEnv(env=build_env(env), buf=buf, seed=seed)

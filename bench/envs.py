@@ -6,9 +6,7 @@ can import it by reference.
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -84,13 +82,6 @@ class Workload:
     @property
     def label(self) -> str:
         return self.env if isinstance(self.env, str) else self.env.__name__
-
-    def build(self) -> gymnasium.Env[Any, Any]:
-        return build_env(self.env)
-
-    def factory(self) -> Callable[[], gymnasium.Env[Any, Any]]:
-        """A picklable zero-argument factory (for Gymnasium's vector envs)."""
-        return functools.partial(build_env, self.env)
 
 
 WORKLOADS: dict[str, Workload] = {

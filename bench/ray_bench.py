@@ -47,7 +47,7 @@ from rich.console import Console
 from rich.table import Table
 
 import envfleet
-from bench.envs import WORKLOADS, Workload
+from bench.envs import WORKLOADS, Workload, build_env
 from envfleet import benchmark
 from envfleet._make import usable_cores
 from envfleet.benchmark import LoopRunner, Runner, RunResult, Timing
@@ -57,15 +57,6 @@ BENCH_WORKLOADS = ("cartpole", "pong")
 
 
 # -- the plain Ray patterns ----------------------------------------------------------------------
-
-
-def build_env(env_id: str) -> gymnasium.Env[Any, Any]:
-    """``gymnasium.make``, registering ALE ids on demand (runs inside the actors)."""
-    if env_id.startswith("ALE/"):
-        import ale_py
-
-        gymnasium.register_envs(ale_py)
-    return gymnasium.make(env_id)
 
 
 def _step_env(env: gymnasium.Env[Any, Any], action: Any) -> tuple[Any, float, bool, bool]:

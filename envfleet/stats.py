@@ -95,7 +95,7 @@ class StatsRecorder:
         self.latency[self._workers, self.replies % LATENCY_WINDOW] = now - started
         self.replies += 1
         self.steps += self._sizes
-        self.busy_seconds += now - self.busy_start
+        self.busy_seconds += now - started  # busy_all(started) began every worker's stretch
         self.busy_start.fill(np.nan)
 
     def ended(self, env_ids: np.ndarray, done: np.ndarray) -> None:

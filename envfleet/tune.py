@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
+from envfleet.affinity import usable_cpus
 from envfleet.spec import EnvSpec
 
 WAITING_CPU_SHARE = 0.2
@@ -132,9 +133,9 @@ def candidate_layouts(profile: EnvProfile, num_envs: int, cores: int) -> list[La
     waiting = auto_layout(profile, "process", num_envs, cores)
     candidates.append(waiting)
     candidates.append(Layout("thread", num_envs))
-    if profile.waits and cores > 1:
+    if profile.waits and cores > 1 and hasattr(os, "sched_setaffinity"):
         # Threads of waiting envs hand the GIL over faster on one core (see bench/thread_bench.py).
-        candidates.append(Layout("thread", num_envs, cpu_affinity=(_last_cpu(),)))
+        candidates.append(Layout("thread", num_envs, cpu_affinity=(usable_cpus()[-1],)))
         if waiting.threads_per_worker > 1:
             candidates.append(replace(waiting, cpu_affinity="spread"))
     candidates.append(Layout("serial", 1))
@@ -145,14 +146,6 @@ def candidate_layouts(profile: EnvProfile, num_envs: int, cores: int) -> list[La
         if layout not in unique:
             unique.append(layout)
     return unique
-
-
-def _last_cpu() -> int:
-    """The last CPU this process may use (the pinned candidates pack env threads there)."""
-    try:
-        return max(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity on this platform: count the CPUs instead
-        return (os.cpu_count() or 1) - 1
 
 
 def time_layout(spec: EnvSpec, num_envs: int, layout: Layout, seconds: float) -> float:

@@ -13,13 +13,11 @@ import pytest
 
 import envfleet
 from envfleet.affinity import check_affinity, cpus_for, usable_cpus
-from tests.conftest import BACKENDS
+from tests.conftest import WORKER_BACKENDS
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "sched_setaffinity"), reason="CPU affinity is a Linux feature"
 )
-
-WORKER_BACKENDS = [b for b in BACKENDS if b != "serial"]
 
 
 class AffinityEnv(gym.Env[np.ndarray, int]):

@@ -23,9 +23,8 @@ from envfleet.backends.channel import serve_connection
 from envfleet.backends.node_memory import NodeMemory
 from envfleet.buffers import Batch, ObjectRows, take
 from envfleet.errors import Phase
-from envfleet.group import GroupStartError
 from envfleet.protocol import Command, EnvFailure, Group, Reply, Rows
-from envfleet.worker import build_group
+from envfleet.worker import start_group
 
 Packed = tuple[
     np.ndarray, Any, np.ndarray, np.ndarray, np.ndarray, "dict[int, dict[str, Any]] | None"
@@ -70,18 +69,15 @@ class GroupActor:
             self.batch = Batch.local(
                 options.observation_space, options.action_space, options.num_envs
             )
-        try:
-            self.group = build_group(
-                options,
-                options.assignment[self.worker],
-                self.batch,
-                ship_observations=shared and isinstance(self.batch.observations, ObjectRows),
-                restarts=self.restarts,
-            )
-        except GroupStartError as exc:
-            return Reply(failures=(exc.failure,)), node, None
-        except Exception as exc:
-            return Reply(failures=(EnvFailure.capture(None, Phase.MAKE, exc),)), node, None
+        self.group, started = start_group(
+            options,
+            options.assignment[self.worker],
+            self.batch,
+            ship_observations=shared and isinstance(self.batch.observations, ObjectRows),
+            restarts=self.restarts,
+        )
+        if self.group is None:
+            return started, node, None
         address = None
         if shared:
             # An abstract socket: no file to leave behind; the key keeps others out.

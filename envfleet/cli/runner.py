@@ -226,9 +226,7 @@ class Runner:
         self.max_seconds = seconds if seconds is not None else math.inf
         self.recorder = recorder
         self.display = display
-        self.result = RunResult(
-            num_workers=_num_workers(pool), tracker=EpisodeTracker(pool.num_envs)
-        )
+        self.result = RunResult(num_workers=pool.num_workers, tracker=EpisodeTracker(pool.num_envs))
         self._start = time.perf_counter()
         self._next_refresh = math.inf
 
@@ -327,12 +325,3 @@ class Runner:
             self.display.update(result.steps, elapsed, result.tracker)
             self._next_refresh = now + REFRESH_INTERVAL
         return result.steps > 0 and (result.steps >= self.max_steps or elapsed >= self.max_seconds)
-
-
-def _num_workers(pool: envfleet.Pool) -> int | None:
-    """Workers the pool runs (``envfleet.make`` picks the default per backend)."""
-    workers = getattr(pool, "num_workers", None)
-    if isinstance(workers, int):
-        return workers
-    assignment = getattr(pool, "_assignment", None)  # one tuple of env ids per worker
-    return len(assignment) if assignment is not None else None
