@@ -59,7 +59,7 @@ import envfleet
 from bench.async_envs import HeavyTailEnv, expected_step_s, puffer_env
 from bench.envs import build_env as build
 from envfleet import benchmark
-from envfleet._make import usable_cores
+from envfleet.affinity import usable_cpus
 from envfleet.benchmark import OtherLoad
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -465,7 +465,7 @@ def open_envpool(
     import envpool
 
     batch = num_envs if batch_size is None else batch_size
-    kwargs.setdefault("num_threads", usable_cores())
+    kwargs.setdefault("num_threads", len(usable_cpus()))
     env = envpool.make(
         task, env_type="gymnasium", num_envs=num_envs, batch_size=batch, seed=timing.seed,
         **kwargs,

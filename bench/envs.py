@@ -48,6 +48,27 @@ class SleepEnv(gymnasium.Env[np.ndarray, int]):
         return self._obs.copy(), 1.0, False, self._t >= self.max_steps, {}
 
 
+class NoOpEnv(gymnasium.Env[np.ndarray, int]):
+    """An env whose ``step`` does nothing: a constant observation, never done (the fixed cost
+    of a step is all that is left to measure)."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self) -> None:
+        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self._obs = np.zeros(4, dtype=np.float32)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        return self._obs, {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        return self._obs, 0.0, False, False, {}
+
+
 EnvRef = str | type[gymnasium.Env[Any, Any]]
 """A registered Gymnasium id or an env class (both picklable by reference)."""
 

@@ -49,7 +49,7 @@ from rich.table import Table
 import envfleet
 from bench.envs import WORKLOADS, Workload, build_env
 from envfleet import benchmark
-from envfleet._make import usable_cores
+from envfleet.affinity import usable_cpus
 from envfleet.benchmark import LoopRunner, Runner, RunResult, Timing
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "ray.json"
@@ -144,7 +144,9 @@ def open_naive_ray(workload: Workload, timing: Timing) -> Runner:
 def open_batched_ray(workload: Workload, timing: Timing) -> Runner:
     """The envs split over one actor per usable core, each call stepping all of an actor's."""
     start = time.perf_counter()
-    blocks = np.array_split(np.arange(workload.num_envs), min(usable_cores(), workload.num_envs))
+    blocks = np.array_split(
+        np.arange(workload.num_envs), min(len(usable_cpus()), workload.num_envs)
+    )
     cls = ray.remote(num_cpus=0)(BatchActor)
     actors = [cls.remote(str(workload.env), (timing.seed + block).tolist()) for block in blocks]
     try:
@@ -184,7 +186,7 @@ def open_envfleet_ray(workload: Workload, timing: Timing, shared_memory: bool = 
     except BaseException:
         pool.close()
         raise
-    workers = min(usable_cores(), workload.num_envs)
+    workers = min(len(usable_cpus()), workload.num_envs)
     return LoopRunner(
         "envfleet-ray" if shared_memory else "envfleet-ray-calls",
         pool.step,

@@ -75,11 +75,11 @@ from bench.async_bench import (
     print_table,
     ratio,
     timing_from,
-    usable_cores,
     version,
     write_json,
 )
 from bench.envs import SleepEnv
+from envfleet.affinity import usable_cpus
 
 SLEEP_TARGET = 0.8
 PONG_TARGET = 1.6
@@ -118,7 +118,7 @@ def open_atari_vector(num_envs: int, timing: Timing, name: str, **kwargs: Any) -
     """ale-py's C++ ``AtariVectorEnv`` (a thread pool, one thread per usable core)."""
     from ale_py.vector_env import AtariVectorEnv
 
-    kwargs.setdefault("num_threads", usable_cores())
+    kwargs.setdefault("num_threads", len(usable_cpus()))
     vec = AtariVectorEnv("pong", num_envs, **kwargs)
     try:
         vec.reset(seed=timing.seed)

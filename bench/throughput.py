@@ -2,8 +2,10 @@
 :mod:`envfleet.benchmark`, which ``envfleet bench`` runs too).
 
 Workloads: CartPole-v1 x 64, ALE/Pong-v5 x 8, and :class:`bench.envs.SleepEnv` (1 ms sleep per
-step) x 32; each has a target for envfleet process / ceiling. Prints a table per workload and
-writes every number, with machine info, to JSON.
+step) x 32; each has a target for envfleet process / ceiling. Beside the ceiling, the *bare
+pool* (``bare-pool``: worker processes that read a byte, step their envs, write a byte) is the
+least a process pool of envfleet's design can cost; envfleet process / bare pool is printed too.
+Prints a table per workload and writes every number, with machine info, to JSON.
 
 Usage::
 
@@ -31,7 +33,7 @@ from bench.envs import WORKLOADS, Workload
 from envfleet import benchmark
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "throughput.json"
-DEFAULT_RUNNERS = ["loop", "ceiling", "gym-sync", "gym-async", "serial", "process"]
+DEFAULT_RUNNERS = ["loop", "ceiling", "bare-pool", "gym-sync", "gym-async", "serial", "process"]
 SUBJECT = "process"
 
 
@@ -108,6 +110,14 @@ def run_workload(
             f"[bold]{workload.name}: envfleet process / ceiling = {subject:.2f}[/bold] "
             f"({target}){verdict}\n"
         )
+    over_bare = report.ratio(SUBJECT, workload.num_envs, benchmark.BARE_POOL)
+    if over_bare is not None:
+        bare_ceiling = report.ratio(benchmark.BARE_POOL, workload.num_envs)
+        console.print(
+            f"[bold]{workload.name}: envfleet process / bare pool = {over_bare:.2f}[/bold]"
+            + (f" (bare pool / ceiling = {bare_ceiling:.2f})" if bare_ceiling else "")
+            + "\n"
+        )
     document = report.as_dict()
     document.pop("machine")  # once, at the top
     return {
@@ -115,6 +125,7 @@ def run_workload(
         "num_envs": workload.num_envs,
         "target_process_over_ceiling": workload.target,
         "envfleet_process_over_ceiling": subject,
+        "envfleet_process_over_bare_pool": over_bare,
         "meets_target": meets,
     }
 

@@ -18,6 +18,9 @@ Runners:
 - ``loop``: a Python for-loop over the envs in this process, resetting finished ones;
 - ``ceiling``: the envs split over one process per usable core that never communicate, their
   throughputs summed: what parallel stepping could reach with no coordination at all;
+- ``bare-pool``: worker processes (as many as the process backend starts) that each read one
+  byte from a pipe, step their envs in a loop and write one byte back: the least a process pool
+  of this design can cost (:mod:`~envfleet.benchmark.bare`);
 - ``serial`` / ``process`` / ``thread``: ``envfleet.make`` with that backend (default workers);
 - ``gym-sync`` / ``gym-async``: Gymnasium's ``SyncVectorEnv`` and
   ``AsyncVectorEnv(shared_memory=True)`` (one process per env);
@@ -35,6 +38,7 @@ sweeps) and :mod:`~envfleet.benchmark.report` (the report: table, notes, plot, J
 public name is importable from :mod:`envfleet.benchmark` itself.
 """
 
+from envfleet.benchmark.bare import BARE_POOL, BarePool, open_bare_pool
 from envfleet.benchmark.base import (
     CEILING,
     FAILED,
@@ -65,6 +69,7 @@ from envfleet.benchmark.report import Report, report_notes, report_table, write_
 from envfleet.benchmark.runners import (
     CEILING_TIMEOUT,
     CeilingRunner,
+    envfleet_opener,
     open_ceiling,
     open_gym_async,
     open_gym_sync,
@@ -73,6 +78,7 @@ from envfleet.benchmark.runners import (
 
 __all__ = [
     "ALIASES",
+    "BARE_POOL",
     "CEILING",
     "CEILING_TIMEOUT",
     "FAILED",
@@ -85,6 +91,7 @@ __all__ = [
     "UNAVAILABLE",
     "UNSUPPORTED",
     "Availability",
+    "BarePool",
     "CeilingRunner",
     "LoopRunner",
     "OtherLoad",
@@ -95,9 +102,11 @@ __all__ = [
     "Timing",
     "Workload",
     "availability",
+    "envfleet_opener",
     "envpool_id",
     "machine_info",
     "measure",
+    "open_bare_pool",
     "open_ceiling",
     "open_envpool",
     "open_gym_async",

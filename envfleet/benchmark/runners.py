@@ -14,7 +14,7 @@ from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
 import envfleet
-from envfleet._make import usable_cores
+from envfleet.affinity import usable_cpus
 from envfleet.benchmark.base import (
     CEILING,
     LOOP,
@@ -115,7 +115,7 @@ class CeilingRunner(Runner):
 
     def __init__(self, workload: Workload, timing: Timing) -> None:
         self.name = CEILING
-        num_procs = min(usable_cores(), workload.num_envs)
+        num_procs = min(len(usable_cpus()), workload.num_envs)
         counts = [len(ids) for ids in np.array_split(np.arange(workload.num_envs), num_procs)]
         firsts = np.cumsum([0, *counts[:-1]]).tolist()
         self.info = {"processes": num_procs, "envs_per_process": counts}
@@ -181,17 +181,28 @@ def open_ceiling(workload: Workload, timing: Timing) -> Runner:
     return CeilingRunner(workload, timing)
 
 
-def _envfleet(backend: str) -> Callable[[Workload, Timing], Runner]:
+def envfleet_opener(
+    backend: str, name: str | None = None, **make_kwargs: Any
+) -> Callable[[Workload, Timing], Runner]:
+    """An opener of ``envfleet.make(..., backend=backend, **make_kwargs)`` stepped synchronously.
+
+    ``name`` is the runner's name (default: the backend's); ``make_kwargs`` default to none
+    (default workers).
+    """
+
     def open_envfleet(workload: Workload, timing: Timing) -> Runner:
         return _open_vector(
-            backend,
-            lambda: envfleet.make(workload.spec, workload.num_envs, backend=backend),
+            name or backend,
+            lambda: envfleet.make(workload.spec, workload.num_envs, backend=backend, **make_kwargs),
             timing,
-            info=lambda pool: {"workers": pool.num_workers},
+            info=lambda pool: {"workers": pool.num_workers, **make_kwargs},
         )
 
-    open_envfleet.__doc__ = f'``envfleet.make(..., backend="{backend}")``, default workers.'
+    open_envfleet.__doc__ = f'``envfleet.make(..., backend="{backend}")``, {make_kwargs or ""}.'
     return open_envfleet
+
+
+_envfleet = envfleet_opener
 
 
 def open_gym_sync(workload: Workload, timing: Timing) -> Runner:
