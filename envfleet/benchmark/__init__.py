@@ -8,10 +8,11 @@ independent-processes ceiling, an envfleet backend or a peer library. It is open
 and cycled, so sampling does not weigh on the result.
 
 :func:`measure` opens several runners on one workload and interleaves their windows (window 1
-of every runner, then window 2, ...), so a burst of load from elsewhere on the machine hits all
-runners alike instead of one; the median window is what gets reported. :func:`sweep` does that
-for each ``num_envs`` of a list and returns a :class:`Report`, which renders as a table
-(:func:`report_table`), a plot (:func:`write_plot`) and JSON (:meth:`Report.as_dict`).
+of every runner, then window 2, ..., each round starting one runner later), so a burst of load
+from elsewhere on the machine hits all runners alike instead of one; the median window is what
+gets reported. :func:`sweep` does that for each ``num_envs`` of a list and returns a
+:class:`Report`, which renders as a table (:func:`report_table`), a plot (:func:`write_plot`)
+and JSON (:meth:`Report.as_dict`).
 
 Runners:
 
@@ -34,8 +35,10 @@ Modules: :mod:`~envfleet.benchmark.base` (timing, workload, results, load from e
 runner interface), :mod:`~envfleet.benchmark.runners` (for-loop, ceiling, envfleet, Gymnasium),
 :mod:`~envfleet.benchmark.peers` (SB3, EnvPool, PufferLib), :mod:`~envfleet.benchmark.registry`
 (runners by name, availability), :mod:`~envfleet.benchmark.measure` (measuring, machine info,
-sweeps) and :mod:`~envfleet.benchmark.report` (the report: table, notes, plot, JSON). Every
-public name is importable from :mod:`envfleet.benchmark` itself.
+sweeps), :mod:`~envfleet.benchmark.report` (the report: table, notes, plot, JSON),
+:mod:`~envfleet.benchmark.bare` (the bare pool) and :mod:`~envfleet.benchmark.cases` (a
+script's own rows, for the scripts in ``bench/``). Every public name but those of ``cases`` is
+importable from :mod:`envfleet.benchmark` itself.
 """
 
 from envfleet.benchmark.bare import BARE_POOL, BarePool, open_bare_pool
@@ -48,6 +51,7 @@ from envfleet.benchmark.base import (
     PARTIAL,
     UNAVAILABLE,
     UNSUPPORTED,
+    CallRunner,
     LoopRunner,
     OtherLoad,
     Runner,
@@ -92,6 +96,7 @@ __all__ = [
     "UNSUPPORTED",
     "Availability",
     "BarePool",
+    "CallRunner",
     "CeilingRunner",
     "LoopRunner",
     "OtherLoad",

@@ -64,14 +64,20 @@ def measure(
                 opened[name] = opener(workload, timing)
             except Exception as exc:
                 fail(name, exc)
+        order = list(opened)
         for repeat in range(timing.repeats):
-            for name, runner in list(opened.items()):
+            k = repeat % max(1, len(order))  # each round starts with the next runner
+            for name in order[k:] + order[:k]:
+                if name not in opened:  # failed in an earlier round
+                    continue
+                runner = opened[name]
                 if progress is not None:
                     progress(f"{where}: {name}, window {repeat + 1}/{timing.repeats}")
                 try:
                     with OtherLoad() as load:
                         windows[name].append(runner.window(timing.seconds))
                     loads[name].append(load.cores)
+                    time.sleep(runner.settle_s)
                 except Exception as exc:
                     fail(name, exc)
                     opened.pop(name).close()
