@@ -85,8 +85,10 @@ def build_env(env: EnvRef) -> gymnasium.Env[Any, Any]:
 
 
 @dataclass(frozen=True)
-class Workload:
-    """One benchmark case: which env, how many copies, and the target for envfleet process.
+class Target:
+    """A throughput case with a bar to clear: which env, how many copies, and the least ratio
+    of envfleet process to the independent-processes ceiling (the engine's
+    :class:`envfleet.benchmark.Workload` is the env and count alone).
 
     Attributes:
         name: short name used on the command line (``cartpole``).
@@ -105,8 +107,8 @@ class Workload:
         return self.env if isinstance(self.env, str) else self.env.__name__
 
 
-WORKLOADS: dict[str, Workload] = {
-    "cartpole": Workload("cartpole", "CartPole-v1", 64, target=0.6),
-    "pong": Workload("pong", "ALE/Pong-v5", 8, target=0.85),
-    "sleep": Workload("sleep", SleepEnv, 32),
+TARGETS: dict[str, Target] = {
+    "cartpole": Target("cartpole", "CartPole-v1", 64, target=0.6),
+    "pong": Target("pong", "ALE/Pong-v5", 8, target=0.85),
+    "sleep": Target("sleep", SleepEnv, 32),
 }
