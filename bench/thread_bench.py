@@ -39,7 +39,6 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import functools
-import multiprocessing
 import os
 import shutil
 import statistics
@@ -58,7 +57,7 @@ from bench.async_bench import RESULTS, IdealRunner, open_envfleet, version
 from bench.envs import SleepEnv, build_env
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
-from envfleet.benchmark import CallRunner, Runner, RunResult, Timing, Workload
+from envfleet.benchmark import CallRunner, ParallelRunner, Runner, RunResult, Timing, Workload
 from envfleet.benchmark.cases import (
     Case,
     cycle,
@@ -75,7 +74,6 @@ from envfleet.benchmark.cases import (
 
 SLEEP_TARGET = 0.8
 PONG_TARGET = 1.6
-BARRIER_TIMEOUT = 300.0
 
 # -- runners -------------------------------------------------------------------------------------
 
@@ -168,24 +166,25 @@ def open_bare_threads(workload: Workload, timing: Timing, cpus: list[int] | None
 # -- the GIL check: k threads or k processes, each stepping its own env ---------------------------
 
 
-def pong_stepper(index: int) -> Callable[[], None]:
+def pong_stepper(index: int) -> Callable[[], int]:
     """Steps one ``ALE/Pong-v5`` env through Gymnasium (random actions, resets when done)."""
     env = build_env("ALE/Pong-v5")
     env.reset(seed=index)
     actions = discrete_actions(int(env.action_space.n), 1, index, count=256)
     state = [0]
 
-    def step() -> None:
+    def step() -> int:
         k = state[0]
         _, _, terminated, truncated, _ = env.step(int(actions[k % 256][0]))
         state[0] = k + 1
         if terminated or truncated:
             env.reset()
+        return 1
 
     return step
 
 
-def ale_act_stepper(index: int) -> Callable[[], None]:
+def ale_act_stepper(index: int) -> Callable[[], int]:
     """Calls ``ALEInterface.act`` directly (one emulator frame per call; resets at game over)."""
     from ale_py import ALEInterface, LoggerMode, roms
 
@@ -198,98 +197,28 @@ def ale_act_stepper(index: int) -> Callable[[], None]:
     actions = [moves[i] for i in rng.integers(0, len(moves), size=256)]
     state = [0]
 
-    def step() -> None:
+    def step() -> int:
         k = state[0]
         ale.act(actions[k % 256])
         state[0] = k + 1
         if ale.game_over():
             ale.reset_game()
+        return 1
 
     return step
-
-
-def _parallel_worker(
-    make_step: Callable[[int], Callable[[], None]],
-    index: int,
-    start: Any,
-    end: Any,
-    seconds: Any,
-    rates: Any,
-) -> None:
-    step = make_step(index)
-    start.wait(BARRIER_TIMEOUT)  # built: ready for the first window
-    while True:
-        start.wait(BARRIER_TIMEOUT)
-        window = seconds.value
-        if window <= 0:
-            return
-        calls = 0
-        begin = time.perf_counter()
-        deadline = begin + window
-        while True:
-            step()
-            calls += 1
-            now = time.perf_counter()
-            if now >= deadline:
-                break
-        rates[index] = calls / (now - begin)
-        end.wait(BARRIER_TIMEOUT)
-
-
-class ParallelRunner(Runner):
-    """``count`` threads (or forked processes), each stepping its own env; rates summed."""
-
-    def __init__(
-        self, timing: Timing, make_step: Callable[[int], Callable[[], None]], count: int, mode: str
-    ) -> None:
-        self.name, self.setup_s, self.info = f"{count} {mode}", 0.0, {"mode": mode, "count": count}
-        ctx = multiprocessing.get_context("fork")
-        self._seconds = ctx.Value("d", 0.0, lock=False)
-        self._rates = ctx.Array("d", count, lock=False)
-        if mode == "thread":
-            self._start, self._end = threading.Barrier(count + 1), threading.Barrier(count + 1)
-            make: Any = functools.partial(threading.Thread, daemon=True)
-        else:
-            self._start, self._end = ctx.Barrier(count + 1), ctx.Barrier(count + 1)
-            make = functools.partial(ctx.Process, daemon=True)  # type: ignore[attr-defined]
-        args = (make_step, self._start, self._end, self._seconds, self._rates)
-        self._workers = [
-            make(target=_parallel_worker, args=(args[0], i, *args[1:])) for i in range(count)
-        ]
-        for worker in self._workers:
-            worker.start()
-        start = time.perf_counter()
-        self._start.wait(BARRIER_TIMEOUT)
-        self.setup_s = time.perf_counter() - start
-        self.window(timing.warmup)
-
-    def window(self, seconds: float) -> float:
-        self._seconds.value = seconds
-        self._start.wait(BARRIER_TIMEOUT)
-        self._end.wait(BARRIER_TIMEOUT)
-        return float(sum(self._rates))
-
-    def close(self) -> None:
-        self._seconds.value = 0.0
-        try:
-            self._start.wait(10.0)
-        except threading.BrokenBarrierError:
-            pass
-        for worker in self._workers:
-            worker.join(10.0)
-            if isinstance(worker, multiprocessing.process.BaseProcess) and worker.is_alive():
-                worker.kill()
 
 
 def open_parallel(
     workload: Workload,
     timing: Timing,
     *,
-    make_step: Callable[[int], Callable[[], None]],
+    make_step: Callable[[int], Callable[[], int]],
     count: int,
     mode: str,
 ) -> Runner:
-    return ParallelRunner(timing, make_step, count, mode)
+    """``count`` threads (or processes), each stepping its own env; rates summed."""
+    threads = mode == "thread"
+    return ParallelRunner(f"{count} {mode}", make_step, count, timing, threads=threads, mode=mode)
 
 
 def gil_cases() -> list[Case]:
@@ -470,7 +399,7 @@ def _sleep_call() -> Callable[[], None]:
     return lambda: time.sleep(0.05)
 
 
-PROBES: dict[str, Callable[[], Callable[[], None]]] = {
+PROBES: dict[str, Callable[[], Callable[[], object]]] = {
     "time.sleep(0.05) (releases)": _sleep_call,
     "sum(range(3e6)) (holds)": _holds_gil_call,
     f"ale.act, {LONG_ACT_FRAMES} frames a call": long_act_call,

@@ -73,6 +73,7 @@ from envfleet.benchmark.report import Report, report_notes, report_table, write_
 from envfleet.benchmark.runners import (
     CEILING_TIMEOUT,
     CeilingRunner,
+    ParallelRunner,
     envfleet_opener,
     open_ceiling,
     open_gym_async,
@@ -100,6 +101,7 @@ __all__ = [
     "CeilingRunner",
     "LoopRunner",
     "OtherLoad",
+    "ParallelRunner",
     "Report",
     "RunResult",
     "Runner",
