@@ -3,6 +3,7 @@ envfleet's backends and Gymnasium's vector envs."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import multiprocessing
@@ -113,8 +114,8 @@ def _parallel_worker(
             _time_calls(step, rewarm)
             results.put((index, _time_calls(step, window), None))
     except BaseException as exc:
-        go.abort()
         results.put((index, None, f"{type(exc).__name__}: {exc}"))
+        go.abort()
 
 
 class _Seconds:
@@ -179,7 +180,11 @@ class ParallelRunner(Runner):
                 values.append(value)
             else:
                 errors.append(error)
-        if errors:
+        if errors:  # the cause, not the broken barrier it left the others waiting at
+            with contextlib.suppress(queue.Empty):  # the cause may come in after the others
+                while all(error.startswith("BrokenBarrierError") for error in errors):
+                    errors.append(self._results.get(timeout=1.0)[2] or "BrokenBarrierError")
+            errors.sort(key=lambda error: error.startswith("BrokenBarrierError"))
             raise RuntimeError(f"a {self.name} worker failed: {errors[0]}")
         return values
 
