@@ -48,6 +48,27 @@ class SleepEnv(gymnasium.Env[np.ndarray, int]):
         return self._obs.copy(), 1.0, False, self._t >= self.max_steps, {}
 
 
+class NoOpEnv(gymnasium.Env[np.ndarray, int]):
+    """An env whose ``step`` does nothing: a constant observation, never done (the fixed cost
+    of a step is all that is left to measure)."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self) -> None:
+        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self._obs = np.zeros(4, dtype=np.float32)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        return self._obs, {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        return self._obs, 0.0, False, False, {}
+
+
 EnvRef = str | type[gymnasium.Env[Any, Any]]
 """A registered Gymnasium id or an env class (both picklable by reference)."""
 
@@ -64,8 +85,10 @@ def build_env(env: EnvRef) -> gymnasium.Env[Any, Any]:
 
 
 @dataclass(frozen=True)
-class Workload:
-    """One benchmark case: which env, how many copies, and the target for envfleet process.
+class Target:
+    """A throughput case with a bar to clear: which env, how many copies, and the least ratio
+    of envfleet process to the independent-processes ceiling (the engine's
+    :class:`envfleet.benchmark.Workload` is the env and count alone).
 
     Attributes:
         name: short name used on the command line (``cartpole``).
@@ -84,8 +107,8 @@ class Workload:
         return self.env if isinstance(self.env, str) else self.env.__name__
 
 
-WORKLOADS: dict[str, Workload] = {
-    "cartpole": Workload("cartpole", "CartPole-v1", 64, target=0.6),
-    "pong": Workload("pong", "ALE/Pong-v5", 8, target=0.85),
-    "sleep": Workload("sleep", SleepEnv, 32),
+TARGETS: dict[str, Target] = {
+    "cartpole": Target("cartpole", "CartPole-v1", 64, target=0.6),
+    "pong": Target("pong", "ALE/Pong-v5", 8, target=0.85),
+    "sleep": Target("sleep", SleepEnv, 32),
 }

@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 import envfleet
-from bench.async_bench import RESULTS, machine_info, write_json
+from bench.async_bench import RESULTS
 from bench.soak_envs import (
     CALLS,
     ENV_INDEX,
@@ -67,6 +67,8 @@ from bench.soak_envs import (
     SoakEnv,
     read_log,
 )
+from envfleet.benchmark import machine_info
+from envfleet.benchmark.cases import save_json
 
 TARGET = 0.9
 RESTARTED = "envfleet/restarted"
@@ -369,7 +371,7 @@ def start_watchdog(
                 report["stalled"] = diagnosis
                 report["all_checks_passed"] = False
                 try:
-                    write_json_plain(path, report)
+                    save_json(path, report)
                 finally:
                     os._exit(2)
 
@@ -451,7 +453,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    machine = machine_info()
+    machine = machine_info(("ale-py",))
     pool_steps = math.ceil(args.steps / args.num_envs)
     chunks = max(1, min(args.chunks, pool_steps))
     sizes = [len(c) for c in np.array_split(np.arange(pool_steps), chunks)]
@@ -583,14 +585,8 @@ def main(argv: list[str] | None = None) -> int:
             faulty["median_step_ms"] / clean["median_step_ms"] if clean else None
         ),
     }
-    write_json_plain(args.json, report)
+    save_json(args.json, report)
     return 1 if failed else 0
-
-
-def write_json_plain(path: Path, report: dict[str, Any]) -> None:
-    from rich.console import Console
-
-    write_json(path, report, Console())
 
 
 if __name__ == "__main__":

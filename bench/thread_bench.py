@@ -39,7 +39,6 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import functools
-import multiprocessing
 import os
 import shutil
 import statistics
@@ -51,53 +50,32 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from gymnasium.vector import AsyncVectorEnv
 from rich.console import Console
 from rich.table import Table
 
-from bench.async_bench import (
-    RESULTS,
+from bench.async_bench import RESULTS, IdealRunner, open_envfleet, version
+from bench.envs import SleepEnv, build_env
+from envfleet import benchmark
+from envfleet.affinity import usable_cpus
+from envfleet.benchmark import CallRunner, ParallelRunner, Runner, RunResult, Timing, Workload
+from envfleet.benchmark.cases import (
     Case,
-    Result,
-    Runner,
-    Timing,
-    base_parser,
-    build,
     cycle,
     discrete_actions,
     fmt,
-    machine_info,
-    measure,
+    measure_cases,
     median_of,
-    open_envfleet,
-    open_for_loop,
-    open_ideal,
-    print_table,
     ratio,
+    results_table,
+    save_json,
+    script_parser,
     timing_from,
-    usable_cores,
-    version,
-    write_json,
 )
-from bench.envs import SleepEnv
 
 SLEEP_TARGET = 0.8
 PONG_TARGET = 1.6
-BARRIER_TIMEOUT = 300.0
 
 # -- runners -------------------------------------------------------------------------------------
-
-
-def open_gym_async(env: Any, num_envs: int, timing: Timing, name: str) -> Runner:
-    """Gymnasium's ``AsyncVectorEnv(shared_memory=True)``: one process per env."""
-    vec = AsyncVectorEnv([functools.partial(build, env)] * num_envs, shared_memory=True)
-    try:
-        vec.reset(seed=timing.seed)
-        actions = discrete_actions(int(vec.single_action_space.n), num_envs, timing.seed)
-    except BaseException:
-        vec.close()
-        raise
-    return Runner(name, cycle(vec.step, actions, num_envs), vec.close, processes=num_envs)
 
 
 ATARI_AS_GYM = {
@@ -114,33 +92,33 @@ ATARI_AS_GYM = {
 """``AtariVectorEnv`` settings that make its envs step like ``gymnasium.make("ALE/Pong-v5")``."""
 
 
-def open_atari_vector(num_envs: int, timing: Timing, name: str, **kwargs: Any) -> Runner:
+def open_atari_vector(workload: Workload, timing: Timing, **kwargs: Any) -> Runner:
     """ale-py's C++ ``AtariVectorEnv`` (a thread pool, one thread per usable core)."""
     from ale_py.vector_env import AtariVectorEnv
 
-    kwargs.setdefault("num_threads", usable_cores())
-    vec = AtariVectorEnv("pong", num_envs, **kwargs)
+    n = workload.num_envs
+    kwargs.setdefault("num_threads", len(usable_cpus()))
+    vec = AtariVectorEnv("pong", n, **kwargs)
     try:
         vec.reset(seed=timing.seed)
-        actions = discrete_actions(int(vec.single_action_space.n), num_envs, timing.seed)
+        actions = discrete_actions(int(vec.single_action_space.n), n, timing.seed)
     except BaseException:
         vec.close()
         raise
-    return Runner(name, cycle(vec.step, actions, num_envs), vec.close, **kwargs)
+    return CallRunner("atari-vector", cycle(vec.step, actions, n), vec.close, timing, **kwargs)
 
 
 # -- the ceiling: bare Python threads, no library -------------------------------------------------
 
 
-def open_bare_threads(
-    env: Any, num_envs: int, timing: Timing, name: str, cpus: list[int] | None = None
-) -> Runner:
+def open_bare_threads(workload: Workload, timing: Timing, cpus: list[int] | None = None) -> Runner:
     """The least any Python thread pool can do: one thread per env, every step started by one
     write to a shared eventfd (semaphore mode: each thread takes one), the end signalled by the
     last thread through a lock; no actions, no results, no error handling. ``cpus``: pin the
     env threads there (the caller's thread stays free). What this reaches is the ceiling of
     threads with a GIL on this machine."""
-    envs = [build(env) for _ in range(num_envs)]
+    num_envs = workload.num_envs
+    envs = [workload.spec.build() for _ in range(num_envs)]
     for i, e in enumerate(envs):
         e.reset(seed=timing.seed + i)
     bell = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC)
@@ -182,30 +160,31 @@ def open_bare_threads(
         for e in envs:
             e.close()
 
-    return Runner(name, advance, close, threads=num_envs, cpus=cpus)
+    return CallRunner("bare threads", advance, close, timing, threads=num_envs, cpus=cpus)
 
 
 # -- the GIL check: k threads or k processes, each stepping its own env ---------------------------
 
 
-def pong_stepper(index: int) -> Callable[[], None]:
+def pong_stepper(index: int) -> Callable[[], int]:
     """Steps one ``ALE/Pong-v5`` env through Gymnasium (random actions, resets when done)."""
-    env = build("ALE/Pong-v5")
+    env = build_env("ALE/Pong-v5")
     env.reset(seed=index)
     actions = discrete_actions(int(env.action_space.n), 1, index, count=256)
     state = [0]
 
-    def step() -> None:
+    def step() -> int:
         k = state[0]
         _, _, terminated, truncated, _ = env.step(int(actions[k % 256][0]))
         state[0] = k + 1
         if terminated or truncated:
             env.reset()
+        return 1
 
     return step
 
 
-def ale_act_stepper(index: int) -> Callable[[], None]:
+def ale_act_stepper(index: int) -> Callable[[], int]:
     """Calls ``ALEInterface.act`` directly (one emulator frame per call; resets at game over)."""
     from ale_py import ALEInterface, LoggerMode, roms
 
@@ -218,95 +197,28 @@ def ale_act_stepper(index: int) -> Callable[[], None]:
     actions = [moves[i] for i in rng.integers(0, len(moves), size=256)]
     state = [0]
 
-    def step() -> None:
+    def step() -> int:
         k = state[0]
         ale.act(actions[k % 256])
         state[0] = k + 1
         if ale.game_over():
             ale.reset_game()
+        return 1
 
     return step
 
 
-def _parallel_worker(
-    make_step: Callable[[int], Callable[[], None]],
-    index: int,
-    start: Any,
-    end: Any,
-    seconds: Any,
-    rates: Any,
-) -> None:
-    step = make_step(index)
-    start.wait(BARRIER_TIMEOUT)  # built: ready for the first window
-    while True:
-        start.wait(BARRIER_TIMEOUT)
-        window = seconds.value
-        if window <= 0:
-            return
-        calls = 0
-        begin = time.perf_counter()
-        deadline = begin + window
-        while True:
-            step()
-            calls += 1
-            now = time.perf_counter()
-            if now >= deadline:
-                break
-        rates[index] = calls / (now - begin)
-        end.wait(BARRIER_TIMEOUT)
-
-
-class ParallelRunner(Runner):
-    """``count`` threads (or forked processes), each stepping its own env; rates summed."""
-
-    def __init__(
-        self, name: str, make_step: Callable[[int], Callable[[], None]], count: int, mode: str
-    ) -> None:
-        super().__init__(name, lambda: 0, lambda: None, mode=mode, count=count)
-        ctx = multiprocessing.get_context("fork")
-        self._seconds = ctx.Value("d", 0.0, lock=False)
-        self._rates = ctx.Array("d", count, lock=False)
-        if mode == "thread":
-            self._start, self._end = threading.Barrier(count + 1), threading.Barrier(count + 1)
-            make: Any = functools.partial(threading.Thread, daemon=True)
-        else:
-            self._start, self._end = ctx.Barrier(count + 1), ctx.Barrier(count + 1)
-            make = functools.partial(ctx.Process, daemon=True)  # type: ignore[attr-defined]
-        args = (make_step, self._start, self._end, self._seconds, self._rates)
-        self._workers = [
-            make(target=_parallel_worker, args=(args[0], i, *args[1:])) for i in range(count)
-        ]
-        for worker in self._workers:
-            worker.start()
-        self._start.wait(BARRIER_TIMEOUT)
-
-    def window(self, seconds: float) -> float:
-        self._seconds.value = seconds
-        self._start.wait(BARRIER_TIMEOUT)
-        self._end.wait(BARRIER_TIMEOUT)
-        return float(sum(self._rates))
-
-    def close(self) -> None:
-        self._seconds.value = 0.0
-        try:
-            self._start.wait(10.0)
-        except threading.BrokenBarrierError:
-            pass
-        for worker in self._workers:
-            worker.join(10.0)
-            if isinstance(worker, multiprocessing.process.BaseProcess) and worker.is_alive():
-                worker.kill()
-
-
 def open_parallel(
+    workload: Workload,
     timing: Timing,
     *,
-    name: str,
-    make_step: Callable[[int], Callable[[], None]],
+    make_step: Callable[[int], Callable[[], int]],
     count: int,
     mode: str,
 ) -> Runner:
-    return ParallelRunner(name, make_step, count, mode)
+    """``count`` threads (or processes), each stepping its own env; rates summed."""
+    threads = mode == "thread"
+    return ParallelRunner(f"{count} {mode}", make_step, count, timing, threads=threads, mode=mode)
 
 
 def gil_cases() -> list[Case]:
@@ -321,9 +233,7 @@ def gil_cases() -> list[Case]:
             cases.append(
                 Case(
                     name,
-                    functools.partial(
-                        open_parallel, name=name, make_step=make_step, count=count, mode=mode
-                    ),
+                    functools.partial(open_parallel, make_step=make_step, count=count, mode=mode),
                     forks=mode == "process",
                 )
             )
@@ -356,119 +266,66 @@ def one_core() -> list[int]:
     return [max(os.sched_getaffinity(0))]
 
 
+TWO_WORKERS: dict[str, Any] = {"backend": "process", "num_workers": 2}
+
+
 def sleep_cases() -> list[Case]:
-    env, n = SleepEnv, 32
-    ef = functools.partial(open_envfleet, env, n)
+    ef = functools.partial
     return [
-        Case("ideal (32 x 1 env)", lambda t: open_ideal(env, n, t, "ideal (32 x 1 env)")),
-        Case("for-loop", lambda t: open_for_loop(env, n, t)),
-        Case("bare threads", lambda t: open_bare_threads(env, n, t, "bare threads")),
-        Case(
-            BARE_PINNED,
-            lambda t: open_bare_threads(env, n, t, BARE_PINNED, cpus=one_core()),
-        ),
-        Case("envfleet thread", functools.partial(ef, name="envfleet thread", backend="thread")),
-        Case(
-            THREAD_PINNED,
-            lambda t: ef(t, name=THREAD_PINNED, backend="thread", cpu_affinity=one_core()),
-        ),
-        Case(
-            "envfleet process 2w",
-            functools.partial(ef, name="envfleet process 2w", backend="process", num_workers=2),
-            forks=True,
-        ),
+        Case("ideal (32 x 1 env)", IdealRunner),
+        Case("for-loop", benchmark.open_loop),
+        Case("bare threads", open_bare_threads),
+        Case(BARE_PINNED, lambda w, t: open_bare_threads(w, t, cpus=one_core())),
+        Case("envfleet thread", ef(open_envfleet, backend="thread")),
+        Case(THREAD_PINNED, ef(open_envfleet, backend="thread", cpu_affinity=one_core())),
+        Case("envfleet process 2w", ef(open_envfleet, **TWO_WORKERS), forks=True),
         Case(
             "envfleet process 2w x16t",
-            functools.partial(
-                ef,
-                name="envfleet process 2w x16t",
-                backend="process",
-                num_workers=2,
-                threads_per_worker=16,
-            ),
+            ef(open_envfleet, backend="process", num_workers=2, threads_per_worker=16),
             forks=True,
         ),
         Case(
             "envfleet process 2w x16t, spread",
-            functools.partial(
-                ef,
-                name="envfleet process 2w x16t, spread",
-                backend="process",
-                num_workers=2,
-                threads_per_worker=16,
-                cpu_affinity="spread",
-            ),
+            ef(open_envfleet, backend="process", num_workers=2, threads_per_worker=16,
+               cpu_affinity="spread"),
             forks=True,
         ),
-        Case(
-            "gym AsyncVectorEnv",
-            lambda t: open_gym_async(env, n, t, "gym AsyncVectorEnv"),
-            forks=True,
-        ),
-    ]
+        Case("gym AsyncVectorEnv", benchmark.open_gym_async, forks=True),
+    ]  # fmt: skip
 
 
 def pong_cases() -> list[Case]:
-    env, n = "ALE/Pong-v5", 8
-    ef = functools.partial(open_envfleet, env, n)
+    ef = functools.partial
     return [
-        Case("for-loop", lambda t: open_for_loop(env, n, t)),
-        Case("envfleet thread", functools.partial(ef, name="envfleet thread", backend="thread")),
-        Case(
-            "envfleet process 2w",
-            functools.partial(ef, name="envfleet process 2w", backend="process", num_workers=2),
-            forks=True,
-        ),
+        Case("for-loop", benchmark.open_loop),
+        Case("envfleet thread", ef(open_envfleet, backend="thread")),
+        Case("envfleet process 2w", ef(open_envfleet, **TWO_WORKERS), forks=True),
         Case(
             "envfleet process 2w, spread",
-            functools.partial(
-                ef,
-                name="envfleet process 2w, spread",
-                backend="process",
-                num_workers=2,
-                cpu_affinity="spread",
-            ),
+            ef(open_envfleet, backend="process", num_workers=2, cpu_affinity="spread"),
             forks=True,
         ),
         Case(
             "envfleet process 2w x4t",
-            functools.partial(
-                ef,
-                name="envfleet process 2w x4t",
-                backend="process",
-                num_workers=2,
-                threads_per_worker=4,
-            ),
+            ef(open_envfleet, backend="process", num_workers=2, threads_per_worker=4),
             forks=True,
         ),
-        Case(
-            "gym AsyncVectorEnv",
-            lambda t: open_gym_async(env, n, t, "gym AsyncVectorEnv"),
-            forks=True,
-        ),
-        Case(
-            "ale AtariVectorEnv (as ALE/Pong-v5)",
-            lambda t: open_atari_vector(
-                n, t, "ale AtariVectorEnv (as ALE/Pong-v5)", **ATARI_AS_GYM
-            ),
-        ),
-        Case(
-            "ale AtariVectorEnv (84x84 grey x4)",
-            lambda t: open_atari_vector(n, t, "ale AtariVectorEnv (84x84 grey x4)"),
-        ),
-    ]
+        Case("gym AsyncVectorEnv", benchmark.open_gym_async, forks=True),
+        Case("ale AtariVectorEnv (as ALE/Pong-v5)", ef(open_atari_vector, **ATARI_AS_GYM)),
+        Case("ale AtariVectorEnv (84x84 grey x4)", open_atari_vector),
+    ]  # fmt: skip
 
 
 def run_sleep(timing: Timing, console: Console) -> dict[str, Any]:
     cases = sleep_cases()
     with console.status("sleep: measuring ..."):
-        results = measure(cases, timing, console)
+        results = measure_cases(cases, Workload.of(SleepEnv, 32), timing, console)
     ideal = median_of(results, "ideal (32 x 1 env)")
     loop = median_of(results, "for-loop")
-    rows = print_table(
+    rows = results_table(
         console,
         f"SleepEnv (1 ms) x 32 ({timing.repeats} x {timing.seconds:g} s, median)",
-        cases,
+        [c.name for c in cases],
         results,
         [
             ("vs ideal", lambda name, r: fmt(ratio(r.median, ideal))),
@@ -480,7 +337,7 @@ def run_sleep(timing: Timing, console: Console) -> dict[str, Any]:
             row["ratio_to_ideal"] = ratio(row["steps_per_s"], ideal)
             row["ratio_to_for_loop"] = ratio(row["steps_per_s"], loop)
     ideal_result = results.get("ideal (32 x 1 env)")
-    step_ms = ideal_result.info.get("mean_step_ms") if isinstance(ideal_result, Result) else None
+    step_ms = ideal_result.info.get("mean_step_ms") if isinstance(ideal_result, RunResult) else None
     value = ratio(median_of(results, "envfleet thread"), ideal)
     met = None if value is None else value >= SLEEP_TARGET
     mark = {None: "", True: " [green]met[/green]", False: " [red]missed[/red]"}[met]
@@ -542,7 +399,7 @@ def _sleep_call() -> Callable[[], None]:
     return lambda: time.sleep(0.05)
 
 
-PROBES: dict[str, Callable[[], Callable[[], None]]] = {
+PROBES: dict[str, Callable[[], Callable[[], object]]] = {
     "time.sleep(0.05) (releases)": _sleep_call,
     "sum(range(3e6)) (holds)": _holds_gil_call,
     f"ale.act, {LONG_ACT_FRAMES} frames a call": long_act_call,
@@ -629,11 +486,11 @@ def run_gil(timing: Timing, console: Console) -> dict[str, Any]:
     # 2. Throughput: 1 thread, 2 threads, 2 processes (needs free cores to mean anything).
     cases = gil_cases()
     with console.status("gil: threads vs processes ..."):
-        results = measure(cases, timing, console)
+        results = measure_cases(cases, Workload.of("ALE/Pong-v5", 1), timing, console)
     for label in ("Pong env.step", "ale.act"):
         one = median_of(results, f"{label}: 1 thread")
-        subset = [c for c in cases if c.name.startswith(label)]
-        rows = print_table(
+        subset = [c.name for c in cases if c.name.startswith(label)]
+        rows = results_table(
             console,
             f"{label}: 1 thread, 2 threads, 2 processes, each its own env "
             f"({timing.repeats} x {timing.seconds:g} s, median; calls/s)",
@@ -654,19 +511,19 @@ def run_gil(timing: Timing, console: Console) -> dict[str, Any]:
     return out
 
 
-def _vs(name: str, result: Result, base: float | None) -> str:
+def _vs(name: str, result: RunResult, base: float | None) -> str:
     return fmt(ratio(result.median, base))
 
 
 def run_pong(timing: Timing, console: Console) -> dict[str, Any]:
     cases = pong_cases()
     with console.status("pong: measuring ..."):
-        results = measure(cases, timing, console)
+        results = measure_cases(cases, Workload.of("ALE/Pong-v5", 8), timing, console)
     loop = median_of(results, "for-loop")
-    rows = print_table(
+    rows = results_table(
         console,
         f"ALE/Pong-v5 x 8 ({timing.repeats} x {timing.seconds:g} s, median; agent steps/s)",
-        cases,
+        [c.name for c in cases],
         results,
         [("vs for-loop", lambda name, r: fmt(ratio(r.median, loop)))],
     )
@@ -725,7 +582,7 @@ PARTS: dict[str, Callable[[Timing, Console], dict[str, Any]]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = base_parser(__doc__ or "", RESULTS / "thread_bench.json")
+    parser = script_parser(__doc__ or "", RESULTS / "thread_bench.json")
     parser.add_argument(
         "--parts", default=",".join(PARTS), help=f"comma-separated, from {','.join(PARTS)}"
     )
@@ -736,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown parts {unknown}: choose from {', '.join(PARTS)}")
     timing = timing_from(args)
     console = Console(width=max(Console().width, 140))
-    machine = machine_info()
+    machine = benchmark.machine_info()
     console.print(
         f"{machine['cpu_model']}, {machine['usable_cores']} usable cores, Python "
         f"{machine['python']}, load average {machine['load_average_at_start'][0]:.2f}; "
@@ -744,14 +601,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     report: dict[str, Any] = {
         "machine": machine,
-        "timing": {**timing.__dict__, "interleaved": True, "statistic": "median"},
+        "timing": timing.as_dict(),
         "free_threaded_python": free_threaded_probe(),
         "ale_py": version("ale-py"),
         "parts": {},
     }
     for part in parts:
         report["parts"][part] = PARTS[part](timing, console)
-    write_json(args.json, report, console)
+    save_json(args.json, report, console)
     return 0
 
 

@@ -2,8 +2,10 @@
 :mod:`envfleet.benchmark`, which ``envfleet bench`` runs too).
 
 Workloads: CartPole-v1 x 64, ALE/Pong-v5 x 8, and :class:`bench.envs.SleepEnv` (1 ms sleep per
-step) x 32; each has a target for envfleet process / ceiling. Prints a table per workload and
-writes every number, with machine info, to JSON.
+step) x 32; each has a target for envfleet process / ceiling. Beside the ceiling, the *bare
+pool* (``bare-pool``: worker processes that read a byte, step their envs, write a byte) is the
+least a process pool of envfleet's design can cost; envfleet process / bare pool is printed too.
+Prints a table per workload and writes every number, with machine info, to JSON.
 
 Usage::
 
@@ -27,20 +29,20 @@ from typing import Any
 
 from rich.console import Console
 
-from bench.envs import WORKLOADS, Workload
+from bench.envs import TARGETS, Target
 from envfleet import benchmark
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "throughput.json"
-DEFAULT_RUNNERS = ["loop", "ceiling", "gym-sync", "gym-async", "serial", "process"]
+DEFAULT_RUNNERS = ["loop", "ceiling", "bare-pool", "gym-sync", "gym-async", "serial", "process"]
 SUBJECT = "process"
 
 
 def _workloads(value: str) -> list[str]:
     names = [n.strip() for n in value.split(",") if n.strip()]
-    unknown = [n for n in names if n not in WORKLOADS]
+    unknown = [n for n in names if n not in TARGETS]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
-            f"unknown workloads {unknown}: choose from {', '.join(WORKLOADS)}"
+            f"unknown workloads {unknown}: choose from {', '.join(TARGETS)}"
         )
     return names
 
@@ -54,7 +56,7 @@ def _runners(value: str) -> list[str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workloads", type=_workloads, default=list(WORKLOADS))
+    parser.add_argument("--workloads", type=_workloads, default=list(TARGETS))
     parser.add_argument(
         "--runners",
         type=_runners,
@@ -81,7 +83,7 @@ def timing_from(args: argparse.Namespace) -> benchmark.Timing:
 
 
 def run_workload(
-    workload: Workload, runners: list[str], timing: benchmark.Timing, console: Console
+    workload: Target, runners: list[str], timing: benchmark.Timing, console: Console
 ) -> dict[str, Any]:
     def report_failure(name: str, num_envs: int, exc: BaseException) -> None:
         console.print(f"[red]{workload.name}: {name} failed[/red]")
@@ -108,6 +110,15 @@ def run_workload(
             f"[bold]{workload.name}: envfleet process / ceiling = {subject:.2f}[/bold] "
             f"({target}){verdict}\n"
         )
+    over_bare = report.ratio(SUBJECT, workload.num_envs, benchmark.BARE_POOL)
+    if over_bare is not None:
+        bare_ceiling = report.ratio(benchmark.BARE_POOL, workload.num_envs)
+        console.print(
+            f"[bold]{workload.name}: envfleet process / bare pool = {over_bare:.2f}[/bold] "
+            "(throughput)"
+            + (f"; bare pool / ceiling = {bare_ceiling:.2f}" if bare_ceiling else "")
+            + "\n"
+        )
     document = report.as_dict()
     document.pop("machine")  # once, at the top
     return {
@@ -115,6 +126,7 @@ def run_workload(
         "num_envs": workload.num_envs,
         "target_process_over_ceiling": workload.target,
         "envfleet_process_over_ceiling": subject,
+        "envfleet_process_over_bare_pool": over_bare,
         "meets_target": meets,
     }
 
@@ -131,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     report: dict[str, Any] = {"machine": machine, "timing": timing.as_dict(), "workloads": {}}
     for name in args.workloads:
-        report["workloads"][name] = run_workload(WORKLOADS[name], args.runners, timing, console)
+        report["workloads"][name] = run_workload(TARGETS[name], args.runners, timing, console)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"results written to {args.json}")

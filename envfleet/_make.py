@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -10,7 +9,7 @@ from typing import Any, Literal
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from envfleet.affinity import CpuAffinity, check_affinity
+from envfleet.affinity import CpuAffinity, check_affinity, usable_cpus
 from envfleet.backends import Backend, TransportOptions, open_transport
 from envfleet.errors import EnvRaisedError, OnError, Phase
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
@@ -19,14 +18,6 @@ from envfleet.spec import EnvSpec
 from envfleet.tune import auto_layout, profile_env
 
 START_METHODS = ("fork", "forkserver", "spawn")
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def make(
@@ -132,7 +123,9 @@ def make(
         num_workers = None
     if num_workers is None:
         # Threads are for envs that wait (sleep, I/O, GIL-free C code): one per env.
-        num_workers = num_envs if backend_kind is Backend.THREAD else min(usable_cores(), num_envs)
+        num_workers = (
+            num_envs if backend_kind is Backend.THREAD else min(len(usable_cpus()), num_envs)
+        )
     num_workers = _positive_int(num_workers, "num_workers")
     if num_workers > num_envs:
         raise ValueError(f"num_workers={num_workers} exceeds num_envs={num_envs}")
@@ -184,7 +177,7 @@ def make(
         raise ValueError(f"{', '.join(ray_given)} only apply to backend='ray'")
     spec = EnvSpec.from_user(env, env_kwargs)
     if auto:
-        layout = auto_layout(profile_env(spec), backend_kind.value, num_envs, usable_cores())
+        layout = auto_layout(profile_env(spec), backend_kind.value, num_envs, len(usable_cpus()))
         num_workers = layout.num_workers
         if threads_per_worker == 1:
             threads_per_worker = layout.threads_per_worker

@@ -41,8 +41,15 @@ Affinity: TypeAlias = Literal["spread"] | tuple[tuple[int, ...], ...]
 
 
 def usable_cpus() -> tuple[int, ...]:
-    """The CPUs this thread may run on, in order."""
-    return tuple(sorted(os.sched_getaffinity(0)))
+    """The CPUs this thread may run on, in order (all of them where the OS cannot tell).
+
+    ``len(usable_cpus())`` is how many cores a pool, a benchmark or ``envfleet tune`` may
+    count on; it is never empty.
+    """
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return tuple(range(os.cpu_count() or 1))
 
 
 def check_affinity(value: object, *, check_usable: bool = True) -> Affinity | None:

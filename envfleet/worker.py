@@ -2,23 +2,54 @@
 
 Every backend (serial, thread, process, ray) starts its groups and answers commands through
 these two functions, so a failure at start-up or while serving looks the same everywhere.
+
+Dependencies point down: the backends import this module, never the reverse. What a worker
+needs from a transport's options is spelled out here as :class:`WorkerOptions`, a protocol
+that ``backends.base.TransportOptions`` satisfies without naming it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Protocol
 
-from envfleet.affinity import pin_worker
-from envfleet.backends.base import TransportOptions
+import gymnasium
+from gymnasium.vector import AutoresetMode
+
+from envfleet.affinity import Affinity, pin_worker
 from envfleet.buffers import Batch
-from envfleet.errors import Phase
+from envfleet.errors import OnError, Phase
 from envfleet.group import EnvGroup, GroupStartError
 from envfleet.protocol import Command, EnvFailure, Group, Reply
+from envfleet.spec import EnvSpec
 from envfleet.threads import ThreadedGroup, split_ids
 
 
+class WorkerOptions(Protocol):
+    """What a worker reads from its pool's options to build its group (read-only)."""
+
+    @property
+    def spec(self) -> EnvSpec: ...
+    @property
+    def assignment(self) -> Sequence[tuple[int, ...]]: ...
+    @property
+    def observation_space(self) -> gymnasium.Space[Any]: ...
+    @property
+    def action_space(self) -> gymnasium.Space[Any]: ...
+    @property
+    def autoreset_mode(self) -> AutoresetMode: ...
+    @property
+    def on_error(self) -> OnError: ...
+    @property
+    def seed_base(self) -> int | None: ...
+    @property
+    def threads_per_worker(self) -> int: ...
+    @property
+    def cpu_affinity(self) -> Affinity | None: ...
+
+
 def build_group(
-    options: TransportOptions,
+    options: WorkerOptions,
     env_ids: Sequence[int],
     batch: Batch,
     *,
@@ -63,7 +94,7 @@ def build_group(
 
 
 def start_group(
-    options: TransportOptions,
+    options: WorkerOptions,
     env_ids: Sequence[int],
     batch: Batch,
     *,
@@ -82,7 +113,7 @@ def start_group(
     return group, Reply()
 
 
-def _worker_index(options: TransportOptions, env_ids: Sequence[int]) -> int:
+def _worker_index(options: WorkerOptions, env_ids: Sequence[int]) -> int:
     """Which worker holds ``env_ids`` (workers hold disjoint blocks of env ids)."""
     first = env_ids[0]
     for worker, ids in enumerate(options.assignment):

@@ -10,7 +10,7 @@ import matplotlib.image
 import pytest
 
 from envfleet import benchmark
-from envfleet._make import usable_cores
+from envfleet.affinity import usable_cpus
 from tests.test_cli import ENV, run_cli, run_subprocess
 
 TINY = ["--seconds", "0.2", "--repeats", "1"]
@@ -64,7 +64,7 @@ def test_bench_writes_png_and_json_with_the_runners_asked_for(
             ratio = point["steps_per_s"] / loop[point["num_envs"]]
             assert point["ratio_to_loop"] == pytest.approx(ratio)
     process = document["runners"]["process"]["results"]
-    assert [p["info"]["workers"] for p in process] == [min(usable_cores(), n) for n in (2, 4)]
+    assert [p["info"]["workers"] for p in process] == [min(len(usable_cpus()), n) for n in (2, 4)]
 
 
 def test_bench_table_ceiling_ratio_and_not_installed_runner(

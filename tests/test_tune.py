@@ -7,6 +7,7 @@ import functools
 import os
 
 import envfleet
+import envfleet.affinity
 from envfleet.spec import EnvSpec
 from envfleet.tune import Layout, auto_layout, candidate_layouts, profile_env, time_layout
 from tests.envs import FaultyEnv
@@ -33,7 +34,7 @@ def test_auto_layout_gives_waiting_envs_a_thread_each() -> None:
 
 def test_num_workers_auto_applies_the_layout() -> None:
     with envfleet.make(SLEEPY, 6, num_workers="auto", seed=0) as pool:
-        assert pool.num_workers == min(envfleet._make.usable_cores(), 6)
+        assert pool.num_workers == min(len(envfleet.affinity.usable_cpus()), 6)
         pool.reset()
         obs = pool.step([1] * 6)[0]
         assert obs.ravel().tolist() == [100 * i + 1 for i in range(6)]

@@ -8,16 +8,20 @@ independent-processes ceiling, an envfleet backend or a peer library. It is open
 and cycled, so sampling does not weigh on the result.
 
 :func:`measure` opens several runners on one workload and interleaves their windows (window 1
-of every runner, then window 2, ...), so a burst of load from elsewhere on the machine hits all
-runners alike instead of one; the median window is what gets reported. :func:`sweep` does that
-for each ``num_envs`` of a list and returns a :class:`Report`, which renders as a table
-(:func:`report_table`), a plot (:func:`write_plot`) and JSON (:meth:`Report.as_dict`).
+of every runner, then window 2, ..., each round starting one runner later), so a burst of load
+from elsewhere on the machine hits all runners alike instead of one; the median window is what
+gets reported. :func:`sweep` does that for each ``num_envs`` of a list and returns a
+:class:`Report`, which renders as a table (:func:`report_table`), a plot (:func:`write_plot`)
+and JSON (:meth:`Report.as_dict`).
 
 Runners:
 
 - ``loop``: a Python for-loop over the envs in this process, resetting finished ones;
 - ``ceiling``: the envs split over one process per usable core that never communicate, their
   throughputs summed: what parallel stepping could reach with no coordination at all;
+- ``bare-pool``: worker processes (as many as the process backend starts) that each read one
+  byte from a pipe, step their envs in a loop and write one byte back: the least a process pool
+  of this design can cost (:mod:`~envfleet.benchmark.bare`);
 - ``serial`` / ``process`` / ``thread``: ``envfleet.make`` with that backend (default workers);
 - ``gym-sync`` / ``gym-async``: Gymnasium's ``SyncVectorEnv`` and
   ``AsyncVectorEnv(shared_memory=True)`` (one process per env);
@@ -31,10 +35,13 @@ Modules: :mod:`~envfleet.benchmark.base` (timing, workload, results, load from e
 runner interface), :mod:`~envfleet.benchmark.runners` (for-loop, ceiling, envfleet, Gymnasium),
 :mod:`~envfleet.benchmark.peers` (SB3, EnvPool, PufferLib), :mod:`~envfleet.benchmark.registry`
 (runners by name, availability), :mod:`~envfleet.benchmark.measure` (measuring, machine info,
-sweeps) and :mod:`~envfleet.benchmark.report` (the report: table, notes, plot, JSON). Every
-public name is importable from :mod:`envfleet.benchmark` itself.
+sweeps), :mod:`~envfleet.benchmark.report` (the report: table, notes, plot, JSON),
+:mod:`~envfleet.benchmark.bare` (the bare pool) and :mod:`~envfleet.benchmark.cases` (a
+script's own rows, for the scripts in ``bench/``). Every public name but those of ``cases`` is
+importable from :mod:`envfleet.benchmark` itself.
 """
 
+from envfleet.benchmark.bare import BARE_POOL, BarePool, open_bare_pool
 from envfleet.benchmark.base import (
     CEILING,
     FAILED,
@@ -44,6 +51,7 @@ from envfleet.benchmark.base import (
     PARTIAL,
     UNAVAILABLE,
     UNSUPPORTED,
+    CallRunner,
     LoopRunner,
     OtherLoad,
     Runner,
@@ -65,6 +73,8 @@ from envfleet.benchmark.report import Report, report_notes, report_table, write_
 from envfleet.benchmark.runners import (
     CEILING_TIMEOUT,
     CeilingRunner,
+    ParallelRunner,
+    envfleet_opener,
     open_ceiling,
     open_gym_async,
     open_gym_sync,
@@ -73,6 +83,7 @@ from envfleet.benchmark.runners import (
 
 __all__ = [
     "ALIASES",
+    "BARE_POOL",
     "CEILING",
     "CEILING_TIMEOUT",
     "FAILED",
@@ -85,9 +96,12 @@ __all__ = [
     "UNAVAILABLE",
     "UNSUPPORTED",
     "Availability",
+    "BarePool",
+    "CallRunner",
     "CeilingRunner",
     "LoopRunner",
     "OtherLoad",
+    "ParallelRunner",
     "Report",
     "RunResult",
     "Runner",
@@ -95,9 +109,11 @@ __all__ = [
     "Timing",
     "Workload",
     "availability",
+    "envfleet_opener",
     "envpool_id",
     "machine_info",
     "measure",
+    "open_bare_pool",
     "open_ceiling",
     "open_envpool",
     "open_gym_async",

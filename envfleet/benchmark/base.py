@@ -188,6 +188,9 @@ class Runner:
     name: str
     setup_s: float
     info: dict[str, Any]
+    settle_s: float = 0.0
+    """Idle seconds after each of its windows (workers that spin on after their last command
+    would otherwise eat into the next runner's window: PufferLib's, for one)."""
 
     def window(self, seconds: float) -> float:
         """Step for ``seconds`` (after ``timing.rewarm`` untimed); env-steps per second."""
@@ -224,6 +227,55 @@ class LoopRunner(Runner):
     def window(self, seconds: float) -> float:
         _time_loop(self._step, self._actions, self._rewarm)
         return self._envs_per_call * _time_loop(self._step, self._actions, seconds)
+
+    def close(self) -> None:
+        self._close()
+
+
+class CallRunner(Runner):
+    """Times ``advance()`` in this process; each call returns the env-steps it delivered.
+
+    For runners whose unit of work is not one vector step of every env: an async
+    ``recv`` + ``send`` (a batch of whichever envs were ready), one env timed alone. Warms up for
+    ``timing.warmup`` seconds when opened, as :class:`LoopRunner` does.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        advance: Callable[[], int],
+        close: Callable[[], object],
+        timing: Timing,
+        *,
+        setup_s: float = 0.0,
+        settle_s: float = 0.0,
+        **info: Any,
+    ) -> None:
+        self.name, self.setup_s, self.settle_s, self.info = name, setup_s, settle_s, info
+        self.advance, self._close, self._rewarm = advance, close, timing.rewarm
+        start = time.perf_counter()
+        try:
+            self._time(timing.warmup)
+            time.sleep(settle_s)
+        except BaseException:
+            close()
+            raise
+        self.warmup_s = time.perf_counter() - start
+
+    def _time(self, seconds: float) -> float:
+        advance = self.advance
+        steps = 0
+        start = time.perf_counter()
+        deadline = start + seconds
+        while True:
+            steps += advance()
+            now = time.perf_counter()
+            if now >= deadline:
+                return steps / (now - start)
+
+    def window(self, seconds: float) -> float:
+        self._time(self._rewarm)
+        return self._time(seconds)
 
     def close(self) -> None:
         self._close()

@@ -10,10 +10,10 @@ import importlib.metadata
 import os
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from envfleet._make import usable_cores
+from envfleet.affinity import usable_cpus
 from envfleet.benchmark.base import OtherLoad, Runner, RunResult, Timing, Workload
 from envfleet.benchmark.registry import RUNNERS, availability
 from envfleet.benchmark.report import Report
@@ -27,6 +27,7 @@ def measure(
     *,
     on_error: Callable[[str, BaseException], object] | None = None,
     progress: Callable[[str], object] | None = None,
+    openers: Mapping[str, Callable[[Workload, Timing], Runner]] | None = None,
 ) -> dict[str, RunResult | str]:
     """Open the runners ``names`` on ``workload`` and time their windows, interleaved.
 
@@ -37,6 +38,8 @@ def measure(
         on_error: called with the runner name and the exception when a runner fails; the
             runner is then dropped and its entry in the result is the error message.
         progress: called with a short description of what starts next.
+        openers: runners of a script's own (a layout, a variant), by name, besides
+            :data:`RUNNERS`; a name here wins.
 
     Returns:
         For each name, its :class:`RunResult` or, if it failed, ``"Type: message"``.
@@ -57,17 +60,24 @@ def measure(
             if progress is not None:
                 progress(f"{where}: starting {name}")
             try:
-                opened[name] = RUNNERS[name].open(workload, timing)
+                opener = openers[name] if openers and name in openers else RUNNERS[name].open
+                opened[name] = opener(workload, timing)
             except Exception as exc:
                 fail(name, exc)
+        order = list(opened)
         for repeat in range(timing.repeats):
-            for name, runner in list(opened.items()):
+            k = repeat % max(1, len(order))  # each round starts with the next runner
+            for name in order[k:] + order[:k]:
+                if name not in opened:  # failed in an earlier round
+                    continue
+                runner = opened[name]
                 if progress is not None:
                     progress(f"{where}: {name}, window {repeat + 1}/{timing.repeats}")
                 try:
                     with OtherLoad() as load:
                         windows[name].append(runner.window(timing.seconds))
                     loads[name].append(load.cores)
+                    time.sleep(runner.settle_s)
                 except Exception as exc:
                     fail(name, exc)
                     opened.pop(name).close()
@@ -123,7 +133,7 @@ def machine_info(packages: Sequence[str] = ()) -> dict[str, Any]:
     except OSError:
         load = None
     return {
-        "usable_cores": usable_cores(),
+        "usable_cores": len(usable_cpus()),
         "cpu_count": os.cpu_count(),
         "cpu_model": _cpu_model(),
         "platform": platform.platform(),

@@ -13,7 +13,7 @@ import gymnasium
 import numpy as np
 import psutil
 
-from envfleet._make import usable_cores
+from envfleet.affinity import usable_cpus
 from envfleet.benchmark.base import Runner, Timing, Workload, _open_vector
 from envfleet.spec import EnvSpec
 
@@ -140,7 +140,7 @@ def _puffer_workers(num_envs: int) -> int:
     PufferLib's workers and its main process busy-wait for each other: with a worker on every
     core the main process has none left, and on a small machine throughput collapses.
     """
-    cores = min(usable_cores(), psutil.cpu_count(logical=False) or usable_cores())
+    cores = min(len(usable_cpus()), psutil.cpu_count(logical=False) or len(usable_cpus()))
     most = max(1, min(cores - 1, num_envs))
     return max(w for w in range(1, most + 1) if num_envs % w == 0)
 

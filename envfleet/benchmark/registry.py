@@ -7,6 +7,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from envfleet.benchmark.bare import BARE_POOL, open_bare_pool
 from envfleet.benchmark.base import (
     CEILING,
     LOOP,
@@ -53,6 +54,7 @@ RUNNERS: dict[str, RunnerKind] = {
     for kind in (
         RunnerKind(LOOP, "Python for-loop over the envs in this process", open_loop),
         RunnerKind(CEILING, "one independent process per core, throughputs summed", open_ceiling),
+        RunnerKind(BARE_POOL, "one byte in, a loop over the envs, one byte out", open_bare_pool),
         RunnerKind("serial", "envfleet, serial backend", _envfleet("serial")),
         RunnerKind("process", "envfleet, process backend", _envfleet("process")),
         RunnerKind("thread", "envfleet, thread backend", _envfleet("thread")),

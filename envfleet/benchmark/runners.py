@@ -3,7 +3,13 @@ envfleet's backends and Gymnasium's vector envs."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import itertools
 import multiprocessing
+import multiprocessing.queues
+import queue
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +20,7 @@ from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
 import envfleet
-from envfleet._make import usable_cores
+from envfleet.affinity import usable_cpus
 from envfleet.benchmark.base import (
     CEILING,
     LOOP,
@@ -23,7 +29,6 @@ from envfleet.benchmark.base import (
     Timing,
     Workload,
     _open_vector,
-    _time_loop,
 )
 
 CEILING_TIMEOUT = 600.0
@@ -76,65 +81,88 @@ def open_loop(workload: Workload, timing: Timing) -> Runner:
     return LoopRunner(LOOP, sweep, actions, workload.num_envs, timing, setup_s, close)
 
 
-def _ceiling_worker(
-    workload: Workload,
-    count: int,
-    first_index: int,
-    timing: Timing,
+def _time_calls(step: Callable[[], int], seconds: float) -> float:
+    """Call ``step`` for ``seconds``; the env-steps (its returns, summed) per second."""
+    steps = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    while True:
+        steps += step()
+        now = time.perf_counter()
+        if now >= deadline:
+            return steps / (now - start)
+
+
+def _parallel_worker(
+    make_step: Callable[[int], Callable[[], int]],
+    index: int,
+    rewarm: float,
     go: Any,
     seconds: Any,
     results: Any,
-    index: int,
 ) -> None:
-    """Build ``count`` envs; at each ``go``, time a window of ``seconds.value`` (<= 0: stop)."""
-    envs: list[gymnasium.Env[Any, Any]] = []
+    """Build worker ``index``'s step; at each ``go``, time a window of ``seconds.value`` (<= 0:
+    stop)."""
     try:
-        sweep, actions, envs = _for_loop(workload, count, timing, first_index)
+        step = make_step(index)
         results.put((index, "ready", None))
         while True:
             go.wait(CEILING_TIMEOUT)
             window = seconds.value
             if window <= 0:
                 break
-            _time_loop(sweep, actions, timing.rewarm)
-            results.put((index, count * _time_loop(sweep, actions, window), None))
+            _time_calls(step, rewarm)
+            results.put((index, _time_calls(step, window), None))
     except BaseException as exc:
-        go.abort()
         results.put((index, None, f"{type(exc).__name__}: {exc}"))
-    finally:
-        for env in envs:
-            env.close()
+        go.abort()
 
 
-class CeilingRunner(Runner):
-    """The envs split over one process per usable core, never communicating; throughputs summed.
+class _Seconds:
+    value = 0.0
 
-    Each process runs the for-loop on its share; the parent only starts each window (a barrier)
-    and adds up what the processes measured inside it.
+
+class ParallelRunner(Runner):
+    """``count`` processes (or threads) that each step on their own, never communicating.
+
+    Worker ``i`` calls ``make_step(i)`` once (it builds what it steps; it must pickle for
+    processes) and then, in each window, calls the step it returned as often as it can; each
+    call returns the env-steps it made. The parent only starts each window (a barrier) and adds
+    up what the workers measured inside it.
     """
 
-    def __init__(self, workload: Workload, timing: Timing) -> None:
-        self.name = CEILING
-        num_procs = min(usable_cores(), workload.num_envs)
-        counts = [len(ids) for ids in np.array_split(np.arange(workload.num_envs), num_procs)]
-        firsts = np.cumsum([0, *counts[:-1]]).tolist()
-        self.info = {"processes": num_procs, "envs_per_process": counts}
+    def __init__(
+        self,
+        name: str,
+        make_step: Callable[[int], Callable[[], int]],
+        count: int,
+        timing: Timing,
+        *,
+        threads: bool = False,
+        **info: Any,
+    ) -> None:
+        self.name, self.info = name, info
         ctx = multiprocessing.get_context()
-        self._go = ctx.Barrier(num_procs + 1)
-        self._seconds = ctx.Value("d", 0.0)
-        self._results = ctx.Queue()
-        self._procs = [
-            ctx.Process(
-                target=_ceiling_worker,
-                args=(workload, counts[i], firsts[i], timing, self._go, self._seconds,
-                      self._results, i),
-                daemon=True,
+        if threads:
+            self._go: Any = threading.Barrier(count + 1)
+            self._seconds: Any = _Seconds()
+            self._results: Any = queue.SimpleQueue()
+            start_worker: Any = functools.partial(threading.Thread, daemon=True)
+        else:
+            self._go, self._seconds, self._results = (
+                ctx.Barrier(count + 1),
+                ctx.Value("d", 0.0),
+                ctx.Queue(),
             )
-            for i in range(num_procs)
-        ]  # fmt: skip
+            start_worker = functools.partial(ctx.Process, daemon=True)  # type: ignore[attr-defined]
+        args = (self._go, self._seconds, self._results)
+        self._workers = [
+            start_worker(target=_parallel_worker, args=(make_step, i, timing.rewarm, *args))
+            for i in range(count)
+        ]
         start = time.perf_counter()
-        for proc in self._procs:
-            proc.start()
+        for worker in self._workers:
+            worker.start()
         try:
             self._gather()
             self.setup_s = time.perf_counter() - start
@@ -146,14 +174,18 @@ class CeilingRunner(Runner):
     def _gather(self) -> list[Any]:
         values = []
         errors = []
-        for _ in self._procs:
+        for _ in self._workers:
             _, value, error = self._results.get(timeout=CEILING_TIMEOUT)
             if error is None:
                 values.append(value)
             else:
                 errors.append(error)
-        if errors:
-            raise RuntimeError(f"a ceiling process failed: {errors[0]}")
+        if errors:  # the cause, not the broken barrier it left the others waiting at
+            with contextlib.suppress(queue.Empty):  # the cause may come in after the others
+                while all(error.startswith("BrokenBarrierError") for error in errors):
+                    errors.append(self._results.get(timeout=1.0)[2] or "BrokenBarrierError")
+            errors.sort(key=lambda error: error.startswith("BrokenBarrierError"))
+            raise RuntimeError(f"a {self.name} worker failed: {errors[0]}")
         return values
 
     def window(self, seconds: float) -> float:
@@ -166,14 +198,47 @@ class CeilingRunner(Runner):
         try:
             self._go.wait(10.0)
         except Exception:
-            pass  # broken by a failed process: terminated below
-        for proc in self._procs:
-            proc.join(timeout=10.0)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join()
-        self._results.close()
-        self._results.join_thread()
+            pass  # broken by a failed worker: processes are terminated below
+        for worker in self._workers:
+            worker.join(timeout=10.0)
+            if isinstance(worker, multiprocessing.process.BaseProcess) and worker.is_alive():
+                worker.terminate()
+                worker.join()
+        if isinstance(self._results, multiprocessing.queues.Queue):
+            self._results.close()
+            self._results.join_thread()
+
+
+def _ceiling_step(
+    workload: Workload, counts: list[int], firsts: list[int], timing: Timing, index: int
+) -> Callable[[], int]:
+    """A ceiling process's step: a sweep over its share of the envs (``counts[index]`` of them)."""
+    sweep, actions, _ = _for_loop(workload, counts[index], timing, firsts[index])
+    following = itertools.cycle(actions).__next__
+    count = counts[index]
+
+    def step() -> int:
+        sweep(following())
+        return count
+
+    return step
+
+
+class CeilingRunner(ParallelRunner):
+    """The envs split over one process per usable core, never communicating; throughputs summed.
+
+    Each process runs the for-loop on its share; the parent only starts each window (a barrier)
+    and adds up what the processes measured inside it.
+    """
+
+    def __init__(self, workload: Workload, timing: Timing) -> None:
+        num_procs = min(len(usable_cpus()), workload.num_envs)
+        counts = [len(ids) for ids in np.array_split(np.arange(workload.num_envs), num_procs)]
+        firsts = np.cumsum([0, *counts[:-1]]).tolist()
+        make_step = functools.partial(_ceiling_step, workload, counts, firsts, timing)
+        super().__init__(
+            CEILING, make_step, num_procs, timing, processes=num_procs, envs_per_process=counts
+        )
 
 
 def open_ceiling(workload: Workload, timing: Timing) -> Runner:
@@ -181,17 +246,28 @@ def open_ceiling(workload: Workload, timing: Timing) -> Runner:
     return CeilingRunner(workload, timing)
 
 
-def _envfleet(backend: str) -> Callable[[Workload, Timing], Runner]:
+def envfleet_opener(
+    backend: str, name: str | None = None, **make_kwargs: Any
+) -> Callable[[Workload, Timing], Runner]:
+    """An opener of ``envfleet.make(..., backend=backend, **make_kwargs)`` stepped synchronously.
+
+    ``name`` is the runner's name (default: the backend's); ``make_kwargs`` default to none
+    (default workers).
+    """
+
     def open_envfleet(workload: Workload, timing: Timing) -> Runner:
         return _open_vector(
-            backend,
-            lambda: envfleet.make(workload.spec, workload.num_envs, backend=backend),
+            name or backend,
+            lambda: envfleet.make(workload.spec, workload.num_envs, backend=backend, **make_kwargs),
             timing,
-            info=lambda pool: {"workers": pool.num_workers},
+            info=lambda pool: {"workers": pool.num_workers, **make_kwargs},
         )
 
-    open_envfleet.__doc__ = f'``envfleet.make(..., backend="{backend}")``, default workers.'
+    open_envfleet.__doc__ = f'``envfleet.make(..., backend="{backend}")``, {make_kwargs or ""}.'
     return open_envfleet
+
+
+_envfleet = envfleet_opener
 
 
 def open_gym_sync(workload: Workload, timing: Timing) -> Runner:

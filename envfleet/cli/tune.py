@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from envfleet._make import usable_cores
+from envfleet.affinity import usable_cpus
 from envfleet.cli.common import (
     EXIT_OK,
     CliError,
@@ -111,7 +111,7 @@ def tune_layouts(
     Each layout gets an equal share of the time left when its turn comes, less what starting
     and closing a pool has cost so far (at least :data:`TUNE_MIN_WINDOW` seconds of stepping).
     """
-    cores = cores or usable_cores()
+    cores = cores or len(usable_cpus())
     start = time.perf_counter()
     deadline = start + budget
     try:
@@ -205,7 +205,7 @@ def _layouts_table(timings: list[LayoutTiming], best: LayoutTiming) -> Table:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     spec = env_spec(args.env)
-    cores = usable_cores()
+    cores = len(usable_cpus())
     stderr, live = progress_console(args)
     start = time.perf_counter()
     if live:

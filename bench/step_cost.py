@@ -1,0 +1,86 @@
+"""The fixed cost of one synchronous step: envfleet's process backend against the bare pool.
+
+A no-op env (:class:`bench.envs.NoOpEnv`: ``step`` returns a constant observation) on 2 worker
+processes, with 2 and with 64 envs. The bare pool (:mod:`envfleet.benchmark.bare`) wakes the
+same workers with one byte each and reads one byte back: what is left of a step's time is the
+least any process pool of this design pays. Windows of both are interleaved (three repeats by
+default) and the medians printed as microseconds per vector step and as a ratio.
+
+Usage::
+
+    python bench/step_cost.py                      # 2 and 64 envs, 3 x 2 s windows each
+    python bench/step_cost.py --num-envs 2 --seconds 1 --repeats 5
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import functools
+import json
+from typing import Any
+
+from bench.envs import NoOpEnv
+from envfleet import benchmark
+
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "step_cost.json"
+TARGET = 1.5  # envfleet process / bare pool, per step
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--num-envs", type=lambda v: [int(n) for n in v.split(",")], default=[2, 64]
+    )
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    args = parser.parse_args(argv)
+    timing = benchmark.Timing.scaled(args.seconds, args.repeats)
+    openers = {
+        "process": benchmark.envfleet_opener("process", num_workers=args.workers),
+        benchmark.BARE_POOL: functools.partial(benchmark.open_bare_pool, num_workers=args.workers),
+    }
+    machine = benchmark.machine_info()
+    print(
+        f"{machine['cpu_model']}, {machine['usable_cores']} usable cores, "
+        f"load average {machine['load_average_at_start']}"
+    )
+    rows: dict[int, Any] = {}
+    for n in args.num_envs:
+        results = benchmark.measure(
+            list(openers), benchmark.Workload.of(NoOpEnv, n), timing, openers=openers
+        )
+        us: dict[str, list[float]] = {}
+        for name, result in results.items():
+            if isinstance(result, str):
+                raise SystemExit(f"{name} failed: {result}")
+            us[name] = [1e6 * n / rate for rate in result.throughputs]  # µs per vector step
+        medians = {name: sorted(v)[len(v) // 2] for name, v in us.items()}
+        ratio = medians["process"] / medians[benchmark.BARE_POOL]
+        rows[n] = {"us_per_step": us, "median_us": medians, "process_over_bare_pool": ratio}
+        print(
+            f"no-op x {n} on {args.workers} workers: envfleet process {medians['process']:.1f} µs, "
+            f"bare pool {medians[benchmark.BARE_POOL]:.1f} µs per step; "
+            f"ratio {ratio:.2f} (target <= {TARGET}); windows "
+            + ", ".join(f"{name} {[round(x, 1) for x in v]}" for name, v in us.items())
+        )
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "machine": machine,
+        "timing": timing.as_dict(),
+        "workers": args.workers,
+        "rows": rows,
+    }
+    args.json.write_text(json.dumps(document, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

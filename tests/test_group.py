@@ -1,0 +1,235 @@
+"""EnvGroup on its own (no pool, no worker): the one stepping loop every backend runs.
+
+The oracle is Gymnasium's ``SyncVectorEnv`` stepping the same envs with the same seeds and
+actions, in each autoreset mode; failures are checked as records (index, phase, traceback).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.wrappers import RecordEpisodeStatistics
+
+from envfleet.buffers import Batch, put, take
+from envfleet.errors import OnError, Phase
+from envfleet.group import RESTARTED, EnvGroup, GroupStartError, derive_seed
+from envfleet.infos import merge_infos
+from envfleet.spec import EnvSpec
+from tests.envs import DictTupleEnv, FaultyEnv
+
+N = 3
+STEPS = 40
+
+
+def _group(
+    spec: EnvSpec, mode: AutoresetMode, n: int = N, **kwargs: Any
+) -> tuple[EnvGroup, Batch, gymnasium.Env[Any, Any]]:
+    probe = spec.build()
+    batch = Batch.local(probe.observation_space, probe.action_space, n)
+    group = EnvGroup(
+        spec, range(n), batch, mode, probe.observation_space, probe.action_space, **kwargs
+    )
+    return group, batch, probe
+
+
+def _assert_same(ours: Any, theirs: Any) -> None:
+    """Equal nested batches (dicts, tuples, arrays), dtypes included."""
+    if isinstance(theirs, dict):
+        assert set(ours) == set(theirs)
+        for key in theirs:
+            _assert_same(ours[key], theirs[key])
+    elif isinstance(theirs, tuple):
+        assert len(ours) == len(theirs)
+        for a, b in zip(ours, theirs, strict=True):
+            _assert_same(a, b)
+    elif isinstance(theirs, np.ndarray) and theirs.dtype != object:
+        ours = np.asarray(ours)
+        assert ours.dtype == theirs.dtype
+        np.testing.assert_array_equal(ours, theirs)
+    elif isinstance(theirs, np.ndarray):
+        assert len(ours) == len(theirs)
+        for a, b in zip(ours, theirs, strict=True):
+            _assert_same(a, b)
+    else:
+        assert ours == theirs
+
+
+def _infos(reply_infos: dict[int, Any] | None, n: int) -> dict[str, Any]:
+    return merge_infos(list(((reply_infos or {}).get(i), i) for i in range(n)), n)
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.value)
+def test_steps_like_sync_vector_env(mode: AutoresetMode) -> None:
+    spec = EnvSpec(DictTupleEnv)
+    group, batch, probe = _group(spec, mode)
+    oracle = SyncVectorEnv([DictTupleEnv] * N, autoreset_mode=mode)
+    ids = list(range(N))
+    try:
+        reply = group.reset(ids, [7 + i for i in ids], None)
+        obs, info = oracle.reset(seed=7)
+        assert reply.env_ids == tuple(ids) and not reply.failures
+        _assert_same(take(probe.observation_space, batch.observations, None), obs)
+        _assert_same(_infos(reply.infos, N), info)
+        oracle.action_space.seed(3)
+        ended = 0
+        for _ in range(STEPS):
+            actions = oracle.action_space.sample()
+            put(probe.action_space, batch.actions, None, actions)
+            reply = group.step(ids)
+            obs, rewards, terms, truncs, info = oracle.step(actions)
+            assert not reply.failures
+            _assert_same(take(probe.observation_space, batch.observations, None), obs)
+            np.testing.assert_array_equal(batch.rewards, rewards)
+            np.testing.assert_array_equal(batch.terminations, terms)
+            np.testing.assert_array_equal(batch.truncations, truncs)
+            _assert_same(_infos(reply.infos, N), info)
+            done = terms | truncs
+            ended += int(done.sum())
+            if mode is AutoresetMode.DISABLED and done.any():
+                mask = np.asarray(done)
+                reply = group.reset([i for i in ids if mask[i]], [None] * int(mask.sum()), None)
+                obs, info = oracle.reset(options={"reset_mask": mask})
+                assert not reply.failures
+                _assert_same(take(probe.observation_space, batch.observations, None), obs)
+        assert ended >= N  # autoreset was exercised, in every env
+    finally:
+        group.close()
+        oracle.close()
+
+
+def test_seeds_decide_the_trajectory() -> None:
+    def first_obs(seeds: list[int]) -> np.ndarray:
+        group, batch, _ = _group(EnvSpec(DictTupleEnv), AutoresetMode.NEXT_STEP)
+        try:
+            group.reset(list(range(N)), seeds, None)
+            return np.array(batch.observations["pos"])
+        finally:
+            group.close()
+
+    same = first_obs([1, 2, 3])
+    np.testing.assert_array_equal(same, first_obs([1, 2, 3]))
+    assert not np.array_equal(same, first_obs([4, 5, 6]))
+    assert not np.array_equal(same[0], same[1])  # env seeds differ, so do their walks
+
+
+def test_only_named_rows_are_written() -> None:
+    group, batch, _ = _group(EnvSpec(FaultyEnv), AutoresetMode.NEXT_STEP)
+    try:
+        group.reset([0, 1, 2], [1, 2, 3], None)
+        batch.actions[:] = [1, 2, 0]
+        group.step([1])
+        assert batch.observations[:, 0].tolist() == [100, 201, 300]
+        assert batch.rewards.tolist() == [0.0, 2.0, 0.0]
+    finally:
+        group.close()
+
+
+def test_episode_statistics_match_the_oracle() -> None:
+    spec = EnvSpec(DictTupleEnv, wrappers=(RecordEpisodeStatistics,))
+    group, batch, probe = _group(spec, AutoresetMode.NEXT_STEP)
+    factory = functools.partial(spec.build)
+    oracle = SyncVectorEnv([factory] * N)
+    ids = list(range(N))
+    episodes = 0
+    try:
+        group.reset(ids, [11 + i for i in ids], None)
+        oracle.reset(seed=11)
+        for _ in range(STEPS):
+            actions = np.zeros((N, 2), dtype=np.float32)
+            put(probe.action_space, batch.actions, None, actions)
+            reply = group.step(ids)
+            info = oracle.step(actions)[4]
+            ours = _infos(reply.infos, N)
+            assert ("episode" in ours) == ("episode" in info)
+            if "episode" in info:
+                episodes += int(info["_episode"].sum())
+                np.testing.assert_array_equal(ours["_episode"], info["_episode"])
+                np.testing.assert_array_equal(ours["episode"]["r"], info["episode"]["r"])
+                np.testing.assert_array_equal(ours["episode"]["l"], info["episode"]["l"])
+        assert episodes >= N
+    finally:
+        group.close()
+        oracle.close()
+
+
+def _raise_at_step_2_of_env_1(env: FaultyEnv, action: Any) -> None:
+    if env.seed_used == 2 and env.count == 201:
+        raise KeyError("boom at step 2")
+
+
+def test_a_failing_env_is_reported_and_the_others_step() -> None:
+    spec = EnvSpec(functools.partial(FaultyEnv, step_hook=_raise_at_step_2_of_env_1))
+    group, batch, _ = _group(spec, AutoresetMode.NEXT_STEP)
+    try:
+        group.reset([0, 1, 2], [1, 2, 3], None)
+        batch.actions[:] = 1
+        assert not group.step([0, 1, 2]).failures
+        reply = group.step([0, 1, 2])
+        (failure,) = reply.failures
+        assert (failure.env_index, failure.phase, failure.type_name) == (1, Phase.STEP, "KeyError")
+        assert "boom at step 2" in failure.message
+        assert "_raise_at_step_2_of_env_1" in failure.traceback  # where it was raised
+        original = failure.original()
+        assert isinstance(original, KeyError)
+        assert batch.observations[:, 0].tolist() == [102, 201, 302]  # env 1's row untouched
+    finally:
+        group.close()
+
+
+def test_restart_replaces_the_env_and_truncates_its_episode() -> None:
+    spec = EnvSpec(functools.partial(FaultyEnv, step_hook=_raise_at_step_2_of_env_1))
+    group, batch, _ = _group(spec, AutoresetMode.NEXT_STEP, on_error=OnError.RESTART, seed_base=5)
+    try:
+        group.reset([0, 1, 2], [1, 2, 3], None)
+        batch.actions[:] = 1
+        group.step([0, 1, 2])
+        reply = group.step([0, 1, 2])
+        assert not reply.failures
+        (logged,) = reply.restarts
+        assert (logged.env_index, logged.phase) == (1, Phase.STEP)
+        assert reply.infos is not None and reply.infos[1] == {RESTARTED: True}
+        assert batch.truncations.tolist() == [False, True, False]
+        assert batch.rewards[1] == 0.0
+        assert group.restarts == {0: 0, 1: 1, 2: 0}
+        group.step([0, 1, 2])  # next step: the fresh env starts with the derived seed
+        assert group.envs[1].unwrapped.seed_used == derive_seed(5, 1, 1)  # type: ignore[attr-defined]
+    finally:
+        group.close()
+
+
+def _fail_build() -> gymnasium.Env[Any, Any]:
+    raise OSError("no simulator here")
+
+
+def test_a_failing_build_is_a_make_failure() -> None:
+    probe = FaultyEnv()
+    batch = Batch.local(probe.observation_space, probe.action_space, 2)
+    with pytest.raises(GroupStartError) as caught:
+        EnvGroup(
+            EnvSpec(_fail_build),
+            [0, 1],
+            batch,
+            AutoresetMode.NEXT_STEP,
+            probe.observation_space,
+            probe.action_space,
+        )
+    failure = caught.value.failure
+    assert (failure.env_index, failure.phase, failure.type_name) == (0, Phase.MAKE, "OSError")
+    assert "_fail_build" in failure.traceback
+
+
+def test_call_and_set_attr_reach_every_env() -> None:
+    group, _, _ = _group(EnvSpec(FaultyEnv), AutoresetMode.NEXT_STEP)
+    try:
+        assert group.set_attr("episode_length", {0: 2, 1: 3, 2: 4}).failures == ()
+        assert group.call("episode_length", (), {}).values == {0: 2, 1: 3, 2: 4}
+        reply = group.call("no_such_method", (), {})
+        assert {f.env_index for f in reply.failures} == {0, 1, 2}
+        assert {f.phase for f in reply.failures} == {Phase.CALL}
+    finally:
+        group.close()
