@@ -501,3 +501,65 @@ def test_env_failure_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 1
     assert "Traceback" in err
     assert err.splitlines()[-1].startswith("envfleet: error: ")
+
+
+# -- the first hour: python -m envfleet, --import, mistyped options, the cli extra -------------
+
+
+def test_mistyped_option_points_to_the_subcommand_help(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(capsys, "run", ENV, "--num-env", "4")
+    assert status == 2 and out == ""
+    assert err == (
+        "envfleet: error: unrecognized arguments: --num-env 4 (see 'envfleet run --help')\n"
+    )
+
+
+def test_python_m_envfleet_imports_the_users_module_from_the_current_directory(
+    tmp_path: Path,
+) -> None:
+    """``python -m envfleet`` works; ``--import mysim`` registers MySim-v0 from the current
+    directory even where Python itself does not put it on the path (``-P``, as for the console
+    script), and the process backend's workers find it too."""
+    (tmp_path / "mysim.py").write_text(
+        "import gymnasium\n"
+        "gymnasium.register('MySim-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv',"
+        " max_episode_steps=5)\n"
+    )
+    argv = ["run", "MySim-v0", "--num-envs", "2", "--steps", "200", "--json"]
+    result = subprocess.run(
+        [sys.executable, "-P", "-m", "envfleet", *argv, "--import", "mysim"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["env"] == "MySim-v0" and summary["steps"] >= 200
+    assert summary["backend"] == "process"
+    assert summary["episodes"] > 0
+    assert summary["length_mean"] <= 5  # the user's registration, not CartPole-v1's
+
+
+def test_import_of_a_missing_module_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_cli(capsys, "run", ENV, "--import", "no_such_sim_module")
+    assert status == 2
+    assert err.startswith("envfleet: error: --import no_such_sim_module: no module named")
+
+
+def test_without_the_cli_extra_the_command_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    from envfleet.__main__ import main as entry
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "rich" else find_spec(name)
+    )
+    assert entry(["run", ENV]) == 2
+    err = capsys.readouterr().err
+    assert err == "envfleet: error: the command line needs rich: pip install 'envfleet[cli]'\n"

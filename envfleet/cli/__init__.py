@@ -35,6 +35,8 @@ from envfleet.cli.common import (
     CliError,
     Parser,
     UsageError,
+    current_directory_on_path,
+    import_modules,
     one_line,
 )
 from envfleet.cli.recorder import Recorder
@@ -98,7 +100,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``envfleet`` command line; return the exit status."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # name the subcommand's help, where its options are listed
+            raise UsageError(
+                f"unrecognized arguments: {' '.join(unknown)} (see '{PROG} {args.command} --help')"
+            )
     except UsageError as exc:
         _report(str(exc))
         return EXIT_USAGE
@@ -107,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = bool(getattr(args, "debug", False))
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
+        current_directory_on_path()
+        import_modules(args.imports)
         return handler(args)
     except KeyboardInterrupt as exc:
         return _fail(exc, "interrupted", EXIT_INTERRUPTED, debug)

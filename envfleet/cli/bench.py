@@ -27,6 +27,7 @@ from envfleet.cli.common import (
     PROG,
     CliError,
     UsageError,
+    add_import_argument,
     env_spec,
     non_negative_int,
     one_line,
@@ -82,7 +83,11 @@ def add_parser(commands: Any) -> None:
         + "; ".join(f"{kind.name}: {kind.description}" for kind in benchmark.RUNNERS.values()),
         allow_abbrev=False,
     )
-    bench.add_argument("env", metavar="ENV", help="a registered env id, e.g. CartPole-v1")
+    bench.add_argument(
+        "env",
+        metavar="ENV",
+        help="a registered env id, e.g. CartPole-v1, or module:Env-v0 to import module first",
+    )
     bench.add_argument(
         "--num-envs",
         type=_num_envs_list,
@@ -125,6 +130,7 @@ def add_parser(commands: Any) -> None:
         "--json", action="store_true", help="print the results as JSON on stdout, nothing else"
     )
     bench.add_argument("-q", "--quiet", action="store_true", help="no live progress")
+    add_import_argument(bench)
     bench.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     bench.set_defaults(handler=_cmd_bench)
 

@@ -9,7 +9,10 @@ columns that :mod:`envfleet.cli.runner` hands to :mod:`envfleet.cli.recorder`.
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
+import os
+import sys
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -77,6 +80,49 @@ def positive_float(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
+
+
+def add_import_argument(parser: argparse.ArgumentParser) -> None:
+    """``--import MODULE`` (repeatable): modules that register envs, imported before ENV is
+    looked up."""
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help=(
+            "import MODULE first (repeatable), e.g. a module of yours that registers ENV with "
+            "gymnasium.register; the current directory is searched first, as by python -m"
+        ),
+    )
+
+
+def current_directory_on_path() -> None:
+    """Put the current directory first on ``sys.path``, as ``python -m`` does (the console
+    script does not), so that ``mysim:MySim-v0``, ``--import`` and ``--policy`` find the
+    user's modules."""
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def import_modules(names: list[str]) -> None:
+    """Import the ``--import`` modules; one that cannot be imported is a usage error."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (name + ".").startswith(exc.name + "."):
+                raise UsageError(
+                    f"--import {name}: no module named {exc.name!r} (not installed, and not "
+                    f"found under the current directory {os.getcwd()})"
+                ) from exc
+            raise CliError(f"--import {name}: importing it failed: {exc}") from exc
+        except Exception as exc:
+            raise CliError(
+                f"--import {name}: importing it failed: {type(exc).__name__}: {exc}"
+            ) from exc
 
 
 def env_spec(env: str) -> EnvSpec:

@@ -33,6 +33,7 @@ from envfleet.cli.common import (
     PROG,
     CliError,
     UsageError,
+    add_import_argument,
     non_negative_int,
     positive_float,
     positive_int,
@@ -57,7 +58,11 @@ def add_parser(commands: Any) -> None:
         ),
         allow_abbrev=False,
     )
-    run.add_argument("env", metavar="ENV", help="a registered env id, e.g. CartPole-v1")
+    run.add_argument(
+        "env",
+        metavar="ENV",
+        help="a registered env id, e.g. CartPole-v1, or module:Env-v0 to import module first",
+    )
     run.add_argument("--num-envs", type=positive_int, default=8, help="number of envs (default: 8)")
     run.add_argument(
         "--backend",
@@ -153,6 +158,7 @@ def add_parser(commands: Any) -> None:
             "fraction, steps, episodes, restarts (also under 'stats' in --json)"
         ),
     )
+    add_import_argument(run)
     run.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     run.set_defaults(handler=_cmd_run)
 

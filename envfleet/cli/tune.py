@@ -25,6 +25,7 @@ from envfleet._make import usable_cores
 from envfleet.cli.common import (
     EXIT_OK,
     CliError,
+    add_import_argument,
     env_spec,
     positive_float,
     positive_int,
@@ -59,7 +60,11 @@ def add_parser(commands: Any) -> None:
         ),
         allow_abbrev=False,
     )
-    tune.add_argument("env", metavar="ENV", help="a registered env id, e.g. CartPole-v1")
+    tune.add_argument(
+        "env",
+        metavar="ENV",
+        help="a registered env id, e.g. CartPole-v1, or module:Env-v0 to import module first",
+    )
     tune.add_argument(
         "--num-envs", type=positive_int, default=8, help="number of envs (default: 8)"
     )
@@ -77,6 +82,7 @@ def add_parser(commands: Any) -> None:
         "--json", action="store_true", help="print the results as JSON on stdout, nothing else"
     )
     tune.add_argument("-q", "--quiet", action="store_true", help="no live progress")
+    add_import_argument(tune)
     tune.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     tune.set_defaults(handler=_cmd_tune)
 
