@@ -563,3 +563,33 @@ def test_without_the_cli_extra_the_command_says_what_to_install(
     assert entry(["run", ENV]) == 2
     err = capsys.readouterr().err
     assert err == "envfleet: error: the command line needs rich: pip install 'envfleet[cli]'\n"
+
+
+def test_the_library_needs_none_of_the_cli_extra() -> None:
+    """``import envfleet; envfleet.make(...)`` imports neither rich, psutil nor matplotlib (the
+    ``cli`` extra), so ``pip install envfleet`` stays light."""
+    code = (
+        "import sys, envfleet\n"
+        "with envfleet.make('CartPole-v1', 2, num_workers=2, seed=0) as pool:\n"
+        "    pool.reset(); pool.step([0, 1])\n"
+        "print(sorted(m.split('.')[0] for m in sys.modules "
+        "if m.split('.')[0] in ('rich', 'psutil', 'matplotlib')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_an_atari_id_without_ale_py_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "ale_py" else find_spec(name)
+    )
+    with pytest.raises(
+        ValueError, match=r"Atari ids need ale-py: pip install 'envfleet\[atari\]'$"
+    ):
+        envfleet.EnvSpec.from_user("ALE/NoSuchGame-v5")
