@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import matplotlib.image
+import psutil
 import pytest
 
 from envfleet import benchmark
@@ -237,3 +241,46 @@ def test_run_without_stats_has_none(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert status == 0
     assert "stats" not in json.loads(out)
+
+
+# -- start-up bound ------------------------------------------------------------------------------
+
+STARTED: list[int] = []
+
+
+def open_slowly(workload: benchmark.Workload, timing: benchmark.Timing) -> benchmark.Runner:
+    """A contender whose start-up waits on a worker process that takes a minute to answer."""
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    STARTED.append(worker.pid)
+    worker.wait()  # returns early only if the worker is killed
+    raise RuntimeError("the worker died during start-up")
+
+
+def test_bench_skips_a_contender_slow_to_start_and_reports_start_up_times(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow = benchmark.RunnerKind("slow", "a contender slow to start", open_slowly)
+    monkeypatch.setitem(benchmark.RUNNERS, "slow", slow)
+    STARTED.clear()
+    start = time.perf_counter()
+    status, stdout, err = bench(
+        capsys, tmp_path, "--num-envs", "2,4", "--runners", "loop,slow", "--startup-limit", "1"
+    )
+    elapsed = time.perf_counter() - start
+    assert status == 0, err  # a skip is not a failure
+    assert elapsed < 15  # not the minute the worker would take
+    assert len(STARTED) == 1  # not tried again at 4 envs
+    assert not psutil.pid_exists(STARTED[0]) or psutil.Process(STARTED[0]).status() == "zombie"
+    rows = {line.split()[1]: line for line in stdout.splitlines() if line.startswith("│")}
+    cells = [cell.strip() for cell in rows["slow"].split("│")[1:-1]]
+    assert cells == ["slow", "skipped", "skipped", ">1 / >1"]
+    assert "start-up s (2 / 4 envs)" in stdout
+    loop_startups = rows["loop"].split("│")[-2].strip().split(" / ")
+    assert len(loop_startups) == 2 and all(float(s) >= 0 for s in loop_startups)
+    assert "slow: start-up over 1 s at 2 envs; skipped at 2, 4 envs" in stdout
+    document = json.loads((tmp_path / "bench.json").read_text())
+    assert document["runners"]["slow"]["results"] == [
+        {"num_envs": 2, "skipped": "start-up over 1 s, skipped"},
+        {"num_envs": 4, "skipped": "start-up over 1 s at 2 envs, skipped"},
+    ]
+    assert document["timing"]["startup_limit"] == 1

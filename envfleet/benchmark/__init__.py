@@ -7,7 +7,9 @@ independent-processes ceiling, an envfleet backend or a peer library. It is open
 (a vector step of ``n`` envs counts ``n``). Actions are random, sampled before the clock starts
 and cycled, so sampling does not weigh on the result.
 
-:func:`measure` opens several runners on one workload and interleaves their windows (window 1
+:func:`measure` opens several runners on one workload (each within
+:attr:`Timing.startup_limit` seconds, if set: a runner slower to start is stopped and reported
+:class:`Skipped`; its start-up time is in every result) and interleaves their windows (window 1
 of every runner, then window 2, ...), so a burst of load from elsewhere on the machine hits all
 runners alike instead of one; the median window is what gets reported. :func:`sweep` does that
 for each ``num_envs`` of a list and returns a :class:`Report`, which renders as a table
@@ -48,10 +50,12 @@ from envfleet.benchmark.base import (
     OtherLoad,
     Runner,
     RunResult,
+    Skipped,
+    StartupTimeout,
     Timing,
     Workload,
 )
-from envfleet.benchmark.measure import PACKAGES, machine_info, measure, sweep
+from envfleet.benchmark.measure import PACKAGES, machine_info, measure, open_bounded, sweep
 from envfleet.benchmark.peers import envpool_id, open_envpool, open_pufferlib, open_sb3
 from envfleet.benchmark.registry import (
     ALIASES,
@@ -92,12 +96,15 @@ __all__ = [
     "RunResult",
     "Runner",
     "RunnerKind",
+    "Skipped",
+    "StartupTimeout",
     "Timing",
     "Workload",
     "availability",
     "envpool_id",
     "machine_info",
     "measure",
+    "open_bounded",
     "open_ceiling",
     "open_envpool",
     "open_gym_async",

@@ -20,6 +20,7 @@ from envfleet.benchmark.base import (
     OK,
     PARTIAL,
     RunResult,
+    Skipped,
     Timing,
 )
 from envfleet.benchmark.registry import RUNNERS, Availability
@@ -35,7 +36,8 @@ class Report:
         runners: every runner asked for, in order (measured or not).
         timing: how it was measured.
         availability: per runner asked for, whether it could run.
-        results: per measured runner, per env count, its result or the error message.
+        results: per measured runner, per env count, its result, the error message, or
+            :class:`Skipped` (start-up over the limit).
         machine: :func:`machine_info`.
         seconds: wall-clock time of the sweep.
         interrupted: the sweep was stopped (Ctrl-C) before it finished.
@@ -46,7 +48,7 @@ class Report:
     runners: list[str]
     timing: Timing
     availability: dict[str, Availability]
-    results: dict[str, dict[int, RunResult | str]] = field(default_factory=dict)
+    results: dict[str, dict[int, RunResult | str | Skipped]] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     interrupted: bool = False
@@ -101,6 +103,9 @@ class Report:
                 if isinstance(result, str):
                     points.append({"num_envs": n, "error": result})
                     continue
+                if isinstance(result, Skipped):
+                    points.append({"num_envs": n, "skipped": result.reason})
+                    continue
                 points.append(
                     {
                         "num_envs": n,
@@ -153,16 +158,27 @@ def report_table(report: Report) -> Table:
         table.add_column(f"{n} envs", justify="right")
         if with_ceiling:
             table.add_column("/ceiling", justify="right")
+    table.add_column(f"start-up s ({' / '.join(map(str, report.num_envs))} envs)", justify="right")
     for name in report.measured:
         cells = [name]
+        startups = []
         for n in report.num_envs:
             result = report.results.get(name, {}).get(n)
             if isinstance(result, str):
                 cells.append("[red]failed[/red]")
+            elif isinstance(result, Skipped):
+                cells.append("skipped")
             else:
                 cells.append(_fmt_rate(report.rate(name, n)))
             if with_ceiling:
                 cells.append(_fmt_ratio(report.ratio(name, n)))
+            if isinstance(result, RunResult):
+                startups.append(f"{result.setup_s:.1f}")
+            elif isinstance(result, Skipped) and report.timing.startup_limit is not None:
+                startups.append(f">{report.timing.startup_limit:g}")
+            else:
+                startups.append("-")
+        cells.append(" / ".join(startups))
         table.add_row(*cells)
     return table
 
@@ -184,6 +200,14 @@ def report_notes(report: Report) -> list[str]:
         )
     if "envpool" in report.measured:
         notes.append("envpool steps its own implementation of the env, not Gymnasium's")
+    for name, points in report.results.items():
+        skipped = [(n, r) for n, r in points.items() if isinstance(r, Skipped)]
+        if skipped:
+            first_n, first = skipped[0]
+            counts = ", ".join(str(n) for n, _ in skipped)
+            notes.append(
+                f"{name}: {first.reason.split(',')[0]} at {first_n} envs; skipped at {counts} envs"
+            )
     return notes
 
 

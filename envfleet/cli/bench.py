@@ -26,6 +26,7 @@ from envfleet.cli.common import (
     EXIT_OK,
     PROG,
     CliError,
+    OutputCapture,
     UsageError,
     add_import_argument,
     env_spec,
@@ -39,6 +40,11 @@ from envfleet.spec import EnvSpec
 
 DEFAULT_BENCH_NUM_ENVS = (8, 32, 64)
 DEFAULT_BENCH_OUT = Path("envfleet-bench")
+DEFAULT_BENCH_SECONDS = 0.5
+DEFAULT_STARTUP_LIMIT = 10.0
+"""Seconds a runner may take to start (SB3's SubprocVecEnv starts one process per env, each
+importing its libraries: minutes for 64 envs on 2 cores); one slower is skipped, and not
+tried at larger env counts."""
 
 
 def _num_envs_list(text: str) -> list[int]:
@@ -107,8 +113,18 @@ def add_parser(commands: Any) -> None:
     bench.add_argument(
         "--seconds",
         type=positive_float,
-        default=1.0,
-        help="length of each timed window (default: 1)",
+        default=DEFAULT_BENCH_SECONDS,
+        help=f"length of each timed window (default: {DEFAULT_BENCH_SECONDS:g})",
+    )
+    bench.add_argument(
+        "--startup-limit",
+        type=positive_float,
+        default=DEFAULT_STARTUP_LIMIT,
+        metavar="SECONDS",
+        help=(
+            "a runner that takes longer to start is stopped and reported as skipped, also at "
+            f"larger env counts (default: {DEFAULT_STARTUP_LIMIT:g})"
+        ),
     )
     bench.add_argument(
         "--repeats",
@@ -160,37 +176,55 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise CliError(f"cannot make the folder {out}: {exc.strerror or exc}") from exc
 
-    stderr, live = progress_console(args)
+    timing = benchmark.Timing.scaled(
+        args.seconds, args.repeats, seed=args.seed, startup_limit=args.startup_limit
+    )
+    # Libraries and envs print banners and warnings (ale-py, legacy gym in each of SB3's
+    # processes, Ray): into bench.log, off the screen.
+    with OutputCapture() as captured:
+        stderr, live = progress_console(args, captured.stderr)
 
-    def on_error(name: str, num_envs: int, exc: BaseException) -> None:
-        if args.debug:
-            traceback.print_exception(type(exc), exc, exc.__traceback__)
-        stderr.print(
-            f"{PROG}: {name} failed with {num_envs} envs: "
-            + one_line(f"{type(exc).__name__}: {exc}"),
-            markup=False,
-            soft_wrap=True,
-        )
-
-    timing = benchmark.Timing.scaled(args.seconds, args.repeats, seed=args.seed)
-    if live:
-        with stderr.status(f"{spec.name}: starting") as status:
-            report = benchmark.sweep(
-                spec,
-                args.num_envs,
-                names,
-                timing,
-                on_error=on_error,
-                progress=lambda text: status.update(Text(text)),
+        def on_error(name: str, num_envs: int, exc: BaseException) -> None:
+            if args.debug:
+                traceback.print_exception(type(exc), exc, exc.__traceback__, file=stderr.file)
+            stderr.print(
+                f"{PROG}: {name} failed with {num_envs} envs: "
+                + one_line(f"{type(exc).__name__}: {exc}"),
+                markup=False,
+                soft_wrap=True,
             )
-    else:
-        report = benchmark.sweep(spec, args.num_envs, names, timing, on_error=on_error)
+
+        if live:
+            with stderr.status(f"{spec.name}: starting") as status:
+                report = benchmark.sweep(
+                    spec,
+                    args.num_envs,
+                    names,
+                    timing,
+                    on_error=on_error,
+                    progress=lambda text: status.update(Text(text)),
+                )
+        else:
+            report = benchmark.sweep(spec, args.num_envs, names, timing, on_error=on_error)
+    stderr, _ = progress_console(args)
+    log_path = out / "bench.log"
+    if captured.text:
+        try:
+            log_path.write_text(captured.text)
+        except OSError:
+            pass
 
     json_path, png_path = out / "bench.json", out / "bench.png"
     try:
         benchmark.write_plot(report, png_path)
         document = benchmark.write_json(
-            report, json_path, files={"json": str(json_path), "png": str(png_path)}
+            report,
+            json_path,
+            files={
+                "json": str(json_path),
+                "png": str(png_path),
+                **({"log": str(log_path)} if captured.text else {}),
+            },
         )
     except OSError as exc:
         raise CliError(f"writing the results to {out} failed: {exc.strerror or exc}") from exc
@@ -201,6 +235,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         console.print(benchmark.report_table(report))
         for note in benchmark.report_notes(report):
             console.print(note, markup=False, soft_wrap=True)
+        if captured.text:
+            lines = len(captured.text.splitlines())
+            console.print(
+                f"{lines} line{'s' * (lines != 1)} printed by libraries and envs: {log_path}",
+                markup=False,
+                soft_wrap=True,
+            )
         skipped = [n for n in names if not available[n].ok]
         if explicit and skipped:
             console.print(
