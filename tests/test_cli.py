@@ -593,3 +593,18 @@ def test_an_atari_id_without_ale_py_says_what_to_install(monkeypatch: pytest.Mon
         ValueError, match=r"Atari ids need ale-py: pip install 'envfleet\[atari\]'$"
     ):
         envfleet.EnvSpec.from_user("ALE/NoSuchGame-v5")
+
+
+def test_run_keeps_banners_off_the_screen_and_shows_other_output_after() -> None:
+    """Noisy-v0 prints an ale-py-like banner (fd 2, from C in real life), a warning and a
+    line on stdout, in every process that builds it: the banner is dropped, the rest is shown
+    on stderr after the run, and stdout holds the JSON alone."""
+    result = run_subprocess(
+        "run", "Noisy-v0", "--import", "tests.cli_envs", "--num-envs", "2", "--steps", "50",
+        "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["env"] == "Noisy-v0"
+    assert "A.L.E" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert "NOISY: a warning from the env" in lines and "NOISY: chatter on stdout" in lines

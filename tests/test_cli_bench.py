@@ -284,3 +284,18 @@ def test_bench_skips_a_contender_slow_to_start_and_reports_start_up_times(
         {"num_envs": 4, "skipped": "start-up over 1 s at 2 envs, skipped"},
     ]
     assert document["timing"]["startup_limit"] == 1
+
+
+def test_bench_output_of_envs_goes_to_the_log_not_the_screen(tmp_path: Path) -> None:
+    result = run_subprocess(
+        "bench", "Noisy-v0", "--import", "tests.cli_envs", *TINY, "--num-envs", "2",
+        "--runners", "loop,process,gym-async", "--out", str(tmp_path), "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)  # nothing else on stdout
+    assert result.stderr == ""
+    log = (tmp_path / "bench.log").read_text()
+    assert document["files"]["log"] == str(tmp_path / "bench.log")
+    # This process, the process pool's workers and Gymnasium's subprocesses all printed.
+    assert log.count("A.L.E: Arcade Learning Environment") >= 3
+    assert log.count("NOISY: chatter on stdout") >= 3

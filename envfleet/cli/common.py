@@ -172,9 +172,14 @@ class OutputCapture:
     ``sys.stdout`` swap could. :attr:`stderr` is a text stream on the real stderr, for the
     command's own progress and errors. Where fds 1 and 2 are not this process's
     ``sys.stdout``/``sys.stderr`` (under a test's capture), nothing is captured.
+
+    Args:
+        replay: at the end (even on an error), write what was captured, less the known
+            banners (:data:`BANNERS`), to stderr.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, replay: bool = False) -> None:
+        self.replay = replay
         self.stderr: TextIO | None = None
         self.text = ""
         self._saved: list[int] = []
@@ -215,6 +220,9 @@ class OutputCapture:
         self._log.seek(0)
         self.text = self._log.read().decode("utf-8", "replace")
         self._log.close()
+        if self.replay and self.unexpected():
+            sys.stderr.write(self.unexpected())
+            sys.stderr.flush()
 
     def unexpected(self) -> str:
         """What was captured, less the known banners (:data:`BANNERS`)."""
