@@ -166,22 +166,22 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     out: Path = args.out
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a folder")
-    available = {name: benchmark.availability(name, spec) for name in names}
-    if not any(a.ok for a in available.values()):
-        reasons = "; ".join(f"{name}: {a.reason}" for name, a in available.items())
-        raise CliError(f"none of the runners asked for can run here ({reasons})")
-    _check_builds(spec)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CliError(f"cannot make the folder {out}: {exc.strerror or exc}") from exc
-
-    timing = benchmark.Timing.scaled(
-        args.seconds, args.repeats, seed=args.seed, startup_limit=args.startup_limit
-    )
     # Libraries and envs print banners and warnings (ale-py, legacy gym in each of SB3's
     # processes, Ray): into bench.log, off the screen.
     with OutputCapture() as captured:
+        available = {name: benchmark.availability(name, spec) for name in names}
+        if not any(a.ok for a in available.values()):
+            reasons = "; ".join(f"{name}: {a.reason}" for name, a in available.items())
+            raise CliError(f"none of the runners asked for can run here ({reasons})")
+        _check_builds(spec)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CliError(f"cannot make the folder {out}: {exc.strerror or exc}") from exc
+
+        timing = benchmark.Timing.scaled(
+            args.seconds, args.repeats, seed=args.seed, startup_limit=args.startup_limit
+        )
         stderr, live = progress_console(args, captured.stderr)
 
         def on_error(name: str, num_envs: int, exc: BaseException) -> None:
