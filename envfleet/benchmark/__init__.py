@@ -13,7 +13,8 @@ and cycled, so sampling does not weigh on the result.
 of every runner, then window 2, ...), so a burst of load from elsewhere on the machine hits all
 runners alike instead of one; the median window is what gets reported. :func:`sweep` does that
 for each ``num_envs`` of a list and returns a :class:`Report`, which renders as a table
-(:func:`report_table`), a plot (:func:`write_plot`) and JSON (:meth:`Report.as_dict`).
+(:func:`report_table`, and :func:`startup_table` for the start-up times), a plot
+(:func:`write_plot`) and JSON (:meth:`Report.as_dict`).
 
 Runners:
 
@@ -65,7 +66,14 @@ from envfleet.benchmark.registry import (
     availability,
     parse_runners,
 )
-from envfleet.benchmark.report import Report, report_notes, report_table, write_json, write_plot
+from envfleet.benchmark.report import (
+    Report,
+    report_notes,
+    report_table,
+    startup_table,
+    write_json,
+    write_plot,
+)
 from envfleet.benchmark.runners import (
     CEILING_TIMEOUT,
     CeilingRunner,
@@ -115,6 +123,7 @@ __all__ = [
     "parse_runners",
     "report_notes",
     "report_table",
+    "startup_table",
     "sweep",
     "write_json",
     "write_plot",

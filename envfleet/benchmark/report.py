@@ -158,10 +158,8 @@ def report_table(report: Report) -> Table:
         table.add_column(f"{n} envs", justify="right")
         if with_ceiling:
             table.add_column("/ceiling", justify="right")
-    table.add_column(f"start-up s ({' / '.join(map(str, report.num_envs))} envs)", justify="right")
     for name in report.measured:
         cells = [name]
-        startups = []
         for n in report.num_envs:
             result = report.results.get(name, {}).get(n)
             if isinstance(result, str):
@@ -172,13 +170,31 @@ def report_table(report: Report) -> Table:
                 cells.append(_fmt_rate(report.rate(name, n)))
             if with_ceiling:
                 cells.append(_fmt_ratio(report.ratio(name, n)))
+        table.add_row(*cells)
+    return table
+
+
+def startup_table(report: Report) -> Table:
+    """One row per measured runner; per env count, the seconds it took to start (build and
+    reset its envs), ``>N`` where it was stopped at the limit of ``N`` seconds."""
+    limit = report.timing.startup_limit
+    title = "start-up, seconds to build and reset the envs"
+    if limit is not None:
+        title += f" (limit {limit:g} s)"
+    table = Table(title=title, title_justify="left", min_width=len(title) + 2)
+    table.add_column("runner", no_wrap=True)
+    for n in report.num_envs:
+        table.add_column(f"{n} envs", justify="right")
+    for name in report.measured:
+        cells = [name]
+        for n in report.num_envs:
+            result = report.results.get(name, {}).get(n)
             if isinstance(result, RunResult):
-                startups.append(f"{result.setup_s:.1f}")
-            elif isinstance(result, Skipped) and report.timing.startup_limit is not None:
-                startups.append(f">{report.timing.startup_limit:g}")
+                cells.append(f"{result.setup_s:.2f}")
+            elif isinstance(result, Skipped) and limit is not None:
+                cells.append(f">{limit:g}")
             else:
-                startups.append("-")
-        cells.append(" / ".join(startups))
+                cells.append("-")
         table.add_row(*cells)
     return table
 

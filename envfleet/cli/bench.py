@@ -233,6 +233,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     else:
         console = Console(highlight=False)
         console.print(benchmark.report_table(report))
+        console.print(benchmark.startup_table(report))
         for note in benchmark.report_notes(report):
             console.print(note, markup=False, soft_wrap=True)
         if captured.text:
