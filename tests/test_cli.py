@@ -608,3 +608,22 @@ def test_run_keeps_banners_off_the_screen_and_shows_other_output_after() -> None
     assert "A.L.E" not in result.stderr
     lines = result.stderr.splitlines()
     assert "NOISY: a warning from the env" in lines and "NOISY: chatter on stdout" in lines
+
+
+def test_known_banners_are_dropped_and_the_rest_kept() -> None:
+    from envfleet.cli.common import OutputCapture
+
+    captured = OutputCapture()
+    captured.text = (
+        "A.L.E: Arcade Learning Environment (version 0.11.2+ecc1138)\n"
+        "[Powered by Stella]\n"
+        "Gym has been unmaintained since 2022 and does not support NumPy 2.0 amongst other\n"
+        "2026-12-01 03:09:20,864\tINFO worker.py:2038 -- Started a local Ray instance.\n"
+        "2026-12-01 03:09:19,147\tWARNING authentication_token_setup.py:85 -- Token auth\n"
+        "2026-12-01 03:09:21,000\tERROR worker.py:1 -- a real Ray error\n"
+        "UserWarning: my env's own warning\n"
+    )
+    assert captured.unexpected() == (
+        "2026-12-01 03:09:21,000\tERROR worker.py:1 -- a real Ray error\n"
+        "UserWarning: my env's own warning\n"
+    )

@@ -95,9 +95,8 @@ def test_tune_prints_profile_layouts_best_and_make_line(
 def test_tune_layouts_hold_the_budget() -> None:
     spec = EnvSpec.from_user(ENV)
     start = time.perf_counter()
-    profile, timings = tune_layouts(spec, 2, budget=2.0, cores=2)
+    _, timings = tune_layouts(spec, 2, budget=2.0, cores=2)
     elapsed = time.perf_counter() - start
-    assert not profile.waits
     timed = [t for t in timings if t.skipped is None]
     assert len(timed) >= 2
     assert all(t.ranked and t.steps_per_env >= MIN_STEPS_PER_ENV for t in timed)

@@ -160,8 +160,10 @@ BANNERS = (
     re.compile(r"^Please upgrade to Gymnasium"),
     re.compile(r"^Users of this version of Gym should be able to simply replace"),
     re.compile(r"^See the migration guide at"),
+    # Ray's notices and warnings as its logger formats them (errors still show).
+    re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(INFO|WARNING) \S+\.py:\d+ -- "),
 )
-"""Lines libraries print on import or start-up whatever happens (ale-py, legacy gym)."""
+"""Lines libraries print on import or start-up whatever happens (ale-py, legacy gym, Ray)."""
 
 
 class OutputCapture:
