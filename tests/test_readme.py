@@ -1,4 +1,5 @@
-"""Every Python block of the README runs as written, and every ``envfleet`` command it shows parses.
+"""The README and the install: every Python block of the README runs as written, every ``envfleet``
+command it shows parses, and its extras table matches ``pyproject.toml``.
 
 The blocks run one after another in one subprocess (one start of Python, one of Ray for the
 blocks that use it), each in a fresh namespace, so that a new block is tested without any change
@@ -95,3 +96,22 @@ def test_every_envfleet_command_in_the_readme_parses() -> None:
         args, unknown = parser.parse_known_args(argv)
         assert not unknown, (command, unknown)
         assert args.handler is not None
+
+
+def test_the_install_matches_what_the_readme_says() -> None:
+    """The extras table of the README against pyproject.toml: the library alone is light, the
+    command line has its extra (which ``make run`` installs), Ray's includes its client, and the
+    license is an SPDX string (a table makes setuptools warn on every install)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT"
+    core = {re.split(r"[<>=\[;]", dep)[0] for dep in project["dependencies"]}
+    assert core == {"gymnasium", "numpy", "cloudpickle"}
+    extras = project["optional-dependencies"]
+    assert {re.split(r"[<>=]", dep)[0] for dep in extras["cli"]} == {"rich", "psutil", "matplotlib"}
+    assert any(dep.startswith("ray[client]") for dep in extras["ray"])
+    assert "envfleet[cli,atari]" in extras["default"]
+    assert project["scripts"]["envfleet"] == "envfleet.__main__:main"
+    for extra in ("cli", "atari", "ray", "sb3", "legacy"):
+        assert f"`envfleet[{extra}]`" in README
