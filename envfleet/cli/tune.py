@@ -25,6 +25,7 @@ from envfleet._make import usable_cores
 from envfleet.cli.common import (
     EXIT_OK,
     CliError,
+    OutputCapture,
     add_import_argument,
     env_spec,
     positive_float,
@@ -341,19 +342,22 @@ def _layouts_table(timings: list[LayoutTiming], best: LayoutTiming) -> Table:
 def _cmd_tune(args: argparse.Namespace) -> int:
     spec = env_spec(args.env)
     cores = usable_cores()
-    stderr, live = progress_console(args)
     start = time.perf_counter()
-    if live:
-        with stderr.status(f"{spec.name}: probing") as status:
-            profile, timings = tune_layouts(
-                spec,
-                args.num_envs,
-                args.budget,
-                cores=cores,
-                progress=lambda text: status.update(Text(text)),
-            )
-    else:
-        profile, timings = tune_layouts(spec, args.num_envs, args.budget, cores=cores)
+    # Libraries and envs print banners (ale-py's in every worker): shown after, known ones left
+    # out.
+    with OutputCapture(replay=True) as captured:
+        stderr, live = progress_console(args, captured.stderr)
+        if live:
+            with stderr.status(f"{spec.name}: probing") as status:
+                profile, timings = tune_layouts(
+                    spec,
+                    args.num_envs,
+                    args.budget,
+                    cores=cores,
+                    progress=lambda text: status.update(Text(text)),
+                )
+        else:
+            profile, timings = tune_layouts(spec, args.num_envs, args.budget, cores=cores)
     elapsed = time.perf_counter() - start
     ranked = [t for t in timings if t.ranked]
     if not ranked:
