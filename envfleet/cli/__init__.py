@@ -8,8 +8,12 @@
 * ``envfleet tune ENV`` probes an env and times a few pool layouts to find the fastest
   (:mod:`envfleet.cli.tune`).
 
-This module builds the parser and runs :func:`main`; what the subcommands share (errors, exit
-statuses, argument types) is in :mod:`envfleet.cli.common`.
+This module builds the parser and runs :func:`main` (``envfleet``, ``python -m envfleet``: see
+:mod:`envfleet.__main__`, which first checks that the ``cli`` extra is installed); what the
+subcommands share (errors, exit statuses, argument types, ``--import``, capturing what libraries
+print) is in :mod:`envfleet.cli.common`. Before a subcommand runs, the current directory goes on
+the import path, as ``python -m`` puts it, and the ``--import`` modules are imported, so that
+envs the user's own modules register are found.
 
 Errors are reported as one ``envfleet: error: ...`` line on stderr, exit status 2 for bad
 input (arguments, unknown env id, a policy that cannot be imported) and 1 for failures while
