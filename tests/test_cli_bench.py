@@ -284,6 +284,8 @@ def test_bench_skips_a_contender_slow_to_start_and_reports_start_up_times(
     assert len(loop) == 2 and all(float(s) >= 0 for s in loop)
     assert "slow: start-up over 1 s at 2 envs; skipped at 2, 4 envs" in stdout
     document = json.loads((tmp_path / "bench.json").read_text())
+    assert document["runners"]["slow"]["status"] == "skipped"
+    assert document["runners"]["loop"]["status"] == "ok"
     assert document["runners"]["slow"]["results"] == [
         {"num_envs": 2, "skipped": "start-up over 1 s, skipped"},
         {"num_envs": 4, "skipped": "start-up over 1 s at 2 envs, skipped"},

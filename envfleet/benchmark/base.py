@@ -22,7 +22,8 @@ CEILING = "ceiling"
 # Runner statuses in a report.
 OK = "ok"
 FAILED = "failed"
-PARTIAL = "partial"  # failed at some env counts only
+PARTIAL = "partial"  # failed or skipped at some env counts only
+SKIPPED = "skipped"  # too slow to start at every env count
 NOT_INSTALLED = "not installed"
 UNSUPPORTED = "unsupported"
 UNAVAILABLE = "unavailable"  # installed, but importing it failed

@@ -19,6 +19,7 @@ from envfleet.benchmark.base import (
     NOT_INSTALLED,
     OK,
     PARTIAL,
+    SKIPPED,
     RunResult,
     Skipped,
     Timing,
@@ -81,10 +82,14 @@ class Report:
     def status(self, name: str) -> str:
         if not self.availability[name].ok:
             return self.availability[name].status
-        failed = [isinstance(r, str) for r in self.results.get(name, {}).values()]
+        points = list(self.results.get(name, {}).values())
+        failed = [isinstance(r, str) for r in points]
         if failed and all(failed):
             return FAILED
-        return PARTIAL if any(failed) else OK
+        skipped = [isinstance(r, Skipped) for r in points]
+        if skipped and all(skipped):
+            return SKIPPED
+        return PARTIAL if any(failed) or any(skipped) else OK
 
     def as_dict(self) -> dict[str, Any]:
         """Plain types, for JSON."""
