@@ -234,6 +234,10 @@ def tune_layouts(
             )
             break
         window = max(min_window, window)
+        if not overheads:
+            # Until a pool's start-up has been measured, the plan rests on a guess: keep the
+            # first window short, so that a wrong guess costs little.
+            window = min(window, max(min_window, 2 * TUNE_GOOD_WINDOW))
         if progress is not None:
             progress(f"{spec.name}: layout {index + 1}/{len(layouts)}: {_layout_text(layout)}")
         timing = LayoutTiming(layout, window)
