@@ -200,7 +200,8 @@ def tune_layouts(
     Each gets an equal share of the time left, less what starting and closing a pool costs
     (estimated from the probe, then measured); when the shares would fall below
     :data:`TUNE_GOOD_WINDOW` seconds of stepping, the last layouts are not timed (reported as
-    skipped) rather than all timed badly. A window lasts until every env has taken
+    skipped) rather than all timed badly; the first window is short, as the start-up cost is
+    only guessed then. A window lasts until every env has taken
     :data:`MIN_STEPS_PER_ENV` steps; one cut short by the budget is reported as untrusted and
     not ranked.
     """
