@@ -241,8 +241,7 @@ def sweep(
                 names_now, Workload(spec, n), timing, on_error=failed, progress=progress
             )
             for name in report.measured:
-                result = results.get(name, too_slow.get(name))
-                assert result is not None
+                result = results[name] if name in results else too_slow[name]
                 report.results.setdefault(name, {})[n] = result
                 if isinstance(result, Skipped) and name not in too_slow:
                     too_slow[name] = Skipped(result.reason.replace(", ", f" at {n} envs, ", 1))
