@@ -627,3 +627,13 @@ def test_known_banners_are_dropped_and_the_rest_kept() -> None:
         "2026-12-01 03:09:21,000\tERROR worker.py:1 -- a real Ray error\n"
         "UserWarning: my env's own warning\n"
     )
+
+
+def test_the_benchmark_engine_without_psutil_says_what_to_install() -> None:
+    code = "import sys; sys.modules['psutil'] = None; import envfleet.benchmark"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "ImportError: envfleet.benchmark needs psutil: pip install 'envfleet[cli]'"

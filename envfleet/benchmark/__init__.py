@@ -36,6 +36,9 @@ runner interface), :mod:`~envfleet.benchmark.runners` (for-loop, ceiling, envfle
 (runners by name, availability), :mod:`~envfleet.benchmark.measure` (measuring, machine info,
 sweeps) and :mod:`~envfleet.benchmark.report` (the report: table, notes, plot, JSON). Every
 public name is importable from :mod:`envfleet.benchmark` itself.
+
+It needs the ``cli`` extra (psutil for the load figures, rich for the table, matplotlib for the
+plot): ``pip install 'envfleet[cli]'``; without psutil, importing it says so.
 """
 
 from envfleet.benchmark.base import (

@@ -12,7 +12,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import gymnasium
-import psutil
+
+try:
+    import psutil
+except ImportError as exc:  # the cli extra
+    raise ImportError(
+        "envfleet.benchmark needs psutil: pip install 'envfleet[cli]'", name="psutil"
+    ) from exc
 
 from envfleet.spec import EnvSpec
 
