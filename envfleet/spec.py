@@ -79,7 +79,9 @@ class EnvSpec:
             try:
                 gymnasium.spec(env)  # raises with Gymnasium's did-you-mean suggestions
             except gymnasium.error.Error as exc:
-                raise ValueError(f"unknown environment id {env!r}: {exc}") from exc
+                raise ValueError(
+                    f"unknown environment id {env!r}: {exc}{_extra_hint(env)}"
+                ) from exc
             return cls(env, kwargs)
         if isinstance(env, gymnasium.Env) or is_legacy_env(env):
             raise TypeError(
@@ -186,6 +188,15 @@ def _in_legacy_gym_registry(env_id: str) -> bool:
     except Exception:  # gym raises its own error types (and versions differ)
         return False
     return True
+
+
+def _extra_hint(env_id: str) -> str:
+    """Which ``pip install 'envfleet[...]'`` may provide an id that is not registered."""
+    if env_id.startswith("ALE/") and importlib.util.find_spec("ale_py") is None:
+        return "; Atari ids need ale-py: pip install 'envfleet[atari]'"
+    if importlib.util.find_spec("gym") is None:
+        return "; ids of the legacy gym registry need: pip install 'envfleet[legacy]'"
+    return ""
 
 
 def _import_gym() -> Any:

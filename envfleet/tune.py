@@ -1,5 +1,8 @@
 """Measure an env and choose a pool layout: what ``envfleet tune`` and ``num_workers="auto"`` use.
 
+This module never builds a pool (``envfleet.make`` imports it for ``num_workers="auto"``);
+timing layouts with real pools is :mod:`envfleet.cli.tune`'s job.
+
 The probe builds one env in this process and steps it with random actions for a fraction of a
 second. Two figures decide the layout: the step time (cheap envs want few workers with many envs
 each, so signalling is amortised) and the CPU share of a step (``thread_time / wall time``): an
@@ -15,7 +18,6 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
-from gymnasium.vector.utils import batch_space
 
 from envfleet.affinity import usable_cpus
 from envfleet.spec import EnvSpec
@@ -146,31 +148,3 @@ def candidate_layouts(profile: EnvProfile, num_envs: int, cores: int) -> list[La
         if layout not in unique:
             unique.append(layout)
     return unique
-
-
-def time_layout(spec: EnvSpec, num_envs: int, layout: Layout, seconds: float) -> float:
-    """Env steps per second of ``layout`` with random actions (after a short warm-up)."""
-    from envfleet._make import make
-
-    with make(spec, num_envs, seed=0, **layout.make_kwargs()) as pool:
-        batch = layout.batch_size or num_envs
-        space = batch_space(pool.single_action_space, batch)
-        space.seed(0)
-        actions = [space.sample() for _ in range(16)]
-        steps = 0
-        if layout.batch_size is None:
-            pool.reset()
-            for k in range(5):
-                pool.step(actions[k % 16])
-            start = time.perf_counter()
-            while time.perf_counter() - start < seconds:
-                pool.step(actions[steps % 16])
-                steps += num_envs
-        else:
-            pool.async_reset()
-            start = time.perf_counter()
-            while time.perf_counter() - start < seconds:
-                ids = pool.recv()[4]["env_id"]
-                pool.send(actions[steps % 16], ids)
-                steps += batch
-        return steps / (time.perf_counter() - start)

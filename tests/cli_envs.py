@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import gymnasium
@@ -31,4 +32,16 @@ class CrashAfter(gymnasium.Env[np.ndarray, np.int64]):
         return np.array([self.count], dtype=np.int64), 1.0, self.count % 3 == 0, False, {}
 
 
+class Noisy(CrashAfter):
+    """Prints banners on construction, as ale-py does from C (fd 2) and libraries from
+    Python (stdout), in whichever process builds it; never crashes."""
+
+    def __init__(self) -> None:
+        super().__init__(crash_at=10**9)
+        os.write(2, b"A.L.E: Arcade Learning Environment (version 0.0.0+test)\n")
+        os.write(2, b"NOISY: a warning from the env\n")
+        print("NOISY: chatter on stdout", flush=True)
+
+
 gymnasium.register("CrashAfter-v0", entry_point=CrashAfter)
+gymnasium.register("Noisy-v0", entry_point=Noisy)

@@ -501,3 +501,139 @@ def test_env_failure_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 1
     assert "Traceback" in err
     assert err.splitlines()[-1].startswith("envfleet: error: ")
+
+
+# -- the first hour: python -m envfleet, --import, mistyped options, the cli extra -------------
+
+
+def test_mistyped_option_points_to_the_subcommand_help(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(capsys, "run", ENV, "--num-env", "4")
+    assert status == 2 and out == ""
+    assert err == (
+        "envfleet: error: unrecognized arguments: --num-env 4 (see 'envfleet run --help')\n"
+    )
+
+
+def test_python_m_envfleet_imports_the_users_module_from_the_current_directory(
+    tmp_path: Path,
+) -> None:
+    """``python -m envfleet`` works; ``--import mysim`` registers MySim-v0 from the current
+    directory even where Python itself does not put it on the path (``-P``, as for the console
+    script), and the process backend's workers find it too."""
+    (tmp_path / "mysim.py").write_text(
+        "import gymnasium\n"
+        "gymnasium.register('MySim-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv',"
+        " max_episode_steps=5)\n"
+    )
+    argv = ["run", "MySim-v0", "--num-envs", "2", "--steps", "200", "--json"]
+    result = subprocess.run(
+        [sys.executable, "-P", "-m", "envfleet", *argv, "--import", "mysim"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["env"] == "MySim-v0" and summary["steps"] >= 200
+    assert summary["backend"] == "process"
+    assert summary["episodes"] > 0
+    assert summary["length_mean"] <= 5  # the user's registration, not CartPole-v1's
+
+
+def test_import_of_a_missing_module_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_cli(capsys, "run", ENV, "--import", "no_such_sim_module")
+    assert status == 2
+    assert err.startswith("envfleet: error: --import no_such_sim_module: no module named")
+
+
+def test_without_the_cli_extra_the_command_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    from envfleet.__main__ import main as entry
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "rich" else find_spec(name)
+    )
+    assert entry(["run", ENV]) == 2
+    err = capsys.readouterr().err
+    assert err == "envfleet: error: the command line needs rich: pip install 'envfleet[cli]'\n"
+
+
+def test_the_library_needs_none_of_the_cli_extra() -> None:
+    """``import envfleet; envfleet.make(...)`` imports neither rich, psutil nor matplotlib (the
+    ``cli`` extra), so ``pip install envfleet`` stays light."""
+    code = (
+        "import sys, envfleet\n"
+        "with envfleet.make('CartPole-v1', 2, num_workers=2, seed=0) as pool:\n"
+        "    pool.reset(); pool.step([0, 1])\n"
+        "print(sorted(m.split('.')[0] for m in sys.modules "
+        "if m.split('.')[0] in ('rich', 'psutil', 'matplotlib')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_an_atari_id_without_ale_py_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "ale_py" else find_spec(name)
+    )
+    with pytest.raises(
+        ValueError, match=r"Atari ids need ale-py: pip install 'envfleet\[atari\]'$"
+    ):
+        envfleet.EnvSpec.from_user("ALE/NoSuchGame-v5")
+
+
+def test_run_keeps_banners_off_the_screen_and_shows_other_output_after() -> None:
+    """Noisy-v0 prints an ale-py-like banner (fd 2, from C in real life), a warning and a
+    line on stdout, in every process that builds it: the banner is dropped, the rest is shown
+    on stderr after the run, and stdout holds the JSON alone."""
+    result = run_subprocess(
+        "run", "Noisy-v0", "--import", "tests.cli_envs", "--num-envs", "2", "--steps", "50",
+        "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["env"] == "Noisy-v0"
+    assert "A.L.E" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert "NOISY: a warning from the env" in lines and "NOISY: chatter on stdout" in lines
+
+
+def test_known_banners_are_dropped_and_the_rest_kept() -> None:
+    from envfleet.cli.common import OutputCapture
+
+    captured = OutputCapture()
+    captured.text = (
+        "A.L.E: Arcade Learning Environment (version 0.11.2+ecc1138)\n"
+        "[Powered by Stella]\n"
+        "Gym has been unmaintained since 2022 and does not support NumPy 2.0 amongst other\n"
+        "2026-12-01 03:09:20,864\tINFO worker.py:2038 -- Started a local Ray instance.\n"
+        "2026-12-01 03:09:19,147\tWARNING authentication_token_setup.py:85 -- Token auth\n"
+        "2026-12-01 03:09:21,000\tERROR worker.py:1 -- a real Ray error\n"
+        "UserWarning: my env's own warning\n"
+    )
+    assert captured.unexpected() == (
+        "2026-12-01 03:09:21,000\tERROR worker.py:1 -- a real Ray error\n"
+        "UserWarning: my env's own warning\n"
+    )
+
+
+def test_the_benchmark_engine_without_psutil_says_what_to_install() -> None:
+    code = "import sys; sys.modules['psutil'] = None; import envfleet.benchmark"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "ImportError: envfleet.benchmark needs psutil: pip install 'envfleet[cli]'"

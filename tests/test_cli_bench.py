@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import matplotlib.image
+import psutil
 import pytest
 
 from envfleet import benchmark
@@ -78,8 +82,10 @@ def test_bench_table_ceiling_ratio_and_not_installed_runner(
         capsys, tmp_path, "--num-envs", "2", "--runners", "loop,ceiling,missing"
     )
     assert status == 0, err
-    rows = {line.split()[1]: line for line in stdout.splitlines() if line.startswith("│")}
+    main, startup = stdout.split("start-up, seconds to build and reset the envs")
+    rows = {line.split()[1]: line for line in main.splitlines() if line.startswith("│")}
     assert set(rows) == {"loop", "ceiling"}  # the missing runner has no row
+    assert {line.split()[1] for line in startup.splitlines() if line.startswith("│")} == set(rows)
     assert "1.00" in rows["ceiling"]  # the ceiling's ratio to itself
     assert "skipped: missing (envfleet_no_such_peer is not installed)" in stdout
     assert f"results written to {tmp_path / 'bench.json'}" in stdout
@@ -237,3 +243,67 @@ def test_run_without_stats_has_none(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert status == 0
     assert "stats" not in json.loads(out)
+
+
+# -- start-up bound ------------------------------------------------------------------------------
+
+STARTED: list[int] = []
+
+
+def open_slowly(workload: benchmark.Workload, timing: benchmark.Timing) -> benchmark.Runner:
+    """A contender whose start-up waits on a worker process that takes a minute to answer."""
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    STARTED.append(worker.pid)
+    worker.wait()  # returns early only if the worker is killed
+    raise RuntimeError("the worker died during start-up")
+
+
+def test_bench_skips_a_contender_slow_to_start_and_reports_start_up_times(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow = benchmark.RunnerKind("slow", "a contender slow to start", open_slowly)
+    monkeypatch.setitem(benchmark.RUNNERS, "slow", slow)
+    STARTED.clear()
+    start = time.perf_counter()
+    # The limit leaves the for-loop (2 CartPoles) time to start on a loaded machine.
+    status, stdout, err = bench(
+        capsys, tmp_path, "--num-envs", "2,4", "--runners", "loop,slow", "--startup-limit", "3"
+    )
+    elapsed = time.perf_counter() - start
+    assert status == 0, err  # a skip is not a failure
+    assert elapsed < 30  # not the minute the worker would take
+    assert len(STARTED) == 1  # not tried again at 4 envs
+    assert not psutil.pid_exists(STARTED[0]) or psutil.Process(STARTED[0]).status() == "zombie"
+    main, startup = stdout.split("start-up, seconds to build and reset the envs (limit 3 s)")
+    rows = {line.split()[1]: line for line in main.splitlines() if line.startswith("│")}
+    cells = [cell.strip() for cell in rows["slow"].split("│")[1:-1]]
+    assert cells == ["slow", "skipped", "skipped"]
+    rows = {line.split()[1]: line for line in startup.splitlines() if line.startswith("│")}
+    cells = [cell.strip() for cell in rows["slow"].split("│")[1:-1]]
+    assert cells == ["slow", ">3", ">3"]
+    loop = [cell.strip() for cell in rows["loop"].split("│")[2:-1]]
+    assert len(loop) == 2 and all(float(s) >= 0 for s in loop)
+    assert "slow: start-up over 3 s at 2 envs; skipped at 2, 4 envs" in stdout
+    document = json.loads((tmp_path / "bench.json").read_text())
+    assert document["runners"]["slow"]["status"] == "skipped"
+    assert document["runners"]["loop"]["status"] == "ok"
+    assert document["runners"]["slow"]["results"] == [
+        {"num_envs": 2, "skipped": "start-up over 3 s, skipped"},
+        {"num_envs": 4, "skipped": "start-up over 3 s at 2 envs, skipped"},
+    ]
+    assert document["timing"]["startup_limit"] == 3
+
+
+def test_bench_output_of_envs_goes_to_the_log_not_the_screen(tmp_path: Path) -> None:
+    result = run_subprocess(
+        "bench", "Noisy-v0", "--import", "tests.cli_envs", *TINY, "--num-envs", "2",
+        "--runners", "loop,process,gym-async", "--out", str(tmp_path), "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)  # nothing else on stdout
+    assert result.stderr == ""
+    log = (tmp_path / "bench.log").read_text()
+    assert document["files"]["log"] == str(tmp_path / "bench.log")
+    # This process, the process pool's workers and Gymnasium's subprocesses all printed.
+    assert log.count("A.L.E: Arcade Learning Environment") >= 3
+    assert log.count("NOISY: chatter on stdout") >= 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import time
 from typing import Any
@@ -11,7 +12,9 @@ import pytest
 
 import envfleet
 from envfleet.cli import TUNE_MIN_WINDOW, tune_layouts
+from envfleet.cli.tune import MIN_STEPS_PER_ENV
 from envfleet.spec import EnvSpec
+from tests.envs import FaultyEnv
 from tests.test_cli import ENV, run_cli
 
 BACKENDS = {backend.value for backend in envfleet.Backend}
@@ -51,13 +54,17 @@ def test_tune_json_names_a_valid_layout_that_works(capsys: pytest.CaptureFixture
     assert profile["observation_bytes"] == 4 * 4  # four float32
     assert profile["waits"] is False
 
-    layouts = document["layouts"]
-    assert len(layouts) >= 3
+    layouts = [layout for layout in document["layouts"] if layout["skipped"] is None]
+    assert len(layouts) >= 2
+    assert all(
+        layout["skipped"] == "budget spent" for layout in document["layouts"][len(layouts) :]
+    )
     for layout in layouts:
         assert layout["error"] is None, layout
         assert layout["steps_per_second"] > 0
         assert layout["window_s"] >= TUNE_MIN_WINDOW
         assert layout["backend"] in BACKENDS
+        assert layout["untrusted"] is None and layout["steps_per_env"] >= MIN_STEPS_PER_ENV
     best = document["best"]
     assert best["steps_per_second"] == max(layout["steps_per_second"] for layout in layouts)
 
@@ -85,16 +92,30 @@ def test_tune_prints_profile_layouts_best_and_make_line(
     assert lines[-2].startswith(f"best: {kwargs['backend']}, ")
 
 
-def test_tune_layouts_share_the_budget() -> None:
+def test_tune_layouts_hold_the_budget() -> None:
     spec = EnvSpec.from_user(ENV)
     start = time.perf_counter()
-    profile, timings = tune_layouts(spec, 2, budget=1.0, cores=2)
+    _, timings = tune_layouts(spec, 2, budget=2.0, cores=2)
     elapsed = time.perf_counter() - start
-    assert not profile.waits
-    assert len(timings) >= 3
-    assert sum(t.window_s for t in timings) <= 1.0 + TUNE_MIN_WINDOW * len(timings)
-    assert elapsed < 1.0 + 6
-    assert all(t.steps_per_second for t in timings)
+    timed = [t for t in timings if t.skipped is None]
+    assert len(timed) >= 2
+    assert all(t.ranked and t.steps_per_env >= MIN_STEPS_PER_ENV for t in timed)
+    assert all(t.window_s >= TUNE_MIN_WINDOW for t in timed)
+    # The issue asks for +-10%; the slack is for a loaded test machine.
+    assert 2.0 * 0.7 <= elapsed <= 2.0 * 1.1 + 2.0
+
+
+def test_tune_does_not_rank_a_window_too_short_for_the_env() -> None:
+    """An env stepping in 100 ms cannot be stepped 5 times per env in a 0.5 s budget: the one
+    timing is reported untrusted, not ranked, and the budget holds anyway."""
+    spec = EnvSpec.from_user(functools.partial(FaultyEnv, sleep=0.1))
+    start = time.perf_counter()
+    _, timings = tune_layouts(spec, 4, budget=0.5, cores=2)
+    assert time.perf_counter() - start < 0.5 + 4.0
+    first = timings[0]
+    assert first.untrusted is not None and "steps per env" in first.untrusted
+    assert first.steps_per_env < MIN_STEPS_PER_ENV and not first.ranked
+    assert all(t.skipped == "budget spent" for t in timings[1:])
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import collections
 import functools
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import gymnasium
@@ -425,6 +428,58 @@ def test_infos_conversion() -> None:
     assert ended["terminal_observation"].tolist() == [9.0]
     assert reset_infos == {1: {"seed_info": 17}}
     assert type(ended["t"]) is int  # numpy scalars become Python numbers
+
+
+class TypedInfoEnv(StepEnv):
+    """StepEnv whose step infos hold Python and numpy scalars of several types."""
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, _ = super().step(action)
+        k = self.current_step
+        info = {
+            "f32": np.float32(k / 2),
+            "i32": np.int32(k),
+            "u8": np.uint8(k),
+            "f": k / 2,
+            "i": k,
+            "b": k % 2 == 0,
+        }
+        return obs, reward, terminated, truncated, info
+
+
+def test_info_scalars_keep_the_types_sb3_gives() -> None:
+    """The oracle: SB3's own vector env (``DummyVecEnv`` hands infos over exactly as
+    ``SubprocVecEnv`` does, pickling aside): ``np.float32`` stays ``np.float32``, a Python
+    ``float`` stays ``float``."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    factory = functools.partial(TypedInfoEnv, 3)
+    ours = make_sb3(factory, 2, backend="serial")
+    theirs = DummyVecEnv([factory, factory])
+    try:
+        ours.reset()
+        theirs.reset()
+        for _ in range(4):
+            mine, sb3 = ours.step(np.zeros(2, np.int64))[3], theirs.step(np.zeros(2, np.int64))[3]
+            for a, b in zip(mine, sb3, strict=True):
+                keys = ("f32", "i32", "u8", "f", "i", "b")
+                assert {k: (type(a[k]), a[k]) for k in keys} == {
+                    k: (type(b[k]), b[k]) for k in keys
+                }
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_without_sb3_the_import_says_what_to_install() -> None:
+    code = "import sys; sys.modules['stable_baselines3'] = None; import envfleet.sb3"
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=False
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "ImportError: envfleet.sb3 needs Stable-Baselines3: pip install 'envfleet[sb3]'"
 
 
 @pytest.mark.slow

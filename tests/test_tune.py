@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import os
+from pathlib import Path
 
 import envfleet
 import envfleet.affinity
+from envfleet.cli.tune import time_layout
 from envfleet.spec import EnvSpec
-from envfleet.tune import Layout, auto_layout, candidate_layouts, profile_env, time_layout
+from envfleet.tune import Layout, auto_layout, candidate_layouts, profile_env
 from tests.envs import FaultyEnv
 
 SLEEPY = functools.partial(FaultyEnv, sleep=0.002)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_profile_tells_a_waiting_env_from_a_computing_one() -> None:
@@ -46,8 +50,8 @@ def test_candidates_run_and_describe_themselves() -> None:
     layouts = candidate_layouts(profile, 8, cores=2)
     assert len(layouts) == len(set(layouts)) >= 4
     assert any(layout.batch_size == 4 for layout in layouts)
-    rate = time_layout(spec, 8, Layout("process", 2, batch_size=4), seconds=0.2)
-    assert rate > 0
+    timed = time_layout(spec, 8, Layout("process", 2, batch_size=4), seconds=0.2)
+    assert timed.steps_per_second > 0 and timed.steps_per_env >= 5 and timed.seconds >= 0.2
     line = Layout("process", 2, batch_size=4).describe("CartPole-v1", 8)
     assert line == "envfleet.make('CartPole-v1', 8, backend='process', num_workers=2, batch_size=4)"
 
@@ -63,8 +67,18 @@ def test_waiting_envs_also_get_pinned_candidates_and_computing_ones_do_not() -> 
     assert pinned.describe("Sleepy", 8) == (
         f"envfleet.make('Sleepy', 8, backend='thread', num_workers=8, cpu_affinity=[{last}])"
     )
-    assert time_layout(spec, 4, Layout("thread", 4, cpu_affinity=(last,)), seconds=0.1) > 0
+    assert time_layout(spec, 4, Layout("thread", 4, cpu_affinity=(last,)), 0.1).steps_per_second > 0
     # The same env had it computed (a short probe of CartPole on a loaded machine can read as
     # waiting, so the profile is given rather than probed).
     computing = dataclasses.replace(sleepy, cpu_share=1.0)
     assert all(layout.cpu_affinity is None for layout in candidate_layouts(computing, 8, cores=2))
+
+
+def test_the_probe_module_never_imports_the_pool() -> None:
+    """``envfleet.tune`` (imported by ``make`` for ``num_workers="auto"``) imports neither
+    ``envfleet._make`` nor the pool, not even lazily: timing layouts lives with the CLI."""
+    tree = ast.parse((ROOT / "envfleet" / "tune.py").read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    envfleet_modules = {m for m in imported if m and m.startswith("envfleet")}
+    assert envfleet_modules <= {"envfleet.affinity", "envfleet.spec"}, envfleet_modules

@@ -2,5 +2,5 @@
 
 Each adapter lives in its own submodule and imports its library only when imported itself:
 
-- :mod:`envfleet.adapters.sb3`: Stable-Baselines3's ``VecEnv`` (``pip install stable-baselines3``).
+- :mod:`envfleet.adapters.sb3`: Stable-Baselines3's ``VecEnv`` (``pip install 'envfleet[sb3]'``).
 """

@@ -39,7 +39,7 @@ try:
     )
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "envfleet.adapters.sb3 needs Stable-Baselines3: pip install stable-baselines3"
+        "envfleet.sb3 needs Stable-Baselines3: pip install 'envfleet[sb3]'", name=exc.name
     ) from exc
 
 from envfleet._make import make
@@ -323,9 +323,22 @@ def _group_by_options(options: list[dict[str, Any]]) -> list[tuple[dict[str, Any
     return groups
 
 
+_PYTHON_SCALAR_DTYPES = (np.dtype(np.bool_), np.dtype(np.int64), np.dtype(np.float64))
+"""The dtypes the batched infos give Python ``bool``, ``int`` and ``float`` values."""
+
+
 def _item(value: Any) -> Any:
-    """Numpy scalars as Python numbers (what a single env's info holds)."""
-    return value.item() if isinstance(value, np.generic) else value
+    """One env's info value as the env gave it, as SB3's ``SubprocVecEnv`` hands it over.
+
+    Batching made a Python ``bool``/``int``/``float`` a numpy scalar of a default dtype: it
+    becomes a Python scalar again. Numpy scalars of other dtypes (``np.float32``, ``np.int32``,
+    ``np.uint8``, ...) are what the env returned, and stay so. (An ``np.float64`` or
+    ``np.int64`` the env returned comes back as a Python number: batching cannot tell them
+    apart, and both compare and compute alike.)
+    """
+    if isinstance(value, np.generic) and value.dtype in _PYTHON_SCALAR_DTYPES:
+        return value.item()
+    return value
 
 
 __all__ = ["VecEnv", "make_sb3", "to_sb3_infos", "unbatch_infos"]

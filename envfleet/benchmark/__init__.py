@@ -7,12 +7,14 @@ independent-processes ceiling, an envfleet backend or a peer library. It is open
 (a vector step of ``n`` envs counts ``n``). Actions are random, sampled before the clock starts
 and cycled, so sampling does not weigh on the result.
 
-:func:`measure` opens several runners on one workload and interleaves their windows (window 1
-of every runner, then window 2, ..., each round starting one runner later), so a burst of load
-from elsewhere on the machine hits all runners alike instead of one; the median window is what
-gets reported. :func:`sweep` does that for each ``num_envs`` of a list and returns a
-:class:`Report`, which renders as a table (:func:`report_table`), a plot (:func:`write_plot`)
-and JSON (:meth:`Report.as_dict`).
+:func:`measure` opens several runners on one workload (each within
+:attr:`Timing.startup_limit` seconds, if set: a runner slower to start is stopped and reported
+:class:`Skipped`; its start-up time is in every result) and interleaves their windows (window 1
+of every runner, then window 2, ...), so a burst of load from elsewhere on the machine hits all
+runners alike instead of one; the median window is what gets reported. :func:`sweep` does that
+for each ``num_envs`` of a list and returns a :class:`Report`, which renders as a table
+(:func:`report_table`, and :func:`startup_table` for the start-up times), a plot
+(:func:`write_plot`) and JSON (:meth:`Report.as_dict`).
 
 Runners:
 
@@ -39,6 +41,9 @@ sweeps), :mod:`~envfleet.benchmark.report` (the report: table, notes, plot, JSON
 :mod:`~envfleet.benchmark.bare` (the bare pool) and :mod:`~envfleet.benchmark.cases` (a
 script's own rows, for the scripts in ``bench/``). Every public name but those of ``cases`` is
 importable from :mod:`envfleet.benchmark` itself.
+
+It needs the ``cli`` extra (psutil for the load figures, rich for the table, matplotlib for the
+plot): ``pip install 'envfleet[cli]'``; without psutil, importing it says so.
 """
 
 from envfleet.benchmark.bare import BARE_POOL, BarePool, open_bare_pool
@@ -49,6 +54,7 @@ from envfleet.benchmark.base import (
     NOT_INSTALLED,
     OK,
     PARTIAL,
+    SKIPPED,
     UNAVAILABLE,
     UNSUPPORTED,
     CallRunner,
@@ -56,10 +62,12 @@ from envfleet.benchmark.base import (
     OtherLoad,
     Runner,
     RunResult,
+    Skipped,
+    StartupTimeout,
     Timing,
     Workload,
 )
-from envfleet.benchmark.measure import PACKAGES, machine_info, measure, sweep
+from envfleet.benchmark.measure import PACKAGES, machine_info, measure, open_bounded, sweep
 from envfleet.benchmark.peers import envpool_id, open_envpool, open_pufferlib, open_sb3
 from envfleet.benchmark.registry import (
     ALIASES,
@@ -69,7 +77,14 @@ from envfleet.benchmark.registry import (
     availability,
     parse_runners,
 )
-from envfleet.benchmark.report import Report, report_notes, report_table, write_json, write_plot
+from envfleet.benchmark.report import (
+    Report,
+    report_notes,
+    report_table,
+    startup_table,
+    write_json,
+    write_plot,
+)
 from envfleet.benchmark.runners import (
     CEILING_TIMEOUT,
     CeilingRunner,
@@ -93,6 +108,7 @@ __all__ = [
     "PACKAGES",
     "PARTIAL",
     "RUNNERS",
+    "SKIPPED",
     "UNAVAILABLE",
     "UNSUPPORTED",
     "Availability",
@@ -106,6 +122,8 @@ __all__ = [
     "RunResult",
     "Runner",
     "RunnerKind",
+    "Skipped",
+    "StartupTimeout",
     "Timing",
     "Workload",
     "availability",
@@ -114,6 +132,7 @@ __all__ = [
     "machine_info",
     "measure",
     "open_bare_pool",
+    "open_bounded",
     "open_ceiling",
     "open_envpool",
     "open_gym_async",
@@ -124,6 +143,7 @@ __all__ = [
     "parse_runners",
     "report_notes",
     "report_table",
+    "startup_table",
     "sweep",
     "write_json",
     "write_plot",

@@ -12,7 +12,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import gymnasium
-import psutil
+
+try:
+    import psutil
+except ImportError as exc:  # the cli extra
+    raise ImportError(
+        "envfleet.benchmark needs psutil: pip install 'envfleet[cli]'", name="psutil"
+    ) from exc
 
 from envfleet.spec import EnvSpec
 
@@ -22,7 +28,8 @@ CEILING = "ceiling"
 # Runner statuses in a report.
 OK = "ok"
 FAILED = "failed"
-PARTIAL = "partial"  # failed at some env counts only
+PARTIAL = "partial"  # failed or skipped at some env counts only
+SKIPPED = "skipped"  # too slow to start at every env count
 NOT_INSTALLED = "not installed"
 UNSUPPORTED = "unsupported"
 UNAVAILABLE = "unavailable"  # installed, but importing it failed
@@ -39,6 +46,9 @@ class Timing:
         repeats: timed windows per runner; the median is reported.
         seed: seeds env resets and action sampling.
         action_batches: pre-sampled action batches, cycled through.
+        startup_limit: seconds a runner may take to open (build, reset, warm up); one that
+            takes longer is stopped (the processes it started are killed) and reported
+            :class:`Skipped`, at that env count and the larger ones. ``None``: no limit.
     """
 
     seconds: float = 1.0
@@ -47,9 +57,12 @@ class Timing:
     repeats: int = 3
     seed: int = 0
     action_batches: int = 256
+    startup_limit: float | None = None
 
     @classmethod
-    def scaled(cls, seconds: float, repeats: int, seed: int = 0) -> Timing:
+    def scaled(
+        cls, seconds: float, repeats: int, seed: int = 0, startup_limit: float | None = None
+    ) -> Timing:
         """Windows of ``seconds``, with warm-ups in proportion when windows are short."""
         return cls(
             seconds=seconds,
@@ -57,6 +70,7 @@ class Timing:
             rewarm=min(0.2, seconds / 5),
             repeats=repeats,
             seed=seed,
+            startup_limit=startup_limit,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -118,6 +132,21 @@ class RunResult:
     @property
     def median(self) -> float:
         return statistics.median(self.throughputs)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A runner not measured at an env count, and why (its start-up took too long)."""
+
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+class StartupTimeout(Exception):
+    """A runner took longer than :attr:`Timing.startup_limit` to open (the message says
+    ``"start-up over N s"``)."""
 
 
 # -- load from elsewhere ---------------------------------------------------------------------

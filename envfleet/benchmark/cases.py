@@ -80,7 +80,12 @@ def measure_cases(
     ordered = sorted(cases, key=lambda c: not c.forks)  # stable: forking ones first
     openers = {case.name: timed(case.open) for case in cases}
     results = measure([c.name for c in ordered], workload, timing, on_error=failed, openers=openers)
-    return {case.name: results[case.name] for case in cases}
+    # A case slower to start than the timing allows is reported like a failure: its reason.
+    return {
+        case.name: r if isinstance(r, RunResult | str) else str(r)
+        for case in cases
+        for r in [results[case.name]]
+    }
 
 
 def ratio(value: float | None, base: float | None) -> float | None:

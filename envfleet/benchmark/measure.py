@@ -9,15 +9,78 @@ import datetime
 import importlib.metadata
 import os
 import platform
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import psutil
+
 from envfleet.affinity import usable_cpus
-from envfleet.benchmark.base import OtherLoad, Runner, RunResult, Timing, Workload
+from envfleet.benchmark.base import (
+    OtherLoad,
+    Runner,
+    RunResult,
+    Skipped,
+    StartupTimeout,
+    Timing,
+    Workload,
+)
 from envfleet.benchmark.registry import RUNNERS, availability
 from envfleet.benchmark.report import Report
 from envfleet.spec import EnvSpec
+
+KILL_GRACE = 10.0
+"""Seconds a runner stopped for its start-up has to give up once its processes are killed."""
+
+
+def _descendants() -> dict[int, psutil.Process]:
+    return {p.pid: p for p in psutil.Process().children(recursive=True)}
+
+
+def open_bounded(
+    name: str,
+    opener: Callable[[Workload, Timing], Runner],
+    workload: Workload,
+    timing: Timing,
+) -> Runner:
+    """``opener(workload, timing)``, stopped after :attr:`Timing.startup_limit` seconds.
+
+    The runner opens in a thread. When the limit passes first, the processes started since
+    (its workers) are killed, which makes a start-up waiting on them fail at once; a runner
+    that opens anyway is closed. Either way :class:`StartupTimeout` is raised.
+    """
+    limit = timing.startup_limit
+    if limit is None:
+        return opener(workload, timing)
+    before = set(_descendants())
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["runner"] = opener(workload, timing)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"envfleet-bench-open-{name}", daemon=True)
+    thread.start()
+    thread.join(limit)
+    if not thread.is_alive():
+        if "error" in outcome:
+            raise outcome["error"]
+        runner: Runner = outcome["runner"]
+        return runner
+    give_up = time.monotonic() + KILL_GRACE
+    while thread.is_alive() and time.monotonic() < give_up:
+        started = [p for pid, p in _descendants().items() if pid not in before]
+        for process in started:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        thread.join(0.2)
+    if "runner" in outcome:
+        with contextlib.suppress(Exception):
+            outcome["runner"].close()
+    raise StartupTimeout(f"start-up over {limit:g} s")
 
 
 def measure(
@@ -28,7 +91,7 @@ def measure(
     on_error: Callable[[str, BaseException], object] | None = None,
     progress: Callable[[str], object] | None = None,
     openers: Mapping[str, Callable[[Workload, Timing], Runner]] | None = None,
-) -> dict[str, RunResult | str]:
+) -> dict[str, RunResult | str | Skipped]:
     """Open the runners ``names`` on ``workload`` and time their windows, interleaved.
 
     Args:
@@ -42,10 +105,11 @@ def measure(
             :data:`RUNNERS`; a name here wins.
 
     Returns:
-        For each name, its :class:`RunResult` or, if it failed, ``"Type: message"``.
+        For each name, its :class:`RunResult`; if it failed, ``"Type: message"``; if it took
+        longer than :attr:`Timing.startup_limit` to open, :class:`Skipped`.
     """
     opened: dict[str, Runner] = {}
-    failed: dict[str, str] = {}
+    failed: dict[str, str | Skipped] = {}
     windows: dict[str, list[float]] = {name: [] for name in names}
     loads: dict[str, list[float]] = {name: [] for name in names}
     where = f"{workload.label} x {workload.num_envs}"
@@ -61,7 +125,9 @@ def measure(
                 progress(f"{where}: starting {name}")
             try:
                 opener = openers[name] if openers and name in openers else RUNNERS[name].open
-                opened[name] = opener(workload, timing)
+                opened[name] = open_bounded(name, opener, workload, timing)
+            except StartupTimeout as exc:
+                failed[name] = Skipped(f"{exc}, skipped")
             except Exception as exc:
                 fail(name, exc)
         order = list(opened)
@@ -85,7 +151,7 @@ def measure(
         for runner in opened.values():
             with contextlib.suppress(Exception):
                 runner.close()
-    results: dict[str, RunResult | str] = {}
+    results: dict[str, RunResult | str | Skipped] = {}
     for name in names:
         if name in failed:
             results[name] = failed[name]
@@ -177,6 +243,7 @@ def sweep(
         machine=machine_info(),
     )
     start = time.perf_counter()
+    too_slow: dict[str, Skipped] = {}  # start-up grows with num_envs: not tried again
     try:
         for n in num_envs:
 
@@ -184,11 +251,15 @@ def sweep(
                 if on_error is not None:
                     on_error(name, n, exc)
 
+            names_now = [name for name in report.measured if name not in too_slow]
             results = measure(
-                report.measured, Workload(spec, n), timing, on_error=failed, progress=progress
+                names_now, Workload(spec, n), timing, on_error=failed, progress=progress
             )
-            for name, result in results.items():
+            for name in report.measured:
+                result = results[name] if name in results else too_slow[name]
                 report.results.setdefault(name, {})[n] = result
+                if isinstance(result, Skipped) and name not in too_slow:
+                    too_slow[name] = Skipped(result.reason.replace(", ", f" at {n} envs, ", 1))
     except KeyboardInterrupt:
         report.interrupted = True
     report.seconds = time.perf_counter() - start

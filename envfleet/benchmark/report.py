@@ -19,7 +19,9 @@ from envfleet.benchmark.base import (
     NOT_INSTALLED,
     OK,
     PARTIAL,
+    SKIPPED,
     RunResult,
+    Skipped,
     Timing,
 )
 from envfleet.benchmark.registry import RUNNERS, Availability
@@ -35,7 +37,8 @@ class Report:
         runners: every runner asked for, in order (measured or not).
         timing: how it was measured.
         availability: per runner asked for, whether it could run.
-        results: per measured runner, per env count, its result or the error message.
+        results: per measured runner, per env count, its result, the error message, or
+            :class:`Skipped` (start-up over the limit).
         machine: :func:`machine_info`.
         seconds: wall-clock time of the sweep.
         interrupted: the sweep was stopped (Ctrl-C) before it finished.
@@ -46,7 +49,7 @@ class Report:
     runners: list[str]
     timing: Timing
     availability: dict[str, Availability]
-    results: dict[str, dict[int, RunResult | str]] = field(default_factory=dict)
+    results: dict[str, dict[int, RunResult | str | Skipped]] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     interrupted: bool = False
@@ -79,10 +82,14 @@ class Report:
     def status(self, name: str) -> str:
         if not self.availability[name].ok:
             return self.availability[name].status
-        failed = [isinstance(r, str) for r in self.results.get(name, {}).values()]
+        points = list(self.results.get(name, {}).values())
+        failed = [isinstance(r, str) for r in points]
         if failed and all(failed):
             return FAILED
-        return PARTIAL if any(failed) else OK
+        skipped = [isinstance(r, Skipped) for r in points]
+        if skipped and all(skipped):
+            return SKIPPED
+        return PARTIAL if any(failed) or any(skipped) else OK
 
     def as_dict(self) -> dict[str, Any]:
         """Plain types, for JSON."""
@@ -100,6 +107,9 @@ class Report:
             for n, result in self.results.get(name, {}).items():
                 if isinstance(result, str):
                     points.append({"num_envs": n, "error": result})
+                    continue
+                if isinstance(result, Skipped):
+                    points.append({"num_envs": n, "skipped": result.reason})
                     continue
                 points.append(
                     {
@@ -159,10 +169,37 @@ def report_table(report: Report) -> Table:
             result = report.results.get(name, {}).get(n)
             if isinstance(result, str):
                 cells.append("[red]failed[/red]")
+            elif isinstance(result, Skipped):
+                cells.append("skipped")
             else:
                 cells.append(_fmt_rate(report.rate(name, n)))
             if with_ceiling:
                 cells.append(_fmt_ratio(report.ratio(name, n)))
+        table.add_row(*cells)
+    return table
+
+
+def startup_table(report: Report) -> Table:
+    """One row per measured runner; per env count, the seconds it took to start (build and
+    reset its envs), ``>N`` where it was stopped at the limit of ``N`` seconds."""
+    limit = report.timing.startup_limit
+    title = "start-up, seconds to build and reset the envs"
+    if limit is not None:
+        title += f" (limit {limit:g} s)"
+    table = Table(title=title, title_justify="left", min_width=len(title) + 2)
+    table.add_column("runner", no_wrap=True)
+    for n in report.num_envs:
+        table.add_column(f"{n} envs", justify="right")
+    for name in report.measured:
+        cells = [name]
+        for n in report.num_envs:
+            result = report.results.get(name, {}).get(n)
+            if isinstance(result, RunResult):
+                cells.append(f"{result.setup_s:.2f}")
+            elif isinstance(result, Skipped) and limit is not None:
+                cells.append(f">{limit:g}")
+            else:
+                cells.append("-")
         table.add_row(*cells)
     return table
 
@@ -184,6 +221,14 @@ def report_notes(report: Report) -> list[str]:
         )
     if "envpool" in report.measured:
         notes.append("envpool steps its own implementation of the env, not Gymnasium's")
+    for name, points in report.results.items():
+        skipped = [(n, r) for n, r in points.items() if isinstance(r, Skipped)]
+        if skipped:
+            first_n, first = skipped[0]
+            counts = ", ".join(str(n) for n, _ in skipped)
+            notes.append(
+                f"{name}: {first.reason.split(',')[0]} at {first_n} envs; skipped at {counts} envs"
+            )
     return notes
 
 

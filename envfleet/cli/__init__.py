@@ -8,8 +8,12 @@
 * ``envfleet tune ENV`` probes an env and times a few pool layouts to find the fastest
   (:mod:`envfleet.cli.tune`).
 
-This module builds the parser and runs :func:`main`; what the subcommands share (errors, exit
-statuses, argument types) is in :mod:`envfleet.cli.common`.
+This module builds the parser and runs :func:`main` (``envfleet``, ``python -m envfleet``: see
+:mod:`envfleet.__main__`, which first checks that the ``cli`` extra is installed); what the
+subcommands share (errors, exit statuses, argument types, ``--import``, capturing what libraries
+print) is in :mod:`envfleet.cli.common`. Before a subcommand runs, the current directory goes on
+the import path, as ``python -m`` puts it, and the ``--import`` modules are imported, so that
+envs the user's own modules register are found.
 
 Errors are reported as one ``envfleet: error: ...`` line on stderr, exit status 2 for bad
 input (arguments, unknown env id, a policy that cannot be imported) and 1 for failures while
@@ -35,6 +39,8 @@ from envfleet.cli.common import (
     CliError,
     Parser,
     UsageError,
+    current_directory_on_path,
+    import_modules,
     one_line,
 )
 from envfleet.cli.recorder import Recorder
@@ -98,7 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``envfleet`` command line; return the exit status."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # name the subcommand's help, where its options are listed
+            raise UsageError(
+                f"unrecognized arguments: {' '.join(unknown)} (see '{PROG} {args.command} --help')"
+            )
     except UsageError as exc:
         _report(str(exc))
         return EXIT_USAGE
@@ -107,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = bool(getattr(args, "debug", False))
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
+        current_directory_on_path()
+        import_modules(args.imports)
         return handler(args)
     except KeyboardInterrupt as exc:
         return _fail(exc, "interrupted", EXIT_INTERRUPTED, debug)

@@ -26,7 +26,9 @@ from envfleet.cli.common import (
     EXIT_OK,
     PROG,
     CliError,
+    OutputCapture,
     UsageError,
+    add_import_argument,
     env_spec,
     non_negative_int,
     one_line,
@@ -38,6 +40,11 @@ from envfleet.spec import EnvSpec
 
 DEFAULT_BENCH_NUM_ENVS = (8, 32, 64)
 DEFAULT_BENCH_OUT = Path("envfleet-bench")
+DEFAULT_BENCH_SECONDS = 0.5
+DEFAULT_STARTUP_LIMIT = 10.0
+"""Seconds a runner may take to start (SB3's SubprocVecEnv starts one process per env, each
+importing its libraries: minutes for 64 envs on 2 cores); one slower is skipped, and not
+tried at larger env counts."""
 
 
 def _num_envs_list(text: str) -> list[int]:
@@ -82,7 +89,11 @@ def add_parser(commands: Any) -> None:
         + "; ".join(f"{kind.name}: {kind.description}" for kind in benchmark.RUNNERS.values()),
         allow_abbrev=False,
     )
-    bench.add_argument("env", metavar="ENV", help="a registered env id, e.g. CartPole-v1")
+    bench.add_argument(
+        "env",
+        metavar="ENV",
+        help="a registered env id, e.g. CartPole-v1, or module:Env-v0 to import module first",
+    )
     bench.add_argument(
         "--num-envs",
         type=_num_envs_list,
@@ -102,8 +113,18 @@ def add_parser(commands: Any) -> None:
     bench.add_argument(
         "--seconds",
         type=positive_float,
-        default=1.0,
-        help="length of each timed window (default: 1)",
+        default=DEFAULT_BENCH_SECONDS,
+        help=f"length of each timed window (default: {DEFAULT_BENCH_SECONDS:g})",
+    )
+    bench.add_argument(
+        "--startup-limit",
+        type=positive_float,
+        default=DEFAULT_STARTUP_LIMIT,
+        metavar="SECONDS",
+        help=(
+            "a runner that takes longer to start is stopped and reported as skipped, also at "
+            f"larger env counts (default: {DEFAULT_STARTUP_LIMIT:g})"
+        ),
     )
     bench.add_argument(
         "--repeats",
@@ -125,6 +146,7 @@ def add_parser(commands: Any) -> None:
         "--json", action="store_true", help="print the results as JSON on stdout, nothing else"
     )
     bench.add_argument("-q", "--quiet", action="store_true", help="no live progress")
+    add_import_argument(bench)
     bench.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     bench.set_defaults(handler=_cmd_bench)
 
@@ -144,47 +166,65 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     out: Path = args.out
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a folder")
-    available = {name: benchmark.availability(name, spec) for name in names}
-    if not any(a.ok for a in available.values()):
-        reasons = "; ".join(f"{name}: {a.reason}" for name, a in available.items())
-        raise CliError(f"none of the runners asked for can run here ({reasons})")
-    _check_builds(spec)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CliError(f"cannot make the folder {out}: {exc.strerror or exc}") from exc
+    # Libraries and envs print banners and warnings (ale-py, legacy gym in each of SB3's
+    # processes, Ray): into bench.log, off the screen.
+    with OutputCapture() as captured:
+        available = {name: benchmark.availability(name, spec) for name in names}
+        if not any(a.ok for a in available.values()):
+            reasons = "; ".join(f"{name}: {a.reason}" for name, a in available.items())
+            raise CliError(f"none of the runners asked for can run here ({reasons})")
+        _check_builds(spec)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CliError(f"cannot make the folder {out}: {exc.strerror or exc}") from exc
 
-    stderr, live = progress_console(args)
-
-    def on_error(name: str, num_envs: int, exc: BaseException) -> None:
-        if args.debug:
-            traceback.print_exception(type(exc), exc, exc.__traceback__)
-        stderr.print(
-            f"{PROG}: {name} failed with {num_envs} envs: "
-            + one_line(f"{type(exc).__name__}: {exc}"),
-            markup=False,
-            soft_wrap=True,
+        timing = benchmark.Timing.scaled(
+            args.seconds, args.repeats, seed=args.seed, startup_limit=args.startup_limit
         )
+        stderr, live = progress_console(args, captured.stderr)
 
-    timing = benchmark.Timing.scaled(args.seconds, args.repeats, seed=args.seed)
-    if live:
-        with stderr.status(f"{spec.name}: starting") as status:
-            report = benchmark.sweep(
-                spec,
-                args.num_envs,
-                names,
-                timing,
-                on_error=on_error,
-                progress=lambda text: status.update(Text(text)),
+        def on_error(name: str, num_envs: int, exc: BaseException) -> None:
+            if args.debug:
+                traceback.print_exception(type(exc), exc, exc.__traceback__, file=stderr.file)
+            stderr.print(
+                f"{PROG}: {name} failed with {num_envs} envs: "
+                + one_line(f"{type(exc).__name__}: {exc}"),
+                markup=False,
+                soft_wrap=True,
             )
-    else:
-        report = benchmark.sweep(spec, args.num_envs, names, timing, on_error=on_error)
+
+        if live:
+            with stderr.status(f"{spec.name}: starting") as status:
+                report = benchmark.sweep(
+                    spec,
+                    args.num_envs,
+                    names,
+                    timing,
+                    on_error=on_error,
+                    progress=lambda text: status.update(Text(text)),
+                )
+        else:
+            report = benchmark.sweep(spec, args.num_envs, names, timing, on_error=on_error)
+    stderr, _ = progress_console(args)
+    log_path = out / "bench.log"
+    if captured.text:
+        try:
+            log_path.write_text(captured.text)
+        except OSError:
+            pass
 
     json_path, png_path = out / "bench.json", out / "bench.png"
     try:
         benchmark.write_plot(report, png_path)
         document = benchmark.write_json(
-            report, json_path, files={"json": str(json_path), "png": str(png_path)}
+            report,
+            json_path,
+            files={
+                "json": str(json_path),
+                "png": str(png_path),
+                **({"log": str(log_path)} if captured.text else {}),
+            },
         )
     except OSError as exc:
         raise CliError(f"writing the results to {out} failed: {exc.strerror or exc}") from exc
@@ -193,8 +233,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     else:
         console = Console(highlight=False)
         console.print(benchmark.report_table(report))
+        console.print(benchmark.startup_table(report))
         for note in benchmark.report_notes(report):
             console.print(note, markup=False, soft_wrap=True)
+        if captured.text:
+            lines = len(captured.text.splitlines())
+            console.print(
+                f"{lines} line{'s' * (lines != 1)} printed by libraries and envs: {log_path}",
+                markup=False,
+                soft_wrap=True,
+            )
         skipped = [n for n in names if not available[n].ok]
         if explicit and skipped:
             console.print(

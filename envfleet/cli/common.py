@@ -9,9 +9,15 @@ columns that :mod:`envfleet.cli.runner` hands to :mod:`envfleet.cli.recorder`.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import math
+import os
+import re
+import sys
+import tempfile
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn, TextIO
 
 import numpy as np
 import numpy.typing as npt
@@ -79,6 +85,49 @@ def positive_float(text: str) -> float:
     return value
 
 
+def add_import_argument(parser: argparse.ArgumentParser) -> None:
+    """``--import MODULE`` (repeatable): modules that register envs, imported before ENV is
+    looked up."""
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help=(
+            "import MODULE first (repeatable), e.g. a module of yours that registers ENV with "
+            "gymnasium.register; the current directory is searched first, as by python -m"
+        ),
+    )
+
+
+def current_directory_on_path() -> None:
+    """Put the current directory first on ``sys.path``, as ``python -m`` does (the console
+    script does not), so that ``mysim:MySim-v0``, ``--import`` and ``--policy`` find the
+    user's modules."""
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def import_modules(names: list[str]) -> None:
+    """Import the ``--import`` modules; one that cannot be imported is a usage error."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (name + ".").startswith(exc.name + "."):
+                raise UsageError(
+                    f"--import {name}: no module named {exc.name!r} (not installed, and not "
+                    f"found under the current directory {os.getcwd()})"
+                ) from exc
+            raise CliError(f"--import {name}: importing it failed: {exc}") from exc
+        except Exception as exc:
+            raise CliError(
+                f"--import {name}: importing it failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
 def env_spec(env: str) -> EnvSpec:
     """The env named on the command line; an unknown id is a usage error."""
     try:
@@ -91,11 +140,96 @@ def env_spec(env: str) -> EnvSpec:
 # Console output
 
 
-def progress_console(args: argparse.Namespace) -> tuple[Console, bool]:
-    """The stderr console, and whether to show live progress on it."""
-    stderr = Console(stderr=True, highlight=False)
+def progress_console(args: argparse.Namespace, file: TextIO | None = None) -> tuple[Console, bool]:
+    """The stderr console (on ``file``, the real stderr while :class:`OutputCapture` holds
+    fd 2, if given), and whether to show live progress on it."""
+    stderr = (
+        Console(stderr=True, highlight=False)
+        if file is None
+        else Console(file=file, highlight=False)
+    )
     live = not (args.json or args.quiet) and stderr.is_terminal and not stderr.is_dumb_terminal
     return stderr, live
+
+
+BANNERS = (
+    re.compile(r"^A\.L\.E: Arcade Learning Environment"),
+    re.compile(r"^\[Powered by Stella\]"),
+    re.compile(r"^Game console created:"),
+    re.compile(r"Gym has been unmaintained since 2022"),
+    re.compile(r"^Please upgrade to Gymnasium"),
+    re.compile(r"^Users of this version of Gym should be able to simply replace"),
+    re.compile(r"^See the migration guide at"),
+    # Ray's notices and warnings as its logger formats them (errors still show).
+    re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(INFO|WARNING) \S+\.py:\d+ -- "),
+)
+"""Lines libraries print on import or start-up whatever happens (ale-py, legacy gym, Ray)."""
+
+
+class OutputCapture:
+    """Sends what is written to file descriptors 1 and 2 to a temporary file while active.
+
+    That takes in what C code (ale-py's banner), Python's ``print`` and ``warnings``, and the
+    child processes started meanwhile (workers, peers' subprocesses, Ray) print, which no
+    ``sys.stdout`` swap could. :attr:`stderr` is a text stream on the real stderr, for the
+    command's own progress and errors. Where fds 1 and 2 are not this process's
+    ``sys.stdout``/``sys.stderr`` (under a test's capture), nothing is captured.
+
+    Args:
+        replay: at the end (even on an error), write what was captured, less the known
+            banners (:data:`BANNERS`), to stderr.
+    """
+
+    def __init__(self, replay: bool = False) -> None:
+        self.replay = replay
+        self.stderr: TextIO | None = None
+        self.text = ""
+        self._saved: list[int] = []
+        self._log: Any = None
+
+    @staticmethod
+    def possible() -> bool:
+        try:
+            return sys.stdout.fileno() == 1 and sys.stderr.fileno() == 2
+        except (AttributeError, OSError, ValueError):
+            return False
+
+    def __enter__(self) -> OutputCapture:
+        if not self.possible():
+            return self
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._log = tempfile.TemporaryFile(mode="w+b")
+        self._saved = [os.dup(1), os.dup(2)]
+        self.stderr = os.fdopen(os.dup(self._saved[1]), "w", buffering=1)
+        os.dup2(self._log.fileno(), 1)
+        os.dup2(self._log.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if not self._saved:
+            return
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os.dup2(self._saved[0], 1)
+        os.dup2(self._saved[1], 2)
+        for fd in self._saved:
+            os.close(fd)
+        self._saved = []
+        if self.stderr is not None:
+            self.stderr.close()
+        self._log.seek(0)
+        self.text = self._log.read().decode("utf-8", "replace")
+        self._log.close()
+        if self.replay and self.unexpected():
+            sys.stderr.write(self.unexpected())
+            sys.stderr.flush()
+
+    def unexpected(self) -> str:
+        """What was captured, less the known banners (:data:`BANNERS`)."""
+        lines = self.text.splitlines(keepends=True)
+        return "".join(ln for ln in lines if not any(b.search(ln) for b in BANNERS))
 
 
 def one_line(text: str) -> str:

@@ -32,7 +32,9 @@ from envfleet.cli.common import (
     EXIT_OK,
     PROG,
     CliError,
+    OutputCapture,
     UsageError,
+    add_import_argument,
     non_negative_int,
     positive_float,
     positive_int,
@@ -57,7 +59,11 @@ def add_parser(commands: Any) -> None:
         ),
         allow_abbrev=False,
     )
-    run.add_argument("env", metavar="ENV", help="a registered env id, e.g. CartPole-v1")
+    run.add_argument(
+        "env",
+        metavar="ENV",
+        help="a registered env id, e.g. CartPole-v1, or module:Env-v0 to import module first",
+    )
     run.add_argument("--num-envs", type=positive_int, default=8, help="number of envs (default: 8)")
     run.add_argument(
         "--backend",
@@ -153,6 +159,7 @@ def add_parser(commands: Any) -> None:
             "fraction, steps, episodes, restarts (also under 'stats' in --json)"
         ),
     )
+    add_import_argument(run)
     run.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     run.set_defaults(handler=_cmd_run)
 
@@ -203,61 +210,65 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _check_run_args(args)
     out = _out_path(args.out) if args.out is not None else None
     policy = load_policy(args.policy) if args.policy is not None else None
-    stderr, live = progress_console(args)
+    # Libraries and envs print banners (ale-py's in every worker) and warnings: captured, and
+    # what is not a known banner is shown after the run.
+    with OutputCapture(replay=True) as captured:
+        stderr, live = progress_console(args, captured.stderr)
 
-    try:
-        pool = envfleet.make(
-            args.env,
-            args.num_envs,
-            backend=args.backend,
-            num_workers=args.num_workers,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            autoreset_mode=AutoresetMode.NEXT_STEP,
-            threads_per_worker=args.threads_per_worker,
-            cpu_affinity=args.cpu_affinity,
-            on_error=args.on_error,
-            step_timeout=args.step_timeout,
-            max_restarts=args.max_restarts,
-            address=args.address,
-        )
-    except (ValueError, TypeError) as exc:  # envfleet.make's checks on its arguments
-        raise UsageError(str(exc)) from exc
-    with pool:
-        if policy is None:
-            if pool.batch_size == pool.num_envs:
-                space: spaces.Space[Any] = pool.action_space
-            else:
-                space = batch_space(pool.single_action_space, pool.batch_size)
-            space.seed(args.seed)
-            policy = RandomPolicy(space)
-        recorder = (
-            Recorder(
-                pool.num_envs,
-                pool.single_action_space,
-                pool.single_observation_space,
-                save_obs=args.save_obs,
+        try:
+            pool = envfleet.make(
+                args.env,
+                args.num_envs,
+                backend=args.backend,
+                num_workers=args.num_workers,
+                batch_size=args.batch_size,
+                seed=args.seed,
+                autoreset_mode=AutoresetMode.NEXT_STEP,
+                threads_per_worker=args.threads_per_worker,
+                cpu_affinity=args.cpu_affinity,
+                on_error=args.on_error,
+                step_timeout=args.step_timeout,
+                max_restarts=args.max_restarts,
+                address=args.address,
             )
-            if out is not None
-            else None
-        )
-        display = LiveDisplay(stderr, args.env, args.steps, args.seconds) if live else None
-        runner = Runner(
-            pool,
-            policy,
-            args.policy or "random",
-            steps=args.steps,
-            seconds=args.seconds,
-            recorder=recorder,
-            display=display,
-        )
-        if display is not None:
-            with display:
+        except (ValueError, TypeError) as exc:  # envfleet.make's checks on its arguments
+            raise UsageError(str(exc)) from exc
+        with pool:
+            if policy is None:
+                if pool.batch_size == pool.num_envs:
+                    space: spaces.Space[Any] = pool.action_space
+                else:
+                    space = batch_space(pool.single_action_space, pool.batch_size)
+                space.seed(args.seed)
+                policy = RandomPolicy(space)
+            recorder = (
+                Recorder(
+                    pool.num_envs,
+                    pool.single_action_space,
+                    pool.single_observation_space,
+                    save_obs=args.save_obs,
+                )
+                if out is not None
+                else None
+            )
+            display = LiveDisplay(stderr, args.env, args.steps, args.seconds) if live else None
+            runner = Runner(
+                pool,
+                policy,
+                args.policy or "random",
+                steps=args.steps,
+                seconds=args.seconds,
+                recorder=recorder,
+                display=display,
+            )
+            if display is not None:
+                with display:
+                    result = runner.run()
+            else:
                 result = runner.run()
-        else:
-            result = runner.run()
-        stats = pool.stats().as_dict() if args.stats else None
-        restarts = int(pool.restarts.sum())
+            stats = pool.stats().as_dict() if args.stats else None
+            restarts = int(pool.restarts.sum())
+    stderr, _ = progress_console(args)
 
     if recorder is not None and out is not None:
         try:

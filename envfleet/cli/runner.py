@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import math
 import os
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -28,7 +27,13 @@ from rich.table import Table
 from rich.text import Text
 
 import envfleet
-from envfleet.cli.common import BoolArray, CliError, IntArray, UsageError
+from envfleet.cli.common import (
+    BoolArray,
+    CliError,
+    IntArray,
+    UsageError,
+    current_directory_on_path,
+)
 from envfleet.cli.recorder import Recorder
 
 RECENT_EPISODES = 100
@@ -61,9 +66,8 @@ def load_policy(spec: str) -> Policy:
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise UsageError(f"--policy must look like 'module:function', got {spec!r}")
+    current_directory_on_path()
     cwd = os.getcwd()
-    if "" not in sys.path and cwd not in sys.path:
-        sys.path.insert(0, cwd)  # as `python -m` does; the console script would not
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gymnasium.vector.utils import batch_space
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -24,19 +25,26 @@ from envfleet.affinity import usable_cpus
 from envfleet.cli.common import (
     EXIT_OK,
     CliError,
+    OutputCapture,
+    add_import_argument,
     env_spec,
     positive_float,
     positive_int,
     progress_console,
 )
 from envfleet.spec import EnvSpec
-from envfleet.tune import EnvProfile, Layout, candidate_layouts, profile_env, time_layout
+from envfleet.tune import EnvProfile, Layout, auto_layout, candidate_layouts, profile_env
 
 DEFAULT_TUNE_BUDGET = 20.0
 TUNE_MIN_WINDOW = 0.1
 """Seconds each layout is timed for at the least, whatever the budget."""
+TUNE_GOOD_WINDOW = 0.5
+"""Seconds of stepping a layout should get: fewer layouts are timed rather than shorter windows."""
 TUNE_SETUP_GUESS = 0.3
-"""Seconds to start and close a pool, before one has been measured."""
+"""Seconds to start and close a pool, before one has been measured (at least; the probe's
+build and reset times scale it)."""
+MIN_STEPS_PER_ENV = 5
+"""A timing is trusted only when each env was stepped at least this many times in its window."""
 
 
 def add_parser(commands: Any) -> None:
@@ -53,7 +61,11 @@ def add_parser(commands: Any) -> None:
         ),
         allow_abbrev=False,
     )
-    tune.add_argument("env", metavar="ENV", help="a registered env id, e.g. CartPole-v1")
+    tune.add_argument(
+        "env",
+        metavar="ENV",
+        help="a registered env id, e.g. CartPole-v1, or module:Env-v0 to import module first",
+    )
     tune.add_argument(
         "--num-envs", type=positive_int, default=8, help="number of envs (default: 8)"
     )
@@ -71,6 +83,7 @@ def add_parser(commands: Any) -> None:
         "--json", action="store_true", help="print the results as JSON on stdout, nothing else"
     )
     tune.add_argument("-q", "--quiet", action="store_true", help="no live progress")
+    add_import_argument(tune)
     tune.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     tune.set_defaults(handler=_cmd_tune)
 
@@ -83,6 +96,16 @@ class LayoutTiming:
     window_s: float
     steps_per_second: float | None = None
     error: str | None = None
+    steps_per_env: float = 0.0
+    untrusted: str | None = None
+    """Why the rate cannot be ranked (too few steps per env in the window), or ``None``."""
+    skipped: str | None = None
+    """Why the layout was not timed (the budget was spent), or ``None``."""
+
+    @property
+    def ranked(self) -> bool:
+        """Whether the rate was measured well enough to compare with the others."""
+        return self.steps_per_second is not None and self.untrusted is None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -94,8 +117,73 @@ class LayoutTiming:
             "make_kwargs": self.layout.make_kwargs(),
             "window_s": self.window_s,
             "steps_per_second": self.steps_per_second,
+            "steps_per_env": self.steps_per_env,
             "error": self.error,
+            "untrusted": self.untrusted,
+            "skipped": self.skipped,
         }
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What :func:`time_layout` measured: the rate and how many steps each env took."""
+
+    steps_per_second: float
+    steps_per_env: float
+    seconds: float
+
+
+def time_layout(
+    spec: EnvSpec,
+    num_envs: int,
+    layout: Layout,
+    seconds: float,
+    *,
+    min_steps_per_env: int = MIN_STEPS_PER_ENV,
+    deadline: float | None = None,
+) -> Measurement:
+    """Time ``layout`` with random actions, after a short warm-up.
+
+    The window lasts ``seconds`` and at least until every env was stepped ``min_steps_per_env``
+    times on average (so that a slow env is not judged on one step), but never past
+    ``deadline`` (a :func:`time.perf_counter` value).
+    """
+    from envfleet._make import make  # the pool side: envfleet.tune never builds one
+
+    with make(spec, num_envs, seed=0, **layout.make_kwargs()) as pool:
+        batch = layout.batch_size or num_envs
+        space = batch_space(pool.single_action_space, batch)
+        space.seed(0)
+        actions = [space.sample() for _ in range(16)]
+        steps = calls = 0
+        if layout.batch_size is None:
+            pool.reset()
+            for k in range(2):
+                pool.step(actions[k % 16])
+
+            def step() -> None:
+                pool.step(actions[calls % 16])
+
+        else:
+            pool.async_reset()
+            for _ in range(2 * -(-num_envs // batch)):  # warm-up: every env stepped twice
+                pool.send(actions[0], pool.recv()[4]["env_id"])
+
+            def step() -> None:
+                pool.send(actions[calls % 16], pool.recv()[4]["env_id"])
+
+        needed = min_steps_per_env * num_envs
+        start = time.perf_counter()
+        end = start + seconds
+        while True:
+            step()
+            calls += 1
+            steps += batch
+            now = time.perf_counter()
+            if (now >= end and steps >= needed) or (deadline is not None and now >= deadline):
+                break
+        elapsed = now - start
+        return Measurement(steps / elapsed, steps / num_envs, elapsed)
 
 
 def tune_layouts(
@@ -106,36 +194,79 @@ def tune_layouts(
     cores: int | None = None,
     progress: Callable[[str], object] | None = None,
 ) -> tuple[EnvProfile, list[LayoutTiming]]:
-    """Probe the env, then time each candidate layout with what is left of ``budget`` seconds.
+    """Probe the env, then time candidate layouts within ``budget`` seconds in all.
 
-    Each layout gets an equal share of the time left when its turn comes, less what starting
-    and closing a pool has cost so far (at least :data:`TUNE_MIN_WINDOW` seconds of stepping).
+    Layouts are timed in order of promise (the one ``num_workers="auto"`` would pick first).
+    Each gets an equal share of the time left, less what starting and closing a pool costs
+    (estimated from the probe, then measured); when the shares would fall below
+    :data:`TUNE_GOOD_WINDOW` seconds of stepping, the last layouts are not timed (reported as
+    skipped) rather than all timed badly; the first window is short, as the start-up cost is
+    only guessed then. A window lasts until every env has taken
+    :data:`MIN_STEPS_PER_ENV` steps; one cut short by the budget is reported as untrusted and
+    not ranked.
     """
     cores = cores or len(usable_cpus())
     start = time.perf_counter()
     deadline = start + budget
     try:
+        built = time.perf_counter()
         profile = profile_env(spec, seconds=min(0.3, budget / 20))
+        probe_s = time.perf_counter() - built
     except Exception as exc:
         raise CliError(f"probing {spec.name} failed: {type(exc).__name__}: {exc}") from exc
-    layouts = candidate_layouts(profile, num_envs, cores)
+    layouts = _by_promise(candidate_layouts(profile, num_envs, cores), profile, num_envs, cores)
+    # Starting a pool builds and resets every env (spread over workers) on top of a fixed cost.
+    build_s = max(0.0, probe_s - min(0.3, budget / 20)) + profile.reset_seconds
+    setup_guess = TUNE_SETUP_GUESS + build_s * num_envs / max(1, min(cores, num_envs))
+    min_window = max(TUNE_MIN_WINDOW, 2 * MIN_STEPS_PER_ENV * profile.step_seconds * num_envs)
     overheads: list[float] = []
     timings: list[LayoutTiming] = []
     for index, layout in enumerate(layouts):
-        setup = sum(overheads) / len(overheads) if overheads else TUNE_SETUP_GUESS
-        share = (deadline - time.perf_counter()) / (len(layouts) - index)
-        window = max(TUNE_MIN_WINDOW, share - setup)
+        setup = max(overheads) if overheads else setup_guess
+        left = deadline - time.perf_counter()
+        remaining = len(layouts) - index
+        fit = remaining
+        while fit > 1 and left / fit - setup < max(min_window, TUNE_GOOD_WINDOW):
+            fit -= 1
+        window = left / fit - setup
+        if timings and window < min_window:
+            timings.extend(
+                LayoutTiming(rest, 0.0, skipped="budget spent") for rest in layouts[index:]
+            )
+            break
+        window = max(min_window, window)
+        if not overheads:
+            # Until a pool's start-up has been measured, the plan rests on a guess: keep the
+            # first window short, so that a wrong guess costs little.
+            window = min(window, max(min_window, 2 * TUNE_GOOD_WINDOW))
         if progress is not None:
             progress(f"{spec.name}: layout {index + 1}/{len(layouts)}: {_layout_text(layout)}")
         timing = LayoutTiming(layout, window)
         began = time.perf_counter()
         try:
-            timing.steps_per_second = time_layout(spec, num_envs, layout, window)
+            measured = time_layout(spec, num_envs, layout, window, deadline=deadline)
         except Exception as exc:
             timing.error = f"{type(exc).__name__}: {exc}"
-        overheads.append(max(0.0, time.perf_counter() - began - window))
+        else:
+            timing.steps_per_second = measured.steps_per_second
+            timing.steps_per_env = measured.steps_per_env
+            timing.window_s = measured.seconds
+            if measured.steps_per_env < MIN_STEPS_PER_ENV:
+                timing.untrusted = (
+                    f"{measured.steps_per_env:.1f} steps per env in the window "
+                    f"(under {MIN_STEPS_PER_ENV}): the budget is too short for this env"
+                )
+        overheads.append(max(0.0, time.perf_counter() - began - timing.window_s))
         timings.append(timing)
     return profile, timings
+
+
+def _by_promise(
+    layouts: list[Layout], profile: EnvProfile, num_envs: int, cores: int
+) -> list[Layout]:
+    """``layouts`` with the one ``num_workers="auto"`` picks first, then the others in order."""
+    first = auto_layout(profile, "process", num_envs, cores)
+    return sorted(layouts, key=lambda layout: layout != first)
 
 
 def _layout_text(layout: Layout) -> str:
@@ -186,9 +317,18 @@ def _layouts_table(timings: list[LayoutTiming], best: LayoutTiming) -> Table:
         ("/ best", "right"),
     ):
         table.add_column(header, justify=justify)  # type: ignore[arg-type]
+    table.add_column("note")
     top = best.steps_per_second or 0.0
     for timing in timings:
         layout, rate = timing.layout, timing.steps_per_second
+        if timing.skipped is not None:
+            shown, ratio, note = "-", "-", f"not timed: {timing.skipped}"
+        elif rate is None:
+            shown, ratio, note = "[red]failed[/red]", "-", ""
+        elif timing.untrusted is not None:
+            shown, ratio, note = f"~{rate:,.0f}", "?", f"untrusted: {timing.untrusted}"
+        else:
+            shown, ratio, note = f"{rate:,.0f}", f"{rate / top:.2f}" if top else "-", ""
         table.add_row(
             layout.backend,
             str(layout.num_workers),
@@ -196,8 +336,9 @@ def _layouts_table(timings: list[LayoutTiming], best: LayoutTiming) -> Table:
             "all" if layout.batch_size is None else str(layout.batch_size),
             _cpus_text(layout),
             f"{timing.window_s:.2f}",
-            "[red]failed[/red]" if rate is None else f"{rate:,.0f}",
-            "-" if rate is None or not top else f"{rate / top:.2f}",
+            shown,
+            ratio,
+            Text(note),
             style="bold" if timing is best else None,
         )
     return table
@@ -206,26 +347,35 @@ def _layouts_table(timings: list[LayoutTiming], best: LayoutTiming) -> Table:
 def _cmd_tune(args: argparse.Namespace) -> int:
     spec = env_spec(args.env)
     cores = len(usable_cpus())
-    stderr, live = progress_console(args)
     start = time.perf_counter()
-    if live:
-        with stderr.status(f"{spec.name}: probing") as status:
-            profile, timings = tune_layouts(
-                spec,
-                args.num_envs,
-                args.budget,
-                cores=cores,
-                progress=lambda text: status.update(Text(text)),
-            )
-    else:
-        profile, timings = tune_layouts(spec, args.num_envs, args.budget, cores=cores)
+    # Libraries and envs print banners (ale-py's in every worker): shown after, known ones left
+    # out.
+    with OutputCapture(replay=True) as captured:
+        stderr, live = progress_console(args, captured.stderr)
+        if live:
+            with stderr.status(f"{spec.name}: probing") as status:
+                profile, timings = tune_layouts(
+                    spec,
+                    args.num_envs,
+                    args.budget,
+                    cores=cores,
+                    progress=lambda text: status.update(Text(text)),
+                )
+        else:
+            profile, timings = tune_layouts(spec, args.num_envs, args.budget, cores=cores)
     elapsed = time.perf_counter() - start
-    measured = [t for t in timings if t.steps_per_second is not None]
-    if not measured:
+    ranked = [t for t in timings if t.ranked]
+    if not ranked:
+        first = timings[0]
+        if first.untrusted is not None:
+            raise CliError(
+                f"no layout could be timed well enough to rank: {_layout_text(first.layout)}: "
+                f"{first.untrusted}; give a larger --budget"
+            )
         raise CliError(
-            f"every layout failed; the first: {_layout_text(timings[0].layout)}: {timings[0].error}"
+            f"every layout failed; the first: {_layout_text(first.layout)}: {first.error}"
         )
-    best = max(measured, key=lambda t: t.steps_per_second or 0.0)
+    best = max(ranked, key=lambda t: t.steps_per_second or 0.0)
     line = best.layout.describe(args.env, args.num_envs)
     if args.json:
         document = {
