@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from gymnasium.error import ClosedEnvironmentError
+
 
 class OnError(enum.Enum):
     """What the pool does when an env raises, its worker dies or it hangs."""
@@ -106,8 +108,9 @@ class PoolStateError(RuntimeError):
     """Base class for misuse of the pool's send/recv state machine."""
 
 
-class ClosedPoolError(PoolStateError):
-    """The pool was used after ``close()``."""
+class ClosedPoolError(PoolStateError, ClosedEnvironmentError):
+    """The pool was used after ``close()`` (a ``gymnasium.error.ClosedEnvironmentError``, as
+    Gymnasium's ``AsyncVectorEnv`` raises)."""
 
 
 class BrokenPoolError(PoolStateError):
