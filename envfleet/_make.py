@@ -108,7 +108,8 @@ def make(
             on that core. CPU-bound envs want ``"spread"`` at most. The caller's thread is
             never pinned.
         address: ray backend: ``None`` uses the Ray this process is connected to, else
-            starts a local one; ``"local"`` always starts a new local Ray; ``"auto"`` or
+            starts a private local one (as ``"local"``: never a cluster already running on
+            the machine, nor ``RAY_ADDRESS``); ``"local"`` always starts a new local Ray; ``"auto"`` or
             ``"ray://host:port"`` joins an existing cluster. The last pool on a connection
             envfleet made disconnects it (stopping a Ray envfleet started); a Ray the caller
             connected to is never touched.

@@ -15,6 +15,8 @@ import os
 import re
 import runpy
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -95,17 +97,72 @@ def wait_for_actors_to_exit(timeout: float = 10.0) -> list[int]:
 # -- connecting: a Ray of its own, or the caller's -------------------------------------------
 
 
-def test_pool_with_no_ray_running_starts_one_and_shuts_it_down() -> None:
-    """First in the module, before :func:`ray_session` starts the shared Ray."""
+@pytest.fixture
+def stray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, int]]:
+    """A Ray cluster started on this machine by someone else (``ray start --head``), named by
+    ``RAY_ADDRESS`` as a shell that ran it would have it: its address and the pid of the
+    ``ray start`` that runs it. Stopped (its processes only) after."""
+    temp_dir = tempfile.mkdtemp(prefix="envfleet-stray-")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray_cli = Path(sys.executable).with_name("ray")
+    head = subprocess.Popen(
+        [str(ray_cli), "start", "--head", "--block", f"--port={port}",
+         "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--num-cpus=1",
+         "--include-dashboard=false", "--disable-usage-stats"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert head.poll() is None, "ray start --head exited"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the stray cluster did not start in 60 s"
+                time.sleep(0.2)
+        address = f"127.0.0.1:{port}"
+        monkeypatch.setenv("RAY_ADDRESS", address)
+        yield address, head.pid
+    finally:
+        tree = [head, *psutil.Process(head.pid).children(recursive=True)]
+        for process in tree:  # this cluster's processes only, never another Ray's
+            try:
+                process.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(tree, timeout=10)
+        for process in alive:
+            process.kill()
+        head.wait(10)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_pool_with_no_ray_running_starts_a_private_one_and_shuts_it_down(
+    stray_cluster: tuple[str, int],
+) -> None:
+    """First in the module, before :func:`ray_session` starts the shared Ray. A cluster already
+    runs on the machine (``RAY_ADDRESS`` names it): with no ``address`` the pool must not join
+    it (its actors would run under another job's Python), but start a Ray of its own."""
     assert not ray.is_initialized(), "this test must run before the module's shared Ray starts"
-    # A temp dir of its own: ray.init() would join a cluster another test run on this machine
-    # started (Ray notes the latest one in /tmp/ray), instead of starting a Ray.
+    stray_address, stray_pid = stray_cluster
+
+    def ours() -> set[int]:  # this process's children, the stray cluster's aside
+        stray = {stray_pid, *(p.pid for p in psutil.Process(stray_pid).children(recursive=True))}
+        return {p.pid for p in psutil.Process().children(recursive=True)} - stray
+
     temp_dir = tempfile.mkdtemp(prefix="envfleet-ray-")
     try:
-        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        before = ours()
         with make_ray("CartPole-v1", ray_init_kwargs={"_temp_dir": temp_dir}, seed=0) as pool:
             assert ray.is_initialized()
-            started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+            joined = ray.get_runtime_context().gcs_address
+            assert joined.rpartition(":")[2] != stray_address.rpartition(":")[2], (
+                f"the pool joined the stray cluster at {stray_address} ({joined})"
+            )
+            started = [psutil.Process(pid) for pid in ours() - before]
             names = {p.name() for p in started}
             assert {"gcs_server", "raylet"} <= names, f"no Ray of its own among {names}"
             assert len(envfleet_actor_pids()) == NUM_WORKERS
