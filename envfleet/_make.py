@@ -109,9 +109,9 @@ def make(
             never pinned.
         address: ray backend: ``None`` uses the Ray this process is connected to, else
             starts a private local one (as ``"local"``: never a cluster already running on
-            the machine, nor ``RAY_ADDRESS``); ``"local"`` always starts a new local Ray; ``"auto"`` or
-            ``"ray://host:port"`` joins an existing cluster. The last pool on a connection
-            envfleet made disconnects it (stopping a Ray envfleet started); a Ray the caller
+            the machine, nor ``RAY_ADDRESS``); ``"local"`` always starts a new local Ray;
+            ``"auto"`` or ``"ray://host:port"`` joins an existing cluster. The last pool on a
+            connection envfleet made disconnects it (stopping a Ray envfleet started); a Ray the caller
             connected to is never touched.
         ray_init_kwargs: extra keyword arguments for ``ray.init``.
         worker_resources: ray backend: ``.options()`` for each actor, such as

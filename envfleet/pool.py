@@ -253,7 +253,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         ``reset(seed=s)``, ``(s, s + 1, ...)``."""
         return self.get_attr("np_random_seed")
 
-    @property
+    @property  # type: ignore[misc]
     def np_random(self) -> tuple[np.random.Generator, ...]:  # type: ignore[override]
         """The random number generator of each env (copies, from a worker process)."""
         return self.get_attr("np_random")

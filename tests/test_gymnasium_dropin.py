@@ -12,8 +12,8 @@
 from __future__ import annotations
 
 import functools
-from contextlib import closing
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from typing import Any
 
 import gymnasium
@@ -301,7 +301,7 @@ def test_misuse_raises_gymnasium_exception_types(
 ) -> None:
     with envfleet.make([CARTPOLE] * 2, backend=backend) as pool:
         pool.reset(seed=0)
-        with pytest.raises(error) as raised:
+        with pytest.raises(error):
             misuse(pool)
         pool.step(np.array([0, 1]))  # refused before anything was sent: the pool still works
 
@@ -389,7 +389,7 @@ def test_a_restart_rebuilds_env_i_with_its_own_factory(backend: str) -> None:
     ]
     with envfleet.make(env_fns, backend=backend, on_error="restart", num_workers=2) as pool:
         pool.reset(seed=0)
-        _, _, _, truncs, infos = pool.step(np.zeros(3, np.int64))
+        _, _, _, truncs, _infos = pool.step(np.zeros(3, np.int64))
         assert truncs.tolist() == [False, True, False]
         assert pool.restarts.tolist() == [0, 1, 0]
         assert pool.get_attr("episode_length") == (3, 4, 5)  # env 1 is env_fns[1]'s again

@@ -19,9 +19,9 @@ Actors on other machines get each command as a Ray call, their actions carried i
 Connections: a pool joins the Ray this process is already connected to, and then leaves it
 alone. Otherwise it calls ``ray.init`` itself (with no address, a new private local Ray sized
 for this machine, ``address="local"``, never a cluster that happens to run on the machine; or
-the cluster at ``address``, ``"auto"`` included), and the last pool on that connection to close calls
-``ray.shutdown``: that stops a Ray envfleet started, and only disconnects from a cluster it
-joined (which keeps running).
+the cluster at ``address``, ``"auto"`` included), and the last pool on that connection to
+close calls ``ray.shutdown``: that stops a Ray envfleet started, and only disconnects from a
+cluster it joined (which keeps running).
 
 Ray is an optional extra (``pip install envfleet[ray]``): only this module and its actor's
 (:mod:`~envfleet.backends.ray_actor`) import it.
