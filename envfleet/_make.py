@@ -111,8 +111,8 @@ def make(
             starts a private local one (as ``"local"``: never a cluster already running on
             the machine, nor ``RAY_ADDRESS``); ``"local"`` always starts a new local Ray;
             ``"auto"`` or ``"ray://host:port"`` joins an existing cluster. The last pool on a
-            connection envfleet made disconnects it (stopping a Ray envfleet started); a Ray the caller
-            connected to is never touched.
+            connection envfleet made disconnects it (stopping a Ray envfleet started); a Ray
+            the caller connected to is never touched.
         ray_init_kwargs: extra keyword arguments for ``ray.init``.
         worker_resources: ray backend: ``.options()`` for each actor, such as
             ``{"num_cpus": 1}`` or ``{"resources": {"sim": 1}}``; actors spread over nodes
