@@ -24,15 +24,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gymnasium
 import numpy as np
 import psutil
 import pytest
 import ray
-from gymnasium.vector import AutoresetMode
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import envfleet
 import envfleet.backends.ray
 from tests import faults, gates
+from tests import test_gymnasium_dropin as dropin
 from tests.envs import DictTupleEnv, FaultyEnv
 from tests.ray_helpers import envfleet_actor_pids, ray_leak_check
 from tests.test_equivalence import (
@@ -479,3 +481,39 @@ def test_actors_run_on_the_cpus_given(ray_session: None, path: str) -> None:
         pool.reset(seed=0)
         pool.step(np.zeros(NUM_ENVS, dtype=np.int64))
         assert pool.call("cpus") == ([cpu],) * NUM_ENVS
+
+
+# -- env_fns and registered ids in actors ------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_env_fns_match_sync_vector_env_and_registered_ids_build(
+    ray_session: None, path: str
+) -> None:
+    """Heterogeneous ``env_fns`` (float64 actions) give ``SyncVectorEnv``'s results, and an id
+    registered only in this process builds in the actors (their registry lacks it)."""
+    mode = AutoresetMode.SAME_STEP
+    env_fns = dropin.HETERO["Pendulum"]
+    with envfleet.make(
+        env_fns,
+        backend="ray",
+        num_workers=2,
+        autoreset_mode=mode,
+        ray_shared_memory=path == "socket",
+    ) as pool:
+        got = list(dropin.sync_drive(pool, env_fns, mode))
+    for (what, want), (_, result) in zip(dropin.reference("Pendulum", mode), got, strict=True):
+        assert_same(want, result, f"ray/{path} {what}")
+    env_id = "envfleet-test/RayRegistered-v0"
+    gymnasium.register(env_id, entry_point="tests.envs:DictTupleEnv", kwargs={"max_steps": 4})
+    try:
+        with envfleet.make(
+            env_id, 2, backend="ray", num_workers=2, ray_shared_memory=path == "socket"
+        ) as pool:
+            assert pool.get_attr("max_steps") == (4, 4)
+            obs, _ = pool.reset(seed=5)
+        reference = SyncVectorEnv([functools.partial(gymnasium.make, env_id)] * 2)
+        assert_same(reference.reset(seed=5)[0], obs)
+        reference.close()
+    finally:
+        gymnasium.registry.pop(env_id, None)
