@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from gymnasium.error import ClosedEnvironmentError
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 
 
 class OnError(enum.Enum):
@@ -117,9 +117,19 @@ class BrokenPoolError(PoolStateError):
     """The pool was used after an env failure left it unusable; only ``close()`` is allowed."""
 
 
-class NoPendingError(PoolStateError):
-    """``recv()`` was called with no env in flight (nothing sent)."""
+class NoPendingError(PoolStateError, NoAsyncCallError):
+    """``recv()`` was called with no env in flight (nothing sent); a
+    ``gymnasium.error.NoAsyncCallError``, as Gymnasium's ``step_wait`` raises."""
+
+    def __init__(self, message: str, name: str = "recv") -> None:
+        RuntimeError.__init__(self, message)
+        self.name = name
 
 
-class AlreadyPendingError(PoolStateError):
-    """An action was sent to an env that already has an action (or reset) in flight."""
+class AlreadyPendingError(PoolStateError, AlreadyPendingCallError):
+    """An action was sent to an env that already has an action (or reset) in flight; a
+    ``gymnasium.error.AlreadyPendingCallError``, as Gymnasium's ``step_async`` raises."""
+
+    def __init__(self, message: str, name: str = "send") -> None:
+        RuntimeError.__init__(self, message)
+        self.name = name

@@ -20,7 +20,7 @@ import gymnasium
 import numpy as np
 import pytest
 from gymnasium import spaces
-from gymnasium.error import ClosedEnvironmentError
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
 import envfleet
@@ -475,3 +475,16 @@ def test_an_observation_that_does_not_fit_is_that_envs_failure(
         assert truncs.tolist() == [False, False, True, False]
         assert infos["_envfleet/restarted"].tolist() == [False, False, True, False]
         assert pool.restarts.tolist() == [0, 0, 1, 0]
+
+
+def test_async_misuse_is_gymnasiums_pending_call_errors(backend: str) -> None:
+    """``send`` twice / ``recv`` with nothing sent: Gymnasium's ``step_async`` twice and
+    ``step_wait`` first raise these types; envfleet's own errors subclass them."""
+    with envfleet.make([CARTPOLE] * 2, backend=backend) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(NoAsyncCallError):
+            pool.recv()
+        pool.send(np.array([0, 1]))
+        with pytest.raises(AlreadyPendingCallError):
+            pool.send(np.array([0, 1]))
+        pool.recv()
