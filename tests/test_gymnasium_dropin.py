@@ -421,6 +421,21 @@ def test_an_id_registered_in_the_caller_builds_in_fresh_workers(
         assert pool.get_attr("max_steps") == (4, 4)
 
 
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_env_fns_closures_under_fresh_start_methods(context: str) -> None:
+    """Lambdas closing over a loop variable, as ``[make_env(i) for i in ...]`` code has them."""
+    gravities = (9.81, 2.0, 15.0)
+    env_fns = [lambda g=g: gymnasium.make("Pendulum-v1", g=g) for g in gravities]
+    actions = np.random.default_rng(0).uniform(-2, 2, size=(3, 1))  # float64
+    with (
+        envfleet.make(env_fns, backend="process", num_workers=2, context=context) as pool,
+        closing(SyncVectorEnv(env_fns)) as sync,
+    ):
+        assert pool.get_attr("g") == gravities
+        assert_same(sync.reset(seed=1), pool.reset(seed=1))
+        assert_same(sync.step(actions), pool.step(actions))
+
+
 # -- observations the env gets wrong ---------------------------------------------------------
 
 
