@@ -269,10 +269,10 @@ class EnvGroup:
             final_obs = copy.deepcopy(self._read_obs(i))
             try:
                 obs, reset_info = self.envs[i].reset(seed=self._reset_seed.pop(i, None))
+                self._write_obs(i, obs)
             except Exception as exc:
                 failures.append(EnvFailure.capture(i, Phase.RESET, exc))
                 return
-            self._write_obs(i, obs)
             info = {"final_obs": final_obs, "final_info": {}, **reset_info, **info}
             self._needs_reset[i] = False
         else:

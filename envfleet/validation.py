@@ -59,12 +59,7 @@ def check_actions(
                 f"got the scalar {actions!r}"
             )
         expected = (count, *space.shape)  # type: ignore[misc]
-        if arr.shape[0] != count:
-            raise ValueError(
-                f"expected {count} actions (one per env), got {arr.shape[0]} "
-                f"(actions of shape {arr.shape})"
-            )
-        if arr.shape != expected:
+        if arr.shape != expected:  # a wrong count too: Gymnasium raises ValueError for both
             raise ValueError(
                 f"expected actions of shape {expected} ({count} envs, action space {space}), "
                 f"got shape {arr.shape}"
