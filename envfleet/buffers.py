@@ -65,7 +65,9 @@ def _write_array(space: spaces.Space[Any], batch: Any) -> Writer:
     def write(i: int, value: Any) -> None:
         # An observation of another shape would be broadcast (a (1,) into every slot of a (4,)
         # row) or fail with no env named: refuse it, in the env's own failure path.
-        if getattr(value, "shape", None) != shape:
+        if getattr(value, "shape", None) != shape and not (
+            not shape and isinstance(value, int | float)  # a plain scalar for a scalar space
+        ):
             value = _fitting(space, value, shape)
         batch[i] = value
 
