@@ -71,6 +71,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
         copy: whether observations are returned as copies (the default) or, when every env
             is returned in order (sync ``step`` and ``reset``), as the batch arrays themselves,
             which the next step overwrites (Gymnasium's ``copy`` of its vector envs).
+        check_actions: whether each action is checked against the action space before it is
+            sent (``make(check_actions=True)``); by default only the batch's shape is.
     """
 
     def __init__(
