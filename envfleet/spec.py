@@ -109,7 +109,10 @@ class EnvSpec:
         if isinstance(env, EnvSpec):
             if env.per_env:
                 return cls.of_envs(tuple(cls.from_user(one, kwargs) for one in env.per_env))
-            return dataclasses.replace(env, kwargs={**env.kwargs, **kwargs})
+            registered = env.registered
+            if registered is None and isinstance(env.target, str) and not env.legacy_gym:
+                registered = gymnasium.registry.get(env.target)  # so fresh workers build it too
+            return dataclasses.replace(env, kwargs={**env.kwargs, **kwargs}, registered=registered)
         if isinstance(env, str):
             _register_for(env)
             if env in gymnasium.registry or _in_gymnasium_registry_after_import(env):
