@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -22,14 +22,15 @@ START_METHODS = ("fork", "forkserver", "spawn")
 
 def make(
     env: Any,
-    num_envs: int,
+    num_envs: int | None = None,
     *,
     backend: str | Backend = Backend.PROCESS,
     num_workers: int | Literal["auto"] | None = None,
     batch_size: int | None = None,
     seed: int | None = None,
     copy: bool = True,
-    env_kwargs: Mapping[str, Any] | None = None,
+    env_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+    check_actions: bool = False,
     autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
     context: str | None = None,
     on_error: str | OnError = OnError.RAISE,
@@ -42,12 +43,17 @@ def make(
     worker_resources: Mapping[str, Any] | None = None,
     ray_shared_memory: bool | None = None,
 ) -> Pool:
-    """Run ``num_envs`` copies of an environment in parallel behind one ``VectorEnv``.
+    """Run ``num_envs`` environments in parallel behind one ``VectorEnv``.
 
     Args:
         env: a registered id (``"CartPole-v1"``, ``"ALE/Pong-v5"``), an env class or a
-            zero-argument callable returning an env (closures work under every start method).
-        num_envs: number of envs.
+            zero-argument callable returning an env (closures work under every start method);
+            or a sequence of those, one per env, as Gymnasium's ``AsyncVectorEnv(env_fns)``:
+            env ``i`` is built (and rebuilt on a restart) by ``env[i]``. The envs may differ
+            (kwargs, tasks, render modes) but must share their observation and action spaces;
+            metadata and render mode are env 0's, as in Gymnasium.
+        num_envs: number of envs; may be omitted when ``env`` or ``env_kwargs`` is a
+            sequence (it is then their length, and must equal it if given).
         backend: ``"process"`` (worker processes, shared memory), ``"thread"`` (threads of this
             process, for envs that sleep or release the GIL), ``"ray"`` (one Ray actor per
             worker, local or on a cluster) or ``"serial"`` (the caller's thread; the reference
@@ -64,7 +70,12 @@ def make(
             pool's batch arrays themselves (shared memory on the process backend), saving a
             copy per step; the next step overwrites them, so copy what you keep. Gymnasium's
             ``copy`` of its vector envs. Async batches are always copies.
-        env_kwargs: keyword arguments for ``gymnasium.make`` or the factory.
+        env_kwargs: keyword arguments for ``gymnasium.make`` or the factory: one mapping for
+            every env, or a sequence of mappings, one per env.
+        check_actions: also check that each action lies in the action space before sending it
+            (``ValueError`` naming the env). Off by default: as in Gymnasium's vector envs,
+            whether an action is valid is the env's business (an env may accept more than its
+            space says); the count and shape of the batch are always checked.
         autoreset_mode: Gymnasium's ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED``.
         context: multiprocessing start method for the process backend (``"fork"``,
             ``"forkserver"``, ``"spawn"``; default: the platform's).
@@ -88,10 +99,11 @@ def make(
             on that core. CPU-bound envs want ``"spread"`` at most. The caller's thread is
             never pinned.
         address: ray backend: ``None`` uses the Ray this process is connected to, else
-            starts a local one; ``"local"`` always starts a new local Ray; ``"auto"`` or
-            ``"ray://host:port"`` joins an existing cluster. The last pool on a connection
-            envfleet made disconnects it (stopping a Ray envfleet started); a Ray the caller
-            connected to is never touched.
+            starts a private local one (as ``"local"``: never a cluster already running on
+            the machine, nor ``RAY_ADDRESS``); ``"local"`` always starts a new local Ray;
+            ``"auto"`` or ``"ray://host:port"`` joins an existing cluster. The last pool on a
+            connection envfleet made disconnects it (stopping a Ray envfleet started); a Ray
+            the caller connected to is never touched.
         ray_init_kwargs: extra keyword arguments for ``ray.init``.
         worker_resources: ray backend: ``.options()`` for each actor, such as
             ``{"num_cpus": 1}`` or ``{"resources": {"sim": 1}}``; actors spread over nodes
@@ -117,7 +129,22 @@ def make(
     """
     backend_kind: Backend = _enum(Backend, backend, "backend")
     mode: AutoresetMode = _enum(AutoresetMode, autoreset_mode, "autoreset_mode")
+    spec = EnvSpec.from_user(env, env_kwargs)
+    if num_envs is None:
+        if spec.num_envs is None:
+            raise TypeError(
+                "make() needs num_envs, unless env (or env_kwargs) is a sequence with one "
+                "entry per env"
+            )
+        num_envs = spec.num_envs
     num_envs = _positive_int(num_envs, "num_envs")
+    if spec.num_envs is not None and spec.num_envs != num_envs:
+        raise ValueError(
+            f"num_envs={num_envs} but {spec.num_envs} envs were given (one per entry of env "
+            "or env_kwargs): omit num_envs, or give one entry per env"
+        )
+    if not isinstance(check_actions, bool):
+        raise TypeError(f"check_actions must be True or False, got {check_actions!r}")
     auto = num_workers == "auto"
     if auto:
         num_workers = None
@@ -175,7 +202,6 @@ def make(
         raise TypeError(f"copy must be True or False, got {copy!r}")
     if ray_given and backend_kind is not Backend.RAY:
         raise ValueError(f"{', '.join(ray_given)} only apply to backend='ray'")
-    spec = EnvSpec.from_user(env, env_kwargs)
     if auto:
         layout = auto_layout(profile_env(spec), backend_kind.value, num_envs, len(usable_cpus()))
         num_workers = layout.num_workers
@@ -224,6 +250,7 @@ def make(
         step_timeout=step_timeout,
         max_restarts=max_restarts,
         copy=copy,
+        check_actions=check_actions,
     )
 
 

@@ -60,7 +60,30 @@ def make_writer(space: spaces.Space[Any], batch: Any) -> Writer:
 def _write_array(space: spaces.Space[Any], batch: Any) -> Writer:
     if isinstance(batch, ObjectRows):
         return batch.__setitem__
-    return batch.__setitem__  # type: ignore[no-any-return]
+    shape = batch.shape[1:]
+
+    def write(i: int, value: Any) -> None:
+        # An observation of another shape would be broadcast (a (1,) into every slot of a (4,)
+        # row) or fail with no env named: refuse it, in the env's own failure path.
+        if getattr(value, "shape", None) != shape and not (
+            not shape and isinstance(value, int | float)  # a plain scalar for a scalar space
+        ):
+            value = _fitting(space, value, shape)
+        batch[i] = value
+
+    return write
+
+
+def _fitting(space: spaces.Space[Any], value: Any, shape: tuple[int, ...]) -> Any:
+    """``value`` as an array of ``shape``, or ``ValueError`` saying why it does not fit."""
+    array = np.asarray(value)
+    if array.dtype == object or array.shape != shape:
+        what = "None" if value is None else f"shape {array.shape}, dtype {array.dtype}"
+        raise ValueError(
+            f"the env returned an observation ({what}) that does not fit its observation space "
+            f"{space} (shape {shape})"
+        )
+    return array
 
 
 @make_writer.register(spaces.Dict)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
+
 
 class OnError(enum.Enum):
     """What the pool does when an env raises, its worker dies or it hangs."""
@@ -106,17 +108,28 @@ class PoolStateError(RuntimeError):
     """Base class for misuse of the pool's send/recv state machine."""
 
 
-class ClosedPoolError(PoolStateError):
-    """The pool was used after ``close()``."""
+class ClosedPoolError(PoolStateError, ClosedEnvironmentError):
+    """The pool was used after ``close()`` (a ``gymnasium.error.ClosedEnvironmentError``, as
+    Gymnasium's ``AsyncVectorEnv`` raises)."""
 
 
 class BrokenPoolError(PoolStateError):
     """The pool was used after an env failure left it unusable; only ``close()`` is allowed."""
 
 
-class NoPendingError(PoolStateError):
-    """``recv()`` was called with no env in flight (nothing sent)."""
+class NoPendingError(PoolStateError, NoAsyncCallError):
+    """``recv()`` was called with no env in flight (nothing sent); a
+    ``gymnasium.error.NoAsyncCallError``, as Gymnasium's ``step_wait`` raises."""
+
+    def __init__(self, message: str, name: str = "recv") -> None:
+        RuntimeError.__init__(self, message)
+        self.name = name
 
 
-class AlreadyPendingError(PoolStateError):
-    """An action was sent to an env that already has an action (or reset) in flight."""
+class AlreadyPendingError(PoolStateError, AlreadyPendingCallError):
+    """An action was sent to an env that already has an action (or reset) in flight; a
+    ``gymnasium.error.AlreadyPendingCallError``, as Gymnasium's ``step_async`` raises."""
+
+    def __init__(self, message: str, name: str = "send") -> None:
+        RuntimeError.__init__(self, message)
+        self.name = name

@@ -92,7 +92,6 @@ class EnvGroup:
         self._restart_log: list[EnvFailure] = []
         self._write_obs = make_writer(observation_space, batch.observations)
         self._read_obs = make_reader(observation_space, batch.observations)
-        self._write_action = make_writer(action_space, batch.actions)
         self._read_action = make_reader(action_space, batch.actions)
         for i in self.env_ids:
             try:
@@ -120,6 +119,7 @@ class EnvGroup:
             self._truncate_next.discard(i)
             try:
                 obs, info = self.envs[i].reset(seed=seed, options=options)
+                self._write_obs(i, obs)
             except Exception as exc:
                 failure = EnvFailure.capture(i, Phase.RESET, exc)
                 if self.on_error is OnError.RAISE or not self._restart(i, failure, failures):
@@ -127,12 +127,12 @@ class EnvGroup:
                     continue
                 try:
                     obs, info = self.envs[i].reset(seed=self._reset_seed.pop(i), options=options)
+                    self._write_obs(i, obs)
                 except Exception as exc2:
                     failures.append(EnvFailure.capture(i, Phase.RESET, exc2))
                     continue
                 self._truncate_next.discard(i)
                 restarted = True
-            self._write_obs(i, obs)
             batch.terminations[i] = batch.truncations[i] = False
             self._needs_reset[i] = False
             if restarted:
@@ -143,20 +143,15 @@ class EnvGroup:
 
     def step(self, env_ids: Sequence[int], actions: dict[int, Any] | None = None) -> Reply:
         """Step ``env_ids`` with the actions in their batch rows, applying autoreset."""
-        if actions is not None:
-            for i, action in actions.items():
-                self._write_action(i, action)
         batch = self.batch
         infos: dict[int, Any] = {}
         failures: list[EnvFailure] = []
         kept: list[int] = []
         rewards, terms, truncs = batch.rewards, batch.terminations, batch.truncations
-        envs, needs_reset, read_action, write_obs = (
-            self.envs,
-            self._needs_reset,
-            self._read_action,
-            self._write_obs,
-        )
+        # Carried actions (another dtype than the batch arrays', or no shared arrays) reach the
+        # env as the caller gave them, never cast into the batch first.
+        read_action = self._read_action if actions is None else actions.__getitem__
+        envs, needs_reset, write_obs = self.envs, self._needs_reset, self._write_obs
         next_step = self.mode is AutoresetMode.NEXT_STEP
         same_step = self.mode is AutoresetMode.SAME_STEP
         truncate_next = self._truncate_next
@@ -176,6 +171,7 @@ class EnvGroup:
                         final = {"final_obs": obs, "final_info": info}
                         obs, info = env.reset(seed=self._reset_seed.pop(i, None))
                         info = {**final, **info}
+                write_obs(i, obs)
             except Exception as exc:
                 failure = EnvFailure.capture(i, Phase.STEP, exc)
                 if self.on_error is OnError.RAISE or not self._restart(i, failure, failures):
@@ -183,7 +179,6 @@ class EnvGroup:
                 else:
                     self._truncate(i, infos, failures, kept)
                 continue
-            write_obs(i, obs)
             rewards[i] = reward
             terms[i] = terminated
             truncs[i] = truncated
@@ -228,14 +223,20 @@ class EnvGroup:
     # -- restarts ----------------------------------------------------------------------------
 
     def _build(self, i: int) -> gymnasium.Env[Any, Any]:
-        env = self.spec.build()
-        if env.observation_space != self.observation_space or env.action_space != self.action_space:
-            env.close()
-            raise ValueError(
-                f"env {i} has observation space {env.observation_space} and action space "
-                f"{env.action_space}, expected {self.observation_space} and {self.action_space} "
-                "(every env of a pool must share its spaces)"
-            )
+        """Build env ``i`` with its own recipe (``env_fns[i]``) and check its spaces."""
+        spec = self.spec.for_env(i)
+        env = spec.build()
+        for what, got, expected in (
+            ("observation", env.observation_space, self.observation_space),
+            ("action", env.action_space, self.action_space),
+        ):
+            if got != expected:
+                env.close()
+                raise ValueError(
+                    f"env {i} ({spec.name}) has {what} space {got}, but env 0's is {expected}: "
+                    "every env of a pool must have the same spaces (Gymnasium's vector envs "
+                    "raise RuntimeError here too)"
+                )
         return env
 
     def _restart(self, i: int, failure: EnvFailure, failures: list[EnvFailure]) -> bool:
@@ -268,10 +269,10 @@ class EnvGroup:
             final_obs = copy.deepcopy(self._read_obs(i))
             try:
                 obs, reset_info = self.envs[i].reset(seed=self._reset_seed.pop(i, None))
+                self._write_obs(i, obs)
             except Exception as exc:
                 failures.append(EnvFailure.capture(i, Phase.RESET, exc))
                 return
-            self._write_obs(i, obs)
             info = {"final_obs": final_obs, "final_info": {}, **reset_info, **info}
             self._needs_reset[i] = False
         else:

@@ -41,7 +41,7 @@ from envfleet.errors import (
 from envfleet.infos import merge_infos
 from envfleet.protocol import Call, Close, Command, EnvFailure, Reply, Reset, Rows, SetAttr, Step
 from envfleet.stats import PoolStats, StatsRecorder
-from envfleet.validation import check_actions, check_env_ids
+from envfleet.validation import check_actions, check_env_ids, keeps_dtype
 
 DEFAULT_CLOSE_TIMEOUT = 5.0
 DEFAULT_MAX_RESTARTS = 100
@@ -71,6 +71,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
         copy: whether observations are returned as copies (the default) or, when every env
             is returned in order (sync ``step`` and ``reset``), as the batch arrays themselves,
             which the next step overwrites (Gymnasium's ``copy`` of its vector envs).
+        check_actions: whether each action is checked against the action space before it is
+            sent (``make(check_actions=True)``); by default only the batch's shape is.
     """
 
     def __init__(
@@ -90,6 +92,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         step_timeout: float | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         copy: bool = True,
+        check_actions: bool = False,
     ) -> None:
         self.num_envs = sum(len(ids) for ids in assignment)
         self.batch_size = batch_size
@@ -105,6 +108,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
             self.action_space.seed(seed)
             self.single_action_space.seed(seed)
         self.closed = False
+        self.check_actions = check_actions
         self._env_name = env_name
         self._transport = transport
         self._batch = transport.batch
@@ -246,6 +250,17 @@ class Pool(VectorEnv):  # type: ignore[misc]
                 pass
 
     @property
+    def np_random_seed(self) -> tuple[int, ...]:  # type: ignore[override]
+        """The ``np_random_seed`` of each env, as Gymnasium's vector envs give it: after
+        ``reset(seed=s)``, ``(s, s + 1, ...)``."""
+        return self.get_attr("np_random_seed")
+
+    @property  # type: ignore[misc]
+    def np_random(self) -> tuple[np.random.Generator, ...]:  # type: ignore[override]
+        """The random number generator of each env (copies, from a worker process)."""
+        return self.get_attr("np_random")
+
+    @property
     def num_workers(self) -> int:
         """Workers the envs are split over."""
         return len(self._assignment)
@@ -305,17 +320,20 @@ class Pool(VectorEnv):  # type: ignore[misc]
                 f"envs {done} ended their episode and autoreset_mode is DISABLED: reset them "
                 "first (reset(options={'reset_mask': mask}) or async_reset(env_id=...))"
             )
-        actions = check_actions(self.single_action_space, actions, env_ids)
+        space = self.single_action_space
+        actions = check_actions(space, actions, env_ids, check_membership=self.check_actions)
         carried: list[dict[int, Any]] | None = None
-        if self._array_actions and self._shares_memory:
+        # Actions of another dtype than the space's would be cast by the batch arrays: they
+        # travel with the command, so the env gets exactly what the caller gave (fidelity).
+        if self._array_actions and self._shares_memory and keeps_dtype(space, actions):
             rows = None if env_ids is self._all_ids else env_ids
-            put(self.single_action_space, self._batch.actions, rows, actions)
+            put(space, self._batch.actions, rows, actions)
         else:
             # The actions travel with the command (pickled path, or no shared memory).
             if isinstance(actions, np.ndarray):
                 items = list(actions)
             else:
-                items = list(iterate(batch_space(self.single_action_space, len(env_ids)), actions))
+                items = list(iterate(batch_space(space, len(env_ids)), actions))
             carried = [dict[int, Any]() for _ in self._assignment]
             for i, item in zip(env_ids.tolist(), items, strict=True):
                 carried[self._worker_of[i]][i] = item

@@ -9,13 +9,14 @@ API) has its env wrapped into a ``gymnasium.Env`` by :func:`as_gymnasium`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import importlib.util
 import inspect
 import io
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,30 +51,73 @@ def _register_for(env_id: str) -> None:
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """A picklable recipe for one environment.
+    """A picklable recipe for the environments of a pool: one recipe for all, or one per env.
 
     Args:
         target: a registered id, a zero-argument callable returning an env, or an env class.
         kwargs: keyword arguments for ``gymnasium.make`` or the factory.
         legacy_gym: ``target`` is an id of the legacy ``gym`` registry (not Gymnasium's).
         wrappers: applied in order to each env once built (and converted from legacy gym).
+        registered: for an id, its Gymnasium registry entry as resolved in the caller's
+            process, so that a worker whose registry lacks the id (spawn, forkserver, Ray)
+            builds the same env.
+        per_env: one recipe per env (``env_fns``, a list of ids or a per-env ``env_kwargs``):
+            env ``i`` is built by ``per_env[i]``; the other fields then describe env 0.
     """
 
     target: str | EnvFactory
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     legacy_gym: bool = False
     wrappers: tuple[EnvWrapper, ...] = ()
+    registered: Any = None
+    per_env: tuple[EnvSpec, ...] = ()
 
     @classmethod
-    def from_user(cls, env: Any, env_kwargs: Mapping[str, Any] | None = None) -> EnvSpec:
-        """Validate what the user passed to :func:`envfleet.make`."""
-        kwargs = dict(env_kwargs or {})
+    def from_user(
+        cls,
+        env: Any,
+        env_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+    ) -> EnvSpec:
+        """Validate what the user passed to :func:`envfleet.make`.
+
+        ``env`` may be a sequence (one id, class or factory per env, as Gymnasium's
+        ``AsyncVectorEnv(env_fns)``) and ``env_kwargs`` a sequence of mappings (one per env);
+        either gives a recipe per env.
+        """
+        per_env_kwargs = _per_env_kwargs(env_kwargs)
+        if _is_env_list(env):
+            targets = list(env)
+            if not targets:
+                raise ValueError("env_fns is empty: pass at least one env factory")
+            if per_env_kwargs is not None and len(per_env_kwargs) != len(targets):
+                raise ValueError(
+                    f"env_kwargs has {len(per_env_kwargs)} entries for {len(targets)} envs: "
+                    "give one mapping per env, or one mapping for all"
+                )
+            specs = tuple(
+                cls.from_user(
+                    target,
+                    per_env_kwargs[i] if per_env_kwargs is not None else env_kwargs,  # type: ignore[arg-type]
+                )
+                for i, target in enumerate(targets)
+            )
+            return cls.of_envs(specs)
+        if per_env_kwargs is not None:
+            single = cls.from_user(env)
+            return cls.of_envs(tuple(cls.from_user(single, kw) for kw in per_env_kwargs))
+        kwargs = dict(env_kwargs or {})  # type: ignore[arg-type]
         if isinstance(env, EnvSpec):
-            return cls(env.target, {**env.kwargs, **kwargs}, env.legacy_gym, env.wrappers)
+            if env.per_env:
+                return cls.of_envs(tuple(cls.from_user(one, kwargs) for one in env.per_env))
+            registered = env.registered
+            if registered is None and isinstance(env.target, str) and not env.legacy_gym:
+                registered = gymnasium.registry.get(env.target)  # so fresh workers build it too
+            return dataclasses.replace(env, kwargs={**env.kwargs, **kwargs}, registered=registered)
         if isinstance(env, str):
             _register_for(env)
             if env in gymnasium.registry or _in_gymnasium_registry_after_import(env):
-                return cls(env, kwargs)
+                registered = gymnasium.spec(env) if env in gymnasium.registry else None
+                return cls(env, kwargs, registered=registered)
             if _in_legacy_gym_registry(env):
                 return cls(env, kwargs, legacy_gym=True)
             try:
@@ -95,9 +139,31 @@ class EnvSpec:
             f"got {type(env).__name__}"
         )
 
+    @classmethod
+    def of_envs(cls, specs: tuple[EnvSpec, ...]) -> EnvSpec:
+        """One recipe per env: env ``i`` is built by ``specs[i]``."""
+        if len(specs) == 1:
+            return specs[0]
+        first = specs[0]
+        return dataclasses.replace(first, per_env=specs)
+
+    @property
+    def num_envs(self) -> int | None:
+        """How many envs the recipe describes (``None``: any number of copies)."""
+        return len(self.per_env) if self.per_env else None
+
+    def for_env(self, index: int) -> EnvSpec:
+        """The recipe of env ``index``."""
+        if self.per_env:
+            return self.per_env[index]
+        return self
+
     @property
     def name(self) -> str:
         """A short human-readable name, for messages."""
+        if self.per_env:
+            names = list(dict.fromkeys(spec.name for spec in self.per_env))
+            return names[0] if len(names) == 1 else f"[{', '.join(names)}]"
         target: Any = self.target
         if isinstance(target, str):
             return target
@@ -106,13 +172,19 @@ class EnvSpec:
         return str(getattr(target, "__qualname__", None) or type(target).__qualname__)
 
     def build(self) -> gymnasium.Env[Any, Any]:
-        """Build one environment (a legacy gym env comes back converted to Gymnasium's API)."""
+        """Build one environment (env 0 of a per-env recipe); a legacy gym env comes back
+        converted to Gymnasium's API."""
         env: Any
         if isinstance(self.target, str) and self.legacy_gym:
             env = as_gymnasium(_legacy_gym_make(self.target, self.kwargs))
         elif isinstance(self.target, str):
             _register_for(self.target)
-            env = gymnasium.make(self.target, **self.kwargs)
+            if self.target in gymnasium.registry or self.registered is None:
+                env = gymnasium.make(self.target, **self.kwargs)
+            else:
+                # Registered in the caller's process only (a spawned worker, a Ray actor): the
+                # entry carried from there builds it.
+                env = _make_registered(self.target, self.registered, self.kwargs)
         else:
             env = self.target(**self.kwargs)
             if not isinstance(env, gymnasium.Env):
@@ -125,6 +197,45 @@ class EnvSpec:
         for wrapper in self.wrappers:
             env = wrapper(env)
         return env  # type: ignore[no-any-return]
+
+
+def _is_env_list(env: Any) -> bool:
+    """A sequence of per-env targets (``env_fns``), not one target."""
+    return isinstance(env, Sequence) and not isinstance(env, str | bytes)
+
+
+def _per_env_kwargs(env_kwargs: Any) -> list[Mapping[str, Any]] | None:
+    """``env_kwargs`` as one mapping per env, or ``None`` when it is one mapping for all."""
+    if env_kwargs is None or isinstance(env_kwargs, Mapping):
+        return None
+    if isinstance(env_kwargs, Sequence) and not isinstance(env_kwargs, str | bytes):
+        kwargs = list(env_kwargs)
+        for i, one in enumerate(kwargs):
+            if not isinstance(one, Mapping):
+                raise TypeError(
+                    f"env_kwargs[{i}] must be a mapping of keyword arguments, "
+                    f"got {type(one).__name__}"
+                )
+        if not kwargs:
+            raise ValueError("env_kwargs is an empty list: give one mapping per env")
+        return kwargs
+    raise TypeError(
+        "env_kwargs must be a mapping (for every env) or a sequence of mappings (one per env), "
+        f"got {type(env_kwargs).__name__}"
+    )
+
+
+def _make_registered(env_id: str, registered: Any, kwargs: Mapping[str, Any]) -> Any:
+    """``gymnasium.make`` of an id registered in the caller's process but not in this one."""
+    try:
+        return gymnasium.make(registered, **kwargs)
+    except ImportError as exc:
+        raise ImportError(
+            f"{env_id!r} was registered in the process that made the pool, and its entry point "
+            f"{registered.entry_point!r} cannot be imported here ({exc}); pass the id as "
+            f"'module:{env_id}' with the module that registers it, or use a start method "
+            "that inherits the registry (context='fork')"
+        ) from exc
 
 
 # -- legacy gym -----------------------------------------------------------------------------------

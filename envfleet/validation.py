@@ -1,13 +1,14 @@
 """Checks on what the caller hands the pool, done before anything reaches a worker.
 
 Each check says what was wrong and what was expected: which env, which action, which space.
-Continuous (Box) actions outside the bounds are passed through, as Gymnasium envs clip them;
-everything else that is detectably outside the action space is refused.
+As in Gymnasium's vector envs, only the batch (its count and shape) is checked by default;
+whether an action lies in the action space is the env's business unless the pool was made with
+``check_actions=True``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,56 +37,116 @@ def check_env_ids(env_id: Sequence[int] | np.ndarray | None, num_envs: int) -> n
     return ids
 
 
-def check_actions(space: spaces.Space[Any], actions: Any, env_ids: np.ndarray) -> Any:
-    """Validate a batch of actions for ``env_ids``; return it as the pool will store it."""
+_FLAT_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
+def check_actions(
+    space: spaces.Space[Any], actions: Any, env_ids: np.ndarray, *, check_membership: bool = False
+) -> Any:
+    """Validate a batch of actions for ``env_ids``; return it as the pool will send it.
+
+    The batch's count and shape are always checked, with the exception types Gymnasium's vector
+    envs raise for the same mistake (``TypeError`` for a scalar, ``ValueError`` for a wrong
+    count). Whether each action lies in ``space`` is left to the env, as Gymnasium does, unless
+    ``check_membership``. Values are never converted here: the caller's dtype reaches the env.
+    """
     count = len(env_ids)
-    if isinstance(space, spaces.Discrete | spaces.MultiDiscrete | spaces.MultiBinary):
-        arr = _array(space, actions, count, kinds="iub", what="integer")
-        if isinstance(space, spaces.Discrete):
-            low, high = space.start, space.start + space.n - 1
-        elif isinstance(space, spaces.MultiDiscrete):
-            low, high = space.start, space.start + space.nvec - 1
-        else:
-            low, high = 0, 1
-        outside = (arr < low) | (arr > high)
-        if outside.any():
-            row = int(np.flatnonzero(outside.reshape(count, -1).any(axis=1))[0])
-            raise ValueError(
-                f"action {arr[row].tolist()} for env {int(env_ids[row])} is outside the action "
-                f"space {space}"
+    if isinstance(space, _FLAT_SPACES):
+        arr = actions if isinstance(actions, np.ndarray) else np.asarray(actions)
+        if arr.ndim == 0:
+            raise TypeError(
+                f"expected a batch of {count} actions (one per env, action space {space}), "
+                f"got the scalar {actions!r}"
             )
+        expected = (count, *space.shape)  # type: ignore[misc]
+        if arr.shape != expected:  # a wrong count too: Gymnasium raises ValueError for both
+            raise ValueError(
+                f"expected actions of shape {expected} ({count} envs, action space {space}), "
+                f"got shape {arr.shape}"
+            )
+        if check_membership:
+            _check_members(space, arr, env_ids)
         return arr
+    return _check_items(space, actions, env_ids, check_membership)
+
+
+def _check_members(space: spaces.Space[Any], arr: np.ndarray, env_ids: np.ndarray) -> None:
+    """``check_actions=True``: refuse actions detectably outside ``space`` (Box bounds aside)."""
+    count = len(env_ids)
     if isinstance(space, spaces.Box):
         kinds = "iub" if np.issubdtype(space.dtype, np.integer) else "iubf"
-        return _array(space, actions, count, kinds=kinds, what=f"{space.dtype}-compatible")
-    return _check_items(space, actions, env_ids)
-
-
-def _array(space: spaces.Space[Any], actions: Any, count: int, kinds: str, what: str) -> np.ndarray:
-    arr = np.asarray(actions)
-    expected = (count, *space.shape)  # type: ignore[misc]
-    if arr.shape != expected:
+        _check_kind(space, arr, kinds, f"{space.dtype}-compatible")
+        return
+    _check_kind(space, arr, "iub", "integer")
+    if isinstance(space, spaces.Discrete):
+        low, high = space.start, space.start + space.n - 1
+    elif isinstance(space, spaces.MultiDiscrete):
+        low, high = space.start, space.start + space.nvec - 1
+    else:
+        low, high = 0, 1
+    outside = (arr < low) | (arr > high)
+    if outside.any():
+        row = int(np.flatnonzero(outside.reshape(count, -1).any(axis=1))[0])
         raise ValueError(
-            f"expected actions of shape {expected} ({count} envs, action space {space}), "
-            f"got shape {arr.shape}"
+            f"action {arr[row].tolist()} for env {int(env_ids[row])} is outside the action "
+            f"space {space}"
         )
+
+
+def _check_kind(space: spaces.Space[Any], arr: np.ndarray, kinds: str, what: str) -> None:
     if arr.dtype.kind not in kinds:
         raise TypeError(f"expected {what} actions for action space {space}, got dtype {arr.dtype}")
-    return arr
 
 
-def _check_items(space: spaces.Space[Any], actions: Any, env_ids: np.ndarray) -> Any:
-    """Dict, Tuple and other spaces: check each env's action against the single space."""
+def _check_items(
+    space: spaces.Space[Any], actions: Any, env_ids: np.ndarray, check_membership: bool
+) -> Any:
+    """Dict, Tuple and other spaces: split the batch per env (and check each, if asked)."""
     batched = batch_space(space, len(env_ids))
     try:
         items = list(iterate(batched, actions))
+    except TypeError as exc:  # a scalar, or no batch at all: Gymnasium's iterate raises so too
+        raise TypeError(
+            f"actions do not form a batch of {len(env_ids)} for action space {space}: {exc}"
+        ) from exc
     except Exception as exc:
         raise ValueError(
             f"actions do not form a batch of {len(env_ids)} for action space {space}: {exc}"
         ) from exc
     if len(items) != len(env_ids):
-        raise ValueError(f"expected {len(env_ids)} actions, got {len(items)}")
-    for env, item in zip(env_ids.tolist(), items, strict=True):
-        if not space.contains(item):
-            raise ValueError(f"action {item!r} for env {env} is outside the action space {space}")
+        raise ValueError(f"expected {len(env_ids)} actions (one per env), got {len(items)}")
+    if check_membership:
+        for env, item in zip(env_ids.tolist(), items, strict=True):
+            try:
+                inside = bool(space.contains(item))
+            except Exception as exc:  # a custom space whose contains cannot take the value
+                raise ValueError(
+                    f"action {item!r} for env {env} could not be checked against the action "
+                    f"space {space}: its contains() raised {type(exc).__name__}: {exc}"
+                ) from exc
+            if not inside:
+                raise ValueError(
+                    f"action {item!r} for env {env} is outside the action space {space}"
+                )
     return actions
+
+
+def keeps_dtype(space: spaces.Space[Any], actions: Any) -> bool:
+    """Whether storing ``actions`` in arrays laid out from ``space`` keeps every value as is.
+
+    Only when each leaf already has the space's dtype: any other dtype (float64 actions for a
+    float32 Box, an int64 action for a uint8 Box) would be cast, so such actions travel with
+    the command instead, exactly as the caller gave them.
+    """
+    if isinstance(space, spaces.Dict):
+        return isinstance(actions, Mapping) and all(
+            key in actions and keeps_dtype(sub, actions[key]) for key, sub in space.spaces.items()
+        )
+    if isinstance(space, spaces.Tuple):
+        return (
+            isinstance(actions, tuple | list)
+            and len(actions) == len(space.spaces)
+            and all(keeps_dtype(sub, a) for sub, a in zip(space.spaces, actions, strict=True))
+        )
+    dtype = actions.dtype if isinstance(actions, np.ndarray) else np.asarray(actions).dtype
+    return bool(dtype == space.dtype)

@@ -15,6 +15,8 @@ import os
 import re
 import runpy
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,15 +24,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gymnasium
 import numpy as np
 import psutil
 import pytest
 import ray
-from gymnasium.vector import AutoresetMode
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import envfleet
 import envfleet.backends.ray
 from tests import faults, gates
+from tests import test_gymnasium_dropin as dropin
 from tests.envs import DictTupleEnv, FaultyEnv
 from tests.ray_helpers import envfleet_actor_pids, ray_leak_check
 from tests.test_equivalence import (
@@ -95,17 +99,72 @@ def wait_for_actors_to_exit(timeout: float = 10.0) -> list[int]:
 # -- connecting: a Ray of its own, or the caller's -------------------------------------------
 
 
-def test_pool_with_no_ray_running_starts_one_and_shuts_it_down() -> None:
-    """First in the module, before :func:`ray_session` starts the shared Ray."""
+@pytest.fixture
+def stray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, int]]:
+    """A Ray cluster started on this machine by someone else (``ray start --head``), named by
+    ``RAY_ADDRESS`` as a shell that ran it would have it: its address and the pid of the
+    ``ray start`` that runs it. Stopped (its processes only) after."""
+    temp_dir = tempfile.mkdtemp(prefix="envfleet-stray-")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray_cli = Path(sys.executable).with_name("ray")
+    head = subprocess.Popen(
+        [str(ray_cli), "start", "--head", "--block", f"--port={port}",
+         "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--num-cpus=1",
+         "--include-dashboard=false", "--disable-usage-stats"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert head.poll() is None, "ray start --head exited"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the stray cluster did not start in 60 s"
+                time.sleep(0.2)
+        address = f"127.0.0.1:{port}"
+        monkeypatch.setenv("RAY_ADDRESS", address)
+        yield address, head.pid
+    finally:
+        tree = [head, *psutil.Process(head.pid).children(recursive=True)]
+        for process in tree:  # this cluster's processes only, never another Ray's
+            try:
+                process.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(tree, timeout=10)
+        for process in alive:
+            process.kill()
+        head.wait(10)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_pool_with_no_ray_running_starts_a_private_one_and_shuts_it_down(
+    stray_cluster: tuple[str, int],
+) -> None:
+    """First in the module, before :func:`ray_session` starts the shared Ray. A cluster already
+    runs on the machine (``RAY_ADDRESS`` names it): with no ``address`` the pool must not join
+    it (its actors would run under another job's Python), but start a Ray of its own."""
     assert not ray.is_initialized(), "this test must run before the module's shared Ray starts"
-    # A temp dir of its own: ray.init() would join a cluster another test run on this machine
-    # started (Ray notes the latest one in /tmp/ray), instead of starting a Ray.
+    stray_address, stray_pid = stray_cluster
+
+    def ours() -> set[int]:  # this process's children, the stray cluster's aside
+        stray = {stray_pid, *(p.pid for p in psutil.Process(stray_pid).children(recursive=True))}
+        return {p.pid for p in psutil.Process().children(recursive=True)} - stray
+
     temp_dir = tempfile.mkdtemp(prefix="envfleet-ray-")
     try:
-        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        before = ours()
         with make_ray("CartPole-v1", ray_init_kwargs={"_temp_dir": temp_dir}, seed=0) as pool:
             assert ray.is_initialized()
-            started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+            joined = ray.get_runtime_context().gcs_address
+            assert joined.rpartition(":")[2] != stray_address.rpartition(":")[2], (
+                f"the pool joined the stray cluster at {stray_address} ({joined})"
+            )
+            started = [psutil.Process(pid) for pid in ours() - before]
             names = {p.name() for p in started}
             assert {"gcs_server", "raylet"} <= names, f"no Ray of its own among {names}"
             assert len(envfleet_actor_pids()) == NUM_WORKERS
@@ -422,3 +481,39 @@ def test_actors_run_on_the_cpus_given(ray_session: None, path: str) -> None:
         pool.reset(seed=0)
         pool.step(np.zeros(NUM_ENVS, dtype=np.int64))
         assert pool.call("cpus") == ([cpu],) * NUM_ENVS
+
+
+# -- env_fns and registered ids in actors ------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_env_fns_match_sync_vector_env_and_registered_ids_build(
+    ray_session: None, path: str
+) -> None:
+    """Heterogeneous ``env_fns`` (float64 actions) give ``SyncVectorEnv``'s results, and an id
+    registered only in this process builds in the actors (their registry lacks it)."""
+    mode = AutoresetMode.SAME_STEP
+    env_fns = dropin.HETERO["Pendulum"]
+    with envfleet.make(
+        env_fns,
+        backend="ray",
+        num_workers=2,
+        autoreset_mode=mode,
+        ray_shared_memory=path == "socket",
+    ) as pool:
+        got = list(dropin.sync_drive(pool, env_fns, mode))
+    for (what, want), (_, result) in zip(dropin.reference("Pendulum", mode), got, strict=True):
+        assert_same(want, result, f"ray/{path} {what}")
+    env_id = "envfleet-test/RayRegistered-v0"
+    gymnasium.register(env_id, entry_point="tests.envs:DictTupleEnv", kwargs={"max_steps": 4})
+    try:
+        with envfleet.make(
+            env_id, 2, backend="ray", num_workers=2, ray_shared_memory=path == "socket"
+        ) as pool:
+            assert pool.get_attr("max_steps") == (4, 4)
+            obs, _ = pool.reset(seed=5)
+        reference = SyncVectorEnv([functools.partial(gymnasium.make, env_id)] * 2)
+        assert_same(reference.reset(seed=5)[0], obs)
+        reference.close()
+    finally:
+        gymnasium.registry.pop(env_id, None)

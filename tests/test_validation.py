@@ -1,5 +1,9 @@
 """Bad input gets a clear ValueError/TypeError before anything reaches a worker.
 
+The batch (count, shape) is always checked; action membership only with ``check_actions=True``
+(as in Gymnasium, an action outside the space is otherwise the env's business), which the
+pools here are made with.
+
 After each refused call the pool must still work, and be exactly where it was: the envs are
 counters (:class:`tests.envs.FaultyEnv`), so a step that slipped through would show in the
 observations of the next good step.
@@ -50,7 +54,12 @@ class MultiDiscreteEnv(gymnasium.Env[np.ndarray, np.ndarray]):
 def pool(backend: str) -> Iterator[envfleet.Pool]:
     """Seven counters over three workers, reset with ``SEED`` (env ``i`` starts at (SEED+i)*100)."""
     with envfleet.make(
-        FaultyEnv, NUM_ENVS, backend=backend, num_workers=NUM_WORKERS, seed=SEED
+        FaultyEnv,
+        NUM_ENVS,
+        backend=backend,
+        num_workers=NUM_WORKERS,
+        seed=SEED,
+        check_actions=True,
     ) as pool:
         pool.reset()
         yield pool
@@ -70,7 +79,7 @@ def assert_untouched(pool: envfleet.Pool, steps_before: int = 0) -> None:
 BAD_DISCRETE_ACTIONS = {
     "too few": ([0] * 6, ValueError, r"shape \(7,\).*got shape \(6,\)"),
     "too many": ([0] * 8, ValueError, r"shape \(7,\).*got shape \(8,\)"),
-    "scalar": (1, ValueError, r"shape \(7,\).*got shape \(\)"),
+    "scalar": (1, TypeError, r"batch of 7 actions.*got the scalar 1"),  # Gymnasium: TypeError
     "extra axis": (np.zeros((7, 1), dtype=np.int64), ValueError, r"shape \(7,\).*\(7, 1\)"),
     "floats": (np.zeros(7), TypeError, r"integer actions.*Discrete\(3\).*float64"),
     "float list": ([0.0, 1.0, 2.0, 0.0, 1.0, 2.0, 0.0], TypeError, r"integer actions"),
@@ -138,7 +147,9 @@ BAD_MULTIDISCRETE_ACTIONS = {
 def test_bad_multidiscrete_actions_are_refused(
     backend: str, actions: Any, error: type[Exception], match: str
 ) -> None:
-    with envfleet.make(MultiDiscreteEnv, NUM_ENVS, backend=backend, num_workers=2) as pool:
+    with envfleet.make(
+        MultiDiscreteEnv, NUM_ENVS, backend=backend, num_workers=2, check_actions=True
+    ) as pool:
         pool.reset(seed=0)
         with pytest.raises(error, match=match):
             pool.step(actions)
@@ -162,7 +173,9 @@ BAD_BOX_ACTIONS = {
 def test_bad_box_actions_are_refused(
     backend: str, actions: Any, error: type[Exception], match: str
 ) -> None:
-    with envfleet.make(DictTupleEnv, NUM_ENVS, backend=backend, num_workers=2) as pool:
+    with envfleet.make(
+        DictTupleEnv, NUM_ENVS, backend=backend, num_workers=2, check_actions=True
+    ) as pool:
         first, _ = pool.reset(seed=0)
         with pytest.raises(error, match=match):
             pool.step(actions)

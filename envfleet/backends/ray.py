@@ -17,10 +17,11 @@ and kills them; on one machine that makes the ray backend about as fast as the p
 Actors on other machines get each command as a Ray call, their actions carried in it.
 
 Connections: a pool joins the Ray this process is already connected to, and then leaves it
-alone. Otherwise it calls ``ray.init`` itself (a new local Ray sized for this machine with no
-address, or the cluster at ``address``), and the last pool on that connection to close calls
-``ray.shutdown``: that stops a Ray envfleet started, and only disconnects from a cluster it
-joined (which keeps running).
+alone. Otherwise it calls ``ray.init`` itself (with no address, a new private local Ray sized
+for this machine, ``address="local"``, never a cluster that happens to run on the machine; or
+the cluster at ``address``, ``"auto"`` included), and the last pool on that connection to
+close calls ``ray.shutdown``: that stops a Ray envfleet started, and only disconnects from a
+cluster it joined (which keeps running).
 
 Ray is an optional extra (``pip install envfleet[ray]``): only this module and its actor's
 (:mod:`~envfleet.backends.ray_actor`) import it.
@@ -94,6 +95,10 @@ def _connect(address: str | None, init_kwargs: dict[str, Any]) -> bool:
         kwargs = dict(init_kwargs)
         if address is not None:
             kwargs["address"] = address
+        # No address: a private local Ray. A bare ray.init() would join whatever cluster was
+        # last started on this machine (RAY_ADDRESS, or Ray's record of its latest cluster),
+        # whose workers may run another Python than this one.
+        kwargs.setdefault("address", "local")
         if not str(kwargs.get("address") or "").startswith("ray://"):  # Ray Client takes few
             kwargs = {"include_dashboard": False, "log_to_driver": False, **kwargs}
         ray.init(**kwargs)

@@ -1,0 +1,505 @@
+"""envfleet as a drop-in for ``SyncVectorEnv``/``AsyncVectorEnv``: value for value.
+
+- ``env_fns`` (one factory per env, envs that differ) give what ``SyncVectorEnv(env_fns)``
+  gives, bit for bit, on every backend, in every autoreset mode, sync and async.
+- Actions reach each env exactly as ``SyncVectorEnv`` hands them (value and dtype).
+- The same misuse raises the same exception type as Gymnasium's ``AsyncVectorEnv`` (the table
+  below was written from what Gymnasium 1.x raises, and a test keeps it true).
+- Ids registered only in the caller's process build in spawned and forkserver workers.
+- An env whose observation does not fit its space fails as that env, like any env failure.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium import spaces
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+
+import envfleet
+from tests.test_equivalence import MODES, assert_same
+
+STEPS = 30
+SEED = 3
+
+# Envs that differ in dynamics (gravity, reward) and in episode length, so autoresets fall on
+# different steps for different envs.
+PENDULUM_FNS = [
+    functools.partial(gymnasium.make, "Pendulum-v1", g=g, max_episode_steps=m)
+    for g, m in ((9.81, 7), (2.0, 5), (15.0, 9), (0.5, 6), (9.81, 4))
+]
+CARTPOLE_FNS = [
+    functools.partial(gymnasium.make, "CartPole-v1", sutton_barto_reward=sb, max_episode_steps=m)
+    for sb, m in ((False, 8), (True, 5), (False, 11), (True, 6), (False, 500))
+]
+HETERO = {"Pendulum": PENDULUM_FNS, "CartPole": CARTPOLE_FNS}
+CONFIGS = [("serial", None), ("thread", 2), ("process", 2)]
+CONFIG_IDS = ["serial", "thread-w2", "process-w2"]
+
+
+def actions_for(space: gymnasium.Space[Any], n: int, steps: int) -> list[np.ndarray]:
+    """Seeded actions: float64 for a Box (not the space's float32, as numpy code makes them)."""
+    rng = np.random.default_rng(SEED)
+    if isinstance(space, spaces.Box):
+        return [rng.uniform(-2.0, 2.0, size=(n, *space.shape)) for _ in range(steps)]
+    assert isinstance(space, spaces.Discrete)
+    return [rng.integers(0, int(space.n), size=n) for _ in range(steps)]
+
+
+def sync_drive(venv: Any, env_fns: list[Any], mode: AutoresetMode) -> Iterator[tuple[str, Any]]:
+    """Reset with ``SEED``, step with float64 (or int) actions; DISABLED resets ended envs."""
+    yield "reset", venv.reset(seed=SEED)
+    for t, actions in enumerate(actions_for(venv.single_action_space, len(env_fns), STEPS)):
+        result = venv.step(actions)
+        yield f"step {t}", result
+        ended = result[2] | result[3]
+        if mode is AutoresetMode.DISABLED and ended.any():
+            yield f"reset after {t}", venv.reset(options={"reset_mask": ended.copy()})
+
+
+@functools.cache
+def reference(case: str, mode: AutoresetMode) -> list[tuple[str, Any]]:
+    with closing(SyncVectorEnv(HETERO[case], autoreset_mode=mode)) as venv:
+        return list(sync_drive(venv, HETERO[case], mode))
+
+
+@pytest.mark.parametrize("mode", MODES, ids=[m.name for m in MODES])
+@pytest.mark.parametrize("case", list(HETERO))
+@pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
+def test_env_fns_match_sync_vector_env(
+    case: str, mode: AutoresetMode, config: tuple[str, int | None]
+) -> None:
+    backend, workers = config
+    env_fns = HETERO[case]
+    expected = reference(case, mode)
+    with envfleet.make(env_fns, backend=backend, num_workers=workers, autoreset_mode=mode) as pool:
+        assert pool.num_envs == len(env_fns)
+        got = list(sync_drive(pool, env_fns, mode))
+    assert [what for what, _ in got] == [what for what, _ in expected]
+    for (what, want), (_, result) in zip(expected, got, strict=True):
+        assert_same(want, result, f"{case}/{mode.name}/{backend} {what}")
+    ended = sum(int((r[2] | r[3]).sum()) for what, r in expected if what.startswith("step"))
+    assert ended >= 10, "too few episodes ended for autoreset to be exercised"
+
+
+def per_env_reference(case: str, mode: AutoresetMode) -> dict[int, list[tuple[Any, ...]]]:
+    """Each env's own sequence of results under ``SyncVectorEnv`` (obs, reward, flags)."""
+    records: dict[int, list[tuple[Any, ...]]] = {i: [] for i in range(len(HETERO[case]))}
+    for what, result in reference(case, mode):
+        if what == "reset":
+            for i in records:
+                records[i].append(("reset", result[0][i].tobytes()))
+        else:
+            obs, rewards, terms, truncs, _ = result
+            for i in records:
+                records[i].append(
+                    ("step", obs[i].tobytes(), rewards[i], bool(terms[i]), bool(truncs[i]))
+                )
+    return records
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+@pytest.mark.parametrize("config", CONFIGS[1:], ids=CONFIG_IDS[1:])
+def test_env_fns_async_batches_match_sync_vector_env_per_env(
+    mode: AutoresetMode, config: tuple[str, int | None]
+) -> None:
+    """``batch_size=2`` of 5: envs come back in any order, each env's own trajectory (with its
+    own actions, float64) is the one ``SyncVectorEnv`` gives it."""
+    backend, workers = config
+    case = "Pendulum"
+    env_fns = HETERO[case]
+    n = len(env_fns)
+    expected = per_env_reference(case, mode)
+    actions = actions_for(spaces.Box(-2, 2, (1,)), n, STEPS)
+    got: dict[int, list[tuple[Any, ...]]] = {i: [] for i in range(n)}
+    with envfleet.make(
+        env_fns, backend=backend, num_workers=workers, batch_size=2, autoreset_mode=mode
+    ) as pool:
+        pool.async_reset(seed=SEED)
+        sent = dict.fromkeys(range(n), 0)  # actions each env has been sent
+        in_flight = set(range(n))
+        while len(in_flight) >= pool.batch_size:
+            obs, rewards, terms, truncs, infos = pool.recv()
+            for k, i in enumerate(infos["env_id"].tolist()):
+                in_flight.discard(i)
+                if not got[i]:
+                    got[i].append(("reset", obs[k].tobytes()))
+                else:
+                    got[i].append(
+                        ("step", obs[k].tobytes(), rewards[k], bool(terms[k]), bool(truncs[k]))
+                    )
+                if sent[i] < STEPS:
+                    pool.send(actions[sent[i]][i : i + 1], [i])
+                    sent[i] += 1
+                    in_flight.add(i)
+        while in_flight:  # fewer than a batch left in flight: collect them one sync step away
+            pool.batch_size = len(in_flight)
+            in_flight.clear()
+            obs, rewards, terms, truncs, infos = pool.recv()
+            for k, i in enumerate(infos["env_id"].tolist()):
+                got[i].append(
+                    ("step", obs[k].tobytes(), rewards[k], bool(terms[k]), bool(truncs[k]))
+                )
+    for i in range(n):
+        assert len(got[i]) == STEPS + 1, f"env {i}: {len(got[i])} results"
+        assert got[i] == expected[i], f"env {i} differs from SyncVectorEnv's"
+
+
+# -- actions reach the env as SyncVectorEnv hands them ---------------------------------------
+
+
+class ActionEcho(gymnasium.Env[np.ndarray, np.ndarray]):
+    """Keeps the last action it was given (``last``) to compare with what was sent."""
+
+    def __init__(self, dtype: str = "uint8") -> None:
+        kind = np.dtype(dtype)
+        high = 255 if kind.kind in "iu" else 1.0
+        self.action_space = spaces.Box(0, high, shape=(2,), dtype=kind)  # type: ignore[arg-type]
+        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(2,), dtype=np.float64)
+        self.last: Any = None
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        return np.zeros(2), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.last = np.array(action, copy=True)
+        return np.asarray(action, np.float64), 0.0, False, False, {}
+
+
+ACTIONS = {
+    # An int64 action outside uint8's range: cast into a uint8 row, 1000 would arrive as 232.
+    "uint8 box, int64 1000 and -1": ("uint8", np.array([[1000, -1], [3, 4], [255, 0]])),
+    "uint8 box, uint8 actions": ("uint8", np.array([[1, 2], [3, 4], [255, 0]], np.uint8)),
+    # float64 actions for a float32 Box: cast to float32 they would lose their low bits.
+    "float32 box, float64 actions": ("float32", np.random.default_rng(0).uniform(size=(3, 2))),
+    "float32 box, float32 actions": ("float32", np.full((3, 2), 0.1, np.float32)),
+}
+
+
+@pytest.mark.parametrize(("dtype", "actions"), list(ACTIONS.values()), ids=list(ACTIONS))
+def test_actions_reach_the_env_as_sync_vector_env_hands_them(
+    backend: str, dtype: str, actions: np.ndarray
+) -> None:
+    factory = functools.partial(ActionEcho, dtype)
+    with (
+        closing(SyncVectorEnv([factory] * 3)) as sync,
+        envfleet.make(factory, 3, backend=backend, num_workers=2) as pool,
+    ):
+        sync.reset(seed=0)
+        pool.reset(seed=0)
+        want = sync.step(actions)
+        got = pool.step(actions)
+        assert_same(want, got)
+        expected = sync.get_attr("last")
+        assert_same(expected, pool.get_attr("last"))
+        assert pool.get_attr("last")[0].dtype == actions.dtype
+
+
+def test_actions_outside_the_space_reach_the_env_unless_check_actions(backend: str) -> None:
+    """As in Gymnasium, an action outside the space is the env's business (it may accept it);
+    ``check_actions=True`` refuses it before anything is sent."""
+    with envfleet.make(functools.partial(ActionEcho, "float32"), 2, backend=backend) as pool:
+        pool.reset(seed=0)
+        pool.step(np.array([[5.0, -3.0], [0.5, 0.5]], np.float32))
+        np.testing.assert_array_equal(pool.get_attr("last")[0], [5.0, -3.0])
+    with envfleet.make("CartPole-v1", 2, backend=backend, check_actions=True) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(ValueError, match="action 7 for env 1 is outside"):
+            pool.step(np.array([0, 7]))
+        pool.step(np.array([0, 1]))  # the refused step changed nothing
+
+
+class NoContainsSpace(spaces.Space[Any]):
+    """A custom space whose ``contains`` raises on every value."""
+
+    def contains(self, x: Any) -> bool:
+        raise TypeError("unhashable nonsense")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NoContainsSpace)
+
+    __hash__ = spaces.Space.__hash__
+
+    def sample(self, mask: Any = None, probability: Any = None) -> Any:
+        return 0
+
+
+class CustomActionEnv(gymnasium.Env[np.ndarray, Any]):
+    def __init__(self) -> None:
+        self.action_space = NoContainsSpace()
+        self.observation_space = spaces.Box(-1, 1, shape=(1,), dtype=np.float32)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        return np.full(1, 0.5, np.float32), float(action), False, False, {}
+
+
+def test_a_space_whose_contains_raises_is_not_a_bare_type_error() -> None:
+    with envfleet.make(CustomActionEnv, 2, backend="serial") as pool:
+        pool.reset(seed=0)
+        _, rewards, _, _, _ = pool.step([1, 2])  # not checked by default: the env takes them
+        np.testing.assert_array_equal(rewards, [1.0, 2.0])
+    with envfleet.make(CustomActionEnv, 2, backend="serial", check_actions=True) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(ValueError, match=r"env 0 could not be checked.*TypeError"):
+            pool.step([1, 2])
+
+
+# -- the same exception types as Gymnasium's AsyncVectorEnv -----------------------------------
+
+Misuse = Callable[[Any], Any]
+
+MISUSES: dict[str, tuple[Misuse, type[BaseException]]] = {
+    # Written from Gymnasium 1.x's AsyncVectorEnv (test_gymnasium_raises_the_same keeps it true).
+    "too many actions": (lambda v: v.step(np.array([0, 1, 0])), ValueError),
+    "too few actions": (lambda v: v.step(np.array([0])), ValueError),
+    "too many actions, list": (lambda v: v.step([0, 1, 0]), ValueError),
+    "scalar action": (lambda v: v.step(0), TypeError),
+    "numpy scalar action": (lambda v: v.step(np.int64(1)), TypeError),
+    "reset_mask a list": (lambda v: v.reset(options={"reset_mask": [True, False]}), TypeError),
+    "reset_mask shape": (lambda v: v.reset(options={"reset_mask": np.ones(3, bool)}), ValueError),
+    "reset_mask dtype": (lambda v: v.reset(options={"reset_mask": np.ones(2, int)}), TypeError),
+    "reset_mask empty": (lambda v: v.reset(options={"reset_mask": np.zeros(2, bool)}), ValueError),
+    "seeds per env": (lambda v: v.reset(seed=[1, 2, 3]), ValueError),
+}
+CLOSED: dict[str, Misuse] = {
+    "step": lambda v: v.step(np.array([0, 1])),
+    "reset": lambda v: v.reset(),
+    "call": lambda v: v.call("render"),
+}
+CARTPOLE = functools.partial(gymnasium.make, "CartPole-v1")
+MOUNTAIN_CAR = functools.partial(gymnasium.make, "MountainCar-v0")
+
+
+@pytest.mark.parametrize(("misuse", "error"), list(MISUSES.values()), ids=list(MISUSES))
+def test_gymnasium_raises_the_same(misuse: Misuse, error: type[BaseException]) -> None:
+    # A fresh one each: after some of these, Gymnasium's AsyncVectorEnv is broken.
+    with closing(AsyncVectorEnv([CARTPOLE] * 2, context="fork")) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(error):
+            misuse(venv)
+
+
+@pytest.mark.parametrize(("misuse", "error"), list(MISUSES.values()), ids=list(MISUSES))
+def test_misuse_raises_gymnasium_exception_types(
+    backend: str, misuse: Misuse, error: type[BaseException]
+) -> None:
+    with envfleet.make([CARTPOLE] * 2, backend=backend) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(error):
+            misuse(pool)
+        pool.step(np.array([0, 1]))  # refused before anything was sent: the pool still works
+
+
+@pytest.mark.parametrize("misuse", list(CLOSED.values()), ids=list(CLOSED))
+def test_use_after_close_is_closed_environment_error(backend: str, misuse: Misuse) -> None:
+    pool = envfleet.make([CARTPOLE] * 2, backend=backend)
+    pool.close()
+    with pytest.raises(ClosedEnvironmentError):
+        misuse(pool)
+    with pytest.raises(envfleet.ClosedPoolError):
+        misuse(pool)
+    venv = AsyncVectorEnv([CARTPOLE] * 2, context="fork")
+    venv.close()
+    with pytest.raises(ClosedEnvironmentError):
+        misuse(venv)
+
+
+@pytest.mark.parametrize("other", ["observation", "action"])
+def test_incompatible_spaces_raise_runtime_error_naming_the_env(backend: str, other: str) -> None:
+    """Gymnasium raises RuntimeError; envfleet's EnvError is one, naming the env and space."""
+    first: Any = CARTPOLE
+    second: Any = MOUNTAIN_CAR
+    if other == "action":  # the same observation space, another action space
+        first = functools.partial(ActionEcho, "uint8")
+        second = functools.partial(ActionEcho, "float32")
+    with pytest.raises(RuntimeError):
+        SyncVectorEnv([first, second])
+    with pytest.raises(RuntimeError, match=rf"env 1 .*has {other} space") as raised:
+        envfleet.make([first, second], backend=backend, num_workers=2)
+    assert isinstance(raised.value, envfleet.EnvError)
+    assert raised.value.phase is envfleet.Phase.MAKE
+
+
+def test_num_envs_must_match_the_env_fns() -> None:
+    with pytest.raises(ValueError, match=r"num_envs=3 but 2 envs were given"):
+        envfleet.make([CARTPOLE] * 2, 3, backend="serial")
+    with pytest.raises(ValueError, match=r"env_kwargs has 3 entries for 2 envs"):
+        envfleet.make([CARTPOLE] * 2, backend="serial", env_kwargs=[{}, {}, {}])
+    with pytest.raises(TypeError, match="needs num_envs"):
+        envfleet.make("CartPole-v1", backend="serial")
+
+
+def test_ids_and_per_env_kwargs(backend: str) -> None:
+    """A list of ids, and ``env_kwargs`` as one mapping per env, build env i with entry i."""
+    with envfleet.make(
+        "Pendulum-v1", env_kwargs=[{"g": 1.0}, {"g": 2.0}, {"g": 3.0}], backend=backend
+    ) as pool:
+        assert pool.get_attr("g") == (1.0, 2.0, 3.0)
+    with envfleet.make(["CartPole-v1", "CartPole-v1"], backend=backend, seed=1) as pool:
+        obs, _ = pool.reset()
+    with closing(SyncVectorEnv([CARTPOLE] * 2)) as sync:
+        assert_same(sync.reset(seed=1)[0], obs)
+
+
+def test_np_random_seed_is_per_env_as_in_gymnasium(backend: str) -> None:
+    with (
+        closing(SyncVectorEnv([CARTPOLE] * 3)) as sync,
+        envfleet.make([CARTPOLE] * 3, backend=backend, num_workers=2) as pool,
+    ):
+        sync.reset(seed=11)
+        pool.reset(seed=11)
+        assert pool.np_random_seed == sync.np_random_seed == (11, 12, 13)
+        draws = [rng.integers(1 << 30) for rng in pool.np_random]
+        assert draws == [rng.integers(1 << 30) for rng in sync.np_random]
+
+
+# -- restarts rebuild env i with env_fns[i] --------------------------------------------------
+
+
+def crash_on_first_step(fail: bool, episode_length: int) -> gymnasium.Env[Any, Any]:
+    from tests.envs import FaultyEnv
+
+    def hook(env: FaultyEnv, action: Any) -> None:
+        if fail and not getattr(env, "failed", False):
+            env.failed = True  # type: ignore[attr-defined]
+            raise RuntimeError("boom")
+
+    return FaultyEnv(step_hook=hook, episode_length=episode_length)
+
+
+def test_a_restart_rebuilds_env_i_with_its_own_factory(backend: str) -> None:
+    env_fns = [
+        functools.partial(crash_on_first_step, fail=i == 1, episode_length=3 + i) for i in range(3)
+    ]
+    with envfleet.make(env_fns, backend=backend, on_error="restart", num_workers=2) as pool:
+        pool.reset(seed=0)
+        _, _, _, truncs, _infos = pool.step(np.zeros(3, np.int64))
+        assert truncs.tolist() == [False, True, False]
+        assert pool.restarts.tolist() == [0, 1, 0]
+        assert pool.get_attr("episode_length") == (3, 4, 5)  # env 1 is env_fns[1]'s again
+
+
+# -- registered ids in workers that do not inherit the registry -------------------------------
+
+REGISTERED = "envfleet-test/RegisteredOnlyHere-v0"
+
+
+@pytest.fixture
+def registered_id() -> Iterator[str]:
+    gymnasium.register(REGISTERED, entry_point="tests.envs:DictTupleEnv", kwargs={"max_steps": 4})
+    yield REGISTERED
+    gymnasium.registry.pop(REGISTERED, None)
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_an_id_registered_in_the_caller_builds_in_fresh_workers(
+    registered_id: str, context: str
+) -> None:
+    with (
+        envfleet.make(registered_id, 2, backend="process", num_workers=2, context=context) as pool,
+        closing(SyncVectorEnv([functools.partial(gymnasium.make, registered_id)] * 2)) as sync,
+    ):
+        assert_same(sync.reset(seed=5), pool.reset(seed=5))
+        actions = np.full((2, 2), 0.25, np.float32)
+        assert_same(sync.step(actions), pool.step(actions))
+        assert pool.get_attr("max_steps") == (4, 4)
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_env_fns_closures_under_fresh_start_methods(context: str) -> None:
+    """Lambdas closing over a loop variable, as ``[make_env(i) for i in ...]`` code has them."""
+    gravities = (9.81, 2.0, 15.0)
+    env_fns = [lambda g=g: gymnasium.make("Pendulum-v1", g=g) for g in gravities]
+    actions = np.random.default_rng(0).uniform(-2, 2, size=(3, 1))  # float64
+    with (
+        envfleet.make(env_fns, backend="process", num_workers=2, context=context) as pool,
+        closing(SyncVectorEnv(env_fns)) as sync,
+    ):
+        assert pool.get_attr("g") == gravities
+        assert_same(sync.reset(seed=1), pool.reset(seed=1))
+        assert_same(sync.step(actions), pool.step(actions))
+
+
+# -- observations the env gets wrong ---------------------------------------------------------
+
+
+class BadObservationEnv(gymnasium.Env[np.ndarray, np.int64]):
+    """Env ``bad`` returns ``observation`` (wrong shape, or None) at its second step."""
+
+    def __init__(self, bad: bool, observation: Any) -> None:
+        self.observation_space = spaces.Box(-10, 10, shape=(4,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.bad, self.observation, self.t = bad, observation, 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        obs = self.observation if self.bad and self.t == 2 else np.full(4, self.t, np.float32)
+        return obs, 1.0, False, False, {}
+
+
+BAD_OBSERVATIONS = {
+    "(3,) for (4,)": np.zeros(3, np.float32),
+    "(1,) broadcast": np.ones(1, np.float32),
+    "None": None,
+}
+
+
+@pytest.mark.parametrize("observation", list(BAD_OBSERVATIONS.values()), ids=list(BAD_OBSERVATIONS))
+def test_an_observation_that_does_not_fit_is_that_envs_failure(
+    backend: str, observation: Any
+) -> None:
+    env_fns = [functools.partial(BadObservationEnv, i == 2, observation) for i in range(4)]
+    with envfleet.make(env_fns, backend=backend, num_workers=2) as pool:
+        pool.reset(seed=0)
+        pool.step(np.zeros(4, np.int64))
+        with pytest.raises(envfleet.EnvError, match="does not fit its observation space") as raised:
+            pool.step(np.zeros(4, np.int64))
+    error = raised.value
+    assert (error.env_index, error.phase) == (2, envfleet.Phase.STEP)
+    assert error.worker == (1 if backend != "serial" else 0)
+    assert error.completed is not None
+    assert sorted(error.completed[4]["env_id"].tolist()) == [0, 1, 3]  # no stale row for env 2
+    np.testing.assert_array_equal(error.completed[0], np.full((3, 4), 2, np.float32))
+    with envfleet.make(env_fns, backend=backend, num_workers=2, on_error="restart") as pool:
+        pool.reset(seed=0)
+        pool.step(np.zeros(4, np.int64))
+        _, _, _, truncs, infos = pool.step(np.zeros(4, np.int64))
+        assert truncs.tolist() == [False, False, True, False]
+        assert infos["_envfleet/restarted"].tolist() == [False, False, True, False]
+        assert pool.restarts.tolist() == [0, 0, 1, 0]
+
+
+def test_async_misuse_is_gymnasiums_pending_call_errors(backend: str) -> None:
+    """``send`` twice / ``recv`` with nothing sent: Gymnasium's ``step_async`` twice and
+    ``step_wait`` first raise these types; envfleet's own errors subclass them."""
+    with envfleet.make([CARTPOLE] * 2, backend=backend) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(NoAsyncCallError):
+            pool.recv()
+        pool.send(np.array([0, 1]))
+        with pytest.raises(AlreadyPendingCallError):
+            pool.send(np.array([0, 1]))
+        pool.recv()
