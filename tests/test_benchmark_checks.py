@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
+import envfleet
 from envfleet.benchmark.soak import SoakConfig, run_soak, soak_checks
+from envfleet.benchmark.stats_cost import RECORDING, StatsSetup, stats_disabled, stats_overhead
+from envfleet.stats import StatsRecorder
 
 SMALL_SOAK = SoakConfig(
     steps=8 * 150,
@@ -39,3 +44,29 @@ def test_soak_accounts_for_every_injected_failure(tmp_path: Path) -> None:
         "faulty: delivered + lost == requested",
         "faulty: every delivered result is the next call of its env",
     ]
+
+
+def test_stats_disabled_records_nothing_and_puts_the_recorder_back() -> None:
+    recording = {name: StatsRecorder.__dict__[name] for name in RECORDING}
+    with envfleet.make("CartPole-v1", 4, backend="serial", seed=0) as pool:
+        pool.reset(seed=0)
+        actions = np.zeros(4, dtype=np.int64)
+        with stats_disabled():
+            for _ in range(5):
+                pool.step(actions)
+        assert pool.stats().steps == 0
+        for _ in range(3):
+            pool.step(actions)
+        assert pool.stats().steps == 3 * 4
+    assert {name: StatsRecorder.__dict__[name] for name in RECORDING} == recording
+
+
+def test_stats_overhead_pairs_its_windows_and_counts_only_the_recorded_side() -> None:
+    setup = StatsSetup(num_envs=4, backend="serial", seconds=0.02, rewarm=0.01, repeats=3)
+    report = stats_overhead(setup)
+    assert len(report["steps_per_s"]["stats_on"]) == len(report["steps_per_s"]["stats_off"]) == 3
+    assert len(report["throughput_overhead_percent_pairs"]) == 3
+    assert all(rate > 0 for side in report["steps_per_s"].values() for rate in side)
+    # The warm-up and the windows with stats on, nothing else, reached the pool's statistics.
+    assert report["steps_recorded_by_the_pool"] == report["steps_recorded_with_stats_on"]
+    assert report["recording_us_per_vector_step"]["alone"] >= 0.0
