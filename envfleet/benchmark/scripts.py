@@ -1,0 +1,168 @@
+"""What the ``bench/`` scripts share beyond their cases: the ideal row, ratio columns, targets,
+the machine line, a choice of parts, and the async (``recv`` + ``send``) openers.
+
+A script lists its workloads and :class:`~envfleet.benchmark.cases.Case` rows and calls these;
+:mod:`envfleet.benchmark.cases` measures and tabulates them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+import envfleet
+from envfleet.benchmark.base import CallRunner, Runner, RunResult, Timing, Workload
+from envfleet.benchmark.cases import Column, cycle, discrete_actions, fmt, ratio
+from envfleet.benchmark.measure import machine_info
+
+
+def version(package: str) -> str | None:
+    """The installed version of ``package``, or ``None``."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+class IdealRunner(CallRunner):
+    """One env stepped alone, counted ``num_envs`` times: ``num_envs / mean step time``.
+
+    Its info also gets the sync ideal: ``num_envs / mean of the slowest of num_envs`` steps
+    (bootstrapped from the step times of the last window), and the mean step in ms.
+    """
+
+    def __init__(self, workload: Workload, timing: Timing) -> None:
+        env = workload.spec.build()
+        env.reset(seed=timing.seed)
+        n = workload.num_envs
+        self.durations: list[float] = []
+
+        def advance() -> int:
+            start = time.perf_counter()
+            _, _, terminated, truncated, _ = env.step(0)
+            self.durations.append(time.perf_counter() - start)
+            if terminated or truncated:
+                env.reset()
+            return n
+
+        super().__init__("ideal", advance, env.close, timing, num_envs=n)
+
+    def window(self, seconds: float) -> float:
+        self.durations.clear()
+        rate = super().window(seconds)
+        d = np.array(self.durations[-100_000:])
+        if len(d) >= 10:
+            n = self.info["num_envs"]
+            rng = np.random.default_rng(0)
+            slowest = d[rng.integers(0, len(d), size=(2000, n))].max(axis=1).mean()
+            self.info["mean_step_ms"] = float(d.mean() * 1e3)
+            self.info["ideal_sync_steps_per_s"] = float(n / slowest)
+        return rate
+
+
+def open_envfleet(
+    workload: Workload, timing: Timing, *, batch_size: int | None = None, **make_kwargs: Any
+) -> Runner:
+    """``envfleet.make``: ``step`` when sync, else ``recv`` + ``send`` to ``infos["env_id"]``."""
+    n = workload.num_envs
+    pool = envfleet.make(workload.spec, n, batch_size=batch_size, seed=timing.seed, **make_kwargs)
+    info = {"num_workers": pool.num_workers, "batch_size": pool.batch_size, **make_kwargs}
+    try:
+        return recv_send_runner("envfleet", pool, n, pool.batch_size, timing, **info)
+    except BaseException:
+        pool.close()
+        raise
+
+
+def recv_send_runner(
+    name: str,
+    vec: Any,
+    num_envs: int,
+    batch: int,
+    timing: Timing,
+    *,
+    seeded: bool = True,
+    **info: Any,
+) -> Runner:
+    """A :class:`CallRunner` over an EnvPool-style vector env ``vec`` (its ``action_space`` is
+    ``Discrete``): ``step`` when ``batch`` is every env, else ``recv`` + ``send`` to the envs
+    whose results came (``infos["env_id"]``). Resets ``vec`` (with ``timing.seed`` if
+    ``seeded``, else as it was made); the caller closes it on failure."""
+    space = getattr(vec, "single_action_space", None) or vec.action_space
+    actions = discrete_actions(int(space.n), batch, timing.seed)
+    seed = {"seed": timing.seed} if seeded else {}
+    if batch == num_envs:
+        vec.reset(**seed)
+        return CallRunner(name, cycle(vec.step, actions, num_envs), vec.close, timing, **info)
+    vec.async_reset(**seed)
+
+    def recv_send(acts: np.ndarray) -> None:
+        _, _, _, _, infos = vec.recv()
+        vec.send(acts, infos["env_id"])
+
+    return CallRunner(name, cycle(recv_send, actions, batch), vec.close, timing, **info)
+
+
+def versus(header: str, base: float | None) -> Column:
+    """A column of each row's median over ``base`` (``-`` when either is missing)."""
+    return header, lambda _name, result: fmt(ratio(result.median, base))
+
+
+def add_ratios(rows: dict[str, Any], key: str, base: float | None) -> None:
+    """Add ``key``: steps/s over ``base`` to every measured row of a results table's JSON."""
+    for row in rows.values():
+        if "steps_per_s" in row:
+            row[key] = ratio(row["steps_per_s"], base)
+
+
+def target(
+    console: Console, label: str, value: float | None, minimum: float, *, end: str = "\n"
+) -> dict[str, Any]:
+    """Print ``label = value (target >= minimum) met/missed``; its JSON (``met`` is ``None``
+    when ``value`` was not measured)."""
+    met = None if value is None else value >= minimum
+    mark = {None: "", True: " [green]met[/green]", False: " [red]missed[/red]"}[met]
+    console.print(f"[bold]{label} = {fmt(value)}[/bold] (target >= {minimum:g}){mark}{end}")
+    return {"ratio": label, "value": value, "minimum": minimum, "met": met}
+
+
+def ideal_info(results: dict[str, RunResult | str], name: str) -> dict[str, Any]:
+    """The info of :class:`IdealRunner` row ``name`` (empty when it failed)."""
+    result = results.get(name)
+    return result.info if isinstance(result, RunResult) else {}
+
+
+def print_machine(console: Console, packages: Sequence[str] = ()) -> dict[str, Any]:
+    """Print a one-line summary of :func:`~envfleet.benchmark.machine_info`; return it."""
+    machine = machine_info(packages)
+    load = machine["load_average_at_start"]
+    console.print(
+        f"{machine['cpu_model']}, {machine['usable_cores']} usable cores, Python "
+        f"{machine['python']}, load average {load[0] if load else '-'}; "
+        + ", ".join(f"{k} {v}" for k, v in machine["versions"].items() if v)
+    )
+    return machine
+
+
+def add_choice(parser: argparse.ArgumentParser, flag: str, choices: Sequence[str]) -> None:
+    """A ``flag`` option taking a comma-separated subset of ``choices`` (default: all), as a
+    list, checked."""
+
+    def chosen(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {unknown or 'none'}: choose from {','.join(choices)}"
+            )
+        return names
+
+    parser.add_argument(
+        flag, type=chosen, default=list(choices), help=f"comma-separated, from {','.join(choices)}"
+    )
