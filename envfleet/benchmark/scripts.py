@@ -8,9 +8,10 @@ A script lists its workloads and :class:`~envfleet.benchmark.cases.Case` rows an
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,15 @@ from rich.console import Console
 
 import envfleet
 from envfleet.benchmark.base import CallRunner, Runner, RunResult, Timing, Workload
-from envfleet.benchmark.cases import Column, cycle, discrete_actions, fmt, ratio
+from envfleet.benchmark.cases import (
+    Case,
+    Column,
+    cycle,
+    discrete_actions,
+    fmt,
+    median_of,
+    ratio,
+)
 from envfleet.benchmark.measure import machine_info
 
 
@@ -107,6 +116,31 @@ def recv_send_runner(
         vec.send(acts, infos["env_id"])
 
     return CallRunner(name, cycle(recv_send, actions, batch), vec.close, timing, **info)
+
+
+def layouts(
+    prefix: str, batches: Sequence[int], opener: Callable[..., Runner], *, forks: bool, **kw: Any
+) -> list[Case]:
+    """A sync row (``prefix sync``) and one async row per batch size (``prefix B=8``, opened
+    with ``batch_size=8``, its :attr:`~Case.sync_of` the sync row), for one runner layout."""
+    sync = f"{prefix} sync"
+    cases = [Case(sync, functools.partial(opener, **kw), forks=forks)]
+    for b in batches:
+        opens = functools.partial(opener, batch_size=b, **kw)
+        cases.append(Case(f"{prefix} B={b}", opens, forks=forks, sync_of=sync))
+    return cases
+
+
+def own_sync_column(cases: Sequence[Case], results: dict[str, RunResult | str]) -> Column:
+    """``vs own sync``: an async row over its :attr:`~Case.sync_of` row (a sync row: 1.00)."""
+    sync_of = {c.name: c.sync_of or c.name for c in cases}
+
+    def cell(name: str, result: RunResult) -> str:
+        if sync_of[name] == name:
+            return "1.00" if name.endswith(" sync") else "-"
+        return fmt(ratio(result.median, median_of(results, sync_of[name])))
+
+    return "vs own sync", cell
 
 
 def versus(header: str, base: float | None) -> Column:
