@@ -36,25 +36,19 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import contextlib
 import functools
-import io
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from rich.console import Console
 
-from bench.async_envs import HeavyTailEnv, expected_step_s, puffer_env
+from bench.async_envs import HeavyTailEnv, expected_step_s
 from envfleet import benchmark
-from envfleet.affinity import usable_cpus
-from envfleet.benchmark import CallRunner, Runner, Timing, Workload
+from envfleet.benchmark import Timing, Workload
 from envfleet.benchmark.cases import (
     Case,
-    cycle,
-    discrete_actions,
     measure_cases,
     median_of,
     ratio,
@@ -70,9 +64,10 @@ from envfleet.benchmark.scripts import (
     ideal_info,
     layouts,
     open_envfleet,
+    open_envpool_by_batch,
+    open_pufferlib_by_batch,
     own_sync_column,
     print_machine,
-    recv_send_runner,
     target,
     version,
     versus,
@@ -80,71 +75,6 @@ from envfleet.benchmark.scripts import (
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ASYNC_TARGET = 1.5
-
-
-# -- peer runners: each steps sync (``step``) when its batch is every env, else ``recv`` + ``send``
-
-
-def open_envpool(
-    task: str, workload: Workload, timing: Timing, *, batch_size: int | None = None, **kw: Any
-) -> Runner:
-    """EnvPool (``env_type="gymnasium"``), one thread per usable core unless told otherwise."""
-    import envpool
-
-    n = workload.num_envs
-    batch = n if batch_size is None else batch_size
-    kw.setdefault("num_threads", len(usable_cpus()))
-    env = envpool.make(
-        task, env_type="gymnasium", num_envs=n, batch_size=batch, seed=timing.seed, **kw
-    )
-    info = {"envpool": version("envpool"), "batch_size": batch, **kw}
-    try:
-        return recv_send_runner("envpool", env, n, batch, timing, seeded=False, **info)
-    except BaseException:
-        env.close()
-        raise
-
-
-PUFFER_SETTLE_S = 0.7
-"""PufferLib's idle workers spin for 0.5 s before they start sleeping between polls."""
-
-
-def open_pufferlib(
-    workload: Workload, timing: Timing, *, num_workers: int, batch_size: int | None = None
-) -> Runner:
-    """PufferLib's ``Multiprocessing`` backend (``recv`` + ``send``; sync when batch is all)."""
-    with contextlib.redirect_stderr(io.StringIO()):  # the old ``gym`` it imports prints a notice
-        import pufferlib.vector
-
-    n = workload.num_envs
-    batch = n if batch_size is None else batch_size
-    env = workload.spec.target
-    vec = pufferlib.vector.make(
-        functools.partial(puffer_env, env),
-        backend=pufferlib.vector.Multiprocessing,
-        num_envs=n,
-        num_workers=num_workers,
-        batch_size=batch,
-        overwork=True,  # allowed: 4 workers on 2 cores is the point of a comparison
-    )
-    info = {
-        "pufferlib": version("pufferlib-core") or version("pufferlib"),
-        "num_workers": num_workers,
-        "batch_size": batch,
-    }
-    try:
-        actions = discrete_actions(int(vec.single_action_space.n), batch, timing.seed)
-        vec.async_reset(timing.seed)
-
-        def recv_send(acts: np.ndarray) -> None:
-            vec.recv()
-            vec.send(acts)
-
-        advance = cycle(recv_send, actions, batch)
-        return CallRunner("pufferlib", advance, vec.close, timing, settle_s=PUFFER_SETTLE_S, **info)
-    except BaseException:
-        vec.close()
-        raise
 
 
 # -- the tables ----------------------------------------------------------------------------------
@@ -178,7 +108,7 @@ def heavytail_cases() -> list[Case]:
             "envfleet process 8w x4t", batches, ef, forks=True, backend="process",
             num_workers=8, threads_per_worker=4,
         ),
-        *layouts("pufferlib mp 4w", batches, open_pufferlib, forks=True, num_workers=4),
+        *layouts("pufferlib mp 4w", batches, open_pufferlib_by_batch, forks=True, num_workers=4),
     ]  # fmt: skip
 
 
@@ -189,8 +119,8 @@ def cartpole_cases() -> list[Case]:
             "envfleet process 2w", batches, open_envfleet, forks=True, backend="process",
             num_workers=2,
         ),
-        *layouts("envpool", batches, functools.partial(open_envpool, "CartPole-v1"), forks=False),
-        *layouts("pufferlib mp 2w", batches, open_pufferlib, forks=True, num_workers=2),
+        *layouts("envpool", batches, open_envpool_by_batch, forks=False, task="CartPole-v1"),
+        *layouts("pufferlib mp 2w", batches, open_pufferlib_by_batch, forks=True, num_workers=2),
     ]  # fmt: skip
 
 
@@ -208,13 +138,13 @@ ENVPOOL_PONG_AS_ALE = {
 
 def pong_cases() -> list[Case]:
     batches, ef = (4,), open_envfleet
-    ep = functools.partial(open_envpool, "Pong-v5")
+    ep = functools.partial(open_envpool_by_batch, task="Pong-v5")
     return [
         *layouts("envfleet process 2w", batches, ef, forks=True, backend="process", num_workers=2),
         *layouts("envfleet thread", batches, ef, forks=False, backend="thread"),
         *layouts("envpool (84x84 grey x4)", batches, ep, forks=False),
         *layouts("envpool (as ALE/Pong-v5)", batches, ep, forks=False, **ENVPOOL_PONG_AS_ALE),
-        *layouts("pufferlib mp 2w", batches, open_pufferlib, forks=True, num_workers=2),
+        *layouts("pufferlib mp 2w", batches, open_pufferlib_by_batch, forks=True, num_workers=2),
     ]
 
 

@@ -39,7 +39,8 @@ def open_bare_threads(workload: Workload, timing: Timing, cpus: list[int] | None
     write to a shared eventfd (semaphore mode: each thread takes one), the end signalled by the
     last thread through a lock; no actions, no results, no error handling. ``cpus``: pin the
     env threads there (the caller's thread stays free). What this reaches is the ceiling of
-    threads with a GIL on this machine."""
+    threads with a GIL on this machine. A step is ``num_envs`` env steps, but not always one
+    per env: a thread that finishes early may take a second token and step its env again."""
     num_envs = workload.num_envs
     envs = [workload.spec.build() for _ in range(num_envs)]
     for i, env in enumerate(envs):

@@ -8,8 +8,10 @@ A script lists its workloads and :class:`~envfleet.benchmark.cases.Case` rows an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib.metadata
+import io
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,6 +20,7 @@ import numpy as np
 from rich.console import Console
 
 import envfleet
+from envfleet.affinity import usable_cpus
 from envfleet.benchmark.base import CallRunner, Runner, RunResult, Timing, Workload
 from envfleet.benchmark.cases import (
     Case,
@@ -29,6 +32,7 @@ from envfleet.benchmark.cases import (
     ratio,
 )
 from envfleet.benchmark.measure import machine_info
+from envfleet.benchmark.peers import puffer_env
 
 
 def version(package: str) -> str | None:
@@ -86,6 +90,69 @@ def open_envfleet(
         return recv_send_runner("envfleet", pool, n, pool.batch_size, timing, **info)
     except BaseException:
         pool.close()
+        raise
+
+
+def open_envpool_by_batch(
+    workload: Workload, timing: Timing, *, task: str, batch_size: int | None = None, **kw: Any
+) -> Runner:
+    """EnvPool's ``task`` (``env_type="gymnasium"``, one thread per usable core unless ``kw``
+    says otherwise): ``step`` when sync, else ``recv`` + ``send``."""
+    import envpool
+
+    n = workload.num_envs
+    batch = n if batch_size is None else batch_size
+    kw.setdefault("num_threads", len(usable_cpus()))
+    env = envpool.make(
+        task, env_type="gymnasium", num_envs=n, batch_size=batch, seed=timing.seed, **kw
+    )
+    info = {"envpool": version("envpool"), "batch_size": batch, **kw}
+    try:
+        return recv_send_runner("envpool", env, n, batch, timing, seeded=False, **info)
+    except BaseException:
+        env.close()
+        raise
+
+
+PUFFER_SETTLE_S = 0.7
+"""PufferLib's idle workers spin for 0.5 s before they start sleeping between polls."""
+
+
+def open_pufferlib_by_batch(
+    workload: Workload, timing: Timing, *, num_workers: int, batch_size: int | None = None
+) -> Runner:
+    """PufferLib's ``Multiprocessing`` backend (``recv`` + ``send``; sync when batch is all)."""
+    with contextlib.redirect_stderr(io.StringIO()):  # the old ``gym`` it imports prints a notice
+        import pufferlib.vector
+
+    n = workload.num_envs
+    batch = n if batch_size is None else batch_size
+    vec = pufferlib.vector.make(
+        functools.partial(puffer_env, workload.spec),
+        backend=pufferlib.vector.Multiprocessing,
+        num_envs=n,
+        num_workers=num_workers,
+        batch_size=batch,
+        overwork=True,  # allowed: more workers than cores is the point of a comparison
+    )
+    pufferlib_version = version("pufferlib-core") or version("pufferlib")
+    info: dict[str, Any] = {
+        "pufferlib": pufferlib_version,
+        "num_workers": num_workers,
+        "batch_size": batch,
+    }
+    try:
+        actions = discrete_actions(int(vec.single_action_space.n), batch, timing.seed)
+        vec.async_reset(timing.seed)
+
+        def recv_send(acts: np.ndarray) -> None:
+            vec.recv()
+            vec.send(acts)
+
+        advance = cycle(recv_send, actions, batch)
+        return CallRunner("pufferlib", advance, vec.close, timing, settle_s=PUFFER_SETTLE_S, **info)
+    except BaseException:
+        vec.close()
         raise
 
 
