@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from bench.envs import SleepEnv, build_env
+from bench.envs import SleepEnv
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
 from envfleet.benchmark import CallRunner, Runner, Timing, Workload, gil
@@ -120,7 +120,7 @@ def open_atari_vector(workload: Workload, timing: Timing, **kwargs: Any) -> Runn
 
 def pong_stepper(index: int) -> Callable[[], int]:
     """Steps one ``ALE/Pong-v5`` env through Gymnasium (random actions, resets when done)."""
-    env = build_env("ALE/Pong-v5")
+    env = Workload.of("ALE/Pong-v5", 1).spec.build()
     env.reset(seed=index)
     actions = discrete_actions(int(env.action_space.n), 1, index, count=256)
     state = [0]

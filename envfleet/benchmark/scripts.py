@@ -245,7 +245,7 @@ def print_machine(console: Console, packages: Sequence[str] = ()) -> dict[str, A
     load = machine["load_average_at_start"]
     console.print(
         f"{machine['cpu_model']}, {machine['usable_cores']} usable cores, Python "
-        f"{machine['python']}, load average {load[0] if load else '-'}; "
+        f"{machine['python']}, load average {f'{load[0]:.2f}' if load else '-'}; "
         + ", ".join(f"{k} {v}" for k, v in machine["versions"].items() if v)
     )
     return machine
