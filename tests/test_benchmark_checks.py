@@ -28,6 +28,7 @@ from envfleet.benchmark.gil import (
     scaling_cases,
     scaling_verdict,
 )
+from envfleet.benchmark.ray_patterns import BatchActor
 from envfleet.benchmark.scripts import (
     IdealRunner,
     add_choice,
@@ -232,3 +233,20 @@ def test_open_envfleet_steps_sync_or_by_batch(batch_size: int | None) -> None:
         assert runner.window(0.05) > 0
     finally:
         runner.close()
+
+
+def test_hand_batched_ray_actor_steps_its_envs_as_envs_stepped_one_by_one() -> None:
+    spec = Workload.of("CartPole-v1", 2).spec
+    actor = BatchActor(spec, [3, 4])
+    envs = [spec.build() for _ in range(2)]
+    for env, seed in zip(envs, [3, 4], strict=True):
+        env.reset(seed=seed)
+    for step in range(30):  # CartPole episodes end within 30 steps of alternating pushes
+        actions = np.array([step % 2, (step + 1) % 2])
+        obs, rewards, terminated, truncated = actor.step(actions)
+        for i, env in enumerate(envs):
+            want, reward, term, trunc, _ = env.step(int(actions[i]))
+            if term or trunc:
+                want, _ = env.reset()
+            np.testing.assert_array_equal(obs[i], want)
+            assert (rewards[i], terminated[i], truncated[i]) == (reward, term, trunc)
