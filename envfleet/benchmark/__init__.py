@@ -42,8 +42,9 @@ importable from :mod:`envfleet.benchmark` itself. The scripts' own measurements 
 module, imported by name: :mod:`~envfleet.benchmark.scripts` (what the scripts share: the
 ideal row, ``recv``/``send`` openers, ratio columns, targets), :mod:`~envfleet.benchmark.gil`
 (threads and the GIL), :mod:`~envfleet.benchmark.soak` with
-:mod:`~envfleet.benchmark.soak_env` (the fault soak), :mod:`~envfleet.benchmark.stats_cost`
-(statistics on and off) and :mod:`~envfleet.benchmark.ray_patterns` (plain Ray baselines).
+:mod:`~envfleet.benchmark.soak_check` and :mod:`~envfleet.benchmark.soak_env` (the fault
+soak), :mod:`~envfleet.benchmark.stats_cost` (statistics on and off) and
+:mod:`~envfleet.benchmark.ray_patterns` (plain Ray baselines).
 """
 
 from envfleet.benchmark.bare import BARE_POOL, BarePool, open_bare_pool
