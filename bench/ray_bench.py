@@ -45,15 +45,13 @@ from envfleet import benchmark
 from envfleet.benchmark import Runner, Timing, Workload, ray_patterns
 from envfleet.benchmark.cases import (
     Case,
-    measure_cases,
     median_of,
     ratio,
-    results_table,
     save_json,
     script_parser,
     timing_from,
 )
-from envfleet.benchmark.scripts import add_choice, print_machine, target, versus
+from envfleet.benchmark.scripts import Versus, add_choice, measure_table, print_machine, target
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "ray.json"
 BENCH_WORKLOADS = ("cartpole", "pong")
@@ -81,19 +79,12 @@ def run(name: str, timing: Timing, console: Console) -> dict[str, Any]:
     """Measure every runner on the workload ``name``, print its table; its JSON entry."""
     case = envs.TARGETS[name]
     workload = Workload.of(case.env, case.num_envs)
-    console.print(f"[bold]{workload.label} x {workload.num_envs}[/bold]")
-    results = measure_cases(
-        [Case(runner, opener) for runner, opener in RUNNERS.items()], workload, timing, console
-    )
     subject, baseline, minimum = RAY_TARGETS[name]
+    cases = [Case(runner, opener) for runner, opener in RUNNERS.items()]
+    title = f"{workload.label} x {workload.num_envs} (env-steps/s)"
+    columns = [Versus(f"vs {baseline}", baseline)]
+    results, rows = measure_table(console, title, cases, workload, timing, columns)
     base = median_of(results, baseline)
-    rows = results_table(
-        console,
-        f"{workload.label} x {workload.num_envs} (env-steps/s, median)",
-        list(RUNNERS),
-        results,
-        [versus(f"vs {baseline}", base)],
-    )
     value = ratio(median_of(results, subject), base)
     met = target(console, f"{subject} / {baseline}", value, minimum)
     return {"env": workload.label, "num_envs": workload.num_envs, "runners": rows, "target": met}

@@ -65,9 +65,10 @@ from envfleet.benchmark.cases import (
 )
 from envfleet.benchmark.scripts import (
     IdealRunner,
+    Versus,
     add_choice,
-    add_ratios,
     ideal_info,
+    measure_table,
     open_envfleet,
     print_machine,
     target,
@@ -191,6 +192,8 @@ PROBES: dict[str, Callable[[], Callable[[], object]]] = {
 # -- parts ---------------------------------------------------------------------------------------
 
 
+IDEAL = "ideal (32 x 1 env)"
+LOOP = "for-loop"
 THREAD_PINNED = "envfleet thread, pinned to 1 core"
 BARE_PINNED = "bare threads, pinned to 1 core"
 
@@ -206,8 +209,8 @@ TWO_WORKERS: dict[str, Any] = {"backend": "process", "num_workers": 2}
 def sleep_cases() -> list[Case]:
     ef = functools.partial
     return [
-        Case("ideal (32 x 1 env)", IdealRunner),
-        Case("for-loop", benchmark.open_loop),
+        Case(IDEAL, IdealRunner),
+        Case(LOOP, benchmark.open_loop),
         Case("bare threads", gil.open_bare_threads),
         Case(BARE_PINNED, lambda w, t: gil.open_bare_threads(w, t, cpus=one_core())),
         Case("envfleet thread", ef(open_envfleet, backend="thread")),
@@ -231,7 +234,7 @@ def sleep_cases() -> list[Case]:
 def pong_cases() -> list[Case]:
     ef = functools.partial
     return [
-        Case("for-loop", benchmark.open_loop),
+        Case(LOOP, benchmark.open_loop),
         Case("envfleet thread", ef(open_envfleet, backend="thread")),
         Case("envfleet process 2w", ef(open_envfleet, **TWO_WORKERS), forks=True),
         Case(
@@ -251,21 +254,19 @@ def pong_cases() -> list[Case]:
 
 
 def run_sleep(timing: Timing, console: Console) -> dict[str, Any]:
-    cases = sleep_cases()
-    with console.status("sleep: measuring ..."):
-        results = measure_cases(cases, Workload.of(SleepEnv, 32), timing, console)
-    ideal = median_of(results, "ideal (32 x 1 env)")
-    loop = median_of(results, "for-loop")
-    rows = results_table(
+    results, rows = measure_table(
         console,
-        f"SleepEnv (1 ms) x 32 ({timing.repeats} x {timing.seconds:g} s, median)",
-        [c.name for c in cases],
-        results,
-        [versus("vs ideal", ideal), versus("vs for-loop", loop)],
+        "SleepEnv (1 ms) x 32",
+        sleep_cases(),
+        Workload.of(SleepEnv, 32),
+        timing,
+        [
+            Versus("vs ideal", IDEAL, "ratio_to_ideal"),
+            Versus("vs for-loop", LOOP, "ratio_to_for_loop"),
+        ],
     )
-    add_ratios(rows, "ratio_to_ideal", ideal)
-    add_ratios(rows, "ratio_to_for_loop", loop)
-    step_ms = ideal_info(results, "ideal (32 x 1 env)").get("mean_step_ms")
+    ideal = median_of(results, IDEAL)
+    step_ms = ideal_info(results, IDEAL).get("mean_step_ms")
     console.print(
         f"measured SleepEnv step: {fmt(step_ms, '.3f')} ms, so ideal = 32 / step = "
         f"{fmt(ideal, ',.0f')} steps/s"
@@ -336,18 +337,15 @@ def run_gil(timing: Timing, console: Console) -> dict[str, Any]:
 
 
 def run_pong(timing: Timing, console: Console) -> dict[str, Any]:
-    cases = pong_cases()
-    with console.status("pong: measuring ..."):
-        results = measure_cases(cases, Workload.of("ALE/Pong-v5", 8), timing, console)
-    loop = median_of(results, "for-loop")
-    rows = results_table(
+    results, rows = measure_table(
         console,
-        f"ALE/Pong-v5 x 8 ({timing.repeats} x {timing.seconds:g} s, median; agent steps/s)",
-        [c.name for c in cases],
-        results,
-        [versus("vs for-loop", loop)],
+        "ALE/Pong-v5 x 8 (agent steps/s)",
+        pong_cases(),
+        Workload.of("ALE/Pong-v5", 8),
+        timing,
+        [Versus("vs for-loop", LOOP, "ratio_to_for_loop")],
     )
-    add_ratios(rows, "ratio_to_for_loop", loop)
+    loop = median_of(results, LOOP)
     value = ratio(median_of(results, "envfleet thread"), loop)
     met = target(console, "envfleet thread / for-loop", value, PONG_TARGET)["met"]
     return {

@@ -27,14 +27,11 @@ from envfleet.backends import process
 from envfleet.benchmark import Runner, Timing, Workload
 from envfleet.benchmark.cases import (
     Case,
-    measure_cases,
-    median_of,
-    results_table,
     save_json,
     script_parser,
     timing_from,
 )
-from envfleet.benchmark.scripts import open_envfleet, print_machine, versus
+from envfleet.benchmark.scripts import Versus, measure_table, open_envfleet, print_machine
 
 SPINS = (0.0, 20e-6, 200e-6, 2e-3)
 WORKLOADS = (("CartPole-v1", 64, 2), ("ALE/Pong-v5", 8, 2))
@@ -79,15 +76,12 @@ def main(argv: list[str] | None = None) -> int:
             Case(f"spin {s * 1e6:g} µs", functools.partial(Spinning, s, workers), forks=True)
             for s in SPINS
         ]
-        results = measure_cases(cases, Workload.of(env_id, num_envs), timing, console)
-        base = median_of(results, cases[0].name)
-        report[env_id] = results_table(
-            console,
-            f"{env_id}, {num_envs} envs, {workers} workers",
-            [c.name for c in cases],
-            results,
-            [versus("vs blocking", base)],
+        title = f"{env_id}, {num_envs} envs, {workers} workers"
+        columns = [Versus("vs blocking", cases[0].name)]
+        _, rows = measure_table(
+            console, title, cases, Workload.of(env_id, num_envs), timing, columns
         )
+        report[env_id] = rows
     save_json(args.json, report, console)
     return 0
 

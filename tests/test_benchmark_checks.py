@@ -8,6 +8,7 @@ import functools
 import io
 import json
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,8 @@ import pytest
 from rich.console import Console
 
 import envfleet
-from envfleet.benchmark import Runner, RunResult, Timing, Workload
-from envfleet.benchmark.cases import measure_cases
+from envfleet.benchmark import CallRunner, Runner, RunResult, Timing, Workload
+from envfleet.benchmark.cases import Case, measure_cases
 from envfleet.benchmark.gil import (
     HOLDS,
     REFERENCES,
@@ -31,9 +32,11 @@ from envfleet.benchmark.gil import (
 from envfleet.benchmark.ray_patterns import BatchActor
 from envfleet.benchmark.scripts import (
     IdealRunner,
+    Versus,
     add_choice,
     add_ratios,
     layouts,
+    measure_table,
     open_envfleet,
     own_sync_column,
     target,
@@ -250,3 +253,31 @@ def test_hand_batched_ray_actor_steps_its_envs_as_envs_stepped_one_by_one() -> N
                 want, _ = env.reset()
             np.testing.assert_array_equal(obs[i], want)
             assert (rewards[i], terminated[i], truncated[i]) == (reward, term, trunc)
+
+
+def _steady(steps: int) -> Callable[[Workload, Timing], Runner]:
+    def open_(workload: Workload, timing: Timing) -> Runner:
+        def advance() -> int:
+            time.sleep(0.001)
+            return steps
+
+        return CallRunner(f"x{steps}", advance, lambda: None, timing)
+
+    return open_
+
+
+def _refuses(workload: Workload, timing: Timing) -> Runner:
+    raise RuntimeError("no runner here")
+
+
+def test_measure_table_adds_its_ratio_columns_to_the_json() -> None:
+    cases = [Case("one", _steady(1)), Case("three", _steady(3)), Case("broken", _refuses)]
+    out = io.StringIO()
+    console = Console(file=out, width=200)
+    columns = [Versus("vs one", "one", "ratio_to_one"), Versus("vs none", "absent")]
+    results, rows = measure_table(console, "t", cases, Workload.of(FaultyEnv, 1), TIMING, columns)
+    assert set(results) == set(rows) == {"one", "three", "broken"}
+    assert rows["one"]["ratio_to_one"] == 1.0
+    assert 1.2 < rows["three"]["ratio_to_one"] < 8.0  # 3 steps a call, the same sleep: about 3
+    assert rows["broken"] == {"error": "RuntimeError: no runner here"}
+    assert "vs none" in out.getvalue()

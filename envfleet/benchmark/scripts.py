@@ -14,6 +14,7 @@ import importlib.metadata
 import io
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,10 @@ from envfleet.benchmark.cases import (
     cycle,
     discrete_actions,
     fmt,
+    measure_cases,
     median_of,
     ratio,
+    results_table,
 )
 from envfleet.benchmark.measure import machine_info
 from envfleet.benchmark.peers import puffer_env
@@ -220,6 +223,42 @@ def add_ratios(rows: dict[str, Any], key: str, base: float | None) -> None:
     for row in rows.values():
         if "steps_per_s" in row:
             row[key] = ratio(row["steps_per_s"], base)
+
+
+@dataclass(frozen=True)
+class Versus:
+    """A ratio column: each row's median over row ``row``'s, headed ``header`` and, if ``key``
+    is given, added to each row's JSON under ``key``."""
+
+    header: str
+    row: str
+    key: str | None = None
+
+
+def measure_table(
+    console: Console,
+    title: str,
+    cases: Sequence[Case],
+    workload: Workload,
+    timing: Timing,
+    columns: Sequence[Versus] = (),
+) -> tuple[dict[str, RunResult | str], dict[str, Any]]:
+    """Measure ``cases`` on ``workload`` and print their table, titled ``title`` and the timing,
+    with a ratio column per :class:`Versus`; the results and the table's JSON."""
+    with console.status(f"{title}: measuring {len(cases)} runners ..."):
+        results = measure_cases(cases, workload, timing, console)
+    bases = [(column, median_of(results, column.row)) for column in columns]
+    rows = results_table(
+        console,
+        f"{title} ({timing.repeats} x {timing.seconds:g} s, median)",
+        [c.name for c in cases],
+        results,
+        [versus(column.header, base) for column, base in bases],
+    )
+    for column, base in bases:
+        if column.key is not None:
+            add_ratios(rows, column.key, base)
+    return results, rows
 
 
 def target(
