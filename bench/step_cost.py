@@ -41,11 +41,13 @@ def main(argv: list[str] | None = None) -> int:
         "--num-envs", type=lambda v: [int(n) for n in v.split(",")], default=[2, 64]
     )
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=None, help="timed window (default 2)")
+    parser.add_argument("--repeats", type=int, default=None, help="windows (default 3)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 window of 0.3 s")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args(argv)
-    timing = benchmark.Timing.scaled(args.seconds, args.repeats)
+    seconds, repeats = (0.3, 1) if args.quick else (2.0, 3)
+    timing = benchmark.Timing.scaled(args.seconds or seconds, args.repeats or repeats)
     openers = {
         "process": benchmark.envfleet_opener("process", num_workers=args.workers),
         benchmark.BARE_POOL: functools.partial(benchmark.open_bare_pool, num_workers=args.workers),

@@ -80,7 +80,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SLEEP_TARGET = 0.8
 PONG_TARGET = 1.6
 FREE_THREADED_NOTES = (
-    "Checked on the 2-core dev machine: Debian 12 offers only python3.11 (apt-cache search "
+    "Checked on the 2-core test machine: Debian 12 offers only python3.11 (apt-cache search "
     "python3.13: nothing); pyenv has 3.13.0 built with the GIL (Py_GIL_DISABLED=0) and no "
     "3.13t/3.14t; `uv python install 3.13t` (uv 0.13.9 from PyPI) fails: its builds download "
     "from GitHub and only package registries are reachable. So no free-threaded CPython here."

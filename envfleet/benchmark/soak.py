@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from envfleet.benchmark.cases import save_json
+from envfleet.benchmark.cases import fmt, save_json
 from envfleet.benchmark.measure import machine_info
 from envfleet.benchmark.soak_check import SoakConfig, SoakRun
 from envfleet.benchmark.soak_env import OBS_SIZE
@@ -197,7 +197,7 @@ def run_soak(args: SoakConfig, json_path: Path) -> int:
         print(
             f"faulty / fault-free steps/s = {ratio:.3f} (target >= {TARGET}) "
             f"{'met' if verdict else 'missed'}; without the hang waits: "
-            f"{ratio_no_hangs:.3f}"
+            f"{fmt(ratio_no_hangs, '.3f')}"
         )
         budget = faulty["requested"] / clean["steps_per_s"] * (1 / TARGET - 1)
         per_failure = budget / faulty["failures_injected"] if faulty["failures_injected"] else None
