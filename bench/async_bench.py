@@ -36,29 +36,19 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import contextlib
 import functools
-import importlib.metadata
-import io
-import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from rich.console import Console
 
-import envfleet
-from bench.async_envs import HeavyTailEnv, expected_step_s, puffer_env
+from bench.async_envs import HeavyTailEnv, expected_step_s
 from envfleet import benchmark
-from envfleet.affinity import usable_cpus
-from envfleet.benchmark import CallRunner, Runner, RunResult, Timing, Workload
+from envfleet.benchmark import Timing, Workload
 from envfleet.benchmark.cases import (
     Case,
-    cycle,
-    discrete_actions,
-    fmt,
     measure_cases,
     median_of,
     ratio,
@@ -67,153 +57,24 @@ from envfleet.benchmark.cases import (
     script_parser,
     timing_from,
 )
+from envfleet.benchmark.scripts import (
+    IdealRunner,
+    add_choice,
+    add_ratios,
+    ideal_info,
+    layouts,
+    open_envfleet,
+    open_envpool_by_batch,
+    open_pufferlib_by_batch,
+    own_sync_column,
+    print_machine,
+    target,
+    version,
+    versus,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ASYNC_TARGET = 1.5
-
-
-def version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-# -- runners: each steps sync (``step``) when its batch is every env, else ``recv`` + ``send`` --
-
-
-class IdealRunner(CallRunner):
-    """One env stepped alone, counted ``num_envs`` times: ``num_envs / mean step time``.
-
-    Its info also gets the sync ideal: ``num_envs / mean of the slowest of num_envs`` steps
-    (bootstrapped from the step times of the last window).
-    """
-
-    def __init__(self, workload: Workload, timing: Timing) -> None:
-        env = workload.spec.build()
-        env.reset(seed=timing.seed)
-        n = workload.num_envs
-        self.durations: list[float] = []
-
-        def advance() -> int:
-            start = time.perf_counter()
-            _, _, terminated, truncated, _ = env.step(0)
-            self.durations.append(time.perf_counter() - start)
-            if terminated or truncated:
-                env.reset()
-            return n
-
-        super().__init__("ideal", advance, env.close, timing, num_envs=n)
-
-    def window(self, seconds: float) -> float:
-        self.durations.clear()
-        rate = super().window(seconds)
-        d = np.array(self.durations[-100_000:])
-        if len(d) >= 10:
-            n = self.info["num_envs"]
-            rng = np.random.default_rng(0)
-            slowest = d[rng.integers(0, len(d), size=(2000, n))].max(axis=1).mean()
-            self.info["mean_step_ms"] = float(d.mean() * 1e3)
-            self.info["ideal_sync_steps_per_s"] = float(n / slowest)
-        return rate
-
-
-def open_envfleet(
-    workload: Workload, timing: Timing, *, batch_size: int | None = None, **make_kwargs: Any
-) -> Runner:
-    """``envfleet.make``: ``step`` when sync, else ``recv`` + ``send`` to ``infos["env_id"]``."""
-    n = workload.num_envs
-    pool = envfleet.make(workload.spec, n, batch_size=batch_size, seed=timing.seed, **make_kwargs)
-    info = {"num_workers": pool.num_workers, "batch_size": pool.batch_size, **make_kwargs}
-    try:
-        space_n = int(pool.single_action_space.n)
-        batch = pool.batch_size
-        actions = discrete_actions(space_n, batch, timing.seed)
-        if batch == n:
-            pool.reset(seed=timing.seed)
-            return CallRunner("envfleet", cycle(pool.step, actions, n), pool.close, timing, **info)
-        pool.async_reset(seed=timing.seed)
-
-        def recv_send(acts: np.ndarray) -> None:
-            _, _, _, _, infos = pool.recv()
-            pool.send(acts, infos["env_id"])
-
-        return CallRunner("envfleet", cycle(recv_send, actions, batch), pool.close, timing, **info)
-    except BaseException:
-        pool.close()
-        raise
-
-
-def open_envpool(
-    task: str, workload: Workload, timing: Timing, *, batch_size: int | None = None, **kw: Any
-) -> Runner:
-    """EnvPool (``env_type="gymnasium"``), one thread per usable core unless told otherwise."""
-    import envpool
-
-    n = workload.num_envs
-    batch = n if batch_size is None else batch_size
-    kw.setdefault("num_threads", len(usable_cpus()))
-    env = envpool.make(
-        task, env_type="gymnasium", num_envs=n, batch_size=batch, seed=timing.seed, **kw
-    )
-    info = {"envpool": version("envpool"), "batch_size": batch, **kw}
-    try:
-        actions = discrete_actions(int(env.action_space.n), batch, timing.seed)
-        if batch == n:
-            env.reset()
-            return CallRunner("envpool", cycle(env.step, actions, n), env.close, timing, **info)
-        env.async_reset()
-
-        def recv_send(acts: np.ndarray) -> None:
-            _, _, _, _, infos = env.recv()
-            env.send(acts, infos["env_id"])
-
-        return CallRunner("envpool", cycle(recv_send, actions, batch), env.close, timing, **info)
-    except BaseException:
-        env.close()
-        raise
-
-
-PUFFER_SETTLE_S = 0.7
-"""PufferLib's idle workers spin for 0.5 s before they start sleeping between polls."""
-
-
-def open_pufferlib(
-    workload: Workload, timing: Timing, *, num_workers: int, batch_size: int | None = None
-) -> Runner:
-    """PufferLib's ``Multiprocessing`` backend (``recv`` + ``send``; sync when batch is all)."""
-    with contextlib.redirect_stderr(io.StringIO()):  # the old ``gym`` it imports prints a notice
-        import pufferlib.vector
-
-    n = workload.num_envs
-    batch = n if batch_size is None else batch_size
-    env = workload.spec.target
-    vec = pufferlib.vector.make(
-        functools.partial(puffer_env, env),
-        backend=pufferlib.vector.Multiprocessing,
-        num_envs=n,
-        num_workers=num_workers,
-        batch_size=batch,
-        overwork=True,  # allowed: 4 workers on 2 cores is the point of a comparison
-    )
-    info = {
-        "pufferlib": version("pufferlib-core") or version("pufferlib"),
-        "num_workers": num_workers,
-        "batch_size": batch,
-    }
-    try:
-        actions = discrete_actions(int(vec.single_action_space.n), batch, timing.seed)
-        vec.async_reset(timing.seed)
-
-        def recv_send(acts: np.ndarray) -> None:
-            vec.recv()
-            vec.send(acts)
-
-        advance = cycle(recv_send, actions, batch)
-        return CallRunner("pufferlib", advance, vec.close, timing, settle_s=PUFFER_SETTLE_S, **info)
-    except BaseException:
-        vec.close()
-        raise
 
 
 # -- the tables ----------------------------------------------------------------------------------
@@ -232,46 +93,34 @@ class Scenario:
     reference: str
 
 
-def _layouts(
-    prefix: str, batches: Sequence[int], opener: Callable[..., Runner], *, forks: bool, **kw: Any
-) -> list[Case]:
-    """A sync row and one async row per batch size, for one runner layout."""
-    sync = f"{prefix} sync"
-    cases = [Case(sync, functools.partial(opener, **kw), forks=forks)]
-    for b in batches:
-        opens = functools.partial(opener, batch_size=b, **kw)
-        cases.append(Case(f"{prefix} B={b}", opens, forks=forks, sync_of=sync))
-    return cases
-
-
 def heavytail_cases() -> list[Case]:
     batches, ef = (16, 8), open_envfleet
     return [
         Case("ideal (32 x 1 env)", IdealRunner),
         Case("for-loop", benchmark.open_loop),
-        *_layouts("envfleet thread", batches, ef, forks=False, backend="thread"),
-        *_layouts("envfleet process 4w", batches, ef, forks=True, backend="process", num_workers=4),
-        *_layouts(
+        *layouts("envfleet thread", batches, ef, forks=False, backend="thread"),
+        *layouts("envfleet process 4w", batches, ef, forks=True, backend="process", num_workers=4),
+        *layouts(
             "envfleet process 4w x8t", batches, ef, forks=True, backend="process",
             num_workers=4, threads_per_worker=8,
         ),
-        *_layouts(
+        *layouts(
             "envfleet process 8w x4t", batches, ef, forks=True, backend="process",
             num_workers=8, threads_per_worker=4,
         ),
-        *_layouts("pufferlib mp 4w", batches, open_pufferlib, forks=True, num_workers=4),
+        *layouts("pufferlib mp 4w", batches, open_pufferlib_by_batch, forks=True, num_workers=4),
     ]  # fmt: skip
 
 
 def cartpole_cases() -> list[Case]:
     batches = (32,)
     return [
-        *_layouts(
+        *layouts(
             "envfleet process 2w", batches, open_envfleet, forks=True, backend="process",
             num_workers=2,
         ),
-        *_layouts("envpool", batches, functools.partial(open_envpool, "CartPole-v1"), forks=False),
-        *_layouts("pufferlib mp 2w", batches, open_pufferlib, forks=True, num_workers=2),
+        *layouts("envpool", batches, open_envpool_by_batch, forks=False, task="CartPole-v1"),
+        *layouts("pufferlib mp 2w", batches, open_pufferlib_by_batch, forks=True, num_workers=2),
     ]  # fmt: skip
 
 
@@ -289,13 +138,13 @@ ENVPOOL_PONG_AS_ALE = {
 
 def pong_cases() -> list[Case]:
     batches, ef = (4,), open_envfleet
-    ep = functools.partial(open_envpool, "Pong-v5")
+    ep = functools.partial(open_envpool_by_batch, task="Pong-v5")
     return [
-        *_layouts("envfleet process 2w", batches, ef, forks=True, backend="process", num_workers=2),
-        *_layouts("envfleet thread", batches, ef, forks=False, backend="thread"),
-        *_layouts("envpool (84x84 grey x4)", batches, ep, forks=False),
-        *_layouts("envpool (as ALE/Pong-v5)", batches, ep, forks=False, **ENVPOOL_PONG_AS_ALE),
-        *_layouts("pufferlib mp 2w", batches, open_pufferlib, forks=True, num_workers=2),
+        *layouts("envfleet process 2w", batches, ef, forks=True, backend="process", num_workers=2),
+        *layouts("envfleet thread", batches, ef, forks=False, backend="thread"),
+        *layouts("envpool (84x84 grey x4)", batches, ep, forks=False),
+        *layouts("envpool (as ALE/Pong-v5)", batches, ep, forks=False, **ENVPOOL_PONG_AS_ALE),
+        *layouts("pufferlib mp 2w", batches, open_pufferlib_by_batch, forks=True, num_workers=2),
     ]
 
 
@@ -329,22 +178,13 @@ def run_scenario(scenario: Scenario, timing: Timing, console: Console) -> dict[s
     with console.status(f"{scenario.name}: {len(cases)} runners ..."):
         results = measure_cases(cases, workload, timing, console)
     reference = median_of(results, scenario.reference)
-    sync_of = {c.name: c.sync_of or c.name for c in cases}
-
-    def vs_sync(name: str, result: RunResult) -> str:
-        if sync_of[name] == name:
-            return "1.00" if name.endswith(" sync") else "-"
-        return fmt(ratio(result.median, median_of(results, sync_of[name])))
-
-    def vs_ref(name: str, result: RunResult) -> str:
-        return fmt(ratio(result.median, reference))
-
     title = (
         f"{scenario.title} ({timing.repeats} x {timing.seconds:g} s, median; "
         f"ref = {scenario.reference})"
     )
-    columns = [("vs own sync", vs_sync), ("vs ref", vs_ref)]
+    columns = [own_sync_column(cases, results), versus("vs ref", reference)]
     rows = results_table(console, title, [c.name for c in cases], results, columns)
+    add_ratios(rows, "ratio_to_ref", reference)
     verdicts = []
     for case in cases:
         if case.sync_of is None:
@@ -352,21 +192,15 @@ def run_scenario(scenario: Scenario, timing: Timing, console: Console) -> dict[s
         value = ratio(median_of(results, case.name), median_of(results, case.sync_of))
         rows[case.name]["ratio_to_own_sync"] = value
         if case.name.startswith("envfleet") and scenario.name == "heavytail":
-            met = None if value is None else value >= ASYNC_TARGET
+            met = target(console, f"{case.name} / sync", value, ASYNC_TARGET, end="")["met"]
             verdicts.append({"runner": case.name, "async_over_sync": value, "meets_target": met})
-            mark = {None: "", True: " [green]met[/green]", False: " [red]missed[/red]"}[met]
-            console.print(
-                f"[bold]{case.name} / sync = {fmt(value)}[/bold] (target >= {ASYNC_TARGET}){mark}"
-            )
-    for row in rows.values():
-        if "steps_per_s" in row:
-            row["ratio_to_ref"] = ratio(row["steps_per_s"], reference)
-    ideal = results.get("ideal (32 x 1 env)")
-    if isinstance(ideal, RunResult) and "ideal_sync_steps_per_s" in ideal.info:
+    ideal = ideal_info(results, "ideal (32 x 1 env)")
+    if "ideal_sync_steps_per_s" in ideal:
         console.print(
-            f"ideal: async {ideal.median:,.0f} steps/s (32 / {ideal.info['mean_step_ms']:.3f} ms "
-            f"measured mean step; requested {expected_step_s() * 1e3:.3f} ms), "
-            f"sync {ideal.info['ideal_sync_steps_per_s']:,.0f} steps/s (32 / mean slowest of 32)"
+            f"ideal: async {median_of(results, 'ideal (32 x 1 env)'):,.0f} steps/s (32 / "
+            f"{ideal['mean_step_ms']:.3f} ms measured mean step; requested "
+            f"{expected_step_s() * 1e3:.3f} ms), sync {ideal['ideal_sync_steps_per_s']:,.0f} "
+            "steps/s (32 / mean slowest of 32)"
         )
     console.print()
     return {
@@ -381,35 +215,21 @@ def run_scenario(scenario: Scenario, timing: Timing, console: Console) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     parser = script_parser(__doc__ or "", RESULTS / "async_bench.json")
-    parser.add_argument(
-        "--workloads",
-        default=",".join(SCENARIOS),
-        help=f"comma-separated, from {','.join(SCENARIOS)} (default: all)",
-    )
+    add_choice(parser, "--workloads", list(SCENARIOS))
     args = parser.parse_args(argv)
-    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    unknown = [w for w in names if w not in SCENARIOS]
-    if unknown:
-        parser.error(f"unknown workloads {unknown}: choose from {', '.join(SCENARIOS)}")
     timing = timing_from(args)
     # EnvPool's spaces: "Box low's precision lowered by casting to float32".
     warnings.filterwarnings("ignore", message=".*precision lowered.*")
     console = Console(width=max(Console().width, 140))
-    machine = benchmark.machine_info(("envpool", "pufferlib-core", "pufferlib"))
-    console.print(
-        f"{machine['cpu_model']}, {machine['usable_cores']} usable cores, Python "
-        f"{machine['python']}, load average {machine['load_average_at_start'][0]:.2f}; "
-        + ", ".join(f"{k} {v}" for k, v in machine["versions"].items() if v)
-    )
     report: dict[str, Any] = {
-        "machine": machine,
+        "machine": print_machine(console, ("envpool", "pufferlib-core", "pufferlib")),
         "timing": timing.as_dict(),
         "unit": "env-steps per second (Pong: agent steps, 4 frames each)",
         "installs": install_notes(),
-        "workloads": {},
+        "workloads": {
+            name: run_scenario(SCENARIOS[name], timing, console) for name in args.workloads
+        },
     }
-    for name in names:
-        report["workloads"][name] = run_scenario(SCENARIOS[name], timing, console)
     save_json(args.json, report, console)
     return 0
 

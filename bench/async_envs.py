@@ -1,4 +1,4 @@
-"""Environments and factories for ``bench/async_bench.py`` and ``bench/thread_bench.py``.
+"""The heavy-tailed env of ``bench/async_bench.py``.
 
 Everything is defined at module level so that worker processes (fork, forkserver or spawn) can
 import it by reference.
@@ -12,8 +12,6 @@ from typing import Any, ClassVar
 import gymnasium
 import numpy as np
 from gymnasium import spaces
-
-from bench.envs import build_env
 
 FAST_S = 0.0002
 SLOW_S = 0.005
@@ -68,10 +66,3 @@ def expected_step_s(
 ) -> float:
     """Mean requested sleep of a :class:`HeavyTailEnv` step (``time.sleep`` oversleeps this)."""
     return (1 - slow_p) * fast_s + slow_p * slow_s
-
-
-def puffer_env(env: str | type[gymnasium.Env[Any, Any]], buf: Any = None, seed: int = 0) -> Any:
-    """PufferLib's wrapper around one Gymnasium env (its ``Multiprocessing`` backend needs it)."""
-    import pufferlib.emulation
-
-    return pufferlib.emulation.GymnasiumPufferEnv(env=build_env(env), buf=buf, seed=seed)

@@ -73,17 +73,6 @@ EnvRef = str | type[gymnasium.Env[Any, Any]]
 """A registered Gymnasium id or an env class (both picklable by reference)."""
 
 
-def build_env(env: EnvRef) -> gymnasium.Env[Any, Any]:
-    """Build one env from an id (registering ALE ids on demand) or a class."""
-    if isinstance(env, str):
-        if env.startswith("ALE/"):
-            import ale_py
-
-            gymnasium.register_envs(ale_py)
-        return gymnasium.make(env)
-    return env()
-
-
 @dataclass(frozen=True)
 class Target:
     """A throughput case with a bar to clear: which env, how many copies, and the least ratio
@@ -101,10 +90,6 @@ class Target:
     env: EnvRef
     num_envs: int
     target: float | None = None
-
-    @property
-    def label(self) -> str:
-        return self.env if isinstance(self.env, str) else self.env.__name__
 
 
 TARGETS: dict[str, Target] = {

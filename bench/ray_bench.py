@@ -3,9 +3,9 @@
 Runners (random actions, after warm-up; timed windows interleaved across runners so that a
 change in the machine's load hits them all; the median window is reported):
 
-- ``naive-ray``: one Ray actor per env, one remote call per env step (all in flight at once);
-- ``batched-ray``: the envs split by hand over two actors (one per usable core), one remote call
-  per actor steps all of its envs: what envfleet's ray backend automates;
+- ``naive-ray``, ``batched-ray``: plain Ray patterns (:mod:`envfleet.benchmark.ray_patterns`):
+  one actor per env and a call per env step; the envs split by hand over one actor per usable
+  core, a call per actor stepping all of its envs (what envfleet's ray backend automates);
 - ``envfleet-ray``: ``envfleet.make(..., backend="ray")`` joining the Ray this script started
   (its actors are on this machine: they share the batch memory and take commands over a socket);
 - ``envfleet-ray-calls``: the same with ``ray_shared_memory=False``: a Ray call per command, the
@@ -34,157 +34,32 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-import gymnasium
-import numpy as np
 import ray
 from rich.console import Console
 
 from bench import envs
 from envfleet import benchmark
-from envfleet.affinity import usable_cpus
-from envfleet.benchmark import LoopRunner, Runner, Timing, Workload
+from envfleet.benchmark import Runner, Timing, Workload, ray_patterns
 from envfleet.benchmark.cases import (
     Case,
-    fmt,
-    measure_cases,
     median_of,
     ratio,
-    results_table,
     save_json,
     script_parser,
     timing_from,
 )
+from envfleet.benchmark.scripts import Versus, add_choice, measure_table, print_machine, target
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "ray.json"
 BENCH_WORKLOADS = ("cartpole", "pong")
 
 
-# -- the plain Ray patterns ----------------------------------------------------------------------
-
-
-def _step_env(env: gymnasium.Env[Any, Any], action: Any) -> tuple[Any, float, bool, bool]:
-    """One step, resetting an env whose episode ended (as the vector envs do)."""
-    obs, reward, terminated, truncated, _ = env.step(action)
-    if terminated or truncated:
-        obs, _ = env.reset()
-    return obs, float(reward), bool(terminated), bool(truncated)
-
-
-class EnvActor:
-    """The naive pattern: one env per actor, one remote call per step."""
-
-    def __init__(self, env_id: str, seed: int) -> None:
-        self.env = envs.build_env(env_id)
-        self.env.reset(seed=seed)
-
-    def ready(self) -> bool:
-        return True
-
-    def step(self, action: Any) -> tuple[Any, float, bool, bool]:
-        return _step_env(self.env, action)
-
-
-class BatchActor:
-    """The hand-batched pattern: several envs per actor, stepped in one call."""
-
-    def __init__(self, env_id: str, seeds: Sequence[int]) -> None:
-        self.envs = [envs.build_env(env_id) for _ in seeds]
-        for env, seed in zip(self.envs, seeds, strict=True):
-            env.reset(seed=seed)
-
-    def ready(self) -> bool:
-        return True
-
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        results = [_step_env(env, a) for env, a in zip(self.envs, actions.tolist(), strict=True)]
-        obs, rewards, terminated, truncated = zip(*results, strict=True)
-        return np.stack(obs), np.array(rewards), np.array(terminated), np.array(truncated)
-
-
-def _action_batches(workload: Workload, timing: Timing) -> list[np.ndarray]:
-    env = workload.spec.build()
-    try:
-        space = gymnasium.vector.utils.batch_space(env.action_space, workload.num_envs)
-    finally:
-        env.close()
-    space.seed(timing.seed)
-    return [space.sample() for _ in range(timing.action_batches)]
-
-
-def _kill_all(actors: Sequence[Any]) -> None:
-    for actor in actors:
-        ray.kill(actor)
-
-
-def open_naive_ray(workload: Workload, timing: Timing) -> Runner:
-    """One actor per env; each step sends every env its action, then waits for them all."""
-    start = time.perf_counter()
-    cls = ray.remote(num_cpus=0)(EnvActor)
-    actors = [
-        cls.remote(str(workload.spec.target), timing.seed + i) for i in range(workload.num_envs)
-    ]
-    try:
-        ray.get([actor.ready.remote() for actor in actors])
-        setup_s = time.perf_counter() - start
-        actions = [batch.tolist() for batch in _action_batches(workload, timing)]
-    except BaseException:
-        _kill_all(actors)
-        raise
-
-    def step(batch: list[Any]) -> None:
-        ray.get([actor.step.remote(a) for actor, a in zip(actors, batch, strict=True)])
-
-    return LoopRunner(
-        "naive-ray",
-        step,
-        actions,
-        workload.num_envs,
-        timing,
-        setup_s,
-        lambda: _kill_all(actors),
-        actors=len(actors),
-    )
-
-
-def open_batched_ray(workload: Workload, timing: Timing) -> Runner:
-    """The envs split over one actor per usable core, each call stepping all of an actor's."""
-    start = time.perf_counter()
-    blocks = np.array_split(
-        np.arange(workload.num_envs), min(len(usable_cpus()), workload.num_envs)
-    )
-    cls = ray.remote(num_cpus=0)(BatchActor)
-    actors = [
-        cls.remote(str(workload.spec.target), (timing.seed + block).tolist()) for block in blocks
-    ]
-    try:
-        ray.get([actor.ready.remote() for actor in actors])
-        setup_s = time.perf_counter() - start
-        actions = _action_batches(workload, timing)
-    except BaseException:
-        _kill_all(actors)
-        raise
-
-    def step(batch: np.ndarray) -> None:
-        ray.get([actor.step.remote(batch[b]) for actor, b in zip(actors, blocks, strict=True)])
-
-    return LoopRunner(
-        "batched-ray",
-        step,
-        actions,
-        workload.num_envs,
-        timing,
-        setup_s,
-        lambda: _kill_all(actors),
-        actors=len(actors),
-    )
-
-
 RUNNERS: dict[str, Callable[[Workload, Timing], Runner]] = {
-    "naive-ray": open_naive_ray,
-    "batched-ray": open_batched_ray,
+    "naive-ray": ray_patterns.open_naive_ray,
+    "batched-ray": ray_patterns.open_batched_ray,
     "envfleet-ray": benchmark.envfleet_opener("ray", "envfleet-ray", ray_shared_memory=True),
     "envfleet-ray-calls": benchmark.envfleet_opener(
         "ray", "envfleet-ray-calls", ray_shared_memory=False
@@ -204,34 +79,20 @@ def run(name: str, timing: Timing, console: Console) -> dict[str, Any]:
     """Measure every runner on the workload ``name``, print its table; its JSON entry."""
     case = envs.TARGETS[name]
     workload = Workload.of(case.env, case.num_envs)
-    console.print(f"[bold]{workload.label} x {workload.num_envs}[/bold]")
-    results = measure_cases(
-        [Case(runner, opener) for runner, opener in RUNNERS.items()], workload, timing, console
-    )
     subject, baseline, minimum = RAY_TARGETS[name]
+    cases = [Case(runner, opener) for runner, opener in RUNNERS.items()]
+    title = f"{workload.label} x {workload.num_envs} (env-steps/s)"
+    columns = [Versus(f"vs {baseline}", baseline)]
+    results, rows = measure_table(console, title, cases, workload, timing, columns)
     base = median_of(results, baseline)
-    rows = results_table(
-        console,
-        f"{workload.label} x {workload.num_envs} (env-steps/s, median)",
-        list(RUNNERS),
-        results,
-        [(f"vs {baseline}", lambda _, r: fmt(ratio(r.median, base)))],
-    )
     value = ratio(median_of(results, subject), base)
-    met = None if value is None else value >= minimum
-    verdict = {None: "-", True: "[green]met[/green]", False: "[red]missed[/red]"}[met]
-    console.print(f"{subject} / {baseline}: {fmt(value)} (target >= {minimum:g}): {verdict}\n")
-    target = {"ratio": f"{subject} / {baseline}", "value": value, "minimum": minimum, "met": met}
-    return {"env": workload.label, "num_envs": workload.num_envs, "runners": rows, "target": target}
+    met = target(console, f"{subject} / {baseline}", value, minimum)
+    return {"env": workload.label, "num_envs": workload.num_envs, "runners": rows, "target": met}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = script_parser(__doc__ or "", DEFAULT_JSON)
-    parser.add_argument(
-        "--workloads",
-        default=",".join(BENCH_WORKLOADS),
-        help=f"comma-separated, from {','.join(BENCH_WORKLOADS)} (default: both)",
-    )
+    add_choice(parser, "--workloads", BENCH_WORKLOADS)
     parser.add_argument(
         "--ray-system-config",
         type=json.loads,
@@ -242,18 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         "workers at nice 15 and sends results over 100 KB through its object store)",
     )
     args = parser.parse_args(argv)
-    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    unknown = [w for w in names if w not in BENCH_WORKLOADS]
-    if unknown or not names:
-        parser.error(f"unknown workloads {unknown}: choose from {', '.join(BENCH_WORKLOADS)}")
     timing = timing_from(args)
     console = Console()
-    machine = benchmark.machine_info(("ray", "ale-py"))
-    console.print(
-        f"{machine['usable_cores']} usable cores ({machine['cpu_model']}), load average "
-        f"{machine['load_average_at_start'][0]:.2f}; windows of {timing.seconds:g} s x "
-        f"{timing.repeats}"
-    )
+    machine = print_machine(console, ("ray", "ale-py"))
     if ray.is_initialized():
         raise SystemExit("run this with no Ray connected: it times Ray's start-up")
     start = time.perf_counter()
@@ -267,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         + "\n"
     )
     try:
-        entries = {name: run(name, timing, console) for name in names}
+        entries = {name: run(name, timing, console) for name in args.workloads}
     finally:
         ray.shutdown()
     output = {

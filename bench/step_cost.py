@@ -22,11 +22,14 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 import argparse
 import functools
-import json
 from typing import Any
+
+from rich.console import Console
 
 from bench.envs import NoOpEnv
 from envfleet import benchmark
+from envfleet.benchmark.cases import save_json
+from envfleet.benchmark.scripts import print_machine
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "step_cost.json"
 TARGET = 1.5  # envfleet process / bare pool, per step
@@ -38,20 +41,18 @@ def main(argv: list[str] | None = None) -> int:
         "--num-envs", type=lambda v: [int(n) for n in v.split(",")], default=[2, 64]
     )
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=None, help="timed window (default 2)")
+    parser.add_argument("--repeats", type=int, default=None, help="windows (default 3)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 window of 0.3 s")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args(argv)
-    timing = benchmark.Timing.scaled(args.seconds, args.repeats)
+    seconds, repeats = (0.3, 1) if args.quick else (2.0, 3)
+    timing = benchmark.Timing.scaled(args.seconds or seconds, args.repeats or repeats)
     openers = {
         "process": benchmark.envfleet_opener("process", num_workers=args.workers),
         benchmark.BARE_POOL: functools.partial(benchmark.open_bare_pool, num_workers=args.workers),
     }
-    machine = benchmark.machine_info()
-    print(
-        f"{machine['cpu_model']}, {machine['usable_cores']} usable cores, "
-        f"load average {machine['load_average_at_start']}"
-    )
+    machine = print_machine(Console())
     rows: dict[int, Any] = {}
     for n in args.num_envs:
         results = benchmark.measure(
@@ -71,14 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             f"ratio {ratio:.2f} (target <= {TARGET}); windows "
             + ", ".join(f"{name} {[round(x, 1) for x in v]}" for name, v in us.items())
         )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    document = {
-        "machine": machine,
-        "timing": timing.as_dict(),
-        "workers": args.workers,
-        "rows": rows,
-    }
-    args.json.write_text(json.dumps(document, indent=2) + "\n")
+    document = {"machine": machine, "timing": timing.as_dict(), "workers": args.workers}
+    save_json(args.json, {**document, "rows": rows})
     return 0
 
 

@@ -10,7 +10,7 @@ Prints a table per workload and writes every number, with machine info, to JSON.
 Usage::
 
     python bench/throughput.py                        # everything, about 5 minutes on 2 cores
-    python bench/throughput.py --quick                # smoke run: 1 window of 1 s
+    python bench/throughput.py --quick                # smoke run: 1 window of 0.5 s
     python -m bench.throughput --workloads pong --seconds 5 --repeats 5
 """
 
@@ -23,7 +23,6 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
-import json
 import traceback
 from typing import Any
 
@@ -31,20 +30,12 @@ from rich.console import Console
 
 from bench.envs import TARGETS, Target
 from envfleet import benchmark
+from envfleet.benchmark.cases import save_json, script_parser, timing_from
+from envfleet.benchmark.scripts import add_choice, print_machine
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "throughput.json"
 DEFAULT_RUNNERS = ["loop", "ceiling", "bare-pool", "gym-sync", "gym-async", "serial", "process"]
 SUBJECT = "process"
-
-
-def _workloads(value: str) -> list[str]:
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    unknown = [n for n in names if n not in TARGETS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown workloads {unknown}: choose from {', '.join(TARGETS)}"
-        )
-    return names
 
 
 def _runners(value: str) -> list[str]:
@@ -52,34 +43,6 @@ def _runners(value: str) -> list[str]:
         return benchmark.parse_runners(value)  # also takes for-loop, envfleet-process, ...
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workloads", type=_workloads, default=list(TARGETS))
-    parser.add_argument(
-        "--runners",
-        type=_runners,
-        default=DEFAULT_RUNNERS,
-        help=f"comma-separated, from {','.join(benchmark.RUNNERS)}",
-    )
-    parser.add_argument("--seconds", type=float, default=None, help="timed window (default 3)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed windows (default 3)")
-    parser.add_argument("--warmup", type=float, default=None, help="warm-up seconds (default 0.5)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write results")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 1 window of 1 s")
-    return parser.parse_args(argv)
-
-
-def timing_from(args: argparse.Namespace) -> benchmark.Timing:
-    seconds, repeats, warmup = (1.0, 1, 0.2) if args.quick else (3.0, 3, 0.5)
-    return benchmark.Timing(
-        seconds=args.seconds if args.seconds is not None else seconds,
-        repeats=args.repeats if args.repeats is not None else repeats,
-        warmup=args.warmup if args.warmup is not None else warmup,
-        seed=args.seed,
-    )
 
 
 def run_workload(
@@ -132,21 +95,22 @@ def run_workload(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    parser = script_parser(__doc__ or "", DEFAULT_JSON)
+    add_choice(parser, "--workloads", list(TARGETS))
+    parser.add_argument(
+        "--runners",
+        type=_runners,
+        default=DEFAULT_RUNNERS,
+        help=f"comma-separated, from {','.join(benchmark.RUNNERS)}",
+    )
+    args = parser.parse_args(argv)
     timing = timing_from(args)
     console = Console(width=max(Console().width, 120))  # wide enough when piped, too
-    machine = benchmark.machine_info()
-    console.print(
-        f"{machine['cpu_model']}, {machine['usable_cores']} usable cores, "
-        f"Python {machine['python']}, "
-        + ", ".join(f"{k} {v}" for k, v in machine["versions"].items() if v)
-    )
-    report: dict[str, Any] = {"machine": machine, "timing": timing.as_dict(), "workloads": {}}
-    for name in args.workloads:
-        report["workloads"][name] = run_workload(TARGETS[name], args.runners, timing, console)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
-    console.print(f"results written to {args.json}")
+    report: dict[str, Any] = {"machine": print_machine(console), "timing": timing.as_dict()}
+    report["workloads"] = {
+        name: run_workload(TARGETS[name], args.runners, timing, console) for name in args.workloads
+    }
+    save_json(args.json, report, console)
     return 0
 
 

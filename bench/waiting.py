@@ -1,69 +1,90 @@
 """How should the process backend wait: block in the kernel at once, or spin first?
 
-Runs the same pools side by side in one process with ``SPIN_SECONDS`` (both the parent's wait
-for replies and the workers' wait for commands) set to 0, 20 µs, 200 µs and 2 ms, and prints
-steps/s with the ratio to blocking at once. Workers are forked, so they inherit the setting.
+The same pools side by side in one run (windows interleaved, the median reported) with
+``SPIN_SECONDS`` (both the parent's wait for replies and the workers' wait for commands) set to
+0, 20 µs, 200 µs and 2 ms; steps/s and the ratio to blocking at once. Workers are forked while
+their setting is in force, so they keep it; the parent's is set around each window.
 
-    python bench/waiting.py [--seconds 3] [--repeats 3]
+    python bench/waiting.py [--seconds 3] [--repeats 3] [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __package__ in (None, ""):  # run as a script: make ``envfleet`` importable from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import envfleet
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+from rich.console import Console
+
 from envfleet.backends import process
+from envfleet.benchmark import Runner, Timing, Workload
+from envfleet.benchmark.cases import (
+    Case,
+    save_json,
+    script_parser,
+    timing_from,
+)
+from envfleet.benchmark.scripts import Versus, measure_table, open_envfleet, print_machine
 
 SPINS = (0.0, 20e-6, 200e-6, 2e-3)
 WORKLOADS = (("CartPole-v1", 64, 2), ("ALE/Pong-v5", 8, 2))
 
 
-def measure(env_id: str, num_envs: int, workers: int, spin: float, seconds: float) -> float:
+@contextlib.contextmanager
+def spinning(spin: float) -> Iterator[None]:
     process.SPIN_SECONDS = spin
     try:
-        with envfleet.make(env_id, num_envs, num_workers=workers, seed=0, context="fork") as pool:
-            pool.reset()
-            actions = [pool.action_space.sample() for _ in range(64)]
-            for k in range(20):
-                pool.step(actions[k % 64])
-            steps, start = 0, time.perf_counter()
-            while time.perf_counter() - start < seconds:
-                pool.step(actions[steps % 64])
-                steps += 1
-            return steps * num_envs / (time.perf_counter() - start)
+        yield
     finally:
         process.SPIN_SECONDS = 0.0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", type=Path, default=Path("bench/results/waiting.json"))
-    args = parser.parse_args()
-    results = {}
+class Spinning(Runner):
+    """A process-backend pool whose parent and workers spin ``spin`` seconds before blocking."""
+
+    def __init__(self, spin: float, workers: int, workload: Workload, timing: Timing) -> None:
+        self.spin = spin
+        with spinning(spin):  # the workers are forked now: they keep the setting
+            self.inner = open_envfleet(
+                workload, timing, backend="process", num_workers=workers, context="fork"
+            )
+        self.name, self.setup_s, self.info = f"spin {spin * 1e6:g} µs", self.inner.setup_s, {}
+
+    def window(self, seconds: float) -> float:
+        with spinning(self.spin):
+            return self.inner.window(seconds)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = script_parser(__doc__ or "", Path(__file__).resolve().parent / "results/waiting.json")
+    args = parser.parse_args(argv)
+    timing = timing_from(args)
+    console = Console(width=max(Console().width, 120))
+    report: dict[str, Any] = {"machine": print_machine(console), "timing": timing.as_dict()}
     for env_id, num_envs, workers in WORKLOADS:
-        rates = {spin: [] for spin in SPINS}  # type: dict[float, list[float]]
-        for _ in range(args.repeats):  # interleaved, so drift hits every setting alike
-            for spin in SPINS:
-                rates[spin].append(measure(env_id, num_envs, workers, spin, args.seconds))
-        base = statistics.median(rates[0.0])
-        print(f"\n{env_id}, {num_envs} envs, {workers} workers")
-        print(f"{'spin':>10} {'steps/s':>10} {'ratio':>7}")
-        for spin in SPINS:
-            rate = statistics.median(rates[spin])
-            print(f"{spin * 1e6:>8.0f}us {rate:>10.0f} {rate / base:>7.2f}")
-        results[env_id] = {f"{spin:g}": statistics.median(r) for spin, r in rates.items()}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
+        cases = [
+            Case(f"spin {s * 1e6:g} µs", functools.partial(Spinning, s, workers), forks=True)
+            for s in SPINS
+        ]
+        title = f"{env_id}, {num_envs} envs, {workers} workers"
+        columns = [Versus("vs blocking", cases[0].name)]
+        _, rows = measure_table(
+            console, title, cases, Workload.of(env_id, num_envs), timing, columns
+        )
+        report[env_id] = rows
+    save_json(args.json, report, console)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

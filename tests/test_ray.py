@@ -517,3 +517,18 @@ def test_env_fns_match_sync_vector_env_and_registered_ids_build(
         reference.close()
     finally:
         gymnasium.registry.pop(env_id, None)
+
+
+@pytest.mark.parametrize("pattern", ["naive", "batched"])
+def test_plain_ray_baselines_of_the_benchmark_step_and_go(ray_session: None, pattern: str) -> None:
+    from envfleet.affinity import usable_cpus
+    from envfleet.benchmark import Timing, Workload, ray_patterns
+
+    opener = {"naive": ray_patterns.open_naive_ray, "batched": ray_patterns.open_batched_ray}
+    timing = Timing(seconds=0.05, warmup=0.02, rewarm=0.01, repeats=1)
+    runner = opener[pattern](Workload.of("CartPole-v1", 3), timing)
+    try:
+        assert runner.info["actors"] == (3 if pattern == "naive" else min(len(usable_cpus()), 3))
+        assert runner.window(0.05) > 0
+    finally:
+        runner.close()

@@ -40,7 +40,13 @@ runner interface), :mod:`~envfleet.benchmark.runners` (for-loop, ceiling, envfle
 sweeps), :mod:`~envfleet.benchmark.report` (the report: table, notes, plot, JSON),
 :mod:`~envfleet.benchmark.bare` (the bare pool) and :mod:`~envfleet.benchmark.cases` (a
 script's own rows, for the scripts in ``bench/``). Every public name but those of ``cases`` is
-importable from :mod:`envfleet.benchmark` itself.
+importable from :mod:`envfleet.benchmark` itself. The scripts' own measurements each have a
+module, imported by name: :mod:`~envfleet.benchmark.scripts` (what the scripts share: the
+ideal row, ``recv``/``send`` openers, ratio columns, targets), :mod:`~envfleet.benchmark.gil`
+(threads and the GIL), :mod:`~envfleet.benchmark.soak` with
+:mod:`~envfleet.benchmark.soak_check` and :mod:`~envfleet.benchmark.soak_env` (the fault
+soak), :mod:`~envfleet.benchmark.stats_cost` (statistics on and off) and
+:mod:`~envfleet.benchmark.ray_patterns` (plain Ray baselines).
 
 It needs the ``cli`` extra (psutil for the load figures, rich for the table, matplotlib for the
 plot): ``pip install 'envfleet[cli]'``; without psutil, importing it says so.

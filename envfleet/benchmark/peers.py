@@ -126,7 +126,8 @@ def open_envpool(workload: Workload, timing: Timing) -> Runner:
     )
 
 
-def _puffer_env(spec: EnvSpec, *args: Any, buf: Any = None, **kwargs: Any) -> Any:
+def puffer_env(spec: EnvSpec, *args: Any, buf: Any = None, **kwargs: Any) -> Any:
+    """``spec``'s env in PufferLib's ``GymnasiumPufferEnv`` (its vector envs need one)."""
     import pufferlib.emulation
 
     if buf is None:
@@ -153,7 +154,7 @@ def open_pufferlib(workload: Workload, timing: Timing) -> Runner:
     return _open_vector(
         "pufferlib",
         lambda: pufferlib.vector.make(
-            functools.partial(_puffer_env, workload.spec),
+            functools.partial(puffer_env, workload.spec),
             backend=pufferlib.vector.Multiprocessing,
             num_envs=workload.num_envs,
             num_workers=workers,

@@ -49,8 +49,8 @@ from envfleet.cli.runner import (
     LiveDisplay,
     PolicyError,
     RandomPolicy,
-    Runner,
-    RunResult,
+    RunLoop,
+    RunSummary,
     load_policy,
 )
 from envfleet.cli.tune import TUNE_MIN_WINDOW, LayoutTiming, tune_layouts
@@ -70,8 +70,8 @@ __all__ = [
     "PolicyError",
     "RandomPolicy",
     "Recorder",
-    "RunResult",
-    "Runner",
+    "RunLoop",
+    "RunSummary",
     "UsageError",
     "build_parser",
     "load_policy",

@@ -41,7 +41,7 @@ from envfleet.cli.common import (
     progress_console,
 )
 from envfleet.cli.recorder import Recorder
-from envfleet.cli.runner import LiveDisplay, RandomPolicy, Runner, RunResult, load_policy
+from envfleet.cli.runner import LiveDisplay, RandomPolicy, RunLoop, RunSummary, load_policy
 from envfleet.pool import DEFAULT_MAX_RESTARTS
 
 DEFAULT_STEPS = 100_000
@@ -252,7 +252,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 else None
             )
             display = LiveDisplay(stderr, args.env, args.steps, args.seconds) if live else None
-            runner = Runner(
+            runner = RunLoop(
                 pool,
                 policy,
                 args.policy or "random",
@@ -292,7 +292,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _summary(args: argparse.Namespace, result: RunResult, out: Path | None) -> dict[str, Any]:
+def _summary(args: argparse.Namespace, result: RunSummary, out: Path | None) -> dict[str, Any]:
     returns = np.asarray(result.tracker.returns, dtype=np.float64)
     lengths = np.asarray(result.tracker.lengths, dtype=np.float64)
     some = returns.size > 0

@@ -201,7 +201,7 @@ class LiveDisplay:
 
 
 @dataclass
-class RunResult:
+class RunSummary:
     steps: int = 0
     seconds: float = 0.0
     num_workers: int | None = None
@@ -209,7 +209,7 @@ class RunResult:
     tracker: EpisodeTracker = field(default_factory=lambda: EpisodeTracker(0))
 
 
-class Runner:
+class RunLoop:
     """Steps a pool with a policy until a number of env-steps or seconds is reached."""
 
     def __init__(
@@ -230,11 +230,13 @@ class Runner:
         self.max_seconds = seconds if seconds is not None else math.inf
         self.recorder = recorder
         self.display = display
-        self.result = RunResult(num_workers=pool.num_workers, tracker=EpisodeTracker(pool.num_envs))
+        self.result = RunSummary(
+            num_workers=pool.num_workers, tracker=EpisodeTracker(pool.num_envs)
+        )
         self._start = time.perf_counter()
         self._next_refresh = math.inf
 
-    def run(self) -> RunResult:
+    def run(self) -> RunSummary:
         """Run until the limit (or Ctrl-C, which stops early and keeps what ran)."""
         asynchronous = self.pool.batch_size < self.pool.num_envs
         try:

@@ -1,4 +1,5 @@
-"""The env of ``bench/soak.py``: counts its own steps and fails at random, reproducibly.
+"""The soak's env (:mod:`envfleet.benchmark.soak`): counts its own steps and fails at random,
+reproducibly.
 
 Defined at module level so that worker processes can import it by reference.
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -52,7 +53,7 @@ class SoakEnv(gymnasium.Env[np.ndarray, np.ndarray]):
             to see how the cost of failures weighs against envs that cost something.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata = {"render_modes": []}
 
     def __init__(
         self,
