@@ -27,6 +27,7 @@ def measure(
     *,
     on_error: Callable[[str, BaseException], object] | None = None,
     progress: Callable[[str], object] | None = None,
+    open_runner: Callable[[str, Workload, Timing], Runner] | None = None,
 ) -> dict[str, RunResult | str]:
     """Open the runners ``names`` on ``workload`` and time their windows, interleaved.
 
@@ -37,6 +38,8 @@ def measure(
         on_error: called with the runner name and the exception when a runner fails; the
             runner is then dropped and its entry in the result is the error message.
         progress: called with a short description of what starts next.
+        open_runner: opens runner ``name`` (default: ``RUNNERS[name].open``); other sets of
+            runners, such as :mod:`~envfleet.benchmark.rollout`'s, come in through it.
 
     Returns:
         For each name, its :class:`RunResult` or, if it failed, ``"Type: message"``.
@@ -57,7 +60,10 @@ def measure(
             if progress is not None:
                 progress(f"{where}: starting {name}")
             try:
-                opened[name] = RUNNERS[name].open(workload, timing)
+                if open_runner is None:
+                    opened[name] = RUNNERS[name].open(workload, timing)
+                else:
+                    opened[name] = open_runner(name, workload, timing)
             except Exception as exc:
                 fail(name, exc)
         for repeat in range(timing.repeats):
