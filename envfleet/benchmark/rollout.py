@@ -48,8 +48,10 @@ Policy = Callable[[Any], Any]
 """A batch of observations (first axis: envs) -> a batch of actions."""
 
 Record = Callable[[np.ndarray, Any, np.ndarray, np.ndarray, np.ndarray], object]
-"""Called after each ``recv`` with ``(env_ids, observations, rewards, terminations,
-truncations)``: what the envs of the batch returned."""
+"""Called with each batch handed to the policy, ``(env_ids, observations, rewards,
+terminations, truncations)``: what the envs of the batch returned. The first batch of a
+:class:`Rollout` comes from resets, with rewards 0 (an asynchronous stepper hands the other
+resets out through ``recv``, with rewards 0 as well)."""
 
 
 class Stepper(Protocol):
@@ -130,6 +132,9 @@ class Rollout:
         self.stepper, self.policy, self.clock, self.record = stepper, policy, clock, record
         self._obs, self._ids = stepper.start(seed)
         self._handed_at = clock()
+        if record is not None:
+            no = np.zeros(len(self._ids), dtype=np.bool_)
+            record(self._ids, self._obs, np.zeros(len(self._ids)), no, no)
 
     def run(self, *, seconds: float | None = None, batches: int | None = None) -> Accounting:
         """Run for ``seconds`` of wall time or ``batches`` policy calls, whichever is given."""
