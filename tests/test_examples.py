@@ -115,3 +115,42 @@ def test_atari_rollout_saves_the_frames(tmp_path: Path) -> None:
         expected = first.reshape(105, 2, 80, 2).astype(np.float64).mean(axis=(1, 3))
         np.testing.assert_array_equal(observations[0, 1], np.floor(expected + 0.5))
         assert len({observations[t, 0].tobytes() for t in range(16)}) > 1  # the game moves
+
+
+def _ppo_atari(tmp_path: Path, *args: str) -> tuple[list[str], dict[str, Any]]:
+    plot = tmp_path / "pong.png"
+    lines, summary = _run(
+        "ppo_atari_async.py",
+        "--total-timesteps=128",
+        "--num-envs=4",
+        "--num-steps=16",
+        "--update-epochs=1",
+        f"--plot={plot}",
+        *args,
+        timeout=180,
+    )
+    curve = [line for line in lines if line.startswith("iteration=")]
+    assert [line.split()[0] for line in curve] == ["iteration=1/2", "iteration=2/2"]
+    assert summary["global_step"] == 128 and summary["rollout_sps"] > 0
+    # Every action is one record; each env's last one is in flight when the rollout ends, so
+    # the first update trains on all but 4 and the next ones (with those carried) on 4 x 16.
+    assert summary["trained_per_iteration"] == [60, 64]
+    assert summary["episodes"] == 0  # a Pong episode takes longer than 32 steps per env
+    pixels = _read_png(plot)
+    assert pixels.shape[:2] == (400, 1000)  # 10x4 inches at 100 dpi
+    assert np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0).shape[0] > 10  # not blank
+    return lines, summary
+
+
+@pytest.mark.timeout(200)
+def test_ppo_atari_async_trains_on_double_buffered_rollouts(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    _, summary = _ppo_atari(tmp_path, "--num-workers=2")
+    assert summary["env_backend"] == "envfleet" and summary["async_batches"] == 2
+
+
+@pytest.mark.timeout(200)
+def test_ppo_atari_async_runs_on_gymnasium_async_vector_env(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    _, summary = _ppo_atari(tmp_path, "--env-backend=gymnasium")
+    assert summary["env_backend"] == "gymnasium" and summary["async_batches"] == 1
