@@ -23,9 +23,10 @@ What :class:`Accounting` reports besides env-steps per second (inference include
   stepper leaves every env idle while the policy runs; double buffering only the half that the
   policy is working on).
 
-Contenders (:data:`ROLLOUT_RUNNERS`): ``envfleet-sync``, ``envfleet-async`` (process backend),
-``gym-async`` (Gymnasium ``AsyncVectorEnv``, shared memory), ``sb3`` (``SubprocVecEnv``),
-``envpool`` and ``envpool-async`` (EnvPool's own envs, where the workload says which task and
+Contenders (:data:`ROLLOUT_RUNNERS`): ``envfleet-sync``, ``envfleet-async`` (process backend,
+default workers), ``envfleet-async-core`` (async, a worker fewer than usable cores: one core is
+left for the policy), ``gym-async`` (Gymnasium ``AsyncVectorEnv``, shared memory), ``sb3``
+(``SubprocVecEnv``), ``envpool`` and ``envpool-async`` (EnvPool's own envs, where the workload says which task and
 options match it). :class:`RolloutRunner` is a :class:`~envfleet.benchmark.Runner`, so
 :func:`~envfleet.benchmark.measure` times them in interleaved windows.
 """
@@ -42,6 +43,7 @@ import numpy as np
 from rich.table import Table
 
 import envfleet
+from envfleet._make import usable_cores
 from envfleet.benchmark.base import Runner, RunResult, Timing, Workload
 
 Policy = Callable[[Any], Any]
@@ -258,14 +260,16 @@ class RolloutWorkload:
     num_workers: int | None = None
 
 
-def _envfleet(case: RolloutWorkload, batch: int, seed: int) -> Stepper:
+def _envfleet(
+    case: RolloutWorkload, batch: int, seed: int, num_workers: int | None = None
+) -> Stepper:
     n = case.workload.num_envs
     # copy=False: a whole-pool batch is the shared memory itself (zero copy into the policy).
     pool = envfleet.make(
         case.workload.spec,
         n,
         backend="process",
-        num_workers=case.num_workers,
+        num_workers=num_workers or case.num_workers,
         batch_size=batch,
         seed=seed,
         copy=False,
@@ -281,6 +285,12 @@ def open_envfleet_sync(case: RolloutWorkload, seed: int) -> Stepper:
 def open_envfleet_async(case: RolloutWorkload, seed: int) -> Stepper:
     """envfleet, process backend, double-buffered: ``batch_size = num_envs // 2``."""
     return _envfleet(case, max(1, case.workload.num_envs // 2), seed)
+
+
+def open_envfleet_async_policy_core(case: RolloutWorkload, seed: int) -> Stepper:
+    """envfleet async with one worker fewer than usable cores: a core left for the policy."""
+    workers = max(1, min(usable_cores() - 1, case.workload.num_envs))
+    return _envfleet(case, max(1, case.workload.num_envs // 2), seed, workers)
 
 
 def open_gym_async(case: RolloutWorkload, seed: int) -> Stepper:
@@ -355,6 +365,7 @@ ROLLOUT_RUNNERS: dict[str, RolloutKind] = {
     for kind in (
         RolloutKind("envfleet-sync", open_envfleet_sync),
         RolloutKind("envfleet-async", open_envfleet_async),
+        RolloutKind("envfleet-async-core", open_envfleet_async_policy_core),
         RolloutKind("gym-async", open_gym_async),
         RolloutKind("sb3", open_sb3, "stable_baselines3"),
         RolloutKind("envpool", open_envpool, "envpool", needs_envpool_task=True),
