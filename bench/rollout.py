@@ -7,7 +7,8 @@ Workloads, each driven by one policy on CPU (``torch.set_num_threads`` chosen an
 - ``pong``: Pong x 16 with Gymnasium's standard preprocessing (``AtariPreprocessing`` 84x84
   grey, frame skip 4, ``FrameStackObservation`` 4) and the Nature-DQN CNN; EnvPool configured
   the same way;
-- ``heavy``: :class:`bench.async_envs.HeavyTailEnv` (90% of steps 0.2 ms, 10% 5 ms) x 32, MLP.
+- ``heavy``: :class:`bench.async_envs.HeavyTailEnv` (90% of steps 0.2 ms, 10% 5 ms) x 32, MLP;
+  envfleet on 8 workers of 4 threads (``threads_per_worker=4``).
 
 Contenders: envfleet sync and async (double-buffered, ``batch_size = num_envs / 2``; also with
 a worker fewer than cores, leaving one for the policy), Gymnasium
@@ -86,7 +87,13 @@ def pong(seed: int) -> rollout.RolloutWorkload:
 def heavy(seed: int) -> rollout.RolloutWorkload:
     torch.manual_seed(seed)
     return rollout.RolloutWorkload(
-        "heavy", benchmark.Workload.of(HeavyTailEnv, 32), TorchPolicy(mlp(4, 2), seed)
+        "heavy",
+        benchmark.Workload.of(HeavyTailEnv, 32),
+        TorchPolicy(mlp(4, 2), seed),
+        # The env mostly sleeps: 8 workers of 4 threads, so that a batch is not held back by
+        # the slowest of many envs (a worker replies when all the envs it was sent are done).
+        num_workers=8,
+        envfleet_kwargs={"threads_per_worker": 4},
     )
 
 

@@ -26,9 +26,10 @@ What :class:`Accounting` reports besides env-steps per second (inference include
 Contenders (:data:`ROLLOUT_RUNNERS`): ``envfleet-sync``, ``envfleet-async`` (process backend,
 default workers), ``envfleet-async-core`` (async, a worker fewer than usable cores: one core is
 left for the policy), ``gym-async`` (Gymnasium ``AsyncVectorEnv``, shared memory), ``sb3``
-(``SubprocVecEnv``), ``envpool`` and ``envpool-async`` (EnvPool's own envs, where the workload says which task and
-options match it). :class:`RolloutRunner` is a :class:`~envfleet.benchmark.Runner`, so
-:func:`~envfleet.benchmark.measure` times them in interleaved windows.
+(``SubprocVecEnv``), ``envpool`` and ``envpool-async`` (EnvPool's own envs, where the
+workload says which task and options match it). :class:`RolloutRunner` is a
+:class:`~envfleet.benchmark.Runner`, so :func:`~envfleet.benchmark.measure` times them in
+interleaved windows.
 """
 
 from __future__ import annotations
@@ -250,6 +251,8 @@ class RolloutWorkload:
         envpool_task: EnvPool's id for the same env, if it ships one.
         envpool_kwargs: EnvPool options that make its env match (preprocessing, ...).
         num_workers: envfleet worker processes (default: usable cores).
+        envfleet_kwargs: more :func:`envfleet.make` options for envfleet's contenders (its
+            best layout for the env, such as ``threads_per_worker`` for envs that sleep).
     """
 
     name: str
@@ -258,6 +261,7 @@ class RolloutWorkload:
     envpool_task: str | None = None
     envpool_kwargs: Mapping[str, Any] = field(default_factory=dict)
     num_workers: int | None = None
+    envfleet_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _envfleet(
@@ -273,6 +277,7 @@ def _envfleet(
         batch_size=batch,
         seed=seed,
         copy=False,
+        **case.envfleet_kwargs,
     )
     return BatchStepper(pool, n, batch)
 
