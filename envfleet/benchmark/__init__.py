@@ -32,7 +32,9 @@ runner interface), :mod:`~envfleet.benchmark.runners` (for-loop, ceiling, envfle
 :mod:`~envfleet.benchmark.peers` (SB3, EnvPool, PufferLib), :mod:`~envfleet.benchmark.registry`
 (runners by name, availability), :mod:`~envfleet.benchmark.measure` (measuring, machine info,
 sweeps) and :mod:`~envfleet.benchmark.report` (the report: table, notes, plot, JSON). Every
-public name is importable from :mod:`envfleet.benchmark` itself.
+public name is importable from :mod:`envfleet.benchmark` itself, except those of
+:mod:`~envfleet.benchmark.rollout` (rollouts with a policy in the loop, ``bench/rollout.py``),
+whose openers take a rollout case and keep their own names there.
 """
 
 from envfleet.benchmark.base import (
