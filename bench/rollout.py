@@ -19,7 +19,7 @@ then the ratios the targets are about. Writes everything, with machine info, to 
 
 Usage::
 
-    python bench/rollout.py                                # all three, about 2 minutes
+    python bench/rollout.py                                # all three, a few minutes
     python bench/rollout.py --workloads pong --seconds 5 --repeats 5
 """
 
