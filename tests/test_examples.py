@@ -115,3 +115,96 @@ def test_atari_rollout_saves_the_frames(tmp_path: Path) -> None:
         expected = first.reshape(105, 2, 80, 2).astype(np.float64).mean(axis=(1, 3))
         np.testing.assert_array_equal(observations[0, 1], np.floor(expected + 0.5))
         assert len({observations[t, 0].tobytes() for t in range(16)}) > 1  # the game moves
+
+
+def _ppo_atari(tmp_path: Path, *args: str) -> tuple[list[str], dict[str, Any]]:
+    plot = tmp_path / "pong.png"
+    lines, summary = _run(
+        "ppo_atari_async.py",
+        "--total-timesteps=128",
+        "--num-envs=4",
+        "--num-steps=16",
+        "--update-epochs=1",
+        f"--plot={plot}",
+        *args,
+        timeout=180,
+    )
+    curve = [line for line in lines if line.startswith("iteration=")]
+    assert [line.split()[0] for line in curve] == ["iteration=1/2", "iteration=2/2"]
+    assert summary["global_step"] == 128 and summary["rollout_sps"] > 0
+    # Every action is one record; each env's last one is in flight when the rollout ends, so
+    # the first update trains on all but 4 and the next ones (with those carried) on 4 x 16.
+    assert summary["trained_per_iteration"] == [60, 64]
+    assert summary["episodes"] == 0  # a Pong episode takes longer than 32 steps per env
+    pixels = _read_png(plot)
+    assert pixels.shape[:2] == (400, 1000)  # 10x4 inches at 100 dpi
+    assert np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0).shape[0] > 10  # not blank
+    return lines, summary
+
+
+@pytest.mark.timeout(200)
+def test_ppo_atari_async_trains_on_double_buffered_rollouts(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    _, summary = _ppo_atari(tmp_path, "--num-workers=2")
+    assert summary["env_backend"] == "envfleet" and summary["async_batches"] == 2
+
+
+@pytest.mark.timeout(200)
+def test_ppo_atari_async_runs_on_gymnasium_async_vector_env(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    _, summary = _ppo_atari(tmp_path, "--env-backend=gymnasium")
+    assert summary["env_backend"] == "gymnasium" and summary["async_batches"] == 1
+
+
+def _grid_gae(
+    rewards: np.ndarray, dones: np.ndarray, values: np.ndarray, gamma: float, lam: float
+) -> np.ndarray:
+    """CleanRL's GAE over a ``[step, env]`` grid; ``values[T]`` bootstraps the last step."""
+    advantages = np.zeros_like(rewards)
+    running = np.zeros(rewards.shape[1])
+    for t in reversed(range(rewards.shape[0])):
+        nonterminal = 1.0 - dones[t]
+        delta = rewards[t] + gamma * values[t + 1] * nonterminal - values[t]
+        running = delta + gamma * lam * nonterminal * running
+        advantages[t] = running
+    return advantages
+
+
+def test_ppo_atari_async_gae_per_env_matches_the_grid_whatever_the_interleaving(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("torch")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "ppo_atari_async", EXAMPLES / "ppo_atari_async.py"
+    )
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, example)  # its dataclass looks itself up
+    spec.loader.exec_module(example)
+
+    rng = np.random.default_rng(0)
+    steps, num_envs = 6, 4
+    rewards = rng.normal(size=(steps, num_envs)).astype(np.float32)
+    dones = (rng.random((steps, num_envs)) < 0.25).astype(np.float32)
+    values = rng.normal(size=(steps + 1, num_envs)).astype(np.float32)
+    expected = _grid_gae(rewards, dones, values, 0.99, 0.95)
+    # Records as async batches would give them: any interleaving that keeps each env's order,
+    # then each env's last record in flight (its value bootstraps).
+    order = rng.permutation(np.repeat(np.arange(num_envs), steps))
+    env = np.concatenate([order, np.arange(num_envs)])
+    step_of = np.zeros(len(env), dtype=np.int64)
+    seen = np.zeros(num_envs, dtype=np.int64)
+    for i, e in enumerate(env):
+        step_of[i], seen[e] = seen[e], seen[e] + 1
+    complete = np.arange(len(env)) < len(order)
+    record_rewards = np.where(complete, rewards[np.minimum(step_of, steps - 1), env], 0)
+    record_dones = np.where(complete, dones[np.minimum(step_of, steps - 1), env], 0)
+    pending = np.arange(len(order), len(env))
+    advantages = example.gae(
+        env, record_rewards, record_dones, values[step_of, env], complete, pending, 0.99, 0.95
+    )
+    np.testing.assert_allclose(advantages[complete], expected[step_of[complete], env[complete]],
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    assert not advantages[~complete].any()

@@ -41,7 +41,8 @@ sweeps), :mod:`~envfleet.benchmark.report` (the report: table, notes, plot, JSON
 :mod:`~envfleet.benchmark.bare` (the bare pool) and :mod:`~envfleet.benchmark.cases` (a
 script's own rows, for the scripts in ``bench/``). Every public name but those of ``cases`` is
 importable from :mod:`envfleet.benchmark` itself. The scripts' own measurements each have a
-module, imported by name: :mod:`~envfleet.benchmark.scripts` (what the scripts share: the
+module, imported by name: :mod:`~envfleet.benchmark.rollout` (rollouts with a policy in the
+loop, for ``bench/rollout.py``), :mod:`~envfleet.benchmark.scripts` (what the scripts share: the
 ideal row, ``recv``/``send`` openers, ratio columns, targets), :mod:`~envfleet.benchmark.gil`
 (threads and the GIL), :mod:`~envfleet.benchmark.soak` with
 :mod:`~envfleet.benchmark.soak_check` and :mod:`~envfleet.benchmark.soak_env` (the fault
