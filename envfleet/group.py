@@ -13,6 +13,7 @@ with a seed derived from the pool seed, the env index and its restart count.
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,6 +35,15 @@ def derive_seed(seed_base: int | None, env_index: int, restarts: int) -> int | N
     if seed_base is None:
         return None
     return int(np.random.SeedSequence([seed_base, env_index, restarts]).generate_state(1)[0])
+
+
+def env_errors() -> tuple[type[BaseException], ...]:
+    """What counts as an env's own failure: any exception, ``SystemExit`` and
+    ``KeyboardInterrupt`` included (an env that calls ``sys.exit()`` fails like one that
+    raises), except a ``KeyboardInterrupt`` on the main thread, which is the user's Ctrl-C."""
+    if threading.current_thread() is threading.main_thread():
+        return (Exception, SystemExit)
+    return (Exception, SystemExit, KeyboardInterrupt)
 
 
 class GroupStartError(Exception):
@@ -97,7 +107,7 @@ class EnvGroup:
         for i in self.env_ids:
             try:
                 self.envs[i] = self._build(i)
-            except Exception as exc:
+            except env_errors() as exc:
                 self.close()
                 raise GroupStartError(EnvFailure.capture(i, Phase.MAKE, exc)) from exc
             if restarted:
@@ -120,14 +130,14 @@ class EnvGroup:
             self._truncate_next.discard(i)
             try:
                 obs, info = self.envs[i].reset(seed=seed, options=options)
-            except Exception as exc:
+            except env_errors() as exc:
                 failure = EnvFailure.capture(i, Phase.RESET, exc)
                 if self.on_error is OnError.RAISE or not self._restart(i, failure, failures):
                     failures.append(failure)
                     continue
                 try:
                     obs, info = self.envs[i].reset(seed=self._reset_seed.pop(i), options=options)
-                except Exception as exc2:
+                except env_errors() as exc2:
                     failures.append(EnvFailure.capture(i, Phase.RESET, exc2))
                     continue
                 self._truncate_next.discard(i)
@@ -176,7 +186,7 @@ class EnvGroup:
                         final = {"final_obs": obs, "final_info": info}
                         obs, info = env.reset(seed=self._reset_seed.pop(i, None))
                         info = {**final, **info}
-            except Exception as exc:
+            except env_errors() as exc:
                 failure = EnvFailure.capture(i, Phase.STEP, exc)
                 if self.on_error is OnError.RAISE or not self._restart(i, failure, failures):
                     failures.append(failure)
@@ -200,7 +210,7 @@ class EnvGroup:
             try:
                 attr = env.get_wrapper_attr(name)
                 values[i] = attr(*args, **kwargs) if callable(attr) else attr
-            except Exception as exc:
+            except env_errors() as exc:
                 failures.append(EnvFailure.capture(i, Phase.CALL, exc))
         return Reply(values=values, failures=tuple(failures))
 
@@ -210,7 +220,7 @@ class EnvGroup:
         for i, value in values.items():
             try:
                 self.envs[i].set_wrapper_attr(name, value)
-            except Exception as exc:
+            except env_errors() as exc:
                 failures.append(EnvFailure.capture(i, Phase.CALL, exc))
         return Reply(failures=tuple(failures))
 
@@ -220,7 +230,7 @@ class EnvGroup:
         for i, env in self.envs.items():
             try:
                 env.close()
-            except Exception as exc:
+            except env_errors() as exc:
                 failures.append(EnvFailure.capture(i, Phase.CLOSE, exc))
         self.envs.clear()
         return Reply(failures=tuple(failures))
@@ -244,11 +254,11 @@ class EnvGroup:
         self._restart_log.append(failure)
         try:
             self.envs[i].close()
-        except Exception:
+        except env_errors():
             pass  # the env is broken; its close may be too
         try:
             self.envs[i] = self._build(i)
-        except Exception as exc:
+        except env_errors() as exc:
             failures.append(EnvFailure.capture(i, Phase.MAKE, exc))
             return False
         self._owe_truncation(i)
@@ -268,7 +278,7 @@ class EnvGroup:
             final_obs = copy.deepcopy(self._read_obs(i))
             try:
                 obs, reset_info = self.envs[i].reset(seed=self._reset_seed.pop(i, None))
-            except Exception as exc:
+            except env_errors() as exc:
                 failures.append(EnvFailure.capture(i, Phase.RESET, exc))
                 return
             self._write_obs(i, obs)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -143,6 +143,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._submit_each_at_once: Callable[[Sequence[Command]], None] | None = getattr(
             transport, "submit_all", None
         )
+        # Serialises a command before anything changes (a transport that pickles has one), so
+        # that a command the caller's data cannot travel in fails with the pool as it was.
+        self._prepare: Callable[[int, Command], None] | None = getattr(transport, "prepare", None)
 
     # -- the Gymnasium API ---------------------------------------------------------------------
 
@@ -164,17 +167,17 @@ class Pool(VectorEnv):  # type: ignore[misc]
             The observations of all envs and the infos of the envs reset.
         """
         self._check_usable()
-        options = dict(options) if options is not None else None
+        options = _check_options(options)
         env_ids = np.arange(self.num_envs)
         if options is not None and "reset_mask" in options:
             env_ids = np.flatnonzero(self._check_reset_mask(options.pop("reset_mask")))
-        seeds = self._seeds_for(seed, env_ids, per_env=self.num_envs)
         busy = np.flatnonzero(self._state != _IDLE)
         if busy.size:
             raise AlreadyPendingError(
                 f"reset() needs every env idle, but envs {busy.tolist()} have results pending; "
                 "recv() them first (or use async_reset(env_id=...))"
             )
+        seeds = self._seeds_for(seed, env_ids, per_env=self.num_envs)
         self._submit_reset(env_ids, seeds, options)
         self._collect(env_ids)
         self._needs_reset[env_ids] = False
@@ -286,6 +289,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
             env_id: the envs to reset; each must be idle.
         """
         self._check_usable()
+        options = _check_options(options)
         env_ids = self._idle_ids(env_id, "async_reset")
         seeds = self._seeds_for(seed, env_ids, per_env=len(env_ids))
         self._submit_reset(env_ids, seeds, options)
@@ -322,8 +326,12 @@ class Pool(VectorEnv):  # type: ignore[misc]
         if carried is None and len(env_ids) == self.num_envs:
             self._submit_all()
             return
-        for worker, ids in self._by_worker(env_ids):
-            self._submit(worker, Step(ids, carried[worker] if carried is not None else None))
+        self._submit_many(
+            [
+                (worker, Step(ids, carried[worker] if carried is not None else None))
+                for worker, ids in self._by_worker(env_ids)
+            ]
+        )
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Wait for ``batch_size`` envs and return their results; ``infos["env_id"]`` names them.
@@ -403,8 +411,13 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self, env_ids: np.ndarray, seeds: list[int | None], options: dict[str, Any] | None
     ) -> None:
         seed_of = dict(zip(env_ids.tolist(), seeds, strict=True))
-        for worker, ids in self._by_worker(env_ids):
-            self._submit(worker, Reset(ids, tuple(seed_of[i] for i in ids), options))
+        self._submit_many(
+            [
+                (worker, Reset(ids, tuple(seed_of[i] for i in ids), options))
+                for worker, ids in self._by_worker(env_ids)
+            ]
+        )
+        self._first_seed = None
 
     def _collect(self, env_ids: np.ndarray) -> None:
         """Wait until every env of ``env_ids`` is ready and take them out of the FIFO."""
@@ -424,8 +437,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
     def _call_all(self, command_for: Any) -> tuple[Any, ...]:
         self._check_usable()
         commands = [command_for(ids) for ids in self._assignment]
-        for worker, command in enumerate(commands):
-            self._submit(worker, command)
+        self._submit_many(list(enumerate(commands)))
         while any(id(c) not in self._answers for c in commands):
             self._pump(block=True)
         values: dict[int, Any] = {}
@@ -477,6 +489,14 @@ class Pool(VectorEnv):  # type: ignore[misc]
         submit = self._transport.submit
         for worker, command in enumerate(self._step_all):
             submit(worker, command)
+
+    def _submit_many(self, commands: list[tuple[int, Command]]) -> None:
+        """Submit ``(worker, command)`` pairs, each serialised before the first is sent."""
+        if self._prepare is not None:
+            for worker, command in commands:
+                self._prepare(worker, command)
+        for worker, command in commands:
+            self._submit(worker, command)
 
     def _submit(self, worker: int, command: Command) -> None:
         self._all_out = None
@@ -738,17 +758,27 @@ class Pool(VectorEnv):  # type: ignore[misc]
     def _seeds_for(
         self, seed: int | Sequence[int | None] | None, env_ids: np.ndarray, per_env: int
     ) -> list[int | None]:
-        if seed is None and self._first_seed is not None:
-            seed, self._first_seed = self._first_seed, None
-        elif seed is not None:
-            self._first_seed = None
+        if seed is None:  # the pool's seed, until a reset has been sent (_submit_reset)
+            seed = self._first_seed
         if seed is None:
             return [None] * len(env_ids)
-        if isinstance(seed, int | np.integer):
+        if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
+            if seed < 0:
+                raise ValueError(f"seed must be a non-negative int, got {seed}")
             return [int(seed) + int(i) for i in env_ids]
+        if isinstance(seed, str | bytes) or not isinstance(seed, Iterable):
+            raise TypeError(f"seed must be None, an int or one int (or None) per env, got {seed!r}")
         seeds = list(seed)
         if len(seeds) != per_env:
             raise ValueError(f"expected {per_env} seeds (one per env), got {len(seeds)}")
+        for k, s in enumerate(seeds):
+            if s is None:
+                continue
+            if isinstance(s, bool) or not isinstance(s, int | np.integer):
+                raise TypeError(f"seed[{k}] must be an int or None, got {s!r}")
+            if s < 0:
+                raise ValueError(f"seed[{k}] must be a non-negative int, got {s}")
+        seeds = [None if s is None else int(s) for s in seeds]
         if per_env == self.num_envs:
             return [seeds[i] for i in env_ids]
         return seeds
@@ -771,6 +801,18 @@ class Pool(VectorEnv):  # type: ignore[misc]
             f"Pool({self._env_name}, num_envs={self.num_envs}, workers={len(self._assignment)}, "
             f"batch_size={self.batch_size})"
         )
+
+
+def _check_options(options: Any) -> dict[str, Any] | None:
+    """``reset``'s ``options`` as a new dict (``None`` stays ``None``)."""
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise TypeError(
+            f"options must be a dict (of keyword options for each env's reset) or None, "
+            f"got {type(options).__name__} {options!r}"
+        )
+    return dict(options)
 
 
 __all__ = ["EnvState", "Pool"]

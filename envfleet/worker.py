@@ -12,7 +12,7 @@ from envfleet.affinity import pin_worker
 from envfleet.backends.base import TransportOptions
 from envfleet.buffers import Batch
 from envfleet.errors import Phase
-from envfleet.group import EnvGroup, GroupStartError
+from envfleet.group import EnvGroup, GroupStartError, env_errors
 from envfleet.protocol import Command, EnvFailure, Group, Reply
 from envfleet.threads import ThreadedGroup, split_ids
 
@@ -77,7 +77,7 @@ def start_group(
         )
     except GroupStartError as exc:
         return None, Reply(failures=(exc.failure,))
-    except Exception as exc:
+    except env_errors() as exc:
         return None, Reply(failures=(EnvFailure.capture(None, Phase.MAKE, exc),))
     return group, Reply()
 
@@ -95,7 +95,7 @@ def serve(group: Group, command: Command) -> Reply:
     """Run one command; anything it raises (beyond one env's failure) becomes a failure reply."""
     try:
         return command.run(group)
-    except Exception as exc:
+    except env_errors() as exc:
         return Reply(failures=(EnvFailure.capture(None, Phase.STEP, exc),))
 
 

@@ -36,24 +36,22 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from multiprocessing.connection import Client, Connection
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection
 from typing import Any
 
+import cloudpickle
 import ray
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from envfleet.backends import node_memory
 from envfleet.backends.base import TransportOptions, WorkerLost
-from envfleet.backends.channel import PickledCommands
+from envfleet.backends.channel import PickledCommands, connect_pool
 from envfleet.backends.node_memory import PoolMemory
 from envfleet.backends.ray_actor import GroupActor, unpack
 from envfleet.buffers import Batch, ObjectRows, is_array_space, make_reader
-from envfleet.errors import Phase, WorkerDiedError
+from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Close, Command, EnvFailure, Reply, Reset, Step
-
-START_TIMEOUT = 300.0
-"""Seconds an actor may take to be placed and build its envs before the pool gives up on it
-(an actor asking for resources no node has would otherwise wait forever)."""
 
 START_ATTEMPTS = 5
 START_BACKOFF = 0.5
@@ -218,7 +216,8 @@ class RayTransport:
         a node that Ray does not know dead yet) is replaced, up to ``START_ATTEMPTS`` times.
         """
         started = [(worker, self._start_call(worker)) for worker in workers]
-        deadline = time.monotonic() + START_TIMEOUT
+        timeout = self._options.start_timeout  # placing the actor and building its envs
+        deadline = time.monotonic() + timeout
         for worker, ref in started:
             delay = START_BACKOFF
             for attempt in range(1, START_ATTEMPTS + 1):
@@ -230,10 +229,13 @@ class RayTransport:
                     )
                     break
                 except GetTimeoutError as exc:
+                    self.kill(worker)
                     raise self._start_failed(
                         worker,
-                        f"did not start within {START_TIMEOUT:g}s: is there a node with the "
-                        f"resources it asks for ({self._resources})?",
+                        f"did not start within start_timeout={timeout:g}s: its envs' "
+                        "constructor hangs, or no node has the resources it asks for "
+                        f"({self._resources})",
+                        EnvTimeoutError,
                     ) from exc
                 except RayError as exc:
                     if attempt == START_ATTEMPTS:
@@ -249,9 +251,11 @@ class RayTransport:
             if address is not None:
                 self._connect_socket(worker, address)
 
-    def _start_failed(self, worker: int, why: str) -> WorkerDiedError:
+    def _start_failed(
+        self, worker: int, why: str, kind: type[WorkerDiedError] = WorkerDiedError
+    ) -> WorkerDiedError:
         ids = tuple(self._options.assignment[worker])
-        return WorkerDiedError(
+        return kind(
             f"ray actor {worker} (envs {list(ids)}) {why}",
             env_index=None,
             phase=Phase.MAKE,
@@ -262,8 +266,8 @@ class RayTransport:
     def _connect_socket(self, worker: int, address: str) -> None:
         self._serving[worker] = self._actors[worker].serve.remote()
         try:
-            conn = Client(address, family="AF_UNIX", authkey=self._authkey)
-        except (OSError, EOFError) as exc:
+            conn = connect_pool(address, self._authkey)
+        except (OSError, EOFError, AuthenticationError) as exc:
             raise self._start_failed(
                 worker, f"built them but its socket could not be reached: {exc}"
             ) from exc
@@ -279,12 +283,20 @@ class RayTransport:
         """Whether each actor is served over a socket (on this machine) or by Ray calls."""
         return [conn is not None for conn in self._conns]
 
+    def prepare(self, worker: int, command: Command) -> None:
+        """Serialise ``command`` now: what cannot travel fails before anything changes."""
+        if self._conns[worker] is not None:
+            self._pickled.dumps(command)  # kept for submit
+        else:
+            cloudpickle.dumps(command)  # as Ray will, in submit
+
     def submit(self, worker: int, command: Command) -> None:
         conn = self._conns[worker]
         if conn is not None:
+            data = self._pickled.dumps(command)
             self._owed[worker] += 1
             try:
-                conn.send_bytes(self._pickled.dumps(command))
+                conn.send_bytes(data)
             except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
                 pass  # the actor is gone: its socket reports it on the next wait
             return
