@@ -15,6 +15,7 @@ from envfleet.affinity import CpuAffinity, check_affinity
 from envfleet.backends import Backend, TransportOptions, open_transport
 from envfleet.backends.base import DEFAULT_START_TIMEOUT
 from envfleet.errors import EnvRaisedError, OnError, Phase
+from envfleet.group import env_errors
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
 from envfleet.protocol import EnvFailure
 from envfleet.spec import EnvSpec
@@ -251,7 +252,7 @@ def _probe(spec: EnvSpec) -> dict[str, Any]:
     """Build one env in the caller to learn its spaces (and fail fast on a broken factory)."""
     try:
         env = spec.build()
-    except Exception as exc:
+    except env_errors() as exc:
         failure = EnvFailure.capture(None, Phase.MAKE, exc)
         error = EnvRaisedError(
             f"building {spec.name} failed: {failure.type_name}: {failure.message}",

@@ -297,3 +297,172 @@ def test_restart_keeps_other_workers_replies(tmp_path: Any) -> None:
     infos = results[hooks.FAULT_STEP - 1][4]
     assert infos["envfleet/restarted"].tolist() == [i >= 3 for i in range(6)]
     _close_twice(pool)
+
+
+# -- the table: fault x phase x policy x backend ---------------------------------------------
+
+MATRIX_FAULTS = hooks.ENV_FAULTS + hooks.DEATH_FAULTS + hooks.STUCK_FAULTS
+PHASES = ("make", "reset", "step", "call", "close", "rebuild")
+POLICIES = ("raise", "restart")
+MATRIX_BACKENDS = ("serial", "thread", "process")
+STEP_TIMEOUT = 1.5
+START_TIMEOUT = 3.0
+BOUND = 20.0
+"""Seconds within which every cell ends (timeouts included), with slack for a loaded machine."""
+ERRORS: dict[str, type[envfleet.EnvError]] = {
+    **dict.fromkeys(hooks.ENV_FAULTS, envfleet.EnvRaisedError),
+    **dict.fromkeys(hooks.DEATH_FAULTS, envfleet.WorkerDiedError),
+    **dict.fromkeys(hooks.STUCK_FAULTS, envfleet.EnvTimeoutError),
+}
+
+
+def not_applicable(backend: str, fault: str, phase: str, policy: str) -> str | None:
+    """Why a cell cannot apply (``None``: it does)."""
+    if phase in ("make", "close") and policy == "restart":
+        return "the policy does not apply: make() fails and close() never raises, either way"
+    if phase == "rebuild" and policy == "raise":
+        return "envs are rebuilt only under on_error='restart'"
+    in_caller = backend in ("serial", "thread")
+    if in_caller and (fault in hooks.DEATH_FAULTS or fault == "sigstop"):
+        return f"the {backend} backend runs envs in the test's own process, which {fault} ends"
+    if backend == "serial" and fault == "hang" and phase != "close":
+        return "the serial backend runs envs in the caller's thread: nothing can take it back"
+    if backend == "thread" and fault == "hang" and phase not in ("make", "close"):
+        return "a thread cannot be stopped, so the thread backend offers no step_timeout"
+    return None
+
+
+@functools.cache
+def _reference_steps() -> list[tuple[Any, ...]]:
+    return _reference(steps=hooks.FAULT_STEP + 2)
+
+
+def matrix_pool(backend: str, fault: str, phase: str, policy: str, tmp: str) -> envfleet.Pool:
+    kwargs: dict[str, Any] = {"backend": backend, "seed": hooks.SEED, "on_error": policy}
+    if backend != "serial":
+        kwargs["num_workers"] = hooks.NUM_WORKERS
+    if backend in ("process", "ray"):
+        kwargs.update(step_timeout=STEP_TIMEOUT, start_timeout=START_TIMEOUT)
+    if backend == "thread":
+        kwargs["start_timeout"] = START_TIMEOUT
+    factory = hooks.FaultyFactory(
+        fault, phase, pool_pid=os.getpid(), tmp=tmp, in_caller=backend == "serial"
+    )
+    return envfleet.make(factory, hooks.NUM_ENVS, **kwargs)
+
+
+def check_cell(backend: str, fault: str, phase: str, policy: str, tmp: str) -> None:
+    """Run one cell: bounded, the named error or flagged restarts, then a valid next step."""
+    started = time.monotonic()
+    expected = ERRORS[fault]
+    victim_worker = 0 if backend == "serial" else 1
+    blamed = {hooks.VICTIM} if fault in hooks.ENV_FAULTS else set(hooks.VICTIM_WORKER_ENVS)
+    if phase == "make":
+        with pytest.raises(expected) as info:
+            matrix_pool(backend, fault, phase, policy, tmp)
+        error = info.value
+        assert error.phase is envfleet.Phase.MAKE
+        if backend == "serial":  # built by make()'s probe, in the caller
+            assert error.worker == -1
+        else:
+            assert error.worker in (0, 1), error
+            assert f"worker {error.worker}" in str(error)
+        assert time.monotonic() - started < BOUND
+        return
+    pool = matrix_pool(backend, fault, phase, policy, tmp)
+    reference = _reference_steps()
+    if phase == "close":
+        pool.reset()
+        pool.step(ACTIONS)
+        pool.close(timeout=1.0)
+        assert time.monotonic() - started < BOUND
+        _close_twice(pool)
+        return
+    results: list[tuple[Any, ...]] = []
+    try:
+        if phase == "call":
+            pool.reset()
+            if policy == "raise" or fault in hooks.ENV_FAULTS:
+                with pytest.raises(expected) as info:
+                    pool.call("poke")
+                _check_error(info.value, expected, envfleet.Phase.CALL, victim_worker, blamed)
+                if fault not in hooks.ENV_FAULTS:  # a lost worker breaks a raising pool
+                    with pytest.raises(envfleet.BrokenPoolError):
+                        pool.step(ACTIONS)
+                    return
+            else:  # the worker was replaced and the call resent
+                values = pool.call("poke")
+                assert len(values) == hooks.NUM_ENVS
+            results = [pool.step(ACTIONS) for _ in range(2)]
+            flagged = _flagged(results[0][4])
+            assert flagged == (set() if fault in hooks.ENV_FAULTS else blamed)
+            for i in sorted(set(range(hooks.NUM_ENVS)) - flagged):
+                assert results[1][0][i] == reference[1][0][i], i
+            return
+        if phase == "rebuild":
+            with pytest.raises(expected) as info:
+                _run(pool, steps=hooks.FAULT_STEP)
+            _check_error(info.value, expected, envfleet.Phase.MAKE, victim_worker, blamed)
+            with pytest.raises(envfleet.BrokenPoolError):
+                pool.step(ACTIONS)
+            return
+        step_phase = envfleet.Phase.STEP if phase == "step" else envfleet.Phase.RESET
+        if policy == "raise":
+            with pytest.raises(expected) as info:
+                _run(pool, steps=hooks.FAULT_STEP)
+            _check_error(info.value, expected, step_phase, victim_worker, blamed)
+            with pytest.raises(envfleet.BrokenPoolError):
+                pool.step(ACTIONS)
+            return
+        _obs, infos = pool.reset()
+        results = [pool.step(ACTIONS) for _ in range(hooks.FAULT_STEP + 2)]
+        at = hooks.FAULT_STEP - 1 if phase == "step" else None
+        flagged = _flagged(results[at][4] if at is not None else infos)
+        assert flagged == blamed
+        assert pool.restarts[sorted(blamed)].tolist() == [1] * len(blamed)
+        # The envs that were not restarted go on exactly as in a fault-free pool.
+        for step, (got, want) in enumerate(zip(results, reference, strict=False)):
+            for i in sorted(set(range(hooks.NUM_ENVS)) - blamed):
+                assert got[0][i] == want[0][i] and got[1][i] == want[1][i], (step, i)
+    finally:
+        assert time.monotonic() - started < BOUND
+        _close_twice(pool)
+
+
+def _flagged(infos: dict[str, Any]) -> set[int]:
+    mask = infos.get("envfleet/restarted", np.zeros(hooks.NUM_ENVS, bool))
+    return set(np.flatnonzero(mask).tolist())
+
+
+def _check_error(
+    error: envfleet.EnvError,
+    expected: type[envfleet.EnvError],
+    phase: envfleet.Phase,
+    worker: int,
+    blamed: set[int],
+) -> None:
+    assert type(error) is expected, error
+    assert error.phase is phase, error
+    assert error.worker == worker, error
+    assert error.env_index in blamed, error
+    assert f"env {error.env_index}" in str(error) or f"worker {worker}" in str(error)
+    if isinstance(error, envfleet.WorkerDiedError):
+        assert error.env_ids == hooks.VICTIM_WORKER_ENVS
+
+
+CELLS = [
+    pytest.param(b, f, ph, po, id=f"{b}-{f}-{ph}-{po}")
+    for b in MATRIX_BACKENDS
+    for ph in PHASES
+    for f in MATRIX_FAULTS
+    for po in POLICIES
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("where", "fault", "phase", "policy"), CELLS)
+def test_cell(where: str, fault: str, phase: str, policy: str, tmp_path: Any) -> None:
+    why = not_applicable(where, fault, phase, policy)
+    if why is not None:
+        pytest.skip(why)
+    check_cell(where, fault, phase, policy, str(tmp_path))
