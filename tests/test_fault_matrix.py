@@ -444,10 +444,15 @@ def _check_error(
     assert type(error) is expected, error
     assert error.phase is phase, error
     assert error.worker == worker, error
-    assert error.env_index in blamed, error
-    assert f"env {error.env_index}" in str(error) or f"worker {worker}" in str(error)
     if isinstance(error, envfleet.WorkerDiedError):
+        # The whole worker was lost: the error names its envs (and the env in flight, if any:
+        # during a call or a rebuild no one env of the worker can be blamed).
         assert error.env_ids == hooks.VICTIM_WORKER_ENVS
+        assert error.env_index is None or error.env_index in blamed, error
+        assert f"worker {worker}" in str(error) and str(list(error.env_ids)) in str(error)
+    else:
+        assert error.env_index in blamed, error
+        assert f"env {error.env_index}" in str(error)
 
 
 CELLS = [

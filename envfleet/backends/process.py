@@ -224,7 +224,7 @@ class ProcessTransport:
                 proc.kill()  # still building its envs: a constructor that hangs
                 proc.join(1.0)
                 raise EnvTimeoutError(
-                    f"worker {worker} did not build its envs {options.assignment[worker]} "
+                    f"worker {worker} did not build its envs {list(options.assignment[worker])} "
                     f"within start_timeout={options.start_timeout:g}s; killed",
                     env_index=None,
                     phase=Phase.MAKE,
@@ -243,7 +243,7 @@ class ProcessTransport:
                 proc.join(1.0)
                 raise WorkerDiedError(
                     f"worker {worker} died while building its envs "
-                    f"{options.assignment[worker]} ({_describe_exit(proc.exitcode)})",
+                    f"{list(options.assignment[worker])} ({_describe_exit(proc.exitcode)})",
                     env_index=None,
                     phase=Phase.MAKE,
                     worker=worker,
