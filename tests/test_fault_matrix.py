@@ -306,7 +306,9 @@ PHASES = ("make", "reset", "step", "call", "close", "rebuild")
 POLICIES = ("raise", "restart")
 MATRIX_BACKENDS = ("serial", "thread", "process")
 STEP_TIMEOUT = 1.5
-START_TIMEOUT = 3.0
+START_TIMEOUT = {"thread": 3.0, "process": 3.0, "ray": 8.0}
+"""Seconds for building a worker's envs: short, to keep the cells where it hangs short; Ray's
+actors take longer to place on a loaded machine."""
 BOUND = 20.0
 """Seconds within which every cell ends (timeouts included), with slack for a loaded machine."""
 ERRORS: dict[str, type[envfleet.EnvError]] = {
@@ -322,6 +324,8 @@ def not_applicable(backend: str, fault: str, phase: str, policy: str) -> str | N
         return "the policy does not apply: make() fails and close() never raises, either way"
     if phase == "rebuild" and policy == "raise":
         return "envs are rebuilt only under on_error='restart'"
+    if fault == "sigstop" and phase not in ("step", "close"):
+        return "a stopped worker is a hung one to the pool: 'hang' covers this phase"
     in_caller = backend in ("serial", "thread")
     if in_caller and (fault in hooks.DEATH_FAULTS or fault == "sigstop"):
         return f"the {backend} backend runs envs in the test's own process, which {fault} ends"
@@ -342,9 +346,9 @@ def matrix_pool(backend: str, fault: str, phase: str, policy: str, tmp: str) -> 
     if backend != "serial":
         kwargs["num_workers"] = hooks.NUM_WORKERS
     if backend in ("process", "ray"):
-        kwargs.update(step_timeout=STEP_TIMEOUT, start_timeout=START_TIMEOUT)
-    if backend == "thread":
-        kwargs["start_timeout"] = START_TIMEOUT
+        kwargs["step_timeout"] = STEP_TIMEOUT
+    if backend != "serial":
+        kwargs["start_timeout"] = START_TIMEOUT[backend]
     factory = hooks.FaultyFactory(
         fault, phase, pool_pid=os.getpid(), tmp=tmp, in_caller=backend == "serial"
     )

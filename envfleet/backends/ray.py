@@ -256,7 +256,7 @@ class RayTransport:
     ) -> WorkerDiedError:
         ids = tuple(self._options.assignment[worker])
         return kind(
-            f"ray actor {worker} (envs {list(ids)}) {why}",
+            f"worker {worker} (a ray actor, envs {list(ids)}) {why}",
             env_index=None,
             phase=Phase.MAKE,
             worker=worker,

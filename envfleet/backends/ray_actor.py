@@ -103,12 +103,12 @@ class GroupActor:
 
     def _close_listener(self) -> None:
         """Close the listening socket and remove its file and directory (once connected)."""
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
-        if self._socket_dir is not None:
-            shutil.rmtree(self._socket_dir, ignore_errors=True)
-            self._socket_dir = None
+        listener, self._listener = getattr(self, "_listener", None), None
+        if listener is not None:
+            listener.close()
+        directory, self._socket_dir = getattr(self, "_socket_dir", None), None
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
 
     def __del__(self) -> None:
         self._close_listener()
