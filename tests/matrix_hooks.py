@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import sys
 import threading
@@ -192,3 +193,10 @@ class FaultyFactory:
             call_hook=hook if self.phase == "call" else None,
             close_hook=hook if self.phase == "close" else None,
         )
+
+
+def hold_the_gil(env: FaultyEnv, action: Any) -> None:
+    """From its second step on, the env runs a regex that backtracks for minutes in C code,
+    holding the GIL all along (no other thread of its process runs meanwhile)."""
+    if env.count >= 1:
+        re.match(r"(a*)*b", "a" * 40)

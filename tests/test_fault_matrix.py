@@ -246,6 +246,39 @@ def test_workers_exit_when_the_parent_is_killed() -> None:
     assert "resource_tracker" not in proc.stderr.read()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
+def test_workers_holding_the_gil_die_with_the_parent(context: str) -> None:
+    """The watchdog thread cannot run while an env holds the GIL: the kernel ends the worker."""
+    proc = subprocess.Popen(
+        _script(
+            f"""
+            from tests import matrix_hooks
+            env = functools.partial(FaultyEnv, step_hook=matrix_hooks.hold_the_gil)
+            pool = envfleet.make(env, 2, num_workers=2, context={context!r})
+            pool.reset()
+            pool.step(np.ones(2, dtype=np.int64))
+            pool.send(np.ones(2, dtype=np.int64))  # each worker is now stuck in the regex
+            print(*[p.pid for p in pool._transport._procs], flush=True)
+            time.sleep(3600)
+            """
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    workers = [psutil.Process(int(pid)) for pid in proc.stdout.readline().split()]
+    assert len(workers) == 2
+    time.sleep(0.5)
+    assert all(w.status() == psutil.STATUS_RUNNING for w in workers)  # computing: the regex
+    proc.kill()
+    proc.wait(10)
+    # The regex runs for minutes: a worker left to its watchdog would outlive this bound.
+    _gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, f"workers outlived their parent: {alive}"
+
+
 def test_sigint_during_step_shuts_down_cleanly() -> None:
     proc = subprocess.Popen(
         _script(

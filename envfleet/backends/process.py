@@ -23,6 +23,7 @@ import ctypes
 import math
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import pickle
 import select
@@ -91,6 +92,15 @@ def _die_with_parent(parent_pid: int, from_main_thread: bool) -> None:
     parent = os.getppid()
     if parent == parent_pid and not from_main_thread:
         return  # started from a thread that may end before the pool: the watchdog only
+    if parent != parent_pid:
+        # Started by the fork server, which exits once every holder of its "alive" pipe has
+        # closed it: the pool's process, and each of its children. Let go of our copy, or the
+        # fork server (and so this worker) would outlive the pool.
+        server = multiprocessing.forkserver._forkserver
+        alive = getattr(server, "_forkserver_alive_fd", None)
+        if alive is not None:
+            os.close(alive)
+            server._forkserver_alive_fd = None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
