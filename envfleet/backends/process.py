@@ -100,7 +100,7 @@ def _die_with_parent(parent_pid: int, from_main_thread: bool) -> None:
         alive = getattr(server, "_forkserver_alive_fd", None)
         if alive is not None:
             os.close(alive)
-            server._forkserver_alive_fd = None
+            server._forkserver_alive_fd = None  # type: ignore[attr-defined]
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
