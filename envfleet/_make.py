@@ -48,6 +48,7 @@ def make(
     step_timeout: float | None = None,
     start_timeout: float = DEFAULT_START_TIMEOUT,
     max_restarts: int = DEFAULT_MAX_RESTARTS,
+    worker_memory_limit: int | None = None,
     threads_per_worker: int = 1,
     cpu_affinity: CpuAffinity | None = None,
     address: str | None = None,
@@ -94,6 +95,11 @@ def make(
             is not bounded.
         max_restarts: restarts allowed per env over the pool's life before
             :class:`RestartLimitError`.
+        worker_memory_limit: process backend: bytes of resident memory (RSS) a worker may use.
+            Checked between steps (at most once a second); a worker over it is replaced, its
+            envs restarted as under ``on_error="restart"`` (episode reported truncated,
+            ``infos["envfleet/restarted"]``) whatever ``on_error`` says, and counted in
+            :meth:`Pool.stats` (``recycled``). ``None`` (default): no limit.
         threads_per_worker: process and ray backends: each worker steps its envs on this many
             threads, so envs that sleep or release the GIL overlap inside a worker.
         cpu_affinity: pin each worker (thread, process or Ray actor, with the threads it
@@ -163,6 +169,13 @@ def make(
                 f"{backend_kind.value} backend runs in this process and cannot be interrupted"
             )
     start_timeout = _seconds(start_timeout, "start_timeout")
+    if worker_memory_limit is not None:
+        worker_memory_limit = _positive_int(worker_memory_limit, "worker_memory_limit")
+        if backend_kind is not Backend.PROCESS:
+            raise ValueError(
+                "worker_memory_limit recycles worker processes: it needs backend='process', "
+                f"got {backend_kind.value!r}"
+            )
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be a non-negative int, got {max_restarts!r}")
     threads_per_worker = _positive_int(threads_per_worker, "threads_per_worker")
@@ -242,6 +255,7 @@ def make(
             step_timeout=step_timeout,
             max_restarts=max_restarts,
             copy=copy,
+            worker_memory_limit=worker_memory_limit,
         )
     except BaseException:
         transport.close(1.0)  # whatever fails after the workers started stops them

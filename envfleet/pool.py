@@ -45,6 +45,8 @@ from envfleet.validation import check_actions, check_env_ids
 
 DEFAULT_CLOSE_TIMEOUT = 5.0
 DEFAULT_MAX_RESTARTS = 100
+MEMORY_CHECK_INTERVAL = 1.0
+"""Seconds between checks of the workers' memory against ``worker_memory_limit``."""
 DRAIN_TIMEOUT = 5.0
 """Seconds a failing call waits for the other envs' results, gathered on the error."""
 
@@ -90,6 +92,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         step_timeout: float | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         copy: bool = True,
+        worker_memory_limit: int | None = None,
     ) -> None:
         self.num_envs = sum(len(ids) for ids in assignment)
         self.batch_size = batch_size
@@ -143,6 +146,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._submit_each_at_once: Callable[[Sequence[Command]], None] | None = getattr(
             transport, "submit_all", None
         )
+        self.worker_memory_limit = worker_memory_limit
+        self._memory_checked = time.monotonic()
+        self._recycled = [0] * len(self._assignment)
         # Serialises a command before anything changes (a transport that pickles has one), so
         # that a command the caller's data cannot travel in fails with the pool as it was.
         self._prepare: Callable[[int, Command], None] | None = getattr(transport, "prepare", None)
@@ -265,7 +271,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
             >>> stats.steps, len(stats.workers)
             (2, 1)
         """
-        return self._stats.snapshot(self._restarts)
+        return self._stats.snapshot(self._restarts, self._recycled)
 
     @property
     def restarts(self) -> np.ndarray:
@@ -302,6 +308,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
             AlreadyPendingError: an env in ``env_id`` still has a step or result pending.
         """
         self._check_usable()
+        if self.worker_memory_limit is not None:
+            self._recycle_over_limit()
         env_ids = self._idle_ids(env_id, "send")
         if self.autoreset_mode is AutoresetMode.DISABLED and self._needs_reset[env_ids].any():
             done = env_ids[self._needs_reset[env_ids]].tolist()
@@ -407,9 +415,36 @@ class Pool(VectorEnv):  # type: ignore[misc]
         ]
         return merge_infos(pairs, size)
 
+    def _recycle_over_limit(self) -> None:
+        """Replace each idle worker whose memory is over ``worker_memory_limit`` (a leaking env
+        would otherwise grow until the machine runs out); its envs restart as after a failure
+        (their episodes reported truncated, ``infos["envfleet/restarted"]``)."""
+        now = time.monotonic()
+        if now - self._memory_checked < MEMORY_CHECK_INTERVAL:
+            return
+        self._memory_checked = now
+        limit = self.worker_memory_limit
+        memory = getattr(self._transport, "memory", None)
+        if limit is None or memory is None:
+            return
+        for worker, ids in enumerate(self._assignment):
+            if self._pending[worker] or (self._state[list(ids)] != _IDLE).any():
+                continue  # between steps only: nothing of it in flight or unread
+            used = memory(worker)
+            if used is None or used <= limit:
+                continue
+            self._restarts[list(ids)] += 1
+            self._recycled[worker] += 1
+            try:
+                self._transport.restart(worker, {i: int(self._restarts[i]) for i in ids})
+            except EnvError as exc:  # the replacement could not build its envs
+                self._fail(exc)
+
     def _submit_reset(
         self, env_ids: np.ndarray, seeds: list[int | None], options: dict[str, Any] | None
     ) -> None:
+        if self.worker_memory_limit is not None:
+            self._recycle_over_limit()
         seed_of = dict(zip(env_ids.tolist(), seeds, strict=True))
         self._submit_many(
             [

@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+
 from tests.envs import FaultyEnv
 
 SEED = 500
@@ -200,3 +202,12 @@ def hold_the_gil(env: FaultyEnv, action: Any) -> None:
     holding the GIL all along (no other thread of its process runs meanwhile)."""
     if env.count >= 1:
         re.match(r"(a*)*b", "a" * 40)
+
+
+_LEAKED: list[Any] = []
+
+
+def leak_in_step(env: FaultyEnv, action: Any) -> None:
+    """The victim keeps 10 MiB more (written, so resident) each step: a leaking env."""
+    if env.seed_used == SEED + VICTIM:
+        _LEAKED.append(np.ones(10 << 20, dtype=np.uint8))

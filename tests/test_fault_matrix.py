@@ -205,6 +205,37 @@ def test_start_methods(context: str, fault: str) -> None:
     _close_twice(pool)
 
 
+@pytest.mark.timeout(60)
+def test_a_worker_over_its_memory_limit_is_recycled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leaking env's worker is replaced between steps, its envs flagged as restarted."""
+    monkeypatch.setattr(envfleet.pool, "MEMORY_CHECK_INTERVAL", 0.0)
+    expected = _reference(steps=8)
+    pool = envfleet.make(
+        functools.partial(FaultyEnv, step_hook=hooks.leak_in_step),
+        hooks.NUM_ENVS,
+        backend="process",
+        num_workers=hooks.NUM_WORKERS,
+        seed=hooks.SEED,
+        worker_memory_limit=1 << 40,
+    )
+    pool.reset()
+    memory = pool._transport.memory  # type: ignore[attr-defined]
+    limit = max(memory(w) for w in range(hooks.NUM_WORKERS)) + (45 << 20)
+    pool.worker_memory_limit = limit  # a worker grows over it after about 5 steps
+    results = [pool.step(ACTIONS) for _ in range(8)]
+    flagged = [(step, _flagged(r[4])) for step, r in enumerate(results) if _flagged(r[4])]
+    assert [envs for _, envs in flagged] == [set(hooks.VICTIM_WORKER_ENVS)], flagged
+    assert all(results[flagged[0][0]][3][i] for i in hooks.VICTIM_WORKER_ENVS)
+    stats = pool.stats()
+    assert [w.recycled for w in stats.workers] == [0, 1] and stats.recycled == 1
+    assert pool.restarts.tolist() == [0, 0, 0, 1, 1, 1]
+    assert memory(1) < limit
+    for step, (got, want) in enumerate(zip(results, expected, strict=True)):  # worker 0: as ever
+        for i in range(3):
+            assert got[0][i] == want[0][i], (step, i)
+    _close_twice(pool)
+
+
 def _script(body: str) -> list[str]:
     code = textwrap.dedent(
         f"""

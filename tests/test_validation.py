@@ -218,6 +218,12 @@ BAD_MAKE_ARGUMENTS = {
     "nan step_timeout": (dict(step_timeout=float("nan")), ValueError, r"step_timeout.*nan"),
     "zero start_timeout": (dict(start_timeout=0), ValueError, r"start_timeout.*positive.*0"),
     "string start_timeout": (dict(start_timeout="5"), TypeError, r"start_timeout must be a"),
+    "memory limit on threads": (
+        dict(worker_memory_limit=1 << 30, backend="thread"),
+        ValueError,
+        r"worker_memory_limit recycles worker processes: it needs backend='process'",
+    ),
+    "zero memory limit": (dict(worker_memory_limit=0), ValueError, r"worker_memory_limit must"),
 }
 
 

@@ -37,6 +37,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import cloudpickle
+import psutil
 
 from envfleet.backends.base import TransportOptions, WorkerLost
 from envfleet.backends.channel import PickledCommands, serve_connection
@@ -207,8 +208,21 @@ class ProcessTransport:
         if proc.is_alive():
             proc.kill()
 
+    def memory(self, worker: int) -> int | None:
+        """Resident memory of ``worker``'s process in bytes (``None``: gone or unknown)."""
+        if not self._alive[worker]:
+            return None
+        try:
+            return int(psutil.Process(self._procs[worker].pid).memory_info().rss)
+        except (psutil.Error, ValueError):
+            return None
+
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
         old_conn, old_proc = self._conns[worker], self._procs[worker]
+        if self._alive[worker] and self._poller is not None:  # replaced alive (recycled)
+            self._poller.unregister(old_conn.fileno())
+            self._poller.unregister(old_proc.sentinel)
+        self._alive[worker] = False
         if old_proc.is_alive():
             old_proc.kill()
         old_proc.join(1.0)
