@@ -11,9 +11,16 @@ actor, a stuck one) somewhere. The cells run the checks of the other backends
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -21,6 +28,8 @@ ray = pytest.importorskip("ray")
 from tests import matrix_hooks as hooks  # noqa: E402
 from tests.ray_helpers import ray_leak_check  # noqa: E402
 from tests.test_fault_matrix import check_cell, not_applicable  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CELLS = (
     [("step", fault, "raise") for fault in hooks.ENV_FAULTS]
@@ -55,3 +64,50 @@ def ray_session() -> Iterator[None]:
 def test_ray_cell(ray_session: None, phase: str, fault: str, policy: str, tmp_path: Any) -> None:
     assert not_applicable("ray", fault, phase, policy) is None
     check_cell("ray", fault, phase, policy, str(tmp_path))
+
+
+@pytest.mark.slow  # a Ray of its own in a child process: about 10 s to start here
+@pytest.mark.timeout(120)
+def test_nothing_of_a_private_ray_outlives_the_pools_process() -> None:
+    """SIGKILL of the pool's process: the Ray it started (daemons, agents, actors) goes too.
+
+    Without envfleet's reaper, Ray's agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``)
+    were still running 10 s later here (and 30 s later when first seen)."""
+    temp_dir = tempfile.mkdtemp(prefix="envfleet-ray-")  # short: Ray's socket paths go in it
+    try:
+        _kill_a_pool_with_its_own_ray(temp_dir)
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _kill_a_pool_with_its_own_ray(temp_dir: str) -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {REPO!r})
+        import envfleet
+        if __name__ == "__main__":
+            pool = envfleet.make(
+                "CartPole-v1", 2, backend="ray", ray_init_kwargs={{"_temp_dir": {temp_dir!r}}}
+            )
+            pool.reset()
+            print("ready", flush=True)
+            time.sleep(3600)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    started = [
+        child
+        for child in psutil.Process(proc.pid).children(recursive=True)
+        if child.name() in ("gcs_server", "raylet") or child.name().startswith("ray::")
+    ]
+    names = {child.name() for child in started}
+    assert {"gcs_server", "raylet"} <= names and any(n.startswith("ray::GroupActor") for n in names)
+    proc.kill()
+    proc.wait(10)
+    _gone, alive = psutil.wait_procs(started, timeout=5)
+    assert not alive, f"Ray processes outlived the pool's process: {alive}"

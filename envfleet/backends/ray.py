@@ -29,9 +29,12 @@ Ray is an optional extra (``pip install envfleet[ray]``): only this module and i
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import secrets
 import select
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -70,6 +73,58 @@ pool waits on each kind in turn this many seconds at a time."""
 _lock = threading.Lock()
 _session: str | None = None  # the Ray connection envfleet made (see _session_id), if any
 _users = 0  # open transports on that connection
+_reaper: subprocess.Popen[bytes] | None = None  # ends the Ray envfleet started if we are killed
+
+REAPER = """
+import sys, time, psutil
+owner, me, seen = psutil.Process(int(sys.argv[1])), psutil.Process(), {}
+def ray_process(p):
+    name = p.name()
+    return name in ("gcs_server", "raylet") or name.startswith("ray::") or any(
+        "/ray/" in part for part in p.cmdline())
+while True:
+    try:
+        if not owner.is_running():
+            break
+        for child in owner.children(recursive=True):
+            if child.pid != me.pid and child.pid not in seen and ray_process(child):
+                seen[child.pid] = child
+    except psutil.NoSuchProcess:
+        break
+    except psutil.Error:
+        pass
+    time.sleep(0.5)
+for child in seen.values():
+    try:
+        child.kill()
+    except psutil.Error:
+        pass
+"""
+"""The reaper: a process of its own that notes the Ray processes envfleet's process started
+and kills them once that process is gone. When the pool's process is killed (SIGKILL: no
+``close()``), Ray's own fate sharing stops ``gcs_server`` and the ``raylet``, but its agents
+(``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) and idle workers were seen running 30 s
+later; the reaper ends them within about a second."""
+
+
+def _start_reaper() -> None:
+    global _reaper
+    try:
+        _reaper = subprocess.Popen(
+            [sys.executable, "-c", REAPER, str(os.getpid())],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # not stopped by the Ctrl-C that stops the pool
+        )
+    except OSError:
+        _reaper = None  # Ray's own fate sharing still stops its main daemons
+
+
+def _stop_reaper() -> None:
+    global _reaper
+    reaper, _reaper = _reaper, None
+    if reaper is not None:
+        reaper.kill()
+        reaper.wait()
 
 
 def _session_id() -> str:
@@ -96,6 +151,8 @@ def _connect(address: str | None, init_kwargs: dict[str, Any]) -> bool:
             kwargs = {"include_dashboard": False, "log_to_driver": False, **kwargs}
         ray.init(**kwargs)
         _session, _users = _session_id(), 1
+        if kwargs.get("address") in (None, "local"):  # a Ray of our own, on this machine
+            _start_reaper()
         return True
 
 
@@ -112,6 +169,7 @@ def _disconnect() -> None:
         # Not if the caller shut it down and connected again meanwhile: that one is theirs.
         if ray.is_initialized() and _session_id() == session:
             ray.shutdown()
+        _stop_reaper()
 
 
 _PHASES = {Step: Phase.STEP, Reset: Phase.RESET}
