@@ -1,8 +1,13 @@
-"""The failure matrix: {raise, exit, segfault, kill, hang} x {raise, restart} x start methods.
+"""The failure matrix: every fault x phase x policy x backend ends within a bound, in a named
+error or a flagged restart, and leaves nothing behind.
 
-Every case must end in a clear error or a restart within the per-test timeout (a timeout is a
-failure), and leave nothing behind: the autouse fixture in conftest checks that no child process
-and no new ``/dev/shm`` entry remain; each test also closes its pool twice.
+:func:`test_cell` runs the table (fault: an env's exception, one that cannot be pickled, one
+whose ``__str__`` raises, ``sys.exit()``, ``os._exit``, a segfault, SIGKILL, SIGSTOP, a hang;
+phase: make, reset, step, call, close, the rebuild of a restart; policy: raise, restart; backend:
+serial, thread, process; ray in ``test_fault_matrix_ray.py``); a cell that cannot apply says why.
+The autouse fixture in conftest checks that no child process and no new ``/dev/shm`` entry
+remain; each cell also closes its pool twice. The tests above the table go deeper into the
+step phase of the process backend and its start methods.
 """
 
 from __future__ import annotations
@@ -479,6 +484,8 @@ def check_cell(backend: str, fault: str, phase: str, policy: str, tmp: str) -> N
             with pytest.raises(expected) as info:
                 _run(pool, steps=hooks.FAULT_STEP)
             _check_error(info.value, expected, step_phase, victim_worker, blamed)
+            if info.value.completed is not None:  # the results that did come in: not the victim
+                assert hooks.VICTIM not in info.value.completed[4]["env_id"].tolist()
             with pytest.raises(envfleet.BrokenPoolError):
                 pool.step(ACTIONS)
             return
