@@ -62,7 +62,11 @@ class SerialTransport:
                     pass
 
         closer = threading.Thread(target=close_all, name="envfleet-serial-close", daemon=True)
-        closer.start()
+        try:
+            closer.start()
+        except RuntimeError:  # no new threads at interpreter shutdown: close here, unbounded
+            close_all()
+            return
         closer.join(max(0.0, timeout))
 
 
