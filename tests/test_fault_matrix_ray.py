@@ -17,15 +17,19 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import psutil
 import pytest
 
 ray = pytest.importorskip("ray")
 
+import envfleet  # noqa: E402
 from tests import matrix_hooks as hooks  # noqa: E402
+from tests.envs import FaultyEnv  # noqa: E402
 from tests.ray_helpers import ray_leak_check  # noqa: E402
 from tests.test_fault_matrix import check_cell, not_applicable  # noqa: E402
 
@@ -111,3 +115,27 @@ def _kill_a_pool_with_its_own_ray(temp_dir: str) -> None:
     proc.wait(10)
     _gone, alive = psutil.wait_procs(started, timeout=5)
     assert not alive, f"Ray processes outlived the pool's process: {alive}"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("path", ["socket", "calls"])
+def test_what_cannot_travel_leaves_a_ray_pool_as_it_was(ray_session: None, path: str) -> None:
+    """Commands are pickled before the pool changes, on both ways to an actor."""
+    lock = threading.Lock()
+    actions = np.ones(hooks.NUM_ENVS, dtype=np.int64)
+    with envfleet.make(
+        FaultyEnv,
+        hooks.NUM_ENVS,
+        backend="ray",
+        num_workers=hooks.NUM_WORKERS,
+        seed=hooks.SEED,
+        ray_shared_memory=path == "socket",
+    ) as pool:
+        pool.reset()
+        with pytest.raises(TypeError, match="pickle"):
+            pool.reset(seed=0, options={"lock": lock})
+        with pytest.raises(TypeError, match="pickle"):
+            pool.set_attr("episode_length", lock)
+        assert pool.get_attr("episode_length") == (5,) * hooks.NUM_ENVS
+        obs = pool.step(actions)[0]
+    assert obs[:, 0].tolist() == [(hooks.SEED + i) * 100 + 1 for i in range(hooks.NUM_ENVS)]
