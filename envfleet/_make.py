@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -11,7 +12,9 @@ from gymnasium.vector import AutoresetMode
 
 from envfleet.affinity import CpuAffinity, check_affinity, usable_cpus
 from envfleet.backends import Backend, TransportOptions, open_transport
+from envfleet.backends.base import DEFAULT_START_TIMEOUT
 from envfleet.errors import EnvRaisedError, OnError, Phase
+from envfleet.group import env_errors
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
 from envfleet.protocol import EnvFailure
 from envfleet.spec import EnvSpec
@@ -35,7 +38,9 @@ def make(
     context: str | None = None,
     on_error: str | OnError = OnError.RAISE,
     step_timeout: float | None = None,
+    start_timeout: float = DEFAULT_START_TIMEOUT,
     max_restarts: int = DEFAULT_MAX_RESTARTS,
+    worker_memory_limit: int | None = None,
     threads_per_worker: int = 1,
     cpu_affinity: CpuAffinity | None = None,
     address: str | None = None,
@@ -85,8 +90,18 @@ def make(
             ``infos["envfleet/restarted"]``.
         step_timeout: seconds a step/reset/call may take before its worker is killed and
             handled as dead (process and ray backends).
+        start_timeout: seconds each worker may take to build its envs, at ``make()`` and when
+            a worker is rebuilt by a restart, before it is stopped and :class:`EnvTimeoutError`
+            (phase ``make``) is raised. On the thread backend a stuck thread cannot be stopped:
+            it is abandoned (a daemon). The serial backend builds in the caller's thread and
+            is not bounded.
         max_restarts: restarts allowed per env over the pool's life before
             :class:`RestartLimitError`.
+        worker_memory_limit: process backend: bytes of resident memory (RSS) a worker may use.
+            Checked between steps (at most once a second); a worker over it is replaced, its
+            envs restarted as under ``on_error="restart"`` (episode reported truncated,
+            ``infos["envfleet/restarted"]``) whatever ``on_error`` says, and counted in
+            :meth:`Pool.stats` (``recycled``). ``None`` (default): no limit.
         threads_per_worker: process and ray backends: each worker steps its envs on this many
             threads, so envs that sleep or release the GIL overlap inside a worker.
         cpu_affinity: pin each worker (thread, process or Ray actor, with the threads it
@@ -159,20 +174,27 @@ def make(
     batch_size = num_envs if batch_size is None else _positive_int(batch_size, "batch_size")
     if batch_size > num_envs:
         raise ValueError(f"batch_size={batch_size} exceeds num_envs={num_envs}")
-    if seed is not None and not isinstance(seed, int | np.integer):
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
         raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    if seed is not None and seed < 0:
+        raise ValueError(f"seed must be a non-negative int (numpy seeds), got {seed}")
     if context is not None and context not in START_METHODS:
         raise ValueError(f"context must be one of {START_METHODS} or None, got {context!r}")
     policy: OnError = _enum(OnError, on_error, "on_error")
     if step_timeout is not None:
-        if not isinstance(step_timeout, int | float) or step_timeout <= 0:
-            raise ValueError(
-                f"step_timeout must be a positive number of seconds, got {step_timeout!r}"
-            )
+        step_timeout = _seconds(step_timeout, "step_timeout")
         if backend_kind in (Backend.SERIAL, Backend.THREAD):
             raise ValueError(
                 f"step_timeout needs the process backend: an env stepped by the "
                 f"{backend_kind.value} backend runs in this process and cannot be interrupted"
+            )
+    start_timeout = _seconds(start_timeout, "start_timeout")
+    if worker_memory_limit is not None:
+        worker_memory_limit = _positive_int(worker_memory_limit, "worker_memory_limit")
+        if backend_kind is not Backend.PROCESS:
+            raise ValueError(
+                "worker_memory_limit recycles worker processes: it needs backend='process', "
+                f"got {backend_kind.value!r}"
             )
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be a non-negative int, got {max_restarts!r}")
@@ -225,6 +247,7 @@ def make(
         seed_base=None if seed is None else int(seed),
         threads_per_worker=threads_per_worker,
         cpu_affinity=affinity,
+        start_timeout=start_timeout,
         ray=None
         if backend_kind is not Backend.RAY
         else {
@@ -235,30 +258,35 @@ def make(
         },
     )
     transport = open_transport(backend_kind, options)
-    return Pool(
-        transport,
-        assignment,
-        env_name=spec.name,
-        observation_space=probe["observation_space"],
-        action_space=probe["action_space"],
-        metadata=probe["metadata"],
-        render_mode=probe["render_mode"],
-        autoreset_mode=mode,
-        batch_size=batch_size,
-        seed=None if seed is None else int(seed),
-        on_error=policy,
-        step_timeout=step_timeout,
-        max_restarts=max_restarts,
-        copy=copy,
-        check_actions=check_actions,
-    )
+    try:
+        return Pool(
+            transport,
+            assignment,
+            env_name=spec.name,
+            observation_space=probe["observation_space"],
+            action_space=probe["action_space"],
+            metadata=probe["metadata"],
+            render_mode=probe["render_mode"],
+            autoreset_mode=mode,
+            batch_size=batch_size,
+            seed=None if seed is None else int(seed),
+            on_error=policy,
+            step_timeout=step_timeout,
+            max_restarts=max_restarts,
+            copy=copy,
+            check_actions=check_actions,
+            worker_memory_limit=worker_memory_limit,
+        )
+    except BaseException:
+        transport.close(1.0)  # whatever fails after the workers started stops them
+        raise
 
 
 def _probe(spec: EnvSpec) -> dict[str, Any]:
     """Build one env in the caller to learn its spaces (and fail fast on a broken factory)."""
     try:
         env = spec.build()
-    except Exception as exc:
+    except env_errors() as exc:
         failure = EnvFailure.capture(None, Phase.MAKE, exc)
         error = EnvRaisedError(
             f"building {spec.name} failed: {failure.type_name}: {failure.message}",
@@ -300,6 +328,15 @@ def _enum(kind: Any, value: Any, name: str) -> Any:
             return kind.__members__[value.upper()]
         choices = ", ".join(repr(m.value) for m in kind)
         raise ValueError(f"unknown {name} {value!r}: expected one of {choices}") from None
+
+
+def _seconds(value: Any, name: str) -> float:
+    """A finite, positive number of seconds (``inf`` and ``nan`` are refused)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite, positive number of seconds, got {value!r}")
+    return float(value)
 
 
 def _positive_int(value: Any, name: str) -> int:

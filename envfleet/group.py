@@ -13,6 +13,7 @@ with a seed derived from the pool seed, the env index and its restart count.
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,6 +35,15 @@ def derive_seed(seed_base: int | None, env_index: int, restarts: int) -> int | N
     if seed_base is None:
         return None
     return int(np.random.SeedSequence([seed_base, env_index, restarts]).generate_state(1)[0])
+
+
+def env_errors() -> tuple[type[BaseException], ...]:
+    """What counts as an env's own failure: any exception, ``SystemExit`` and
+    ``KeyboardInterrupt`` included (an env that calls ``sys.exit()`` fails like one that
+    raises), except a ``KeyboardInterrupt`` on the main thread, which is the user's Ctrl-C."""
+    if threading.current_thread() is threading.main_thread():
+        return (Exception, SystemExit)
+    return (Exception, SystemExit, KeyboardInterrupt)
 
 
 class GroupStartError(Exception):
@@ -96,7 +106,7 @@ class EnvGroup:
         for i in self.env_ids:
             try:
                 self.envs[i] = self._build(i)
-            except Exception as exc:
+            except env_errors() as exc:
                 self.close()
                 raise GroupStartError(EnvFailure.capture(i, Phase.MAKE, exc)) from exc
             if restarted:
@@ -120,7 +130,7 @@ class EnvGroup:
             try:
                 obs, info = self.envs[i].reset(seed=seed, options=options)
                 self._write_obs(i, obs)
-            except Exception as exc:
+            except env_errors() as exc:
                 failure = EnvFailure.capture(i, Phase.RESET, exc)
                 if self.on_error is OnError.RAISE or not self._restart(i, failure, failures):
                     failures.append(failure)
@@ -128,7 +138,7 @@ class EnvGroup:
                 try:
                     obs, info = self.envs[i].reset(seed=self._reset_seed.pop(i), options=options)
                     self._write_obs(i, obs)
-                except Exception as exc2:
+                except env_errors() as exc2:
                     failures.append(EnvFailure.capture(i, Phase.RESET, exc2))
                     continue
                 self._truncate_next.discard(i)
@@ -172,7 +182,7 @@ class EnvGroup:
                         obs, info = env.reset(seed=self._reset_seed.pop(i, None))
                         info = {**final, **info}
                 write_obs(i, obs)
-            except Exception as exc:
+            except env_errors() as exc:
                 failure = EnvFailure.capture(i, Phase.STEP, exc)
                 if self.on_error is OnError.RAISE or not self._restart(i, failure, failures):
                     failures.append(failure)
@@ -195,7 +205,7 @@ class EnvGroup:
             try:
                 attr = env.get_wrapper_attr(name)
                 values[i] = attr(*args, **kwargs) if callable(attr) else attr
-            except Exception as exc:
+            except env_errors() as exc:
                 failures.append(EnvFailure.capture(i, Phase.CALL, exc))
         return Reply(values=values, failures=tuple(failures))
 
@@ -205,7 +215,7 @@ class EnvGroup:
         for i, value in values.items():
             try:
                 self.envs[i].set_wrapper_attr(name, value)
-            except Exception as exc:
+            except env_errors() as exc:
                 failures.append(EnvFailure.capture(i, Phase.CALL, exc))
         return Reply(failures=tuple(failures))
 
@@ -215,7 +225,7 @@ class EnvGroup:
         for i, env in self.envs.items():
             try:
                 env.close()
-            except Exception as exc:
+            except env_errors() as exc:
                 failures.append(EnvFailure.capture(i, Phase.CLOSE, exc))
         self.envs.clear()
         return Reply(failures=tuple(failures))
@@ -245,11 +255,11 @@ class EnvGroup:
         self._restart_log.append(failure)
         try:
             self.envs[i].close()
-        except Exception:
+        except env_errors():
             pass  # the env is broken; its close may be too
         try:
             self.envs[i] = self._build(i)
-        except Exception as exc:
+        except env_errors() as exc:
             failures.append(EnvFailure.capture(i, Phase.MAKE, exc))
             return False
         self._owe_truncation(i)
@@ -270,7 +280,7 @@ class EnvGroup:
             try:
                 obs, reset_info = self.envs[i].reset(seed=self._reset_seed.pop(i, None))
                 self._write_obs(i, obs)
-            except Exception as exc:
+            except env_errors() as exc:
                 failures.append(EnvFailure.capture(i, Phase.RESET, exc))
                 return
             info = {"final_obs": final_obs, "final_info": {}, **reset_info, **info}

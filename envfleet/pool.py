@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,8 @@ from envfleet.validation import check_actions, check_env_ids, keeps_dtype
 
 DEFAULT_CLOSE_TIMEOUT = 5.0
 DEFAULT_MAX_RESTARTS = 100
+MEMORY_CHECK_INTERVAL = 1.0
+"""Seconds between checks of the workers' memory against ``worker_memory_limit``."""
 DRAIN_TIMEOUT = 5.0
 """Seconds a failing call waits for the other envs' results, gathered on the error."""
 
@@ -93,6 +95,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         copy: bool = True,
         check_actions: bool = False,
+        worker_memory_limit: int | None = None,
     ) -> None:
         self.num_envs = sum(len(ids) for ids in assignment)
         self.batch_size = batch_size
@@ -147,6 +150,12 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._submit_each_at_once: Callable[[Sequence[Command]], None] | None = getattr(
             transport, "submit_all", None
         )
+        self.worker_memory_limit = worker_memory_limit
+        self._memory_checked = time.monotonic()
+        self._recycled = [0] * len(self._assignment)
+        # Serialises a command before anything changes (a transport that pickles has one), so
+        # that a command the caller's data cannot travel in fails with the pool as it was.
+        self._prepare: Callable[[int, Command], None] | None = getattr(transport, "prepare", None)
 
     # -- the Gymnasium API ---------------------------------------------------------------------
 
@@ -168,17 +177,17 @@ class Pool(VectorEnv):  # type: ignore[misc]
             The observations of all envs and the infos of the envs reset.
         """
         self._check_usable()
-        options = dict(options) if options is not None else None
+        options = _check_options(options)
         env_ids = np.arange(self.num_envs)
         if options is not None and "reset_mask" in options:
             env_ids = np.flatnonzero(self._check_reset_mask(options.pop("reset_mask")))
-        seeds = self._seeds_for(seed, env_ids, per_env=self.num_envs)
         busy = np.flatnonzero(self._state != _IDLE)
         if busy.size:
             raise AlreadyPendingError(
                 f"reset() needs every env idle, but envs {busy.tolist()} have results pending; "
                 "recv() them first (or use async_reset(env_id=...))"
             )
+        seeds = self._seeds_for(seed, env_ids, per_env=self.num_envs)
         self._submit_reset(env_ids, seeds, options)
         self._collect(env_ids)
         self._needs_reset[env_ids] = False
@@ -277,7 +286,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
             >>> stats.steps, len(stats.workers)
             (2, 1)
         """
-        return self._stats.snapshot(self._restarts)
+        return self._stats.snapshot(self._restarts, self._recycled)
 
     @property
     def restarts(self) -> np.ndarray:
@@ -301,6 +310,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
             env_id: the envs to reset; each must be idle.
         """
         self._check_usable()
+        options = _check_options(options)
         env_ids = self._idle_ids(env_id, "async_reset")
         seeds = self._seeds_for(seed, env_ids, per_env=len(env_ids))
         self._submit_reset(env_ids, seeds, options)
@@ -313,6 +323,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
             AlreadyPendingError: an env in ``env_id`` still has a step or result pending.
         """
         self._check_usable()
+        if self.worker_memory_limit is not None:
+            self._recycle_over_limit()
         env_ids = self._idle_ids(env_id, "send")
         if self.autoreset_mode is AutoresetMode.DISABLED and self._needs_reset[env_ids].any():
             done = env_ids[self._needs_reset[env_ids]].tolist()
@@ -340,8 +352,12 @@ class Pool(VectorEnv):  # type: ignore[misc]
         if carried is None and len(env_ids) == self.num_envs:
             self._submit_all()
             return
-        for worker, ids in self._by_worker(env_ids):
-            self._submit(worker, Step(ids, carried[worker] if carried is not None else None))
+        self._submit_many(
+            [
+                (worker, Step(ids, carried[worker] if carried is not None else None))
+                for worker, ids in self._by_worker(env_ids)
+            ]
+        )
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Wait for ``batch_size`` envs and return their results; ``infos["env_id"]`` names them.
@@ -417,12 +433,44 @@ class Pool(VectorEnv):  # type: ignore[misc]
         ]
         return merge_infos(pairs, size)
 
+    def _recycle_over_limit(self) -> None:
+        """Replace each idle worker whose memory is over ``worker_memory_limit`` (a leaking env
+        would otherwise grow until the machine runs out); its envs restart as after a failure
+        (their episodes reported truncated, ``infos["envfleet/restarted"]``)."""
+        now = time.monotonic()
+        if now - self._memory_checked < MEMORY_CHECK_INTERVAL:
+            return
+        self._memory_checked = now
+        limit = self.worker_memory_limit
+        memory = getattr(self._transport, "memory", None)
+        if limit is None or memory is None:
+            return
+        for worker, ids in enumerate(self._assignment):
+            if self._pending[worker] or (self._state[list(ids)] != _IDLE).any():
+                continue  # between steps only: nothing of it in flight or unread
+            used = memory(worker)
+            if used is None or used <= limit:
+                continue
+            self._restarts[list(ids)] += 1
+            self._recycled[worker] += 1
+            try:
+                self._transport.restart(worker, {i: int(self._restarts[i]) for i in ids})
+            except EnvError as exc:  # the replacement could not build its envs
+                self._fail(exc)
+
     def _submit_reset(
         self, env_ids: np.ndarray, seeds: list[int | None], options: dict[str, Any] | None
     ) -> None:
+        if self.worker_memory_limit is not None:
+            self._recycle_over_limit()
         seed_of = dict(zip(env_ids.tolist(), seeds, strict=True))
-        for worker, ids in self._by_worker(env_ids):
-            self._submit(worker, Reset(ids, tuple(seed_of[i] for i in ids), options))
+        self._submit_many(
+            [
+                (worker, Reset(ids, tuple(seed_of[i] for i in ids), options))
+                for worker, ids in self._by_worker(env_ids)
+            ]
+        )
+        self._first_seed = None
 
     def _collect(self, env_ids: np.ndarray) -> None:
         """Wait until every env of ``env_ids`` is ready and take them out of the FIFO."""
@@ -442,8 +490,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
     def _call_all(self, command_for: Any) -> tuple[Any, ...]:
         self._check_usable()
         commands = [command_for(ids) for ids in self._assignment]
-        for worker, command in enumerate(commands):
-            self._submit(worker, command)
+        self._submit_many(list(enumerate(commands)))
         while any(id(c) not in self._answers for c in commands):
             self._pump(block=True)
         values: dict[int, Any] = {}
@@ -495,6 +542,14 @@ class Pool(VectorEnv):  # type: ignore[misc]
         submit = self._transport.submit
         for worker, command in enumerate(self._step_all):
             submit(worker, command)
+
+    def _submit_many(self, commands: list[tuple[int, Command]]) -> None:
+        """Submit ``(worker, command)`` pairs, each serialised before the first is sent."""
+        if self._prepare is not None:
+            for worker, command in commands:
+                self._prepare(worker, command)
+        for worker, command in commands:
+            self._submit(worker, command)
 
     def _submit(self, worker: int, command: Command) -> None:
         self._all_out = None
@@ -756,17 +811,27 @@ class Pool(VectorEnv):  # type: ignore[misc]
     def _seeds_for(
         self, seed: int | Sequence[int | None] | None, env_ids: np.ndarray, per_env: int
     ) -> list[int | None]:
-        if seed is None and self._first_seed is not None:
-            seed, self._first_seed = self._first_seed, None
-        elif seed is not None:
-            self._first_seed = None
+        if seed is None:  # the pool's seed, until a reset has been sent (_submit_reset)
+            seed = self._first_seed
         if seed is None:
             return [None] * len(env_ids)
-        if isinstance(seed, int | np.integer):
+        if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
+            if seed < 0:
+                raise ValueError(f"seed must be a non-negative int, got {seed}")
             return [int(seed) + int(i) for i in env_ids]
+        if isinstance(seed, str | bytes) or not isinstance(seed, Iterable):
+            raise TypeError(f"seed must be None, an int or one int (or None) per env, got {seed!r}")
         seeds = list(seed)
         if len(seeds) != per_env:
             raise ValueError(f"expected {per_env} seeds (one per env), got {len(seeds)}")
+        for k, s in enumerate(seeds):
+            if s is None:
+                continue
+            if isinstance(s, bool) or not isinstance(s, int | np.integer):
+                raise TypeError(f"seed[{k}] must be an int or None, got {s!r}")
+            if s < 0:
+                raise ValueError(f"seed[{k}] must be a non-negative int, got {s}")
+        seeds = [None if s is None else int(s) for s in seeds]
         if per_env == self.num_envs:
             return [seeds[i] for i in env_ids]
         return seeds
@@ -789,6 +854,18 @@ class Pool(VectorEnv):  # type: ignore[misc]
             f"Pool({self._env_name}, num_envs={self.num_envs}, workers={len(self._assignment)}, "
             f"batch_size={self.batch_size})"
         )
+
+
+def _check_options(options: Any) -> dict[str, Any] | None:
+    """``reset``'s ``options`` as a new dict (``None`` stays ``None``)."""
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise TypeError(
+            f"options must be a dict (of keyword options for each env's reset) or None, "
+            f"got {type(options).__name__} {options!r}"
+        )
+    return dict(options)
 
 
 __all__ = ["EnvState", "Pool"]

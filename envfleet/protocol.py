@@ -48,14 +48,25 @@ class EnvFailure:
 
     @classmethod
     def capture(cls, env_index: int | None, phase: Phase, exc: BaseException) -> EnvFailure:
-        """Record ``exc`` (call from inside the ``except`` block)."""
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        """Record ``exc`` (call from inside the ``except`` block).
+
+        Never raises, whatever ``exc`` does: a ``__str__`` that raises, an exception that
+        cannot be pickled, or one that cannot be rebuilt all still give a record of this env.
+        """
+        type_name = _safe(lambda: type(exc).__qualname__, "BaseException")
+        message = _safe(lambda: str(exc), f"<{type_name}: str() raised>")
+        text = _safe(
+            lambda: "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            f"{type_name}: {message} (its traceback could not be formatted)\n",
+        )
         try:
-            blob: bytes | None = cloudpickle.dumps(exc)
-            pickle.loads(cloudpickle.dumps(exc))  # custom __init__ signatures fail only here
-        except Exception:
+            data: bytes = cloudpickle.dumps(exc)
+            rebuilt = pickle.loads(data)  # custom __init__ signatures fail only here
+            str(rebuilt)  # the parent formats it; a broken __str__ travels as text instead
+            blob: bytes | None = data
+        except BaseException:
             blob = None
-        return cls(env_index, phase, type(exc).__qualname__, str(exc), text, blob)
+        return cls(env_index, phase, type_name, message, text, blob)
 
     def original(self) -> BaseException:
         """The original exception rebuilt (or a :class:`RemoteError` with its text)."""
@@ -82,6 +93,13 @@ class EnvFailure:
         )
         error.__cause__ = self.original()
         return error
+
+
+def _safe(get: Any, fallback: str) -> str:
+    try:
+        return str(get())
+    except BaseException:
+        return fallback
 
 
 @dataclass

@@ -8,6 +8,7 @@ transport. Recording costs one clock read and a few additions per command.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,6 +30,8 @@ class WorkerStats:
     steps: int
     episodes: int
     restarts: int
+    recycled: int = 0
+    """Times the worker was replaced for going over ``worker_memory_limit``."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class PoolStats:
     episodes: int
     restarts: int
     workers: tuple[WorkerStats, ...]
+    recycled: int = 0
+    """Workers replaced for going over ``worker_memory_limit``, in all."""
 
     def as_dict(self) -> dict[str, Any]:
         """Plain types, for JSON."""
@@ -103,7 +108,7 @@ class StatsRecorder:
         if done.any():
             np.add.at(self.episodes, env_ids[done], 1)
 
-    def snapshot(self, restarts: np.ndarray) -> PoolStats:
+    def snapshot(self, restarts: np.ndarray, recycled: Sequence[int] = ()) -> PoolStats:
         now = time.monotonic()
         elapsed = max(now - self.created, 1e-9)
         workers = []
@@ -123,6 +128,7 @@ class StatsRecorder:
                     steps=int(self.steps[w]),
                     episodes=int(self.episodes[list(ids)].sum()),
                     restarts=int(restarts[list(ids)].sum()),
+                    recycled=int(recycled[w]) if recycled else 0,
                 )
             )
         return PoolStats(
@@ -131,4 +137,5 @@ class StatsRecorder:
             episodes=int(self.episodes.sum()),
             restarts=int(restarts.sum()),
             workers=tuple(workers),
+            recycled=int(sum(recycled)),
         )

@@ -25,10 +25,11 @@ def check_env_ids(env_id: Sequence[int] | np.ndarray | None, num_envs: int) -> n
         ids = ids.reshape(1)
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
         raise TypeError(f"env_id must be a 1-D sequence of ints, got {env_id!r}")
-    ids = ids.astype(np.intp, copy=False)
+    # Range-checked in the caller's dtype: a uint64 beyond intp would wrap around when cast.
     bad = ids[(ids < 0) | (ids >= num_envs)]
     if bad.size:
         raise ValueError(f"env_id {bad.tolist()} out of range: the pool has envs 0..{num_envs - 1}")
+    ids = ids.astype(np.intp, copy=False)
     if np.unique(ids).size != ids.size:
         values, counts = np.unique(ids, return_counts=True)
         raise ValueError(f"env_id repeats envs {values[counts > 1].tolist()}")

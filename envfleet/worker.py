@@ -19,7 +19,7 @@ from gymnasium.vector import AutoresetMode
 from envfleet.affinity import Affinity, pin_worker
 from envfleet.buffers import Batch
 from envfleet.errors import OnError, Phase
-from envfleet.group import EnvGroup, GroupStartError
+from envfleet.group import EnvGroup, GroupStartError, env_errors
 from envfleet.protocol import Command, EnvFailure, Group, Reply
 from envfleet.spec import EnvSpec
 from envfleet.threads import ThreadedGroup, split_ids
@@ -108,7 +108,7 @@ def start_group(
         )
     except GroupStartError as exc:
         return None, Reply(failures=(exc.failure,))
-    except Exception as exc:
+    except env_errors() as exc:
         return None, Reply(failures=(EnvFailure.capture(None, Phase.MAKE, exc),))
     return group, Reply()
 
@@ -126,7 +126,7 @@ def serve(group: Group, command: Command) -> Reply:
     """Run one command; anything it raises (beyond one env's failure) becomes a failure reply."""
     try:
         return command.run(group)
-    except Exception as exc:
+    except env_errors() as exc:
         return Reply(failures=(EnvFailure.capture(None, Phase.STEP, exc),))
 
 

@@ -90,11 +90,13 @@ class FaultyEnv(gymnasium.Env[np.ndarray, np.int64]):
         reset_hook: Callable[[FaultyEnv], None] | None = None,
         close_hook: Callable[[FaultyEnv], None] | None = None,
         episode_length: int = 5,
+        call_hook: Callable[[FaultyEnv], None] | None = None,
         sleep: float = 0.0,
     ) -> None:
         self.observation_space = spaces.Box(0, 10_000, shape=(1,), dtype=np.int64)
         self.action_space = spaces.Discrete(3)
         self.step_hook, self.reset_hook, self.close_hook = step_hook, reset_hook, close_hook
+        self.call_hook = call_hook
         self.episode_length = episode_length
         self.sleep = sleep
         self.count = 0
@@ -121,6 +123,12 @@ class FaultyEnv(gymnasium.Env[np.ndarray, np.int64]):
         self.count += 1
         terminated = self.count % self.episode_length == 0
         return np.array([self.count], dtype=np.int64), float(action), terminated, False, {}
+
+    def poke(self) -> int:
+        """A method for ``pool.call("poke")``: runs ``call_hook``, returns the step count."""
+        if self.call_hook is not None:
+            self.call_hook(self)
+        return self.count
 
     def close(self) -> None:
         if self.close_hook is not None:

@@ -9,8 +9,14 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import os
+import re
+import signal
+import sys
+import threading
 import time
 from typing import Any
+
+import numpy as np
 
 from tests.envs import FaultyEnv
 
@@ -91,3 +97,121 @@ def slow_after_marker(marker: str, **kwargs: Any) -> FaultyEnv:
     if os.path.exists(marker):
         time.sleep(0.5)
     return FaultyEnv(**kwargs)
+
+
+# -- the table-driven matrix (test_fault_matrix.test_cell) -------------------------------------
+
+ENV_FAULTS = ("raise", "unpicklable", "broken_str", "base_exception")
+"""Faults the env's own code raises: the env fails, its worker lives."""
+DEATH_FAULTS = ("exit", "segfault", "sigkill")
+"""Faults that end the worker's process."""
+STUCK_FAULTS = ("sigstop", "hang")
+"""Faults that leave the worker without an answer: only a timeout ends them."""
+
+
+class LockHoldingError(Exception):
+    """Cannot be pickled at all: it holds a lock."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+class BrokenStrError(Exception):
+    """An exception whose ``__str__`` itself raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ fails")
+
+
+def misbehave(kind: str) -> None:
+    """Do what fault ``kind`` stands for, here and now."""
+    if kind == "raise":
+        raise ValueError("injected failure")
+    if kind == "unpicklable":
+        raise LockHoldingError("a lock cannot travel")
+    if kind == "broken_str":
+        raise BrokenStrError()
+    if kind == "base_exception":
+        sys.exit(3)
+    if kind == "exit":
+        os._exit(1)
+    if kind == "segfault":
+        ctypes.string_at(0)
+    if kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "sigstop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if kind == "hang":
+        time.sleep(3600)
+    raise AssertionError(f"unknown fault {kind}")
+
+
+class Fault:
+    """A hook of :class:`FaultyEnv` (reset, step, call or close): the victim misbehaves once.
+
+    ``once``: a file written as the fault fires; it fires only while that file is absent (so
+    that a resent command, on a rebuilt worker, goes through). ``marker``: a file written
+    too, from which on the factory misbehaves (the restart-rebuild phase).
+    """
+
+    def __init__(self, kind: str, phase: str, once: str, marker: str | None = None) -> None:
+        self.kind, self.phase, self.once, self.marker = kind, phase, once, marker
+
+    def __call__(self, env: FaultyEnv, *action: Any) -> None:
+        if env.seed_used != SEED + VICTIM or os.path.exists(self.once):
+            return
+        if self.phase == "step" and not _hit(env):
+            return
+        for path in (self.once, self.marker):
+            if path is not None:
+                with open(path, "w"):
+                    pass
+        misbehave(self.kind)
+
+
+class FaultyFactory:
+    """Builds :class:`FaultyEnv` with fault ``kind`` in ``phase``, or at construction itself:
+    ``make``: in the pool's workers (not the probe ``make()`` builds in the caller, unless
+    ``in_caller``); ``rebuild``: the victim raises in a step, and every build after that
+    misbehaves."""
+
+    def __init__(self, kind: str, phase: str, *, pool_pid: int, tmp: str, in_caller: bool) -> None:
+        self.kind, self.phase, self.pool_pid, self.in_caller = kind, phase, pool_pid, in_caller
+        self.once = os.path.join(tmp, "fired")
+        self.marker = os.path.join(tmp, "rebuild")
+
+    def __call__(self) -> FaultyEnv:
+        in_worker = (
+            os.getpid() != self.pool_pid
+            or threading.current_thread() is not threading.main_thread()
+        )
+        if self.phase == "make" and (in_worker or self.in_caller):
+            misbehave(self.kind)
+        if self.phase == "rebuild":
+            if os.path.exists(self.marker):
+                misbehave(self.kind)
+            return FaultyEnv(step_hook=Fault("raise", "step", self.once, self.marker))
+        hook = Fault(self.kind, self.phase, self.once)
+        return FaultyEnv(
+            step_hook=hook if self.phase == "step" else None,
+            reset_hook=hook if self.phase == "reset" else None,
+            call_hook=hook if self.phase == "call" else None,
+            close_hook=hook if self.phase == "close" else None,
+        )
+
+
+def hold_the_gil(env: FaultyEnv, action: Any) -> None:
+    """From its second step on, the env runs a regex that backtracks for minutes in C code,
+    holding the GIL all along (no other thread of its process runs meanwhile)."""
+    if env.count >= 1:
+        re.match(r"(a*)*b", "a" * 40)
+
+
+_LEAKED: list[Any] = []
+
+
+def leak_in_step(env: FaultyEnv, action: Any) -> None:
+    """The victim keeps 10 MiB more (written, so resident) each step: a leaking env."""
+    if env.seed_used == SEED + VICTIM:
+        _LEAKED.append(np.ones(10 << 20, dtype=np.uint8))

@@ -6,6 +6,7 @@ made to fail through :class:`tests.envs.FaultyEnv` hooks from :mod:`tests.faults
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -224,3 +225,21 @@ def test_failing_call_names_the_env_and_leaves_the_pool_usable(
     assert isinstance(info.value.__cause__, AttributeError)
     obs, *_ = pool.step(ACTIONS)  # a failed call is not an env failure
     np.testing.assert_array_equal(obs[:, 0], [i * 100 + 1 for i in range(NUM_ENVS)])
+
+
+def _interrupt_in_step(env: FaultyEnv, action: Any) -> None:
+    if env.seed_used == 1:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.timeout(30)
+def test_keyboard_interrupt_raised_by_an_env_in_a_worker_thread_is_that_envs_failure() -> None:
+    """Not a Ctrl-C (that reaches the main thread only): a failure of the env, not a dead
+    worker thread that would leave ``step()`` waiting forever."""
+    env = functools.partial(FaultyEnv, step_hook=_interrupt_in_step)
+    with envfleet.make(env, 2, backend="thread", seed=0) as pool:
+        pool.reset()
+        with pytest.raises(envfleet.EnvRaisedError) as info:
+            pool.step(np.zeros(2, dtype=np.int64))
+    assert info.value.env_index == 1 and info.value.phase is envfleet.Phase.STEP
+    assert isinstance(info.value.__cause__, KeyboardInterrupt)

@@ -1,8 +1,13 @@
-"""The failure matrix: {raise, exit, segfault, kill, hang} x {raise, restart} x start methods.
+"""The failure matrix: every fault x phase x policy x backend ends within a bound, in a named
+error or a flagged restart, and leaves nothing behind.
 
-Every case must end in a clear error or a restart within the per-test timeout (a timeout is a
-failure), and leave nothing behind: the autouse fixture in conftest checks that no child process
-and no new ``/dev/shm`` entry remain; each test also closes its pool twice.
+:func:`test_cell` runs the table (fault: an env's exception, one that cannot be pickled, one
+whose ``__str__`` raises, ``sys.exit()``, ``os._exit``, a segfault, SIGKILL, SIGSTOP, a hang;
+phase: make, reset, step, call, close, the rebuild of a restart; policy: raise, restart; backend:
+serial, thread, process; ray in ``test_fault_matrix_ray.py``); a cell that cannot apply says why.
+The autouse fixture in conftest checks that no child process and no new ``/dev/shm`` entry
+remain; each cell also closes its pool twice. The tests above the table go deeper into the
+step phase of the process backend and its start methods.
 """
 
 from __future__ import annotations
@@ -205,6 +210,37 @@ def test_start_methods(context: str, fault: str) -> None:
     _close_twice(pool)
 
 
+@pytest.mark.timeout(60)
+def test_a_worker_over_its_memory_limit_is_recycled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leaking env's worker is replaced between steps, its envs flagged as restarted."""
+    monkeypatch.setattr(envfleet.pool, "MEMORY_CHECK_INTERVAL", 0.0)
+    expected = _reference(steps=8)
+    pool = envfleet.make(
+        functools.partial(FaultyEnv, step_hook=hooks.leak_in_step),
+        hooks.NUM_ENVS,
+        backend="process",
+        num_workers=hooks.NUM_WORKERS,
+        seed=hooks.SEED,
+        worker_memory_limit=1 << 40,
+    )
+    pool.reset()
+    memory = pool._transport.memory  # type: ignore[attr-defined]
+    limit = max(memory(w) for w in range(hooks.NUM_WORKERS)) + (45 << 20)
+    pool.worker_memory_limit = limit  # a worker grows over it after about 5 steps
+    results = [pool.step(ACTIONS) for _ in range(8)]
+    flagged = [(step, _flagged(r[4])) for step, r in enumerate(results) if _flagged(r[4])]
+    assert [envs for _, envs in flagged] == [set(hooks.VICTIM_WORKER_ENVS)], flagged
+    assert all(results[flagged[0][0]][3][i] for i in hooks.VICTIM_WORKER_ENVS)
+    stats = pool.stats()
+    assert [w.recycled for w in stats.workers] == [0, 1] and stats.recycled == 1
+    assert pool.restarts.tolist() == [0, 0, 0, 1, 1, 1]
+    assert memory(1) < limit
+    for step, (got, want) in enumerate(zip(results, expected, strict=True)):  # worker 0: as ever
+        for i in range(3):
+            assert got[0][i] == want[0][i], (step, i)
+    _close_twice(pool)
+
+
 def _script(body: str) -> list[str]:
     code = textwrap.dedent(
         f"""
@@ -244,6 +280,39 @@ def test_workers_exit_when_the_parent_is_killed() -> None:
     assert set(os.listdir("/dev/shm")) <= shm_before
     assert proc.stderr is not None
     assert "resource_tracker" not in proc.stderr.read()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
+def test_workers_holding_the_gil_die_with_the_parent(context: str) -> None:
+    """The watchdog thread cannot run while an env holds the GIL: the kernel ends the worker."""
+    proc = subprocess.Popen(
+        _script(
+            f"""
+            from tests import matrix_hooks
+            env = functools.partial(FaultyEnv, step_hook=matrix_hooks.hold_the_gil)
+            pool = envfleet.make(env, 2, num_workers=2, context={context!r})
+            pool.reset()
+            pool.step(np.ones(2, dtype=np.int64))
+            pool.send(np.ones(2, dtype=np.int64))  # each worker is now stuck in the regex
+            print(*[p.pid for p in pool._transport._procs], flush=True)
+            time.sleep(3600)
+            """
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    workers = [psutil.Process(int(pid)) for pid in proc.stdout.readline().split()]
+    assert len(workers) == 2
+    time.sleep(0.5)
+    assert all(w.status() == psutil.STATUS_RUNNING for w in workers)  # computing: the regex
+    proc.kill()
+    proc.wait(10)
+    # The regex runs for minutes: a worker left to its watchdog would outlive this bound.
+    _gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, f"workers outlived their parent: {alive}"
 
 
 def test_sigint_during_step_shuts_down_cleanly() -> None:
@@ -297,3 +366,183 @@ def test_restart_keeps_other_workers_replies(tmp_path: Any) -> None:
     infos = results[hooks.FAULT_STEP - 1][4]
     assert infos["envfleet/restarted"].tolist() == [i >= 3 for i in range(6)]
     _close_twice(pool)
+
+
+# -- the table: fault x phase x policy x backend ---------------------------------------------
+
+MATRIX_FAULTS = hooks.ENV_FAULTS + hooks.DEATH_FAULTS + hooks.STUCK_FAULTS
+PHASES = ("make", "reset", "step", "call", "close", "rebuild")
+POLICIES = ("raise", "restart")
+MATRIX_BACKENDS = ("serial", "thread", "process")
+STEP_TIMEOUT = 1.5
+START_TIMEOUT = {"thread": 3.0, "process": 3.0, "ray": 8.0}
+"""Seconds for building a worker's envs: short, to keep the cells where it hangs short; Ray's
+actors take longer to place on a loaded machine."""
+BOUND = 20.0
+"""Seconds within which every cell ends (timeouts included), with slack for a loaded machine."""
+ERRORS: dict[str, type[envfleet.EnvError]] = {
+    **dict.fromkeys(hooks.ENV_FAULTS, envfleet.EnvRaisedError),
+    **dict.fromkeys(hooks.DEATH_FAULTS, envfleet.WorkerDiedError),
+    **dict.fromkeys(hooks.STUCK_FAULTS, envfleet.EnvTimeoutError),
+}
+
+
+def not_applicable(backend: str, fault: str, phase: str, policy: str) -> str | None:
+    """Why a cell cannot apply (``None``: it does)."""
+    if phase in ("make", "close") and policy == "restart":
+        return "the policy does not apply: make() fails and close() never raises, either way"
+    if phase == "rebuild" and policy == "raise":
+        return "envs are rebuilt only under on_error='restart'"
+    if fault == "sigstop" and phase not in ("step", "close"):
+        return "a stopped worker is a hung one to the pool: 'hang' covers this phase"
+    in_caller = backend in ("serial", "thread")
+    if in_caller and (fault in hooks.DEATH_FAULTS or fault == "sigstop"):
+        return f"the {backend} backend runs envs in the test's own process, which {fault} ends"
+    if backend == "serial" and fault == "hang" and phase != "close":
+        return "the serial backend runs envs in the caller's thread: nothing can take it back"
+    if backend == "thread" and fault == "hang" and phase not in ("make", "close"):
+        return "a thread cannot be stopped, so the thread backend offers no step_timeout"
+    return None
+
+
+@functools.cache
+def _reference_steps() -> list[tuple[Any, ...]]:
+    return _reference(steps=hooks.FAULT_STEP + 2)
+
+
+def matrix_pool(backend: str, fault: str, phase: str, policy: str, tmp: str) -> envfleet.Pool:
+    kwargs: dict[str, Any] = {"backend": backend, "seed": hooks.SEED, "on_error": policy}
+    if backend != "serial":
+        kwargs["num_workers"] = hooks.NUM_WORKERS
+    if backend in ("process", "ray"):
+        kwargs["step_timeout"] = STEP_TIMEOUT
+    if backend != "serial":
+        kwargs["start_timeout"] = START_TIMEOUT[backend]
+    factory = hooks.FaultyFactory(
+        fault, phase, pool_pid=os.getpid(), tmp=tmp, in_caller=backend == "serial"
+    )
+    return envfleet.make(factory, hooks.NUM_ENVS, **kwargs)
+
+
+def check_cell(backend: str, fault: str, phase: str, policy: str, tmp: str) -> None:
+    """Run one cell: bounded, the named error or flagged restarts, then a valid next step."""
+    started = time.monotonic()
+    expected = ERRORS[fault]
+    victim_worker = 0 if backend == "serial" else 1
+    blamed = {hooks.VICTIM} if fault in hooks.ENV_FAULTS else set(hooks.VICTIM_WORKER_ENVS)
+    if phase == "make":
+        with pytest.raises(expected) as info:
+            matrix_pool(backend, fault, phase, policy, tmp)
+        error = info.value
+        assert error.phase is envfleet.Phase.MAKE
+        if backend == "serial":  # built by make()'s probe, in the caller
+            assert error.worker == -1
+        else:
+            assert error.worker in (0, 1), error
+            assert f"worker {error.worker}" in str(error)
+        assert time.monotonic() - started < BOUND
+        return
+    pool = matrix_pool(backend, fault, phase, policy, tmp)
+    reference = _reference_steps()
+    if phase == "close":
+        pool.reset()
+        pool.step(ACTIONS)
+        pool.close(timeout=1.0)
+        assert time.monotonic() - started < BOUND
+        _close_twice(pool)
+        return
+    results: list[tuple[Any, ...]] = []
+    try:
+        if phase == "call":
+            pool.reset()
+            if policy == "raise" or fault in hooks.ENV_FAULTS:
+                with pytest.raises(expected) as info:
+                    pool.call("poke")
+                _check_error(info.value, expected, envfleet.Phase.CALL, victim_worker, blamed)
+                if fault not in hooks.ENV_FAULTS:  # a lost worker breaks a raising pool
+                    with pytest.raises(envfleet.BrokenPoolError):
+                        pool.step(ACTIONS)
+                    return
+            else:  # the worker was replaced and the call resent
+                values = pool.call("poke")
+                assert len(values) == hooks.NUM_ENVS
+            results = [pool.step(ACTIONS) for _ in range(2)]
+            flagged = _flagged(results[0][4])
+            assert flagged == (set() if fault in hooks.ENV_FAULTS else blamed)
+            for i in sorted(set(range(hooks.NUM_ENVS)) - flagged):
+                assert results[1][0][i] == reference[1][0][i], i
+            return
+        if phase == "rebuild":
+            with pytest.raises(expected) as info:
+                _run(pool, steps=hooks.FAULT_STEP)
+            _check_error(info.value, expected, envfleet.Phase.MAKE, victim_worker, blamed)
+            with pytest.raises(envfleet.BrokenPoolError):
+                pool.step(ACTIONS)
+            return
+        step_phase = envfleet.Phase.STEP if phase == "step" else envfleet.Phase.RESET
+        if policy == "raise":
+            with pytest.raises(expected) as info:
+                _run(pool, steps=hooks.FAULT_STEP)
+            _check_error(info.value, expected, step_phase, victim_worker, blamed)
+            if info.value.completed is not None:  # the results that did come in: not the victim
+                assert hooks.VICTIM not in info.value.completed[4]["env_id"].tolist()
+            with pytest.raises(envfleet.BrokenPoolError):
+                pool.step(ACTIONS)
+            return
+        _obs, infos = pool.reset()
+        results = [pool.step(ACTIONS) for _ in range(hooks.FAULT_STEP + 2)]
+        at = hooks.FAULT_STEP - 1 if phase == "step" else None
+        flagged = _flagged(results[at][4] if at is not None else infos)
+        assert flagged == blamed
+        assert pool.restarts[sorted(blamed)].tolist() == [1] * len(blamed)
+        # The envs that were not restarted go on exactly as in a fault-free pool.
+        for step, (got, want) in enumerate(zip(results, reference, strict=False)):
+            for i in sorted(set(range(hooks.NUM_ENVS)) - blamed):
+                assert got[0][i] == want[0][i] and got[1][i] == want[1][i], (step, i)
+    finally:
+        assert time.monotonic() - started < BOUND
+        _close_twice(pool)
+
+
+def _flagged(infos: dict[str, Any]) -> set[int]:
+    mask = infos.get("envfleet/restarted", np.zeros(hooks.NUM_ENVS, bool))
+    return set(np.flatnonzero(mask).tolist())
+
+
+def _check_error(
+    error: envfleet.EnvError,
+    expected: type[envfleet.EnvError],
+    phase: envfleet.Phase,
+    worker: int,
+    blamed: set[int],
+) -> None:
+    assert type(error) is expected, error
+    assert error.phase is phase, error
+    assert error.worker == worker, error
+    if isinstance(error, envfleet.WorkerDiedError):
+        # The whole worker was lost: the error names its envs (and the env in flight, if any:
+        # during a call or a rebuild no one env of the worker can be blamed).
+        assert error.env_ids == hooks.VICTIM_WORKER_ENVS
+        assert error.env_index is None or error.env_index in blamed, error
+        assert f"worker {worker}" in str(error) and str(list(error.env_ids)) in str(error)
+    else:
+        assert error.env_index in blamed, error
+        assert f"env {error.env_index}" in str(error)
+
+
+CELLS = [
+    pytest.param(b, f, ph, po, id=f"{b}-{f}-{ph}-{po}")
+    for b in MATRIX_BACKENDS
+    for ph in PHASES
+    for f in MATRIX_FAULTS
+    for po in POLICIES
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("where", "fault", "phase", "policy"), CELLS)
+def test_cell(where: str, fault: str, phase: str, policy: str, tmp_path: Any) -> None:
+    why = not_applicable(where, fault, phase, policy)
+    if why is not None:
+        pytest.skip(why)
+    check_cell(where, fault, phase, policy, str(tmp_path))

@@ -12,11 +12,13 @@ observations of the next good step.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import gymnasium
 import numpy as np
+import psutil
 import pytest
 from gymnasium import spaces
 
@@ -220,6 +222,21 @@ BAD_MAKE_ARGUMENTS = {
     ),
     "bad context": (dict(context="thread"), ValueError, r"context must be one of"),
     "bad seed": (dict(seed="1"), TypeError, r"seed must be an int or None, got str"),
+    "negative seed": (dict(seed=-1), ValueError, r"seed must be a non-negative int.*-1"),
+    "infinite step_timeout": (
+        dict(step_timeout=float("inf")),
+        ValueError,
+        r"step_timeout must be a finite, positive number of seconds, got inf",
+    ),
+    "nan step_timeout": (dict(step_timeout=float("nan")), ValueError, r"step_timeout.*nan"),
+    "zero start_timeout": (dict(start_timeout=0), ValueError, r"start_timeout.*positive.*0"),
+    "string start_timeout": (dict(start_timeout="5"), TypeError, r"start_timeout must be a"),
+    "memory limit on threads": (
+        dict(worker_memory_limit=1 << 30, backend="thread"),
+        ValueError,
+        r"worker_memory_limit recycles worker processes: it needs backend='process'",
+    ),
+    "zero memory limit": (dict(worker_memory_limit=0), ValueError, r"worker_memory_limit must"),
 }
 
 
@@ -259,6 +276,74 @@ def test_bad_reset_masks_are_refused(
     with pytest.raises(error, match=r"reset_mask.*" + match):
         pool.reset(seed=0, options={"reset_mask": mask})
     assert_untouched(pool)  # no env was reset (seed 0 would have zeroed the counters)
+
+
+@pytest.mark.parametrize("backend_name", ["process", "ray"])
+def test_a_refused_make_starts_nothing(backend_name: str) -> None:
+    """Every argument is checked before a worker (or Ray) starts."""
+    if backend_name == "ray":
+        ray = pytest.importorskip("ray")
+        assert not ray.is_initialized()
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    with pytest.raises(ValueError, match="seed must be a non-negative int"):
+        envfleet.make(FaultyEnv, 2, backend=backend_name, seed=-1)
+    # At once, not after a grace period: not even a worker that started and then exited.
+    assert {child.pid for child in psutil.Process().children(recursive=True)} <= before
+    if backend_name == "ray":
+        assert not ray.is_initialized()
+
+
+BAD_RESETS = {
+    "float seeds": (dict(seed=[1.5] * NUM_ENVS), TypeError, r"seed\[0\] must be an int or None"),
+    "negative seed": (dict(seed=-1), ValueError, r"seed must be a non-negative int, got -1"),
+    "a negative seed": (
+        dict(seed=[1, 2, -3, 4, 5, 6, 7]),
+        ValueError,
+        r"seed\[2\] must be a non-negative int, got -3",
+    ),
+    "string seed": (dict(seed="12"), TypeError, r"seed must be None, an int or one"),
+    "int options": (dict(options=5), TypeError, r"options must be a dict .* got int 5"),
+    "str options": (dict(options="garbage"), TypeError, r"options must be a dict .*'garbage'"),
+}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "match"), list(BAD_RESETS.values()), ids=list(BAD_RESETS)
+)
+def test_caller_mistakes_in_reset_are_refused(
+    pool: envfleet.Pool, arguments: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        pool.reset(**arguments)
+    with pytest.raises(error, match=match):
+        pool.async_reset(**arguments)
+    assert_untouched(pool)
+
+
+def test_env_ids_beyond_intp_are_out_of_range_not_wrapped(pool: envfleet.Pool) -> None:
+    huge = [np.uint64(2**64 - 1)]
+    with pytest.raises(ValueError, match=r"env_id \[18446744073709551615\] out of range"):
+        pool.send(np.zeros(1, dtype=np.int64), env_id=huge)
+    assert_untouched(pool)
+
+
+@pytest.mark.timeout(30)
+def test_what_cannot_travel_leaves_the_pool_as_it_was() -> None:
+    """A command is pickled before the pool changes: one that cannot be leaves it as it was
+    (no env marked as sent, nothing waiting for a reply that will never come)."""
+    lock = threading.Lock()
+    with envfleet.make(
+        FaultyEnv, NUM_ENVS, backend="process", num_workers=NUM_WORKERS, seed=SEED
+    ) as pool:
+        pool.reset()
+        with pytest.raises(TypeError, match="pickle"):
+            pool.reset(seed=0, options={"lock": lock})
+        with pytest.raises(TypeError, match="pickle"):
+            pool.set_attr("episode_length", lock)
+        with pytest.raises(TypeError, match="pickle"):
+            pool.call("poke", lock)
+        assert pool.get_attr("episode_length") == (5,) * NUM_ENVS
+        assert_untouched(pool)
 
 
 def test_wrong_number_of_seeds_is_refused(pool: envfleet.Pool) -> None:

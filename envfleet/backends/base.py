@@ -22,6 +22,9 @@ from envfleet.errors import OnError
 from envfleet.protocol import Command, Reply
 from envfleet.spec import EnvSpec
 
+DEFAULT_START_TIMEOUT = 120.0
+"""Seconds a worker may take to build its envs (at ``make()`` or a restart) by default."""
+
 
 class Backend(enum.Enum):
     """Where the envs run."""
@@ -55,6 +58,7 @@ class TransportOptions:
     threads_per_worker: int = 1
     cpu_affinity: Affinity | None = None  # applied by each worker to itself (affinity.py)
     ray: dict[str, Any] | None = None  # address, init_kwargs, worker_resources
+    start_timeout: float = DEFAULT_START_TIMEOUT  # seconds a worker may take to build its envs
 
     @property
     def num_envs(self) -> int:
@@ -71,7 +75,11 @@ class Transport(Protocol):
     """Whether the groups write :attr:`batch` directly (else results come back as rows)."""
 
     def submit(self, worker: int, command: Command) -> None:
-        """Hand ``command`` to ``worker``; its reply comes back through :meth:`wait`."""
+        """Hand ``command`` to ``worker``; its reply comes back through :meth:`wait`.
+
+        A command that the transport must serialise was serialised by :meth:`prepare` first
+        (when the transport has one), so ``submit`` itself does not fail on the caller's data.
+        """
 
     def wait(
         self, timeout: float | None, want: int = 1

@@ -7,9 +7,18 @@ the reply says only what the pool cannot read there.
 
 from __future__ import annotations
 
+import os
+import secrets
+import socket
+import struct
+import tempfile
 import time
 from collections.abc import Callable
-from multiprocessing.connection import Connection
+from multiprocessing.connection import (  # type: ignore[attr-defined]
+    Connection,
+    answer_challenge,
+    deliver_challenge,
+)
 from multiprocessing.reduction import ForkingPickler
 
 from envfleet.errors import Phase
@@ -75,3 +84,90 @@ class PickledCommands:
             cached = (command, bytes(ForkingPickler.dumps(command)))
             self._cache[id(command)] = cached
         return cached[1]
+
+
+HANDSHAKE_TIMEOUT = 5.0
+"""Seconds a connection may take to prove it knows the key before it is dropped."""
+
+CONNECT_TIMEOUT = 60.0
+"""Seconds the pool waits for an actor to take its connection (the actor may be dropping a
+stranger's first, each within ``HANDSHAKE_TIMEOUT``)."""
+
+
+def _io_timeout(fd: int, seconds: float) -> None:
+    """Bound each blocking read and write on socket ``fd`` (0: no bound)."""
+    sock = socket.socket(fileno=fd)
+    try:
+        whole = int(seconds)
+        value = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+    finally:
+        sock.detach()
+
+
+def open_listener() -> tuple[socket.socket, str, str | None]:
+    """A Unix socket only this user can reach: ``(server, address, directory)``.
+
+    A filesystem socket in a new directory of mode 0700, which the kernel keeps other users
+    out of (an abstract socket is listed in ``/proc/net/unix`` and open to every user); where
+    no such directory can be made, an abstract socket, guarded by the key alone.
+    """
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    directory: str | None = None
+    try:
+        try:
+            directory = tempfile.mkdtemp(prefix="envfleet-")
+            address = os.path.join(directory, "s")
+            server.bind(address)
+        except OSError:
+            if directory is not None:
+                os.rmdir(directory)
+                directory = None
+            address = f"\0envfleet-{secrets.token_hex(12)}"
+            server.bind(address)
+        server.listen(8)
+    except BaseException:
+        server.close()
+        raise
+    return server, address, directory
+
+
+def accept_pool(server: socket.socket, authkey: bytes) -> Connection:
+    """The first connection that proves it has ``authkey``; any other is dropped within
+    :data:`HANDSHAKE_TIMEOUT` (a stranger that connects first cannot keep the pool out)."""
+    while True:
+        sock, _ = server.accept()
+        conn = Connection(sock.detach())
+        try:
+            _io_timeout(conn.fileno(), HANDSHAKE_TIMEOUT)
+            deliver_challenge(conn, authkey)
+            answer_challenge(conn, authkey)
+            _io_timeout(conn.fileno(), 0.0)
+        except Exception:  # a wrong key, a bad message, silence, a closed connection
+            conn.close()
+            continue
+        return conn
+
+
+def connect_pool(address: str, authkey: bytes, timeout: float = CONNECT_TIMEOUT) -> Connection:
+    """Connect to an actor's :func:`accept_pool`; ``OSError`` or ``AuthenticationError`` once
+    nothing answered within ``timeout`` (the handshake included)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(address)
+        sock.settimeout(None)
+        conn = Connection(sock.detach())
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        _io_timeout(conn.fileno(), timeout)
+        answer_challenge(conn, authkey)
+        deliver_challenge(conn, authkey)
+        _io_timeout(conn.fileno(), 0.0)
+    except BaseException:
+        conn.close()
+        raise
+    return conn

@@ -19,13 +19,16 @@ EOF on its pipe or, if it is stuck inside an env, is stopped by a watchdog threa
 
 from __future__ import annotations
 
+import ctypes
 import math
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import pickle
 import select
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -34,11 +37,12 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import cloudpickle
+import psutil
 
 from envfleet.backends.base import TransportOptions, WorkerLost
 from envfleet.backends.channel import PickledCommands, serve_connection
 from envfleet.buffers import SharedBatch
-from envfleet.errors import Phase, WorkerDiedError
+from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Close, Command, EnvFailure, Reply
 from envfleet.worker import start_group
 
@@ -75,6 +79,39 @@ def _watch_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="envfleet-parent-watch", daemon=True).start()
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int, from_main_thread: bool) -> None:
+    """Have the kernel SIGKILL this worker when its parent dies (Linux).
+
+    The watchdog thread cannot run while an env holds the GIL (a long regex, say); the kernel
+    needs no thread of ours. The signal follows the death of the *thread* that started us: it is
+    asked for only when that is the pool's main thread (fork, spawn), or the fork server
+    (forkserver: single-threaded, and it exits with the pool's process).
+    """
+    parent = os.getppid()
+    if parent == parent_pid and not from_main_thread:
+        return  # started from a thread that may end before the pool: the watchdog only
+    if parent != parent_pid:
+        # Started by the fork server, which exits once every holder of its "alive" pipe has
+        # closed it: the pool's process, and each of its children. Let go of our copy, or the
+        # fork server (and so this worker) would outlive the pool.
+        server = multiprocessing.forkserver._forkserver
+        alive = getattr(server, "_forkserver_alive_fd", None)
+        if alive is not None:
+            os.close(alive)
+            server._forkserver_alive_fd = None  # type: ignore[attr-defined]
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):  # not Linux
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
 def _worker_main(
     worker: int,
     conn: Connection,
@@ -83,11 +120,14 @@ def _worker_main(
     shared: SharedBatch,
     parent_pid: int,
     restarts: dict[int, int],
+    from_main_thread: bool = False,
 ) -> None:
     # Ctrl-C goes to the whole process group: the parent alone handles it and closes us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if parent_end is not None:
         parent_end.close()  # so that our recv sees EOF once the parent is gone
+    if sys.platform.startswith("linux"):
+        _die_with_parent(parent_pid, from_main_thread)
     _watch_parent(parent_pid)
     try:
         # cloudpickle: the env factory may be a lambda or closure, under any start method.
@@ -146,6 +186,7 @@ class ProcessTransport:
                 self._shared,
                 os.getpid(),
                 restarts,
+                threading.current_thread() is threading.main_thread(),
             ),
             daemon=True,
         )
@@ -167,8 +208,21 @@ class ProcessTransport:
         if proc.is_alive():
             proc.kill()
 
+    def memory(self, worker: int) -> int | None:
+        """Resident memory of ``worker``'s process in bytes (``None``: gone or unknown)."""
+        if not self._alive[worker]:
+            return None
+        try:
+            return int(psutil.Process(self._procs[worker].pid).memory_info().rss)
+        except (psutil.Error, ValueError):
+            return None
+
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
         old_conn, old_proc = self._conns[worker], self._procs[worker]
+        if self._alive[worker] and self._poller is not None:  # replaced alive (recycled)
+            self._poller.unregister(old_conn.fileno())
+            self._poller.unregister(old_proc.sentinel)
+        self._alive[worker] = False
         if old_proc.is_alive():
             old_proc.kill()
         old_proc.join(1.0)
@@ -184,11 +238,24 @@ class ProcessTransport:
         the other workers' replies stay in their pipes for the pool's next wait.
         """
         options = self._options
+        deadline = time.monotonic() + options.start_timeout
         for worker in workers:
             conn, proc = self._conns[worker], self._procs[worker]
             reply: Reply | None = None
             lost = False
-            multiprocessing.connection.wait([conn, proc.sentinel])
+            remaining = max(0.0, deadline - time.monotonic())
+            if not multiprocessing.connection.wait([conn, proc.sentinel], remaining):
+                proc.kill()  # still building its envs: a constructor that hangs
+                proc.join(1.0)
+                raise EnvTimeoutError(
+                    f"worker {worker} did not build its envs {list(options.assignment[worker])} "
+                    f"within start_timeout={options.start_timeout:g}s; killed",
+                    env_index=None,
+                    phase=Phase.MAKE,
+                    worker=worker,
+                    exitcode=proc.exitcode,
+                    env_ids=tuple(options.assignment[worker]),
+                )
             try:
                 if conn.poll():
                     reply = conn.recv()
@@ -200,7 +267,7 @@ class ProcessTransport:
                 proc.join(1.0)
                 raise WorkerDiedError(
                     f"worker {worker} died while building its envs "
-                    f"{options.assignment[worker]} ({_describe_exit(proc.exitcode)})",
+                    f"{list(options.assignment[worker])} ({_describe_exit(proc.exitcode)})",
                     env_index=None,
                     phase=Phase.MAKE,
                     worker=worker,
@@ -211,6 +278,10 @@ class ProcessTransport:
                 raise reply.failures[0].to_error(worker, options.spec.name)
 
     shares_memory = True
+
+    def prepare(self, worker: int, command: Command) -> None:
+        """Pickle ``command`` now (kept for :meth:`submit`): what cannot travel fails here."""
+        self._pickled.dumps(command)
 
     def submit(self, worker: int, command: Command) -> None:
         try:

@@ -30,31 +30,32 @@ Ray is an optional extra (``pip install envfleet[ray]``): only this module and i
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import secrets
 import select
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from multiprocessing.connection import Client, Connection
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection
 from typing import Any
 
+import cloudpickle
 import ray
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from envfleet.backends import node_memory
 from envfleet.backends.base import TransportOptions, WorkerLost
-from envfleet.backends.channel import PickledCommands
+from envfleet.backends.channel import PickledCommands, connect_pool
 from envfleet.backends.node_memory import PoolMemory
 from envfleet.backends.ray_actor import GroupActor, unpack
 from envfleet.buffers import Batch, ObjectRows, is_array_space, make_reader
-from envfleet.errors import Phase, WorkerDiedError
+from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Close, Command, EnvFailure, Reply, Reset, Step
-
-START_TIMEOUT = 300.0
-"""Seconds an actor may take to be placed and build its envs before the pool gives up on it
-(an actor asking for resources no node has would otherwise wait forever)."""
 
 START_ATTEMPTS = 5
 START_BACKOFF = 0.5
@@ -73,6 +74,58 @@ pool waits on each kind in turn this many seconds at a time."""
 _lock = threading.Lock()
 _session: str | None = None  # the Ray connection envfleet made (see _session_id), if any
 _users = 0  # open transports on that connection
+_reaper: subprocess.Popen[bytes] | None = None  # ends the Ray envfleet started if we are killed
+
+REAPER = """
+import sys, time, psutil
+owner, me, seen = psutil.Process(int(sys.argv[1])), psutil.Process(), {}
+def ray_process(p):
+    name = p.name()
+    return name in ("gcs_server", "raylet") or name.startswith("ray::") or any(
+        "/ray/" in part for part in p.cmdline())
+while True:
+    try:
+        if not owner.is_running():
+            break
+        for child in owner.children(recursive=True):
+            if child.pid != me.pid and child.pid not in seen and ray_process(child):
+                seen[child.pid] = child
+    except psutil.NoSuchProcess:
+        break
+    except psutil.Error:
+        pass
+    time.sleep(0.5)
+for child in seen.values():
+    try:
+        child.kill()
+    except psutil.Error:
+        pass
+"""
+"""The reaper: a process of its own that notes the Ray processes envfleet's process started
+and kills them once that process is gone. When the pool's process is killed (SIGKILL: no
+``close()``), Ray's own fate sharing stops ``gcs_server`` and the ``raylet``, but its agents
+(``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) and idle workers were seen running 30 s
+later; the reaper ends them within about a second."""
+
+
+def _start_reaper() -> None:
+    global _reaper
+    try:
+        _reaper = subprocess.Popen(
+            [sys.executable, "-c", REAPER, str(os.getpid())],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # not stopped by the Ctrl-C that stops the pool
+        )
+    except OSError:
+        _reaper = None  # Ray's own fate sharing still stops its main daemons
+
+
+def _stop_reaper() -> None:
+    global _reaper
+    reaper, _reaper = _reaper, None
+    if reaper is not None:
+        reaper.kill()
+        reaper.wait()
 
 
 def _session_id() -> str:
@@ -103,6 +156,8 @@ def _connect(address: str | None, init_kwargs: dict[str, Any]) -> bool:
             kwargs = {"include_dashboard": False, "log_to_driver": False, **kwargs}
         ray.init(**kwargs)
         _session, _users = _session_id(), 1
+        if kwargs.get("address") in (None, "local"):  # a Ray of our own, on this machine
+            _start_reaper()
         return True
 
 
@@ -119,6 +174,7 @@ def _disconnect() -> None:
         # Not if the caller shut it down and connected again meanwhile: that one is theirs.
         if ray.is_initialized() and _session_id() == session:
             ray.shutdown()
+        _stop_reaper()
 
 
 _PHASES = {Step: Phase.STEP, Reset: Phase.RESET}
@@ -223,7 +279,8 @@ class RayTransport:
         a node that Ray does not know dead yet) is replaced, up to ``START_ATTEMPTS`` times.
         """
         started = [(worker, self._start_call(worker)) for worker in workers]
-        deadline = time.monotonic() + START_TIMEOUT
+        timeout = self._options.start_timeout  # placing the actor and building its envs
+        deadline = time.monotonic() + timeout
         for worker, ref in started:
             delay = START_BACKOFF
             for attempt in range(1, START_ATTEMPTS + 1):
@@ -235,10 +292,13 @@ class RayTransport:
                     )
                     break
                 except GetTimeoutError as exc:
+                    self.kill(worker)
                     raise self._start_failed(
                         worker,
-                        f"did not start within {START_TIMEOUT:g}s: is there a node with the "
-                        f"resources it asks for ({self._resources})?",
+                        f"did not start within start_timeout={timeout:g}s: its envs' "
+                        "constructor hangs, or no node has the resources it asks for "
+                        f"({self._resources})",
+                        EnvTimeoutError,
                     ) from exc
                 except RayError as exc:
                     if attempt == START_ATTEMPTS:
@@ -254,10 +314,12 @@ class RayTransport:
             if address is not None:
                 self._connect_socket(worker, address)
 
-    def _start_failed(self, worker: int, why: str) -> WorkerDiedError:
+    def _start_failed(
+        self, worker: int, why: str, kind: type[WorkerDiedError] = WorkerDiedError
+    ) -> WorkerDiedError:
         ids = tuple(self._options.assignment[worker])
-        return WorkerDiedError(
-            f"ray actor {worker} (envs {list(ids)}) {why}",
+        return kind(
+            f"worker {worker} (a ray actor, envs {list(ids)}) {why}",
             env_index=None,
             phase=Phase.MAKE,
             worker=worker,
@@ -267,8 +329,8 @@ class RayTransport:
     def _connect_socket(self, worker: int, address: str) -> None:
         self._serving[worker] = self._actors[worker].serve.remote()
         try:
-            conn = Client(address, family="AF_UNIX", authkey=self._authkey)
-        except (OSError, EOFError) as exc:
+            conn = connect_pool(address, self._authkey)
+        except (OSError, EOFError, AuthenticationError) as exc:
             raise self._start_failed(
                 worker, f"built them but its socket could not be reached: {exc}"
             ) from exc
@@ -284,12 +346,20 @@ class RayTransport:
         """Whether each actor is served over a socket (on this machine) or by Ray calls."""
         return [conn is not None for conn in self._conns]
 
+    def prepare(self, worker: int, command: Command) -> None:
+        """Serialise ``command`` now: what cannot travel fails before anything changes."""
+        if self._conns[worker] is not None:
+            self._pickled.dumps(command)  # kept for submit
+        else:
+            cloudpickle.dumps(command)  # as Ray will, in submit
+
     def submit(self, worker: int, command: Command) -> None:
         conn = self._conns[worker]
         if conn is not None:
+            data = self._pickled.dumps(command)
             self._owed[worker] += 1
             try:
-                conn.send_bytes(self._pickled.dumps(command))
+                conn.send_bytes(data)
             except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
                 pass  # the actor is gone: its socket reports it on the next wait
             return

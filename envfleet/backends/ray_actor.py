@@ -10,8 +10,8 @@ arrays (:data:`Packed`), or pickled and cut in pieces that Ray returns inline
 from __future__ import annotations
 
 import mmap
-import secrets
-from multiprocessing.connection import Listener
+import shutil
+import socket
 from typing import Any
 
 import cloudpickle
@@ -19,7 +19,7 @@ import numpy as np
 import ray
 
 from envfleet.backends.base import TransportOptions
-from envfleet.backends.channel import serve_connection
+from envfleet.backends.channel import accept_pool, open_listener, serve_connection
 from envfleet.backends.node_memory import NodeMemory
 from envfleet.buffers import Batch, ObjectRows, take
 from envfleet.errors import Phase
@@ -49,7 +49,9 @@ class GroupActor:
         self.batch = Batch.local(options.observation_space, options.action_space, 0)
         self.group: Group | None = None
         self._memory: mmap.mmap | None = None  # keeps the pool's memory mapped
-        self._listener: Listener | None = None
+        self._listener: socket.socket | None = None
+        self._socket_dir: str | None = None
+        self._authkey = b""
 
     def start(
         self, memory: NodeMemory | None, pool_node: str | None, authkey: bytes
@@ -80,11 +82,11 @@ class GroupActor:
             return started, node, None
         address = None
         if shared:
-            # An abstract socket: no file to leave behind; the key keeps others out.
-            name = f"\0envfleet-{secrets.token_hex(12)}"
+            # A socket in a directory only this user may enter (else an abstract one); the key
+            # keeps out whoever else connects, and a stranger cannot hold the actor up.
             try:
-                self._listener = Listener(name, family="AF_UNIX", authkey=authkey)
-                address = name
+                self._listener, address, self._socket_dir = open_listener()
+                self._authkey = authkey
             except OSError:
                 pass  # no socket here (a sandbox, say): Ray calls, on the shared rows all the same
         return Reply(), node, address
@@ -92,9 +94,24 @@ class GroupActor:
     def serve(self) -> None:
         """Serve the pool's commands from the socket until it closes the pool (or goes away)."""
         assert self._listener is not None and self.group is not None
-        with self._listener.accept() as conn:
-            self._listener.close()
+        try:
+            conn = accept_pool(self._listener, self._authkey)
+        finally:
+            self._close_listener()
+        with conn:
             serve_connection(self.group, conn)
+
+    def _close_listener(self) -> None:
+        """Close the listening socket and remove its file and directory (once connected)."""
+        listener, self._listener = getattr(self, "_listener", None), None
+        if listener is not None:
+            listener.close()
+        directory, self._socket_dir = getattr(self, "_socket_dir", None), None
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def __del__(self) -> None:
+        self._close_listener()
 
     def run(self, command: Command) -> Reply | Packed:
         assert self.group is not None

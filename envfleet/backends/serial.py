@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 from envfleet.backends.base import TransportOptions, WorkerLost
@@ -20,7 +21,7 @@ class SerialTransport:
         for worker, ids in enumerate(options.assignment):
             group, started = start_group(options, ids, self.batch)
             if group is None:
-                self.close(0.0)
+                self.close(5.0)
                 raise started.failures[0].to_error(worker, options.spec.name)
             self.groups.append(group)
 
@@ -43,9 +44,30 @@ class SerialTransport:
         raise NotImplementedError("a serial group never dies without its caller")
 
     def close(self, timeout: float) -> None:
-        for group in self.groups:
-            group.close()
-        self.groups.clear()
+        """Close the envs on a daemon thread, waiting at most ``timeout`` seconds for it.
+
+        The envs run in the caller's thread, which must not be held by an env whose ``close``
+        hangs: past the timeout that thread is abandoned (it cannot be stopped) and ``close``
+        returns.
+        """
+        groups, self.groups = list(self.groups), []
+        if not groups:
+            return
+
+        def close_all() -> None:
+            for group in groups:
+                try:
+                    group.close()
+                except BaseException:  # close reports, never raises
+                    pass
+
+        closer = threading.Thread(target=close_all, name="envfleet-serial-close", daemon=True)
+        try:
+            closer.start()
+        except RuntimeError:  # no new threads at interpreter shutdown: close here, unbounded
+            close_all()
+            return
+        closer.join(max(0.0, timeout))
 
 
 def open_transport(options: TransportOptions) -> SerialTransport:

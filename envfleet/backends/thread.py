@@ -33,6 +33,7 @@ from collections.abc import Sequence
 
 from envfleet.backends.base import TransportOptions, WorkerLost
 from envfleet.buffers import Batch
+from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Close, Command, EnvFailure, Group, Reply
 from envfleet.worker import plain, serve, start_group
 
@@ -109,12 +110,35 @@ class ThreadTransport:
 
     def _await_start(self) -> None:
         failure: tuple[int, EnvFailure] | None = None
-        for worker, reply in self.wait(None, want=len(self._threads)):
-            if isinstance(reply, Reply) and reply.failures and failure is None:
-                failure = (worker, reply.failures[0])
+        options = self._options
+        deadline = time.monotonic() + options.start_timeout
+        started: set[int] = set()
+        while len(started) < len(self._threads):
+            remaining = deadline - time.monotonic()
+            replies = self.wait(max(0.0, remaining), want=len(self._threads) - len(started))
+            if not replies and remaining <= 0:
+                late = sorted(set(range(len(self._threads))) - started)
+                self.close(0.0)  # a thread cannot be stopped: the stuck ones are abandoned
+                ids = tuple(i for w in late for i in options.assignment[w])
+                raise EnvTimeoutError(
+                    f"worker {late[0]} did not build its envs {list(options.assignment[late[0]])}"
+                    f" ({options.spec.name}) within start_timeout={options.start_timeout:g}s; "
+                    "its thread cannot be stopped and was abandoned (threads of workers "
+                    f"{late} are stuck)",
+                    env_index=None,
+                    phase=Phase.MAKE,
+                    worker=late[0],
+                    env_ids=ids,
+                )
+            for worker, reply in replies:
+                started.add(worker)
+                if isinstance(reply, Reply) and reply.failures and failure is None:
+                    failure = (worker, reply.failures[0])
+                elif isinstance(reply, WorkerLost) and failure is None:
+                    failure = (worker, _lost_at_start(reply))
         if failure is not None:
             self.close(1.0)
-            raise failure[1].to_error(failure[0], self._options.spec.name)
+            raise failure[1].to_error(failure[0], options.spec.name)
 
     def _serve(
         self,
@@ -123,11 +147,16 @@ class ThreadTransport:
         inbox: deque[tuple[int, Command | None]],
         bell: _Bell,
     ) -> None:
-        group, started = start_group(self._options, ids, self.batch)
-        self._post(worker, started)
-        if group is None:
-            return
-        self._loop(worker, group, inbox, bell)
+        try:
+            group, started = start_group(self._options, ids, self.batch)
+            self._post(worker, started)
+            if group is None:
+                return
+            self._loop(worker, group, inbox, bell)
+        except BaseException as exc:  # a thread that ends must say so
+            # The group turns an env's exceptions into failures; anything reaching here ended
+            # this worker, which the pool must hear of, like a dead process, not wait forever.
+            self._post(worker, WorkerLost(None, f"its thread ended: {type(exc).__name__}"))
 
     def _loop(
         self, worker: int, group: Group, inbox: deque[tuple[int, Command | None]], bell: _Bell
@@ -209,7 +238,15 @@ class ThreadTransport:
         raise NotImplementedError("a thread cannot be killed; use the process backend")
 
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
-        raise NotImplementedError("a thread worker never dies on its own")
+        ids = tuple(self._options.assignment[worker])
+        raise WorkerDiedError(
+            f"the thread of worker {worker} (envs {list(ids)}) ended and a thread worker "
+            "cannot be replaced",
+            env_index=None,
+            phase=Phase.STEP,
+            worker=worker,
+            env_ids=ids,
+        )
 
     def close(self, timeout: float) -> None:
         if self._closed:
@@ -228,6 +265,13 @@ class ThreadTransport:
         if not stuck:
             for bell in (*self._bells, *self._rounds):
                 bell.close()
+
+
+def _lost_at_start(lost: WorkerLost) -> EnvFailure:
+    try:
+        raise RuntimeError(f"a worker thread ended while building its envs: {lost.reason}")
+    except RuntimeError as exc:
+        return EnvFailure.capture(None, Phase.MAKE, exc)
 
 
 def open_transport(options: TransportOptions) -> ThreadTransport:

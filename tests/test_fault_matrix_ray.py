@@ -1,0 +1,141 @@
+"""The failure matrix of ``test_fault_matrix.py`` on the ray backend, on one local Ray.
+
+Ray takes seconds to start and each pool seconds to place its actors, so this module joins one
+Ray for all its cells and runs a sample of the table (``test_ray.py`` covers more of the step
+phase: env exceptions, dead and hung actors): each env fault in the step phase, then a cell or
+two of every other phase and of ``"restart"``, each kind of fault (an env's exception, a dead
+actor, a stuck one) somewhere. The cells run the checks of the other backends
+(:func:`check_cell`); Ray's daemons are children of this process, so the leak check is
+:func:`ray_leak_check`, which still fails a cell that leaves an actor behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import envfleet  # noqa: E402
+from tests import matrix_hooks as hooks  # noqa: E402
+from tests.envs import FaultyEnv  # noqa: E402
+from tests.ray_helpers import ray_leak_check  # noqa: E402
+from tests.test_fault_matrix import check_cell, not_applicable  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CELLS = (
+    [("step", fault, "raise") for fault in hooks.ENV_FAULTS]
+    + [("step", "broken_str", "restart"), ("make", "base_exception", "raise")]
+    + [
+        ("reset", "exit", "restart"),
+        ("call", "unpicklable", "raise"),
+        ("call", "segfault", "raise"),
+    ]
+    + [("close", "hang", "raise"), ("rebuild", "raise", "restart"), ("rebuild", "hang", "restart")]
+)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes_or_shared_memory() -> Iterator[None]:
+    """Overrides conftest.py's: Ray's daemons outlive tests, envfleet's actors must not."""
+    yield from ray_leak_check()
+
+
+@pytest.fixture(scope="module")
+def ray_session() -> Iterator[None]:
+    assert not ray.is_initialized()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    ("phase", "fault", "policy"), CELLS, ids=[f"{f}-{ph}-{po}" for ph, f, po in CELLS]
+)
+def test_ray_cell(ray_session: None, phase: str, fault: str, policy: str, tmp_path: Any) -> None:
+    assert not_applicable("ray", fault, phase, policy) is None
+    check_cell("ray", fault, phase, policy, str(tmp_path))
+
+
+@pytest.mark.slow  # a Ray of its own in a child process: about 10 s to start here
+@pytest.mark.timeout(120)
+def test_nothing_of_a_private_ray_outlives_the_pools_process() -> None:
+    """SIGKILL of the pool's process: the Ray it started (daemons, agents, actors) goes too.
+
+    Without envfleet's reaper, Ray's agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``)
+    were still running 10 s later here (and 30 s later when first seen)."""
+    temp_dir = tempfile.mkdtemp(prefix="envfleet-ray-")  # short: Ray's socket paths go in it
+    try:
+        _kill_a_pool_with_its_own_ray(temp_dir)
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _kill_a_pool_with_its_own_ray(temp_dir: str) -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {REPO!r})
+        import envfleet
+        if __name__ == "__main__":
+            pool = envfleet.make(
+                "CartPole-v1", 2, backend="ray", ray_init_kwargs={{"_temp_dir": {temp_dir!r}}}
+            )
+            pool.reset()
+            print("ready", flush=True)
+            time.sleep(3600)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    started = [
+        child
+        for child in psutil.Process(proc.pid).children(recursive=True)
+        if child.name() in ("gcs_server", "raylet") or child.name().startswith("ray::")
+    ]
+    names = {child.name() for child in started}
+    assert {"gcs_server", "raylet"} <= names and any(n.startswith("ray::GroupActor") for n in names)
+    proc.kill()
+    proc.wait(10)
+    _gone, alive = psutil.wait_procs(started, timeout=5)
+    assert not alive, f"Ray processes outlived the pool's process: {alive}"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("path", ["socket", "calls"])
+def test_what_cannot_travel_leaves_a_ray_pool_as_it_was(ray_session: None, path: str) -> None:
+    """Commands are pickled before the pool changes, on both ways to an actor."""
+    lock = threading.Lock()
+    actions = np.ones(hooks.NUM_ENVS, dtype=np.int64)
+    with envfleet.make(
+        FaultyEnv,
+        hooks.NUM_ENVS,
+        backend="ray",
+        num_workers=hooks.NUM_WORKERS,
+        seed=hooks.SEED,
+        ray_shared_memory=path == "socket",
+    ) as pool:
+        pool.reset()
+        with pytest.raises(TypeError, match="pickle"):
+            pool.reset(seed=0, options={"lock": lock})
+        with pytest.raises(TypeError, match="pickle"):
+            pool.set_attr("episode_length", lock)
+        assert pool.get_attr("episode_length") == (5,) * hooks.NUM_ENVS
+        obs = pool.step(actions)[0]
+    assert obs[:, 0].tolist() == [(hooks.SEED + i) * 100 + 1 for i in range(hooks.NUM_ENVS)]
