@@ -72,7 +72,8 @@ class DictTupleEnv(gymnasium.Env[dict[str, Any], np.ndarray]):
         return np.full((4, 4, 3), self._t, dtype=np.uint8)
 
 
-StepHook = Callable[["FaultyEnv", Any], None]
+StepHook = Callable[["FaultyEnv", Any], Any]
+"""Runs before each step; what it returns, if not ``None``, replaces the step's observation."""
 
 
 class FaultyEnv(gymnasium.Env[np.ndarray, np.int64]):
@@ -87,7 +88,7 @@ class FaultyEnv(gymnasium.Env[np.ndarray, np.int64]):
     def __init__(
         self,
         step_hook: StepHook | None = None,
-        reset_hook: Callable[[FaultyEnv], None] | None = None,
+        reset_hook: Callable[[FaultyEnv], Any] | None = None,
         close_hook: Callable[[FaultyEnv], None] | None = None,
         episode_length: int = 5,
         call_hook: Callable[[FaultyEnv], None] | None = None,
@@ -110,19 +111,20 @@ class FaultyEnv(gymnasium.Env[np.ndarray, np.int64]):
         super().reset(seed=seed)
         if seed is not None:
             self.seed_used = seed
-        if self.reset_hook is not None:
-            self.reset_hook(self)
+        replaced = self.reset_hook(self) if self.reset_hook is not None else None
         self.count = 0 if seed is None else seed * 100
+        if replaced is not None:  # a hook that makes the env return a wrong observation
+            return replaced, {}
         return np.array([self.count], dtype=np.int64), {}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        if self.step_hook is not None:
-            self.step_hook(self, action)
+        replaced = self.step_hook(self, action) if self.step_hook is not None else None
         if self.sleep:
             time.sleep(self.sleep)
         self.count += 1
         terminated = self.count % self.episode_length == 0
-        return np.array([self.count], dtype=np.int64), float(action), terminated, False, {}
+        obs = np.array([self.count], dtype=np.int64) if replaced is None else replaced
+        return obs, float(action), terminated, False, {}
 
     def poke(self) -> int:
         """A method for ``pool.call("poke")``: runs ``call_hook``, returns the step count."""

@@ -101,7 +101,7 @@ def slow_after_marker(marker: str, **kwargs: Any) -> FaultyEnv:
 
 # -- the table-driven matrix (test_fault_matrix.test_cell) -------------------------------------
 
-ENV_FAULTS = ("raise", "unpicklable", "broken_str", "base_exception")
+ENV_FAULTS = ("raise", "unpicklable", "broken_str", "base_exception", "wrong_obs")
 """Faults the env's own code raises: the env fails, its worker lives."""
 DEATH_FAULTS = ("exit", "segfault", "sigkill")
 """Faults that end the worker's process."""
@@ -124,8 +124,14 @@ class BrokenStrError(Exception):
         raise RuntimeError("__str__ fails")
 
 
-def misbehave(kind: str) -> None:
-    """Do what fault ``kind`` stands for, here and now."""
+OBSERVATION_FAULTS = ("wrong_obs",)
+"""Faults in what the env returns rather than in how it runs: only reset and step return one."""
+
+
+def misbehave(kind: str) -> Any:
+    """Do what fault ``kind`` stands for, here and now (or return the wrong observation)."""
+    if kind == "wrong_obs":
+        return np.zeros(3, dtype=np.int64)  # the space is Box(shape=(1,)): (3,) cannot fit
     if kind == "raise":
         raise ValueError("injected failure")
     if kind == "unpicklable":
@@ -159,16 +165,16 @@ class Fault:
     def __init__(self, kind: str, phase: str, once: str, marker: str | None = None) -> None:
         self.kind, self.phase, self.once, self.marker = kind, phase, once, marker
 
-    def __call__(self, env: FaultyEnv, *action: Any) -> None:
+    def __call__(self, env: FaultyEnv, *action: Any) -> Any:
         if env.seed_used != SEED + VICTIM or os.path.exists(self.once):
-            return
+            return None
         if self.phase == "step" and not _hit(env):
-            return
+            return None
         for path in (self.once, self.marker):
             if path is not None:
                 with open(path, "w"):
                     pass
-        misbehave(self.kind)
+        return misbehave(self.kind)
 
 
 class FaultyFactory:

@@ -2,9 +2,10 @@
 error or a flagged restart, and leaves nothing behind.
 
 :func:`test_cell` runs the table (fault: an env's exception, one that cannot be pickled, one
-whose ``__str__`` raises, ``sys.exit()``, ``os._exit``, a segfault, SIGKILL, SIGSTOP, a hang;
-phase: make, reset, step, call, close, the rebuild of a restart; policy: raise, restart; backend:
-serial, thread, process; ray in ``test_fault_matrix_ray.py``); a cell that cannot apply says why.
+whose ``__str__`` raises, ``sys.exit()``, an observation of the wrong shape, ``os._exit``, a
+segfault, SIGKILL, SIGSTOP, a hang; phase: make, reset, step, call, close, the rebuild of a
+restart; policy: raise, restart; backend: serial, thread, process; ray in
+``test_fault_matrix_ray.py``); a cell that cannot apply says why.
 The autouse fixture in conftest checks that no child process and no new ``/dev/shm`` entry
 remain; each cell also closes its pool twice. The tests above the table go deeper into the
 step phase of the process backend and its start methods.
@@ -393,6 +394,8 @@ def not_applicable(backend: str, fault: str, phase: str, policy: str) -> str | N
         return "the policy does not apply: make() fails and close() never raises, either way"
     if phase == "rebuild" and policy == "raise":
         return "envs are rebuilt only under on_error='restart'"
+    if fault in hooks.OBSERVATION_FAULTS and phase not in ("reset", "step"):
+        return "only reset and step return an observation"
     if fault == "sigstop" and phase not in ("step", "close"):
         return "a stopped worker is a hung one to the pool: 'hang' covers this phase"
     in_caller = backend in ("serial", "thread")
