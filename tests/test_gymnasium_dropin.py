@@ -92,12 +92,17 @@ def test_env_fns_match_sync_vector_env(
 def per_env_reference(case: str, mode: AutoresetMode) -> dict[int, list[tuple[Any, ...]]]:
     """Each env's own sequence of results under ``SyncVectorEnv`` (obs, reward, flags)."""
     records: dict[int, list[tuple[Any, ...]]] = {i: [] for i in range(len(HETERO[case]))}
+    ended: set[int] = set()
     for what, result in reference(case, mode):
         if what == "reset":
             for i in records:
                 records[i].append(("reset", result[0][i].tobytes()))
+        elif what.startswith("reset after"):  # DISABLED: only the envs that ended were reset
+            for i in sorted(ended):
+                records[i].append(("reset", result[0][i].tobytes()))
         else:
             obs, rewards, terms, truncs, _ = result
+            ended = set(np.flatnonzero(terms | truncs).tolist())
             for i in records:
                 records[i].append(
                     ("step", obs[i].tobytes(), rewards[i], bool(terms[i]), bool(truncs[i]))
@@ -105,13 +110,14 @@ def per_env_reference(case: str, mode: AutoresetMode) -> dict[int, list[tuple[An
     return records
 
 
-@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+@pytest.mark.parametrize("mode", MODES, ids=[m.name for m in MODES])
 @pytest.mark.parametrize("config", CONFIGS[1:], ids=CONFIG_IDS[1:])
 def test_env_fns_async_batches_match_sync_vector_env_per_env(
     mode: AutoresetMode, config: tuple[str, int | None]
 ) -> None:
     """``batch_size=2`` of 5: envs come back in any order, each env's own trajectory (with its
-    own actions, float64) is the one ``SyncVectorEnv`` gives it."""
+    own actions, float64) is the one ``SyncVectorEnv`` gives it. Under DISABLED an env that
+    ended is reset on its own (``async_reset(env_id=[i])``) before its next action."""
     backend, workers = config
     case = "Pendulum"
     env_fns = HETERO[case]
@@ -124,31 +130,32 @@ def test_env_fns_async_batches_match_sync_vector_env_per_env(
     ) as pool:
         pool.async_reset(seed=SEED)
         sent = dict.fromkeys(range(n), 0)  # actions each env has been sent
+        resetting: dict[int, bool] = {}  # DISABLED: envs whose reset is in flight
         in_flight = set(range(n))
-        while len(in_flight) >= pool.batch_size:
+        while in_flight:
+            # Fewer than a batch left in flight at the end: collect them in a smaller batch.
+            pool.batch_size = min(2, len(in_flight))
             obs, rewards, terms, truncs, infos = pool.recv()
             for k, i in enumerate(infos["env_id"].tolist()):
                 in_flight.discard(i)
-                if not got[i]:
+                if not got[i] or resetting.pop(i, False):
                     got[i].append(("reset", obs[k].tobytes()))
                 else:
                     got[i].append(
                         ("step", obs[k].tobytes(), rewards[k], bool(terms[k]), bool(truncs[k]))
                     )
+                    ended = bool(terms[k] or truncs[k])
+                    if mode is AutoresetMode.DISABLED and ended:
+                        pool.async_reset(env_id=[i])
+                        resetting[i] = True
+                        in_flight.add(i)
+                        continue
                 if sent[i] < STEPS:
                     pool.send(actions[sent[i]][i : i + 1], [i])
                     sent[i] += 1
                     in_flight.add(i)
-        while in_flight:  # fewer than a batch left in flight: collect them one sync step away
-            pool.batch_size = len(in_flight)
-            in_flight.clear()
-            obs, rewards, terms, truncs, infos = pool.recv()
-            for k, i in enumerate(infos["env_id"].tolist()):
-                got[i].append(
-                    ("step", obs[k].tobytes(), rewards[k], bool(terms[k]), bool(truncs[k]))
-                )
     for i in range(n):
-        assert len(got[i]) == STEPS + 1, f"env {i}: {len(got[i])} results"
+        assert len(got[i]) == len(expected[i]), f"env {i}: {len(got[i])} results"
         assert got[i] == expected[i], f"env {i} differs from SyncVectorEnv's"
 
 
