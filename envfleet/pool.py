@@ -46,7 +46,7 @@ from envfleet.errors import (
 )
 from envfleet.infos import merge_infos
 from envfleet.ledger import EnvState, Ledger
-from envfleet.protocol import Call, Command, Reset, SetAttr, Step, ValueCommand
+from envfleet.protocol import Call, Command, Reset, SetAttr, Step
 from envfleet.recovery import DEFAULT_MAX_RESTARTS, Recovery
 from envfleet.stats import PoolStats, StatsRecorder
 from envfleet.validation import check_actions, check_env_ids, keeps_dtype
@@ -462,10 +462,10 @@ class Pool(VectorEnv):  # type: ignore[misc]
                 self._pump(block=True)
         ledger.collected(env_ids)
 
-    def _call_all(self, commands: Sequence[ValueCommand]) -> tuple[Any, ...]:
+    def _call_all(self, commands: Sequence[Call | SetAttr]) -> tuple[Any, ...]:
         """Send ``commands`` (one per worker) and return one value per env."""
         self._check_usable()
-        self._submit_many(list(enumerate(commands)))  # type: ignore[arg-type]
+        self._submit_many(list(enumerate(commands)))
         answers = self._ledger.answers
         while any(c not in answers for c in commands):
             self._pump(block=True)
@@ -494,7 +494,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         for worker, command in enumerate(step_all):
             submit(worker, command)
 
-    def _submit_many(self, commands: list[tuple[int, Command]]) -> None:
+    def _submit_many(self, commands: Sequence[tuple[int, Command]]) -> None:
         """Submit ``(worker, command)`` pairs, each serialised before the first is sent."""
         if self._prepare is not None:
             for worker, command in commands:
