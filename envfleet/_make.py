@@ -225,7 +225,7 @@ def make(
     if ray_given and can.options is not RayOptions:
         raise ValueError(f"{', '.join(ray_given)} only apply to backend='ray'")
     if auto:
-        layout = auto_layout(profile_env(spec), backend_kind.value, num_envs, len(usable_cpus()))
+        layout = auto_layout(profile_env(spec), backend_kind, num_envs, len(usable_cpus()))
         num_workers = layout.num_workers
         if threads_per_worker == 1:
             threads_per_worker = layout.threads_per_worker

@@ -163,3 +163,21 @@ def test_commands_name_their_phase_and_kind() -> None:
     )
     assert isinstance(Step((0,)), EnvCommand) and isinstance(Reset((0,), (None,)), EnvCommand)
     assert isinstance(Call("x"), ValueCommand) and not isinstance(Close(), EnvCommand)
+
+
+def test_dependencies_point_down_face_to_recovery_to_ledger() -> None:
+    """The ledger imports neither recovery nor the face nor a transport; recovery not the
+    face."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "envfleet"
+
+    def imports(name: str) -> set[str]:
+        tree = ast.parse((root / name).read_text())
+        found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        return {m for m in found if m.startswith("envfleet")}
+
+    assert imports("ledger.py") <= {"envfleet.protocol", "envfleet.stats"}
+    assert "envfleet.pool" not in imports("recovery.py")
+    assert {"envfleet.ledger", "envfleet.recovery"} <= imports("pool.py")
