@@ -210,12 +210,12 @@ class Ledger:
             return command
         ids = command.env_ids
         self.in_flight -= len(ids)
-        if reply is None:  # done, nothing to report: the hot path of the process backend
+        if reply is not None and reply.infos:
+            self.infos.update(reply.infos)
+        if reply is None or not reply.failures:  # every env delivered: the common case
             self.state[self.index(ids)] = _READY
             self.ready.extend(ids)
             return command
-        if reply.infos:
-            self.infos.update(reply.infos)
         failed = {f.env_index for f in reply.failures}
         for i in ids:
             if i in failed:
