@@ -340,7 +340,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
             rows = None if env_ids is self._all_ids else env_ids
             put(space, self._batch.actions, rows, actions)
         else:
-            # The actions travel with the command (a space that is not arrays).
+            # The actions travel with the command: a space that is not arrays, or a cast dtype.
             if isinstance(actions, np.ndarray):
                 items = list(actions)
             else:
