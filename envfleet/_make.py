@@ -12,7 +12,7 @@ from gymnasium.vector import AutoresetMode
 
 from envfleet.affinity import CpuAffinity, check_affinity, usable_cpus
 from envfleet.backends import Backend, TransportOptions, open_transport
-from envfleet.backends.base import DEFAULT_START_TIMEOUT
+from envfleet.backends.base import DEFAULT_START_TIMEOUT, KINDS, RayOptions, capable
 from envfleet.errors import EnvRaisedError, OnError, Phase
 from envfleet.group import env_errors
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
@@ -143,6 +143,7 @@ def make(
         ((4, 4), [1.0, 1.0, 1.0, 1.0])
     """
     backend_kind: Backend = _enum(Backend, backend, "backend")
+    can = KINDS[backend_kind].capabilities  # what it honours: asked below, never its name
     mode: AutoresetMode = _enum(AutoresetMode, autoreset_mode, "autoreset_mode")
     spec = EnvSpec.from_user(env, env_kwargs)
     if num_envs is None:
@@ -165,9 +166,7 @@ def make(
         num_workers = None
     if num_workers is None:
         # Threads are for envs that wait (sleep, I/O, GIL-free C code): one per env.
-        num_workers = (
-            num_envs if backend_kind is Backend.THREAD else min(len(usable_cpus()), num_envs)
-        )
+        num_workers = num_envs if can.worker_per_env else min(len(usable_cpus()), num_envs)
     num_workers = _positive_int(num_workers, "num_workers")
     if num_workers > num_envs:
         raise ValueError(f"num_workers={num_workers} exceeds num_envs={num_envs}")
@@ -183,7 +182,7 @@ def make(
     policy: OnError = _enum(OnError, on_error, "on_error")
     if step_timeout is not None:
         step_timeout = _seconds(step_timeout, "step_timeout")
-        if backend_kind in (Backend.SERIAL, Backend.THREAD):
+        if not can.step_timeout:
             raise ValueError(
                 f"step_timeout needs the process backend: an env stepped by the "
                 f"{backend_kind.value} backend runs in this process and cannot be interrupted"
@@ -191,7 +190,7 @@ def make(
     start_timeout = _seconds(start_timeout, "start_timeout")
     if worker_memory_limit is not None:
         worker_memory_limit = _positive_int(worker_memory_limit, "worker_memory_limit")
-        if backend_kind is not Backend.PROCESS:
+        if not can.worker_memory_limit:
             raise ValueError(
                 "worker_memory_limit recycles worker processes: it needs backend='process', "
                 f"got {backend_kind.value!r}"
@@ -199,9 +198,10 @@ def make(
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be a non-negative int, got {max_restarts!r}")
     threads_per_worker = _positive_int(threads_per_worker, "threads_per_worker")
-    if threads_per_worker > 1 and backend_kind not in (Backend.PROCESS, Backend.RAY):
+    if threads_per_worker > 1 and not can.threads_per_worker:
+        names = " and ".join(b.value for b in capable("threads_per_worker"))
         raise ValueError(
-            "threads_per_worker is an option of the process and ray backends; "
+            f"threads_per_worker is an option of the {names} backends; "
             f"got backend={backend_kind.value!r}"
         )
     ray_given = [
@@ -214,22 +214,22 @@ def make(
         )
         if value is not None
     ]
-    affinity = check_affinity(cpu_affinity, check_usable=backend_kind is not Backend.RAY)
-    if affinity is not None and backend_kind is Backend.SERIAL:
+    affinity = check_affinity(cpu_affinity, check_usable=can.local_cpus)
+    if affinity is not None and not can.cpu_affinity:
         raise ValueError(
             "cpu_affinity pins workers, and the serial backend has none: its envs run in the "
             "caller's thread (pin that with os.sched_setaffinity if wanted)"
         )
     if not isinstance(copy, bool):
         raise TypeError(f"copy must be True or False, got {copy!r}")
-    if ray_given and backend_kind is not Backend.RAY:
+    if ray_given and can.options is not RayOptions:
         raise ValueError(f"{', '.join(ray_given)} only apply to backend='ray'")
     if auto:
-        layout = auto_layout(profile_env(spec), backend_kind.value, num_envs, len(usable_cpus()))
+        layout = auto_layout(profile_env(spec), backend_kind, num_envs, len(usable_cpus()))
         num_workers = layout.num_workers
         if threads_per_worker == 1:
             threads_per_worker = layout.threads_per_worker
-    if backend_kind is Backend.SERIAL:
+    if can.one_worker:
         num_workers = 1
 
     probe = _probe(spec)
@@ -249,13 +249,13 @@ def make(
         cpu_affinity=affinity,
         start_timeout=start_timeout,
         ray=None
-        if backend_kind is not Backend.RAY
-        else {
-            "address": address,
-            "init_kwargs": dict(ray_init_kwargs or {}),
-            "worker_resources": dict(worker_resources or {}),
-            "shared_memory": ray_shared_memory is not False,
-        },
+        if can.options is not RayOptions
+        else RayOptions(
+            address=address,
+            init_kwargs=dict(ray_init_kwargs or {}),
+            worker_resources=dict(worker_resources or {}),
+            shared_memory=ray_shared_memory is not False,
+        ),
     )
     transport = open_transport(backend_kind, options)
     try:

@@ -3,6 +3,18 @@
 A command is a small frozen dataclass that knows which :class:`~envfleet.group.EnvGroup` method
 serves it (``command.run(group)``), so workers dispatch without an ``if``/``elif`` chain on
 strings. Every command gets exactly one :class:`Reply`, in order, per worker.
+
+The commands are a closed set of two kinds, told apart by type (never by a flag):
+
+- an :class:`EnvCommand` (:class:`Step`, :class:`Reset`) *delivers envs*: it names
+  ``env_ids``, and once its reply is in, those envs' rows are in the batch arrays (the
+  transport's job, see :mod:`envfleet.backends.base`) and they are ready for ``recv``;
+- a :class:`ValueCommand` (:class:`Call`, :class:`SetAttr`) *returns values*: its reply carries
+  one value per env, which the pool matches to the very command object it sent (these compare
+  and hash by identity);
+- :class:`Close` ends a worker.
+
+Each type names its :class:`~envfleet.errors.Phase` as a class attribute (``Step.phase``).
 """
 
 from __future__ import annotations
@@ -11,7 +23,7 @@ import pickle
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import cloudpickle
 import numpy as np
@@ -104,7 +116,11 @@ def _safe(get: Any, fallback: str) -> str:
 
 @dataclass
 class Rows:
-    """Result rows of some envs, for transports without shared memory (Ray)."""
+    """Result rows of some envs, for transports without shared memory (Ray's remote actors).
+
+    They never reach the pool: the transport writes them into its batch before ``wait``
+    returns (:func:`envfleet.backends.base.deliver`).
+    """
 
     env_ids: np.ndarray
     observations: Any  # a batch laid out like the pool's (or a list, pickled path)
@@ -127,51 +143,72 @@ class Reply:
     restarts: tuple[EnvFailure, ...] = ()  # failures the group recovered from by a restart
 
 
+class EnvCommand:
+    """A command that delivers envs: their results land in the batch, they become ready."""
+
+    env_ids: tuple[int, ...]
+    phase: ClassVar[Phase]
+
+    def run(self, group: Group) -> Reply:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class Reset:
+class Reset(EnvCommand):
     """Reset ``env_ids`` with one seed each; their results land in the batch arrays."""
 
     env_ids: tuple[int, ...]
     seeds: tuple[int | None, ...]
     options: dict[str, Any] | None = None
-    delivers_envs = True
+    phase: ClassVar[Phase] = Phase.RESET
 
     def run(self, group: Group) -> Reply:
         return group.reset(self.env_ids, self.seeds, self.options)
 
 
 @dataclass(frozen=True)
-class Step:
+class Step(EnvCommand):
     """Step ``env_ids`` with the actions already in the batch (or carried, pickled path)."""
 
     env_ids: tuple[int, ...]
     actions: dict[int, Any] | None = None
-    delivers_envs = True
+    phase: ClassVar[Phase] = Phase.STEP
 
     def run(self, group: Group) -> Reply:
         return group.step(self.env_ids, self.actions)
 
 
-@dataclass(frozen=True)
-class Call:
+class ValueCommand:
+    """A command that returns one value per env (its reply's ``values``).
+
+    Compared and hashed by identity (``eq=False``): the pool files each reply under the command
+    object it sent.
+    """
+
+    phase: ClassVar[Phase] = Phase.CALL
+
+    def run(self, group: Group) -> Reply:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, eq=False)
+class Call(ValueCommand):
     """Call a method (or read an attribute) on every env of the group."""
 
     name: str
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
-    delivers_envs = False
 
     def run(self, group: Group) -> Reply:
         return group.call(self.name, self.args, self.kwargs)
 
 
-@dataclass(frozen=True)
-class SetAttr:
+@dataclass(frozen=True, eq=False)
+class SetAttr(ValueCommand):
     """Set an attribute on each env of the group, one value per env."""
 
     name: str
     values: dict[int, Any]
-    delivers_envs = False
 
     def run(self, group: Group) -> Reply:
         return group.set_attr(self.name, self.values)
@@ -181,7 +218,7 @@ class SetAttr:
 class Close:
     """Close every env of the group; the worker exits after replying."""
 
-    delivers_envs = False
+    phase: ClassVar[Phase] = Phase.CLOSE
 
     def run(self, group: Group) -> Reply:
         return group.close()

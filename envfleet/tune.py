@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from envfleet.affinity import usable_cpus
+from envfleet.backends.base import KINDS, Backend
 from envfleet.spec import EnvSpec
 
 WAITING_CPU_SHARE = 0.2
@@ -113,17 +114,22 @@ def _nbytes(obs: Any) -> int:
     return int(np.asarray(obs).nbytes)
 
 
-def auto_layout(profile: EnvProfile, backend: str, num_envs: int, cores: int) -> Layout:
-    """The layout ``num_workers="auto"`` picks for ``backend`` from a probe."""
+def auto_layout(profile: EnvProfile, backend: str | Backend, num_envs: int, cores: int) -> Layout:
+    """The layout ``num_workers="auto"`` picks for ``backend`` from a probe.
+
+    Asks the backend's capabilities (:data:`envfleet.backends.base.KINDS`), not its name.
+    """
+    kind = Backend(backend)
+    can = KINDS[kind].capabilities
     workers = max(1, min(cores, num_envs))
-    if backend == "thread":
-        return Layout("thread", num_envs if profile.waits else workers)
-    if backend == "serial":
-        return Layout("serial", 1)
-    if profile.waits:
+    if can.one_worker:
+        return Layout(kind.value, 1)
+    if can.worker_per_env:
+        return Layout(kind.value, num_envs if profile.waits else workers)
+    if profile.waits and can.threads_per_worker:
         # Waiting envs overlap on threads; processes keep them isolated from each other.
-        return Layout(backend, workers, threads_per_worker=-(-num_envs // workers))
-    return Layout(backend, workers)
+        return Layout(kind.value, workers, threads_per_worker=-(-num_envs // workers))
+    return Layout(kind.value, workers)
 
 
 def candidate_layouts(profile: EnvProfile, num_envs: int, cores: int) -> list[Layout]:

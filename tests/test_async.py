@@ -134,7 +134,7 @@ def _trajectories_async(
             if to_step:
                 pool.send(plan[to_step, k[to_step]], to_step)
                 k[to_step] += 1
-            owed = int(np.count_nonzero(pool._state != 0))
+            owed = pool._ledger.owed()
             if owed < batch_size:
                 break
     return out

@@ -214,7 +214,7 @@ def test_start_methods(context: str, fault: str) -> None:
 @pytest.mark.timeout(60)
 def test_a_worker_over_its_memory_limit_is_recycled(monkeypatch: pytest.MonkeyPatch) -> None:
     """A leaking env's worker is replaced between steps, its envs flagged as restarted."""
-    monkeypatch.setattr(envfleet.pool, "MEMORY_CHECK_INTERVAL", 0.0)
+    monkeypatch.setattr(envfleet.recovery, "MEMORY_CHECK_INTERVAL", 0.0)
     expected = _reference(steps=8)
     pool = envfleet.make(
         functools.partial(FaultyEnv, step_hook=hooks.leak_in_step),

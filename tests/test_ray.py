@@ -294,7 +294,7 @@ def drive_async(pool: envfleet.Pool, case: Case, mode: AutoresetMode) -> list[li
             pool.send(np.stack([plan[i][taken[i]] for i in to_step]), to_step)
             for i in to_step:
                 taken[i] += 1
-        if int(np.count_nonzero(pool._state)) < pool.batch_size:  # too few left for a recv
+        if pool._ledger.owed() < pool.batch_size:  # too few left for a recv
             return records
 
 

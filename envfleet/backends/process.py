@@ -39,7 +39,7 @@ from typing import Any
 import cloudpickle
 import psutil
 
-from envfleet.backends.base import TransportOptions, WorkerLost
+from envfleet.backends.base import TransportOptions, WorkerLost, deliver
 from envfleet.backends.channel import PickledCommands, serve_connection
 from envfleet.buffers import SharedBatch
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
@@ -277,8 +277,6 @@ class ProcessTransport:
             if reply is not None and reply.failures:
                 raise reply.failures[0].to_error(worker, options.spec.name)
 
-    shares_memory = True
-
     def prepare(self, worker: int, command: Command) -> None:
         """Pickle ``command`` now (kept for :meth:`submit`): what cannot travel fails here."""
         self._pickled.dumps(command)
@@ -319,13 +317,19 @@ class ProcessTransport:
                 # One message per wake-up: poll() says more are there on the next call, which
                 # costs less than Connection.poll (a new selector per call).
                 try:
-                    replies.append((w, conn.recv()))
+                    reply = conn.recv()
+                    if reply is not None and reply.observations:  # pickled: into the batch
+                        deliver(self.batch, self._options.observation_space, reply)
+                    replies.append((w, reply))
                 except (EOFError, OSError):
                     died = True
             elif died:  # replies it sent before dying come first
                 try:
                     while conn.poll():
-                        replies.append((w, conn.recv()))
+                        reply = conn.recv()
+                        if reply is not None and reply.observations:
+                            deliver(self.batch, self._options.observation_space, reply)
+                        replies.append((w, reply))
                 except (EOFError, OSError):
                     pass
             if died:

@@ -49,13 +49,13 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from envfleet.backends import node_memory
-from envfleet.backends.base import TransportOptions, WorkerLost
+from envfleet.backends.base import RayOptions, TransportOptions, WorkerLost, deliver
 from envfleet.backends.channel import PickledCommands, connect_pool
 from envfleet.backends.node_memory import PoolMemory
 from envfleet.backends.ray_actor import GroupActor, unpack
 from envfleet.buffers import Batch, ObjectRows, is_array_space, make_reader
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
-from envfleet.protocol import Close, Command, EnvFailure, Reply, Reset, Step
+from envfleet.protocol import Close, Command, EnvCommand, EnvFailure, Reply, Step
 
 START_ATTEMPTS = 5
 START_BACKOFF = 0.5
@@ -177,9 +177,6 @@ def _disconnect() -> None:
         _stop_reaper()
 
 
-_PHASES = {Step: Phase.STEP, Reset: Phase.RESET}
-
-
 def _row_bytes(batch: Batch, num_envs: int) -> int | None:
     """Bytes of one env's results (``None`` when observations are not arrays)."""
     if isinstance(batch.observations, ObjectRows):
@@ -204,15 +201,13 @@ class RayTransport:
     backend's pipes); any other through ``ray.wait`` on its calls' results.
     """
 
-    shares_memory = True  # the pool writes actions to :attr:`batch` and reads results there
-
     def __init__(self, options: TransportOptions) -> None:
-        extra = options.ray or {}
+        extra = options.ray or RayOptions()
         self._options = options
         self._memory: PoolMemory | None = None
-        self._connected = _connect(extra.get("address"), dict(extra.get("init_kwargs") or {}))
+        self._connected = _connect(extra.address, dict(extra.init_kwargs))
         try:
-            if extra.get("shared_memory", True) and node_memory.available():
+            if extra.shared_memory and node_memory.available():
                 self._memory = PoolMemory(
                     options.observation_space, options.action_space, options.num_envs
                 )
@@ -243,6 +238,7 @@ class RayTransport:
         self._pickled = PickledCommands()
         self._authkey = secrets.token_bytes(32)
         self._row_bytes = _row_bytes(self.batch, options.num_envs)
+        self._space = options.observation_space
         self._closed = False
         self._pool_node: str | None
         try:
@@ -251,7 +247,7 @@ class RayTransport:
             self._pool_node = None
         try:
             self._actor_cls = ray.remote(GroupActor)
-            resources = dict(extra.get("worker_resources") or {})
+            resources = dict(extra.worker_resources)
             resources.setdefault("num_cpus", 0)
             if "placement_group" not in resources:
                 resources.setdefault("scheduling_strategy", "SPREAD")
@@ -369,8 +365,8 @@ class RayTransport:
             command = Step(command.env_ids, {i: read(i) for i in command.env_ids})
         actor = self._actors[worker]
         chunks = 1
-        if command.delivers_envs and self._row_bytes is not None:
-            size = len(command.env_ids) * self._row_bytes  # type: ignore[union-attr]
+        if isinstance(command, EnvCommand) and self._row_bytes is not None:
+            size = len(command.env_ids) * self._row_bytes
             chunks = -(-size // CHUNK_BYTES)
         if chunks > 1:
             refs = actor.run_chunked.options(num_returns=chunks).remote(command, chunks)
@@ -410,7 +406,10 @@ class RayTransport:
             if conn is None or conn.fileno() not in ready:
                 continue
             try:
-                replies.append((worker, conn.recv()))  # one per wake-up, as in the process one
+                reply = conn.recv()  # one per wake-up, as in the process one
+                if reply is not None:
+                    deliver(self.batch, self._space, reply)
+                replies.append((worker, reply))
                 self._owed[worker] -= 1
             except (EOFError, OSError):
                 self._drop_socket(worker)
@@ -446,7 +445,8 @@ class RayTransport:
                 try:
                     values = ray.get(pieces)
                     result = values[0] if len(values) == 1 else pickle.loads(b"".join(values))
-                    replies.append((worker, unpack(result)))
+                    reply = unpack(result)  # the rows travelled back: into the batch
+                    replies.append((worker, deliver(self.batch, self._space, reply)))
                 except RayTaskError as exc:  # the actor lives but the call failed (a bug)
                     replies.append((worker, _task_failed(command, exc)))
                 except RayError as exc:  # actor, worker process or node died; result lost
@@ -520,9 +520,9 @@ class RayTransport:
 
 def _task_failed(command: Command, exc: RayTaskError) -> Reply:
     """The reply to a call the actor could not run: every env it named failed."""
-    phase = _PHASES.get(type(command), Phase.CALL)
-    if command.delivers_envs:
-        ids: tuple[int, ...] = command.env_ids  # type: ignore[union-attr]
+    phase = command.phase
+    if isinstance(command, EnvCommand):
+        ids = command.env_ids
         return Reply(env_ids=ids, failures=tuple(EnvFailure.capture(i, phase, exc) for i in ids))
     return Reply(failures=(EnvFailure.capture(None, phase, exc),))
 

@@ -23,7 +23,7 @@ from envfleet.backends.channel import accept_pool, open_listener, serve_connecti
 from envfleet.backends.node_memory import NodeMemory
 from envfleet.buffers import Batch, ObjectRows, take
 from envfleet.errors import Phase
-from envfleet.protocol import Command, EnvFailure, Group, Reply, Rows
+from envfleet.protocol import Command, EnvCommand, EnvFailure, Group, Reply, Rows
 from envfleet.worker import start_group
 
 Packed = tuple[
@@ -126,7 +126,7 @@ class GroupActor:
                     failures=(*reply.failures, _unpicklable(exc)),
                     restarts=reply.restarts,
                 )
-        if not (command.delivers_envs and reply.env_ids):
+        if not (isinstance(command, EnvCommand) and reply.env_ids):
             return reply
         failed = {f.env_index for f in reply.failures}
         ids = np.array([i for i in reply.env_ids if i not in failed], dtype=np.intp)

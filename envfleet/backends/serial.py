@@ -25,8 +25,6 @@ class SerialTransport:
                 raise started.failures[0].to_error(worker, options.spec.name)
             self.groups.append(group)
 
-    shares_memory = True
-
     def submit(self, worker: int, command: Command) -> None:
         self._replies.append((worker, serve(self.groups[worker], command)))
 

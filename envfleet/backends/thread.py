@@ -72,8 +72,6 @@ class _Bell:
 class ThreadTransport:
     """One thread per worker, each serving its group's commands in order."""
 
-    shares_memory = True
-
     def __init__(self, options: TransportOptions) -> None:
         self.batch = Batch.local(options.observation_space, options.action_space, options.num_envs)
         self._options = options

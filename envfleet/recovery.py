@@ -1,0 +1,252 @@
+"""Recovery: what a pool does when an env fails, a worker dies or hangs.
+
+The pool's face (:mod:`envfleet.pool`) hands every reply its transport returns to
+:meth:`Recovery.take`, which books it in the :class:`~envfleet.ledger.Ledger` and turns what
+went wrong into an :class:`~envfleet.EnvError`:
+
+- an env that raised: the failure its group reported (the group restarted it already under
+  ``on_error="restart"``; recovery counts those restarts against ``max_restarts``);
+- a lost worker (:class:`~envfleet.backends.WorkerLost`: it died, or recovery killed it for
+  hanging past ``step_timeout``): under ``"raise"`` an error naming its envs; under
+  ``"restart"`` the transport rebuilds it and recovery resends what it owed;
+- a worker over ``worker_memory_limit``, between steps: replaced, its envs restarted.
+
+The face then calls :meth:`Recovery.fail` with the first error: the pool breaks, the other
+envs' results already on their way are gathered onto the error (``error.completed``) and it is
+raised. Recovery knows the ledger and the transport, never the face (the face passes in how to
+gather results).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from envfleet.backends import Transport, WorkerLost
+from envfleet.errors import (
+    EnvError,
+    EnvTimeoutError,
+    OnError,
+    Phase,
+    RestartLimitError,
+    WorkerDiedError,
+)
+from envfleet.ledger import Ledger
+from envfleet.protocol import EnvCommand, EnvFailure, Reply
+
+DEFAULT_MAX_RESTARTS = 100
+MEMORY_CHECK_INTERVAL = 1.0
+"""Seconds between checks of the workers' memory against ``worker_memory_limit``."""
+DRAIN_TIMEOUT = 5.0
+"""Seconds a failing call waits for the other envs' results, gathered on the error."""
+
+
+class Recovery:
+    """Failures, lost and hung workers, restarts and their limits for one pool.
+
+    Args:
+        ledger: the pool's ledger.
+        transport: the pool's transport (restarts and kills its workers).
+        env_name: the env's name, for messages.
+        on_error: the failure policy.
+        step_timeout: seconds a worker may owe a reply before it is killed (``None``: never).
+        max_restarts: restarts allowed per env.
+        worker_memory_limit: bytes of memory a worker may use (``None``: no limit).
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        transport: Transport,
+        *,
+        env_name: str,
+        on_error: OnError = OnError.RAISE,
+        step_timeout: float | None = None,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+        worker_memory_limit: int | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.transport = transport
+        self.env_name = env_name
+        self.on_error = on_error
+        self.step_timeout = step_timeout
+        self.max_restarts = max_restarts
+        self.worker_memory_limit = worker_memory_limit
+        self.restarts = np.zeros(ledger.num_envs, dtype=np.int64)
+        """How many times each env was restarted."""
+        self.recycled = [0] * ledger.num_workers
+        """How many times each worker was replaced for its memory."""
+        self.broken: BaseException | None = None
+        """The error that broke the pool, if one did."""
+        self._hung: dict[int, float] = {}  # workers killed for hanging: how long they hung
+        self._draining = False
+        self._memory_checked = time.monotonic()
+
+    # -- each reply ----------------------------------------------------------------------------
+
+    def take(self, worker: int, reply: Reply | WorkerLost | None) -> EnvError | None:
+        """Book one reply in the ledger; return the error it reports, if any."""
+        if isinstance(reply, WorkerLost):
+            self.ledger.all_out = None
+            return self.lost(worker, reply)
+        command = self.ledger.took(worker, reply)
+        if reply is None:
+            return None
+        error = self._count_restarts(worker, reply.restarts) if reply.restarts else None
+        if isinstance(command, EnvCommand) and reply.failures:
+            return reply.failures[0].to_error(worker, self.env_name)
+        return error
+
+    def lost(self, worker: int, lost: WorkerLost) -> EnvError | None:
+        """A worker died (or was killed for hanging): the error, or restart it and resend."""
+        ledger = self.ledger
+        ids = ledger.assignment[worker]
+        in_flight = ledger.in_flight_of(worker)
+        command = ledger.pending[worker][0] if ledger.pending[worker] else None
+        phase = command.phase if command is not None else Phase.CALL
+        hung = self._hung.pop(worker, None)
+        kind = EnvTimeoutError if hung is not None else WorkerDiedError
+        reason = (
+            f"no reply after {hung:.3g}s (step_timeout={self.step_timeout}); killed"
+            if hung is not None
+            else lost.reason
+        )
+        error = kind(
+            f"worker {worker} holding envs {list(ids)} ({self.env_name}) "
+            f"{'hung' if hung is not None else 'died'} during {phase.value} ({reason}); "
+            f"envs in flight: {in_flight}",
+            env_index=in_flight[0] if in_flight else None,
+            phase=phase,
+            worker=worker,
+            exitcode=lost.exitcode,
+            env_ids=ids,
+        )
+        resend = ledger.dropped(worker)
+        if self.on_error is OnError.RAISE or self._draining:
+            return error
+        self.restarts[list(ids)] += 1
+        over = [i for i in ids if self.restarts[i] > self.max_restarts]
+        if over:
+            return self._restart_limit(over[0], worker, error)
+        try:
+            self.transport.restart(worker, {i: int(self.restarts[i]) for i in ids})
+        except EnvError as exc:  # the replacement could not even build its envs
+            return exc
+        for resent in resend:
+            ledger.sent(worker, resent)
+            self.transport.submit(worker, resent)
+        return None
+
+    def _count_restarts(self, worker: int, failures: tuple[EnvFailure, ...]) -> EnvError | None:
+        for failure in failures:
+            i = failure.env_index
+            if i is None:
+                continue
+            self.restarts[i] += 1
+            if self.restarts[i] > self.max_restarts:
+                return self._restart_limit(i, worker, failure.to_error(worker, self.env_name))
+        return None
+
+    def _restart_limit(self, env: int, worker: int, cause: EnvError) -> EnvError:
+        error = RestartLimitError(
+            f"env {env} ({self.env_name}) failed {int(self.restarts[env])} times, more than "
+            f"max_restarts={self.max_restarts}; last failure: {cause}",
+            env_index=env,
+            phase=cause.phase,
+            worker=worker,
+        )
+        error.__cause__ = cause
+        return error
+
+    # -- hung workers --------------------------------------------------------------------------
+
+    def wait_timeout(self) -> float | None:
+        """How long the pool may block waiting before the oldest busy worker is past
+        ``step_timeout`` (``None``: no limit)."""
+        if self.step_timeout is None:
+            return None
+        ledger = self.ledger
+        busy = [
+            since
+            for since, pending in zip(ledger.busy_since, ledger.pending, strict=True)
+            if pending
+        ]
+        if not busy:
+            return None
+        return max(0.0, min(busy) + self.step_timeout - time.monotonic())
+
+    def kill_hung(self) -> None:
+        """Kill each worker that has owed a reply for ``step_timeout``; the transport then
+        reports it lost, and :meth:`lost` names it hung."""
+        assert self.step_timeout is not None
+        now = time.monotonic()
+        ledger = self.ledger
+        for worker, pending in enumerate(ledger.pending):
+            if pending and worker not in self._hung:
+                waited = now - ledger.busy_since[worker]
+                if waited >= self.step_timeout:
+                    self._hung[worker] = waited
+                    self.transport.kill(worker)
+
+    # -- memory --------------------------------------------------------------------------------
+
+    def recycle_over_limit(self, gather: Callable[[np.ndarray], Any]) -> None:
+        """Replace each idle worker whose memory is over ``worker_memory_limit`` (a leaking env
+        would otherwise grow until the machine runs out); its envs restart as after a failure
+        (their episodes reported truncated, ``infos["envfleet/restarted"]``)."""
+        now = time.monotonic()
+        if now - self._memory_checked < MEMORY_CHECK_INTERVAL:
+            return
+        self._memory_checked = now
+        limit = self.worker_memory_limit
+        memory = getattr(self.transport, "memory", None)
+        if limit is None or memory is None:
+            return
+        ledger = self.ledger
+        for worker, ids in enumerate(ledger.assignment):
+            if not ledger.idle_worker(worker):
+                continue  # between steps only: nothing of it in flight or unread
+            used = memory(worker)
+            if used is None or used <= limit:
+                continue
+            self.restarts[list(ids)] += 1
+            self.recycled[worker] += 1
+            try:
+                self.transport.restart(worker, {i: int(self.restarts[i]) for i in ids})
+            except EnvError as exc:  # the replacement could not build its envs
+                self.fail(exc, gather)
+
+    # -- the failure policy --------------------------------------------------------------------
+
+    def fail(self, error: EnvError, gather: Callable[[np.ndarray], Any]) -> None:
+        """Break the pool, gather what other envs completed onto the error, and raise it.
+
+        ``gather(env_ids)`` returns the results of ready envs as ``recv`` would
+        (``error.completed``).
+        """
+        self.broken = error
+        self._draining = True
+        ledger = self.ledger
+        try:
+            limit = min(DRAIN_TIMEOUT, self.step_timeout or DRAIN_TIMEOUT)
+            deadline = time.monotonic() + limit
+            while ledger.any_in_flight(ledger.all_ids):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                for worker, reply in self.transport.wait(remaining):
+                    self.take(worker, reply)
+            ready = ledger.drain_ready()
+            if ready is not None:
+                error.completed = gather(ready)
+        except Exception:
+            pass  # the original error matters more than what could not be gathered
+        finally:
+            self._draining = False
+        raise error
+
+
+__all__ = ["DEFAULT_MAX_RESTARTS", "Recovery"]

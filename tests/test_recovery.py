@@ -1,0 +1,158 @@
+"""Recovery on its own, over a fake transport that records what it is asked to do."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+import pytest
+
+from envfleet.backends import WorkerLost
+from envfleet.errors import (
+    EnvRaisedError,
+    EnvTimeoutError,
+    OnError,
+    Phase,
+    RestartLimitError,
+    WorkerDiedError,
+)
+from envfleet.ledger import EnvState, Ledger
+from envfleet.protocol import Call, Command, EnvFailure, Reply, Step
+from envfleet.recovery import Recovery
+from envfleet.stats import StatsRecorder
+
+ASSIGNMENT = [(0, 1), (2, 3)]
+
+
+class FakeTransport:
+    """Scripted replies; records submits, kills and restarts."""
+
+    def __init__(self) -> None:
+        self.submitted: list[tuple[int, Command]] = []
+        self.killed: list[int] = []
+        self.restarted: list[tuple[int, dict[int, int]]] = []
+        self.replies: deque[tuple[int, Reply | WorkerLost | None]] = deque()
+        self.batch: Any = None
+
+    def submit(self, worker: int, command: Command) -> None:
+        self.submitted.append((worker, command))
+
+    def wait(
+        self, timeout: float | None, want: int = 1
+    ) -> list[tuple[int, Reply | WorkerLost | None]]:
+        replies = list(self.replies)
+        self.replies.clear()
+        return replies
+
+    def kill(self, worker: int) -> None:
+        self.killed.append(worker)
+
+    def restart(self, worker: int, restarts: dict[int, int]) -> None:
+        self.restarted.append((worker, restarts))
+
+    def close(self, timeout: float) -> None:
+        pass
+
+
+def setup(**kwargs: Any) -> tuple[Ledger, FakeTransport, Recovery]:
+    ledger = Ledger(ASSIGNMENT, StatsRecorder(ASSIGNMENT, 4))
+    transport = FakeTransport()
+    recovery = Recovery(ledger, transport, env_name="Fake-v0", **kwargs)
+    return ledger, transport, recovery
+
+
+def failure(env: int | None, phase: Phase = Phase.STEP) -> EnvFailure:
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError as exc:
+        return EnvFailure.capture(env, phase, exc)
+
+
+LOST = WorkerLost(-9, "killed by SIGKILL")
+
+
+def test_lost_worker_under_raise_names_its_envs_and_phase() -> None:
+    ledger, transport, recovery = setup()
+    ledger.sent(1, Step((2, 3)))
+    error = recovery.take(1, LOST)
+    assert isinstance(error, WorkerDiedError)
+    assert (error.worker, error.phase, error.env_index, error.env_ids) == (1, Phase.STEP, 2, (2, 3))
+    assert "killed by SIGKILL" in str(error)
+    assert not transport.restarted and not ledger.pending[1]
+    assert ledger.state[2:].tolist() == [EnvState.IDLE] * 2
+
+
+def test_lost_worker_under_restart_is_rebuilt_and_its_commands_resent() -> None:
+    ledger, transport, recovery = setup(on_error=OnError.RESTART)
+    step, call = Step((2, 3)), Call("render")
+    ledger.sent(1, step)
+    ledger.sent(1, call)
+    assert recovery.take(1, LOST) is None
+    assert transport.restarted == [(1, {2: 1, 3: 1})]
+    assert transport.submitted == [(1, step), (1, call)]
+    assert list(ledger.pending[1]) == [step, call]
+    assert ledger.state[2:].tolist() == [EnvState.IN_FLIGHT] * 2
+    assert recovery.restarts.tolist() == [0, 0, 1, 1]
+
+
+def test_restart_limit_stops_restarting() -> None:
+    ledger, transport, recovery = setup(on_error=OnError.RESTART, max_restarts=1)
+    for expected in (None, RestartLimitError):
+        ledger.sent(0, Step((0, 1)))
+        error = recovery.take(0, LOST)
+        assert error is None if expected is None else isinstance(error, expected)
+    assert len(transport.restarted) == 1
+    assert isinstance(error, RestartLimitError) and error.env_index == 0
+    assert isinstance(error.__cause__, WorkerDiedError)
+
+
+def test_env_restarts_reported_by_a_group_count_against_the_limit() -> None:
+    ledger, _, recovery = setup(on_error=OnError.RESTART, max_restarts=1)
+    ledger.sent(0, Step((0, 1)))
+    assert recovery.take(0, Reply(env_ids=(0, 1), restarts=(failure(1),))) is None
+    ledger.collected(np.array([0, 1]))
+    ledger.sent(0, Step((0, 1)))
+    error = recovery.take(0, Reply(env_ids=(0, 1), restarts=(failure(1),)))
+    assert isinstance(error, RestartLimitError) and error.env_index == 1
+
+
+def test_a_failed_env_is_an_error_and_goes_idle() -> None:
+    ledger, _, recovery = setup()
+    ledger.sent(0, Step((0, 1)))
+    error = recovery.take(0, Reply(env_ids=(0, 1), failures=(failure(0),)))
+    assert isinstance(error, EnvRaisedError) and (error.env_index, error.worker) == (0, 0)
+    assert ledger.state[:2].tolist() == [EnvState.IDLE, EnvState.READY]
+
+
+def test_hung_worker_is_killed_and_reported_as_timed_out() -> None:
+    ledger, transport, recovery = setup(step_timeout=5.0)
+    assert recovery.wait_timeout() is None  # nothing owed: no bound
+    ledger.sent(0, Step((0, 1)))
+    assert 0 < recovery.wait_timeout() <= 5.0  # type: ignore[operator]
+    recovery.kill_hung()
+    assert transport.killed == []  # not yet
+    ledger.busy_since[0] -= 10.0  # as if it had owed the reply for 10 s
+    assert recovery.wait_timeout() == 0.0
+    recovery.kill_hung()
+    recovery.kill_hung()
+    assert transport.killed == [0]  # once
+    error = recovery.take(0, WorkerLost(-9, "killed by SIGKILL"))
+    assert isinstance(error, EnvTimeoutError) and error.phase is Phase.STEP
+    assert "hung" in str(error) and "step_timeout=5.0" in str(error)
+
+
+def test_fail_breaks_the_pool_and_gathers_what_completed() -> None:
+    ledger, transport, recovery = setup()
+    ledger.sent(0, Step((0, 1)))
+    ledger.sent(1, Step((2, 3)))
+    error = recovery.take(0, Reply(env_ids=(0, 1), failures=(failure(1),)))
+    assert error is not None
+    transport.replies.append((1, None))  # worker 1's step comes in while draining
+    gathered: list[list[int]] = []
+    with pytest.raises(EnvRaisedError) as raised:
+        recovery.fail(error, lambda ids: gathered.append(ids.tolist()) or ("results", ids))
+    assert raised.value is error and recovery.broken is error
+    assert gathered == [[0, 2, 3]]
+    assert error.completed[0] == "results"  # type: ignore[index]
+    assert ledger.state.tolist() == [EnvState.IDLE] * 4
