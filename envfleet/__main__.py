@@ -1,7 +1,7 @@
 """``python -m envfleet``: the ``envfleet`` command line (also the console script's entry).
 
-The command line needs the ``cli`` extra (rich for its tables and progress, psutil and
-matplotlib for ``bench``); without it, this says which ``pip install`` to run instead of
+The command line needs the ``cli`` extra (rich for its tables and progress, matplotlib for
+``bench``'s plot); without it, this says which ``pip install`` to run instead of
 failing on an import.
 """
 
@@ -11,7 +11,7 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
-CLI_PACKAGES = ("rich", "psutil", "matplotlib")
+CLI_PACKAGES = ("rich", "matplotlib")
 """What ``envfleet[cli]`` installs on top of the library (see ``pyproject.toml``)."""
 
 

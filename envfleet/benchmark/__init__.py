@@ -49,9 +49,14 @@ ideal row, ``recv``/``send`` openers, ratio columns, targets), :mod:`~envfleet.b
 soak), :mod:`~envfleet.benchmark.stats_cost` (statistics on and off) and
 :mod:`~envfleet.benchmark.ray_patterns` (plain Ray baselines).
 
-It needs the ``cli`` extra (psutil for the load figures, rich for the table, matplotlib for the
-plot): ``pip install 'envfleet[cli]'``; without psutil, importing it says so.
+It needs the ``cli`` extra (rich for the tables, matplotlib for the plot):
+``pip install 'envfleet[cli]'``; without rich, importing it says so.
 """
+
+import importlib.util
+
+if importlib.util.find_spec("rich") is None:  # the cli extra
+    raise ImportError("envfleet.benchmark needs rich: pip install 'envfleet[cli]'", name="rich")
 
 from envfleet.benchmark.bare import BARE_POOL, BarePool, open_bare_pool
 from envfleet.benchmark.base import (

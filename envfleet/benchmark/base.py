@@ -12,13 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import gymnasium
-
-try:
-    import psutil
-except ImportError as exc:  # the cli extra
-    raise ImportError(
-        "envfleet.benchmark needs psutil: pip install 'envfleet[cli]'", name="psutil"
-    ) from exc
+import psutil
 
 from envfleet.spec import EnvSpec
 
