@@ -132,8 +132,15 @@ def auto_layout(profile: EnvProfile, backend: str | Backend, num_envs: int, core
     return Layout(kind.value, workers)
 
 
-def candidate_layouts(profile: EnvProfile, num_envs: int, cores: int) -> list[Layout]:
-    """Layouts worth timing for ``envfleet tune`` (a handful, bounded by the time budget)."""
+def candidate_layouts(
+    profile: EnvProfile, num_envs: int, cores: int, *, policy_in_loop: bool = False
+) -> list[Layout]:
+    """Layouts worth timing for ``envfleet tune`` (a handful, bounded by the time budget).
+
+    ``policy_in_loop``: a policy runs between ``recv`` and ``send``; double-buffered async
+    layouts (``batch_size = num_envs / 2``) overlap it with stepping, and one of them leaves a
+    core to the policy (a worker fewer than cores).
+    """
     candidates: list[Layout] = []
     for workers in sorted({1, max(1, cores // 2), cores, min(num_envs, 2 * cores)}):
         if workers <= num_envs:
@@ -149,6 +156,11 @@ def candidate_layouts(profile: EnvProfile, num_envs: int, cores: int) -> list[La
     candidates.append(Layout("serial", 1))
     if num_envs >= 4:
         candidates.append(Layout("process", min(cores, num_envs), batch_size=num_envs // 2))
+    if policy_in_loop and num_envs >= 2:
+        half = num_envs // 2
+        candidates.insert(0, Layout("process", min(cores, num_envs), batch_size=half))
+        if cores > 1:
+            candidates.insert(1, Layout("process", min(cores - 1, num_envs), batch_size=half))
     unique: list[Layout] = []
     for layout in candidates:
         if layout not in unique:

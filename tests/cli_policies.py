@@ -23,3 +23,13 @@ def raises(observations: Any) -> Any:
 
 
 not_callable = 42
+
+
+SEEN_BATCHES: list[int] = []
+"""Batch sizes :func:`counting` was called with (it runs in the CLI's own process)."""
+
+
+def counting(observations: np.ndarray) -> np.ndarray:
+    """Action 0 for every env of the batch, noting the batch's size."""
+    SEEN_BATCHES.append(len(observations))
+    return np.zeros(len(observations), dtype=np.int64)

@@ -152,3 +152,40 @@ def test_tune_env_that_crashes(capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 1
     assert out == ""
     assert err == "envfleet: error: probing CrashAfter-v0 failed: RuntimeError: boom at step 7\n"
+
+
+def test_tune_times_the_layouts_with_the_policy_in_the_loop(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--policy``: every layout is timed with the policy choosing each batch's actions, and
+    the double-buffered async layouts (half the envs per batch, one leaving a core to the
+    policy) are among the candidates."""
+    from tests import cli_policies
+
+    cli_policies.SEEN_BATCHES.clear()
+    policy = "tests.cli_policies:counting"
+    status, out, err = run_cli(
+        capsys, "tune", ENV, "--num-envs", "4", "--budget", "3", "--policy", policy, "--json"
+    )
+    assert status == 0, err
+    document: dict[str, Any] = json.loads(out)
+    assert document["policy"] == policy
+    candidates = [(t["backend"], t["num_workers"], t["batch_size"]) for t in document["layouts"]]
+    cores = document["usable_cores"]
+    assert ("process", min(cores, 4), 2) in candidates
+    if cores > 1:
+        assert ("process", min(cores - 1, 4), 2) in candidates
+    timed = [t for t in document["layouts"] if t["skipped"] is None]
+    assert all(t["error"] is None for t in timed), timed
+    # The policy chose the actions of every timed batch: whole-pool batches for sync layouts,
+    # half-pool ones for the double-buffered layouts that were timed.
+    sizes = {t["batch_size"] or 4 for t in timed}
+    assert set(cli_policies.SEEN_BATCHES) == sizes
+    steps = sum(t["steps_per_env"] * 4 for t in timed)
+    assert sum(cli_policies.SEEN_BATCHES) >= steps
+
+
+def test_tune_refuses_a_policy_that_is_not_there(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_cli(capsys, "tune", ENV, "--policy", "tests.cli_policies:nope")
+    assert status != 0
+    assert "has no attribute 'nope'" in err

@@ -32,6 +32,7 @@ from envfleet.cli.common import (
     positive_int,
     progress_console,
 )
+from envfleet.cli.runner import Policy, load_policy
 from envfleet.spec import EnvSpec
 from envfleet.tune import EnvProfile, Layout, auto_layout, candidate_layouts, profile_env
 
@@ -77,6 +78,16 @@ def add_parser(commands: Any) -> None:
         help=(
             "about how long the whole tuning takes, shared among the layouts "
             f"(default: {DEFAULT_TUNE_BUDGET:g})"
+        ),
+    )
+    tune.add_argument(
+        "--policy",
+        metavar="MODULE:FUNCTION",
+        help=(
+            "time every layout with this policy in the loop (called with each batch of "
+            "observations, returning its actions, as `envfleet run --policy` does): its cost "
+            "decides between sync and double-buffered async layouts; default: random actions, "
+            "no policy cost"
         ),
     )
     tune.add_argument(
@@ -141,12 +152,15 @@ def time_layout(
     *,
     min_steps_per_env: int = MIN_STEPS_PER_ENV,
     deadline: float | None = None,
+    policy: Policy | None = None,
 ) -> Measurement:
-    """Time ``layout`` with random actions, after a short warm-up.
+    """Time ``layout`` with random actions (or ``policy``'s), after a short warm-up.
 
     The window lasts ``seconds`` and at least until every env was stepped ``min_steps_per_env``
     times on average (so that a slow env is not judged on one step), but never past
-    ``deadline`` (a :func:`time.perf_counter` value).
+    ``deadline`` (a :func:`time.perf_counter` value). With a ``policy``, it is called with each
+    batch of observations and its actions are sent: the rate then includes its cost, and an
+    async layout overlaps it with the other half of the envs stepping.
     """
     from envfleet._make import make  # the pool side: envfleet.tune never builds one
 
@@ -156,21 +170,28 @@ def time_layout(
         space.seed(0)
         actions = [space.sample() for _ in range(16)]
         steps = calls = 0
+
+        def act(observations: Any) -> Any:
+            return actions[calls % 16] if policy is None else policy(observations)
+
         if layout.batch_size is None:
-            pool.reset()
-            for k in range(2):
-                pool.step(actions[k % 16])
+            observations = pool.reset()[0]
+            for _ in range(2):
+                observations = pool.step(act(observations))[0]
 
             def step() -> None:
-                pool.step(actions[calls % 16])
+                nonlocal observations
+                observations = pool.step(act(observations))[0]
 
         else:
             pool.async_reset()
             for _ in range(2 * -(-num_envs // batch)):  # warm-up: every env stepped twice
-                pool.send(actions[0], pool.recv()[4]["env_id"])
+                result = pool.recv()
+                pool.send(act(result[0]), result[4]["env_id"])
 
             def step() -> None:
-                pool.send(actions[calls % 16], pool.recv()[4]["env_id"])
+                result = pool.recv()
+                pool.send(act(result[0]), result[4]["env_id"])
 
         needed = min_steps_per_env * num_envs
         start = time.perf_counter()
@@ -193,8 +214,13 @@ def tune_layouts(
     *,
     cores: int | None = None,
     progress: Callable[[str], object] | None = None,
+    policy: Policy | None = None,
 ) -> tuple[EnvProfile, list[LayoutTiming]]:
     """Probe the env, then time candidate layouts within ``budget`` seconds in all.
+
+    With a ``policy``, every layout is timed with it in the loop (see :func:`time_layout`), and
+    the candidates include double-buffered async layouts (half the envs step while the policy
+    runs on the other half), one of them leaving a core to the policy.
 
     Layouts are timed in order of promise (the one ``num_workers="auto"`` would pick first).
     Each gets an equal share of the time left, less what starting and closing a pool costs
@@ -214,7 +240,8 @@ def tune_layouts(
         probe_s = time.perf_counter() - built
     except Exception as exc:
         raise CliError(f"probing {spec.name} failed: {type(exc).__name__}: {exc}") from exc
-    layouts = _by_promise(candidate_layouts(profile, num_envs, cores), profile, num_envs, cores)
+    candidates = candidate_layouts(profile, num_envs, cores, policy_in_loop=policy is not None)
+    layouts = _by_promise(candidates, profile, num_envs, cores)
     # Starting a pool builds and resets every env (spread over workers) on top of a fixed cost.
     build_s = max(0.0, probe_s - min(0.3, budget / 20)) + profile.reset_seconds
     setup_guess = TUNE_SETUP_GUESS + build_s * num_envs / max(1, min(cores, num_envs))
@@ -244,7 +271,7 @@ def tune_layouts(
         timing = LayoutTiming(layout, window)
         began = time.perf_counter()
         try:
-            measured = time_layout(spec, num_envs, layout, window, deadline=deadline)
+            measured = time_layout(spec, num_envs, layout, window, deadline=deadline, policy=policy)
         except Exception as exc:
             timing.error = f"{type(exc).__name__}: {exc}"
         else:
@@ -346,6 +373,7 @@ def _layouts_table(timings: list[LayoutTiming], best: LayoutTiming) -> Table:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     spec = env_spec(args.env)
+    policy = load_policy(args.policy) if args.policy else None
     cores = len(usable_cpus())
     start = time.perf_counter()
     # Libraries and envs print banners (ale-py's in every worker): shown after, known ones left
@@ -360,9 +388,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                     args.budget,
                     cores=cores,
                     progress=lambda text: status.update(Text(text)),
+                    policy=policy,
                 )
         else:
-            profile, timings = tune_layouts(spec, args.num_envs, args.budget, cores=cores)
+            profile, timings = tune_layouts(
+                spec, args.num_envs, args.budget, cores=cores, policy=policy
+            )
     elapsed = time.perf_counter() - start
     ranked = [t for t in timings if t.ranked]
     if not ranked:
@@ -384,6 +415,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             "budget_s": args.budget,
             "seconds": elapsed,
             "usable_cores": cores,
+            "policy": args.policy,
             "profile": profile.as_dict(),
             "layouts": [t.as_dict() for t in timings],
             "best": best.as_dict(),
