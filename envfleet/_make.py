@@ -74,7 +74,9 @@ def make(
         copy: ``False`` returns the observations of a sync ``step`` or ``reset`` as the
             pool's batch arrays themselves (shared memory on the process backend), saving a
             copy per step; the next step overwrites them, so copy what you keep. Gymnasium's
-            ``copy`` of its vector envs. Async batches are always copies.
+            ``copy`` of its vector envs. An async batch whose envs are consecutive, in order
+            (one worker's block: double buffering on two workers), comes as views too; any
+            other async batch is a copy.
         env_kwargs: keyword arguments for ``gymnasium.make`` or the factory: one mapping for
             every env, or a sequence of mappings, one per env.
         check_actions: also check that each action lies in the action space before sending it

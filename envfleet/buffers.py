@@ -209,6 +209,17 @@ def take(space: spaces.Space[Any], batch: Any, ids: np.ndarray | None) -> Any:
     return batch.copy() if ids is None else batch[ids]
 
 
+def view_rows(space: spaces.Space[Any], batch: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of an array-space ``batch`` as views of it, not copies."""
+    if isinstance(space, spaces.Dict):
+        return {key: view_rows(sub, batch[key], start, stop) for key, sub in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(
+            view_rows(sub, part, start, stop) for sub, part in zip(space.spaces, batch, strict=True)
+        )
+    return batch[start:stop]
+
+
 def put(space: spaces.Space[Any], batch: Any, ids: np.ndarray | None, values: Any) -> None:
     """Write a batch of ``values`` into rows ``ids`` (all rows when ``None``) of ``batch``."""
     if isinstance(space, spaces.Dict):

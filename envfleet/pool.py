@@ -36,7 +36,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, iterate
 
 from envfleet.backends import Transport
-from envfleet.buffers import is_array_space, put, take
+from envfleet.buffers import is_array_space, put, take, view_rows
 from envfleet.errors import (
     AlreadyPendingError,
     BrokenPoolError,
@@ -61,9 +61,10 @@ class Pool(VectorEnv):  # type: ignore[misc]
         num_envs: number of envs.
         batch_size: envs returned by each :meth:`recv` (``num_envs`` in sync mode).
         autoreset_mode: Gymnasium's autoreset mode the envs follow.
-        copy: whether observations are returned as copies (the default) or, when every env
-            is returned in order (sync ``step`` and ``reset``), as the batch arrays themselves,
-            which the next step overwrites (Gymnasium's ``copy`` of its vector envs).
+        copy: whether observations are returned as copies (the default) or, when the envs
+            returned are a run of consecutive envs in order (every env in sync ``step`` and
+            ``reset``; one worker's block in an async batch), as views of the batch arrays,
+            which the next step of those envs overwrites (Gymnasium's ``copy``).
         check_actions: whether each action is checked against the action space before it is
             sent (``make(check_actions=True)``); by default only the batch's shape is.
     """
@@ -415,10 +416,19 @@ class Pool(VectorEnv):  # type: ignore[misc]
         )
 
     def _observations(self, rows: np.ndarray | None) -> Any:
-        """The observations of ``rows`` (every env, in order, when ``None``)."""
+        """The observations of ``rows`` (every env, in order, when ``None``).
+
+        With ``copy=False``, rows that are a run of consecutive envs in order (every env, or
+        one worker's block, as double-buffered async batches on two workers are) come as views
+        of the batch arrays: ``torch.from_numpy`` then takes them with no copy at all.
+        """
         observations = self._batch.observations
-        if rows is None and not self.copy and not isinstance(observations, list):
-            return observations
+        if not self.copy and not isinstance(observations, list):
+            if rows is None:
+                return observations
+            start, stop = int(rows[0]), int(rows[-1]) + 1
+            if stop - start == len(rows) and (len(rows) == 1 or bool((np.diff(rows) == 1).all())):
+                return view_rows(self.single_observation_space, observations, start, stop)
         return take(self.single_observation_space, observations, rows)
 
     def _gather(self, env_ids: np.ndarray) -> tuple[Any, ...]:

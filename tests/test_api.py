@@ -257,6 +257,37 @@ def test_copy_false_returns_the_batch_arrays_themselves(backend: str) -> None:
         assert not np.shares_memory(step_copy, copies.step(actions)[0])
 
 
+@pytest.mark.parametrize("where", ["process", "thread"])
+def test_copy_false_async_batches_of_one_worker_are_views(where: str) -> None:
+    """Double buffering on two workers: each async batch is one worker's block of envs, handed
+    out as a view of the batch arrays (no copy for ``torch.from_numpy``); a batch that is not a
+    run of consecutive envs is a copy. Values are the same as a copying pool's, env by env."""
+    n = 6
+    common = {"backend": where, "seed": 0, "num_workers": 2, "batch_size": 3}
+    with (
+        envfleet.make("CartPole-v1", n, copy=False, **common) as views,
+        envfleet.make("CartPole-v1", n, **common) as copies,
+    ):
+        expected: dict[int, list[bytes]] = {i: [] for i in range(n)}
+        got: dict[int, list[bytes]] = {i: [] for i in range(n)}
+        for pool, record, is_view in ((copies, expected, False), (views, got, True)):
+            pool.async_reset()
+            for _ in range(8):
+                obs, _, _, _, infos = pool.recv()
+                ids = infos["env_id"]
+                assert sorted(ids.tolist()) in ([0, 1, 2], [3, 4, 5])  # one worker's block
+                assert np.shares_memory(obs, pool._batch.observations) is is_view
+                for k, i in enumerate(ids.tolist()):
+                    record[i].append(obs[k].tobytes())
+                pool.send(np.ones(3, dtype=np.int64), ids)
+        for i in range(n):  # each env's own sequence (workers may interleave differently)
+            steps = min(len(expected[i]), len(got[i]))
+            assert steps >= 2 and expected[i][:steps] == got[i][:steps], i
+        # Rows that are not consecutive (envs 0 and 2): a copy, whatever copy= says.
+        rows = np.array([0, 2])
+        assert not np.shares_memory(views._observations(rows), views._batch.observations)
+
+
 def test_copy_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match="copy must be True or False, got 'no'"):
         envfleet.make("CartPole-v1", 2, backend="serial", copy="no")  # type: ignore[arg-type]
