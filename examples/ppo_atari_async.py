@@ -131,6 +131,9 @@ class Envs:
                 batch_size=args.num_envs // args.async_batches,
                 seed=args.seed,
                 autoreset_mode=same_step,
+                # A batch that is one worker's block of envs comes as a view of the pool's
+                # shared memory: torch.from_numpy takes it with no copy (store it before send).
+                copy=False,
             )
             self.pool.async_reset(seed=args.seed)
         elif args.env_backend == "gymnasium":
@@ -329,13 +332,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     episode_return[e] = 0.0
 
                 with torch.no_grad():
-                    x = torch.from_numpy(next_obs)  # no copy: the batch's own memory
+                    x = torch.from_numpy(next_obs)  # no copy: the pool's memory (copy=False)
                     action, logprob, _, value = agent.get_action_and_value(x)
-                envs.send(action.numpy(), ids)
-
                 rows = slice(n, n + len(ids))
+                # Stored before send(): the envs then write their next observations over x.
                 obs[rows], actions[rows], logprobs[rows] = x, action, logprob
                 values[rows], env[rows] = value.numpy(), ids
+                envs.send(action.numpy(), ids)
                 pending[ids] = np.arange(n, n + len(ids))
                 n += len(ids)
                 taken += len(ids)

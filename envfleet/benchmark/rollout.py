@@ -268,7 +268,8 @@ def _envfleet(
     case: RolloutWorkload, batch: int, seed: int, num_workers: int | None = None
 ) -> Stepper:
     n = case.workload.num_envs
-    # copy=False: a whole-pool batch is the shared memory itself (zero copy into the policy).
+    # copy=False: a whole-pool batch, or one worker's block (double buffering on two workers),
+    # is the shared memory itself: zero copy into the policy.
     pool = envfleet.make(
         case.workload.spec,
         n,
