@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import pickle
 import secrets
+import select
 import socket
 import struct
 import tempfile
@@ -121,12 +122,16 @@ def encode_reply(reply: Reply) -> bytes:
     return frame(body)
 
 
-def serve_pipes(group: Group, command_fd: int, reply_fd: int) -> None:
+def serve_pipes(group: Group, command_fd: int, reply_fd: int, spin_seconds: float = 0.0) -> None:
     """Serve the pool's commands read from ``command_fd`` until it sends :class:`Close` or goes
-    away (EOF: then close the envs), writing each reply to ``reply_fd``."""
+    away (EOF: then close the envs), writing each reply to ``reply_fd``; ``spin_seconds``: how
+    long to poll for the next command before blocking in the kernel."""
     command: Command | None = None
+    poller = select.poll()
+    poller.register(command_fd, select.POLLIN)
     while True:
         try:
+            spin(lambda: bool(poller.poll(0)), spin_seconds)
             tag = _read_exact(command_fd, 1)[0]
             if tag == FRAME:
                 (size,) = _LENGTH.unpack(_read_exact(command_fd, _LENGTH.size))

@@ -165,7 +165,7 @@ def _worker_main(
     )
     write_all(reply_fd, encode_reply(started))
     if group is not None:
-        serve_pipes(group, commands.fileno(), reply_fd)
+        serve_pipes(group, commands.fileno(), reply_fd, SPIN_SECONDS)
 
 
 class ProcessTransport:
@@ -365,8 +365,8 @@ class ProcessTransport:
     ) -> list[tuple[int, Reply | WorkerLost | None]]:
         """Replies that have arrived, waiting up to ``timeout`` for the first.
 
-        Keeps waiting (within ``timeout``) until ``want`` replies are in, or a worker is lost,
-        so that a synchronous step is taken in one go.
+        Keeps waiting (within ``timeout``) until ``want`` replies are in, a worker is lost or a
+        reply reports a failure, so that a synchronous step is taken in one go.
         """
         if self._poller is None:
             self._poller = select.poll()
@@ -385,8 +385,13 @@ class ProcessTransport:
                     events = self._poller.poll(0)
             if not events:
                 events = _retry_eintr(self._poller.poll, ms)
-            if events and self._take_events({fd for fd, _ in events}, replies):
-                return replies  # a worker was lost: the pool sees to it first
+            if events:
+                start = len(replies)
+                if self._take_events({fd for fd, _ in events}, replies):
+                    return replies  # a worker was lost: the pool sees to it first
+                for _, reply in replies[start:]:
+                    if reply is not None and reply.failures:  # type: ignore[union-attr]
+                        return replies  # a failure is raised at once, not after the rest
             if len(replies) >= want or timeout == 0:
                 return replies
             if deadline is not None:
