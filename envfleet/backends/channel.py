@@ -1,14 +1,23 @@
 """A worker's side of a connection to the pool: receive commands, serve them, reply.
 
-The process backend's workers and the Ray backend's same-machine actors run this one loop over
-a ``multiprocessing`` connection (a pipe, or a Unix socket); results land in shared memory and
-the reply says only what the pool cannot read there.
+Two loops, one per wire; results land in shared memory and the reply says only what the pool
+cannot read there:
+
+- :func:`serve_pipes` (the process backend): raw bytes over two pipes. A command is
+  one byte :data:`REPEAT` (run the previous command again: the pool sends the same
+  whole-group step every step) or :data:`FRAME`, a length and a pickle. A reply is one byte
+  :data:`PLAIN` (done, nothing to report) or a frame. :class:`FrameReader` reads replies on the
+  pool's side. A step that reports nothing costs one byte each way and no pickling.
+- :func:`serve_connection` (the Ray backend's same-machine actors): a ``multiprocessing``
+  connection over a Unix socket, one pickled message each way.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import secrets
+import select
 import socket
 import struct
 import tempfile
@@ -59,6 +68,127 @@ def serve_connection(group: Group, conn: Connection, spin_seconds: float = 0.0) 
             return
         if isinstance(command, Close):
             return
+
+
+PLAIN = 0
+"""Reply tag: the command is done and there is nothing to report (one byte on the wire)."""
+REPEAT = 0
+"""Command tag: run the previous command again (one byte on the wire)."""
+FRAME = 1
+"""Tag of a framed message: an 8-byte little-endian length, then that many bytes of pickle."""
+_LENGTH = struct.Struct("<Q")
+_PLAIN_BYTES = bytes([PLAIN])
+REPEAT_BYTES = bytes([REPEAT])
+
+
+def frame(body: bytes) -> bytes:
+    """``body`` as a framed message."""
+    return bytes([FRAME]) + _LENGTH.pack(len(body)) + body
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to the blocking descriptor ``fd``."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    """``n`` bytes from the blocking descriptor ``fd``; ``EOFError`` if it closes first."""
+    data = os.read(fd, n)
+    if len(data) == n:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < n:
+        if not data:
+            raise EOFError
+        data = os.read(fd, n - got)
+        parts.append(data)
+        got += len(data)
+    return b"".join(parts)
+
+
+def encode_reply(reply: Reply) -> bytes:
+    """A reply on the wire: one byte when plain, else a frame (an unpicklable one replaced by
+    the failure that says so)."""
+    if plain(reply):
+        return _PLAIN_BYTES
+    try:
+        body = bytes(ForkingPickler.dumps(reply))
+    except Exception as exc:  # an info or call result that cannot be pickled
+        failed = Reply(env_ids=reply.env_ids, failures=(unpicklable(reply, exc),))
+        body = bytes(ForkingPickler.dumps(failed))
+    return frame(body)
+
+
+def serve_pipes(group: Group, command_fd: int, reply_fd: int, spin_seconds: float = 0.0) -> None:
+    """Serve the pool's commands read from ``command_fd`` until it sends :class:`Close` or goes
+    away (EOF: then close the envs), writing each reply to ``reply_fd``; ``spin_seconds``: how
+    long to poll for the next command before blocking in the kernel."""
+    command: Command | None = None
+    poller = select.poll()
+    poller.register(command_fd, select.POLLIN)
+    while True:
+        try:
+            spin(lambda: bool(poller.poll(0)), spin_seconds)
+            tag = _read_exact(command_fd, 1)[0]
+            if tag == FRAME:
+                (size,) = _LENGTH.unpack(_read_exact(command_fd, _LENGTH.size))
+                command = pickle.loads(_read_exact(command_fd, size))
+            elif command is None:
+                raise EOFError  # a repeat with nothing to repeat: not our pool
+        except (EOFError, OSError):
+            group.close()
+            return
+        assert command is not None
+        reply = serve(group, command)
+        try:
+            write_all(reply_fd, encode_reply(reply))
+        except OSError:  # the pool is gone
+            group.close()
+            return
+        if isinstance(command, Close):
+            return
+
+
+class FrameReader:
+    """The pool's side of one worker's reply pipe: bytes in, whole replies out.
+
+    A reply larger than the pipe's buffer arrives in pieces; what is not yet a whole reply is
+    kept for the next :meth:`feed`.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    @property
+    def partial(self) -> bool:
+        """Part of a reply has arrived, not all of it."""
+        return bool(self._buffer)
+
+    def feed(self, data: bytes, out: list[Reply | None]) -> None:
+        """Take ``data`` in; append each reply it completes to ``out`` (``None``: plain)."""
+        if not self._buffer and data == _PLAIN_BYTES:  # the hot path
+            out.append(None)
+            return
+        buffer = self._buffer
+        buffer += data
+        pos, end = 0, len(buffer)
+        header = 1 + _LENGTH.size
+        while pos < end:
+            if buffer[pos] == PLAIN:
+                out.append(None)
+                pos += 1
+                continue
+            if end - pos < header:
+                break
+            (size,) = _LENGTH.unpack_from(buffer, pos + 1)
+            if end - pos - header < size:
+                break
+            out.append(pickle.loads(bytes(buffer[pos + header : pos + header + size])))
+            pos += header + size
+        del buffer[:pos]
 
 
 def unpicklable(reply: Reply, exc: Exception) -> EnvFailure:

@@ -2,19 +2,27 @@
 
 ::
 
-    pool (parent)                                   worker w (child process)
-    ─────────────                                   ────────────────────────
+    pool (parent)                                     worker w (child process)
+    ─────────────                                     ────────────────────────
     write actions into shared rows ──┐
-    conn.send(Step(ids)) ────────────┼── pipe ──►   conn.recv() (blocks in the kernel)
-                                     │              group.step(ids): envs write obs, rewards,
-                                     │              terminations, truncations into their rows
-    wait(pipes + process sentinels) ◄┴── pipe ───   conn.send(Reply(infos only if non-empty))
+    1 byte "repeat the step" ────────┼─ command ──►   os.read (blocks in the kernel)
+      (or a framed pickled command)  │   pipe         group.step(ids): envs write obs, rewards,
+                                     │                terminations, truncations into their rows
+    poll(reply pipes + sentinels) ◄──┴── reply ────   1 byte "plain" (or a framed pickled Reply
+      until every pending reply is in    pipe           when there are infos, failures, ...)
     read rows
+
+Each worker has two one-way pipes (cheaper than a duplex socket) and speaks the raw
+byte protocol of :mod:`envfleet.backends.channel`: the whole-pool step, sent every step,
+is one byte each way, with no pickling on either side. A synchronous step asks :meth:`wait`
+for every pending reply (``want``): it keeps polling, within the pool's bound, until they are
+all in, so the pool takes them in one go rather than one wake-up per worker.
 
 Waiting blocks in ``poll``/``read`` on both sides: no spinning, so on a machine with few cores
 the envs get every cycle (see ``bench/waiting.py`` for the measurement behind this choice). A
-worker that dies wakes the parent through its process sentinel; a worker whose parent dies sees
-EOF on its pipe or, if it is stuck inside an env, is stopped by a watchdog thread.
+worker that dies wakes the parent through its process sentinel (a reply it had half written is
+dropped); a worker whose parent dies sees EOF on its command pipe, is killed by the kernel
+(``PR_SET_PDEATHSIG``) or, failing both, is stopped by a watchdog thread.
 """
 
 from __future__ import annotations
@@ -37,10 +45,17 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import cloudpickle
-import psutil
 
 from envfleet.backends.base import TransportOptions, WorkerLost, deliver
-from envfleet.backends.channel import PickledCommands, serve_connection
+from envfleet.backends.channel import (
+    REPEAT_BYTES,
+    FrameReader,
+    PickledCommands,
+    encode_reply,
+    frame,
+    serve_pipes,
+    write_all,
+)
 from envfleet.buffers import SharedBatch
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Close, Command, EnvFailure, Reply
@@ -114,8 +129,9 @@ def _die_with_parent(parent_pid: int, from_main_thread: bool) -> None:
 
 def _worker_main(
     worker: int,
-    conn: Connection,
-    parent_end: Connection | None,
+    commands: Connection,
+    replies: Connection,
+    parent_ends: tuple[Connection, Connection] | None,
     options_blob: bytes,
     shared: SharedBatch,
     parent_pid: int,
@@ -124,16 +140,20 @@ def _worker_main(
 ) -> None:
     # Ctrl-C goes to the whole process group: the parent alone handles it and closes us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if parent_end is not None:
-        parent_end.close()  # so that our recv sees EOF once the parent is gone
+    if parent_ends is not None:
+        for end in parent_ends:
+            end.close()  # so that our read sees EOF once the parent is gone
     if sys.platform.startswith("linux"):
         _die_with_parent(parent_pid, from_main_thread)
     _watch_parent(parent_pid)
+    reply_fd = replies.fileno()
     try:
         # cloudpickle: the env factory may be a lambda or closure, under any start method.
         options: TransportOptions = pickle.loads(options_blob)
     except Exception as exc:  # e.g. the factory's module cannot be imported in this process
-        conn.send(Reply(failures=(EnvFailure.capture(None, Phase.MAKE, exc),)))
+        write_all(
+            reply_fd, encode_reply(Reply(failures=(EnvFailure.capture(None, Phase.MAKE, exc),)))
+        )
         return
     group, started = start_group(
         options,
@@ -142,9 +162,9 @@ def _worker_main(
         ship_observations=shared.observations is None,
         restarts=restarts,
     )
-    conn.send(started)
+    write_all(reply_fd, encode_reply(started))
     if group is not None:
-        serve_connection(group, conn, SPIN_SECONDS)
+        serve_pipes(group, commands.fileno(), reply_fd, SPIN_SECONDS)
 
 
 class ProcessTransport:
@@ -156,7 +176,11 @@ class ProcessTransport:
             options.observation_space, options.action_space, options.num_envs, self._ctx
         )
         self.batch = self._shared.views()
-        self._conns: list[Connection] = []
+        self._ends: list[tuple[Connection, Connection]] = []  # (command writer, reply reader)
+        self._command_fds: list[int] = []
+        self._reply_fds: list[int] = []
+        self._readers: list[FrameReader] = []
+        self._last: list[Command | None] = []  # the command each worker would repeat
         self._procs: list[BaseProcess] = []
         self._alive: list[bool] = []
         self._closed = False
@@ -174,14 +198,16 @@ class ProcessTransport:
 
     def _start(self, worker: int, restarts: dict[int, int]) -> None:
         assert self._shared is not None
-        parent_end, child_end = self._ctx.Pipe()
+        command_r, command_w = self._ctx.Pipe(duplex=False)
+        reply_r, reply_w = self._ctx.Pipe(duplex=False)
         proc = self._ctx.Process(  # type: ignore[attr-defined]
             target=_worker_main,
             name=f"envfleet-worker-{worker}",
             args=(
                 worker,
-                child_end,
-                parent_end,
+                command_r,
+                reply_w,
+                (command_w, reply_r),
                 self._options_blob,
                 self._shared,
                 os.getpid(),
@@ -190,17 +216,41 @@ class ProcessTransport:
             ),
             daemon=True,
         )
-        proc.start()
-        child_end.close()
-        if worker < len(self._procs):
-            self._conns[worker], self._procs[worker] = parent_end, proc
-            self._alive[worker] = True
-        else:
-            self._conns.append(parent_end)
-            self._procs.append(proc)
-            self._alive.append(True)
+        try:
+            proc.start()
+        except BaseException:
+            for end in (command_r, command_w, reply_r, reply_w):
+                end.close()
+            raise
+        command_r.close()
+        reply_w.close()  # so that the worker's death reads as EOF here
+        os.set_blocking(reply_r.fileno(), False)
+        slot = (
+            (command_w, reply_r),
+            command_w.fileno(),
+            reply_r.fileno(),
+            FrameReader(),
+            None,
+            proc,
+            True,
+        )
+        lists = (
+            self._ends,
+            self._command_fds,
+            self._reply_fds,
+            self._readers,
+            self._last,
+            self._procs,
+            self._alive,
+        )
+        replace = worker < len(self._procs)
+        for values, value in zip(lists, slot, strict=True):
+            if replace:
+                values[worker] = value  # type: ignore[index]
+            else:
+                values.append(value)  # type: ignore[attr-defined]
         if self._poller is not None:
-            self._poller.register(parent_end.fileno(), select.POLLIN)
+            self._poller.register(reply_r.fileno(), select.POLLIN)
             self._poller.register(proc.sentinel, select.POLLIN)
 
     def kill(self, worker: int) -> None:
@@ -212,24 +262,43 @@ class ProcessTransport:
         """Resident memory of ``worker``'s process in bytes (``None``: gone or unknown)."""
         if not self._alive[worker]:
             return None
+        import psutil  # only worker_memory_limit asks: `make` alone does not import it
+
         try:
             return int(psutil.Process(self._procs[worker].pid).memory_info().rss)
         except (psutil.Error, ValueError):
             return None
 
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
-        old_conn, old_proc = self._conns[worker], self._procs[worker]
+        old_proc = self._procs[worker]
         if self._alive[worker] and self._poller is not None:  # replaced alive (recycled)
-            self._poller.unregister(old_conn.fileno())
+            self._poller.unregister(self._reply_fds[worker])
             self._poller.unregister(old_proc.sentinel)
         self._alive[worker] = False
         if old_proc.is_alive():
             old_proc.kill()
         old_proc.join(1.0)
-        old_conn.close()
+        for end in self._ends[worker]:
+            end.close()
         old_proc.close()
         self._start(worker, restarts)
         self._await_start([worker])
+
+    def _read(self, worker: int, out: list[Reply | None]) -> bool:
+        """Read what ``worker``'s reply pipe holds into ``out``; False at EOF (it is gone)."""
+        fd, reader = self._reply_fds[worker], self._readers[worker]
+        while True:
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not data:
+                return False
+            reader.feed(data, out)
+            if len(data) < 1 << 16:
+                return True
 
     def _await_start(self, workers: Sequence[int]) -> None:
         """Wait for each of ``workers`` to report its envs built.
@@ -240,30 +309,27 @@ class ProcessTransport:
         options = self._options
         deadline = time.monotonic() + options.start_timeout
         for worker in workers:
-            conn, proc = self._conns[worker], self._procs[worker]
-            reply: Reply | None = None
+            fd, proc = self._reply_fds[worker], self._procs[worker]
+            got: list[Reply | None] = []
             lost = False
-            remaining = max(0.0, deadline - time.monotonic())
-            if not multiprocessing.connection.wait([conn, proc.sentinel], remaining):
-                proc.kill()  # still building its envs: a constructor that hangs
-                proc.join(1.0)
-                raise EnvTimeoutError(
-                    f"worker {worker} did not build its envs {list(options.assignment[worker])} "
-                    f"within start_timeout={options.start_timeout:g}s; killed",
-                    env_index=None,
-                    phase=Phase.MAKE,
-                    worker=worker,
-                    exitcode=proc.exitcode,
-                    env_ids=tuple(options.assignment[worker]),
-                )
-            try:
-                if conn.poll():
-                    reply = conn.recv()
-                else:
-                    lost = True
-            except (EOFError, OSError):
-                lost = True
-            if lost:
+            while not got and not lost:
+                remaining = max(0.0, deadline - time.monotonic())
+                ready = multiprocessing.connection.wait([fd, proc.sentinel], remaining)
+                if not ready:
+                    proc.kill()  # still building its envs: a constructor that hangs
+                    proc.join(1.0)
+                    raise EnvTimeoutError(
+                        f"worker {worker} did not build its envs "
+                        f"{list(options.assignment[worker])} "
+                        f"within start_timeout={options.start_timeout:g}s; killed",
+                        env_index=None,
+                        phase=Phase.MAKE,
+                        worker=worker,
+                        exitcode=proc.exitcode,
+                        env_ids=tuple(options.assignment[worker]),
+                    )
+                lost = not self._read(worker, got)
+            if not got:
                 proc.join(1.0)
                 raise WorkerDiedError(
                     f"worker {worker} died while building its envs "
@@ -274,6 +340,7 @@ class ProcessTransport:
                     exitcode=proc.exitcode,
                     env_ids=tuple(options.assignment[worker]),
                 )
+            reply = got[0]
             if reply is not None and reply.failures:
                 raise reply.failures[0].to_error(worker, options.spec.name)
 
@@ -282,63 +349,91 @@ class ProcessTransport:
         self._pickled.dumps(command)
 
     def submit(self, worker: int, command: Command) -> None:
+        if command is self._last[worker]:
+            data = REPEAT_BYTES
+        else:
+            data = frame(self._pickled.dumps(command))
+            self._last[worker] = command
         try:
-            self._conns[worker].send_bytes(self._pickled.dumps(command))
+            write_all(self._command_fds[worker], data)
         except (BrokenPipeError, ConnectionResetError, EOFError):
             pass  # the worker is gone; its sentinel reports it on the next wait
 
     def wait(
         self, timeout: float | None, want: int = 1
     ) -> list[tuple[int, Reply | WorkerLost | None]]:
+        """Replies that have arrived, waiting up to ``timeout`` for the first.
+
+        Keeps waiting (within ``timeout``) until ``want`` replies are in, a worker is lost or a
+        reply reports a failure, so that a synchronous step is taken in one go.
+        """
         if self._poller is None:
             self._poller = select.poll()
             for w, alive in enumerate(self._alive):
                 if alive:
-                    self._poller.register(self._conns[w].fileno(), select.POLLIN)
+                    self._poller.register(self._reply_fds[w], select.POLLIN)
                     self._poller.register(self._procs[w].sentinel, select.POLLIN)
-        ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
-        events: list[tuple[int, int]] = []
-        if SPIN_SECONDS > 0 and timeout != 0:
-            deadline = time.perf_counter() + SPIN_SECONDS
-            while not events and time.perf_counter() < deadline:
-                events = self._poller.poll(0)
-        if not events:
-            events = _retry_eintr(self._poller.poll, ms)
+        deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[tuple[int, Reply | WorkerLost | None]] = []
-        if not events:
-            return replies
-        ready = {fd for fd, _ in events}
+        ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+        while True:
+            events: list[tuple[int, int]] = []
+            if SPIN_SECONDS > 0 and ms != 0:
+                spin_until = time.perf_counter() + SPIN_SECONDS
+                while not events and time.perf_counter() < spin_until:
+                    events = self._poller.poll(0)
+            if not events:
+                events = _retry_eintr(self._poller.poll, ms)
+            if events:
+                start = len(replies)
+                if self._take_events({fd for fd, _ in events}, replies):
+                    return replies  # a worker was lost: the pool sees to it first
+                for _, reply in replies[start:]:
+                    if reply is not None and reply.failures:  # type: ignore[union-attr]
+                        return replies  # a failure is raised at once, not after the rest
+            if len(replies) >= want or timeout == 0:
+                return replies
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return replies
+                ms = math.ceil(left * 1000)
+
+    def _take_events(
+        self, ready: set[int], replies: list[tuple[int, Reply | WorkerLost | None]]
+    ) -> bool:
+        """Read the replies of the workers ``ready`` names; True if one of them is lost."""
+        lost = False
+        got: list[Reply | None] = []
         for w, alive in enumerate(self._alive):
             if not alive:
                 continue
-            conn, proc = self._conns[w], self._procs[w]
+            fd, proc = self._reply_fds[w], self._procs[w]
             died = proc.sentinel in ready
-            if conn.fileno() in ready and not died:
-                # One message per wake-up: poll() says more are there on the next call, which
-                # costs less than Connection.poll (a new selector per call).
-                try:
-                    reply = conn.recv()
-                    if reply is not None and reply.observations:  # pickled: into the batch
-                        deliver(self.batch, self._options.observation_space, reply)
-                    replies.append((w, reply))
-                except (EOFError, OSError):
+            if fd in ready or died:  # replies it sent before dying come first
+                if not self._read(w, got):
                     died = True
-            elif died:  # replies it sent before dying come first
-                try:
-                    while conn.poll():
-                        reply = conn.recv()
-                        if reply is not None and reply.observations:
+                if got:
+                    for reply in got:
+                        if reply is not None and reply.observations:  # pickled: into the batch
                             deliver(self.batch, self._options.observation_space, reply)
-                        replies.append((w, reply))
-                except (EOFError, OSError):
-                    pass
+                    replies.extend([(w, reply) for reply in got])
+                    got.clear()
             if died:
+                if proc.is_alive():  # EOF without an exit: give it a moment to finish dying
+                    proc.join(1.0)
+                    if proc.is_alive():
+                        proc.kill()
                 proc.join(1.0)
+                self._read(w, got)  # what came between the first read and the exit
+                replies.extend([(w, reply) for reply in got])
+                got.clear()
                 self._alive[w] = False
-                self._poller.unregister(conn.fileno())
-                self._poller.unregister(proc.sentinel)
+                self._poller.unregister(fd)  # type: ignore[union-attr]
+                self._poller.unregister(proc.sentinel)  # type: ignore[union-attr]
                 replies.append((w, WorkerLost(proc.exitcode, _describe_exit(proc.exitcode))))
-        return replies
+                lost = True
+        return lost
 
     def close(self, timeout: float) -> None:
         if self._closed:
@@ -354,14 +449,15 @@ class ProcessTransport:
                 break
             # Drain replies so that no worker blocks writing to a full pipe while exiting.
             handles: list[Any] = [
-                c for c, p in zip(self._conns, self._procs, strict=True) if p.is_alive()
+                fd for fd, p in zip(self._reply_fds, self._procs, strict=True) if p.is_alive()
             ]
             handles += [p.sentinel for p in self._procs if p.is_alive()]
             for handle in multiprocessing.connection.wait(handles, min(remaining, 0.1)):
-                if isinstance(handle, Connection):
+                if handle in self._reply_fds:
                     try:
-                        handle.recv()
-                    except (EOFError, OSError):
+                        while os.read(handle, 1 << 16):
+                            pass
+                    except OSError:
                         pass
         for proc in self._procs:
             if proc.is_alive():
@@ -371,8 +467,9 @@ class ProcessTransport:
                 proc.kill()
                 proc.join(1.0)
             proc.close()
-        for conn in self._conns:
-            conn.close()
+        for ends in self._ends:
+            for end in ends:
+                end.close()
         self._alive = [False] * len(self._alive)
         self._shared = None
 
