@@ -187,8 +187,9 @@ class Ledger:
         self.busy_since = [now] * len(self.pending)
         self._stats.replied_all(started, now)
         self.state.fill(_READY)
-        assignment = self.assignment
-        self.ready.extend([i for worker in workers for i in assignment[worker]])
+        ready, assignment = self.ready, self.assignment
+        for worker in workers:
+            ready.extend(assignment[worker])
         self.in_flight -= self.num_envs
 
     def took(self, worker: int, reply: Reply | None) -> Command:

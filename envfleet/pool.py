@@ -51,6 +51,8 @@ from envfleet.recovery import DEFAULT_MAX_RESTARTS, Recovery
 from envfleet.stats import PoolStats, StatsRecorder
 from envfleet.validation import check_actions, check_env_ids, keeps_dtype
 
+_FLAT_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
 DEFAULT_CLOSE_TIMEOUT = 5.0
 
 
@@ -122,6 +124,16 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._worker_of = ledger.worker_of
         self._all_ids = ledger.all_ids
         self._array_actions = is_array_space(action_space)
+        # A flat action space (one array of the space's dtype): actions of that dtype are
+        # written with one assignment, without walking the space (the sync step's path).
+        actions_array = self._batch.actions
+        self._flat_actions: np.ndarray | None = (
+            actions_array
+            if isinstance(action_space, _FLAT_SPACES)
+            and isinstance(actions_array, np.ndarray)
+            and actions_array.dtype == action_space.dtype
+            else None
+        )
         self._needs_reset = np.zeros(self.num_envs, dtype=np.bool_)
         self._first_seed = seed
         # A transport may hand a whole-pool step to every worker at once (the thread backend's
@@ -337,7 +349,13 @@ class Pool(VectorEnv):  # type: ignore[misc]
         carried: list[dict[int, Any]] | None = None
         # Actions of another dtype than the space's would be cast by the batch arrays: they
         # travel with the command, so the env gets exactly what the caller gave (fidelity).
-        if self._array_actions and keeps_dtype(space, actions):
+        flat = self._flat_actions
+        if flat is not None and actions.dtype == flat.dtype:  # checked: an array for these spaces
+            if env_ids is self._all_ids:
+                flat[...] = actions
+            else:
+                flat[env_ids] = actions
+        elif self._array_actions and keeps_dtype(space, actions):
             rows = None if env_ids is self._all_ids else env_ids
             put(space, self._batch.actions, rows, actions)
         else:
@@ -423,6 +441,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
         of the batch arrays: ``torch.from_numpy`` then takes them with no copy at all.
         """
         observations = self._batch.observations
+        if rows is None and isinstance(observations, np.ndarray):  # one array, every env
+            return observations.copy() if self.copy else observations
         if not self.copy and not isinstance(observations, list):
             if rows is None:
                 return observations
@@ -550,7 +570,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
             ) from broken
 
     def _idle_ids(self, env_id: Sequence[int] | np.ndarray | None, what: str) -> np.ndarray:
-        if env_id is None and not self._ledger.state.any():  # every env idle: the sync step
+        if env_id is None and not np.count_nonzero(
+            self._ledger.state
+        ):  # every env idle: the sync step
             return self._all_ids
         env_ids = check_env_ids(env_id, self.num_envs)
         busy = self._ledger.busy(env_ids)

@@ -72,6 +72,22 @@ class StatsRecorder:
         self.episodes = np.zeros(num_envs, dtype=np.int64)
         self._sizes = np.array([len(ids) for ids in assignment], dtype=np.int64)
         self._workers = np.arange(workers)
+        # Latencies of whole-pool steps not yet written into the arrays (see replied_all).
+        self._whole: list[float] = []
+
+    def _fold(self) -> None:
+        """Write the whole-pool steps recorded by :meth:`replied_all` into the arrays."""
+        whole = self._whole
+        if not whole:
+            return
+        self._whole = []
+        count = len(whole)
+        # Worker w's k-th pending latency goes to ring slot (replies[w] + k) % LATENCY_WINDOW.
+        slots = (self.replies[:, None] + np.arange(count)) % LATENCY_WINDOW
+        self.latency[self._workers[:, None], slots] = np.asarray(whole)
+        self.replies += count
+        self.steps += self._sizes * count
+        self.busy_seconds += sum(whole)  # busy_all(started) began every worker's stretch
 
     def busy(self, worker: int, now: float) -> None:
         """The worker got a command while it had none."""
@@ -85,6 +101,8 @@ class StatsRecorder:
         self, worker: int, started: float, now: float, env_steps: int, idle_after: bool
     ) -> None:
         """A reply came in for a command the worker began at ``started``."""
+        if self._whole:
+            self._fold()
         count = int(self.replies[worker])
         self.latency[worker, count % LATENCY_WINDOW] = now - started
         self.replies[worker] = count + 1
@@ -96,19 +114,25 @@ class StatsRecorder:
             self.busy_start[worker] = np.nan
 
     def replied_all(self, started: float, now: float) -> None:
-        """Every worker answered the whole-pool step all began at ``started``; all are idle."""
-        self.latency[self._workers, self.replies % LATENCY_WINDOW] = now - started
-        self.replies += 1
-        self.steps += self._sizes
-        self.busy_seconds += now - started  # busy_all(started) began every worker's stretch
+        """Every worker answered the whole-pool step all began at ``started``; all are idle.
+
+        Only the latency is noted here, in a Python list: the arrays are brought up to date
+        (:meth:`_fold`) when a per-worker reply or :meth:`snapshot` needs them, or when a
+        latency window's worth has piled up, so that the sync step pays one append.
+        """
         self.busy_start.fill(np.nan)
+        whole = self._whole
+        whole.append(now - started)
+        if len(whole) >= LATENCY_WINDOW:
+            self._fold()
 
     def ended(self, env_ids: np.ndarray, done: np.ndarray) -> None:
         """Count the episodes that ended among results handed to the caller."""
-        if done.any():
+        if np.count_nonzero(done):  # a C call: ndarray.any goes through Python
             np.add.at(self.episodes, env_ids[done], 1)
 
     def snapshot(self, restarts: np.ndarray, recycled: Sequence[int] = ()) -> PoolStats:
+        self._fold()
         now = time.monotonic()
         elapsed = max(now - self.created, 1e-9)
         workers = []

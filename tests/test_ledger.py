@@ -181,3 +181,32 @@ def test_dependencies_point_down_face_to_recovery_to_ledger() -> None:
     assert imports("ledger.py") <= {"envfleet.protocol", "envfleet.stats"}
     assert "envfleet.pool" not in imports("recovery.py")
     assert {"envfleet.ledger", "envfleet.recovery"} <= imports("pool.py")
+
+
+def test_whole_pool_steps_recorded_lazily_match_per_worker_replies() -> None:
+    """replied_all's deferred figures equal those of the same replies taken one by one."""
+    assignment = [(0, 1), (2,), (3, 4, 5)]
+    lazy, eager = StatsRecorder(assignment, 6), StatsRecorder(assignment, 6)
+    started = 100.0
+    for step in range(1500):  # over one latency window: the ring wraps and folds mid-way
+        now = started + 0.001 * (step % 7 + 1)
+        lazy.busy_all(started)
+        lazy.replied_all(started, now)
+        for worker, ids in enumerate(assignment):
+            eager.busy(worker, started)
+            eager.replied(worker, started, now, len(ids), True)
+        if step == 700:  # a per-worker reply in between folds the pending whole-pool steps
+            for rec in (lazy, eager):
+                rec.busy(1, now)
+                rec.replied(1, now, now + 0.5, 1, True)
+        started = now
+    restarts = np.zeros(6, dtype=np.int64)
+    a, b = lazy.snapshot(restarts), eager.snapshot(restarts)
+    assert a.steps == b.steps == 1500 * 6 + 1
+    for wa, wb in zip(a.workers, b.workers, strict=True):
+        assert wa.steps == wb.steps
+        assert wa.latency_p50_ms == pytest.approx(wb.latency_p50_ms)
+        assert wa.latency_p99_ms == pytest.approx(wb.latency_p99_ms)
+    np.testing.assert_array_equal(lazy.latency, eager.latency)
+    np.testing.assert_array_equal(lazy.replies, eager.replies)
+    np.testing.assert_allclose(lazy.busy_seconds, eager.busy_seconds)

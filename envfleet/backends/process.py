@@ -182,6 +182,7 @@ class ProcessTransport:
         self._readers: list[FrameReader] = []
         self._last: list[Command | None] = []  # the command each worker would repeat
         self._procs: list[BaseProcess] = []
+        self._sentinels: list[int] = []  # each process's sentinel (read on every wait)
         self._alive: list[bool] = []
         self._closed = False
         self._poller: select.poll | None = None
@@ -232,6 +233,7 @@ class ProcessTransport:
             FrameReader(),
             None,
             proc,
+            proc.sentinel,
             True,
         )
         lists = (
@@ -241,6 +243,7 @@ class ProcessTransport:
             self._readers,
             self._last,
             self._procs,
+            self._sentinels,
             self._alive,
         )
         replace = worker < len(self._procs)
@@ -405,11 +408,12 @@ class ProcessTransport:
         """Read the replies of the workers ``ready`` names; True if one of them is lost."""
         lost = False
         got: list[Reply | None] = []
+        reply_fds, sentinels = self._reply_fds, self._sentinels
         for w, alive in enumerate(self._alive):
             if not alive:
                 continue
-            fd, proc = self._reply_fds[w], self._procs[w]
-            died = proc.sentinel in ready
+            fd = reply_fds[w]
+            died = sentinels[w] in ready
             if fd in ready or died:  # replies it sent before dying come first
                 if not self._read(w, got):
                     died = True
@@ -420,6 +424,7 @@ class ProcessTransport:
                     replies.extend([(w, reply) for reply in got])
                     got.clear()
             if died:
+                proc = self._procs[w]
                 if proc.is_alive():  # EOF without an exit: give it a moment to finish dying
                     proc.join(1.0)
                     if proc.is_alive():
