@@ -93,7 +93,7 @@ class Target:
 
 
 TARGETS: dict[str, Target] = {
-    "cartpole": Target("cartpole", "CartPole-v1", 64, target=0.6),
+    "cartpole": Target("cartpole", "CartPole-v1", 64, target=0.7),
     "pong": Target("pong", "ALE/Pong-v5", 8, target=0.85),
     "sleep": Target("sleep", SleepEnv, 32),
 }
