@@ -206,8 +206,17 @@ def test_close_frees_the_sockets_and_the_batch_memory_goes_with_the_pool(
         assert len(batch_memory_files()) > len(before)
         sockets = list(pool._transport._conns)  # type: ignore[attr-defined]
         assert all(conn is not None and not conn.closed for conn in sockets)
+        # The actors' sockets live in the pool's own directory (0700), which close() removes
+        # even if an actor died before the pool connected to it.
+        socket_dir = pool._transport._socket_dir  # type: ignore[attr-defined]
+        assert os.stat(socket_dir).st_mode & 0o777 == 0o700
+        for conn in sockets:
+            assert conn is not None
+            with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+                assert peer.getpeername().startswith(socket_dir + os.sep)
         pool.reset()
     assert all(conn.closed for conn in sockets)
+    assert not os.path.exists(socket_dir)
     # The observations it returned may still be in use: the memory lives while the pool does.
     del pool
     gc.collect()

@@ -236,20 +236,30 @@ def _io_timeout(fd: int, seconds: float) -> None:
         sock.detach()
 
 
-def open_listener() -> tuple[socket.socket, str, str | None]:
+def open_listener(inside: str | None = None) -> tuple[socket.socket, str, str | None]:
     """A Unix socket only this user can reach: ``(server, address, directory)``.
 
-    A filesystem socket in a new directory of mode 0700, which the kernel keeps other users
-    out of (an abstract socket is listed in ``/proc/net/unix`` and open to every user); where
-    no such directory can be made, an abstract socket, guarded by the key alone.
+    A filesystem socket in a directory of mode 0700, which the kernel keeps other users out of
+    (an abstract socket is listed in ``/proc/net/unix`` and open to every user): in ``inside``
+    (the pool's own such directory, which the pool removes when it closes, so that nothing is
+    left behind even when this process is killed first), else in a new one, returned as
+    ``directory`` for the caller to remove. Where neither can be had, an abstract socket,
+    guarded by the key alone.
     """
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     directory: str | None = None
     try:
         try:
-            directory = tempfile.mkdtemp(prefix="envfleet-")
-            address = os.path.join(directory, "s")
-            server.bind(address)
+            if inside is not None:
+                address = os.path.join(inside, f"w-{secrets.token_hex(6)}")
+                try:
+                    server.bind(address)
+                except OSError:  # not ours to enter after all: a directory of our own
+                    inside = None
+            if inside is None:
+                directory = tempfile.mkdtemp(prefix="envfleet-")
+                address = os.path.join(directory, "s")
+                server.bind(address)
         except OSError:
             if directory is not None:
                 os.rmdir(directory)

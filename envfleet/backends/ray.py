@@ -34,8 +34,10 @@ import os
 import pickle
 import secrets
 import select
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -237,6 +239,12 @@ class RayTransport:
         self._poller = select.poll()
         self._pickled = PickledCommands()
         self._authkey = secrets.token_bytes(32)
+        # The actors on this machine put their sockets in this directory (mode 0700: only this
+        # user enters), which close() removes: an actor killed before the pool connected to it
+        # leaves nothing behind.
+        self._socket_dir = (
+            tempfile.mkdtemp(prefix="envfleet-") if self._memory is not None else None
+        )
         self._row_bytes = _row_bytes(self.batch, options.num_envs)
         self._space = options.observation_space
         self._closed = False
@@ -266,7 +274,9 @@ class RayTransport:
 
     def _start_call(self, worker: int) -> Any:
         where = self._memory.where if self._memory is not None else None
-        return self._actors[worker].start.remote(where, self._pool_node, self._authkey)
+        return self._actors[worker].start.remote(
+            where, self._pool_node, self._authkey, self._socket_dir
+        )
 
     def _await_start(self, workers: Iterable[int], restarts: dict[int, int]) -> None:
         """Wait until each of ``workers`` has built its envs; raise the first failure.
@@ -482,6 +492,9 @@ class RayTransport:
                 refs.clear()
             if self._memory is not None:
                 self._memory.close()
+            socket_dir = getattr(self, "_socket_dir", None)
+            if socket_dir is not None:
+                shutil.rmtree(socket_dir, ignore_errors=True)
             self._disconnect()
 
     def _disconnect(self) -> None:

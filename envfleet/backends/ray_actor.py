@@ -9,7 +9,9 @@ arrays (:data:`Packed`), or pickled and cut in pieces that Ray returns inline
 
 from __future__ import annotations
 
+import contextlib
 import mmap
+import os
 import shutil
 import socket
 from typing import Any
@@ -51,13 +53,19 @@ class GroupActor:
         self._memory: mmap.mmap | None = None  # keeps the pool's memory mapped
         self._listener: socket.socket | None = None
         self._socket_dir: str | None = None
+        self._socket_file: str | None = None  # a socket in the pool's directory
         self._authkey = b""
 
     def start(
-        self, memory: NodeMemory | None, pool_node: str | None, authkey: bytes
+        self,
+        memory: NodeMemory | None,
+        pool_node: str | None,
+        authkey: bytes,
+        socket_dir: str | None = None,
     ) -> tuple[Reply, str, str | None]:
         """Build the envs; return the outcome, this actor's node and, on the pool's machine,
-        the socket address to serve the pool on (``None``: use Ray calls)."""
+        the socket address to serve the pool on (``None``: use Ray calls). The socket goes in
+        ``socket_dir``, the pool's private directory, when it can."""
         options = self.options
         node = str(ray.get_runtime_context().get_node_id())
         shared = False
@@ -85,7 +93,8 @@ class GroupActor:
             # A socket in a directory only this user may enter (else an abstract one); the key
             # keeps out whoever else connects, and a stranger cannot hold the actor up.
             try:
-                self._listener, address, self._socket_dir = open_listener()
+                self._listener, address, self._socket_dir = open_listener(socket_dir)
+                self._socket_file = address if self._socket_dir is None else None
                 self._authkey = authkey
             except OSError:
                 pass  # no socket here (a sandbox, say): Ray calls, on the shared rows all the same
@@ -109,6 +118,10 @@ class GroupActor:
         directory, self._socket_dir = getattr(self, "_socket_dir", None), None
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
+        path, self._socket_file = getattr(self, "_socket_file", None), None
+        if path is not None and not path.startswith("\0"):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
     def __del__(self) -> None:
         self._close_listener()
