@@ -303,6 +303,17 @@ class ProcessTransport:
             if len(data) < 1 << 16:
                 return True
 
+    def _start_failed(self, kind: type[WorkerDiedError], worker: int, what: str) -> WorkerDiedError:
+        """The error for ``worker`` that could not build its envs (``what`` happened)."""
+        return kind(
+            f"worker {worker} {what}",
+            env_index=None,
+            phase=Phase.MAKE,
+            worker=worker,
+            exitcode=self._procs[worker].exitcode,
+            env_ids=tuple(self._options.assignment[worker]),
+        )
+
     def _await_start(self, workers: Sequence[int]) -> None:
         """Wait for each of ``workers`` to report its envs built.
 
@@ -321,27 +332,20 @@ class ProcessTransport:
                 if not ready:
                     proc.kill()  # still building its envs: a constructor that hangs
                     proc.join(1.0)
-                    raise EnvTimeoutError(
-                        f"worker {worker} did not build its envs "
-                        f"{list(options.assignment[worker])} "
+                    raise self._start_failed(
+                        EnvTimeoutError,
+                        worker,
+                        f"did not build its envs {list(options.assignment[worker])} "
                         f"within start_timeout={options.start_timeout:g}s; killed",
-                        env_index=None,
-                        phase=Phase.MAKE,
-                        worker=worker,
-                        exitcode=proc.exitcode,
-                        env_ids=tuple(options.assignment[worker]),
                     )
                 lost = not self._read(worker, got)
             if not got:
                 proc.join(1.0)
-                raise WorkerDiedError(
-                    f"worker {worker} died while building its envs "
-                    f"{list(options.assignment[worker])} ({_describe_exit(proc.exitcode)})",
-                    env_index=None,
-                    phase=Phase.MAKE,
-                    worker=worker,
-                    exitcode=proc.exitcode,
-                    env_ids=tuple(options.assignment[worker]),
+                raise self._start_failed(
+                    WorkerDiedError,
+                    worker,
+                    f"died while building its envs {list(options.assignment[worker])} "
+                    f"({_describe_exit(proc.exitcode)})",
                 )
             reply = got[0]
             if reply is not None and reply.failures:

@@ -255,6 +255,18 @@ class LoopRunner(Runner):
         self._close()
 
 
+def time_calls(step: Callable[[], int], seconds: float) -> float:
+    """Call ``step`` for ``seconds``; the env-steps (its returns, summed) per second."""
+    steps = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    while True:
+        steps += step()
+        now = time.perf_counter()
+        if now >= deadline:
+            return steps / (now - start)
+
+
 class CallRunner(Runner):
     """Times ``advance()`` in this process; each call returns the env-steps it delivered.
 
@@ -286,15 +298,7 @@ class CallRunner(Runner):
         self.warmup_s = time.perf_counter() - start
 
     def _time(self, seconds: float) -> float:
-        advance = self.advance
-        steps = 0
-        start = time.perf_counter()
-        deadline = start + seconds
-        while True:
-            steps += advance()
-            now = time.perf_counter()
-            if now >= deadline:
-                return steps / (now - start)
+        return time_calls(self.advance, seconds)
 
     def window(self, seconds: float) -> float:
         self._time(self._rewarm)

@@ -29,6 +29,7 @@ from envfleet.benchmark.base import (
     Timing,
     Workload,
     _open_vector,
+    time_calls,
 )
 
 CEILING_TIMEOUT = 600.0
@@ -81,18 +82,6 @@ def open_loop(workload: Workload, timing: Timing) -> Runner:
     return LoopRunner(LOOP, sweep, actions, workload.num_envs, timing, setup_s, close)
 
 
-def _time_calls(step: Callable[[], int], seconds: float) -> float:
-    """Call ``step`` for ``seconds``; the env-steps (its returns, summed) per second."""
-    steps = 0
-    start = time.perf_counter()
-    deadline = start + seconds
-    while True:
-        steps += step()
-        now = time.perf_counter()
-        if now >= deadline:
-            return steps / (now - start)
-
-
 def _parallel_worker(
     make_step: Callable[[int], Callable[[], int]],
     index: int,
@@ -111,8 +100,8 @@ def _parallel_worker(
             window = seconds.value
             if window <= 0:
                 break
-            _time_calls(step, rewarm)
-            results.put((index, _time_calls(step, window), None))
+            time_calls(step, rewarm)
+            results.put((index, time_calls(step, window), None))
     except BaseException as exc:
         results.put((index, None, f"{type(exc).__name__}: {exc}"))
         go.abort()

@@ -110,22 +110,29 @@ def current_directory_on_path() -> None:
         sys.path.insert(0, cwd)
 
 
+def import_user_module(name: str, option: str) -> Any:
+    """Import module ``name`` that option ``option`` (``"--import mysim"``) names.
+
+    A module that is not there is a usage error naming the option and the current directory
+    (which is on the path); one that fails while importing is an error with its exception.
+    """
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (name + ".").startswith(exc.name + "."):
+            raise UsageError(
+                f"{option}: no module named {exc.name!r} (not installed, and not found under "
+                f"the current directory {os.getcwd()})"
+            ) from exc
+        raise CliError(f"{option}: importing {name!r} failed: {exc}") from exc
+    except Exception as exc:
+        raise CliError(f"{option}: importing {name!r} failed: {type(exc).__name__}: {exc}") from exc
+
+
 def import_modules(names: list[str]) -> None:
     """Import the ``--import`` modules; one that cannot be imported is a usage error."""
     for name in names:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and (name + ".").startswith(exc.name + "."):
-                raise UsageError(
-                    f"--import {name}: no module named {exc.name!r} (not installed, and not "
-                    f"found under the current directory {os.getcwd()})"
-                ) from exc
-            raise CliError(f"--import {name}: importing it failed: {exc}") from exc
-        except Exception as exc:
-            raise CliError(
-                f"--import {name}: importing it failed: {type(exc).__name__}: {exc}"
-            ) from exc
+        import_user_module(name, f"--import {name}")
 
 
 def env_spec(env: str) -> EnvSpec:

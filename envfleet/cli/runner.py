@@ -8,9 +8,7 @@ on stderr) and the optional :class:`~envfleet.cli.recorder.Recorder`.
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -33,6 +31,7 @@ from envfleet.cli.common import (
     IntArray,
     UsageError,
     current_directory_on_path,
+    import_user_module,
 )
 from envfleet.cli.recorder import Recorder
 
@@ -67,21 +66,7 @@ def load_policy(spec: str) -> Policy:
     if not sep or not module_name or not attribute:
         raise UsageError(f"--policy must look like 'module:function', got {spec!r}")
     current_directory_on_path()
-    cwd = os.getcwd()
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
-            raise UsageError(
-                f"--policy {spec}: no module named {exc.name!r} (not installed, and not found "
-                f"under the current directory {cwd})"
-            ) from exc
-        raise CliError(f"--policy {spec}: importing {module_name!r} failed: {exc}") from exc
-    except Exception as exc:
-        raise CliError(
-            f"--policy {spec}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    target: Any = module
+    target: Any = import_user_module(module_name, f"--policy {spec}")
     for part in attribute.split("."):
         try:
             target = getattr(target, part)
