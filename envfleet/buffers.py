@@ -120,14 +120,8 @@ def make_reader(space: spaces.Space[Any], batch: Any) -> Reader:
     raise TypeError(f"no row reader for space {space}")
 
 
-@make_reader.register(spaces.Discrete)
-def _read_discrete(space: spaces.Discrete, batch: Any) -> Reader:
-    # A Python int, as most envs and tutorials use: Discrete.contains (which many envs assert)
-    # is several times slower on a numpy integer.
-    return batch.item  # type: ignore[no-any-return]
-
-
 @make_reader.register(spaces.Box)
+@make_reader.register(spaces.Discrete)
 @make_reader.register(spaces.MultiDiscrete)
 @make_reader.register(spaces.MultiBinary)
 def _read_array(space: spaces.Space[Any], batch: Any) -> Reader:

@@ -129,12 +129,13 @@ def test_row_writer_and_reader_give_back_one_env_value(name: str) -> None:
     )
 
 
-def test_discrete_rows_read_as_python_ints() -> None:
+def test_discrete_rows_read_as_numpy_ints() -> None:
+    """As ``SyncVectorEnv`` hands a Discrete env its action from a numpy batch: ``np.int64``."""
     space = spaces.Discrete(4)
     batch = allocate_local(space, 2)
     make_writer(space, batch)(1, np.int64(3))
     value = make_reader(space, batch)(1)
-    assert type(value) is int and value == 3
+    assert type(value) is np.int64 and value == 3
 
 
 @pytest.mark.parametrize("name", list(PICKLED_SPACES))

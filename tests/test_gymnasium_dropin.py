@@ -212,6 +212,57 @@ def test_actions_reach_the_env_as_sync_vector_env_hands_them(
         assert pool.get_attr("last")[0].dtype == actions.dtype
 
 
+class KeepAction(gymnasium.Env[np.ndarray, Any]):
+    """Keeps the last action exactly as given (``last``: no copy, no conversion)."""
+
+    def __init__(self, action_space: spaces.Space[Any]) -> None:
+        self.action_space = action_space
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+        self.last: Any = None
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.last = action
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+DISCRETE_ACTIONS = {
+    "Discrete": (spaces.Discrete(3), np.array([2, 0, 1])),
+    "Dict of Discrete and Box": (
+        spaces.Dict({"k": spaces.Discrete(3), "x": spaces.Box(-1, 1, (2,), np.float32)}),
+        {"k": np.array([2, 0, 1]), "x": np.full((3, 2), 0.5, np.float32)},
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("space", "actions"), list(DISCRETE_ACTIONS.values()), ids=list(DISCRETE_ACTIONS)
+)
+def test_discrete_actions_reach_the_env_as_numpy_integers(
+    backend: str, space: spaces.Space[Any], actions: Any
+) -> None:
+    """``SyncVectorEnv`` hands a ``Discrete`` env ``np.int64`` from a numpy batch (an env may
+    call ``action.item()``), not a Python ``int``."""
+    factory = functools.partial(KeepAction, space)
+    with (
+        closing(SyncVectorEnv([factory] * 3)) as sync,
+        envfleet.make(factory, 3, backend=backend, num_workers=2) as pool,
+    ):
+        sync.reset(seed=0)
+        pool.reset(seed=0)
+        sync.step(actions)
+        pool.step(actions)
+        expected = sync.get_attr("last")
+        assert_same(expected, pool.get_attr("last"))
+        first = expected[0]["k"] if isinstance(space, spaces.Dict) else expected[0]
+        assert type(first) is np.int64  # the oracle's own type, so this test can fail
+
+
 def test_actions_outside_the_space_reach_the_env_unless_check_actions(backend: str) -> None:
     """As in Gymnasium, an action outside the space is the env's business (it may accept it);
     ``check_actions=True`` refuses it before anything is sent."""
