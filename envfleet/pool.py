@@ -49,7 +49,13 @@ from envfleet.ledger import EnvState, Ledger
 from envfleet.protocol import Call, Command, Reset, SetAttr, Step
 from envfleet.recovery import DEFAULT_MAX_RESTARTS, Recovery
 from envfleet.stats import PoolStats, StatsRecorder
-from envfleet.validation import check_actions, check_env_ids, keeps_dtype
+from envfleet.validation import (
+    SeedTypeError,
+    SeedValueError,
+    check_actions,
+    check_env_ids,
+    keeps_dtype,
+)
 
 _FLAT_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
@@ -592,7 +598,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
             return [None] * len(env_ids)
         if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
             if seed < 0:
-                raise ValueError(f"seed must be a non-negative int, got {seed}")
+                raise SeedValueError(f"seed must be a non-negative int, got {seed}")
             return [int(seed) + int(i) for i in env_ids]
         if isinstance(seed, str | bytes) or not isinstance(seed, Iterable):
             raise TypeError(f"seed must be None, an int or one int (or None) per env, got {seed!r}")
@@ -603,9 +609,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
             if s is None:
                 continue
             if isinstance(s, bool) or not isinstance(s, int | np.integer):
-                raise TypeError(f"seed[{k}] must be an int or None, got {s!r}")
+                raise SeedTypeError(f"seed[{k}] must be an int or None, got {s!r}")
             if s < 0:
-                raise ValueError(f"seed[{k}] must be a non-negative int, got {s}")
+                raise SeedValueError(f"seed[{k}] must be a non-negative int, got {s}")
         seeds = [None if s is None else int(s) for s in seeds]
         if per_env == self.num_envs:
             return [seeds[i] for i in env_ids]

@@ -13,7 +13,26 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
+from gymnasium.error import Error as GymnasiumError
 from gymnasium.vector.utils import batch_space, iterate
+
+
+class SeedValueError(ValueError, GymnasiumError):
+    """A negative seed: a ``ValueError``, and the ``gymnasium.error.Error`` that Gymnasium's
+    vector envs raise for it (their envs' seeding refuses it)."""
+
+
+class SeedTypeError(TypeError, GymnasiumError):
+    """A seed that is not an int: a ``TypeError``, and the ``gymnasium.error.Error`` that
+    Gymnasium's vector envs raise for it."""
+
+
+class ActionKeyError(KeyError):
+    """A batch of ``Dict`` actions without one of the space's keys: a ``KeyError``, as
+    Gymnasium's vector envs raise for it."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 def check_env_ids(env_id: Sequence[int] | np.ndarray | None, num_envs: int) -> np.ndarray:
@@ -109,6 +128,10 @@ def _check_items(
     except TypeError as exc:  # a scalar, or no batch at all: Gymnasium's iterate raises so too
         raise TypeError(
             f"actions do not form a batch of {len(env_ids)} for action space {space}: {exc}"
+        ) from exc
+    except KeyError as exc:  # a Dict batch without one of the keys: so does Gymnasium's
+        raise ActionKeyError(
+            f"actions do not form a batch of {len(env_ids)} for action space {space}: no key {exc}"
         ) from exc
     except Exception as exc:
         raise ValueError(

@@ -334,6 +334,9 @@ MISUSES: dict[str, tuple[Misuse, type[BaseException]]] = {
     "reset_mask dtype": (lambda v: v.reset(options={"reset_mask": np.ones(2, int)}), TypeError),
     "reset_mask empty": (lambda v: v.reset(options={"reset_mask": np.zeros(2, bool)}), ValueError),
     "seeds per env": (lambda v: v.reset(seed=[1, 2, 3]), ValueError),
+    "negative seed": (lambda v: v.reset(seed=-1), gymnasium.error.Error),
+    "negative seed in a list": (lambda v: v.reset(seed=[0, -1]), gymnasium.error.Error),
+    "seed not an int": (lambda v: v.reset(seed=[0, "1"]), gymnasium.error.Error),
 }
 CLOSED: dict[str, Misuse] = {
     "step": lambda v: v.step(np.array([0, 1])),
@@ -362,6 +365,33 @@ def test_misuse_raises_gymnasium_exception_types(
         with pytest.raises(error):
             misuse(pool)
         pool.step(np.array([0, 1]))  # refused before anything was sent: the pool still works
+
+
+DICT_ACTIONS = functools.partial(KeepAction, DISCRETE_ACTIONS["Dict of Discrete and Box"][0])
+DICT_MISUSES: dict[str, tuple[Misuse, type[BaseException]]] = {
+    # A Dict action space: the batch checked key by key, as Gymnasium's iterate does.
+    "missing key": (lambda v: v.step({"k": np.array([0, 1])}), KeyError),
+    "too many": (
+        lambda v: v.step({"k": np.array([0, 1, 2]), "x": np.zeros((3, 2), np.float32)}),
+        ValueError,
+    ),
+    "scalar": (lambda v: v.step(0), TypeError),
+}
+
+
+@pytest.mark.parametrize(("misuse", "error"), list(DICT_MISUSES.values()), ids=list(DICT_MISUSES))
+def test_dict_action_misuse_raises_what_gymnasium_raises(
+    misuse: Misuse, error: type[BaseException]
+) -> None:
+    with closing(AsyncVectorEnv([DICT_ACTIONS] * 2, context="fork")) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(error):
+            misuse(venv)
+    with envfleet.make([DICT_ACTIONS] * 2, backend="serial") as pool:
+        pool.reset(seed=0)
+        with pytest.raises(error):
+            misuse(pool)
+        pool.step({"k": np.array([0, 1]), "x": np.zeros((2, 2), np.float32)})
 
 
 @pytest.mark.parametrize("misuse", list(CLOSED.values()), ids=list(CLOSED))
