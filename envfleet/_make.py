@@ -13,7 +13,7 @@ from gymnasium.vector import AutoresetMode
 from envfleet.affinity import CpuAffinity, check_affinity, usable_cpus
 from envfleet.backends import Backend, TransportOptions, open_transport
 from envfleet.backends.base import DEFAULT_START_TIMEOUT, KINDS, RayOptions, capable
-from envfleet.errors import EnvRaisedError, OnError, Phase
+from envfleet.errors import OnError, Phase, env_raised_error
 from envfleet.group import env_errors
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
 from envfleet.protocol import EnvFailure
@@ -290,13 +290,13 @@ def _probe(spec: EnvSpec) -> dict[str, Any]:
         env = spec.build()
     except env_errors() as exc:
         failure = EnvFailure.capture(None, Phase.MAKE, exc)
-        error = EnvRaisedError(
+        raise env_raised_error(
             f"building {spec.name} failed: {failure.type_name}: {failure.message}",
+            exc,
             env_index=None,
             phase=Phase.MAKE,
             worker=-1,
-        )
-        raise error from exc
+        ) from exc
     try:
         return {
             "observation_space": env.observation_space,

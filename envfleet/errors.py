@@ -9,7 +9,7 @@ in the parent when it can be unpickled, is the ``__cause__``; its own ``__cause_
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, cast
 
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 
@@ -75,7 +75,65 @@ class EnvError(RuntimeError):
 
 
 class EnvRaisedError(EnvError):
-    """The environment code raised an exception (the original is ``__cause__``)."""
+    """The environment code raised an exception (the original is ``__cause__``).
+
+    Raised as an instance of the original's type too (see :func:`env_raised_error`), so an
+    ``except ValueError:`` written for Gymnasium's vector envs, which re-raise the env's own
+    exception type, still catches it.
+    """
+
+
+def env_raised_error(
+    message: str, cause: BaseException, *, env_index: int | None, phase: Phase, worker: int
+) -> EnvRaisedError:
+    """An :class:`EnvRaisedError` for ``cause`` that is also an instance of ``type(cause)``.
+
+    Gymnasium's ``AsyncVectorEnv`` re-raises an env's exception with its own type (a
+    ``ResetNeeded``, an ``AttributeError`` from ``get_attr``, an env's ``AssertionError``); the
+    error envfleet raises is of a subclass of both, so code that catches either still works.
+    Where no such class can exist (a ``BaseException`` such as ``SystemExit``, a type that
+    cannot be subclassed or combined), it is a plain :class:`EnvRaisedError`.
+    """
+    kind = _raised_error_class(type(cause))
+    try:
+        error = kind(message, env_index=env_index, phase=phase, worker=worker)
+    except Exception:  # an exception type whose constructor needs more than a message
+        error = EnvRaisedError(message, env_index=env_index, phase=phase, worker=worker)
+    error.__cause__ = cause
+    return error
+
+
+_RAISED_CLASSES: dict[type[BaseException], type[EnvRaisedError]] = {}
+
+
+def _raised_error_class(kind: type[BaseException]) -> type[EnvRaisedError]:
+    """``EnvRaised<Kind>``: a subclass of :class:`EnvRaisedError` and ``kind`` (made once)."""
+    made = _RAISED_CLASSES.get(kind)
+    if made is None:
+        made = _RAISED_CLASSES[kind] = _combine(kind)
+    return made
+
+
+def _combine(kind: type[BaseException]) -> type[EnvRaisedError]:
+    if (
+        not issubclass(kind, Exception)
+        or issubclass(EnvRaisedError, kind)  # Exception, RuntimeError: already one
+        or issubclass(kind, EnvError | RemoteError | StopIteration | StopAsyncIteration)
+    ):
+        return EnvRaisedError
+    try:
+        combined = type(
+            f"EnvRaised{kind.__name__}",
+            (EnvRaisedError, kind),
+            {
+                "__module__": __name__,
+                "__doc__": f"An env raised {kind.__qualname__}; see :class:`EnvRaisedError`.",
+                "__str__": BaseException.__str__,  # KeyError would quote the message
+            },
+        )
+    except TypeError:  # a final type, or one whose layout or MRO cannot be combined
+        return EnvRaisedError
+    return cast(type[EnvRaisedError], combined)
 
 
 class WorkerDiedError(EnvError):

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Protocol
 import cloudpickle
 import numpy as np
 
-from envfleet.errors import EnvError, EnvRaisedError, Phase, RemoteError, RemoteTraceback
+from envfleet.errors import EnvError, Phase, RemoteError, RemoteTraceback, env_raised_error
 
 
 class Group(Protocol):
@@ -96,15 +96,14 @@ class EnvFailure:
     def to_error(self, worker: int, env_name: str) -> EnvError:
         """The error the pool raises, naming env, phase and worker; the original is its cause."""
         where = f"env {self.env_index}" if self.env_index is not None else "a worker"
-        error = EnvRaisedError(
+        return env_raised_error(
             f"{where} ({env_name}, worker {worker}) raised {self.type_name} during "
             f"{self.phase.value}: {self.message}",
+            self.original(),
             env_index=self.env_index,
             phase=self.phase,
             worker=worker,
         )
-        error.__cause__ = self.original()
-        return error
 
 
 def _safe(get: Any, fallback: str) -> str:

@@ -43,5 +43,23 @@ class Noisy(CrashAfter):
         print("NOISY: chatter on stdout", flush=True)
 
 
+class CrashWithValueError(CrashAfter):
+    """Raises ``ValueError`` (the type the CLI's own action checks raise) on step 7."""
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self.count + 1 >= self.crash_at:
+            raise ValueError(f"env value error at step {self.count + 1}")
+        return super().step(action)
+
+
+class BrokenConstructor(CrashAfter):
+    """Raises ``TypeError`` (the type of make()'s argument checks) when built."""
+
+    def __init__(self) -> None:
+        raise TypeError("env type error in __init__")
+
+
 gymnasium.register("CrashAfter-v0", entry_point=CrashAfter)
+gymnasium.register("CrashValueError-v0", entry_point=CrashWithValueError)
+gymnasium.register("BrokenConstructor-v0", entry_point=BrokenConstructor)
 gymnasium.register("Noisy-v0", entry_point=Noisy)

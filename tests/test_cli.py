@@ -503,6 +503,28 @@ def test_env_failure_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert err.splitlines()[-1].startswith("envfleet: error: ")
 
 
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ("CrashValueError-v0", "env value error at step 7"),
+        ("BrokenConstructor-v0", "env type error in __init__"),
+    ],
+)
+def test_an_env_raising_value_or_type_error_is_an_env_failure_not_usage(
+    capsys: pytest.CaptureFixture[str], env: str, message: str
+) -> None:
+    """The pool's errors are also of the env's own type (a ValueError here): still reported as
+    the env's failure (status 1), not as bad actions from the policy or a usage error."""
+    import tests.cli_envs  # noqa: F401  (registers the ids in this process)
+
+    argv = ["run", env, *SERIAL, "--num-envs", "2", "--steps", "100"]
+    status, out, err = run_cli(capsys, *argv)
+    assert (status, out) == (1, ""), err
+    assert err.startswith("envfleet: error: ")
+    assert message in err
+    assert "policy" not in err and "usage" not in err
+
+
 # -- the first hour: python -m envfleet, --import, mistyped options, the cli extra -------------
 
 

@@ -243,3 +243,34 @@ def test_keyboard_interrupt_raised_by_an_env_in_a_worker_thread_is_that_envs_fai
             pool.step(np.zeros(2, dtype=np.int64))
     assert info.value.env_index == 1 and info.value.phase is envfleet.Phase.STEP
     assert isinstance(info.value.__cause__, KeyboardInterrupt)
+
+
+# -- the error is of the env's own exception type too (as Gymnasium re-raises it) -------------
+
+
+@pytest.mark.parametrize(
+    ("cause", "combined"),
+    [
+        (KeyError("missing"), True),
+        (FileNotFoundError(2, "no such file"), True),
+        (NotImplementedError("later"), True),
+        (RuntimeError("plain"), False),  # an EnvError is a RuntimeError already
+        (SystemExit(3), False),  # never make the pool's error a BaseException-only type
+        (StopIteration("done"), False),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v),
+)
+def test_env_raised_error_is_of_the_causes_type(cause: BaseException, combined: bool) -> None:
+    from envfleet.errors import env_raised_error
+
+    error = env_raised_error(
+        "env 2 raised it", cause, env_index=2, phase=envfleet.Phase.STEP, worker=1
+    )
+    assert isinstance(error, envfleet.EnvRaisedError) and isinstance(error, RuntimeError)
+    assert isinstance(error, type(cause)) is (combined or isinstance(cause, RuntimeError))
+    assert (type(error) is not envfleet.EnvRaisedError) is combined
+    assert error.__cause__ is cause
+    assert (error.env_index, error.phase, error.worker) == (2, envfleet.Phase.STEP, 1)
+    assert str(error) == "env 2 raised it"  # not quoted, as KeyError's own str would be
+    again = env_raised_error("x", type(cause)(), env_index=0, phase=envfleet.Phase.STEP, worker=0)
+    assert type(again) is type(error)  # one class per exception type

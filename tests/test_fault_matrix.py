@@ -519,7 +519,12 @@ def _check_error(
     worker: int,
     blamed: set[int],
 ) -> None:
-    assert type(error) is expected, error
+    if expected is envfleet.EnvRaisedError and type(error) is not expected:
+        # Raised as the env's own type too (an EnvRaisedValueError for a ValueError).
+        assert type(error).__mro__[1:3] == (expected, envfleet.EnvError), error
+        assert isinstance(error, type(error.__cause__)), error
+    else:
+        assert type(error) is expected, error
     assert error.phase is phase, error
     assert error.worker == worker, error
     if isinstance(error, envfleet.WorkerDiedError):

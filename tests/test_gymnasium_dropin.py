@@ -394,6 +394,44 @@ def test_dict_action_misuse_raises_what_gymnasium_raises(
         pool.step({"k": np.array([0, 1]), "x": np.zeros((2, 2), np.float32)})
 
 
+ENV_MISUSES: dict[str, tuple[Misuse, bool, type[BaseException]]] = {
+    # The env itself refuses: AsyncVectorEnv re-raises the env's own exception type.
+    # (misuse, reset first, what Gymnasium raises)
+    "get_attr of a missing attribute": (lambda v: v.get_attr("no_such_attr"), True, AttributeError),
+    "step before reset": (lambda v: v.step(np.array([0, 1])), False, gymnasium.error.ResetNeeded),
+    "float actions for Discrete": (lambda v: v.step(np.array([0.0, 1.0])), True, AssertionError),
+}
+
+
+@pytest.mark.parametrize(
+    ("misuse", "reset", "error"), list(ENV_MISUSES.values()), ids=list(ENV_MISUSES)
+)
+def test_env_errors_are_also_of_the_envs_own_type(
+    backend: str, misuse: Misuse, reset: bool, error: type[BaseException]
+) -> None:
+    """An ``except`` written for Gymnasium (which re-raises the env's exception type) catches
+    envfleet's ``EnvError`` too: it is an instance of both."""
+    with closing(AsyncVectorEnv([CARTPOLE] * 2, context="fork")) as venv:
+        if reset:
+            venv.reset(seed=0)
+        with pytest.raises(error):
+            misuse(venv)
+    with envfleet.make([CARTPOLE] * 2, backend=backend) as pool:
+        if reset:
+            pool.reset(seed=0)
+        with pytest.raises(error) as raised:
+            misuse(pool)
+    assert isinstance(raised.value, envfleet.EnvError)
+    assert type(raised.value.__cause__) is error
+    assert raised.value.env_index in (0, 1)
+    with pytest.raises(TypeError):  # a factory that raises when the pool builds its envs
+        AsyncVectorEnv([functools.partial(gymnasium.make, "CartPole-v1", nope=1)] * 2)
+    with pytest.raises(TypeError) as made:
+        envfleet.make([functools.partial(gymnasium.make, "CartPole-v1", nope=1)] * 2)
+    assert isinstance(made.value, envfleet.EnvError)
+    assert made.value.phase is envfleet.Phase.MAKE
+
+
 @pytest.mark.parametrize("misuse", list(CLOSED.values()), ids=list(CLOSED))
 def test_use_after_close_is_closed_environment_error(backend: str, misuse: Misuse) -> None:
     pool = envfleet.make([CARTPOLE] * 2, backend=backend)

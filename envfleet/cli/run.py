@@ -231,6 +231,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 max_restarts=args.max_restarts,
                 address=args.address,
             )
+        except envfleet.EnvError:  # the env failed (of its own exception type too): not usage
+            raise
         except (ValueError, TypeError) as exc:  # envfleet.make's checks on its arguments
             raise UsageError(str(exc)) from exc
         with pool:

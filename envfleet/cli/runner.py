@@ -248,6 +248,8 @@ class RunLoop:
             actions = self._act(observations)
             try:
                 next_observations, rewards, terminations, truncations, _ = pool.step(actions)
+            except envfleet.EnvError:  # an env's failure (of its own exception type too)
+                raise
             except (ValueError, TypeError) as exc:  # the pool checks actions before stepping
                 raise self._bad_actions(exc) from exc
             if self.recorder is not None:
@@ -279,6 +281,8 @@ class RunLoop:
             actions = self._act(observations)
             try:
                 pool.send(actions, env_ids)
+            except envfleet.EnvError:  # an env's failure (of its own exception type too)
+                raise
             except (ValueError, TypeError) as exc:
                 raise self._bad_actions(exc) from exc
             if self.recorder is not None:
