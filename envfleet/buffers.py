@@ -125,7 +125,11 @@ def make_reader(space: spaces.Space[Any], batch: Any) -> Reader:
 @make_reader.register(spaces.MultiDiscrete)
 @make_reader.register(spaces.MultiBinary)
 def _read_array(space: spaces.Space[Any], batch: Any) -> Reader:
-    return batch.__getitem__  # type: ignore[no-any-return]
+    if isinstance(batch, ObjectRows) or batch.ndim == 1:  # a scalar per env: a copy already
+        return batch.__getitem__  # type: ignore[no-any-return]
+    # A copy of the row, not a view: an env that keeps its action (to penalise the next one's
+    # change, say) must not see the next step's actions written over it.
+    return lambda i: batch[i].copy()
 
 
 @make_reader.register(spaces.Dict)

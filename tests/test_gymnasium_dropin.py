@@ -22,6 +22,7 @@ import pytest
 from gymnasium import spaces
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+from gymnasium.vector.utils import batch_space
 
 import envfleet
 from tests.test_equivalence import MODES, assert_same
@@ -261,6 +262,53 @@ def test_discrete_actions_reach_the_env_as_numpy_integers(
         assert_same(expected, pool.get_attr("last"))
         first = expected[0]["k"] if isinstance(space, spaces.Dict) else expected[0]
         assert type(first) is np.int64  # the oracle's own type, so this test can fail
+
+
+class SmoothAction(gymnasium.Env[np.ndarray, np.ndarray]):
+    """Penalises the change of action: keeps the previous action as it was handed (no copy)."""
+
+    def __init__(self, action_space: spaces.Space[Any]) -> None:
+        self.action_space = action_space
+        self.observation_space = spaces.Box(-10.0, 10.0, shape=(2,), dtype=np.float32)
+        self.previous: Any = None
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.previous = None
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        change = 0.0 if self.previous is None else np.abs(action - self.previous).sum()
+        self.previous = action
+        return np.asarray(action, np.float32), -float(change), False, False, {}
+
+
+@pytest.mark.parametrize(
+    "space",
+    [spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32), spaces.MultiDiscrete([3, 3])],
+    ids=["Box", "MultiDiscrete"],
+)
+def test_an_action_the_env_keeps_is_not_overwritten_by_the_next(
+    backend: str, space: spaces.Space[Any]
+) -> None:
+    """Each env gets its own action, as ``SyncVectorEnv`` hands it a row of the caller's batch:
+    not a view of the pool's action memory, which the next step overwrites."""
+    space.seed(0)
+    batch = batch_space(space, 3)
+    actions = [batch.sample() for _ in range(4)]
+    factory = functools.partial(SmoothAction, space)
+    with (
+        closing(SyncVectorEnv([factory] * 3)) as sync,
+        envfleet.make(factory, 3, backend=backend, num_workers=2) as pool,
+    ):
+        sync.reset(seed=0)
+        pool.reset(seed=0)
+        for action in actions:
+            want, got = sync.step(action), pool.step(action)
+            assert_same(want, got)
+        assert want[1].any()  # the penalty is not 0: the oracle really saw a change
 
 
 def test_actions_outside_the_space_reach_the_env_unless_check_actions(backend: str) -> None:
