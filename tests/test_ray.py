@@ -509,20 +509,25 @@ def test_actors_run_on_the_cpus_given(ray_session: None, path: str) -> None:
 def test_env_fns_match_sync_vector_env_and_registered_ids_build(
     ray_session: None, path: str
 ) -> None:
-    """Heterogeneous ``env_fns`` (float64 actions) give ``SyncVectorEnv``'s results, and an id
-    registered only in this process builds in the actors (their registry lacks it)."""
-    mode = AutoresetMode.SAME_STEP
+    """Heterogeneous ``env_fns`` (float64 actions) give ``SyncVectorEnv``'s results in every
+    autoreset mode, sync and async, and an id registered only in this process builds in the
+    actors (their registry lacks it)."""
     env_fns = dropin.HETERO["Pendulum"]
-    with envfleet.make(
-        env_fns,
-        backend="ray",
-        num_workers=2,
-        autoreset_mode=mode,
-        ray_shared_memory=path == "socket",
-    ) as pool:
-        got = list(dropin.sync_drive(pool, env_fns, mode))
-    for (what, want), (_, result) in zip(dropin.reference("Pendulum", mode), got, strict=True):
-        assert_same(want, result, f"ray/{path} {what}")
+    for mode in AutoresetMode:
+        with envfleet.make(
+            env_fns,
+            backend="ray",
+            num_workers=2,
+            autoreset_mode=mode,
+            ray_shared_memory=path == "socket",
+        ) as pool:
+            got = list(dropin.sync_drive(pool, env_fns, mode))
+        expected = dropin.reference("Pendulum", mode)
+        assert len(got) == len(expected)
+        for (what, want), (_, result) in zip(expected, got, strict=True):
+            assert_same(want, result, f"ray/{path}/{mode.name} {what}")
+        if path == "socket":  # async batches: each env's own results are SyncVectorEnv's
+            dropin.test_env_fns_async_batches_match_sync_vector_env_per_env(mode, ("ray", 2))
     env_id = "envfleet-test/RayRegistered-v0"
     gymnasium.register(env_id, entry_point="tests.envs:DictTupleEnv", kwargs={"max_steps": 4})
     try:
