@@ -133,6 +133,11 @@ def _check_items(
         raise ActionKeyError(
             f"actions do not form a batch of {len(env_ids)} for action space {space}: no key {exc}"
         ) from exc
+    except IndexError as exc:  # a Tuple batch without one of its parts: so does Gymnasium's
+        raise IndexError(
+            f"actions do not form a batch of {len(env_ids)} for action space {space}: "
+            f"a part is missing ({exc})"
+        ) from exc
     except Exception as exc:
         raise ValueError(
             f"actions do not form a batch of {len(env_ids)} for action space {space}: {exc}"

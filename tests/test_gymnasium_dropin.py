@@ -425,21 +425,37 @@ DICT_MISUSES: dict[str, tuple[Misuse, type[BaseException]]] = {
     ),
     "scalar": (lambda v: v.step(0), TypeError),
 }
+TUPLE_ACTIONS = functools.partial(
+    KeepAction, spaces.Tuple((spaces.Discrete(2), spaces.Box(-1, 1, (2,), np.float32)))
+)
+TUPLE_MISUSES: dict[str, tuple[Misuse, type[BaseException]]] = {
+    "missing part": (lambda v: v.step((np.array([0, 1]),)), IndexError),
+    "too many": (lambda v: v.step((np.array([0, 1, 1]), np.zeros((3, 2), np.float32))), ValueError),
+    "scalar": (lambda v: v.step(1), TypeError),
+}
 
 
-@pytest.mark.parametrize(("misuse", "error"), list(DICT_MISUSES.values()), ids=list(DICT_MISUSES))
-def test_dict_action_misuse_raises_what_gymnasium_raises(
-    misuse: Misuse, error: type[BaseException]
+COMPOSITE_MISUSES = {
+    **{f"Dict, {name}": (DICT_ACTIONS, *case) for name, case in DICT_MISUSES.items()},
+    **{f"Tuple, {name}": (TUPLE_ACTIONS, *case) for name, case in TUPLE_MISUSES.items()},
+}
+
+
+@pytest.mark.parametrize(
+    ("factory", "misuse", "error"), list(COMPOSITE_MISUSES.values()), ids=list(COMPOSITE_MISUSES)
+)
+def test_composite_action_misuse_raises_what_gymnasium_raises(
+    factory: Callable[[], gymnasium.Env[Any, Any]], misuse: Misuse, error: type[BaseException]
 ) -> None:
-    with closing(AsyncVectorEnv([DICT_ACTIONS] * 2, context="fork")) as venv:
+    with closing(AsyncVectorEnv([factory] * 2, context="fork")) as venv:
         venv.reset(seed=0)
         with pytest.raises(error):
             misuse(venv)
-    with envfleet.make([DICT_ACTIONS] * 2, backend="serial") as pool:
+    with envfleet.make([factory] * 2, backend="serial") as pool:
         pool.reset(seed=0)
         with pytest.raises(error):
             misuse(pool)
-        pool.step({"k": np.array([0, 1]), "x": np.zeros((2, 2), np.float32)})
+        pool.step(pool.action_space.sample())  # refused before anything was sent
 
 
 ENV_MISUSES: dict[str, tuple[Misuse, bool, type[BaseException]]] = {
