@@ -177,14 +177,14 @@ class EnvSpec:
         env: Any
         if isinstance(self.target, str) and self.legacy_gym:
             env = as_gymnasium(_legacy_gym_make(self.target, self.kwargs))
+        elif isinstance(self.target, str) and self.registered is not None:
+            # The entry as resolved in the caller's process, whatever this process's registry
+            # holds: a spawned worker or a Ray actor may lack the id, or have another entry for
+            # it (one the caller registered over a built-in id).
+            env = _make_registered(self.target, self.registered, self.kwargs)
         elif isinstance(self.target, str):
             _register_for(self.target)
-            if self.target in gymnasium.registry or self.registered is None:
-                env = gymnasium.make(self.target, **self.kwargs)
-            else:
-                # Registered in the caller's process only (a spawned worker, a Ray actor): the
-                # entry carried from there builds it.
-                env = _make_registered(self.target, self.registered, self.kwargs)
+            env = gymnasium.make(self.target, **self.kwargs)
         else:
             env = self.target(**self.kwargs)
             if not isinstance(env, gymnasium.Env):

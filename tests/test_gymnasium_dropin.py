@@ -611,6 +611,38 @@ def test_an_id_registered_in_the_caller_builds_in_fresh_workers(
         assert pool.get_attr("max_steps") == (4, 4)
 
 
+@pytest.fixture
+def overridden_cartpole() -> Iterator[str]:
+    """``CartPole-v1`` registered anew in this process (other kwargs and time limit), as a user
+    may do over a built-in id; a fresh worker's registry still has the built-in entry."""
+    original = gymnasium.registry["CartPole-v1"]
+    with pytest.warns(UserWarning, match="Overriding"):
+        gymnasium.register(
+            "CartPole-v1",
+            entry_point=original.entry_point,
+            max_episode_steps=7,
+            kwargs={"sutton_barto_reward": True},
+        )
+    yield "CartPole-v1"
+    gymnasium.registry["CartPole-v1"] = original
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_the_callers_entry_wins_over_a_fresh_workers_registry(
+    overridden_cartpole: str, context: str
+) -> None:
+    with (
+        envfleet.make(overridden_cartpole, 2, num_workers=2, context=context) as pool,
+        closing(
+            SyncVectorEnv([functools.partial(gymnasium.make, overridden_cartpole)] * 2)
+        ) as sync,
+    ):
+        assert pool.get_attr("_sutton_barto_reward") == (True, True)
+        assert_same(sync.reset(seed=2), pool.reset(seed=2))
+        for _ in range(8):  # past the caller's time limit of 7 steps
+            assert_same(sync.step(np.array([0, 1])), pool.step(np.array([0, 1])))
+
+
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])
 def test_env_fns_closures_under_fresh_start_methods(context: str) -> None:
     """Lambdas closing over a loop variable, as ``[make_env(i) for i in ...]`` code has them."""
