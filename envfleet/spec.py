@@ -231,10 +231,12 @@ def _make_registered(env_id: str, registered: Any, kwargs: Mapping[str, Any]) ->
         return gymnasium.make(registered, **kwargs)
     except ImportError as exc:
         raise ImportError(
-            f"{env_id!r} was registered in the process that made the pool, and its entry point "
-            f"{registered.entry_point!r} cannot be imported here ({exc}); pass the id as "
-            f"'module:{env_id}' with the module that registers it, or use a start method "
-            "that inherits the registry (context='fork')"
+            f"{env_id!r} is registered in the process that made the pool with the entry point "
+            f"{registered.entry_point!r}, which cannot be imported in this worker ({exc}). "
+            "Make its module importable there (an installed package, or its folder on "
+            "PYTHONPATH; with Ray, ray_init_kwargs={'runtime_env': {'py_modules': [...]}}), "
+            "pass an env class or factory instead of the id, or use backend='process' with "
+            "context='fork', whose workers inherit this process's modules"
         ) from exc
 
 

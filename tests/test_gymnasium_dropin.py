@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import functools
+import sys
+import types
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from typing import Any
@@ -641,6 +643,32 @@ def test_the_callers_entry_wins_over_a_fresh_workers_registry(
         assert_same(sync.reset(seed=2), pool.reset(seed=2))
         for _ in range(8):  # past the caller's time limit of 7 steps
             assert_same(sync.step(np.array([0, 1])), pool.step(np.array([0, 1])))
+
+
+def test_an_entry_point_a_fresh_worker_cannot_import_says_why_and_what_to_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The id's entry point lives in a module that only this process has (made at run time):
+    a spawned worker cannot import it, and the error says so, naming the remedies."""
+    module = types.ModuleType("envfleet_test_only_here")
+    module.Env = BadObservationEnv  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    env_id = "envfleet-test/OnlyHere-v0"
+    gymnasium.register(
+        env_id, entry_point=f"{module.__name__}:Env", kwargs={"bad": False, "observation": None}
+    )
+    try:
+        with envfleet.make(env_id, 2, backend="serial") as pool:  # this process can build it
+            pool.reset(seed=0)
+        with pytest.raises(ImportError) as raised:
+            envfleet.make(env_id, 2, num_workers=2, context="spawn")
+    finally:
+        gymnasium.registry.pop(env_id, None)
+    error = raised.value
+    assert isinstance(error, envfleet.EnvError) and error.phase is envfleet.Phase.MAKE
+    message = str(error.__cause__)
+    assert f"'{module.__name__}:Env', which cannot be imported in this worker" in message
+    assert "PYTHONPATH" in message and "context='fork'" in message and "py_modules" in message
 
 
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])
