@@ -522,6 +522,8 @@ def test_incompatible_spaces_raise_runtime_error_naming_the_env(backend: str, ot
         second = functools.partial(ActionEcho, "float32")
     with pytest.raises(RuntimeError):
         SyncVectorEnv([first, second])
+    with pytest.raises(RuntimeError):  # AsyncVectorEnv's _check_spaces
+        AsyncVectorEnv([first, second], context="fork")
     with pytest.raises(RuntimeError, match=rf"env 1 .*has {other} space") as raised:
         envfleet.make([first, second], backend=backend, num_workers=2)
     assert isinstance(raised.value, envfleet.EnvError)
