@@ -141,9 +141,8 @@ class EnvSpec:
 
     @classmethod
     def of_envs(cls, specs: tuple[EnvSpec, ...]) -> EnvSpec:
-        """One recipe per env: env ``i`` is built by ``specs[i]``."""
-        if len(specs) == 1:
-            return specs[0]
+        """One recipe per env: env ``i`` is built by ``specs[i]`` (one spec is one env too, as
+        ``AsyncVectorEnv([make_env])`` is)."""
         first = specs[0]
         return dataclasses.replace(first, per_env=specs)
 

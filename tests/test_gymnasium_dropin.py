@@ -537,6 +537,16 @@ def test_num_envs_must_match_the_env_fns() -> None:
         envfleet.make([CARTPOLE] * 2, backend="serial", env_kwargs=[{}, {}, {}])
     with pytest.raises(TypeError, match="needs num_envs"):
         envfleet.make("CartPole-v1", backend="serial")
+    # One factory in a list is one env, as AsyncVectorEnv([make_env]) is (--num-envs 1).
+    with pytest.raises(ValueError, match=r"num_envs=2 but 1 envs were given"):
+        envfleet.make([CARTPOLE], 2, backend="serial")
+    with pytest.raises(ValueError, match=r"num_envs=2 but 1 envs were given"):
+        envfleet.make("CartPole-v1", 2, backend="serial", env_kwargs=[{}])
+    for one in ([CARTPOLE], ["CartPole-v1"]):
+        with envfleet.make(one, backend="serial") as pool:
+            assert pool.num_envs == 1
+    with envfleet.make("Pendulum-v1", backend="serial", env_kwargs=[{"g": 3.0}]) as pool:
+        assert pool.get_attr("g") == (3.0,)
 
 
 def test_ids_and_per_env_kwargs(backend: str) -> None:
