@@ -249,14 +249,21 @@ class Pool(VectorEnv):  # type: ignore[misc]
             )
         self._call_all([SetAttr(name, {i: values[i] for i in ids}) for ids in self._assignment])
 
-    def close(self, timeout: float = DEFAULT_CLOSE_TIMEOUT, **kwargs: Any) -> None:
+    def close(self, timeout: float | None = DEFAULT_CLOSE_TIMEOUT, **kwargs: Any) -> None:
         """Stop every worker and free every resource. Idempotent; safe after any error.
 
         Args:
             timeout: seconds to let envs close cleanly before their workers are terminated.
+                ``None`` (Gymnasium's ``close(timeout=None)``, no limit) is the default
+                bound: a close never waits without one. Other keywords of Gymnasium's
+                ``close`` (``terminate``) are accepted and ignored.
         """
         if self.closed:
             return
+        if timeout is None:
+            timeout = DEFAULT_CLOSE_TIMEOUT
+        elif isinstance(timeout, bool) or not isinstance(timeout, int | float | np.number):
+            raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
         self.closed = True
         self._transport.close(timeout)
 

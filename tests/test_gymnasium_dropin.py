@@ -512,6 +512,20 @@ def test_use_after_close_is_closed_environment_error(backend: str, misuse: Misus
         misuse(venv)
 
 
+def test_close_takes_gymnasiums_arguments(backend: str) -> None:
+    """``close(timeout=None, terminate=True)`` as written for AsyncVectorEnv: the pool closes
+    (within its own bound; the leak check after each test sees no worker left)."""
+    pool = envfleet.make([CARTPOLE] * 2, backend=backend)
+    pool.reset(seed=0)
+    with pytest.raises(TypeError, match="timeout must be"):
+        pool.close(timeout="soon")  # type: ignore[arg-type]
+    assert not pool.closed  # refused before anything was stopped
+    pool.close(timeout=None, terminate=True)
+    assert pool.closed
+    with pytest.raises(ClosedEnvironmentError):
+        pool.step(np.array([0, 1]))
+
+
 @pytest.mark.parametrize("other", ["observation", "action"])
 def test_incompatible_spaces_raise_runtime_error_naming_the_env(backend: str, other: str) -> None:
     """Gymnasium raises RuntimeError; envfleet's EnvError is one, naming the env and space."""
