@@ -150,6 +150,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
         # Serialises a command before anything changes (a transport that pickles has one), so
         # that a command the caller's data cannot travel in fails with the pool as it was.
         self._prepare: Callable[[int, Command], None] | None = getattr(transport, "prepare", None)
+        # Gymnasium's step_async/reset_async in flight: "step", or the reset's arguments.
+        self._gymnasium_call: str | tuple[Any, Any] | None = None
 
     @property
     def on_error(self) -> OnError:
@@ -318,6 +320,84 @@ class Pool(VectorEnv):  # type: ignore[misc]
         """How many times each env has been restarted (``on_error="restart"``)."""
         restarts: np.ndarray = self._recovery.restarts.copy()
         return restarts
+
+    # -- Gymnasium's AsyncVectorEnv API ----------------------------------------------------------
+
+    def step_async(self, actions: Any) -> None:
+        """``AsyncVectorEnv.step_async``: start stepping every env; :meth:`step_wait` returns
+        the results. Code written for Gymnasium runs unchanged (prefer :meth:`send`/:meth:`recv`,
+        which also return the first ``batch_size`` envs ready).
+
+        Raises:
+            AlreadyPendingError: a ``step_async`` or ``reset_async`` is still pending (a
+                ``gymnasium.error.AlreadyPendingCallError``).
+        """
+        self._check_usable()
+        if self._gymnasium_call is not None:
+            raise AlreadyPendingError(
+                "step_async() while a step_async or reset_async is pending: call step_wait() "
+                "or reset_wait() first",
+                name="step_async",
+            )
+        self.send(actions)
+        self._gymnasium_call = "step"
+
+    def step_wait(
+        self, timeout: float | None = None
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """``AsyncVectorEnv.step_wait``: the results of :meth:`step_async`, as :meth:`step`
+        returns them. ``timeout`` is accepted for Gymnasium's signature; the pool's waits are
+        bounded by ``step_timeout``.
+
+        Raises:
+            NoPendingError: no ``step_async`` is pending (a ``gymnasium.error.NoAsyncCallError``).
+        """
+        self._check_usable()
+        if self._gymnasium_call != "step":
+            raise NoPendingError(
+                "step_wait() with no step_async() pending: call step_async(actions) first",
+                name="step_wait",
+            )
+        self._gymnasium_call = None
+        self._collect(self._all_ids)
+        return self._results(self._all_ids, with_env_id=False)
+
+    def reset_async(
+        self,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        """``AsyncVectorEnv.reset_async``: :meth:`reset_wait` resets the envs as
+        :meth:`reset` does and returns what it returns (the reset starts there).
+
+        Raises:
+            AlreadyPendingError: a ``step_async`` or ``reset_async`` is still pending.
+        """
+        self._check_usable()
+        if self._gymnasium_call is not None:
+            raise AlreadyPendingError(
+                "reset_async() while a step_async or reset_async is pending: call step_wait() "
+                "or reset_wait() first",
+                name="reset_async",
+            )
+        self._gymnasium_call = (seed, options)
+
+    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
+        """``AsyncVectorEnv.reset_wait``: the reset that :meth:`reset_async` asked for.
+
+        Raises:
+            NoPendingError: no ``reset_async`` is pending (a ``gymnasium.error.NoAsyncCallError``).
+        """
+        self._check_usable()
+        call = self._gymnasium_call
+        if not isinstance(call, tuple):
+            raise NoPendingError(
+                "reset_wait() with no reset_async() pending: call reset_async() first",
+                name="reset_wait",
+            )
+        self._gymnasium_call = None
+        seed, options = call
+        return self.reset(seed=seed, options=options)
 
     # -- async API (EnvPool style) -------------------------------------------------------------
 

@@ -512,6 +512,56 @@ def test_use_after_close_is_closed_environment_error(backend: str, misuse: Misus
         misuse(venv)
 
 
+def async_vector_env_calls(venv: Any) -> list[Any]:
+    """Gymnasium's step_async/step_wait and reset_async/reset_wait, as code written for
+    ``AsyncVectorEnv`` calls them."""
+    venv.reset_async(seed=4)
+    results: list[Any] = [venv.reset_wait()]
+    for t in range(12):
+        venv.step_async(np.array([t % 2, 1, 0]))
+        results.append(venv.step_wait())
+    venv.reset_async(options={"reset_mask": np.array([False, True, False])})
+    results.append(venv.reset_wait(timeout=5.0))
+    return results
+
+
+ASYNC_MISUSES: dict[str, Misuse] = {
+    "step_wait first": lambda v: v.step_wait(),
+    "reset_wait first": lambda v: v.reset_wait(),
+    "step_async twice": lambda v: (v.step_async(np.zeros(3, np.int64)), v.step_async([0, 0, 0])),
+    "step_wait after reset_async": lambda v: (v.reset_async(), v.step_wait()),
+    "reset_async after step_async": lambda v: (
+        v.step_async(np.zeros(3, np.int64)),
+        v.reset_async(),
+    ),
+}
+ASYNC_ERRORS = {
+    "step_wait first": NoAsyncCallError,
+    "reset_wait first": NoAsyncCallError,
+    "step_async twice": AlreadyPendingCallError,
+    "step_wait after reset_async": NoAsyncCallError,
+    "reset_async after step_async": AlreadyPendingCallError,
+}
+
+
+def test_step_async_and_step_wait_are_async_vector_envs(backend: str) -> None:
+    env_fns = CARTPOLE_FNS[:3]  # episodes of 8, 5 and 11 steps: autoresets within the run
+    with closing(AsyncVectorEnv(env_fns, context="fork")) as venv:
+        want = async_vector_env_calls(venv)
+    with envfleet.make(env_fns, backend=backend) as pool:
+        assert_same(want, async_vector_env_calls(pool))
+    for name, misuse in ASYNC_MISUSES.items():
+        # A fresh one each: a misuse can leave AsyncVectorEnv waiting.
+        with closing(AsyncVectorEnv(env_fns, context="fork")) as venv:
+            venv.reset(seed=0)
+            with pytest.raises(ASYNC_ERRORS[name]):
+                misuse(venv)
+        with envfleet.make(env_fns, backend=backend) as pool:
+            pool.reset(seed=0)
+            with pytest.raises(ASYNC_ERRORS[name]):
+                misuse(pool)
+
+
 def test_close_takes_gymnasiums_arguments(backend: str) -> None:
     """``close(timeout=None, terminate=True)`` as written for AsyncVectorEnv: the pool closes
     (within its own bound; the leak check after each test sees no worker left)."""
