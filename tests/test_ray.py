@@ -178,6 +178,26 @@ def test_pool_with_no_ray_running_starts_a_private_one_and_shuts_it_down(
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+@pytest.mark.parametrize("init_kwargs", [{}, {"address": None}], ids=["none", "address None"])
+def test_no_address_asks_ray_for_a_local_one(
+    monkeypatch: pytest.MonkeyPatch, init_kwargs: dict[str, Any]
+) -> None:
+    """What ``ray.init`` is asked when no address is given (``ray_init_kwargs`` with
+    ``address=None`` too): ``"local"``, which Ray never reads as ``RAY_ADDRESS`` or its record of
+    the last cluster started on the machine, as it does a bare ``ray.init()``."""
+    from envfleet.backends import ray as ray_backend
+
+    asked: list[dict[str, Any]] = []
+    monkeypatch.setattr(ray_backend.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_backend.ray, "init", lambda **kw: asked.append(kw))
+    monkeypatch.setattr(ray_backend, "_session_id", lambda: "fake")
+    monkeypatch.setattr(ray_backend, "_start_reaper", lambda: None)
+    monkeypatch.setattr(ray_backend, "_session", None)
+    monkeypatch.setattr(ray_backend, "_users", 0)
+    assert ray_backend._connect(None, dict(init_kwargs)) is True
+    assert [kw["address"] for kw in asked] == ["local"]
+
+
 def test_pool_leaves_a_ray_it_joined_running(ray_session: None) -> None:
     with make_ray("CartPole-v1", seed=0) as pool:
         assert len(envfleet_actor_pids()) == NUM_WORKERS

@@ -153,7 +153,8 @@ def _connect(address: str | None, init_kwargs: dict[str, Any]) -> bool:
         # No address: a private local Ray. A bare ray.init() would join whatever cluster was
         # last started on this machine (RAY_ADDRESS, or Ray's record of its latest cluster),
         # whose workers may run another Python than this one.
-        kwargs.setdefault("address", "local")
+        if kwargs.get("address") is None:  # ray_init_kwargs={"address": None} included
+            kwargs["address"] = "local"
         if not str(kwargs.get("address") or "").startswith("ray://"):  # Ray Client takes few
             kwargs = {"include_dashboard": False, "log_to_driver": False, **kwargs}
         ray.init(**kwargs)
