@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import inspect
 import io
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -301,9 +302,14 @@ def _in_legacy_gym_registry(env_id: str) -> bool:
     return True
 
 
+_ATARI_ID = re.compile(r"^(ALE/|[A-Z][A-Za-z]*(-ram)?(Deterministic|NoFrameskip)?-v[04]$)")
+"""``ALE/...`` ids, and ids shaped as the old Atari ones (``Pong-v0``, ``PongNoFrameskip-v4``,
+``Pong-ramDeterministic-v4``) that ale-py registers too."""
+
+
 def _extra_hint(env_id: str) -> str:
     """Which ``pip install 'envfleet[...]'`` may provide an id that is not registered."""
-    if env_id.startswith("ALE/") and importlib.util.find_spec("ale_py") is None:
+    if _ATARI_ID.match(env_id) and importlib.util.find_spec("ale_py") is None:
         return "; Atari ids need ale-py: pip install 'envfleet[atari]'"
     if importlib.util.find_spec("gym") is None:
         return "; ids of the legacy gym registry need: pip install 'envfleet[legacy]'"

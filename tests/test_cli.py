@@ -582,7 +582,14 @@ def test_the_library_needs_none_of_the_cli_extra() -> None:
     assert result.stdout.strip() == "[]"
 
 
-def test_an_atari_id_without_ale_py_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "env_id", ["ALE/NoSuchGame-v5", "NoSuchGame-v0", "NoSuchGameNoFrameskip-v4"]
+)
+def test_an_atari_id_without_ale_py_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, env_id: str
+) -> None:
+    """``ALE/...`` ids and the old Atari ids (``Pong-v0``, ``PongNoFrameskip-v4``), which ale-py
+    registers too, as the README's extras table says."""
     import importlib.util
 
     find_spec = importlib.util.find_spec
@@ -592,7 +599,11 @@ def test_an_atari_id_without_ale_py_says_what_to_install(monkeypatch: pytest.Mon
     with pytest.raises(
         ValueError, match=r"Atari ids need ale-py: pip install 'envfleet\[atari\]'$"
     ):
-        envfleet.EnvSpec.from_user("ALE/NoSuchGame-v5")
+        envfleet.EnvSpec.from_user(env_id)
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    with pytest.raises(ValueError) as error:  # with ale-py: a plain unknown id
+        envfleet.EnvSpec.from_user(env_id)
+    assert "ale-py" not in str(error.value)
 
 
 def test_run_keeps_banners_off_the_screen_and_shows_other_output_after() -> None:
