@@ -543,6 +543,13 @@ def test_python_m_envfleet_imports_the_users_module_from_the_current_directory(
     assert summary["length_mean"] <= 5  # the user's registration, not CartPole-v1's
 
 
+def test_an_unknown_id_points_to_import(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_cli(capsys, "run", "MySim-v0")
+    assert status == 2
+    assert err.startswith("envfleet: error: unknown environment id 'MySim-v0'")
+    assert err.endswith(" (registered by a module of yours? --import MODULE, or MODULE:MySim-v0)\n")
+
+
 def test_import_of_a_missing_module_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run_cli(capsys, "run", ENV, "--import", "no_such_sim_module")
     assert status == 2
