@@ -40,7 +40,7 @@ from envfleet.spec import EnvSpec
 
 DEFAULT_BENCH_NUM_ENVS = (8, 32, 64)
 DEFAULT_BENCH_OUT = Path("envfleet-bench")
-DEFAULT_BENCH_SECONDS = 0.5
+DEFAULT_BENCH_SECONDS = 0.3
 DEFAULT_STARTUP_LIMIT = 10.0
 """Seconds a runner may take to start (SB3's SubprocVecEnv starts one process per env, each
 importing its libraries: minutes for 64 envs on 2 cores); one slower is skipped, and not
