@@ -15,6 +15,7 @@ import pytest
 
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
+from envfleet.spec import EnvSpec
 from tests.test_cli import ENV, run_cli, run_subprocess
 
 TINY = ["--seconds", "0.2", "--repeats", "1"]
@@ -123,6 +124,26 @@ def test_bench_runner_failure_exits_1_after_writing_results(
         (point,) = document["runners"][name]["results"]
         assert "boom at step 7" in point["error"]
     check_png(tmp_path / "bench.png")
+
+
+def test_a_peer_that_is_not_installed_names_its_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tomllib
+
+    missing = benchmark.RunnerKind(
+        "missing", "", benchmark.open_loop, "envfleet_no_such_peer", extra="peers"
+    )
+    monkeypatch.setitem(benchmark.RUNNERS, "missing", missing)
+    spec = EnvSpec.from_user(ENV)
+    assert benchmark.availability("missing", spec).reason == (
+        "envfleet_no_such_peer is not installed: pip install 'envfleet[peers]'"
+    )
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    for kind in benchmark.RUNNERS.values():  # every peer names the extra that installs it
+        if kind.module is not None and kind.name != "missing":
+            assert kind.extra in extras, kind.name
+            root = kind.module.split(".")[0]
+            assert any(d.replace("-", "_").startswith(root) for d in extras[kind.extra]), kind.name
 
 
 @pytest.mark.parametrize(
