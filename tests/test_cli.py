@@ -647,6 +647,20 @@ def test_known_banners_are_dropped_and_the_rest_kept() -> None:
     )
 
 
+def test_the_ray_backend_without_ray_says_what_to_install() -> None:
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import envfleet\n"
+        "envfleet.make('CartPole-v1', 2, backend='ray')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "ImportError: backend='ray' needs Ray: pip install 'envfleet[ray]'"
+
+
 def test_the_benchmark_engine_without_rich_says_what_to_install() -> None:
     code = (
         "import importlib.util, sys\n"
