@@ -125,7 +125,7 @@ class EnvSpec:
                 gymnasium.spec(env)  # raises with Gymnasium's did-you-mean suggestions
             except gymnasium.error.Error as exc:
                 raise ValueError(
-                    f"unknown environment id {env!r}: {exc}{_extra_hint(env)}"
+                    f"unknown environment id {env!r}: {exc}{_extra_hint(env)}{_module_hint(env)}"
                 ) from exc
             return cls(env, kwargs)
         if isinstance(env, gymnasium.Env) or is_legacy_env(env):
@@ -313,6 +313,18 @@ def _extra_hint(env_id: str) -> str:
         return "; Atari ids need ale-py: pip install 'envfleet[atari]'"
     if importlib.util.find_spec("gym") is None:
         return "; ids of the legacy gym registry need: pip install 'envfleet[legacy]'"
+    return ""
+
+
+def _module_hint(env_id: str) -> str:
+    """Why the module of a ``"module:Env-v0"`` id did not import, if it did not."""
+    module_name, sep, _ = env_id.rpartition(":")
+    if not sep:
+        return ""
+    try:
+        importlib.import_module(module_name)
+    except ImportError as exc:
+        return f"; importing {module_name!r} failed: {exc}"
     return ""
 
 

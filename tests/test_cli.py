@@ -550,6 +550,15 @@ def test_an_unknown_id_points_to_import(capsys: pytest.CaptureFixture[str]) -> N
     assert err.endswith(" (registered by a module of yours? --import MODULE, or MODULE:MySim-v0)\n")
 
 
+def test_an_id_whose_module_is_missing_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_cli(capsys, "run", "no_such_sim_module:MySim-v0")
+    assert status == 2
+    assert err.startswith("envfleet: error: unknown environment id 'no_such_sim_module:MySim-v0'")
+    assert err.endswith(
+        "; importing 'no_such_sim_module' failed: No module named 'no_such_sim_module'\n"
+    )
+
+
 def test_import_of_a_missing_module_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run_cli(capsys, "run", ENV, "--import", "no_such_sim_module")
     assert status == 2
