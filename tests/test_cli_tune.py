@@ -108,12 +108,13 @@ def test_tune_layouts_hold_the_budget() -> None:
 def test_tune_uses_the_budget_when_a_start_up_took_longer_than_planned(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Pools that take 0.3 s to start and close, then 0.7 s: after two layouts about 0.6 s of a
-    3 s budget is left, less than the 0.7 s start-up plus a window. Stopping there would leave
-    a fifth of the budget unused; timing a third layout overruns it by less, so it is timed."""
+    """Pools that take 0.2 s to start and close, then 0.6 s: after two layouts about 0.64 s of a
+    3 s budget is left, less than the slowest start-up (0.6 s) plus a window. Stopping there
+    would leave a fifth of the budget unused, and a typical start-up (0.4 s) leaves room for a
+    window: a third layout is timed, and the budget holds."""
     from envfleet.cli import tune as cli_tune
 
-    overheads = [0.3, 0.7]
+    overheads = [0.2, 0.6]
     windows: list[float] = []
 
     def time_layout(
@@ -132,7 +133,7 @@ def test_tune_uses_the_budget_when_a_start_up_took_longer_than_planned(
     start = time.perf_counter()
     _, timings = tune_layouts(EnvSpec.from_user(ENV), 8, budget=3.0, cores=2)
     elapsed = time.perf_counter() - start
-    assert len(windows) == 3 and windows[2] == TUNE_MIN_WINDOW
+    assert len(windows) == 3 and windows[2] >= TUNE_MIN_WINDOW
     assert [t.skipped for t in timings[:3]] == [None, None, None]
     assert 3.0 * 0.9 <= elapsed <= 3.0 * 1.1 + 0.5  # the slack is for a loaded machine
 
