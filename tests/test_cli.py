@@ -565,6 +565,22 @@ def test_python_m_envfleet_imports_the_users_module_from_the_current_directory(
     assert summary["length_mean"] <= 5  # the user's registration, not CartPole-v1's
 
 
+def test_an_unknown_id_points_to_import(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_cli(capsys, "run", "MySim-v0")
+    assert status == 2
+    assert err.startswith("envfleet: error: unknown environment id 'MySim-v0'")
+    assert err.endswith(" (registered by a module of yours? --import MODULE, or MODULE:MySim-v0)\n")
+
+
+def test_an_id_whose_module_is_missing_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_cli(capsys, "run", "no_such_sim_module:MySim-v0")
+    assert status == 2
+    assert err.startswith("envfleet: error: unknown environment id 'no_such_sim_module:MySim-v0'")
+    assert err.endswith(
+        "; importing 'no_such_sim_module' failed: No module named 'no_such_sim_module'\n"
+    )
+
+
 def test_import_of_a_missing_module_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run_cli(capsys, "run", ENV, "--import", "no_such_sim_module")
     assert status == 2
@@ -604,7 +620,14 @@ def test_the_library_needs_none_of_the_cli_extra() -> None:
     assert result.stdout.strip() == "[]"
 
 
-def test_an_atari_id_without_ale_py_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "env_id", ["ALE/NoSuchGame-v5", "NoSuchGame-v0", "NoSuchGameNoFrameskip-v4"]
+)
+def test_an_atari_id_without_ale_py_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, env_id: str
+) -> None:
+    """``ALE/...`` ids and the old Atari ids (``Pong-v0``, ``PongNoFrameskip-v4``), which ale-py
+    registers too, as the README's extras table says."""
     import importlib.util
 
     find_spec = importlib.util.find_spec
@@ -614,7 +637,11 @@ def test_an_atari_id_without_ale_py_says_what_to_install(monkeypatch: pytest.Mon
     with pytest.raises(
         ValueError, match=r"Atari ids need ale-py: pip install 'envfleet\[atari\]'$"
     ):
-        envfleet.EnvSpec.from_user("ALE/NoSuchGame-v5")
+        envfleet.EnvSpec.from_user(env_id)
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    with pytest.raises(ValueError) as error:  # with ale-py: a plain unknown id
+        envfleet.EnvSpec.from_user(env_id)
+    assert "ale-py" not in str(error.value)
 
 
 def test_run_keeps_banners_off_the_screen_and_shows_other_output_after() -> None:
@@ -649,6 +676,20 @@ def test_known_banners_are_dropped_and_the_rest_kept() -> None:
         "2026-12-01 03:09:21,000\tERROR worker.py:1 -- a real Ray error\n"
         "UserWarning: my env's own warning\n"
     )
+
+
+def test_the_ray_backend_without_ray_says_what_to_install() -> None:
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import envfleet\n"
+        "envfleet.make('CartPole-v1', 2, backend='ray')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "ImportError: backend='ray' needs Ray: pip install 'envfleet[ray]'"
 
 
 def test_the_benchmark_engine_without_rich_says_what_to_install() -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
+from envfleet.spec import EnvSpec
 from tests.test_cli import ENV, run_cli, run_subprocess
 
 TINY = ["--seconds", "0.2", "--repeats", "1"]
@@ -123,6 +124,26 @@ def test_bench_runner_failure_exits_1_after_writing_results(
         (point,) = document["runners"][name]["results"]
         assert "boom at step 7" in point["error"]
     check_png(tmp_path / "bench.png")
+
+
+def test_a_peer_that_is_not_installed_names_its_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tomllib
+
+    missing = benchmark.RunnerKind(
+        "missing", "", benchmark.open_loop, "envfleet_no_such_peer", extra="peers"
+    )
+    monkeypatch.setitem(benchmark.RUNNERS, "missing", missing)
+    spec = EnvSpec.from_user(ENV)
+    assert benchmark.availability("missing", spec).reason == (
+        "envfleet_no_such_peer is not installed: pip install 'envfleet[peers]'"
+    )
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    for kind in benchmark.RUNNERS.values():  # every peer names the extra that installs it
+        if kind.module is not None and kind.name != "missing":
+            assert kind.extra in extras, kind.name
+            root = kind.module.split(".")[0]
+            assert any(d.replace("-", "_").startswith(root) for d in extras[kind.extra]), kind.name
 
 
 @pytest.mark.parametrize(
@@ -292,6 +313,47 @@ def test_bench_skips_a_contender_slow_to_start_and_reports_start_up_times(
         {"num_envs": 4, "skipped": "start-up over 3 s at 2 envs, skipped"},
     ]
     assert document["timing"]["startup_limit"] == 3
+
+
+OPENED: list[tuple[str, int]] = []
+
+
+def start_up_of(seconds_per_env: float) -> Any:
+    """A contender that reports a start-up of ``seconds_per_env`` per env (without taking it)."""
+
+    def open_runner(workload: benchmark.Workload, timing: benchmark.Timing) -> benchmark.Runner:
+        name = f"per-env-{seconds_per_env:g}"
+        OPENED.append((name, workload.num_envs))
+        setup_s = seconds_per_env * workload.num_envs
+        return benchmark.CallRunner(name, lambda: 1, lambda: None, timing, setup_s=setup_s)
+
+    return open_runner
+
+
+def test_bench_does_not_start_a_contender_whose_start_up_would_be_far_over_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Start-up in proportion to the envs (SB3's one process per env): 4 s for 2 envs makes
+    16 s for 8, far over the 5 s limit: not started at 8 (nor 16); 0.8 s for 2 envs makes 3.2 s
+    for 8, under the limit, and 6.4 s for 16, near it: started at every count."""
+    for per_env in (2.0, 0.4):
+        kind = benchmark.RunnerKind(f"per-env-{per_env:g}", "", start_up_of(per_env))
+        monkeypatch.setitem(benchmark.RUNNERS, kind.name, kind)
+    OPENED.clear()
+    timing = benchmark.Timing(seconds=0.01, warmup=0.0, rewarm=0.0, repeats=1, startup_limit=5)
+    report = benchmark.sweep(ENV, [2, 8, 16], ["per-env-2", "per-env-0.4"], timing)
+    assert OPENED == [("per-env-2", 2), ("per-env-0.4", 2), ("per-env-0.4", 8), ("per-env-0.4", 16)]
+    slow = report.results["per-env-2"]
+    assert isinstance(slow[2], benchmark.RunResult) and slow[2].setup_s == 4.0
+    assert [str(slow[n]) for n in (8, 16)] == [
+        "start-up over 5 s expected (4.0 s at 2 envs), skipped",
+        "start-up over 5 s expected (4.0 s at 2 envs) at 8 envs, skipped",
+    ]
+    assert all(isinstance(r, benchmark.RunResult) for r in report.results["per-env-0.4"].values())
+    assert (
+        "per-env-2: start-up over 5 s expected (4.0 s at 2 envs) at 8 envs; skipped at 8, 16 envs"
+        in (benchmark.report_notes(report))
+    )
 
 
 def test_bench_output_of_envs_goes_to_the_log_not_the_screen(tmp_path: Path) -> None:

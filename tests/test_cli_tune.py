@@ -105,6 +105,39 @@ def test_tune_layouts_hold_the_budget() -> None:
     assert 2.0 * 0.7 <= elapsed <= 2.0 * 1.1 + 2.0
 
 
+def test_tune_uses_the_budget_when_a_start_up_took_longer_than_planned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pools that take 0.2 s to start and close, then 0.6 s: after two layouts about 0.64 s of a
+    3 s budget is left, less than the slowest start-up (0.6 s) plus a window. Stopping there
+    would leave a fifth of the budget unused, and a typical start-up (0.4 s) leaves room for a
+    window: a third layout is timed, and the budget holds."""
+    from envfleet.cli import tune as cli_tune
+
+    overheads = [0.2, 0.6]
+    windows: list[float] = []
+
+    def time_layout(
+        spec: EnvSpec, num_envs: int, layout: Any, seconds: float, *, deadline: float, **_: Any
+    ) -> Any:
+        overhead = overheads[min(len(windows), len(overheads) - 1)]
+        time.sleep(overhead / 2)  # start
+        began = time.perf_counter()
+        time.sleep(max(0.0, min(began + seconds, deadline) - began))
+        stepped = time.perf_counter() - began
+        time.sleep(overhead / 2)  # close
+        windows.append(seconds)
+        return cli_tune.Measurement(1000.0, 10.0, stepped)
+
+    monkeypatch.setattr(cli_tune, "time_layout", time_layout)
+    start = time.perf_counter()
+    _, timings = tune_layouts(EnvSpec.from_user(ENV), 8, budget=3.0, cores=2)
+    elapsed = time.perf_counter() - start
+    assert len(windows) == 3 and windows[2] >= TUNE_MIN_WINDOW
+    assert [t.skipped for t in timings[:3]] == [None, None, None]
+    assert 3.0 * 0.9 <= elapsed <= 3.0 * 1.1 + 0.5  # the slack is for a loaded machine
+
+
 def test_tune_does_not_rank_a_window_too_short_for_the_env() -> None:
     """An env stepping in 100 ms cannot be stepped 5 times per env in a 0.5 s budget: the one
     timing is reported untrusted, not ranked, and the budget holds anyway."""

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from envfleet.cli import build_parser
+from envfleet.spec import EnvSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -96,6 +97,8 @@ def test_every_envfleet_command_in_the_readme_parses() -> None:
         args, unknown = parser.parse_known_args(argv)
         assert not unknown, (command, unknown)
         assert args.handler is not None
+        if ":" not in args.env and not args.imports:  # runs as written: the id is registered
+            EnvSpec.from_user(args.env)
 
 
 def test_the_install_matches_what_the_readme_says() -> None:

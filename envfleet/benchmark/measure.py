@@ -210,6 +210,20 @@ def machine_info(packages: Sequence[str] = ()) -> dict[str, Any]:
     }
 
 
+EXPECTED_MARGIN = 1.5
+"""A runner is not started at all when its start-up, scaled from a smaller env count in
+proportion to the envs, would exceed the limit by this factor (SB3's ``SubprocVecEnv``, one
+process per env: 4.5 s for 8 envs makes about 18 s for 32); nearer the limit, it is tried."""
+
+
+def _expected_over_limit(setup_s: float, measured_at: int, n: int, limit: float | None) -> bool:
+    """Whether a start-up of ``setup_s`` with ``measured_at`` envs, scaled to ``n`` envs, is
+    more than :data:`EXPECTED_MARGIN` times ``limit``."""
+    if limit is None or n <= measured_at:
+        return False
+    return setup_s * n / measured_at > EXPECTED_MARGIN * limit
+
+
 def sweep(
     env: Any,
     num_envs: Sequence[int],
@@ -222,8 +236,11 @@ def sweep(
     """Measure the available runners of ``names`` at each env count of ``num_envs``.
 
     Runners that are not installed, or cannot run the env, are skipped (see
-    :attr:`Report.availability`). A Ctrl-C stops the sweep and returns what was measured, with
-    :attr:`Report.interrupted` set.
+    :attr:`Report.availability`). A runner that took longer than
+    :attr:`Timing.startup_limit` to start is skipped at the later env counts; one whose
+    start-up, scaled in proportion to the envs, would exceed the limit by far
+    (:data:`EXPECTED_MARGIN`) is skipped without being started. A Ctrl-C stops the sweep and
+    returns what was measured, with :attr:`Report.interrupted` set.
 
     Args:
         env: an id, env class, factory or :class:`EnvSpec`, as :func:`envfleet.make` takes.
@@ -244,6 +261,7 @@ def sweep(
     )
     start = time.perf_counter()
     too_slow: dict[str, Skipped] = {}  # start-up grows with num_envs: not tried again
+    started: dict[str, tuple[int, float]] = {}  # the latest env count and start-up measured
     try:
         for n in num_envs:
 
@@ -251,12 +269,26 @@ def sweep(
                 if on_error is not None:
                     on_error(name, n, exc)
 
-            names_now = [name for name in report.measured if name not in too_slow]
+            expected = {
+                name: Skipped(
+                    f"start-up over {timing.startup_limit:g} s expected "
+                    f"({setup_s:.1f} s at {m} envs), skipped"
+                )
+                for name, (m, setup_s) in started.items()
+                if name not in too_slow
+                and _expected_over_limit(setup_s, m, n, timing.startup_limit)
+            }
+            names_now = [
+                name for name in report.measured if name not in too_slow and name not in expected
+            ]
             results = measure(
                 names_now, Workload(spec, n), timing, on_error=failed, progress=progress
             )
+            results.update(expected)
             for name in report.measured:
                 result = results[name] if name in results else too_slow[name]
+                if isinstance(result, RunResult):
+                    started[name] = (n, result.setup_s)
                 report.results.setdefault(name, {})[n] = result
                 if isinstance(result, Skipped) and name not in too_slow:
                     too_slow[name] = Skipped(result.reason.replace(", ", f" at {n} envs, ", 1))

@@ -40,6 +40,7 @@ class RunnerKind:
         open: builds, resets and warms it up on a workload.
         module: a module that must import for the runner to be available (a peer library).
         check: why an env cannot run on this runner, or ``None`` when it can.
+        extra: the ``envfleet[...]`` extra that installs ``module``, named when it is missing.
     """
 
     name: str
@@ -47,6 +48,7 @@ class RunnerKind:
     open: Callable[[Workload, Timing], Runner]
     module: str | None = None
     check: Callable[[EnvSpec], str | None] | None = None
+    extra: str | None = None
 
 
 RUNNERS: dict[str, RunnerKind] = {
@@ -60,9 +62,17 @@ RUNNERS: dict[str, RunnerKind] = {
         RunnerKind("thread", "envfleet, thread backend", _envfleet("thread")),
         RunnerKind("gym-sync", "Gymnasium SyncVectorEnv", open_gym_sync),
         RunnerKind("gym-async", "Gymnasium AsyncVectorEnv (shared memory)", open_gym_async),
-        RunnerKind("sb3", "Stable-Baselines3 SubprocVecEnv", open_sb3, "stable_baselines3"),
-        RunnerKind("envpool", "EnvPool", open_envpool, "envpool", _envpool_check),
-        RunnerKind("pufferlib", "PufferLib Multiprocessing", open_pufferlib, "pufferlib.vector"),
+        RunnerKind(
+            "sb3", "Stable-Baselines3 SubprocVecEnv", open_sb3, "stable_baselines3", extra="sb3"
+        ),
+        RunnerKind("envpool", "EnvPool", open_envpool, "envpool", _envpool_check, "peers"),
+        RunnerKind(
+            "pufferlib",
+            "PufferLib Multiprocessing",
+            open_pufferlib,
+            "pufferlib.vector",
+            extra="peers",
+        ),
     )
 }
 """Every runner by name, in the order they are run and shown."""
@@ -119,7 +129,8 @@ def availability(name: str, spec: EnvSpec) -> Availability:
         except ModuleNotFoundError as exc:
             root = kind.module.split(".")[0]
             if exc.name is not None and (exc.name == root or kind.module.startswith(exc.name)):
-                return Availability(NOT_INSTALLED, f"{root} is not installed")
+                install = f": pip install 'envfleet[{kind.extra}]'" if kind.extra else ""
+                return Availability(NOT_INSTALLED, f"{root} is not installed{install}")
             return Availability(UNAVAILABLE, f"importing {kind.module} failed: {exc}")
         except Exception as exc:
             return Availability(

@@ -40,11 +40,12 @@ from envfleet.spec import EnvSpec
 
 DEFAULT_BENCH_NUM_ENVS = (8, 32, 64)
 DEFAULT_BENCH_OUT = Path("envfleet-bench")
-DEFAULT_BENCH_SECONDS = 0.5
+DEFAULT_BENCH_SECONDS = 0.3
 DEFAULT_STARTUP_LIMIT = 10.0
 """Seconds a runner may take to start (SB3's SubprocVecEnv starts one process per env, each
 importing its libraries: minutes for 64 envs on 2 cores); one slower is skipped, and not
-tried at larger env counts."""
+tried at larger env counts (nor is one expected to be far slower: see
+:func:`envfleet.benchmark.sweep`)."""
 
 
 def _num_envs_list(text: str) -> list[int]:
@@ -123,7 +124,8 @@ def add_parser(commands: Any) -> None:
         metavar="SECONDS",
         help=(
             "a runner that takes longer to start is stopped and reported as skipped, also at "
-            f"larger env counts (default: {DEFAULT_STARTUP_LIMIT:g})"
+            "larger env counts; one whose start-up at a smaller count, in proportion to the "
+            f"envs, is well over it is not started (default: {DEFAULT_STARTUP_LIMIT:g})"
         ),
     )
     bench.add_argument(

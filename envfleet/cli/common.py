@@ -140,7 +140,10 @@ def env_spec(env: str) -> EnvSpec:
     try:
         return EnvSpec.from_user(env)
     except (ValueError, TypeError) as exc:
-        raise UsageError(str(exc)) from exc
+        message = str(exc)
+        if message.startswith("unknown environment id") and ":" not in env:
+            message += f" (registered by a module of yours? --import MODULE, or MODULE:{env})"
+        raise UsageError(message) from exc
 
 
 # ---------------------------------------------------------------------------------------------

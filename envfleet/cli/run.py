@@ -35,6 +35,7 @@ from envfleet.cli.common import (
     OutputCapture,
     UsageError,
     add_import_argument,
+    env_spec,
     non_negative_int,
     positive_float,
     positive_int,
@@ -208,6 +209,7 @@ def _check_run_args(args: argparse.Namespace) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     _check_run_args(args)
+    spec = env_spec(args.env)
     out = _out_path(args.out) if args.out is not None else None
     policy = load_policy(args.policy) if args.policy is not None else None
     # Libraries and envs print banners (ale-py's in every worker) and warnings: captured, and
@@ -217,7 +219,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         try:
             pool = envfleet.make(
-                args.env,
+                spec,
                 args.num_envs,
                 backend=args.backend,
                 num_workers=args.num_workers,

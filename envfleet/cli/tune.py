@@ -226,8 +226,9 @@ def tune_layouts(
     Each gets an equal share of the time left, less what starting and closing a pool costs
     (estimated from the probe, then measured); when the shares would fall below
     :data:`TUNE_GOOD_WINDOW` seconds of stepping, the last layouts are not timed (reported as
-    skipped) rather than all timed badly; the first window is short, as the start-up cost is
-    only guessed then. A window lasts until every env has taken
+    skipped) rather than all timed badly, unless stopping would leave more than a tenth of the
+    budget unused while a typical start-up leaves room for one more window; the first window
+    is short, as the start-up cost is only guessed then. A window lasts until every env has taken
     :data:`MIN_STEPS_PER_ENV` steps; one cut short by the budget is reported as untrusted and
     not ranked.
     """
@@ -257,10 +258,16 @@ def tune_layouts(
             fit -= 1
         window = left / fit - setup
         if timings and window < min_window:
-            timings.extend(
-                LayoutTiming(rest, 0.0, skipped="budget spent") for rest in layouts[index:]
-            )
-            break
+            # Too little left for the slowest start-up seen and a window. Stop, unless that
+            # would leave more than a tenth of the budget unused (a start-up slower than
+            # planned left the gap) and a typical start-up leaves room for a window.
+            typical = sum(overheads) / len(overheads)
+            if left < budget / 10 or left - typical < min_window:
+                timings.extend(
+                    LayoutTiming(rest, 0.0, skipped="budget spent") for rest in layouts[index:]
+                )
+                break
+            window = left - typical
         window = max(min_window, window)
         if not overheads:
             # Until a pool's start-up has been measured, the plan rests on a guess: keep the
