@@ -38,12 +38,14 @@ def derive_seed(seed_base: int | None, env_index: int, restarts: int) -> int | N
 
 
 def env_errors() -> tuple[type[BaseException], ...]:
-    """What counts as an env's own failure: any exception, ``SystemExit`` and
-    ``KeyboardInterrupt`` included (an env that calls ``sys.exit()`` fails like one that
-    raises), except a ``KeyboardInterrupt`` on the main thread, which is the user's Ctrl-C."""
+    """What counts as an env's own failure: any exception, ``SystemExit`` included (an env that
+    calls ``sys.exit()`` fails like one that raises); on any thread but the main one, any
+    ``BaseException`` at all (``KeyboardInterrupt``, ``GeneratorExit``, a library's own), which
+    would otherwise end a worker thread that cannot be replaced. On the main thread a
+    ``KeyboardInterrupt`` is the user's Ctrl-C and is not caught."""
     if threading.current_thread() is threading.main_thread():
         return (Exception, SystemExit)
-    return (Exception, SystemExit, KeyboardInterrupt)
+    return (BaseException,)
 
 
 class GroupStartError(Exception):
