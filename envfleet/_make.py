@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
@@ -13,7 +13,7 @@ from gymnasium.vector import AutoresetMode
 from envfleet.affinity import CpuAffinity, check_affinity, usable_cpus
 from envfleet.backends import Backend, TransportOptions, open_transport
 from envfleet.backends.base import DEFAULT_START_TIMEOUT, KINDS, RayOptions, capable
-from envfleet.errors import EnvRaisedError, OnError, Phase
+from envfleet.errors import EnvRaisedError, EnvTimeoutError, OnError, Phase
 from envfleet.group import env_errors
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
 from envfleet.protocol import EnvFailure
@@ -21,6 +21,7 @@ from envfleet.spec import EnvSpec
 from envfleet.tune import auto_layout, profile_env
 
 START_METHODS = ("fork", "forkserver", "spawn")
+T = TypeVar("T")
 
 
 def make(
@@ -94,9 +95,10 @@ def make(
             handled as dead (process and ray backends).
         start_timeout: seconds each worker may take to build its envs, at ``make()`` and when
             a worker is rebuilt by a restart, before it is stopped and :class:`EnvTimeoutError`
-            (phase ``make``) is raised. On the thread backend a stuck thread cannot be stopped:
-            it is abandoned (a daemon). The serial backend builds in the caller's thread and
-            is not bounded.
+            (phase ``make``) is raised. The env ``make()`` first builds in this process to learn
+            the spaces has the same bound (it is built on a helper thread, abandoned if it
+            hangs). On the thread backend a stuck thread cannot be stopped: it is abandoned (a
+            daemon). The serial backend builds in the caller's thread and is not bounded.
         max_restarts: restarts allowed per env over the pool's life before
             :class:`RestartLimitError`.
         worker_memory_limit: process backend: bytes of resident memory (RSS) a worker may use.
@@ -226,15 +228,21 @@ def make(
         raise TypeError(f"copy must be True or False, got {copy!r}")
     if ray_given and can.options is not RayOptions:
         raise ValueError(f"{', '.join(ray_given)} only apply to backend='ray'")
+    bound = start_timeout if can.start_timeout else None
+    probe = _probe(spec, bound)
     if auto:
-        layout = auto_layout(profile_env(spec), backend_kind, num_envs, len(usable_cpus()))
+        profile = (
+            profile_env(spec)
+            if bound is None
+            else _within(bound, spec, profile_env, "profiling (num_workers='auto')")
+        )
+        layout = auto_layout(profile, backend_kind, num_envs, len(usable_cpus()))
         num_workers = layout.num_workers
         if threads_per_worker == 1:
             threads_per_worker = layout.threads_per_worker
     if can.one_worker:
         num_workers = 1
 
-    probe = _probe(spec)
     assignment = [
         tuple(int(i) for i in ids) for ids in np.array_split(np.arange(num_envs), num_workers)
     ]
@@ -284,19 +292,16 @@ def make(
         raise
 
 
-def _probe(spec: EnvSpec) -> dict[str, Any]:
-    """Build one env in the caller to learn its spaces (and fail fast on a broken factory)."""
-    try:
-        env = spec.build()
-    except env_errors() as exc:
-        failure = EnvFailure.capture(None, Phase.MAKE, exc)
-        error = EnvRaisedError(
-            f"building {spec.name} failed: {failure.type_name}: {failure.message}",
-            env_index=None,
-            phase=Phase.MAKE,
-            worker=-1,
-        )
-        raise error from exc
+def _probe(spec: EnvSpec, timeout: float | None = None) -> dict[str, Any]:
+    """Build one env in the caller to learn its spaces (and fail fast on a broken factory).
+
+    With a ``timeout`` (the backends that bound construction: ``start_timeout``), the env is
+    built on a helper thread (:func:`_within`): a constructor that hangs fails ``make()``
+    before any worker starts.
+    """
+    env = (
+        _build_probe(spec) if timeout is None else _within(timeout, spec, _build_probe, "building")
+    )
     try:
         return {
             "observation_space": env.observation_space,
@@ -306,6 +311,50 @@ def _probe(spec: EnvSpec) -> dict[str, Any]:
         }
     finally:
         _close_probe(env)
+
+
+def _within(timeout: float, spec: EnvSpec, task: Callable[[EnvSpec], T], what: str) -> T:
+    """``task(spec)`` on a helper thread, waited for at most ``timeout`` seconds: past it
+    :class:`EnvTimeoutError` (phase ``make``), the stuck thread (a daemon, which cannot be
+    stopped) abandoned. What ``task`` raises is raised here."""
+    done: list[Any] = []
+
+    def run() -> None:
+        try:
+            done.append((True, task(spec)))
+        except BaseException as exc:  # raised again in the caller's thread
+            done.append((False, exc))
+
+    worker = threading.Thread(target=run, name="envfleet-probe", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if not done:
+        raise EnvTimeoutError(
+            f"{what} {spec.name} did not finish within start_timeout={timeout:g}s: its "
+            "constructor (or a step) hangs; the thread running it cannot be stopped and was "
+            "abandoned, and no worker was started",
+            env_index=None,
+            phase=Phase.MAKE,
+            worker=-1,
+        )
+    ok, value = done[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+def _build_probe(spec: EnvSpec) -> Any:
+    try:
+        return spec.build()
+    except env_errors() as exc:
+        failure = EnvFailure.capture(None, Phase.MAKE, exc)
+        error = EnvRaisedError(
+            f"building {spec.name} failed: {failure.type_name}: {failure.message}",
+            env_index=None,
+            phase=Phase.MAKE,
+            worker=-1,
+        )
+        raise error from exc
 
 
 PROBE_CLOSE_TIMEOUT = 5.0

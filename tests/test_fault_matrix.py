@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -150,6 +151,42 @@ def test_factory_failure_fails_make_fast(on_error: str) -> None:
     assert info.value.phase is envfleet.Phase.MAKE
     assert isinstance(info.value.__cause__, OSError)
     assert time.monotonic() - started < 10
+
+
+_RELEASE = threading.Event()
+
+
+def _hanging_constructor() -> FaultyEnv:
+    """An env whose constructor hangs wherever it runs (a simulator that never answers)."""
+    _RELEASE.wait(60)
+    return FaultyEnv()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("where", ["thread", "process"])
+@pytest.mark.parametrize("num_workers", [2, "auto"])
+def test_a_constructor_that_hangs_in_the_caller_too_fails_make_within_start_timeout(
+    where: str, num_workers: Any
+) -> None:
+    """``make()`` first builds one env in the caller to learn the spaces: that is bounded by
+    ``start_timeout`` as well (it waited forever), and no worker is started."""
+    _RELEASE.clear()
+    started = time.monotonic()
+    try:
+        with pytest.raises(envfleet.EnvTimeoutError, match=r"start_timeout=0\.5s") as info:
+            envfleet.make(
+                _hanging_constructor,
+                4,
+                backend=where,
+                num_workers=num_workers,
+                step_timeout=2.0 if where == "process" else None,
+                start_timeout=0.5,
+            )
+        assert time.monotonic() - started < 5
+        assert info.value.phase is envfleet.Phase.MAKE and info.value.worker == -1
+        assert not psutil.Process().children()
+    finally:
+        _RELEASE.set()  # lets the abandoned thread end
 
 
 @pytest.mark.parametrize("on_error", ["raise", "restart"])
