@@ -321,7 +321,7 @@ def test_workers_exit_when_the_parent_is_killed() -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("context", ["fork", "forkserver"])
+@pytest.mark.parametrize("context", ["fork", "forkserver", "spawn"])
 def test_workers_holding_the_gil_die_with_the_parent(context: str) -> None:
     """The watchdog thread cannot run while an env holds the GIL: the kernel ends the worker."""
     proc = subprocess.Popen(
