@@ -4,9 +4,9 @@ Ray takes seconds to start and each pool seconds to place its actors, so this mo
 Ray for all its cells and runs a sample of the table (``test_ray.py`` covers more of the step
 phase: env exceptions, dead and hung actors): each env fault in the step phase, then a cell or
 two of every other phase and of ``"restart"``, every fault of the table somewhere (an actor
-killed by SIGKILL and one stopped by SIGSTOP in the step phase). The cells run the checks of the other backends
-(:func:`check_cell`); Ray's daemons are children of this process, so the leak check is
-:func:`ray_leak_check`, which still fails a cell that leaves an actor behind.
+killed by SIGKILL and one stopped by SIGSTOP in the step phase). The cells run the checks of
+the other backends (:func:`check_cell`); Ray's daemons are children of this process, so the
+leak check is :func:`ray_leak_check`, which still fails a cell that leaves an actor behind.
 """
 
 from __future__ import annotations
