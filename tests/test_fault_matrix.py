@@ -215,6 +215,43 @@ def test_close_escalates_when_env_close_hangs() -> None:
     pool.close()
 
 
+def _hang_in_first_step(env: FaultyEnv, action: Any) -> None:
+    if env.seed_used == hooks.SEED and env.count == hooks.SEED * 100:  # env 0, its first step
+        time.sleep(3600)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("on_error", ["raise", "restart"])
+def test_a_large_command_to_a_hung_worker_waits_no_longer_than_step_timeout(on_error: str) -> None:
+    """A command larger than the pipe holds, sent to a worker hung in a step: the write used to
+    block the pool for good, before any wait could apply ``step_timeout``."""
+    pool = envfleet.make(
+        functools.partial(FaultyEnv, step_hook=_hang_in_first_step),
+        4,
+        backend="process",
+        num_workers=2,
+        seed=hooks.SEED,
+        batch_size=2,
+        step_timeout=1.0,
+        on_error=on_error,
+    )
+    pool.reset()
+    pool.send(np.ones(4, dtype=np.int64))
+    assert pool.recv()[4]["env_id"].tolist() == [2, 3]  # worker 1's; worker 0 hangs
+    payload = np.arange(1 << 20, dtype=np.uint8)  # 1 MiB: more than a pipe holds
+    started = time.monotonic()
+    if on_error == "raise":
+        with pytest.raises(envfleet.EnvTimeoutError) as info:
+            pool.set_attr("payload", payload)
+        assert info.value.worker == 0 and info.value.env_ids == (0, 1)
+    else:  # worker 0 is replaced, and what it owed (the step, then the values) resent
+        pool.set_attr("payload", payload)
+        assert pool.recv()[4]["envfleet/restarted"].tolist() == [True, True]
+        assert all(np.array_equal(value, payload) for value in pool.get_attr("payload"))
+    assert time.monotonic() - started < 10
+    _close_twice(pool)
+
+
 def test_crash_loop_hits_max_restarts() -> None:
     pool = envfleet.make(
         functools.partial(FaultyEnv, step_hook=hooks.raise_always),
