@@ -225,10 +225,14 @@ def _hang_in_first_step(env: FaultyEnv, action: Any) -> None:
 def test_a_large_command_to_a_hung_worker_waits_no_longer_than_step_timeout(on_error: str) -> None:
     """A command larger than the pipe holds, sent to a worker hung in a step: the write used to
     block the pool for good, before any wait could apply ``step_timeout``."""
+    check_large_command_to_a_hung_worker("process", on_error)
+
+
+def check_large_command_to_a_hung_worker(backend: str, on_error: str) -> None:
     pool = envfleet.make(
         functools.partial(FaultyEnv, step_hook=_hang_in_first_step),
         4,
-        backend="process",
+        backend=backend,
         num_workers=2,
         seed=hooks.SEED,
         batch_size=2,

@@ -31,7 +31,11 @@ import envfleet  # noqa: E402
 from tests import matrix_hooks as hooks  # noqa: E402
 from tests.envs import FaultyEnv  # noqa: E402
 from tests.ray_helpers import ray_leak_check  # noqa: E402
-from tests.test_fault_matrix import check_cell, not_applicable  # noqa: E402
+from tests.test_fault_matrix import (  # noqa: E402
+    check_cell,
+    check_large_command_to_a_hung_worker,
+    not_applicable,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,6 +73,15 @@ def ray_session() -> Iterator[None]:
 def test_ray_cell(ray_session: None, phase: str, fault: str, policy: str, tmp_path: Any) -> None:
     assert not_applicable("ray", fault, phase, policy) is None
     check_cell("ray", fault, phase, policy, str(tmp_path))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("on_error", ["raise", "restart"])
+def test_a_large_command_to_a_hung_actor_waits_no_longer_than_step_timeout(
+    ray_session: None, on_error: str
+) -> None:
+    """1 MiB for an actor hung in a step, over its socket: the send used to block the pool."""
+    check_large_command_to_a_hung_worker("ray", on_error)
 
 
 @pytest.mark.slow  # a Ray of its own in a child process: about 10 s to start here
