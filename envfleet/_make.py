@@ -101,8 +101,9 @@ def make(
             daemon). The serial backend builds in the caller's thread and is not bounded.
         max_restarts: restarts allowed per env over the pool's life before
             :class:`RestartLimitError`.
-        worker_memory_limit: process backend: bytes of resident memory (RSS) a worker may use.
-            Checked between steps (at most once a second); a worker over it is replaced, its
+        worker_memory_limit: process and ray backends: bytes of resident memory (RSS) a worker
+            (a process; a Ray actor on this machine, whose memory this process can read) may
+            use. Checked between steps (at most once a second); a worker over it is replaced, its
             envs restarted as under ``on_error="restart"`` (episode reported truncated,
             ``infos["envfleet/restarted"]``) whatever ``on_error`` says, and counted in
             :meth:`Pool.stats` (``recycled``). ``None`` (default): no limit.
@@ -195,8 +196,9 @@ def make(
     if worker_memory_limit is not None:
         worker_memory_limit = _positive_int(worker_memory_limit, "worker_memory_limit")
         if not can.worker_memory_limit:
+            names = " or ".join(repr(b.value) for b in capable("worker_memory_limit"))
             raise ValueError(
-                "worker_memory_limit recycles worker processes: it needs backend='process', "
+                f"worker_memory_limit recycles worker processes: it needs backend={names}, "
                 f"got {backend_kind.value!r}"
             )
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:

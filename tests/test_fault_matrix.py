@@ -293,11 +293,23 @@ def test_start_methods(context: str, fault: str) -> None:
 def test_a_worker_over_its_memory_limit_is_recycled(monkeypatch: pytest.MonkeyPatch) -> None:
     """A leaking env's worker is replaced between steps, its envs flagged as restarted."""
     monkeypatch.setattr(envfleet.recovery, "MEMORY_CHECK_INTERVAL", 0.0)
+    check_memory_recycling("process")
+
+
+@pytest.mark.parametrize("where", ["serial", "thread"])
+def test_backends_without_worker_processes_refuse_a_memory_limit(where: str) -> None:
+    """The memory row of the matrix on these backends: their envs live in the caller's own
+    process, which cannot be recycled; make() says so before anything starts."""
+    with pytest.raises(ValueError, match="worker_memory_limit recycles worker processes"):
+        envfleet.make(FaultyEnv, 2, backend=where, worker_memory_limit=1 << 30)
+
+
+def check_memory_recycling(backend: str) -> None:
     expected = _reference(steps=8)
     pool = envfleet.make(
         functools.partial(FaultyEnv, step_hook=hooks.leak_in_step),
         hooks.NUM_ENVS,
-        backend="process",
+        backend=backend,
         num_workers=hooks.NUM_WORKERS,
         seed=hooks.SEED,
         worker_memory_limit=1 << 40,

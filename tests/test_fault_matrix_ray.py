@@ -34,6 +34,7 @@ from tests.ray_helpers import ray_leak_check  # noqa: E402
 from tests.test_fault_matrix import (  # noqa: E402
     check_cell,
     check_large_command_to_a_hung_worker,
+    check_memory_recycling,
     not_applicable,
 )
 
@@ -82,6 +83,16 @@ def test_a_large_command_to_a_hung_actor_waits_no_longer_than_step_timeout(
 ) -> None:
     """1 MiB for an actor hung in a step, over its socket: the send used to block the pool."""
     check_large_command_to_a_hung_worker("ray", on_error)
+
+
+@pytest.mark.timeout(90)
+def test_an_actor_over_its_memory_limit_is_recycled(
+    ray_session: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory row of the matrix on Ray: an actor on the pool's machine is measured and
+    replaced as a worker process is."""
+    monkeypatch.setattr(envfleet.recovery, "MEMORY_CHECK_INTERVAL", 0.0)
+    check_memory_recycling("ray")
 
 
 @pytest.mark.slow  # a Ray of its own in a child process: about 10 s to start here

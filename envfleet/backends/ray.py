@@ -231,6 +231,7 @@ class RayTransport:
         workers = len(options.assignment)
         self._actors: list[Any] = []
         self._nodes: list[str] = [""] * workers
+        self._pids: list[int | None] = [None] * workers  # each actor's process
         # Per worker: (result refs, command) of each call in flight, oldest first; the refs are
         # the pieces of one result (one ref unless the result travels in pieces).
         self._refs: list[deque[tuple[list[Any], Command]]] = [deque() for _ in range(workers)]
@@ -300,7 +301,7 @@ class RayTransport:
                 try:
                     reply: Reply
                     address: str | None
-                    reply, self._nodes[worker], address = ray.get(
+                    reply, self._nodes[worker], address, self._pids[worker] = ray.get(
                         ref, timeout=max(0.0, deadline - time.monotonic())
                     )
                     break
@@ -351,6 +352,19 @@ class RayTransport:
         self._socks[worker] = socket.socket(fileno=conn.fileno())  # detached when dropped
         self._owed[worker] = 0
         self._poller.register(conn.fileno(), select.POLLIN)
+
+    def memory(self, worker: int) -> int | None:
+        """Resident memory of ``worker``'s actor process in bytes; ``None``: unknown (gone, or
+        on another node, whose processes this one cannot read)."""
+        pid = self._pids[worker]
+        if pid is None or self._pool_node is None or self._nodes[worker] != self._pool_node:
+            return None
+        import psutil  # only worker_memory_limit asks
+
+        try:
+            return int(psutil.Process(pid).memory_info().rss)
+        except (psutil.Error, ValueError):
+            return None
 
     def node_ids(self) -> list[str]:
         """The Ray node each actor runs on."""
@@ -517,6 +531,7 @@ class RayTransport:
 
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
         self.kill(worker)
+        self._pids[worker] = None
         self._drop_socket(worker)
         self._refs[worker].clear()
         self._actors[worker] = self._spawn(worker, restarts)
