@@ -302,7 +302,9 @@ def _probe(spec: EnvSpec, timeout: float | None = None) -> dict[str, Any]:
     before any worker starts.
     """
     env = (
-        _build_probe(spec) if timeout is None else _within(timeout, spec, _build_probe, "building")
+        _build_probe(spec)
+        if timeout is None
+        else _within(timeout, spec, _build_probe, "building", discard=_close_probe)
     )
     try:
         return {
@@ -315,22 +317,39 @@ def _probe(spec: EnvSpec, timeout: float | None = None) -> dict[str, Any]:
         _close_probe(env)
 
 
-def _within(timeout: float, spec: EnvSpec, task: Callable[[EnvSpec], T], what: str) -> T:
+def _within(
+    timeout: float,
+    spec: EnvSpec,
+    task: Callable[[EnvSpec], T],
+    what: str,
+    discard: Callable[[T], None] | None = None,
+) -> T:
     """``task(spec)`` on a helper thread, waited for at most ``timeout`` seconds: past it
     :class:`EnvTimeoutError` (phase ``make``), the stuck thread (a daemon, which cannot be
-    stopped) abandoned. What ``task`` raises is raised here."""
-    done: list[Any] = []
+    stopped) abandoned; should it finish after all, ``discard`` gets its result (an env to
+    close). What ``task`` raises is raised here."""
+    done: list[tuple[bool, Any]] = []
+    lock = threading.Lock()
+    abandoned = False
 
     def run() -> None:
         try:
-            done.append((True, task(spec)))
+            result: tuple[bool, Any] = (True, task(spec))
         except BaseException as exc:  # raised again in the caller's thread
-            done.append((False, exc))
+            result = (False, exc)
+        with lock:
+            if not abandoned:
+                done.append(result)
+                return
+        if result[0] and discard is not None:
+            discard(result[1])
 
     worker = threading.Thread(target=run, name="envfleet-probe", daemon=True)
     worker.start()
     worker.join(timeout)
-    if not done:
+    with lock:
+        abandoned = not done
+    if abandoned:
         raise EnvTimeoutError(
             f"{what} {spec.name} did not finish within start_timeout={timeout:g}s: its "
             "constructor (or a step) hangs; the thread running it cannot be stopped and was "

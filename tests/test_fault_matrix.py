@@ -154,12 +154,13 @@ def test_factory_failure_fails_make_fast(on_error: str) -> None:
 
 
 _RELEASE = threading.Event()
+_CLOSED: list[FaultyEnv] = []
 
 
 def _hanging_constructor() -> FaultyEnv:
     """An env whose constructor hangs wherever it runs (a simulator that never answers)."""
     _RELEASE.wait(60)
-    return FaultyEnv()
+    return FaultyEnv(close_hook=_CLOSED.append)
 
 
 @pytest.mark.timeout(30)
@@ -186,7 +187,12 @@ def test_a_constructor_that_hangs_in_the_caller_too_fails_make_within_start_time
         assert info.value.phase is envfleet.Phase.MAKE and info.value.worker == -1
         assert not psutil.Process().children()
     finally:
+        _CLOSED.clear()
         _RELEASE.set()  # lets the abandoned thread end
+    deadline = time.monotonic() + 5
+    while not _CLOSED and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _CLOSED, "the env built after make() gave up on it was never closed"
 
 
 @pytest.mark.parametrize("on_error", ["raise", "restart"])
