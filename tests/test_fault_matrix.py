@@ -308,6 +308,10 @@ def test_backends_without_worker_processes_refuse_a_memory_limit(where: str) -> 
     process, which cannot be recycled; make() says so before anything starts."""
     with pytest.raises(ValueError, match="worker_memory_limit recycles worker processes"):
         envfleet.make(FaultyEnv, 2, backend=where, worker_memory_limit=1 << 30)
+    with envfleet.make(FaultyEnv, 2, backend=where) as pool:  # nor later, on the pool
+        with pytest.raises(ValueError, match="worker_memory_limit recycles worker processes"):
+            pool.worker_memory_limit = 1 << 30
+        assert pool.worker_memory_limit is None
 
 
 def check_memory_recycling(backend: str) -> None:
@@ -323,6 +327,9 @@ def check_memory_recycling(backend: str) -> None:
     pool.reset()
     memory = pool._transport.memory  # type: ignore[attr-defined]
     limit = max(memory(w) for w in range(hooks.NUM_WORKERS)) + (45 << 20)
+    for bad, error in ((0, ValueError), (-1, ValueError), (1.5, TypeError), ("1G", TypeError)):
+        with pytest.raises(error, match="worker_memory_limit"):
+            pool.worker_memory_limit = bad  # type: ignore[assignment]
     pool.worker_memory_limit = limit  # a worker grows over it after about 5 steps
     results = [pool.step(ACTIONS) for _ in range(8)]
     flagged = [(step, _flagged(r[4])) for step, r in enumerate(results) if _flagged(r[4])]
