@@ -95,8 +95,10 @@ def make(
             handled as dead (process and ray backends).
         start_timeout: seconds each worker may take to build its envs, at ``make()`` and when
             a worker is rebuilt by a restart, before it is stopped and :class:`EnvTimeoutError`
-            (phase ``make``) is raised. The env ``make()`` first builds in this process to learn
-            the spaces has the same bound (it is built on a helper thread, abandoned if it
+            (phase ``make``) is raised. The rebuild of one failed env inside a worker process
+            or Ray actor has it too (past it the worker ends itself, and is handled as dead).
+            The env ``make()`` first builds in this process to learn the spaces has the same
+            bound (it is built on a helper thread, abandoned if it
             hangs). On the thread backend a stuck thread cannot be stopped: it is abandoned (a
             daemon). The serial backend builds in the caller's thread and is not bounded.
         max_restarts: restarts allowed per env over the pool's life before

@@ -262,6 +262,40 @@ def check_large_command_to_a_hung_worker(backend: str, on_error: str) -> None:
     _close_twice(pool)
 
 
+@pytest.mark.timeout(30)
+def test_an_env_rebuild_that_hangs_is_bounded_without_step_timeout(
+    tmp_path: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """An env that raised is rebuilt inside its worker; with no ``step_timeout`` nothing bounded
+    that rebuild when it hung (the step waited for ever). Now ``start_timeout`` does: the worker
+    process ends itself, saying where it hung, and its replacement, which hangs building the
+    envs too, fails as a construction does."""
+    check_rebuild_without_step_timeout("process", str(tmp_path))
+    assert "Timeout" in capfd.readouterr().err  # faulthandler's dump of the stuck stack
+
+
+def check_rebuild_without_step_timeout(backend: str, tmp: str) -> None:
+    factory = hooks.FaultyFactory("hang", "rebuild", pool_pid=os.getpid(), tmp=tmp, in_caller=False)
+    pool = envfleet.make(
+        factory,
+        hooks.NUM_ENVS,
+        backend=backend,
+        num_workers=hooks.NUM_WORKERS,
+        seed=hooks.SEED,
+        on_error="restart",
+        start_timeout=1.0 if backend == "process" else START_TIMEOUT[backend],
+    )
+    started = time.monotonic()
+    with pytest.raises(envfleet.EnvTimeoutError) as info:
+        _run(pool, steps=hooks.FAULT_STEP)
+    assert time.monotonic() - started < BOUND
+    assert info.value.phase is envfleet.Phase.MAKE and info.value.worker == 1
+    assert info.value.env_ids == hooks.VICTIM_WORKER_ENVS
+    with pytest.raises(envfleet.BrokenPoolError):
+        pool.step(ACTIONS)
+    _close_twice(pool)
+
+
 def test_crash_loop_hits_max_restarts() -> None:
     pool = envfleet.make(
         functools.partial(FaultyEnv, step_hook=hooks.raise_always),

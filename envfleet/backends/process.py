@@ -161,6 +161,7 @@ def _worker_main(
         shared.views(),
         ship_observations=shared.observations is None,
         restarts=restarts,
+        rebuild_timeout=options.start_timeout,  # a process of our own: it may end itself
     )
     write_all(reply_fd, encode_reply(started))
     if group is not None:

@@ -86,6 +86,7 @@ class GroupActor:
             self.batch,
             ship_observations=shared and isinstance(self.batch.observations, ObjectRows),
             restarts=self.restarts,
+            rebuild_timeout=options.start_timeout,  # an actor's own process may end itself
         )
         if self.group is None:
             return started, node, None, os.getpid()
