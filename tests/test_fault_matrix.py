@@ -296,6 +296,50 @@ def check_rebuild_without_step_timeout(backend: str, tmp: str) -> None:
     _close_twice(pool)
 
 
+def _refuse_to_load() -> None:
+    raise RuntimeError("cannot be rebuilt in this process")
+
+
+class _Unloadable:
+    """Pickles in the pool; rebuilding it fails in the worker (as a class the worker cannot
+    import would)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_refuse_to_load, ())
+
+
+@pytest.mark.timeout(30)
+def test_a_command_the_worker_cannot_unpickle_fails_alone() -> None:
+    check_undecodable_commands("process")
+
+
+def check_undecodable_commands(backend: str) -> None:
+    """The worker used to die on it, and under ``"restart"`` was replaced, sent it again and
+    died again, ``max_restarts`` times over: now the command fails as a whole, named."""
+    with envfleet.make(
+        FaultyEnv,
+        hooks.NUM_ENVS,
+        backend=backend,
+        num_workers=hooks.NUM_WORKERS,
+        seed=hooks.SEED,
+        on_error="restart",
+    ) as pool:
+        pool.reset()
+        with pytest.raises(envfleet.EnvRaisedError, match="could not unpickle") as info:
+            pool.set_attr("episode_length", _Unloadable())
+        assert info.value.phase is envfleet.Phase.CALL
+        assert "cannot be rebuilt in this process" in info.value.__cause__.__cause__.tb
+        assert pool.restarts.tolist() == [0] * hooks.NUM_ENVS  # no worker died
+        obs = pool.step(ACTIONS)[0]  # a failed call leaves the pool usable
+        assert obs[:, 0].tolist() == [(hooks.SEED + i) * 100 + 1 for i in range(hooks.NUM_ENVS)]
+        with pytest.raises(envfleet.EnvRaisedError, match="could not unpickle") as info:
+            pool.reset(options={"x": _Unloadable()})
+        assert info.value.phase is envfleet.Phase.RESET
+        assert pool.restarts.tolist() == [0] * hooks.NUM_ENVS
+        with pytest.raises(envfleet.BrokenPoolError):  # as after any failed reset
+            pool.step(ACTIONS)
+
+
 def test_crash_loop_hits_max_restarts() -> None:
     pool = envfleet.make(
         functools.partial(FaultyEnv, step_hook=hooks.raise_always),

@@ -35,6 +35,7 @@ from tests.test_fault_matrix import (  # noqa: E402
     check_cell,
     check_large_command_to_a_hung_worker,
     check_memory_recycling,
+    check_undecodable_commands,
     not_applicable,
 )
 
@@ -93,6 +94,12 @@ def test_an_actor_over_its_memory_limit_is_recycled(
     replaced as a worker process is."""
     monkeypatch.setattr(envfleet.recovery, "MEMORY_CHECK_INTERVAL", 0.0)
     check_memory_recycling("ray")
+
+
+@pytest.mark.timeout(60)
+def test_a_command_an_actor_cannot_unpickle_fails_alone(ray_session: None) -> None:
+    """Over the socket, as over a process's pipe (a Ray call's failure was named already)."""
+    check_undecodable_commands("ray")
 
 
 @pytest.mark.slow  # a Ray of its own in a child process: about 10 s to start here
