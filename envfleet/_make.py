@@ -301,13 +301,19 @@ def _probe(spec: EnvSpec, timeout: float | None = None) -> dict[str, Any]:
 
     With a ``timeout`` (the backends that bound construction: ``start_timeout``), the env is
     built on a helper thread (:func:`_within`): a constructor that hangs fails ``make()``
-    before any worker starts.
+    before any worker starts. One that refuses to run off the main thread (it installs a
+    signal handler, say) is built again on this thread, if it is the main one: it failed at
+    once, it did not hang.
     """
-    env = (
-        _build_probe(spec)
-        if timeout is None
-        else _within(timeout, spec, _build_probe, "building", discard=_close_probe)
-    )
+    if timeout is None:
+        env = _build_probe(spec)
+    else:
+        try:
+            env = _within(timeout, spec, _build_probe, "building", discard=_close_probe)
+        except EnvRaisedError as exc:
+            if not _wants_main_thread(exc.__cause__):
+                raise
+            env = _build_probe(spec)
     try:
         return {
             "observation_space": env.observation_space,
@@ -317,6 +323,16 @@ def _probe(spec: EnvSpec, timeout: float | None = None) -> dict[str, Any]:
         }
     finally:
         _close_probe(env)
+
+
+def _wants_main_thread(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says that its code must run on the main thread (and this is it)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        return "main thread" in str(exc)
+    except Exception:
+        return False
 
 
 def _within(

@@ -195,6 +195,21 @@ def test_a_constructor_that_hangs_in_the_caller_too_fails_make_within_start_time
     assert _CLOSED, "the env built after make() gave up on it was never closed"
 
 
+class _MainThreadEnv(FaultyEnv):
+    """Installs a signal handler as it is built, which only the main thread may do."""
+
+    def __init__(self) -> None:
+        signal.signal(signal.SIGUSR2, signal.getsignal(signal.SIGUSR2))
+        super().__init__()
+
+
+def test_an_env_that_must_be_built_on_the_main_thread_still_makes_a_pool() -> None:
+    """The bounded probe runs on a helper thread; an env that refuses one is built on the
+    caller's main thread instead (its workers build it on their own main threads)."""
+    with envfleet.make(_MainThreadEnv, 2, backend="process", num_workers=2, seed=0) as pool:
+        assert pool.reset()[0][:, 0].tolist() == [0, 100]
+
+
 @pytest.mark.parametrize("on_error", ["raise", "restart"])
 def test_sigkill_from_outside_mid_step(on_error: str) -> None:
     pool = _pool(on_error, sleep=0.05)
