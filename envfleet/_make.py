@@ -235,11 +235,16 @@ def make(
     bound = start_timeout if can.start_timeout else None
     probe = _probe(spec, bound)
     if auto:
-        profile = (
-            profile_env(spec)
-            if bound is None
-            else _within(bound, spec, profile_env, "profiling (num_workers='auto')")
-        )
+        try:
+            profile = (
+                profile_env(spec)
+                if bound is None
+                else _within(bound, spec, profile_env, "profiling (num_workers='auto')")
+            )
+        except Exception as exc:
+            if not _wants_main_thread(exc):
+                raise
+            profile = profile_env(spec)  # as the probe: it failed at once, it did not hang
         layout = auto_layout(profile, backend_kind, num_envs, len(usable_cpus()))
         num_workers = layout.num_workers
         if threads_per_worker == 1:

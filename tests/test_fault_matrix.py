@@ -206,8 +206,11 @@ class _MainThreadEnv(FaultyEnv):
 def test_an_env_that_must_be_built_on_the_main_thread_still_makes_a_pool() -> None:
     """The bounded probe runs on a helper thread; an env that refuses one is built on the
     caller's main thread instead (its workers build it on their own main threads)."""
-    with envfleet.make(_MainThreadEnv, 2, backend="process", num_workers=2, seed=0) as pool:
-        assert pool.reset()[0][:, 0].tolist() == [0, 100]
+    for workers in (2, "auto"):
+        with envfleet.make(
+            _MainThreadEnv, 2, backend="process", num_workers=workers, seed=0
+        ) as pool:
+            assert pool.reset()[0][:, 0].tolist() == [0, 100]
 
 
 @pytest.mark.parametrize("on_error", ["raise", "restart"])
