@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
@@ -13,7 +13,7 @@ from gymnasium.vector import AutoresetMode
 from envfleet.affinity import CpuAffinity, check_affinity, usable_cpus
 from envfleet.backends import Backend, TransportOptions, open_transport
 from envfleet.backends.base import DEFAULT_START_TIMEOUT, KINDS, RayOptions, capable
-from envfleet.errors import OnError, Phase, env_raised_error
+from envfleet.errors import EnvRaisedError, EnvTimeoutError, OnError, Phase, env_raised_error
 from envfleet.group import env_errors
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
 from envfleet.protocol import EnvFailure
@@ -21,6 +21,7 @@ from envfleet.spec import EnvSpec
 from envfleet.tune import auto_layout, profile_env
 
 START_METHODS = ("fork", "forkserver", "spawn")
+T = TypeVar("T")
 
 
 def make(
@@ -94,13 +95,17 @@ def make(
             handled as dead (process and ray backends).
         start_timeout: seconds each worker may take to build its envs, at ``make()`` and when
             a worker is rebuilt by a restart, before it is stopped and :class:`EnvTimeoutError`
-            (phase ``make``) is raised. On the thread backend a stuck thread cannot be stopped:
-            it is abandoned (a daemon). The serial backend builds in the caller's thread and
-            is not bounded.
+            (phase ``make``) is raised. The rebuild of one failed env inside a worker process
+            or Ray actor has it too (past it the worker ends itself, and is handled as dead).
+            The env ``make()`` first builds in this process to learn the spaces has the same
+            bound (it is built on a helper thread, abandoned if it
+            hangs). On the thread backend a stuck thread cannot be stopped: it is abandoned (a
+            daemon). The serial backend builds in the caller's thread and is not bounded.
         max_restarts: restarts allowed per env over the pool's life before
             :class:`RestartLimitError`.
-        worker_memory_limit: process backend: bytes of resident memory (RSS) a worker may use.
-            Checked between steps (at most once a second); a worker over it is replaced, its
+        worker_memory_limit: process and ray backends: bytes of resident memory (RSS) a worker
+            (a process; a Ray actor on this machine, whose memory this process can read) may
+            use. Checked between steps (at most once a second); a worker over it is replaced, its
             envs restarted as under ``on_error="restart"`` (episode reported truncated,
             ``infos["envfleet/restarted"]``) whatever ``on_error`` says, and counted in
             :meth:`Pool.stats` (``recycled``). ``None`` (default): no limit.
@@ -193,8 +198,9 @@ def make(
     if worker_memory_limit is not None:
         worker_memory_limit = _positive_int(worker_memory_limit, "worker_memory_limit")
         if not can.worker_memory_limit:
+            names = " or ".join(repr(b.value) for b in capable("worker_memory_limit"))
             raise ValueError(
-                "worker_memory_limit recycles worker processes: it needs backend='process', "
+                f"worker_memory_limit recycles worker processes: it needs backend={names}, "
                 f"got {backend_kind.value!r}"
             )
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
@@ -226,15 +232,26 @@ def make(
         raise TypeError(f"copy must be True or False, got {copy!r}")
     if ray_given and can.options is not RayOptions:
         raise ValueError(f"{', '.join(ray_given)} only apply to backend='ray'")
+    bound = start_timeout if can.start_timeout else None
+    probe = _probe(spec, bound)
     if auto:
-        layout = auto_layout(profile_env(spec), backend_kind, num_envs, len(usable_cpus()))
+        try:
+            profile = (
+                profile_env(spec)
+                if bound is None
+                else _within(bound, spec, profile_env, "profiling (num_workers='auto')")
+            )
+        except Exception as exc:
+            if not _wants_main_thread(exc):
+                raise
+            profile = profile_env(spec)  # as the probe: it failed at once, it did not hang
+        layout = auto_layout(profile, backend_kind, num_envs, len(usable_cpus()))
         num_workers = layout.num_workers
         if threads_per_worker == 1:
             threads_per_worker = layout.threads_per_worker
     if can.one_worker:
         num_workers = 1
 
-    probe = _probe(spec)
     assignment = [
         tuple(int(i) for i in ids) for ids in np.array_split(np.arange(num_envs), num_workers)
     ]
@@ -284,19 +301,24 @@ def make(
         raise
 
 
-def _probe(spec: EnvSpec) -> dict[str, Any]:
-    """Build one env in the caller to learn its spaces (and fail fast on a broken factory)."""
-    try:
-        env = spec.build()
-    except env_errors() as exc:
-        failure = EnvFailure.capture(None, Phase.MAKE, exc)
-        raise env_raised_error(
-            f"building {spec.name} failed: {failure.type_name}: {failure.message}",
-            exc,
-            env_index=None,
-            phase=Phase.MAKE,
-            worker=-1,
-        ) from exc
+def _probe(spec: EnvSpec, timeout: float | None = None) -> dict[str, Any]:
+    """Build one env in the caller to learn its spaces (and fail fast on a broken factory).
+
+    With a ``timeout`` (the backends that bound construction: ``start_timeout``), the env is
+    built on a helper thread (:func:`_within`): a constructor that hangs fails ``make()``
+    before any worker starts. One that refuses to run off the main thread (it installs a
+    signal handler, say) is built again on this thread, if it is the main one: it failed at
+    once, it did not hang.
+    """
+    if timeout is None:
+        env = _build_probe(spec)
+    else:
+        try:
+            env = _within(timeout, spec, _build_probe, "building", discard=_close_probe)
+        except EnvRaisedError as exc:
+            if not _wants_main_thread(exc.__cause__):
+                raise
+            env = _build_probe(spec)
     try:
         return {
             "observation_space": env.observation_space,
@@ -306,6 +328,77 @@ def _probe(spec: EnvSpec) -> dict[str, Any]:
         }
     finally:
         _close_probe(env)
+
+
+def _wants_main_thread(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says that its code must run on the main thread (and this is it)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        return "main thread" in str(exc)
+    except Exception:
+        return False
+
+
+def _within(
+    timeout: float,
+    spec: EnvSpec,
+    task: Callable[[EnvSpec], T],
+    what: str,
+    discard: Callable[[T], None] | None = None,
+) -> T:
+    """``task(spec)`` on a helper thread, waited for at most ``timeout`` seconds: past it
+    :class:`EnvTimeoutError` (phase ``make``), the stuck thread (a daemon, which cannot be
+    stopped) abandoned; should it finish after all, ``discard`` gets its result (an env to
+    close). What ``task`` raises is raised here."""
+    done: list[tuple[bool, Any]] = []
+    lock = threading.Lock()
+    abandoned = False
+
+    def run() -> None:
+        try:
+            result: tuple[bool, Any] = (True, task(spec))
+        except BaseException as exc:  # raised again in the caller's thread
+            result = (False, exc)
+        with lock:
+            if not abandoned:
+                done.append(result)
+                return
+        if result[0] and discard is not None:
+            discard(result[1])
+
+    worker = threading.Thread(target=run, name="envfleet-probe", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    with lock:
+        abandoned = not done
+    if abandoned:
+        raise EnvTimeoutError(
+            f"{what} {spec.name} did not finish within start_timeout={timeout:g}s: its "
+            "constructor (or a step) hangs; the thread running it cannot be stopped and was "
+            "abandoned, and no worker was started",
+            env_index=None,
+            phase=Phase.MAKE,
+            worker=-1,
+        )
+    ok, value = done[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+def _build_probe(spec: EnvSpec) -> Any:
+    try:
+        return spec.build()
+    except env_errors() as exc:
+        failure = EnvFailure.capture(None, Phase.MAKE, exc)
+        raise env_raised_error(
+            f"building {spec.name} failed: {failure.type_name}: {failure.message}",
+            exc,
+            env_index=None,
+            phase=Phase.MAKE,
+            worker=-1,
+        ) from exc
 
 
 PROBE_CLOSE_TIMEOUT = 5.0

@@ -12,9 +12,11 @@ with a seed derived from the pool seed, the env index and its restart count.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import faulthandler
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import gymnasium
@@ -38,12 +40,43 @@ def derive_seed(seed_base: int | None, env_index: int, restarts: int) -> int | N
 
 
 def env_errors() -> tuple[type[BaseException], ...]:
-    """What counts as an env's own failure: any exception, ``SystemExit`` and
-    ``KeyboardInterrupt`` included (an env that calls ``sys.exit()`` fails like one that
-    raises), except a ``KeyboardInterrupt`` on the main thread, which is the user's Ctrl-C."""
+    """What counts as an env's own failure: any exception, ``SystemExit`` included (an env that
+    calls ``sys.exit()`` fails like one that raises); on any thread but the main one, any
+    ``BaseException`` at all (``KeyboardInterrupt``, ``GeneratorExit``, a library's own), which
+    would otherwise end a worker thread that cannot be replaced. On the main thread a
+    ``KeyboardInterrupt`` is the user's Ctrl-C and is not caught."""
     if threading.current_thread() is threading.main_thread():
         return (Exception, SystemExit)
-    return (Exception, SystemExit, KeyboardInterrupt)
+    return (BaseException,)
+
+
+_timers_lock = threading.Lock()
+_timers = 0  # blocks inside exit_if_longer now (threads_per_worker: one per thread)
+
+
+@contextlib.contextmanager
+def exit_if_longer(seconds: float | None) -> Iterator[None]:
+    """End this process (exit code 1, the stuck threads' stacks on stderr) if the block takes
+    longer than ``seconds`` (``None``: no bound). Only for a worker process of its own: the
+    pool then sees a dead worker, which its own bounds handle (restart, ``start_timeout``).
+
+    faulthandler's timer runs on a C thread, so it fires even while the block holds the GIL.
+    It is one per process: blocks on several threads at once share it, re-armed by each.
+    """
+    global _timers
+    if seconds is None:
+        yield
+        return
+    with _timers_lock:
+        _timers += 1
+        faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        with _timers_lock:
+            _timers -= 1
+            if not _timers:
+                faulthandler.cancel_dump_traceback_later()
 
 
 class GroupStartError(Exception):
@@ -69,6 +102,10 @@ class EnvGroup:
         seed_base: the pool's seed, from which restarted envs' seeds derive.
         restarts: restarts so far per env (a restarted worker continues the count).
         restarted: this group replaces a worker that died: every env starts restarted.
+        rebuild_timeout: in a worker process of its own (never the caller's): seconds the
+            rebuild of a failed env may take (``start_timeout``) before the process ends itself
+            (:func:`exit_if_longer`), so that the pool sees a dead worker instead of waiting
+            for ever; ``None``: not bounded here.
     """
 
     def __init__(
@@ -84,8 +121,10 @@ class EnvGroup:
         seed_base: int | None = None,
         restarts: Mapping[int, int] | None = None,
         restarted: bool = False,
+        rebuild_timeout: float | None = None,
     ) -> None:
         self.spec = spec
+        self.rebuild_timeout = rebuild_timeout
         self.env_ids = tuple(env_ids)
         self.batch = batch
         self.mode = autoreset_mode
@@ -258,7 +297,8 @@ class EnvGroup:
         except env_errors():
             pass  # the env is broken; its close may be too
         try:
-            self.envs[i] = self._build(i)
+            with exit_if_longer(self.rebuild_timeout):
+                self.envs[i] = self._build(i)
         except env_errors() as exc:
             failures.append(EnvFailure.capture(i, Phase.MAKE, exc))
             return False

@@ -218,6 +218,8 @@ class Ledger:
             self.ready.extend(ids)
             return command
         failed = {f.env_index for f in reply.failures}
+        if None in failed and not reply.env_ids:  # the command failed as a whole: no env ran
+            failed = set(ids)
         for i in ids:
             if i in failed:
                 self.state[i] = _IDLE

@@ -175,6 +175,17 @@ class Pool(VectorEnv):  # type: ignore[misc]
 
     @worker_memory_limit.setter
     def worker_memory_limit(self, limit: int | None) -> None:
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int | np.integer):
+                raise TypeError(f"worker_memory_limit must be an int or None, got {limit!r}")
+            if limit < 1:
+                raise ValueError(f"worker_memory_limit must be at least 1, got {limit}")
+            if getattr(self._transport, "memory", None) is None:
+                raise ValueError(
+                    "worker_memory_limit recycles worker processes: this pool's backend has "
+                    "none (its envs run in this process)"
+                )
+            limit = int(limit)
         self._recovery.worker_memory_limit = limit
 
     # -- the Gymnasium API ---------------------------------------------------------------------

@@ -19,6 +19,7 @@ gather results).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -97,7 +98,12 @@ class Recovery:
             return None
         error = self._count_restarts(worker, reply.restarts) if reply.restarts else None
         if isinstance(command, EnvCommand) and reply.failures:
-            return reply.failures[0].to_error(worker, self.env_name)
+            failure = reply.failures[0]
+            if failure.env_index is None and failure.phase is not command.phase:
+                # The command failed as a whole, before any env (the worker could not read
+                # it, say): it names the phase of the command.
+                failure = dataclasses.replace(failure, phase=command.phase)
+            return failure.to_error(worker, self.env_name)
         return error
 
     def lost(self, worker: int, lost: WorkerLost) -> EnvError | None:

@@ -55,6 +55,7 @@ def build_group(
     *,
     ship_observations: bool = False,
     restarts: dict[int, int] | None = None,
+    rebuild_timeout: float | None = None,
 ) -> EnvGroup | ThreadedGroup:
     """The group a worker runs: one :class:`EnvGroup`, or several on threads.
 
@@ -78,6 +79,7 @@ def build_group(
             seed_base=options.seed_base,
             restarts=restarts,
             restarted=bool(restarts),
+            rebuild_timeout=rebuild_timeout,
         )
 
     if options.threads_per_worker <= 1 or len(env_ids) <= 1:
@@ -100,11 +102,20 @@ def start_group(
     *,
     ship_observations: bool = False,
     restarts: dict[int, int] | None = None,
+    rebuild_timeout: float | None = None,
 ) -> tuple[Group | None, Reply]:
-    """Build a worker's group; the reply tells the pool it started or why it could not."""
+    """Build a worker's group; the reply tells the pool it started or why it could not.
+
+    ``rebuild_timeout``: only in a worker process of its own (see :class:`EnvGroup`).
+    """
     try:
         group = build_group(
-            options, env_ids, batch, ship_observations=ship_observations, restarts=restarts
+            options,
+            env_ids,
+            batch,
+            ship_observations=ship_observations,
+            restarts=restarts,
+            rebuild_timeout=rebuild_timeout,
         )
     except GroupStartError as exc:
         return None, Reply(failures=(exc.failure,))

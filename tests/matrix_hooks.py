@@ -179,9 +179,9 @@ class Fault:
 
 class FaultyFactory:
     """Builds :class:`FaultyEnv` with fault ``kind`` in ``phase``, or at construction itself:
-    ``make``: in the pool's workers (not the probe ``make()`` builds in the caller, unless
-    ``in_caller``); ``rebuild``: the victim raises in a step, and every build after that
-    misbehaves."""
+    ``make``: in the pool's workers (not the probe ``make()`` builds in the caller, on its
+    ``envfleet-probe`` thread, unless ``in_caller``); ``rebuild``: the victim raises in a step,
+    and every build after that misbehaves."""
 
     def __init__(self, kind: str, phase: str, *, pool_pid: int, tmp: str, in_caller: bool) -> None:
         self.kind, self.phase, self.pool_pid, self.in_caller = kind, phase, pool_pid, in_caller
@@ -189,9 +189,9 @@ class FaultyFactory:
         self.marker = os.path.join(tmp, "rebuild")
 
     def __call__(self) -> FaultyEnv:
-        in_worker = (
-            os.getpid() != self.pool_pid
-            or threading.current_thread() is not threading.main_thread()
+        thread = threading.current_thread()
+        in_worker = os.getpid() != self.pool_pid or (
+            thread is not threading.main_thread() and thread.name != "envfleet-probe"
         )
         if self.phase == "make" and (in_worker or self.in_caller):
             misbehave(self.kind)

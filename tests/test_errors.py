@@ -227,22 +227,42 @@ def test_failing_call_names_the_env_and_leaves_the_pool_usable(
     np.testing.assert_array_equal(obs[:, 0], [i * 100 + 1 for i in range(NUM_ENVS)])
 
 
-def _interrupt_in_step(env: FaultyEnv, action: Any) -> None:
-    if env.seed_used == 1:
-        raise KeyboardInterrupt
+class _OwnBaseError(BaseException):
+    """A library's own ``BaseException`` (as trio's ``Cancelled`` or gevent's ``GreenletExit``)."""
+
+
+THREAD_BASE_EXCEPTIONS = (KeyboardInterrupt, GeneratorExit, _OwnBaseError)
+
+
+def _interrupt_in_step(kind: type[BaseException], env: FaultyEnv, action: Any) -> None:
+    if env.seed_used == 1 and env.count == 101:  # env 1's second step, once
+        raise kind
 
 
 @pytest.mark.timeout(30)
-def test_keyboard_interrupt_raised_by_an_env_in_a_worker_thread_is_that_envs_failure() -> None:
+@pytest.mark.parametrize("kind", THREAD_BASE_EXCEPTIONS, ids=lambda k: k.__name__)
+def test_any_base_exception_raised_by_an_env_in_a_worker_thread_is_that_envs_failure(
+    kind: type[BaseException],
+) -> None:
     """Not a Ctrl-C (that reaches the main thread only): a failure of the env, not a dead
-    worker thread that would leave ``step()`` waiting forever."""
-    env = functools.partial(FaultyEnv, step_hook=_interrupt_in_step)
+    worker thread that would leave ``step()`` waiting forever (or, a thread worker being
+    irreplaceable, break a pool that should restart the env)."""
+    env = functools.partial(FaultyEnv, step_hook=functools.partial(_interrupt_in_step, kind))
+    actions = np.zeros(2, dtype=np.int64)
     with envfleet.make(env, 2, backend="thread", seed=0) as pool:
         pool.reset()
+        pool.step(actions)
         with pytest.raises(envfleet.EnvRaisedError) as info:
-            pool.step(np.zeros(2, dtype=np.int64))
+            pool.step(actions)
     assert info.value.env_index == 1 and info.value.phase is envfleet.Phase.STEP
-    assert isinstance(info.value.__cause__, KeyboardInterrupt)
+    assert isinstance(info.value.__cause__, kind)
+    with envfleet.make(env, 2, backend="thread", seed=0, on_error="restart") as pool:
+        pool.reset()
+        results = [pool.step(actions) for _ in range(3)]
+        assert results[1][4]["envfleet/restarted"].tolist() == [False, True]
+        assert results[1][3].tolist() == [False, True]
+        assert pool.restarts.tolist() == [0, 1]
+        assert results[2][0][0, 0] == 3  # env 0 goes on untouched
 
 
 # -- the error is of the env's own exception type too (as Gymnasium re-raises it) -------------

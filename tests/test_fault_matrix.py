@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -152,6 +153,66 @@ def test_factory_failure_fails_make_fast(on_error: str) -> None:
     assert time.monotonic() - started < 10
 
 
+_RELEASE = threading.Event()
+_CLOSED: list[FaultyEnv] = []
+
+
+def _hanging_constructor() -> FaultyEnv:
+    """An env whose constructor hangs wherever it runs (a simulator that never answers)."""
+    _RELEASE.wait(60)
+    return FaultyEnv(close_hook=_CLOSED.append)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("where", ["thread", "process"])
+@pytest.mark.parametrize("num_workers", [2, "auto"])
+def test_a_constructor_that_hangs_in_the_caller_too_fails_make_within_start_timeout(
+    where: str, num_workers: Any
+) -> None:
+    """``make()`` first builds one env in the caller to learn the spaces: that is bounded by
+    ``start_timeout`` as well (it waited forever), and no worker is started."""
+    _RELEASE.clear()
+    started = time.monotonic()
+    try:
+        with pytest.raises(envfleet.EnvTimeoutError, match=r"start_timeout=0\.5s") as info:
+            envfleet.make(
+                _hanging_constructor,
+                4,
+                backend=where,
+                num_workers=num_workers,
+                step_timeout=2.0 if where == "process" else None,
+                start_timeout=0.5,
+            )
+        assert time.monotonic() - started < 5
+        assert info.value.phase is envfleet.Phase.MAKE and info.value.worker == -1
+        assert not psutil.Process().children()
+    finally:
+        _CLOSED.clear()
+        _RELEASE.set()  # lets the abandoned thread end
+    deadline = time.monotonic() + 5
+    while not _CLOSED and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _CLOSED, "the env built after make() gave up on it was never closed"
+
+
+class _MainThreadEnv(FaultyEnv):
+    """Installs a signal handler as it is built, which only the main thread may do."""
+
+    def __init__(self) -> None:
+        signal.signal(signal.SIGUSR2, signal.getsignal(signal.SIGUSR2))
+        super().__init__()
+
+
+def test_an_env_that_must_be_built_on_the_main_thread_still_makes_a_pool() -> None:
+    """The bounded probe runs on a helper thread; an env that refuses one is built on the
+    caller's main thread instead (its workers build it on their own main threads)."""
+    for workers in (2, "auto"):
+        with envfleet.make(
+            _MainThreadEnv, 2, backend="process", num_workers=workers, seed=0
+        ) as pool:
+            assert pool.reset()[0][:, 0].tolist() == [0, 100]
+
+
 @pytest.mark.parametrize("on_error", ["raise", "restart"])
 def test_sigkill_from_outside_mid_step(on_error: str) -> None:
     pool = _pool(on_error, sleep=0.05)
@@ -176,6 +237,125 @@ def test_close_escalates_when_env_close_hangs() -> None:
     pool.close(timeout=1.0)
     assert time.monotonic() - started < 6
     pool.close()
+
+
+def _hang_in_first_step(env: FaultyEnv, action: Any) -> None:
+    if env.seed_used == hooks.SEED and env.count == hooks.SEED * 100:  # env 0, its first step
+        time.sleep(3600)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("on_error", ["raise", "restart"])
+def test_a_large_command_to_a_hung_worker_waits_no_longer_than_step_timeout(on_error: str) -> None:
+    """A command larger than the pipe holds, sent to a worker hung in a step: the write used to
+    block the pool for good, before any wait could apply ``step_timeout``."""
+    check_large_command_to_a_hung_worker("process", on_error)
+
+
+def check_large_command_to_a_hung_worker(backend: str, on_error: str) -> None:
+    pool = envfleet.make(
+        functools.partial(FaultyEnv, step_hook=_hang_in_first_step),
+        4,
+        backend=backend,
+        num_workers=2,
+        seed=hooks.SEED,
+        batch_size=2,
+        step_timeout=1.0,
+        on_error=on_error,
+    )
+    pool.reset()
+    pool.send(np.ones(4, dtype=np.int64))
+    assert pool.recv()[4]["env_id"].tolist() == [2, 3]  # worker 1's; worker 0 hangs
+    payload = np.arange(1 << 20, dtype=np.uint8)  # 1 MiB: more than a pipe holds
+    started = time.monotonic()
+    if on_error == "raise":
+        with pytest.raises(envfleet.EnvTimeoutError) as info:
+            pool.set_attr("payload", payload)
+        assert info.value.worker == 0 and info.value.env_ids == (0, 1)
+    else:  # worker 0 is replaced, and what it owed (the step, then the values) resent
+        pool.set_attr("payload", payload)
+        assert pool.recv()[4]["envfleet/restarted"].tolist() == [True, True]
+        assert all(np.array_equal(value, payload) for value in pool.get_attr("payload"))
+    assert time.monotonic() - started < 10
+    _close_twice(pool)
+
+
+@pytest.mark.timeout(30)
+def test_an_env_rebuild_that_hangs_is_bounded_without_step_timeout(
+    tmp_path: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """An env that raised is rebuilt inside its worker; with no ``step_timeout`` nothing bounded
+    that rebuild when it hung (the step waited for ever). Now ``start_timeout`` does: the worker
+    process ends itself, saying where it hung, and its replacement, which hangs building the
+    envs too, fails as a construction does."""
+    check_rebuild_without_step_timeout("process", str(tmp_path))
+    assert "Timeout" in capfd.readouterr().err  # faulthandler's dump of the stuck stack
+
+
+def check_rebuild_without_step_timeout(backend: str, tmp: str) -> None:
+    factory = hooks.FaultyFactory("hang", "rebuild", pool_pid=os.getpid(), tmp=tmp, in_caller=False)
+    pool = envfleet.make(
+        factory,
+        hooks.NUM_ENVS,
+        backend=backend,
+        num_workers=hooks.NUM_WORKERS,
+        seed=hooks.SEED,
+        on_error="restart",
+        start_timeout=1.0 if backend == "process" else START_TIMEOUT[backend],
+    )
+    started = time.monotonic()
+    with pytest.raises(envfleet.EnvTimeoutError) as info:
+        _run(pool, steps=hooks.FAULT_STEP)
+    assert time.monotonic() - started < BOUND
+    assert info.value.phase is envfleet.Phase.MAKE and info.value.worker == 1
+    assert info.value.env_ids == hooks.VICTIM_WORKER_ENVS
+    with pytest.raises(envfleet.BrokenPoolError):
+        pool.step(ACTIONS)
+    _close_twice(pool)
+
+
+def _refuse_to_load() -> None:
+    raise RuntimeError("cannot be rebuilt in this process")
+
+
+class _Unloadable:
+    """Pickles in the pool; rebuilding it fails in the worker (as a class the worker cannot
+    import would)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_refuse_to_load, ())
+
+
+@pytest.mark.timeout(30)
+def test_a_command_the_worker_cannot_unpickle_fails_alone() -> None:
+    check_undecodable_commands("process")
+
+
+def check_undecodable_commands(backend: str) -> None:
+    """The worker used to die on it, and under ``"restart"`` was replaced, sent it again and
+    died again, ``max_restarts`` times over: now the command fails as a whole, named."""
+    with envfleet.make(
+        FaultyEnv,
+        hooks.NUM_ENVS,
+        backend=backend,
+        num_workers=hooks.NUM_WORKERS,
+        seed=hooks.SEED,
+        on_error="restart",
+    ) as pool:
+        pool.reset()
+        with pytest.raises(envfleet.EnvRaisedError, match="could not unpickle") as info:
+            pool.set_attr("episode_length", _Unloadable())
+        assert info.value.phase is envfleet.Phase.CALL
+        assert "cannot be rebuilt in this process" in info.value.__cause__.__cause__.tb
+        assert pool.restarts.tolist() == [0] * hooks.NUM_ENVS  # no worker died
+        obs = pool.step(ACTIONS)[0]  # a failed call leaves the pool usable
+        assert obs[:, 0].tolist() == [(hooks.SEED + i) * 100 + 1 for i in range(hooks.NUM_ENVS)]
+        with pytest.raises(envfleet.EnvRaisedError, match="could not unpickle") as info:
+            pool.reset(options={"x": _Unloadable()})
+        assert info.value.phase is envfleet.Phase.RESET
+        assert pool.restarts.tolist() == [0] * hooks.NUM_ENVS
+        with pytest.raises(envfleet.BrokenPoolError):  # as after any failed reset
+            pool.step(ACTIONS)
 
 
 def test_crash_loop_hits_max_restarts() -> None:
@@ -215,11 +395,27 @@ def test_start_methods(context: str, fault: str) -> None:
 def test_a_worker_over_its_memory_limit_is_recycled(monkeypatch: pytest.MonkeyPatch) -> None:
     """A leaking env's worker is replaced between steps, its envs flagged as restarted."""
     monkeypatch.setattr(envfleet.recovery, "MEMORY_CHECK_INTERVAL", 0.0)
+    check_memory_recycling("process")
+
+
+@pytest.mark.parametrize("where", ["serial", "thread"])
+def test_backends_without_worker_processes_refuse_a_memory_limit(where: str) -> None:
+    """The memory row of the matrix on these backends: their envs live in the caller's own
+    process, which cannot be recycled; make() says so before anything starts."""
+    with pytest.raises(ValueError, match="worker_memory_limit recycles worker processes"):
+        envfleet.make(FaultyEnv, 2, backend=where, worker_memory_limit=1 << 30)
+    with envfleet.make(FaultyEnv, 2, backend=where) as pool:  # nor later, on the pool
+        with pytest.raises(ValueError, match="worker_memory_limit recycles worker processes"):
+            pool.worker_memory_limit = 1 << 30
+        assert pool.worker_memory_limit is None
+
+
+def check_memory_recycling(backend: str) -> None:
     expected = _reference(steps=8)
     pool = envfleet.make(
         functools.partial(FaultyEnv, step_hook=hooks.leak_in_step),
         hooks.NUM_ENVS,
-        backend="process",
+        backend=backend,
         num_workers=hooks.NUM_WORKERS,
         seed=hooks.SEED,
         worker_memory_limit=1 << 40,
@@ -227,6 +423,9 @@ def test_a_worker_over_its_memory_limit_is_recycled(monkeypatch: pytest.MonkeyPa
     pool.reset()
     memory = pool._transport.memory  # type: ignore[attr-defined]
     limit = max(memory(w) for w in range(hooks.NUM_WORKERS)) + (45 << 20)
+    for bad, error in ((0, ValueError), (-1, ValueError), (1.5, TypeError), ("1G", TypeError)):
+        with pytest.raises(error, match="worker_memory_limit"):
+            pool.worker_memory_limit = bad  # type: ignore[assignment]
     pool.worker_memory_limit = limit  # a worker grows over it after about 5 steps
     results = [pool.step(ACTIONS) for _ in range(8)]
     flagged = [(step, _flagged(r[4])) for step, r in enumerate(results) if _flagged(r[4])]
@@ -284,7 +483,7 @@ def test_workers_exit_when_the_parent_is_killed() -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("context", ["fork", "forkserver"])
+@pytest.mark.parametrize("context", ["fork", "forkserver", "spawn"])
 def test_workers_holding_the_gil_die_with_the_parent(context: str) -> None:
     """The watchdog thread cannot run while an env holds the GIL: the kernel ends the worker."""
     proc = subprocess.Popen(

@@ -3,10 +3,10 @@
 Ray takes seconds to start and each pool seconds to place its actors, so this module joins one
 Ray for all its cells and runs a sample of the table (``test_ray.py`` covers more of the step
 phase: env exceptions, dead and hung actors): each env fault in the step phase, then a cell or
-two of every other phase and of ``"restart"``, each kind of fault (an env's exception, a dead
-actor, a stuck one) somewhere. The cells run the checks of the other backends
-(:func:`check_cell`); Ray's daemons are children of this process, so the leak check is
-:func:`ray_leak_check`, which still fails a cell that leaves an actor behind.
+two of every other phase and of ``"restart"``, every fault of the table somewhere (an actor
+killed by SIGKILL and one stopped by SIGSTOP in the step phase). The cells run the checks of
+the other backends (:func:`check_cell`); Ray's daemons are children of this process, so the
+leak check is :func:`ray_leak_check`, which still fails a cell that leaves an actor behind.
 """
 
 from __future__ import annotations
@@ -31,7 +31,13 @@ import envfleet  # noqa: E402
 from tests import matrix_hooks as hooks  # noqa: E402
 from tests.envs import FaultyEnv  # noqa: E402
 from tests.ray_helpers import ray_leak_check  # noqa: E402
-from tests.test_fault_matrix import check_cell, not_applicable  # noqa: E402
+from tests.test_fault_matrix import (  # noqa: E402
+    check_cell,
+    check_large_command_to_a_hung_worker,
+    check_memory_recycling,
+    check_undecodable_commands,
+    not_applicable,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,6 +50,7 @@ CELLS = (
         ("call", "segfault", "raise"),
     ]
     + [("close", "hang", "raise"), ("rebuild", "raise", "restart"), ("rebuild", "hang", "restart")]
+    + [("step", "sigkill", "restart"), ("step", "sigstop", "raise")]
 )
 
 
@@ -68,6 +75,31 @@ def ray_session() -> Iterator[None]:
 def test_ray_cell(ray_session: None, phase: str, fault: str, policy: str, tmp_path: Any) -> None:
     assert not_applicable("ray", fault, phase, policy) is None
     check_cell("ray", fault, phase, policy, str(tmp_path))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("on_error", ["raise", "restart"])
+def test_a_large_command_to_a_hung_actor_waits_no_longer_than_step_timeout(
+    ray_session: None, on_error: str
+) -> None:
+    """1 MiB for an actor hung in a step, over its socket: the send used to block the pool."""
+    check_large_command_to_a_hung_worker("ray", on_error)
+
+
+@pytest.mark.timeout(90)
+def test_an_actor_over_its_memory_limit_is_recycled(
+    ray_session: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory row of the matrix on Ray: an actor on the pool's machine is measured and
+    replaced as a worker process is."""
+    monkeypatch.setattr(envfleet.recovery, "MEMORY_CHECK_INTERVAL", 0.0)
+    check_memory_recycling("ray")
+
+
+@pytest.mark.timeout(60)
+def test_a_command_an_actor_cannot_unpickle_fails_alone(ray_session: None) -> None:
+    """Over the socket, as over a process's pipe (a Ray call's failure was named already)."""
+    check_undecodable_commands("ray")
 
 
 @pytest.mark.slow  # a Ray of its own in a child process: about 10 s to start here

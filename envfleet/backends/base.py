@@ -189,6 +189,7 @@ KINDS = {
                 threads_per_worker=True,
                 cpu_affinity=True,
                 local_cpus=False,
+                worker_memory_limit=True,
                 start_timeout=True,
                 options=RayOptions,
             ),

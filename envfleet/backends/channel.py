@@ -51,10 +51,15 @@ def serve_connection(group: Group, conn: Connection, spin_seconds: float = 0.0) 
     while True:
         try:
             spin(conn.poll, spin_seconds)
-            command: Command = conn.recv()
+            data = conn.recv_bytes()
         except (EOFError, OSError):
             group.close()
             return
+        try:
+            command: Command = pickle.loads(data)
+        except Exception as exc:
+            conn.send(undecodable(exc))
+            continue
         reply = serve(group, command)
         try:
             try:
@@ -135,7 +140,13 @@ def serve_pipes(group: Group, command_fd: int, reply_fd: int, spin_seconds: floa
             tag = _read_exact(command_fd, 1)[0]
             if tag == FRAME:
                 (size,) = _LENGTH.unpack(_read_exact(command_fd, _LENGTH.size))
-                command = pickle.loads(_read_exact(command_fd, size))
+                body = _read_exact(command_fd, size)
+                try:
+                    command = pickle.loads(body)
+                except Exception as exc:
+                    command = None  # nothing to repeat
+                    write_all(reply_fd, encode_reply(undecodable(exc)))
+                    continue
             elif command is None:
                 raise EOFError  # a repeat with nothing to repeat: not our pool
         except (EOFError, OSError):
@@ -198,6 +209,19 @@ def unpicklable(reply: Reply, exc: Exception) -> EnvFailure:
     except TypeError as error:
         env = reply.env_ids[0] if reply.env_ids else None
         return EnvFailure.capture(env, Phase.STEP, error)
+
+
+def undecodable(exc: Exception) -> Reply:
+    """The reply to a command this worker could not unpickle: it pickled in the pool, but
+    something in it cannot be rebuilt here (a class this process cannot import, a
+    ``__reduce__`` that fails). The command failed as a whole, and the worker serves on."""
+    try:
+        raise TypeError(
+            "the worker could not unpickle the command the pool sent it: an argument pickled "
+            "in the pool cannot be rebuilt in the worker (see the cause)"
+        ) from exc
+    except TypeError as error:
+        return Reply(failures=(EnvFailure.capture(None, Phase.CALL, error),))
 
 
 class PickledCommands:

@@ -161,6 +161,7 @@ def _worker_main(
         shared.views(),
         ship_observations=shared.observations is None,
         restarts=restarts,
+        rebuild_timeout=options.start_timeout,  # a process of our own: it may end itself
     )
     write_all(reply_fd, encode_reply(started))
     if group is not None:
@@ -178,6 +179,10 @@ class ProcessTransport:
         self.batch = self._shared.views()
         self._ends: list[tuple[Connection, Connection]] = []  # (command writer, reply reader)
         self._command_fds: list[int] = []
+        # Per worker: bytes of commands the command pipe had no room for yet (a large command
+        # to a worker busy with an earlier one); written as the pipe drains, within wait().
+        self._outbox: list[bytearray] = []
+        self._writing: set[int] = set()  # workers whose command pipe the poller watches
         self._reply_fds: list[int] = []
         self._readers: list[FrameReader] = []
         self._last: list[Command | None] = []  # the command each worker would repeat
@@ -226,9 +231,14 @@ class ProcessTransport:
         command_r.close()
         reply_w.close()  # so that the worker's death reads as EOF here
         os.set_blocking(reply_r.fileno(), False)
+        # A write never blocks the pool: what does not fit waits in the worker's outbox, so a
+        # hung worker cannot hold up a submit beyond step_timeout (nor deadlock against a
+        # worker blocked writing a large reply).
+        os.set_blocking(command_w.fileno(), False)
         slot = (
             (command_w, reply_r),
             command_w.fileno(),
+            bytearray(),
             reply_r.fileno(),
             FrameReader(),
             None,
@@ -239,6 +249,7 @@ class ProcessTransport:
         lists = (
             self._ends,
             self._command_fds,
+            self._outbox,
             self._reply_fds,
             self._readers,
             self._last,
@@ -278,6 +289,7 @@ class ProcessTransport:
             self._poller.unregister(self._reply_fds[worker])
             self._poller.unregister(old_proc.sentinel)
         self._alive[worker] = False
+        self._drop_outbox(worker)
         if old_proc.is_alive():
             old_proc.kill()
         old_proc.join(1.0)
@@ -361,10 +373,49 @@ class ProcessTransport:
         else:
             data = frame(self._pickled.dumps(command))
             self._last[worker] = command
+        outbox = self._outbox[worker]
+        if outbox:  # earlier bytes still wait for room: these go after them
+            outbox += data
+            return
+        fd = self._command_fds[worker]
         try:
-            write_all(self._command_fds[worker], data)
+            written = os.write(fd, data)
+        except BlockingIOError:
+            written = 0
         except (BrokenPipeError, ConnectionResetError, EOFError):
-            pass  # the worker is gone; its sentinel reports it on the next wait
+            return  # the worker is gone; its sentinel reports it on the next wait
+        if written < len(data):
+            outbox += data[written:]
+            self._watch_outbox(worker)
+
+    def _watch_outbox(self, worker: int) -> None:
+        if self._poller is not None and self._alive[worker] and worker not in self._writing:
+            self._poller.register(self._command_fds[worker], select.POLLOUT)
+            self._writing.add(worker)
+
+    def _unwatch_outbox(self, worker: int) -> None:
+        if worker in self._writing:
+            self._writing.discard(worker)
+            if self._poller is not None:
+                self._poller.unregister(self._command_fds[worker])
+
+    def _flush(self, worker: int) -> None:
+        """Write what ``worker``'s outbox holds, as far as its command pipe has room."""
+        outbox, fd = self._outbox[worker], self._command_fds[worker]
+        try:
+            while outbox:
+                written = os.write(fd, outbox)
+                del outbox[:written]
+        except BlockingIOError:
+            return
+        except OSError:  # the worker is gone: its sentinel reports it
+            outbox.clear()
+        self._unwatch_outbox(worker)
+
+    def _drop_outbox(self, worker: int) -> None:
+        """Forget what was never written to ``worker`` (lost or replaced)."""
+        self._outbox[worker].clear()
+        self._unwatch_outbox(worker)
 
     def wait(
         self, timeout: float | None, want: int = 1
@@ -380,6 +431,8 @@ class ProcessTransport:
                 if alive:
                     self._poller.register(self._reply_fds[w], select.POLLIN)
                     self._poller.register(self._procs[w].sentinel, select.POLLIN)
+                    if self._outbox[w]:
+                        self._watch_outbox(w)
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[tuple[int, Reply | WorkerLost | None]] = []
         ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
@@ -393,7 +446,12 @@ class ProcessTransport:
                 events = _retry_eintr(self._poller.poll, ms)
             if events:
                 start = len(replies)
-                if self._take_events({fd for fd, _ in events}, replies):
+                ready = {fd for fd, _ in events}
+                if any(self._outbox):
+                    for w, outbox in enumerate(self._outbox):
+                        if outbox and self._command_fds[w] in ready:
+                            self._flush(w)
+                if self._take_events(ready, replies):
                     return replies  # a worker was lost: the pool sees to it first
                 for _, reply in replies[start:]:
                     if reply is not None and reply.failures:  # type: ignore[union-attr]
@@ -438,6 +496,7 @@ class ProcessTransport:
                 replies.extend([(w, reply) for reply in got])
                 got.clear()
                 self._alive[w] = False
+                self._drop_outbox(w)
                 self._poller.unregister(fd)  # type: ignore[union-attr]
                 self._poller.unregister(proc.sentinel)  # type: ignore[union-attr]
                 replies.append((w, WorkerLost(proc.exitcode, _describe_exit(proc.exitcode))))
@@ -456,6 +515,9 @@ class ProcessTransport:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
+            for w, outbox in enumerate(self._outbox):
+                if outbox and self._alive[w]:
+                    self._flush(w)  # the Close queued behind a large command
             # Drain replies so that no worker blocks writing to a full pipe while exiting.
             handles: list[Any] = [
                 fd for fd, p in zip(self._reply_fds, self._procs, strict=True) if p.is_alive()

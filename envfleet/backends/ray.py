@@ -35,6 +35,8 @@ import pickle
 import secrets
 import select
 import shutil
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -230,11 +232,17 @@ class RayTransport:
         workers = len(options.assignment)
         self._actors: list[Any] = []
         self._nodes: list[str] = [""] * workers
+        self._pids: list[int | None] = [None] * workers  # each actor's process
         # Per worker: (result refs, command) of each call in flight, oldest first; the refs are
         # the pieces of one result (one ref unless the result travels in pieces).
         self._refs: list[deque[tuple[list[Any], Command]]] = [deque() for _ in range(workers)]
         # Same-machine workers: their socket, the call that serves it, and replies owed.
         self._conns: list[Connection | None] = [None] * workers
+        # Per same-machine worker: its socket (to send without blocking) and the bytes of
+        # commands it had no room for yet, written as it drains, within wait(): a large
+        # command to an actor hung in a step cannot hold the pool up past step_timeout.
+        self._socks: list[socket.socket | None] = [None] * workers
+        self._outbox = [bytearray() for _ in range(workers)]
         self._serving: list[Any] = [None] * workers
         self._owed = [0] * workers
         self._poller = select.poll()
@@ -294,7 +302,7 @@ class RayTransport:
                 try:
                     reply: Reply
                     address: str | None
-                    reply, self._nodes[worker], address = ray.get(
+                    reply, self._nodes[worker], address, self._pids[worker] = ray.get(
                         ref, timeout=max(0.0, deadline - time.monotonic())
                     )
                     break
@@ -342,8 +350,22 @@ class RayTransport:
                 worker, f"built them but its socket could not be reached: {exc}"
             ) from exc
         self._conns[worker] = conn
+        self._socks[worker] = socket.socket(fileno=conn.fileno())  # detached when dropped
         self._owed[worker] = 0
         self._poller.register(conn.fileno(), select.POLLIN)
+
+    def memory(self, worker: int) -> int | None:
+        """Resident memory of ``worker``'s actor process in bytes; ``None``: unknown (gone, or
+        on another node, whose processes this one cannot read)."""
+        pid = self._pids[worker]
+        if pid is None or self._pool_node is None or self._nodes[worker] != self._pool_node:
+            return None
+        import psutil  # only worker_memory_limit asks
+
+        try:
+            return int(psutil.Process(pid).memory_info().rss)
+        except (psutil.Error, ValueError):
+            return None
 
     def node_ids(self) -> list[str]:
         """The Ray node each actor runs on."""
@@ -361,14 +383,10 @@ class RayTransport:
             cloudpickle.dumps(command)  # as Ray will, in submit
 
     def submit(self, worker: int, command: Command) -> None:
-        conn = self._conns[worker]
-        if conn is not None:
-            data = self._pickled.dumps(command)
+        sock = self._socks[worker]
+        if sock is not None:
             self._owed[worker] += 1
-            try:
-                conn.send_bytes(data)
-            except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
-                pass  # the actor is gone: its socket reports it on the next wait
+            self._send(worker, sock, _message(self._pickled.dumps(command)))
             return
         if isinstance(command, Step) and command.actions is None and self._read_action:
             # The pool wrote the actions to the batch, which this actor does not see.
@@ -411,7 +429,12 @@ class RayTransport:
                 break
             except InterruptedError:  # pragma: no cover - PEP 475 retries already
                 continue
-        ready = {fd for fd, _ in events}
+        ready = {fd for fd, mask in events if mask != select.POLLOUT}
+        if any(self._outbox):
+            writable = {fd for fd, mask in events if mask & select.POLLOUT}
+            for worker, conn in enumerate(self._conns):
+                if conn is not None and self._outbox[worker] and conn.fileno() in writable:
+                    self._flush(worker)
         replies: list[tuple[int, Reply | WorkerLost | None]] = []
         for worker, conn in enumerate(self._conns):
             if conn is None or conn.fileno() not in ready:
@@ -427,11 +450,47 @@ class RayTransport:
                 replies.append((worker, WorkerLost(None, "ray actor exited (its socket closed)")))
         return replies
 
+    def _send(self, worker: int, sock: socket.socket, message: bytes) -> None:
+        """Send ``message`` (framed as ``Connection.send_bytes`` does) without blocking: what
+        the socket has no room for waits in the worker's outbox."""
+        outbox = self._outbox[worker]
+        if outbox:  # earlier bytes still wait for room: these go after them
+            outbox += message
+            return
+        try:
+            sent = sock.send(message, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            return  # the actor is gone: its socket reports it on the next wait
+        if sent < len(message):
+            outbox += message[sent:]
+            self._poller.modify(sock.fileno(), select.POLLIN | select.POLLOUT)
+
+    def _flush(self, worker: int) -> None:
+        """Send what ``worker``'s outbox holds, as far as its socket has room."""
+        sock, outbox = self._socks[worker], self._outbox[worker]
+        if sock is None:
+            outbox.clear()
+            return
+        try:
+            while outbox:
+                del outbox[: sock.send(outbox, socket.MSG_DONTWAIT)]
+        except BlockingIOError:
+            return
+        except OSError:  # the actor is gone: its socket reports it
+            outbox.clear()
+        self._poller.modify(sock.fileno(), select.POLLIN)
+
     def _drop_socket(self, worker: int) -> None:
         conn = self._conns[worker]
         if conn is None:
             return
         self._conns[worker] = None
+        self._outbox[worker].clear()
+        sock, self._socks[worker] = self._socks[worker], None
+        if sock is not None:
+            sock.detach()  # the connection owns the descriptor
         self._owed[worker] = 0
         try:
             self._poller.unregister(conn.fileno())
@@ -473,6 +532,7 @@ class RayTransport:
 
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
         self.kill(worker)
+        self._pids[worker] = None
         self._drop_socket(worker)
         self._refs[worker].clear()
         self._actors[worker] = self._spawn(worker, restarts)
@@ -507,12 +567,11 @@ class RayTransport:
         """Ask each actor to close its envs, wait up to ``timeout``, then kill them all."""
         closing = []
         for worker, actor in enumerate(self._actors):
-            conn = self._conns[worker]
-            if conn is not None:
-                try:
-                    conn.send(Close())
-                except Exception:
-                    pass
+            sock = self._socks[worker]
+            if sock is not None:
+                self._flush(worker)
+                # Without blocking: an actor that cannot take it is killed below all the same.
+                self._send(worker, sock, _message(self._pickled.dumps(Close())))
                 continue
             try:
                 closing.append(actor.run.remote(Close()))
@@ -530,6 +589,14 @@ class RayTransport:
                 ray.kill(actor, no_restart=True)
             except Exception:
                 pass
+
+
+def _message(data: bytes) -> bytes:
+    """``data`` framed as ``multiprocessing.connection.Connection.send_bytes`` frames it (the
+    actor reads it with ``recv``)."""
+    if len(data) > 0x7FFFFFFF:
+        return struct.pack("!i", -1) + struct.pack("!Q", len(data)) + data
+    return struct.pack("!i", len(data)) + data
 
 
 def _task_failed(command: Command, exc: RayTaskError) -> Reply:

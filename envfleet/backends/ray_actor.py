@@ -62,9 +62,10 @@ class GroupActor:
         pool_node: str | None,
         authkey: bytes,
         socket_dir: str | None = None,
-    ) -> tuple[Reply, str, str | None]:
-        """Build the envs; return the outcome, this actor's node and, on the pool's machine,
-        the socket address to serve the pool on (``None``: use Ray calls). The socket goes in
+    ) -> tuple[Reply, str, str | None, int]:
+        """Build the envs; return the outcome, this actor's node, on the pool's machine the
+        socket address to serve the pool on (``None``: use Ray calls), and this actor's process
+        id (the pool reads its memory, ``worker_memory_limit``). The socket goes in
         ``socket_dir``, the pool's private directory, when it can."""
         options = self.options
         node = str(ray.get_runtime_context().get_node_id())
@@ -85,9 +86,10 @@ class GroupActor:
             self.batch,
             ship_observations=shared and isinstance(self.batch.observations, ObjectRows),
             restarts=self.restarts,
+            rebuild_timeout=options.start_timeout,  # an actor's own process may end itself
         )
         if self.group is None:
-            return started, node, None
+            return started, node, None, os.getpid()
         address = None
         if shared:
             # A socket in a directory only this user may enter (else an abstract one); the key
@@ -98,7 +100,7 @@ class GroupActor:
                 self._authkey = authkey
             except OSError:
                 pass  # no socket here (a sandbox, say): Ray calls, on the shared rows all the same
-        return Reply(), node, address
+        return Reply(), node, address, os.getpid()
 
     def serve(self) -> None:
         """Serve the pool's commands from the socket until it closes the pool (or goes away)."""
