@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import functools
+import subprocess
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -578,6 +579,28 @@ def test_close_takes_gymnasiums_arguments(backend: str) -> None:
     assert pool.closed
     with pytest.raises(ClosedEnvironmentError):
         pool.step(np.array([0, 1]))
+
+
+NEVER_CLOSED = """
+import functools, gymnasium, envfleet
+envs = envfleet.make([functools.partial(gymnasium.make, "CartPole-v1")] * 2, backend="serial")
+envs.reset(seed=0)
+print("done", flush=True)
+"""
+
+
+def test_a_serial_pool_never_closed_lets_the_interpreter_exit() -> None:
+    """A script that never calls ``close()`` (fine with SyncVectorEnv) ends: the pool collected
+    at interpreter exit closes its envs in place (a closer thread started then never ran, and
+    Python 3.11 waited for it for ever)."""
+    result = subprocess.run(
+        [sys.executable, "-c", NEVER_CLOSED],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (result.returncode, result.stdout) == (0, "done\n"), result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("other", ["observation", "action"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import deque
 
@@ -59,6 +60,11 @@ class SerialTransport:
                 except BaseException:  # close reports, never raises
                     pass
 
+        if sys.is_finalizing():
+            # A pool never closed, collected at interpreter exit: a thread started now never
+            # runs (Python 3.11's start() then waits for it for ever), so close here, unbounded.
+            close_all()
+            return
         closer = threading.Thread(target=close_all, name="envfleet-serial-close", daemon=True)
         try:
             closer.start()
