@@ -150,8 +150,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
         # Serialises a command before anything changes (a transport that pickles has one), so
         # that a command the caller's data cannot travel in fails with the pool as it was.
         self._prepare: Callable[[int, Command], None] | None = getattr(transport, "prepare", None)
-        # Gymnasium's step_async/reset_async in flight: "step", or the reset's arguments.
-        self._gymnasium_call: str | tuple[Any, Any] | None = None
+        # Gymnasium's step_async/reset_async/call_async in flight: "step", the reset's arguments
+        # or the call.
+        self._gymnasium_call: str | tuple[Any, Any] | Call | None = None
 
     @property
     def on_error(self) -> OnError:
@@ -346,8 +347,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._check_usable()
         if self._gymnasium_call is not None:
             raise AlreadyPendingError(
-                "step_async() while a step_async or reset_async is pending: call step_wait() "
-                "or reset_wait() first",
+                "step_async() while a step_async, reset_async or call_async is pending: call "
+                "step_wait(), reset_wait() or call_wait() first",
                 name="step_async",
             )
         self.send(actions)
@@ -387,8 +388,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._check_usable()
         if self._gymnasium_call is not None:
             raise AlreadyPendingError(
-                "reset_async() while a step_async or reset_async is pending: call step_wait() "
-                "or reset_wait() first",
+                "reset_async() while a step_async, reset_async or call_async is pending: call "
+                "step_wait(), reset_wait() or call_wait() first",
                 name="reset_async",
             )
         self._gymnasium_call = (seed, options)
@@ -409,6 +410,42 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._gymnasium_call = None
         seed, options = call
         return self.reset(seed=seed, options=options)
+
+    def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """``AsyncVectorEnv.call_async``: :meth:`call_wait` calls method ``name`` of every env
+        (or reads attribute ``name``) as :meth:`call` does and returns what it returns (the call
+        starts there).
+
+        Raises:
+            AlreadyPendingError: a ``step_async``, ``reset_async`` or ``call_async`` is still
+                pending (a ``gymnasium.error.AlreadyPendingCallError``).
+        """
+        self._check_usable()
+        if self._gymnasium_call is not None:
+            raise AlreadyPendingError(
+                "call_async() while a step_async, reset_async or call_async is pending: call "
+                "step_wait(), reset_wait() or call_wait() first",
+                name="call_async",
+            )
+        self._gymnasium_call = Call(name, args, kwargs)
+
+    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
+        """``AsyncVectorEnv.call_wait``: the results of the :meth:`call_async` pending, one per
+        env. ``timeout`` is accepted for Gymnasium's signature; the pool's waits are bounded by
+        ``step_timeout``.
+
+        Raises:
+            NoPendingError: no ``call_async`` is pending (a ``gymnasium.error.NoAsyncCallError``).
+        """
+        self._check_usable()
+        call = self._gymnasium_call
+        if not isinstance(call, Call):
+            raise NoPendingError(
+                "call_wait() with no call_async() pending: call call_async(name) first",
+                name="call_wait",
+            )
+        self._gymnasium_call = None
+        return self.call(call.name, *call.args, **call.kwargs)
 
     # -- async API (EnvPool style) -------------------------------------------------------------
 

@@ -518,8 +518,8 @@ def test_use_after_close_is_closed_environment_error(backend: str, misuse: Misus
 
 
 def async_vector_env_calls(venv: Any) -> list[Any]:
-    """Gymnasium's step_async/step_wait and reset_async/reset_wait, as code written for
-    ``AsyncVectorEnv`` calls them."""
+    """Gymnasium's step_async/step_wait, reset_async/reset_wait and call_async/call_wait, as
+    code written for ``AsyncVectorEnv`` calls them."""
     venv.reset_async(seed=4)
     results: list[Any] = [venv.reset_wait()]
     for t in range(12):
@@ -527,6 +527,10 @@ def async_vector_env_calls(venv: Any) -> list[Any]:
         results.append(venv.step_wait())
     venv.reset_async(options={"reset_mask": np.array([False, True, False])})
     results.append(venv.reset_wait(timeout=5.0))
+    venv.call_async("get_wrapper_attr", "_elapsed_steps")
+    results.append(venv.call_wait(timeout=5.0))
+    venv.call_async("_max_episode_steps")  # an attribute
+    results.append(venv.call_wait())
     return results
 
 
@@ -539,6 +543,8 @@ ASYNC_MISUSES: dict[str, Misuse] = {
         v.step_async(np.zeros(3, np.int64)),
         v.reset_async(),
     ),
+    "call_wait after step_async": lambda v: (v.step_async(np.zeros(3, np.int64)), v.call_wait()),
+    "step_async after call_async": lambda v: (v.call_async("render"), v.step_async([0, 0, 0])),
 }
 ASYNC_ERRORS = {
     "step_wait first": NoAsyncCallError,
@@ -546,6 +552,8 @@ ASYNC_ERRORS = {
     "step_async twice": AlreadyPendingCallError,
     "step_wait after reset_async": NoAsyncCallError,
     "reset_async after step_async": AlreadyPendingCallError,
+    "call_wait after step_async": NoAsyncCallError,
+    "step_async after call_async": AlreadyPendingCallError,
 }
 
 
