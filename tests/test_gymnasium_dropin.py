@@ -20,6 +20,7 @@ from contextlib import closing
 from typing import Any
 
 import gymnasium
+import gymnasium.wrappers.vector
 import numpy as np
 import pytest
 from gymnasium import spaces
@@ -587,6 +588,37 @@ def test_close_takes_gymnasiums_arguments(backend: str) -> None:
     assert pool.closed
     with pytest.raises(ClosedEnvironmentError):
         pool.step(np.array([0, 1]))
+
+
+def test_a_masked_reset_leaves_the_callers_options_so_episode_statistics_stay_right() -> None:
+    """Under DISABLED, Gymnasium's vector ``RecordEpisodeStatistics`` reads ``reset_mask`` after
+    the reset to restart those envs' counts. SyncVectorEnv pops it from the caller's dict, so
+    there the wrapper restarts every env's counts (a documented difference): the pool leaves the
+    dict as given, and the episode lengths it reports are the envs' own."""
+    env_fns = CARTPOLE_FNS[:3]  # time limits of 8, 5 and 11 steps
+    lengths = {}
+    for name, venv in (
+        ("sync", SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.DISABLED)),
+        ("pool", envfleet.make(env_fns, backend="serial", autoreset_mode="disabled")),
+    ):
+        with closing(gymnasium.wrappers.vector.RecordEpisodeStatistics(venv)) as envs:
+            envs.reset(seed=0)
+            steps, reported = np.zeros(3, np.int64), []
+            for _ in range(12):
+                _, _, terminated, truncated, infos = envs.step(np.zeros(3, np.int64))
+                steps += 1
+                ended = terminated | truncated
+                if ended.any():
+                    reported.append((infos["episode"]["l"][ended].tolist(), steps[ended].tolist()))
+                    envs.reset(options={"reset_mask": ended})
+                    steps[ended] = 0
+            lengths[name] = reported
+            if name == "pool":
+                options = {"reset_mask": np.array([True, False, False])}
+                envs.env.reset(options=options)
+                assert "reset_mask" in options
+    assert all(got == true for got, true in lengths["pool"])
+    assert any(got != true for got, true in lengths["sync"])  # Gymnasium's count restarted
 
 
 NEVER_CLOSED = """
