@@ -590,6 +590,34 @@ def test_close_takes_gymnasiums_arguments(backend: str) -> None:
         pool.step(np.array([0, 1]))
 
 
+def wrapped_for_training(venv: Any) -> Any:
+    """Gymnasium's vector wrappers as training code stacks them on a vector env (CleanRL's
+    ppo_continuous.py puts their single-env twins inside each env)."""
+    vw = gymnasium.wrappers.vector
+    venv = vw.ClipAction(vw.RecordEpisodeStatistics(venv))
+    return vw.DictInfoToList(vw.NormalizeReward(vw.NormalizeObservation(venv)))
+
+
+def without_episode_times(record: tuple[str, Any]) -> tuple[str, Any]:
+    """The record with each ``info["episode"]["t"]`` (wall-clock seconds) taken out."""
+    for info in record[1][-1]:
+        info.get("episode", {}).pop("t", None)
+    return record
+
+
+def test_gymnasium_vector_wrappers_on_a_pool_match_sync_vector_env(backend: str) -> None:
+    """Gymnasium's vector wrappers on a pool (normalised observations and rewards, clipped
+    float64 actions, episode statistics, infos as a list) give what they give on
+    SyncVectorEnv, bit for bit (but the episodes' wall-clock times)."""
+    mode = AutoresetMode.NEXT_STEP
+    with closing(wrapped_for_training(SyncVectorEnv(PENDULUM_FNS))) as venv:
+        want = [without_episode_times(r) for r in sync_drive(venv, PENDULUM_FNS, mode)]
+    with closing(wrapped_for_training(envfleet.make(PENDULUM_FNS, backend=backend))) as envs:
+        got = [without_episode_times(r) for r in sync_drive(envs, PENDULUM_FNS, mode)]
+    assert sum("episode" in info for _, result in want for info in result[-1]) > 5
+    assert_same(want, got)
+
+
 def test_a_masked_reset_leaves_the_callers_options_so_episode_statistics_stay_right() -> None:
     """Under DISABLED, Gymnasium's vector ``RecordEpisodeStatistics`` reads ``reset_mask`` after
     the reset to restart those envs' counts. SyncVectorEnv pops it from the caller's dict, so
