@@ -168,6 +168,8 @@ class EnvSpec:
         if isinstance(target, str):
             return target
         while isinstance(target, functools.partial):
+            if target.func is gymnasium.make and target.args and isinstance(target.args[0], str):
+                return target.args[0]  # functools.partial(gymnasium.make, "CartPole-v1")
             target = target.func
         return str(getattr(target, "__qualname__", None) or type(target).__qualname__)
 

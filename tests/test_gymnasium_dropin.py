@@ -649,6 +649,16 @@ def test_a_masked_reset_leaves_the_callers_options_so_episode_statistics_stay_ri
     assert any(got != true for got, true in lengths["sync"])  # Gymnasium's count restarted
 
 
+def test_a_pool_of_gymnasium_make_partials_is_named_by_its_id() -> None:
+    """``functools.partial(gymnasium.make, id)`` factories (Gymnasium's own ``make_vec``
+    pattern) name the pool in its repr and messages by the id, not as ``make``."""
+    pool = envfleet.make([CARTPOLE] * 2, backend="serial")
+    assert repr(pool).startswith("Pool(CartPole-v1, num_envs=2")
+    pool.close()
+    with pytest.raises(ClosedEnvironmentError, match="pool of CartPole-v1 is closed"):
+        pool.reset()
+
+
 NEVER_CLOSED = """
 import functools, gymnasium, envfleet
 envs = envfleet.make([functools.partial(gymnasium.make, "CartPole-v1")] * 2, backend="serial")
