@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
@@ -233,6 +234,10 @@ def make(
     if ray_given and can.options is not RayOptions:
         raise ValueError(f"{', '.join(ray_given)} only apply to backend='ray'")
     bound = start_timeout if can.start_timeout else None
+    # The envs built here (to learn the spaces, to profile) are not the pool's: the global RNGs
+    # that a factory may draw from (domain randomisation) are put back as they were, so that
+    # the pool's env i draws what SyncVectorEnv's env i draws.
+    global_rngs = np.random.get_state(), random.getstate()
     probe = _probe(spec, bound)
     if auto:
         try:
@@ -249,6 +254,8 @@ def make(
         num_workers = layout.num_workers
         if threads_per_worker == 1:
             threads_per_worker = layout.threads_per_worker
+    np.random.set_state(global_rngs[0])
+    random.setstate(global_rngs[1])
     if can.one_worker:
         num_workers = 1
 

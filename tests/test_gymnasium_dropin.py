@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import functools
+import random
 import subprocess
 import sys
 import types
@@ -657,6 +658,26 @@ def test_a_pool_of_gymnasium_make_partials_is_named_by_its_id() -> None:
     pool.close()
     with pytest.raises(ClosedEnvironmentError, match="pool of CartPole-v1 is closed"):
         pool.reset()
+
+
+def randomised_pendulum() -> gymnasium.Env[Any, Any]:
+    """A factory that draws its dynamics from the global RNGs (Gymnasium's A2C tutorial's
+    domain randomisation)."""
+    return gymnasium.make("Pendulum-v1", g=float(np.random.normal(10.0, 1.0)) + random.random())
+
+
+def test_factories_that_draw_from_the_global_rngs_draw_what_they_draw_in_sync_vector_env() -> None:
+    """The env make() builds to learn the spaces is not env 0: the global RNGs it drew from are
+    put back, so env i gets SyncVectorEnv's env i's draws, and the caller's next draws match
+    (serial: the envs are built in the caller's thread, in order, as SyncVectorEnv builds them)."""
+    drawn = []
+    for build in (SyncVectorEnv, functools.partial(envfleet.make, backend="serial")):
+        np.random.seed(0)
+        random.seed(0)
+        with closing(build([randomised_pendulum] * 3)) as venv:
+            drawn.append((venv.get_attr("g"), np.random.random(), random.random()))
+    assert drawn[0] == drawn[1]
+    assert len(set(drawn[0][0])) == 3
 
 
 NEVER_CLOSED = """
