@@ -27,6 +27,7 @@ workers) â†’ ``wait`` (rows already in the batch: the transport delivers them) â
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -268,7 +269,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         Args:
             timeout: seconds to let envs close cleanly before their workers are terminated.
                 ``None`` (Gymnasium's ``close(timeout=None)``, no limit) is the default
-                bound: a close never waits without one. Other keywords of Gymnasium's
+                bound: a close never waits without one (``inf`` and ``nan`` are refused). Other keywords of Gymnasium's
                 ``close`` (``terminate``) are accepted and ignored.
         """
         if self.closed:
@@ -277,6 +278,11 @@ class Pool(VectorEnv):  # type: ignore[misc]
             timeout = DEFAULT_CLOSE_TIMEOUT
         elif isinstance(timeout, bool) or not isinstance(timeout, int | float | np.number):
             raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+        elif not math.isfinite(timeout):  # nan broke the process close half-way (workers left)
+            raise ValueError(
+                f"timeout must be a finite number of seconds (None: the default bound), got "
+                f"{timeout!r}"
+            )
         self.closed = True
         self._transport.close(timeout)
 

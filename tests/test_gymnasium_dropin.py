@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -573,6 +574,9 @@ def test_close_takes_gymnasiums_arguments(backend: str) -> None:
     pool.reset(seed=0)
     with pytest.raises(TypeError, match="timeout must be"):
         pool.close(timeout="soon")  # type: ignore[arg-type]
+    for endless in (math.inf, math.nan):  # nan left the process backend's workers running
+        with pytest.raises(ValueError, match="timeout must be a finite number"):
+            pool.close(timeout=endless)
     assert not pool.closed  # refused before anything was stopped
     pool.close(timeout=None, terminate=True)
     assert pool.closed
