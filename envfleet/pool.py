@@ -238,6 +238,16 @@ class Pool(VectorEnv):  # type: ignore[misc]
             self.send(actions)
             self._collect(self._all_ids)
             return self._results(self._all_ids, with_env_id=False)
+        if env_id is not None:
+            self._check_usable()
+            # Refused before sending: a send that recv() cannot complete left its envs pending.
+            sent = len(check_env_ids(env_id, self.num_envs))
+            owed = self._ledger.owed()
+            if owed + sent < self.batch_size:
+                raise NoPendingError(
+                    f"step(env_id=...) of {sent} envs returns batch_size={self.batch_size} envs, "
+                    f"but only {owed + sent} would be pending; send more envs (or use send())"
+                )
         self.send(actions, env_id)
         return self.recv()
 
