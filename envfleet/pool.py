@@ -279,8 +279,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
         Args:
             timeout: seconds to let envs close cleanly before their workers are terminated.
                 ``None`` (Gymnasium's ``close(timeout=None)``, no limit) is the default
-                bound: a close never waits without one (``inf`` and ``nan`` are refused). Other keywords of Gymnasium's
-                ``close`` (``terminate``) are accepted and ignored.
+                bound: a close never waits without one (``inf`` and ``nan`` are refused).
+                Other keywords of Gymnasium's ``close`` (``terminate``) are accepted and
+                ignored.
         """
         if self.closed:
             return

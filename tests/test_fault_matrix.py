@@ -239,6 +239,33 @@ def test_close_escalates_when_env_close_hangs() -> None:
     pool.close()
 
 
+def _ctrl_c_in_env_1(env: FaultyEnv, action: Any) -> None:
+    if env.seed_used == hooks.SEED + 1 and env.count == (hooks.SEED + 1) * 100:
+        raise KeyboardInterrupt  # the caller's Ctrl-C, landing while env 1 steps
+
+
+def test_serial_ctrl_c_in_a_step_is_answered_not_waited_for() -> None:
+    """Serial: Ctrl-C lands in an env's step, on the caller's thread. The interrupt reaches the
+    caller; the interrupted command (and not the envs after it) is then a named failure: recv()
+    used to wait for its reply for ever."""
+    pool = envfleet.make(
+        functools.partial(FaultyEnv, step_hook=_ctrl_c_in_env_1),
+        4,
+        backend="serial",
+        seed=hooks.SEED,
+    )
+    pool.reset()
+    with pytest.raises(KeyboardInterrupt):
+        pool.step(np.ones(4, dtype=np.int64))
+    with pytest.raises(envfleet.AlreadyPendingError):
+        pool.step(np.ones(4, dtype=np.int64))
+    with pytest.raises(envfleet.EnvRaisedError, match="KeyboardInterrupt during step"):
+        pool.recv()
+    with pytest.raises(envfleet.BrokenPoolError):
+        pool.step(np.ones(4, dtype=np.int64))
+    _close_twice(pool)
+
+
 def _hang_in_first_step(env: FaultyEnv, action: Any) -> None:
     if env.seed_used == hooks.SEED and env.count == hooks.SEED * 100:  # env 0, its first step
         time.sleep(3600)
