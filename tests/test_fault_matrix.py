@@ -239,6 +239,34 @@ def test_close_escalates_when_env_close_hangs() -> None:
     pool.close()
 
 
+def test_ctrl_c_while_envs_close_still_stops_every_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Process: a Ctrl-C while close() waits for envs whose ``close`` hangs stops the workers
+    before it goes on (the pool is closed: a second close() does nothing). The workers used to
+    be left running. The interrupt is raised by the pool's wait, where a Ctrl-C lands."""
+    import multiprocessing.connection
+
+    pool = _pool("raise", close_hook=hooks.hang_in_close)
+    pool.reset()
+    procs = [psutil.Process(p.pid) for p in pool._transport._procs]  # type: ignore[attr-defined]
+
+    wait = multiprocessing.connection.wait
+    calls = []
+
+    def interrupted(*args: Any, **kwargs: Any) -> list[Any]:
+        calls.append(args)
+        if len(calls) == 1:  # the first wait of close(); then the joins' own waits
+            raise KeyboardInterrupt
+        return wait(*args, **kwargs)
+
+    monkeypatch.setattr(multiprocessing.connection, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pool.close(timeout=30.0)
+    monkeypatch.undo()
+    assert pool.closed
+    assert not [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    pool.close()
+
+
 def _ctrl_c_in_env_1(env: FaultyEnv, action: Any) -> None:
     if env.seed_used == hooks.SEED + 1 and env.count == (hooks.SEED + 1) * 100:
         raise KeyboardInterrupt  # the caller's Ctrl-C, landing while env 1 steps
