@@ -664,7 +664,14 @@ class Pool(VectorEnv):  # type: ignore[misc]
         recovery, ledger = self._recovery, self._ledger
         timeout = recovery.wait_timeout() if block else 0.0
         first = None
-        replies = self._transport.wait(timeout, want)
+        try:
+            replies = self._transport.wait(timeout, want)
+        except Exception as exc:
+            if self.closed:  # by another thread while this one waited
+                raise ClosedPoolError(f"this pool of {self._env_name} was closed") from exc
+            raise
+        if self.closed:  # by another thread: the replies are of envs being closed
+            raise ClosedPoolError(f"this pool of {self._env_name} was closed while waiting")
         if (
             ledger.all_out is not None
             and len(replies) == ledger.num_workers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -130,6 +131,19 @@ def test_context_manager_closes_on_error(backend: str) -> None:
         envfleet.make(FaultyEnv, 3, backend=backend, num_workers=2) as pool,
     ):
         raise KeyError("inside the block")
+    assert pool.closed
+
+
+def test_close_from_another_thread_ends_a_waiting_step(backend: str) -> None:
+    """close() from another thread while a step waits: the step ends with ClosedPoolError (it
+    raised the env's KeyError on serial, multiprocessing's ValueError on process)."""
+    pool = envfleet.make(FaultyEnv, 2, backend=backend, num_workers=2, env_kwargs={"sleep": 0.6})
+    pool.reset()
+    closer = threading.Timer(0.2, pool.close, kwargs={"timeout": 0.2})
+    closer.start()
+    with pytest.raises(envfleet.ClosedPoolError):
+        pool.step(np.zeros(2, dtype=np.int64))
+    closer.join()
     assert pool.closed
 
 

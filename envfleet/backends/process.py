@@ -541,7 +541,10 @@ class ProcessTransport:
                 if proc.is_alive():
                     proc.kill()
                     proc.join(1.0)
-                proc.close()
+                try:
+                    proc.close()
+                except ValueError:  # reaped by a wait of another thread (close() from a thread)
+                    pass
             for ends in self._ends:
                 for end in ends:
                     end.close()
