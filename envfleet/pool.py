@@ -28,6 +28,8 @@ workers) â†’ ``wait`` (rows already in the batch: the transport delivers them) â
 from __future__ import annotations
 
 import math
+import os
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -112,6 +114,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
             self.action_space.seed(seed)
             self.single_action_space.seed(seed)
         self.closed = False
+        self._owner_pid = os.getpid()
+        _LIVE.add(self)
         self.check_actions = check_actions
         self._env_name = env_name
         self._transport = transport
@@ -689,6 +693,11 @@ class Pool(VectorEnv):  # type: ignore[misc]
 
     def _check_usable(self) -> None:
         if self.closed:
+            if self._owner_pid != os.getpid():
+                raise ClosedPoolError(
+                    f"this pool of {self._env_name} belongs to the process that made it (pid "
+                    f"{self._owner_pid}); a forked child cannot use it: make one in the child"
+                )
             raise ClosedPoolError(f"this pool of {self._env_name} is closed")
         broken = self._recovery.broken
         if broken is not None:
@@ -757,6 +766,26 @@ class Pool(VectorEnv):  # type: ignore[misc]
             f"Pool({self._env_name}, num_envs={self.num_envs}, workers={len(self._assignment)}, "
             f"batch_size={self.batch_size})"
         )
+
+
+_LIVE: weakref.WeakSet[Pool] = weakref.WeakSet()
+"""Every open pool of this process, for :func:`_forked`."""
+
+
+def _forked() -> None:
+    """In a forked child, the pools inherited are their parent's (its workers, its memory):
+    closed here without touching them, so that the child's ``close()``, garbage collection or
+    exit cannot stop the parent's workers (they were sent Close, and SIGTERM)."""
+    for pool in list(_LIVE):
+        pool.closed = True
+        forked = getattr(pool._transport, "forked", None)
+        if forked is not None:
+            forked()
+    _LIVE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def _check_options(options: Any) -> dict[str, Any] | None:

@@ -147,6 +147,32 @@ def test_close_from_another_thread_ends_a_waiting_step(backend: str) -> None:
     assert pool.closed
 
 
+@pytest.mark.parametrize("kind", PROCESS_BACKENDS)
+def test_a_forked_child_cannot_stop_its_parents_pool(kind: str) -> None:
+    """A child forked while a pool is open inherits it: it cannot use it (ClosedPoolError), and
+    its close() and exit (multiprocessing's exit handler terminates daemonic children) leave
+    the parent's workers alone. They used to get Close, then SIGTERM."""
+    import multiprocessing.util
+
+    with envfleet.make(FaultyEnv, 2, backend=kind, num_workers=2, seed=0) as pool:
+        pool.reset()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child reports through its exit code
+            code = 1
+            try:
+                pool.close()
+                try:
+                    pool.step(np.zeros(2, dtype=np.int64))
+                except envfleet.ClosedPoolError as exc:
+                    code = 0 if "forked child" in str(exc) else 2
+                multiprocessing.util._exit_function()  # type: ignore[attr-defined]
+            finally:
+                os._exit(code)
+        assert os.waitpid(child, 0)[1] == 0
+        observations = pool.step(np.zeros(2, dtype=np.int64))[0]
+        np.testing.assert_array_equal(observations.ravel(), [1, 101])
+
+
 def test_uneven_split_over_workers(backend: str) -> None:
     """7 envs over 3 workers: contiguous blocks of 3, 2 and 2, each env stepped exactly once."""
     with envfleet.make(FaultyEnv, NUM_ENVS, backend=backend, num_workers=NUM_WORKERS) as pool:

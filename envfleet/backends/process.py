@@ -267,6 +267,14 @@ class ProcessTransport:
             self._poller.register(reply_r.fileno(), select.POLLIN)
             self._poller.register(proc.sentinel, select.POLLIN)
 
+    def forked(self) -> None:
+        """In a forked child: the workers are the parent's. multiprocessing's exit handler
+        would terminate them as this process's daemonic children (its ``_children`` is
+        inherited through ``os.fork``); they are taken out of it."""
+        children = getattr(multiprocessing.process, "_children", None)
+        if isinstance(children, set):
+            children.difference_update(self._procs)
+
     def kill(self, worker: int) -> None:
         proc = self._procs[worker]
         if proc.is_alive():
