@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -171,6 +172,31 @@ def test_a_forked_child_cannot_stop_its_parents_pool(kind: str) -> None:
         assert os.waitpid(child, 0)[1] == 0
         observations = pool.step(np.zeros(2, dtype=np.int64))[0]
         np.testing.assert_array_equal(observations.ravel(), [1, 101])
+
+
+def _eventfds() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += "eventfd" in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own fd, closed since
+            pass
+    return count
+
+
+@pytest.mark.skipif(not hasattr(os, "eventfd"), reason="the thread backend's bells are eventfds")
+def test_thread_close_that_stops_waiting_still_frees_the_bells() -> None:
+    """close(timeout=0) returns before the worker threads end: the last one to end closes the
+    pool's eventfds (4 of them leaked per pool closed that way)."""
+    before = _eventfds()
+    threads = threading.active_count()
+    pool = envfleet.make(FaultyEnv, 2, backend="thread", num_workers=2)
+    pool.reset()
+    pool.close(timeout=0)
+    deadline = time.monotonic() + 10
+    while threading.active_count() > threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _eventfds() == before
 
 
 def test_uneven_split_over_workers(backend: str) -> None:
