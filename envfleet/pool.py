@@ -412,6 +412,12 @@ class Pool(VectorEnv):  # type: ignore[misc]
                 "or reset_wait() first",
                 name="reset_async",
             )
+        # Checked now, as AsyncVectorEnv does: a mistake raises here and leaves nothing pending.
+        checked = _check_options(options)
+        env_ids = self._all_ids
+        if checked is not None and "reset_mask" in checked:
+            env_ids = np.flatnonzero(self._check_reset_mask(checked["reset_mask"]))
+        self._seeds_for(seed, env_ids, per_env=self.num_envs)
         self._gymnasium_call = (seed, options)
 
     def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:

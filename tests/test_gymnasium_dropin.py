@@ -539,6 +539,11 @@ ASYNC_MISUSES: dict[str, Misuse] = {
         v.step_async(np.zeros(3, np.int64)),
         v.reset_async(),
     ),
+    "reset_async with a float seed": lambda v: v.reset_async(seed=1.5),
+    "reset_wait after a refused reset_async": lambda v: (
+        _refused(v.reset_async, 5),
+        v.reset_wait(),
+    ),
 }
 ASYNC_ERRORS = {
     "step_wait first": NoAsyncCallError,
@@ -546,7 +551,15 @@ ASYNC_ERRORS = {
     "step_async twice": AlreadyPendingCallError,
     "step_wait after reset_async": NoAsyncCallError,
     "reset_async after step_async": AlreadyPendingCallError,
+    "reset_async with a float seed": TypeError,
+    "reset_wait after a refused reset_async": NoAsyncCallError,
 }
+
+
+def _refused(call: Callable[..., Any], options: Any) -> None:
+    """``call(options=options)`` raises TypeError at once (and so leaves nothing pending)."""
+    with pytest.raises(TypeError):
+        call(options=options)
 
 
 def test_step_async_and_step_wait_are_async_vector_envs(backend: str) -> None:
