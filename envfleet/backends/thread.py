@@ -148,7 +148,12 @@ class ThreadTransport:
         bell: _Bell,
     ) -> None:
         try:
-            group, started = start_group(self._options, ids, self.batch)
+            group, started = start_group(
+                self._options,
+                ids,
+                self.batch,
+                rebuild_thread_timeout=self._options.start_timeout,  # a stuck rebuild: abandoned
+            )
             self._post(worker, started)
             if group is None:
                 return
