@@ -262,10 +262,12 @@ class ThreadTransport:
     def close(self, timeout: float) -> None:
         if self._closed:
             return
-        self._closed = True
-        for worker in range(len(self._threads)):
-            self._inboxes[worker].append((0, _STOP))
-            self._bells[worker].ring()
+        with self._lock:  # the last thread to end closes the bells: not while they ring
+            self._closed = True
+            for worker in range(len(self._threads)):
+                self._inboxes[worker].append((0, _STOP))
+                if self._bells_open:
+                    self._bells[worker].ring()
         deadline = time.monotonic() + timeout
         stuck = False
         for thread in self._threads:
