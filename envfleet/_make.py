@@ -97,7 +97,9 @@ def make(
         start_timeout: seconds each worker may take to build its envs, at ``make()`` and when
             a worker is rebuilt by a restart, before it is stopped and :class:`EnvTimeoutError`
             (phase ``make``) is raised. The rebuild of one failed env inside a worker process
-            or Ray actor has it too (past it the worker ends itself, and is handled as dead).
+            or Ray actor has it too (past it the worker ends itself, and is handled as dead),
+            and inside a worker thread (built on a helper thread, abandoned past it: a failure
+            of that env, phase ``make``).
             The env ``make()`` first builds in this process to learn the spaces has the same
             bound (it is built on a helper thread, abandoned if it
             hangs). On the thread backend a stuck thread cannot be stopped: it is abandoned (a

@@ -16,8 +16,8 @@ import contextlib
 import copy
 import faulthandler
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import gymnasium
 import numpy as np
@@ -27,6 +27,8 @@ from envfleet.buffers import Batch, make_reader, make_writer
 from envfleet.errors import OnError, Phase
 from envfleet.protocol import EnvFailure, Reply
 from envfleet.spec import EnvSpec
+
+T = TypeVar("T")
 
 RESTARTED = "envfleet/restarted"
 """Info key set on the result that reports an env's restart."""
@@ -79,6 +81,43 @@ def exit_if_longer(seconds: float | None) -> Iterator[None]:
                 faulthandler.cancel_dump_traceback_later()
 
 
+def build_within(seconds: float, build: Callable[[], T], discard: Callable[[T], None]) -> T:
+    """``build()`` on a helper thread, waited for at most ``seconds``: past it
+    :class:`TimeoutError`, the stuck thread (a daemon, which cannot be stopped) abandoned;
+    should it finish after all, ``discard`` gets what it built. What ``build`` raises is
+    raised here."""
+    done: list[tuple[bool, Any]] = []
+    lock = threading.Lock()
+    abandoned = False
+
+    def run() -> None:
+        try:
+            result: tuple[bool, Any] = (True, build())
+        except BaseException as exc:  # raised again in the waiting thread
+            result = (False, exc)
+        with lock:
+            if not abandoned:
+                done.append(result)
+                return
+        if result[0]:
+            discard(result[1])
+
+    helper = threading.Thread(target=run, name="envfleet-rebuild", daemon=True)
+    helper.start()
+    helper.join(seconds)
+    with lock:
+        abandoned = not done
+    if abandoned:
+        raise TimeoutError(
+            f"rebuilding the env took longer than start_timeout={seconds:g}s; the thread "
+            "building it cannot be stopped and was abandoned"
+        )
+    ok, value = done[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
 class GroupStartError(Exception):
     """Building an env of the group failed; carries the failure record."""
 
@@ -106,6 +145,9 @@ class EnvGroup:
             rebuild of a failed env may take (``start_timeout``) before the process ends itself
             (:func:`exit_if_longer`), so that the pool sees a dead worker instead of waiting
             for ever; ``None``: not bounded here.
+        rebuild_thread_timeout: in a worker thread of the caller's process (the thread
+            backend): seconds the rebuild of a failed env may take (``start_timeout``); it
+            runs on a helper thread, abandoned past it, and the env fails (phase ``make``).
     """
 
     def __init__(
@@ -122,9 +164,11 @@ class EnvGroup:
         restarts: Mapping[int, int] | None = None,
         restarted: bool = False,
         rebuild_timeout: float | None = None,
+        rebuild_thread_timeout: float | None = None,
     ) -> None:
         self.spec = spec
         self.rebuild_timeout = rebuild_timeout
+        self.rebuild_thread_timeout = rebuild_thread_timeout
         self.env_ids = tuple(env_ids)
         self.batch = batch
         self.mode = autoreset_mode
@@ -297,8 +341,13 @@ class EnvGroup:
         except env_errors():
             pass  # the env is broken; its close may be too
         try:
-            with exit_if_longer(self.rebuild_timeout):
-                self.envs[i] = self._build(i)
+            if self.rebuild_thread_timeout is not None:
+                self.envs[i] = build_within(
+                    self.rebuild_thread_timeout, lambda: self._build(i), _close_quietly
+                )
+            else:
+                with exit_if_longer(self.rebuild_timeout):
+                    self.envs[i] = self._build(i)
         except env_errors() as exc:
             failures.append(EnvFailure.capture(i, Phase.MAKE, exc))
             return False
@@ -353,3 +402,11 @@ class EnvGroup:
             failures=tuple(failures),
             restarts=restarts,
         )
+
+
+def _close_quietly(env: Any) -> None:
+    """Close an env built too late to be used (its rebuild was abandoned)."""
+    try:
+        env.close()
+    except BaseException:  # a daemon thread's last act: nothing to report to
+        pass

@@ -27,6 +27,9 @@ workers) â†’ ``wait`` (rows already in the batch: the transport delivers them) â
 
 from __future__ import annotations
 
+import math
+import os
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -111,6 +114,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
             self.action_space.seed(seed)
             self.single_action_space.seed(seed)
         self.closed = False
+        self._owner_pid = os.getpid()
+        _LIVE.add(self)
         self.check_actions = check_actions
         self._env_name = env_name
         self._transport = transport
@@ -238,6 +243,16 @@ class Pool(VectorEnv):  # type: ignore[misc]
             self.send(actions)
             self._collect(self._all_ids)
             return self._results(self._all_ids, with_env_id=False)
+        if env_id is not None:
+            self._check_usable()
+            # Refused before sending: a send that recv() cannot complete left its envs pending.
+            sent = len(check_env_ids(env_id, self.num_envs))
+            owed = self._ledger.owed()
+            if owed + sent < self.batch_size:
+                raise NoPendingError(
+                    f"step(env_id=...) of {sent} envs returns batch_size={self.batch_size} envs, "
+                    f"but only {owed + sent} would be pending; send more envs (or use send())"
+                )
         self.send(actions, env_id)
         return self.recv()
 
@@ -269,8 +284,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
         Args:
             timeout: seconds to let envs close cleanly before their workers are terminated.
                 ``None`` (Gymnasium's ``close(timeout=None)``, no limit) is the default
-                bound: a close never waits without one. Other keywords of Gymnasium's
-                ``close`` (``terminate``) are accepted and ignored.
+                bound: a close never waits without one (``inf`` and ``nan`` are refused).
+                Other keywords of Gymnasium's ``close`` (``terminate``) are accepted and
+                ignored.
         """
         if self.closed:
             return
@@ -278,6 +294,11 @@ class Pool(VectorEnv):  # type: ignore[misc]
             timeout = DEFAULT_CLOSE_TIMEOUT
         elif isinstance(timeout, bool) or not isinstance(timeout, int | float | np.number):
             raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+        elif not math.isfinite(timeout):  # nan broke the process close half-way (workers left)
+            raise ValueError(
+                f"timeout must be a finite number of seconds (None: the default bound), got "
+                f"{timeout!r}"
+            )
         self.closed = True
         self._transport.close(timeout)
 
@@ -392,6 +413,12 @@ class Pool(VectorEnv):  # type: ignore[misc]
                 "step_wait(), reset_wait() or call_wait() first",
                 name="reset_async",
             )
+        # Checked now, as AsyncVectorEnv does: a mistake raises here and leaves nothing pending.
+        checked = _check_options(options)
+        env_ids = self._all_ids
+        if checked is not None and "reset_mask" in checked:
+            env_ids = np.flatnonzero(self._check_reset_mask(checked["reset_mask"]))
+        self._seeds_for(seed, env_ids, per_env=self.num_envs)
         self._gymnasium_call = (seed, options)
 
     def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
@@ -684,7 +711,14 @@ class Pool(VectorEnv):  # type: ignore[misc]
         recovery, ledger = self._recovery, self._ledger
         timeout = recovery.wait_timeout() if block else 0.0
         first = None
-        replies = self._transport.wait(timeout, want)
+        try:
+            replies = self._transport.wait(timeout, want)
+        except Exception as exc:
+            if self.closed:  # by another thread while this one waited
+                raise ClosedPoolError(f"this pool of {self._env_name} was closed") from exc
+            raise
+        if self.closed:  # by another thread: the replies are of envs being closed
+            raise ClosedPoolError(f"this pool of {self._env_name} was closed while waiting")
         if (
             ledger.all_out is not None
             and len(replies) == ledger.num_workers
@@ -702,6 +736,11 @@ class Pool(VectorEnv):  # type: ignore[misc]
 
     def _check_usable(self) -> None:
         if self.closed:
+            if self._owner_pid != os.getpid():
+                raise ClosedPoolError(
+                    f"this pool of {self._env_name} belongs to the process that made it (pid "
+                    f"{self._owner_pid}); a forked child cannot use it: make one in the child"
+                )
             raise ClosedPoolError(f"this pool of {self._env_name} is closed")
         broken = self._recovery.broken
         if broken is not None:
@@ -770,6 +809,26 @@ class Pool(VectorEnv):  # type: ignore[misc]
             f"Pool({self._env_name}, num_envs={self.num_envs}, workers={len(self._assignment)}, "
             f"batch_size={self.batch_size})"
         )
+
+
+_LIVE: weakref.WeakSet[Pool] = weakref.WeakSet()
+"""Every open pool of this process, for :func:`_forked`."""
+
+
+def _forked() -> None:
+    """In a forked child, the pools inherited are their parent's (its workers, its memory):
+    closed here without touching them, so that the child's ``close()``, garbage collection or
+    exit cannot stop the parent's workers (they were sent Close, and SIGTERM)."""
+    for pool in list(_LIVE):
+        pool.closed = True
+        forked = getattr(pool._transport, "forked", None)
+        if forked is not None:
+            forked()
+    _LIVE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def _check_options(options: Any) -> dict[str, Any] | None:

@@ -56,6 +56,7 @@ def build_group(
     ship_observations: bool = False,
     restarts: dict[int, int] | None = None,
     rebuild_timeout: float | None = None,
+    rebuild_thread_timeout: float | None = None,
 ) -> EnvGroup | ThreadedGroup:
     """The group a worker runs: one :class:`EnvGroup`, or several on threads.
 
@@ -80,6 +81,7 @@ def build_group(
             restarts=restarts,
             restarted=bool(restarts),
             rebuild_timeout=rebuild_timeout,
+            rebuild_thread_timeout=rebuild_thread_timeout,
         )
 
     if options.threads_per_worker <= 1 or len(env_ids) <= 1:
@@ -103,6 +105,7 @@ def start_group(
     ship_observations: bool = False,
     restarts: dict[int, int] | None = None,
     rebuild_timeout: float | None = None,
+    rebuild_thread_timeout: float | None = None,
 ) -> tuple[Group | None, Reply]:
     """Build a worker's group; the reply tells the pool it started or why it could not.
 
@@ -116,6 +119,7 @@ def start_group(
             ship_observations=ship_observations,
             restarts=restarts,
             rebuild_timeout=rebuild_timeout,
+            rebuild_thread_timeout=rebuild_thread_timeout,
         )
     except GroupStartError as exc:
         return None, Reply(failures=(exc.failure,))

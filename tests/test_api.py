@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -131,6 +133,70 @@ def test_context_manager_closes_on_error(backend: str) -> None:
     ):
         raise KeyError("inside the block")
     assert pool.closed
+
+
+def test_close_from_another_thread_ends_a_waiting_step(backend: str) -> None:
+    """close() from another thread while a step waits: the step ends with ClosedPoolError (it
+    raised the env's KeyError on serial, multiprocessing's ValueError on process)."""
+    pool = envfleet.make(FaultyEnv, 2, backend=backend, num_workers=2, env_kwargs={"sleep": 0.6})
+    pool.reset()
+    closer = threading.Timer(0.2, pool.close, kwargs={"timeout": 0.2})
+    closer.start()
+    with pytest.raises(envfleet.ClosedPoolError):
+        pool.step(np.zeros(2, dtype=np.int64))
+    closer.join()
+    assert pool.closed
+
+
+@pytest.mark.parametrize("kind", PROCESS_BACKENDS)
+def test_a_forked_child_cannot_stop_its_parents_pool(kind: str) -> None:
+    """A child forked while a pool is open inherits it: it cannot use it (ClosedPoolError), and
+    its close() and exit (multiprocessing's exit handler terminates daemonic children) leave
+    the parent's workers alone. They used to get Close, then SIGTERM."""
+    import multiprocessing.util
+
+    with envfleet.make(FaultyEnv, 2, backend=kind, num_workers=2, seed=0) as pool:
+        pool.reset()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child reports through its exit code
+            code = 1
+            try:
+                pool.close()
+                try:
+                    pool.step(np.zeros(2, dtype=np.int64))
+                except envfleet.ClosedPoolError as exc:
+                    code = 0 if "forked child" in str(exc) else 2
+                multiprocessing.util._exit_function()  # type: ignore[attr-defined]
+            finally:
+                os._exit(code)
+        assert os.waitpid(child, 0)[1] == 0
+        observations = pool.step(np.zeros(2, dtype=np.int64))[0]
+        np.testing.assert_array_equal(observations.ravel(), [1, 101])
+
+
+def _eventfds() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += "eventfd" in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own fd, closed since
+            pass
+    return count
+
+
+@pytest.mark.skipif(not hasattr(os, "eventfd"), reason="the thread backend's bells are eventfds")
+def test_thread_close_that_stops_waiting_still_frees_the_bells() -> None:
+    """close(timeout=0) returns before the worker threads end: the last one to end closes the
+    pool's eventfds (4 of them leaked per pool closed that way)."""
+    before = _eventfds()
+    threads = threading.active_count()
+    pool = envfleet.make(FaultyEnv, 2, backend="thread", num_workers=2)
+    pool.reset()
+    pool.close(timeout=0)
+    deadline = time.monotonic() + 10
+    while threading.active_count() > threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _eventfds() == before
 
 
 def test_uneven_split_over_workers(backend: str) -> None:

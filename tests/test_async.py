@@ -180,6 +180,9 @@ def test_state_machine_errors(kind: str) -> None:
     with envfleet.make(FaultyEnv, 4, backend=kind, num_workers=2, batch_size=2) as pool:
         with pytest.raises(envfleet.NoPendingError, match="send"):
             pool.recv()
+        with pytest.raises(envfleet.NoPendingError, match="batch_size=2"):
+            pool.step(np.zeros(1, dtype=np.int64), [3])  # too few for a batch: nothing sent
+        assert pool._ledger.owed() == 0
         pool.async_reset()
         with pytest.raises(envfleet.AlreadyPendingError, match=r"envs \[0\] already have"):
             pool.send(np.zeros(1, dtype=np.int64), [0])

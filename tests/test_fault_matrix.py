@@ -239,6 +239,61 @@ def test_close_escalates_when_env_close_hangs() -> None:
     pool.close()
 
 
+def test_ctrl_c_while_envs_close_still_stops_every_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Process: a Ctrl-C while close() waits for envs whose ``close`` hangs stops the workers
+    before it goes on (the pool is closed: a second close() does nothing). The workers used to
+    be left running. The interrupt is raised by the pool's wait, where a Ctrl-C lands."""
+    import multiprocessing.connection
+
+    pool = _pool("raise", close_hook=hooks.hang_in_close)
+    pool.reset()
+    procs = [psutil.Process(p.pid) for p in pool._transport._procs]  # type: ignore[attr-defined]
+
+    wait = multiprocessing.connection.wait
+    calls = []
+
+    def interrupted(*args: Any, **kwargs: Any) -> list[Any]:
+        calls.append(args)
+        if len(calls) == 1:  # the first wait of close(); then the joins' own waits
+            raise KeyboardInterrupt
+        return wait(*args, **kwargs)
+
+    monkeypatch.setattr(multiprocessing.connection, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pool.close(timeout=30.0)
+    monkeypatch.undo()
+    assert pool.closed
+    assert not [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    pool.close()
+
+
+def _ctrl_c_in_env_1(env: FaultyEnv, action: Any) -> None:
+    if env.seed_used == hooks.SEED + 1 and env.count == (hooks.SEED + 1) * 100:
+        raise KeyboardInterrupt  # the caller's Ctrl-C, landing while env 1 steps
+
+
+def test_serial_ctrl_c_in_a_step_is_answered_not_waited_for() -> None:
+    """Serial: Ctrl-C lands in an env's step, on the caller's thread. The interrupt reaches the
+    caller; the interrupted command (and not the envs after it) is then a named failure: recv()
+    used to wait for its reply for ever."""
+    pool = envfleet.make(
+        functools.partial(FaultyEnv, step_hook=_ctrl_c_in_env_1),
+        4,
+        backend="serial",
+        seed=hooks.SEED,
+    )
+    pool.reset()
+    with pytest.raises(KeyboardInterrupt):
+        pool.step(np.ones(4, dtype=np.int64))
+    with pytest.raises(envfleet.AlreadyPendingError):
+        pool.step(np.ones(4, dtype=np.int64))
+    with pytest.raises(envfleet.EnvRaisedError, match="KeyboardInterrupt during step"):
+        pool.recv()
+    with pytest.raises(envfleet.BrokenPoolError):
+        pool.step(np.ones(4, dtype=np.int64))
+    _close_twice(pool)
+
+
 def _hang_in_first_step(env: FaultyEnv, action: Any) -> None:
     if env.seed_used == hooks.SEED and env.count == hooks.SEED * 100:  # env 0, its first step
         time.sleep(3600)
@@ -602,7 +657,7 @@ def not_applicable(backend: str, fault: str, phase: str, policy: str) -> str | N
         return f"the {backend} backend runs envs in the test's own process, which {fault} ends"
     if backend == "serial" and fault == "hang" and phase != "close":
         return "the serial backend runs envs in the caller's thread: nothing can take it back"
-    if backend == "thread" and fault == "hang" and phase not in ("make", "close"):
+    if backend == "thread" and fault == "hang" and phase not in ("make", "close", "rebuild"):
         return "a thread cannot be stopped, so the thread backend offers no step_timeout"
     return None
 
@@ -675,6 +730,9 @@ def check_cell(backend: str, fault: str, phase: str, policy: str, tmp: str) -> N
                 assert results[1][0][i] == reference[1][0][i], i
             return
         if phase == "rebuild":
+            if backend == "thread" and fault == "hang":
+                # Its thread is abandoned, the worker's thread serves on: that env's failure.
+                expected, blamed = envfleet.EnvRaisedError, {hooks.VICTIM}
             with pytest.raises(expected) as info:
                 _run(pool, steps=hooks.FAULT_STEP)
             _check_error(info.value, expected, envfleet.Phase.MAKE, victim_worker, blamed)

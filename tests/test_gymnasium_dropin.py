@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import random
 import subprocess
 import sys
@@ -547,6 +548,11 @@ ASYNC_MISUSES: dict[str, Misuse] = {
     ),
     "call_wait after step_async": lambda v: (v.step_async(np.zeros(3, np.int64)), v.call_wait()),
     "step_async after call_async": lambda v: (v.call_async("render"), v.step_async([0, 0, 0])),
+    "reset_async with a float seed": lambda v: v.reset_async(seed=1.5),
+    "reset_wait after a refused reset_async": lambda v: (
+        _refused(v.reset_async, 5),
+        v.reset_wait(),
+    ),
 }
 ASYNC_ERRORS = {
     "step_wait first": NoAsyncCallError,
@@ -556,7 +562,15 @@ ASYNC_ERRORS = {
     "reset_async after step_async": AlreadyPendingCallError,
     "call_wait after step_async": NoAsyncCallError,
     "step_async after call_async": AlreadyPendingCallError,
+    "reset_async with a float seed": TypeError,
+    "reset_wait after a refused reset_async": NoAsyncCallError,
 }
+
+
+def _refused(call: Callable[..., Any], options: Any) -> None:
+    """``call(options=options)`` raises TypeError at once (and so leaves nothing pending)."""
+    with pytest.raises(TypeError):
+        call(options=options)
 
 
 def test_step_async_and_step_wait_are_async_vector_envs(backend: str) -> None:
@@ -584,6 +598,9 @@ def test_close_takes_gymnasiums_arguments(backend: str) -> None:
     pool.reset(seed=0)
     with pytest.raises(TypeError, match="timeout must be"):
         pool.close(timeout="soon")  # type: ignore[arg-type]
+    for endless in (math.inf, math.nan):  # nan left the process backend's workers running
+        with pytest.raises(ValueError, match="timeout must be a finite number"):
+            pool.close(timeout=endless)
     assert not pool.closed  # refused before anything was stopped
     pool.close(timeout=None, terminate=True)
     assert pool.closed

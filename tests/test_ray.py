@@ -244,6 +244,30 @@ def test_close_frees_the_sockets_and_the_batch_memory_goes_with_the_pool(
     assert batch_memory_files() == before
 
 
+def _hang_in_close(env: FaultyEnv) -> None:
+    if env.seed_used is not None:  # not the env make() builds in the caller
+        time.sleep(3600)
+
+
+def test_ctrl_c_while_actors_close_still_kills_them(
+    ray_session: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C while close() waits for actors whose envs' ``close`` hangs: the actors are
+    killed before it goes on (the pool is closed; a second close() does nothing)."""
+    pool = make_ray(FaultyEnv, env_kwargs={"close_hook": _hang_in_close})
+    pool.reset(seed=0)
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(envfleet.backends.ray.ray, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pool.close(timeout=30.0)
+    monkeypatch.undo()
+    assert wait_for_actors_to_exit() == []
+    pool.close()
+
+
 # -- same results as the serial backend ------------------------------------------------------
 
 RAY_CASES = {**CASES, "Pickled": PICKLED_CASE}

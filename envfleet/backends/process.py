@@ -267,6 +267,14 @@ class ProcessTransport:
             self._poller.register(reply_r.fileno(), select.POLLIN)
             self._poller.register(proc.sentinel, select.POLLIN)
 
+    def forked(self) -> None:
+        """In a forked child: the workers are the parent's. multiprocessing's exit handler
+        would terminate them as this process's daemonic children (its ``_children`` is
+        inherited through ``os.fork``); they are taken out of it."""
+        children = getattr(multiprocessing.process, "_children", None)
+        if isinstance(children, set):
+            children.difference_update(self._procs)
+
     def kill(self, worker: int) -> None:
         proc = self._procs[worker]
         if proc.is_alive():
@@ -507,42 +515,49 @@ class ProcessTransport:
         if self._closed:
             return
         self._closed = True
-        for w, alive in enumerate(self._alive):
-            if alive:
-                self.submit(w, Close())
-        deadline = time.monotonic() + timeout
-        while any(p.is_alive() for p in self._procs):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            for w, outbox in enumerate(self._outbox):
-                if outbox and self._alive[w]:
-                    self._flush(w)  # the Close queued behind a large command
-            # Drain replies so that no worker blocks writing to a full pipe while exiting.
-            handles: list[Any] = [
-                fd for fd, p in zip(self._reply_fds, self._procs, strict=True) if p.is_alive()
-            ]
-            handles += [p.sentinel for p in self._procs if p.is_alive()]
-            for handle in multiprocessing.connection.wait(handles, min(remaining, 0.1)):
-                if handle in self._reply_fds:
-                    try:
-                        while os.read(handle, 1 << 16):
+        # A Ctrl-C while the envs close still stops every worker (the finally) before it
+        # goes on: the pool is already marked closed, and another close() would do nothing.
+        try:
+            for w, alive in enumerate(self._alive):
+                if alive:
+                    self.submit(w, Close())
+            deadline = time.monotonic() + timeout
+            while any(p.is_alive() for p in self._procs):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                for w, outbox in enumerate(self._outbox):
+                    if outbox and self._alive[w]:
+                        self._flush(w)  # the Close queued behind a large command
+                # Drain replies so that no worker blocks writing to a full pipe while exiting.
+                handles: list[Any] = [
+                    fd for fd, p in zip(self._reply_fds, self._procs, strict=True) if p.is_alive()
+                ]
+                handles += [p.sentinel for p in self._procs if p.is_alive()]
+                for handle in multiprocessing.connection.wait(handles, min(remaining, 0.1)):
+                    if handle in self._reply_fds:
+                        try:
+                            while os.read(handle, 1 << 16):
+                                pass
+                        except OSError:
                             pass
-                    except OSError:
-                        pass
-        for proc in self._procs:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(1.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(1.0)
-            proc.close()
-        for ends in self._ends:
-            for end in ends:
-                end.close()
-        self._alive = [False] * len(self._alive)
-        self._shared = None
+        finally:
+            for proc in self._procs:
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join(1.0)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(1.0)
+                try:
+                    proc.close()
+                except ValueError:  # reaped by a wait of another thread (close() from a thread)
+                    pass
+            for ends in self._ends:
+                for end in ends:
+                    end.close()
+            self._alive = [False] * len(self._alive)
+            self._shared = None
 
 
 def _retry_eintr(poll: Any, ms: int | None) -> list[tuple[int, int]]:

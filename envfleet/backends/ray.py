@@ -584,11 +584,12 @@ class RayTransport:
                 ray.wait(closing, num_returns=len(closing), timeout=timeout)
         except Exception:
             pass  # a dead actor or node: killed below all the same
-        for actor in self._actors:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:
-                pass
+        finally:  # a Ctrl-C in the wait too
+            for actor in self._actors:
+                try:
+                    ray.kill(actor, no_restart=True)
+                except Exception:
+                    pass
 
 
 def _message(data: bytes) -> bytes:

@@ -8,17 +8,24 @@ from collections import deque
 
 from envfleet.backends.base import TransportOptions, WorkerLost
 from envfleet.buffers import Batch
-from envfleet.protocol import Command, Group, Reply
+from envfleet.protocol import Command, EnvFailure, Group, Reply
 from envfleet.worker import serve, start_group
 
 
 class SerialTransport:
-    """Runs each command as soon as it is submitted; replies queue until ``wait``."""
+    """Runs the commands submitted when the pool waits, in order, in the caller's thread.
+
+    A command interrupted by the caller's Ctrl-C (``KeyboardInterrupt`` in an env, on the
+    caller's thread) is answered by a failure of the whole command before the interrupt goes
+    on, so that the pool never waits for a reply that cannot come; the commands after it run at
+    the next ``wait``.
+    """
 
     def __init__(self, options: TransportOptions) -> None:
         self.batch = Batch.local(options.observation_space, options.action_space, options.num_envs)
         self.groups: list[Group] = []
         self._replies: deque[tuple[int, Reply | WorkerLost | None]] = deque()
+        self._commands: deque[tuple[int, Command]] = deque()
         for worker, ids in enumerate(options.assignment):
             group, started = start_group(options, ids, self.batch)
             if group is None:
@@ -27,11 +34,21 @@ class SerialTransport:
             self.groups.append(group)
 
     def submit(self, worker: int, command: Command) -> None:
-        self._replies.append((worker, serve(self.groups[worker], command)))
+        self._commands.append((worker, command))
 
     def wait(
         self, timeout: float | None, want: int = 1
     ) -> list[tuple[int, Reply | WorkerLost | None]]:
+        commands = self._commands
+        while commands:
+            worker, command = commands.popleft()
+            try:
+                reply = serve(self.groups[worker], command)
+            except BaseException as exc:  # Ctrl-C in an env: its state is unknown
+                failure = EnvFailure.capture(None, command.phase, exc)
+                self._replies.append((worker, Reply(failures=(failure,))))
+                raise
+            self._replies.append((worker, reply))
         replies = list(self._replies)
         self._replies.clear()
         return replies
@@ -50,6 +67,7 @@ class SerialTransport:
         returns.
         """
         groups, self.groups = list(self.groups), []
+        self._commands.clear()
         if not groups:
             return
 

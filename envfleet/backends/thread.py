@@ -87,6 +87,8 @@ class ThreadTransport:
         self._round = 0
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._running = len(options.assignment)  # threads not ended yet
+        self._bells_open = True
         try:
             for worker, ids in enumerate(options.assignment):
                 inbox: deque[tuple[int, Command | None]] = deque()
@@ -146,7 +148,12 @@ class ThreadTransport:
         bell: _Bell,
     ) -> None:
         try:
-            group, started = start_group(self._options, ids, self.batch)
+            group, started = start_group(
+                self._options,
+                ids,
+                self.batch,
+                rebuild_thread_timeout=self._options.start_timeout,  # a stuck rebuild: abandoned
+            )
             self._post(worker, started)
             if group is None:
                 return
@@ -155,6 +162,12 @@ class ThreadTransport:
             # The group turns an env's exceptions into failures; anything reaching here ended
             # this worker, which the pool must hear of, like a dead process, not wait forever.
             self._post(worker, WorkerLost(None, f"its thread ended: {type(exc).__name__}"))
+        finally:
+            with self._lock:
+                self._running -= 1
+                last = self._running == 0 and self._closed
+            if last:  # the pool's close() gave up waiting for this thread: the bells close now
+                self._close_bells()
 
     def _loop(
         self, worker: int, group: Group, inbox: deque[tuple[int, Command | None]], bell: _Bell
@@ -249,20 +262,30 @@ class ThreadTransport:
     def close(self, timeout: float) -> None:
         if self._closed:
             return
-        self._closed = True
-        for worker in range(len(self._threads)):
-            self._inboxes[worker].append((0, _STOP))
-            self._bells[worker].ring()
+        with self._lock:  # the last thread to end closes the bells: not while they ring
+            self._closed = True
+            for worker in range(len(self._threads)):
+                self._inboxes[worker].append((0, _STOP))
+                if self._bells_open:
+                    self._bells[worker].ring()
         deadline = time.monotonic() + timeout
         stuck = False
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
             stuck = stuck or thread.is_alive()
         # A thread stuck inside an env is a daemon: it cannot block interpreter exit. Its bells
-        # stay open (it may still poll them); those of a pool whose threads all ended close.
+        # stay open (it may still poll them) until the last thread ends, which closes them
+        # (they leaked when close() stopped waiting first, as close(timeout=0) always does).
         if not stuck:
-            for bell in (*self._bells, *self._rounds):
-                bell.close()
+            self._close_bells()
+
+    def _close_bells(self) -> None:
+        with self._lock:
+            if not self._bells_open:
+                return
+            self._bells_open = False
+        for bell in (*self._bells, *self._rounds):
+            bell.close()
 
 
 def _lost_at_start(lost: WorkerLost) -> EnvFailure:
