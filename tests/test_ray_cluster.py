@@ -34,8 +34,9 @@ WORKER_NODE = {
 }
 """Each worker node can hold every actor of a pool (so one can take over from the other)."""
 HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 4}
-"""Ray notices a node killed without warning by missed health checks: every second, four missed
-in a row (its defaults, every 3 s and five, took about 15 s); each still waits 10 s for a reply."""
+"""Ray notices a node killed without warning by missed health checks: here one a second, four
+missed in a row (about 5 s; its defaults took about 15 s). A check waits Ray's usual timeout for
+its reply, so a node merely slow on a loaded machine is not declared dead."""
 DETECT_WITHIN = 60.0
 """Seconds a node's death may take to surface."""
 ACTIONS = np.ones(NUM_ENVS, dtype=np.int64)
