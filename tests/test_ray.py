@@ -136,7 +136,9 @@ def stray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, int]]:
                 process.terminate()
             except psutil.Error:
                 pass
-        _, alive = psutil.wait_procs(tree, timeout=10)
+        # Its daemons outlast a SIGTERM by more than 10 s (nothing of it had ended then): a short
+        # grace, then SIGKILL; its files go with its temp dir.
+        _, alive = psutil.wait_procs(tree, timeout=1)
         for process in alive:
             process.kill()
         head.wait(10)
