@@ -15,7 +15,7 @@ from envfleet.affinity import CpuAffinity, check_affinity, usable_cpus
 from envfleet.backends import Backend, TransportOptions, open_transport
 from envfleet.backends.base import DEFAULT_START_TIMEOUT, KINDS, RayOptions, capable
 from envfleet.errors import EnvRaisedError, EnvTimeoutError, OnError, Phase, env_raised_error
-from envfleet.group import env_errors
+from envfleet.group import Abandoned, build_within, env_errors
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
 from envfleet.protocol import EnvFailure
 from envfleet.spec import EnvSpec
@@ -356,32 +356,13 @@ def _within(
     what: str,
     discard: Callable[[T], None] | None = None,
 ) -> T:
-    """``task(spec)`` on a helper thread, waited for at most ``timeout`` seconds: past it
-    :class:`EnvTimeoutError` (phase ``make``), the stuck thread (a daemon, which cannot be
-    stopped) abandoned; should it finish after all, ``discard`` gets its result (an env to
+    """``task(spec)`` on a helper thread (:func:`envfleet.group.build_within`), waited for at
+    most ``timeout`` seconds: past it :class:`EnvTimeoutError` (phase ``make``), the stuck
+    thread abandoned; should it finish after all, ``discard`` gets its result (an env to
     close). What ``task`` raises is raised here."""
-    done: list[tuple[bool, Any]] = []
-    lock = threading.Lock()
-    abandoned = False
-
-    def run() -> None:
-        try:
-            result: tuple[bool, Any] = (True, task(spec))
-        except BaseException as exc:  # raised again in the caller's thread
-            result = (False, exc)
-        with lock:
-            if not abandoned:
-                done.append(result)
-                return
-        if result[0] and discard is not None:
-            discard(result[1])
-
-    worker = threading.Thread(target=run, name="envfleet-probe", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    with lock:
-        abandoned = not done
-    if abandoned:
+    try:
+        return build_within(timeout, lambda: task(spec), discard, name="envfleet-probe")
+    except Abandoned:
         raise EnvTimeoutError(
             f"{what} {spec.name} did not finish within start_timeout={timeout:g}s: its "
             "constructor (or a step) hangs; the thread running it cannot be stopped and was "
@@ -389,11 +370,7 @@ def _within(
             env_index=None,
             phase=Phase.MAKE,
             worker=-1,
-        )
-    ok, value = done[0]
-    if not ok:
-        raise value
-    return value  # type: ignore[no-any-return]
+        ) from None
 
 
 def _build_probe(spec: EnvSpec) -> Any:

@@ -81,11 +81,20 @@ def exit_if_longer(seconds: float | None) -> Iterator[None]:
                 faulthandler.cancel_dump_traceback_later()
 
 
-def build_within(seconds: float, build: Callable[[], T], discard: Callable[[T], None]) -> T:
+class Abandoned(TimeoutError):
+    """:func:`build_within` gave up waiting (what the build itself raises is never this)."""
+
+
+def build_within(
+    seconds: float,
+    build: Callable[[], T],
+    discard: Callable[[T], None] | None = None,
+    name: str = "envfleet-rebuild",
+) -> T:
     """``build()`` on a helper thread, waited for at most ``seconds``: past it
-    :class:`TimeoutError`, the stuck thread (a daemon, which cannot be stopped) abandoned;
-    should it finish after all, ``discard`` gets what it built. What ``build`` raises is
-    raised here."""
+    :class:`Abandoned` (a :class:`TimeoutError`), the stuck thread (a daemon, which cannot be
+    stopped) abandoned; should it finish after all, ``discard`` gets what it built. What
+    ``build`` raises is raised here."""
     done: list[tuple[bool, Any]] = []
     lock = threading.Lock()
     abandoned = False
@@ -99,16 +108,16 @@ def build_within(seconds: float, build: Callable[[], T], discard: Callable[[T], 
             if not abandoned:
                 done.append(result)
                 return
-        if result[0]:
+        if result[0] and discard is not None:
             discard(result[1])
 
-    helper = threading.Thread(target=run, name="envfleet-rebuild", daemon=True)
+    helper = threading.Thread(target=run, name=name, daemon=True)
     helper.start()
     helper.join(seconds)
     with lock:
         abandoned = not done
     if abandoned:
-        raise TimeoutError(
+        raise Abandoned(
             f"rebuilding the env took longer than start_timeout={seconds:g}s; the thread "
             "building it cannot be stopped and was abandoned"
         )
