@@ -208,9 +208,9 @@ class Recovery:
             return
         self._memory_checked = now
         limit = self.worker_memory_limit
-        memory = getattr(self.transport, "memory", None)
-        if limit is None or memory is None:
+        if limit is None:
             return
+        memory = self.transport.memory
         ledger = self.ledger
         for worker, ids in enumerate(ledger.assignment):
             if not ledger.idle_worker(worker):

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from envfleet.affinity import usable_cpus
-from envfleet.backends.base import KINDS, Backend
+from envfleet.backends.registry import Backend, Capabilities, kind_of
 from envfleet.spec import EnvSpec
 
 WAITING_CPU_SHARE = 0.2
@@ -51,17 +51,22 @@ class EnvProfile:
 class Layout:
     """A way to run ``num_envs`` envs: the arguments of :func:`envfleet.make` it stands for.
 
+    ``backend``: a :class:`Backend` (its name is accepted and turned into one).
     ``cpu_affinity``: ``"spread"`` or a tuple of CPU ids (a tuple, so that layouts hash).
     """
 
-    backend: str
+    backend: Backend
     num_workers: int
     threads_per_worker: int = 1
     batch_size: int | None = None
     cpu_affinity: str | tuple[int, ...] | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.backend, Backend):
+            object.__setattr__(self, "backend", Backend(self.backend))
+
     def make_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"backend": self.backend, "num_workers": self.num_workers}
+        kwargs: dict[str, Any] = {"backend": self.backend.value, "num_workers": self.num_workers}
         if self.threads_per_worker > 1:
             kwargs["threads_per_worker"] = self.threads_per_worker
         if self.batch_size is not None:
@@ -115,21 +120,28 @@ def _nbytes(obs: Any) -> int:
 
 
 def auto_layout(profile: EnvProfile, backend: str | Backend, num_envs: int, cores: int) -> Layout:
-    """The layout ``num_workers="auto"`` picks for ``backend`` from a probe.
-
-    Asks the backend's capabilities (:data:`envfleet.backends.base.KINDS`), not its name.
-    """
+    """The layout ``num_workers="auto"`` picks for ``backend`` from a probe."""
     kind = Backend(backend)
-    can = KINDS[kind].capabilities
+    workers, threads = choose_layout(profile, kind_of(kind).capabilities, num_envs, cores)
+    return Layout(kind, workers, threads_per_worker=threads)
+
+
+def choose_layout(
+    profile: EnvProfile, can: Capabilities, num_envs: int, cores: int
+) -> tuple[int, int]:
+    """Workers and threads per worker for a backend that can do ``can``, from a probe.
+
+    Asks the backend's capabilities (:mod:`envfleet.backends.registry`), not its name.
+    """
     workers = max(1, min(cores, num_envs))
     if can.one_worker:
-        return Layout(kind.value, 1)
+        return 1, 1
     if can.worker_per_env:
-        return Layout(kind.value, num_envs if profile.waits else workers)
+        return (num_envs if profile.waits else workers), 1
     if profile.waits and can.threads_per_worker:
         # Waiting envs overlap on threads; processes keep them isolated from each other.
-        return Layout(kind.value, workers, threads_per_worker=-(-num_envs // workers))
-    return Layout(kind.value, workers)
+        return workers, -(-num_envs // workers)
+    return workers, 1
 
 
 def candidate_layouts(
@@ -144,23 +156,23 @@ def candidate_layouts(
     candidates: list[Layout] = []
     for workers in sorted({1, max(1, cores // 2), cores, min(num_envs, 2 * cores)}):
         if workers <= num_envs:
-            candidates.append(Layout("process", workers))
-    waiting = auto_layout(profile, "process", num_envs, cores)
+            candidates.append(Layout(Backend.PROCESS, workers))
+    waiting = auto_layout(profile, Backend.PROCESS, num_envs, cores)
     candidates.append(waiting)
-    candidates.append(Layout("thread", num_envs))
+    candidates.append(Layout(Backend.THREAD, num_envs))
     if profile.waits and cores > 1 and hasattr(os, "sched_setaffinity"):
         # Threads of waiting envs hand the GIL over faster on one core (see bench/thread_bench.py).
-        candidates.append(Layout("thread", num_envs, cpu_affinity=(usable_cpus()[-1],)))
+        candidates.append(Layout(Backend.THREAD, num_envs, cpu_affinity=(usable_cpus()[-1],)))
         if waiting.threads_per_worker > 1:
             candidates.append(replace(waiting, cpu_affinity="spread"))
-    candidates.append(Layout("serial", 1))
+    candidates.append(Layout(Backend.SERIAL, 1))
     if num_envs >= 4:
-        candidates.append(Layout("process", min(cores, num_envs), batch_size=num_envs // 2))
+        candidates.append(Layout(Backend.PROCESS, min(cores, num_envs), batch_size=num_envs // 2))
     if policy_in_loop and num_envs >= 2:
         half = num_envs // 2
-        candidates.insert(0, Layout("process", min(cores, num_envs), batch_size=half))
+        candidates.insert(0, Layout(Backend.PROCESS, min(cores, num_envs), batch_size=half))
         if cores > 1:
-            candidates.insert(1, Layout("process", min(cores - 1, num_envs), batch_size=half))
+            candidates.insert(1, Layout(Backend.PROCESS, min(cores - 1, num_envs), batch_size=half))
     unique: list[Layout] = []
     for layout in candidates:
         if layout not in unique:
