@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
+from bench.common import Case, measure_cases
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
-from envfleet.benchmark.cases import Case, measure_cases
 from tests.envs import FaultyEnv
 
 TIMING = benchmark.Timing(seconds=0.05, warmup=0.02, rewarm=0.01, repeats=2)

@@ -33,21 +33,16 @@ Runners:
 - ``pufferlib``: PufferLib's ``Multiprocessing`` vector env, if it is installed (one worker per
   core but one, for its main process: both busy-wait).
 
+- ``ale-vector``: ale-py's C++ ``AtariVectorEnv`` on an ``ALE/...`` id, configured to step
+  the same raw frames with the same frame skip and sticky actions.
+
 Modules: :mod:`~envfleet.benchmark.base` (timing, workload, results, load from elsewhere, the
 runner interface), :mod:`~envfleet.benchmark.runners` (for-loop, ceiling, envfleet, Gymnasium),
-:mod:`~envfleet.benchmark.peers` (SB3, EnvPool, PufferLib), :mod:`~envfleet.benchmark.registry`
-(runners by name, availability), :mod:`~envfleet.benchmark.measure` (measuring, machine info,
-sweeps), :mod:`~envfleet.benchmark.report` (the report: table, notes, plot, JSON),
-:mod:`~envfleet.benchmark.bare` (the bare pool) and :mod:`~envfleet.benchmark.cases` (a
-script's own rows, for the scripts in ``bench/``). Every public name but those of ``cases`` is
-importable from :mod:`envfleet.benchmark` itself. The scripts' own measurements each have a
-module, imported by name: :mod:`~envfleet.benchmark.rollout` (rollouts with a policy in the
-loop, for ``bench/rollout.py``), :mod:`~envfleet.benchmark.scripts` (what the scripts share: the
-ideal row, ``recv``/``send`` openers, ratio columns, targets), :mod:`~envfleet.benchmark.gil`
-(threads and the GIL), :mod:`~envfleet.benchmark.soak` with
-:mod:`~envfleet.benchmark.soak_check` and :mod:`~envfleet.benchmark.soak_env` (the fault
-soak), :mod:`~envfleet.benchmark.stats_cost` (statistics on and off) and
-:mod:`~envfleet.benchmark.ray_patterns` (plain Ray baselines).
+:mod:`~envfleet.benchmark.peers` (SB3, EnvPool, PufferLib, ale-py),
+:mod:`~envfleet.benchmark.bare` (the bare pool), :mod:`~envfleet.benchmark.registry` (runners
+by name, availability), :mod:`~envfleet.benchmark.measure` (measuring, machine info, sweeps)
+and :mod:`~envfleet.benchmark.report` (table, notes, plot, JSON). The scripts in ``bench/``
+measure their own rows with the same :func:`measure`.
 
 It needs the ``cli`` extra (rich for the tables, matplotlib for the plot):
 ``pip install 'envfleet[cli]'``; without rich, importing it says so.
@@ -70,7 +65,6 @@ from envfleet.benchmark.base import (
     UNAVAILABLE,
     UNSUPPORTED,
     CallRunner,
-    LoopRunner,
     OtherLoad,
     Runner,
     RunResult,
@@ -78,9 +72,21 @@ from envfleet.benchmark.base import (
     StartupTimeout,
     Timing,
     Workload,
+    cycle,
+    open_vector,
+    sample_actions,
+    time_calls,
 )
 from envfleet.benchmark.measure import PACKAGES, machine_info, measure, open_bounded, sweep
-from envfleet.benchmark.peers import envpool_id, open_envpool, open_pufferlib, open_sb3
+from envfleet.benchmark.peers import (
+    ale_vector_options,
+    envpool_id,
+    open_ale_vector,
+    open_envpool,
+    open_pufferlib,
+    open_sb3,
+    version,
+)
 from envfleet.benchmark.registry import (
     ALIASES,
     RUNNERS,
@@ -103,6 +109,7 @@ from envfleet.benchmark.runners import (
     ParallelRunner,
     envfleet_opener,
     open_ceiling,
+    open_envfleet,
     open_gym_async,
     open_gym_sync,
     open_loop,
@@ -127,7 +134,6 @@ __all__ = [
     "BarePool",
     "CallRunner",
     "CeilingRunner",
-    "LoopRunner",
     "OtherLoad",
     "ParallelRunner",
     "Report",
@@ -138,25 +144,33 @@ __all__ = [
     "StartupTimeout",
     "Timing",
     "Workload",
+    "ale_vector_options",
     "availability",
+    "cycle",
     "envfleet_opener",
     "envpool_id",
     "machine_info",
     "measure",
+    "open_ale_vector",
     "open_bare_pool",
     "open_bounded",
     "open_ceiling",
+    "open_envfleet",
     "open_envpool",
     "open_gym_async",
     "open_gym_sync",
     "open_loop",
     "open_pufferlib",
     "open_sb3",
+    "open_vector",
     "parse_runners",
     "report_notes",
     "report_table",
+    "sample_actions",
     "startup_table",
     "sweep",
+    "time_calls",
+    "version",
     "write_json",
     "write_plot",
 ]
