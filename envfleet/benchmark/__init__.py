@@ -16,33 +16,14 @@ for each ``num_envs`` of a list and returns a :class:`Report`, which renders as 
 (:func:`report_table`, and :func:`startup_table` for the start-up times), a plot
 (:func:`write_plot`) and JSON (:meth:`Report.as_dict`).
 
-Runners:
-
-- ``loop``: a Python for-loop over the envs in this process, resetting finished ones;
-- ``ceiling``: the envs split over one process per usable core that never communicate, their
-  throughputs summed: what parallel stepping could reach with no coordination at all;
-- ``bare-pool``: worker processes (as many as the process backend starts) that each read one
-  byte from a pipe, step their envs in a loop and write one byte back: the least a process pool
-  of this design can cost (:mod:`~envfleet.benchmark.bare`);
-- ``serial`` / ``process`` / ``thread``: ``envfleet.make`` with that backend (default workers);
-- ``gym-sync`` / ``gym-async``: Gymnasium's ``SyncVectorEnv`` and
-  ``AsyncVectorEnv(shared_memory=True)`` (one process per env);
-- ``sb3``: Stable-Baselines3's ``SubprocVecEnv`` (one process per env), if it is installed;
-- ``envpool``: EnvPool's own implementation of the id, if it is installed and ships the id
-  (its defaults may differ from Gymnasium's: Atari preprocessing, for one);
-- ``pufferlib``: PufferLib's ``Multiprocessing`` vector env, if it is installed (one worker per
-  core but one, for its main process: both busy-wait).
-
-- ``ale-vector``: ale-py's C++ ``AtariVectorEnv`` on an ``ALE/...`` id, configured to step
-  the same raw frames with the same frame skip and sticky actions.
-
-Modules: :mod:`~envfleet.benchmark.base` (timing, workload, results, load from elsewhere, the
-runner interface), :mod:`~envfleet.benchmark.runners` (for-loop, ceiling, envfleet, Gymnasium),
-:mod:`~envfleet.benchmark.peers` (SB3, EnvPool, PufferLib, ale-py),
-:mod:`~envfleet.benchmark.bare` (the bare pool), :mod:`~envfleet.benchmark.registry` (runners
-by name, availability), :mod:`~envfleet.benchmark.measure` (measuring, machine info, sweeps)
-and :mod:`~envfleet.benchmark.report` (table, notes, plot, JSON). The scripts in ``bench/``
-measure their own rows with the same :func:`measure`.
+Runners (:data:`RUNNERS`, each with a one-line description): ``loop`` (a for-loop in this
+process), ``ceiling`` (the envs split over one process per usable core that never communicate:
+what parallel stepping could reach with no coordination), ``bare-pool`` (workers woken by a
+byte: the least a process pool of this design can cost), envfleet's ``serial``, ``process`` and
+``thread``, Gymnasium's ``gym-sync`` and ``gym-async``, and the peers that are installed:
+``sb3``, ``envpool``, ``pufferlib`` and ``ale-vector`` (ale-py's C++ ``AtariVectorEnv``, the
+id's frames and frame skip). The scripts in ``bench/`` measure rows of their own with the same
+:func:`measure`.
 
 It needs the ``cli`` extra (rich for the tables, matplotlib for the plot):
 ``pip install 'envfleet[cli]'``; without rich, importing it says so.
@@ -97,6 +78,7 @@ from envfleet.benchmark.registry import (
 )
 from envfleet.benchmark.report import (
     Report,
+    plot_label,
     report_notes,
     report_table,
     startup_table,
@@ -164,6 +146,7 @@ __all__ = [
     "open_sb3",
     "open_vector",
     "parse_runners",
+    "plot_label",
     "report_notes",
     "report_table",
     "sample_actions",

@@ -232,6 +232,18 @@ def report_notes(report: Report) -> list[str]:
     return notes
 
 
+def plot_label(report: Report, name: str) -> str:
+    """Runner ``name``'s label in the plot: its name, and the env counts where it was skipped
+    (start-up over the limit) or failed."""
+    results = report.results.get(name, {})
+    gaps = [
+        f"{how} at {', '.join(at)}"
+        for how, kind in (("skipped", Skipped), ("failed", str))
+        if (at := [str(n) for n, r in results.items() if isinstance(r, kind)])
+    ]
+    return f"{name} ({'; '.join(gaps)})" if gaps else name
+
+
 def write_plot(report: Report, path: Path) -> None:
     """Throughput against ``num_envs``, one line per runner, as a PNG; a runner skipped or
     failed at some env counts says so in the legend, and the notes (load from elsewhere that
@@ -243,13 +255,7 @@ def write_plot(report: Report, path: Path) -> None:
     ax = fig.subplots()
     for name in report.measured:
         points = [(n, rate) for n in report.num_envs if (rate := report.rate(name, n)) is not None]
-        results = report.results.get(name, {})
-        missed = {
-            how: [str(n) for n, r in results.items() if isinstance(r, kind)]
-            for how, kind in (("skipped", Skipped), ("failed", str))
-        }
-        gaps = [f"{how} at {', '.join(at)}" for how, at in missed.items() if at]
-        label = f"{name} ({'; '.join(gaps)})" if gaps else name
+        label = plot_label(report, name)
         style: dict[str, Any] = {"linestyle": "--", "color": "black"} if name == CEILING else {}
         ax.plot([n for n, _ in points], [r for _, r in points], marker="o", label=label, **style)
     if len(report.num_envs) > 1 and min(report.num_envs) > 0:
