@@ -602,3 +602,11 @@ def test_plain_ray_baselines_of_the_benchmark_step_and_go(ray_session: None, pat
         assert runner.window(0.05) > 0
     finally:
         runner.close()
+
+
+def test_step_before_reset_is_refused(ray_session: None) -> None:
+    from tests.test_api import NeedsResetEnv, check_step_before_reset_is_refused
+
+    check_step_before_reset_is_refused(
+        envfleet.make(NeedsResetEnv, 4, backend="ray", num_workers=2)
+    )
