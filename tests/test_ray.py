@@ -465,6 +465,35 @@ def test_env_exception(ray_session: None, on_error: str, path: str) -> None:
             pool.step(ACTIONS)
 
 
+def _keyboard_interrupt_in_step(env: FaultyEnv, action: Any) -> None:
+    if env.seed_used == 1 and env.count == 101:  # env 1's second step, once
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_keyboard_interrupt_raised_by_an_env_is_that_envs_failure(
+    ray_session: None, path: str
+) -> None:
+    """As on the thread and process backends (``test_errors.py``): the env's own
+    ``KeyboardInterrupt`` is its failure, named env 1, not a lost actor; restarted, it is one
+    env's restart."""
+    env = functools.partial(FaultyEnv, step_hook=_keyboard_interrupt_in_step)
+    actions = np.zeros(2, dtype=np.int64)
+    kwargs: dict[str, Any] = {"backend": "ray", "seed": 0, "ray_shared_memory": path == "socket"}
+    with envfleet.make(env, 2, num_workers=2, **kwargs) as pool:
+        pool.reset()
+        pool.step(actions)
+        with pytest.raises(envfleet.EnvRaisedError) as info:
+            pool.step(actions)
+    assert (info.value.env_index, info.value.worker) == (1, 1)
+    assert isinstance(info.value.__cause__, KeyboardInterrupt)
+    with envfleet.make(env, 2, num_workers=2, on_error="restart", **kwargs) as pool:
+        pool.reset()
+        results = [pool.step(actions) for _ in range(3)]
+        assert results[1][4]["envfleet/restarted"].tolist() == [False, True]
+        assert pool.restarts.tolist() == [0, 1]
+
+
 DEAD_ACTOR_RUNS = [
     *((on_error, path) for on_error in ("raise", "restart") for path in PATHS),
     ("restart-pieces", "calls"),
