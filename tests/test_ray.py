@@ -246,6 +246,31 @@ def test_close_frees_the_sockets_and_the_batch_memory_goes_with_the_pool(
     assert batch_memory_files() == before
 
 
+def test_a_new_pool_removes_the_socket_directories_of_pools_whose_process_is_gone(
+    ray_session: None,
+) -> None:
+    """A pool killed without close() (SIGKILL) on a Ray envfleet did not start has no reaper:
+    its socket directory stays until a later pool of the same user sweeps it. That of a live
+    process stays."""
+    from envfleet.backends.ray import SOCKET_DIR_PREFIX
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    temp = tempfile.gettempdir()
+    stale = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{dead.pid}-", dir=temp)
+    Path(stale, "w-0").touch()  # as an actor's socket left behind
+    live = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getppid()}-", dir=temp)
+    try:
+        with make_ray("CartPole-v1", seed=0) as pool:
+            socket_dir = pool._transport._socket_dir  # type: ignore[attr-defined]
+            assert os.path.basename(socket_dir).startswith(f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
+            assert not os.path.exists(stale)
+            assert os.path.isdir(live)
+    finally:
+        shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(live, ignore_errors=True)
+
+
 def _hang_in_close(env: FaultyEnv) -> None:
     if env.seed_used is not None:  # not the env make() builds in the caller
         time.sleep(3600)
