@@ -2,8 +2,10 @@
 
 The same pools side by side in one run (windows interleaved, the median reported) with
 ``SPIN_SECONDS`` (both the parent's wait for replies and the workers' wait for commands) set to
-0, 20 µs, 200 µs and 2 ms; steps/s and the ratio to blocking at once. Workers are forked while
-their setting is in force, so they keep it; the parent's is set around each window.
+0, 20 µs, 200 µs and 2 ms; steps/s and the ratio to blocking at once. Each worker sets its own
+``SPIN_SECONDS`` while it builds its envs (before its loop reads it), under any start method,
+and the script checks that every worker holds the setting of its row; the parent's is set
+around each window.
 
     python bench/waiting.py [--seconds 3] [--repeats 3] [--quick]
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make ``envfleet`` importable from the checkout
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import contextlib
@@ -21,17 +23,23 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from rich.console import Console
+import gymnasium
 
-from envfleet.backends import process
-from envfleet.benchmark import Runner, Timing, Workload
-from envfleet.benchmark.cases import (
+import envfleet
+from bench.common import (
+    RESULTS,
     Case,
+    Versus,
+    measure_table,
+    print_machine,
     save_json,
     script_parser,
+    session,
     timing_from,
 )
-from envfleet.benchmark.scripts import Versus, measure_table, open_envfleet, print_machine
+from envfleet.backends import process
+from envfleet.benchmark import Runner, Timing, Workload, open_vector
+from envfleet.spec import EnvSpec
 
 SPINS = (0.0, 20e-6, 200e-6, 2e-3)
 WORKLOADS = (("CartPole-v1", 64, 2), ("ALE/Pong-v5", 8, 2))
@@ -46,42 +54,56 @@ def spinning(spin: float) -> Iterator[None]:
         process.SPIN_SECONDS = 0.0
 
 
-class Spinning(Runner):
+class SpinSetting(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """The env, built in a worker after setting that worker's ``SPIN_SECONDS`` (its command
+    loop reads it once the envs are built); :attr:`worker_spin_seconds` reads it back."""
+
+    def __init__(self, spec: EnvSpec, spin: float) -> None:
+        process.SPIN_SECONDS = spin
+        super().__init__(spec.build())
+
+    @property
+    def worker_spin_seconds(self) -> float:
+        return process.SPIN_SECONDS
+
+
+def open_spinning(spin: float, workers: int, workload: Workload, timing: Timing) -> Runner:
     """A process-backend pool whose parent and workers spin ``spin`` seconds before blocking."""
+    factory = functools.partial(SpinSetting, workload.spec, spin)
 
-    def __init__(self, spin: float, workers: int, workload: Workload, timing: Timing) -> None:
-        self.spin = spin
-        with spinning(spin):  # the workers are forked now: they keep the setting
-            self.inner = open_envfleet(
-                workload, timing, backend="process", num_workers=workers, context="fork"
-            )
-        self.name, self.setup_s, self.info = f"spin {spin * 1e6:g} µs", self.inner.setup_s, {}
+    def build() -> envfleet.Pool:
+        pool = envfleet.make(factory, workload.num_envs, backend="process", num_workers=workers)
+        held = set(pool.get_attr("worker_spin_seconds"))
+        if held != {spin}:
+            pool.close()
+            raise RuntimeError(f"the workers hold SPIN_SECONDS {held}, not {spin}")
+        return pool
 
-    def window(self, seconds: float) -> float:
-        with spinning(self.spin):
-            return self.inner.window(seconds)
+    inner = open_vector(f"spin {spin * 1e6:g} µs", build, timing)
+    window = inner.window
+    inner.window = lambda seconds: _spun(spin, window, seconds)  # type: ignore[method-assign]
+    return inner
 
-    def close(self) -> None:
-        self.inner.close()
+
+def _spun(spin: float, window: Any, seconds: float) -> float:
+    with spinning(spin):
+        return float(window(seconds))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = script_parser(__doc__ or "", Path(__file__).resolve().parent / "results/waiting.json")
-    args = parser.parse_args(argv)
+    args = script_parser(__doc__ or "", RESULTS / "waiting.json").parse_args(argv)
     timing = timing_from(args)
-    console = Console(width=max(Console().width, 120))
-    report: dict[str, Any] = {"machine": print_machine(console), "timing": timing.as_dict()}
-    for env_id, num_envs, workers in WORKLOADS:
-        cases = [
-            Case(f"spin {s * 1e6:g} µs", functools.partial(Spinning, s, workers), forks=True)
-            for s in SPINS
-        ]
-        title = f"{env_id}, {num_envs} envs, {workers} workers"
-        columns = [Versus("vs blocking", cases[0].name)]
-        _, rows = measure_table(
-            console, title, cases, Workload.of(env_id, num_envs), timing, columns
-        )
-        report[env_id] = rows
+    with session(args.json) as console:
+        report: dict[str, Any] = {"machine": print_machine(console), "timing": timing.as_dict()}
+        for env_id, num_envs, workers in WORKLOADS:
+            cases = [
+                Case(f"spin {s * 1e6:g} µs", functools.partial(open_spinning, s, workers), True)
+                for s in SPINS
+            ]
+            title = f"{env_id}, {num_envs} envs, {workers} workers"
+            columns = [Versus("vs blocking", cases[0].name)]
+            workload = Workload.of(env_id, num_envs)
+            report[env_id] = measure_table(console, title, cases, workload, timing, columns)[1]
     save_json(args.json, report, console)
     return 0
 
