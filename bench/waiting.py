@@ -2,8 +2,10 @@
 
 The same pools side by side in one run (windows interleaved, the median reported) with
 ``SPIN_SECONDS`` (both the parent's wait for replies and the workers' wait for commands) set to
-0, 20 µs, 200 µs and 2 ms; steps/s and the ratio to blocking at once. Workers are forked while
-their setting is in force, so they keep it; the parent's is set around each window.
+0, 20 µs, 200 µs and 2 ms; steps/s and the ratio to blocking at once. Each worker sets its own
+``SPIN_SECONDS`` while it builds its envs (before its loop reads it), under any start method,
+and the script checks that every worker holds the setting of its row; the parent's is set
+around each window.
 
     python bench/waiting.py [--seconds 3] [--repeats 3] [--quick]
 """
@@ -21,17 +23,16 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+import gymnasium
 from rich.console import Console
 
+import envfleet
 from envfleet.backends import process
 from envfleet.benchmark import Runner, Timing, Workload
-from envfleet.benchmark.cases import (
-    Case,
-    save_json,
-    script_parser,
-    timing_from,
-)
-from envfleet.benchmark.scripts import Versus, measure_table, open_envfleet, print_machine
+from envfleet.benchmark.base import _open_vector
+from envfleet.benchmark.cases import Case, save_json, script_parser, timing_from
+from envfleet.benchmark.scripts import Versus, measure_table, print_machine
+from envfleet.spec import EnvSpec
 
 SPINS = (0.0, 20e-6, 200e-6, 2e-3)
 WORKLOADS = (("CartPole-v1", 64, 2), ("ALE/Pong-v5", 8, 2))
@@ -46,23 +47,40 @@ def spinning(spin: float) -> Iterator[None]:
         process.SPIN_SECONDS = 0.0
 
 
-class Spinning(Runner):
+class SpinSetting(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """The env, built in a worker after setting that worker's ``SPIN_SECONDS`` (its command
+    loop reads it once the envs are built); :attr:`worker_spin_seconds` reads it back."""
+
+    def __init__(self, spec: EnvSpec, spin: float) -> None:
+        process.SPIN_SECONDS = spin
+        super().__init__(spec.build())
+
+    @property
+    def worker_spin_seconds(self) -> float:
+        return process.SPIN_SECONDS
+
+
+def open_spinning(spin: float, workers: int, workload: Workload, timing: Timing) -> Runner:
     """A process-backend pool whose parent and workers spin ``spin`` seconds before blocking."""
+    factory = functools.partial(SpinSetting, workload.spec, spin)
 
-    def __init__(self, spin: float, workers: int, workload: Workload, timing: Timing) -> None:
-        self.spin = spin
-        with spinning(spin):  # the workers are forked now: they keep the setting
-            self.inner = open_envfleet(
-                workload, timing, backend="process", num_workers=workers, context="fork"
-            )
-        self.name, self.setup_s, self.info = f"spin {spin * 1e6:g} µs", self.inner.setup_s, {}
+    def build() -> envfleet.Pool:
+        pool = envfleet.make(factory, workload.num_envs, backend="process", num_workers=workers)
+        held = set(pool.get_attr("worker_spin_seconds"))
+        if held != {spin}:
+            pool.close()
+            raise RuntimeError(f"the workers hold SPIN_SECONDS {held}, not {spin}")
+        return pool
 
-    def window(self, seconds: float) -> float:
-        with spinning(self.spin):
-            return self.inner.window(seconds)
+    inner = _open_vector(f"spin {spin * 1e6:g} µs", build, timing)
+    window = inner.window
+    inner.window = lambda seconds: _spun(spin, window, seconds)  # type: ignore[method-assign]
+    return inner
 
-    def close(self) -> None:
-        self.inner.close()
+
+def _spun(spin: float, window: Any, seconds: float) -> float:
+    with spinning(spin):
+        return float(window(seconds))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"machine": print_machine(console), "timing": timing.as_dict()}
     for env_id, num_envs, workers in WORKLOADS:
         cases = [
-            Case(f"spin {s * 1e6:g} µs", functools.partial(Spinning, s, workers), forks=True)
+            Case(f"spin {s * 1e6:g} µs", functools.partial(open_spinning, s, workers), forks=True)
             for s in SPINS
         ]
         title = f"{env_id}, {num_envs} envs, {workers} workers"

@@ -269,6 +269,18 @@ class Ledger:
         """The envs of ``worker`` in flight."""
         return [i for i in self.assignment[worker] if self.state[i] == _IN_FLIGHT]
 
+    def snapshot(self) -> dict[str, Any]:
+        """Where the pool stands, as plain values (read-only; for a stall report): per worker
+        the commands sent and not answered (``Step(0, 1)``), and the envs in flight and ready."""
+        return {
+            "pending_per_worker": [
+                [f"{type(c).__name__}{tuple(getattr(c, 'env_ids', ()))}" for c in list(queue)]
+                for queue in self.pending
+            ],
+            "envs_in_flight": np.flatnonzero(self.state == _IN_FLIGHT).tolist(),
+            "envs_ready": [int(i) for i in list(self.ready)],
+        }
+
     def drain_ready(self) -> np.ndarray | None:
         """Every ready env, now idle (``None`` if none): what a failing call gathers."""
         if not self.ready:

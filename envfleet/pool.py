@@ -348,6 +348,12 @@ class Pool(VectorEnv):  # type: ignore[misc]
         """
         return self._stats.snapshot(self._recovery.restarts, self._recovery.recycled)
 
+    def describe(self) -> dict[str, Any]:
+        """Where the pool stands, as plain values: per worker the commands sent and not
+        answered, the envs in flight and ready, and each env's restarts. Read-only, and safe to
+        call from another thread while a step waits (what a watchdog reports on a stall)."""
+        return {**self._ledger.snapshot(), "restarts": self._recovery.restarts.tolist()}
+
     @property
     def restarts(self) -> np.ndarray:
         """How many times each env has been restarted (``on_error="restart"``)."""

@@ -42,6 +42,8 @@ from envfleet.benchmark.scripts import (
     target,
 )
 from envfleet.benchmark.soak import SoakConfig, run_soak, soak_checks
+from envfleet.benchmark.soak_check import SoakRun
+from envfleet.benchmark.soak_env import read_log
 from envfleet.benchmark.stats_cost import RECORDING, StatsSetup, stats_disabled, stats_overhead
 from envfleet.stats import StatsRecorder
 from tests.envs import FaultyEnv
@@ -84,6 +86,37 @@ def test_soak_accounts_for_every_injected_failure(tmp_path: Path) -> None:
         "faulty: delivered + lost == requested",
         "faulty: every delivered result is the next call of its env",
     ]
+
+
+def test_a_stalled_step_shows_in_the_soak_report(tmp_path: Path) -> None:
+    # Every env hangs at its first step: each worker stops at its first env, and the step
+    # waits for step_timeout. The report, taken meanwhile, must see the pool waiting.
+    config = SoakConfig(
+        steps=4, p_fail=1.0, num_envs=4, workers=2, kinds=("hang",), step_timeout=3.0, hang_s=30
+    )
+    run = SoakRun("stalled", config.p_fail, config, str(tmp_path))
+    stepping = threading.Thread(target=run.advance, args=(1,))
+    try:
+        stepping.start()
+        deadline = time.monotonic() + 10
+        while len(read_log(run.log_path)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        report = run.diagnose()
+        stepping.join(30)
+    finally:
+        run.close()
+    assert report["step"] == 0
+    assert report["pending_per_worker"] == [["Step(0, 1)"], ["Step(2, 3)"]]
+    assert report["envs_in_flight"] == [0, 1, 2, 3] and report["envs_ready"] == []
+    assert [(kind, env) for kind, env, *_ in report["last_failures"]] in (
+        [("hang", 0), ("hang", 2)],
+        [("hang", 2), ("hang", 0)],
+    )
+    pids = {e[3] for e in report["last_failures"]}
+    assert pids <= {p["pid"] for p in report["child_processes"]}
+    assert report["restarts"] == [0, 0, 0, 0]
+    # The step then ends: the hung workers are killed and their envs restarted.
+    assert not stepping.is_alive() and run.lost == 4
 
 
 def test_stats_disabled_records_nothing_and_puts_the_recorder_back() -> None:

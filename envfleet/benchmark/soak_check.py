@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import psutil
 
 import envfleet
 from envfleet.benchmark.soak_env import (
@@ -311,24 +312,19 @@ class SoakRun:
         }
 
     def diagnose(self) -> dict[str, Any]:
-        """What the pool is waiting for (its private state: for a stall report only)."""
-        pool = self.pool
-        pending = getattr(pool, "_pending", None)
-        state = getattr(pool, "_state", None)
-        transport = getattr(pool, "_transport", None)
-        procs = getattr(transport, "_procs", None) or []
+        """What the pool is waiting for (:meth:`envfleet.Pool.describe`), its worker processes
+        and the last failures injected: what a stall report prints."""
+        workers = []
+        for child in psutil.Process().children():
+            try:
+                workers.append({"pid": child.pid, "status": child.status()})
+            except psutil.Error:
+                continue
         return {
             "pool": self.name,
             "step": self.step_id,
-            "pending_per_worker": [
-                [f"{type(c).__name__}{tuple(getattr(c, 'env_ids', ()))}" for c in d]
-                for d in (pending or [])
-            ],
-            "envs_in_flight": [] if state is None else np.flatnonzero(state == 1).tolist(),
-            "envs_ready": [] if state is None else np.flatnonzero(state == 2).tolist(),
-            "workers_alive": list(getattr(transport, "_alive", [])),
-            "worker_pids": [p.pid for p in procs],
-            "restarts": self.pool.restarts.tolist(),
+            **self.pool.describe(),
+            "child_processes": workers,
             "last_failures": [list(e) for e in read_log(self.log_path)[-5:]],
         }
 
