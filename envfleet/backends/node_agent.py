@@ -74,7 +74,7 @@ class NodeAgent:
         """Start the node's workers and a listening socket on this node's address; return
         ``(error or None, node id, address, port, pid)``."""
         node = str(ray.get_runtime_context().get_node_id())
-        host = ray.util.get_node_ip_address()
+        host = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
         try:
             self.local = ProcessTransport(self.options)
             # A replacement agent: its envs start restarted (flagged, reseeded by their count).
@@ -129,10 +129,8 @@ class _Server:
         conn = self.conn
         while True:
             try:
-                if self.owed == 0 or conn.poll(0):
-                    message = conn.recv_bytes()
-                else:
-                    message = None
+                # Block while nothing is owed; else only look, and go back to the workers.
+                message = conn.recv_bytes() if self.owed == 0 or conn.poll(0) else None
             except (EOFError, OSError):
                 return
             if message is not None and not self.handle(message):
@@ -214,7 +212,7 @@ class _Server:
                     k += 1
                     got = wire.row_ids([(command, reply)])
                     if got.size:
-                        reply = reply if reply is not None else Reply(env_ids=command.env_ids)
+                        reply = reply if reply is not None else Reply(env_ids=tuple(got.tolist()))
                         reply.observations = {i: observations[i] for i in got.tolist()}
                     by_reply.append((worker, reply))
                 replies = by_reply

@@ -65,20 +65,26 @@ def _cpus(node: dict[str, Any]) -> float:
 
 def alive_nodes() -> list[dict[str, Any]]:
     """Ray's alive nodes that have CPUs, in a stable order (the head first as Ray lists it)."""
-    return [n for n in ray.nodes() if n.get("Alive") and _cpus(n) > 0]
+    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    return [n for n in nodes if n.get("Alive") and _cpus(n) > 0]
 
 
 def place(nodes: Sequence[tuple[str, float]], workers: int) -> list[list[int]]:
-    """Lay ``workers`` (consecutive indices) over ``nodes`` (id, CPUs) in contiguous runs, in
-    proportion to their CPUs (largest remainder; a node gets none only when there are fewer
-    workers than nodes)."""
-    total = sum(max(cpus, 1e-9) for _, cpus in nodes)
-    shares = [workers * max(cpus, 1e-9) / total for _, cpus in nodes]
-    counts = [int(s) for s in shares]
-    for k in sorted(range(len(nodes)), key=lambda k: counts[k] - shares[k])[
-        : workers - sum(counts)
-    ]:
-        counts[k] += 1
+    """Lay ``workers`` (consecutive indices) over ``nodes`` (id, CPUs) in contiguous runs: one
+    each, the rest in proportion to their CPUs (largest remainder); with fewer workers than
+    nodes, the nodes with the most CPUs get one."""
+    n = len(nodes)
+    weights = [max(cpus, 1e-9) for _, cpus in nodes]
+    if workers < n:
+        chosen = set(sorted(range(n), key=lambda k: -weights[k])[:workers])
+        counts = [int(k in chosen) for k in range(n)]
+    else:
+        rest = workers - n
+        shares = [rest * w / sum(weights) for w in weights]
+        counts = [1 + int(s) for s in shares]
+        by_remainder = sorted(range(n), key=lambda k: int(shares[k]) - shares[k])
+        for k in by_remainder[: workers - sum(counts)]:
+            counts[k] += 1
     runs, start = [], 0
     for count in counts:
         runs.append(list(range(start, start + count)))
@@ -327,9 +333,9 @@ class NodeTransport:
         while True:
             events = self._poller.poll(ms)
             for fd, _ in events:
-                node = self._by_fd.get(fd)
-                if node is not None and node.alive:
-                    self._read(node, replies)
+                ready = self._by_fd.get(fd)
+                if ready is not None and ready.alive:
+                    self._read(ready, replies)
             for node in self._nodes:
                 if not node.alive and not node.lost:
                     self._report_lost(node, replies)
