@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint docs docs-serve docs-plots bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,20 @@ lint: $(VENV)/.installed-dev
 test: lint
 	$(BIN)/python -m pytest -q
 
+# The documentation site (MkDocs, Material, mkdocstrings): site/. --strict turns a broken link or
+# an unreadable docstring into an error. tests/test_docs.py builds it too, under `make test`.
+docs: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+# The plot on docs/benchmarks.md, written by `envfleet bench` (about a minute on 2 cores).
+docs-plots: $(VENV)/.installed-dev
+	$(BIN)/envfleet bench CartPole-v1 --num-envs 8,32,64 --out docs/assets/bench-cartpole
+
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/throughput.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

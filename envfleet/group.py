@@ -41,13 +41,26 @@ def derive_seed(seed_base: int | None, env_index: int, restarts: int) -> int | N
     return int(np.random.SeedSequence([seed_base, env_index, restarts]).generate_state(1)[0])
 
 
+_worker_process = False  # set by claim_base_exceptions(): this whole process is a worker
+
+
+def claim_base_exceptions() -> None:
+    """Declare this process a worker of its own (a worker process, a Ray actor): then any
+    ``BaseException`` an env raises, on its main thread too, is that env's failure. Such a
+    process ignores SIGINT, so a ``KeyboardInterrupt`` there comes from the env, never from the
+    user's Ctrl-C (which the pool's process handles)."""
+    global _worker_process
+    _worker_process = True
+
+
 def env_errors() -> tuple[type[BaseException], ...]:
     """What counts as an env's own failure: any exception, ``SystemExit`` included (an env that
-    calls ``sys.exit()`` fails like one that raises); on any thread but the main one, any
-    ``BaseException`` at all (``KeyboardInterrupt``, ``GeneratorExit``, a library's own), which
-    would otherwise end a worker thread that cannot be replaced. On the main thread a
+    calls ``sys.exit()`` fails like one that raises); in a worker process (see
+    :func:`claim_base_exceptions`) or on any thread but the main one, any ``BaseException`` at
+    all (``KeyboardInterrupt``, ``GeneratorExit``, a library's own), which would otherwise end
+    a worker that holds other envs. On the caller's main thread (serial backend, the probe) a
     ``KeyboardInterrupt`` is the user's Ctrl-C and is not caught."""
-    if threading.current_thread() is threading.main_thread():
+    if not _worker_process and threading.current_thread() is threading.main_thread():
         return (Exception, SystemExit)
     return (BaseException,)
 

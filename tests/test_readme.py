@@ -1,17 +1,22 @@
-"""The README and the install: every Python block of the README runs as written, every ``envfleet``
-command it shows parses, and its extras table matches ``pyproject.toml``.
+"""The README, the documentation site and the install: every Python block of the README and of
+``docs/`` runs as written, every ``envfleet`` command they show parses (and the ones naming the
+modules of ``examples/`` run), the site builds with ``mkdocs build --strict``, and the extras the
+pages name match ``pyproject.toml``.
 
 The blocks run one after another in one subprocess (one start of Python, one of Ray for the
 blocks that use it), each in a fresh namespace, so that a new block is tested without any change
-here. A block that cannot run in a test says so on its first line, with the reason:
+here; a block shown twice (the README repeats some of the docs' examples) runs once. A block that
+cannot run in a test says so on its first line, with the reason:
 ``# readme-test: skip (why)``; use it sparingly.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,19 +27,24 @@ from envfleet.cli import build_parser
 from envfleet.spec import EnvSpec
 
 ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 README = (ROOT / "README.md").read_text()
+PAGES = {
+    "README.md": README,
+    **{str(path.relative_to(ROOT)): path.read_text() for path in sorted(DOCS.rglob("*.md"))},
+}
 SKIP = re.compile(r"^# readme-test: skip \((?P<reason>[^)]+)\)")
 
 RUNNER = r"""
 import json, sys, traceback
 blocks = json.load(sys.stdin)
-for index, source in blocks:
+for name, source in blocks:
     try:
-        exec(compile(source, f"README.md block {index}", "exec"), {"__name__": "__readme__"})
+        exec(compile(source, name, "exec"), {"__name__": "__readme__"})
     except BaseException:
-        print(json.dumps({"block": index, "error": traceback.format_exc()}), flush=True)
+        print(json.dumps({"block": name, "error": traceback.format_exc()}), flush=True)
     else:
-        print(json.dumps({"block": index, "error": None}), flush=True)
+        print(json.dumps({"block": name, "error": None}), flush=True)
 try:
     import ray
     if ray.is_initialized():
@@ -44,54 +54,82 @@ except ImportError:
 """
 
 
-def blocks(language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", README, flags=re.S | re.M)
+def blocks(language: str, text: str = README) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.S | re.M)
 
 
-def test_the_readme_has_python_blocks_and_skips_only_with_a_reason() -> None:
-    python = blocks("python")
-    assert len(python) >= 5
-    for source in python:
+def all_blocks(language: str) -> list[tuple[str, str]]:
+    """``(where, source)`` of every ``language`` block of the README and the docs, in order."""
+    return [
+        (f"{page} block {index}", source)
+        for page, text in PAGES.items()
+        for index, source in enumerate(blocks(language, text), start=1)
+    ]
+
+
+def commands(block: str) -> list[str]:
+    """The ``envfleet`` command lines of a shell block, without their comments."""
+    return [
+        line.split("#")[0].strip()
+        for line in block.splitlines()
+        if line.startswith(("envfleet ", "python -m envfleet "))
+    ]
+
+
+def argv_of(command: str) -> list[str]:
+    argv = shlex.split(command)
+    return argv[3:] if argv[0] == "python" else argv[1:]
+
+
+def test_the_pages_have_python_blocks_and_skip_only_with_a_reason() -> None:
+    assert len(blocks("python")) >= 3
+    assert {"docs/index.md", "docs/faq.md", "docs/migrating.md"} <= set(PAGES)
+    python = all_blocks("python")
+    assert len(python) >= 12
+    for where, source in python:
         first = source.splitlines()[0] if source.strip() else ""
         if first.startswith("# readme-test"):
-            assert SKIP.match(first), f"a skip marker needs a reason: {first!r}"
+            assert SKIP.match(first), f"{where}: a skip marker needs a reason: {first!r}"
 
 
-@pytest.mark.timeout(180)
+def test_the_readme_fits_on_a_screen_or_two_and_links_into_the_docs() -> None:
+    assert len(README.splitlines()) <= 200
+    assert "make run" in README and "make test" in README
+    for link in re.findall(r"\]\((docs/[^)#]+)", README):
+        assert (ROOT / link).is_file(), link
+
+
+@pytest.mark.timeout(300)
 def test_every_python_block_runs() -> None:
-    to_run = [
-        (index, source)
-        for index, source in enumerate(blocks("python"), start=1)
-        if not SKIP.match(source)
-    ]
+    to_run: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for where, source in all_blocks("python"):
+        if SKIP.match(source) or source in seen:
+            continue
+        seen.add(source)
+        to_run.append((where, source))
     result = subprocess.run(
         [sys.executable, "-c", RUNNER],
         input=json.dumps(to_run),
         capture_output=True,
         text=True,
         cwd=ROOT,
-        timeout=170,
+        timeout=290,
         check=False,
     )
     reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert [r["block"] for r in reports] == [index for index, _ in to_run], result.stderr[-3000:]
-    failures = [f"block {r['block']}:\n{r['error']}" for r in reports if r["error"] is not None]
+    assert [r["block"] for r in reports] == [where for where, _ in to_run], result.stderr[-3000:]
+    failures = [f"{r['block']}:\n{r['error']}" for r in reports if r["error"] is not None]
     assert not failures, "\n".join(failures)
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_every_envfleet_command_in_the_readme_parses() -> None:
-    commands = [
-        line.split("#")[0].strip()
-        for block in blocks("sh")
-        for line in block.splitlines()
-        if line.startswith(("envfleet ", "python -m envfleet "))
-    ]
-    assert len(commands) >= 8
+def test_every_envfleet_command_in_the_pages_parses() -> None:
+    shown = [command for _, block in all_blocks("sh") for command in commands(block)]
+    assert len(shown) >= 12
     parser = build_parser()
-    for command in commands:
-        argv = shlex.split(command)
-        argv = argv[3:] if argv[0] == "python" else argv[1:]
+    for command in shown:
+        argv = argv_of(command)
         if "--help" in argv:
             continue
         args, unknown = parser.parse_known_args(argv)
@@ -101,20 +139,98 @@ def test_every_envfleet_command_in_the_readme_parses() -> None:
             EnvSpec.from_user(args.env)
 
 
-def test_the_install_matches_what_the_readme_says() -> None:
-    """The extras table of the README against pyproject.toml: the library alone is light, the
-    command line has its extra (which ``make run`` installs), Ray's includes its client, and the
-    license is an SPDX string (a table makes setuptools warn on every install)."""
+def example_commands() -> list[str]:
+    """The commands the docs show to run from ``examples/`` (a block that starts there)."""
+    return [
+        command
+        for _, block in all_blocks("sh")
+        if block.startswith("cd examples\n")
+        for command in commands(block)
+    ]
+
+
+@pytest.mark.parametrize("command", example_commands())
+def test_the_commands_run_from_examples_run(command: str) -> None:
+    """Copy-paste true: the modules they name (``mysim``, ``mypkg.policies``) are there, and each
+    command runs as shown, made short (``--steps 300`` for ``run``, ``--budget 1`` for ``tune``)."""
+    argv = argv_of(command)
+    if argv[0] == "run" and "--steps" not in argv and "--seconds" not in argv:
+        argv += ["--steps", "300"]
+    if argv[0] == "tune":
+        argv += ["--budget", "1"]
+    result = subprocess.run(
+        [sys.executable, "-m", "envfleet", *argv, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT / "examples",
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    policy = argv[argv.index("--policy") + 1] if "--policy" in argv else "random"
+    assert summary["policy"] == policy
+    if argv[0] == "run":
+        assert summary["steps"] >= 300
+        assert summary["env"] == argv[1]
+    else:
+        assert any(layout["steps_per_second"] for layout in summary["layouts"])
+
+
+def test_the_examples_the_cli_page_names_exist() -> None:
+    assert len(example_commands()) >= 5
+    assert (ROOT / "examples" / "mysim.py").is_file()
+    assert (ROOT / "examples" / "mypkg" / "policies.py").is_file()
+
+
+@pytest.mark.timeout(120)
+def test_the_documentation_site_builds_strict(tmp_path: Path) -> None:
+    """``make docs``: a broken link, a missing page or an unreadable docstring fails the build;
+    the API reference is read from the docstrings."""
+    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
+    command = [mkdocs] if mkdocs else [sys.executable, "-m", "mkdocs"]
+    result = subprocess.run(
+        [*command, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        timeout=110,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    make = (tmp_path / "site" / "api" / "make" / "index.html").read_text()
+    assert "Run <code>num_envs</code> environments in parallel" in make
+    bench = (tmp_path / "site" / "benchmarks" / "index.html").read_text()
+    assert 'src="../assets/bench-cartpole/bench.png"' in bench
+    assert (tmp_path / "site" / "assets" / "bench-cartpole" / "bench.png").is_file()
+
+
+def test_the_install_matches_what_the_pages_say() -> None:
+    """The extras of the README and of Getting started against pyproject.toml: the library alone
+    is light, the command line has its extra (which ``make run`` installs), Ray's includes its
+    client, the docs' tools are an extra that ``dev`` includes, and the license is an SPDX string
+    (a table makes setuptools warn on every install) with its LICENSE file."""
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["license"] == "MIT"
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
     core = {re.split(r"[<>=\[;]", dep)[0] for dep in project["dependencies"]}
     assert core == {"gymnasium", "numpy", "cloudpickle", "psutil"}
     extras = project["optional-dependencies"]
     assert {re.split(r"[<>=]", dep)[0] for dep in extras["cli"]} == {"rich", "matplotlib"}
+    assert {re.split(r"[<>=\[]", dep)[0] for dep in extras["docs"]} == {
+        "mkdocs",
+        "mkdocs-material",
+        "mkdocstrings",
+    }
+    assert any("docs" in dep for dep in extras["dev"] if dep.startswith("envfleet["))
     assert any(dep.startswith("ray[client]") for dep in extras["ray"])
     assert "envfleet[cli,atari]" in extras["default"]
     assert project["scripts"]["envfleet"] == "envfleet.__main__:main"
+    getting_started = PAGES["docs/getting-started.md"]
     for extra in ("cli", "atari", "ray", "sb3", "legacy"):
         assert f"`envfleet[{extra}]`" in README
+        assert f"`envfleet[{extra}]`" in getting_started

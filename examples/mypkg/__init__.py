@@ -1,0 +1,1 @@
+"""A package of your own that holds policies: ``--policy mypkg.policies:greedy``."""
