@@ -645,10 +645,11 @@ def test_env_fns_match_sync_vector_env_and_registered_ids_build(
 
 @pytest.mark.parametrize("pattern", ["naive", "batched"])
 def test_plain_ray_baselines_of_the_benchmark_step_and_go(ray_session: None, pattern: str) -> None:
+    from bench.ray_bench import open_batched_ray, open_naive_ray
     from envfleet.affinity import usable_cpus
-    from envfleet.benchmark import Timing, Workload, ray_patterns
+    from envfleet.benchmark import Timing, Workload
 
-    opener = {"naive": ray_patterns.open_naive_ray, "batched": ray_patterns.open_batched_ray}
+    opener = {"naive": open_naive_ray, "batched": open_batched_ray}
     timing = Timing(seconds=0.05, warmup=0.02, rewarm=0.01, repeats=1)
     runner = opener[pattern](Workload.of("CartPole-v1", 3), timing)
     try:
