@@ -3,7 +3,7 @@
 Workloads (each a table; every runner's windows are interleaved with the others', so that load
 from elsewhere on the machine hits them alike; the median window is reported):
 
-- ``heavytail``: :class:`bench.async_envs.HeavyTailEnv` x 32 (per-env seeded: 90% of steps
+- ``heavytail``: :class:`bench.envs.HeavyTailEnv` x 32 (per-env seeded: 90% of steps
   sleep 0.2 ms, 10% sleep 5 ms). envfleet thread backend (one thread per env), process backend
   with 4 workers, and 4 workers x 8 threads (``threads_per_worker``), each sync and async with
   ``batch_size`` 16 and 8; PufferLib's ``Multiprocessing`` (4 workers) alike. Target: async at
@@ -24,8 +24,6 @@ Usage::
     python bench/async_bench.py                  # everything: 3 x 3 s windows, about 7 minutes
     python bench/async_bench.py --quick          # smoke run: 1 x 0.5 s window, about 1 minute
     python bench/async_bench.py --workloads heavytail --seconds 5 --repeats 5
-
-The cases are measured by :mod:`envfleet.benchmark` (:mod:`envfleet.benchmark.cases`).
 """
 
 from __future__ import annotations
@@ -68,7 +66,7 @@ from bench.common import (
 from bench.envs import HeavyTailEnv, expected_step_s
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
-from envfleet.benchmark import Timing, Workload, open_envfleet, version
+from envfleet.benchmark import Timing, Workload, open_envfleet
 
 ASYNC_TARGET = 1.5
 
@@ -230,34 +228,13 @@ def main(argv: list[str] | None = None) -> int:
             "machine": print_machine(console, ("envpool", "pufferlib-core", "pufferlib")),
             "timing": timing.as_dict(),
             "unit": "env-steps per second (Pong: agent steps, 4 frames each)",
-            "installs": install_notes(),
+            "installs": {"pufferlib": "pufferlib-core with pip install --no-deps (it pins torch)"},
             "workloads": {
                 name: run_scenario(SCENARIOS[name], timing, console) for name in args.workloads
             },
         }
     save_json(args.json, report, console)
     return 0
-
-
-def install_notes() -> dict[str, str]:
-    """What was found installing the libraries compared against (for the JSON)."""
-    notes = {}
-    notes["envpool"] = (
-        f"installed {version('envpool')} (pip install envpool: manylinux wheel)"
-        if version("envpool")
-        else "not installed: pip install envpool"
-    )
-    puffer = version("pufferlib-core") or version("pufferlib")
-    notes["pufferlib"] = (
-        f"installed pufferlib-core {puffer} with --no-deps (it pins torch==2.9.0; torch "
-        f"{version('torch')} was kept). pufferlib 3.0.0 itself does not install here: its sdist "
-        "downloads raylib from GitHub while building, and only PyPI is reachable"
-        if puffer
-        else "does not install here: pufferlib 3.0.0 is an sdist whose build downloads raylib "
-        "from GitHub (no network but PyPI); pufferlib-core pins torch==2.9.0 "
-        "(install it with pip install --no-deps pufferlib-core)"
-    )
-    return notes
 
 
 if __name__ == "__main__":

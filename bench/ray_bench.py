@@ -60,7 +60,7 @@ from bench.common import (
 )
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
-from envfleet.benchmark import CallRunner, Runner, Timing, Workload, cycle
+from envfleet.benchmark import CallRunner, Runner, Timing, Workload, cycle, sample_actions
 from envfleet.spec import EnvSpec
 
 DEFAULT_JSON = RESULTS / "ray.json"
@@ -74,22 +74,8 @@ def _step_env(env: gymnasium.Env[Any, Any], action: Any) -> tuple[Any, float, bo
     return obs, float(reward), bool(terminated), bool(truncated)
 
 
-class EnvActor:
-    """The naive pattern: one env per actor, one remote call per step."""
-
-    def __init__(self, spec: EnvSpec, seed: int) -> None:
-        self.env = spec.build()
-        self.env.reset(seed=seed)
-
-    def ready(self) -> bool:
-        return True
-
-    def step(self, action: Any) -> tuple[Any, float, bool, bool]:
-        return _step_env(self.env, action)
-
-
 class BatchActor:
-    """The hand-batched pattern: several envs per actor, stepped in one call."""
+    """Several envs (or one: the naive pattern) per actor, stepped in one call."""
 
     def __init__(self, spec: EnvSpec, seeds: Sequence[int]) -> None:
         self.envs = [spec.build() for _ in seeds]
@@ -105,70 +91,46 @@ class BatchActor:
         return np.stack(obs), np.array(rewards), np.array(terminated), np.array(truncated)
 
 
-def _action_batches(workload: Workload, timing: Timing) -> list[np.ndarray]:
-    env = workload.spec.build()
-    try:
-        space = gymnasium.vector.utils.batch_space(env.action_space, workload.num_envs)
-    finally:
-        env.close()
-    space.seed(timing.seed)
-    return [space.sample() for _ in range(timing.action_batches)]
-
-
-def _kill_all(actors: Sequence[Any]) -> None:
-    import ray
-
-    for actor in actors:
-        ray.kill(actor)
-
-
-def open_naive_ray(workload: Workload, timing: Timing) -> Runner:
-    """One actor per env; each step sends every env its action, then waits for them all."""
+def _open_ray(name: str, workload: Workload, timing: Timing, num_actors: int) -> Runner:
+    """The envs split over ``num_actors`` actors; a step is one call per actor, all in flight
+    at once, each stepping its block of envs."""
     import ray
 
     start = time.perf_counter()
-    cls: Any = ray.remote(num_cpus=0)(EnvActor)
-    actors = [cls.remote(workload.spec, timing.seed + i) for i in range(workload.num_envs)]
-    try:
-        ray.get([actor.ready.remote() for actor in actors])
-        setup_s = time.perf_counter() - start
-        actions = [batch.tolist() for batch in _action_batches(workload, timing)]
-    except BaseException:
-        _kill_all(actors)
-        raise
-
-    def step(batch: list[Any]) -> None:
-        ray.get([actor.step.remote(a) for actor, a in zip(actors, batch, strict=True)])
-
-    advance = cycle(step, actions, workload.num_envs)
-    return CallRunner("naive-ray", advance, lambda: _kill_all(actors), timing,
-                      setup_s=setup_s, actors=len(actors))  # fmt: skip
-
-
-def open_batched_ray(workload: Workload, timing: Timing) -> Runner:
-    """The envs split over one actor per usable core, each call stepping all of an actor's."""
-    import ray
-
-    start = time.perf_counter()
-    blocks = np.array_split(
-        np.arange(workload.num_envs), min(len(usable_cpus()), workload.num_envs)
-    )
+    blocks = np.array_split(np.arange(workload.num_envs), num_actors)
     cls: Any = ray.remote(num_cpus=0)(BatchActor)
     actors = [cls.remote(workload.spec, (timing.seed + block).tolist()) for block in blocks]
+
+    def close() -> None:
+        for actor in actors:
+            ray.kill(actor)
+
     try:
         ray.get([actor.ready.remote() for actor in actors])
-        setup_s = time.perf_counter() - start
-        actions = _action_batches(workload, timing)
+        env = workload.build()
+        space = gymnasium.vector.utils.batch_space(env.action_space, workload.num_envs)
+        env.close()
+        actions = sample_actions(space, None, timing)
     except BaseException:
-        _kill_all(actors)
+        close()
         raise
 
     def step(batch: np.ndarray) -> None:
         ray.get([actor.step.remote(batch[b]) for actor, b in zip(actors, blocks, strict=True)])
 
     advance = cycle(step, actions, workload.num_envs)
-    return CallRunner("batched-ray", advance, lambda: _kill_all(actors), timing,
-                      setup_s=setup_s, actors=len(actors))  # fmt: skip
+    setup_s = time.perf_counter() - start
+    return CallRunner(name, advance, close, timing, setup_s=setup_s, actors=len(actors))
+
+
+def open_naive_ray(workload: Workload, timing: Timing) -> Runner:
+    """One actor per env: a remote call per env step."""
+    return _open_ray("naive-ray", workload, timing, workload.num_envs)
+
+
+def open_batched_ray(workload: Workload, timing: Timing) -> Runner:
+    """The envs split by hand over one actor per usable core: a call per actor per step."""
+    return _open_ray("batched-ray", workload, timing, min(len(usable_cpus()), workload.num_envs))
 
 
 BENCH_WORKLOADS = ("cartpole", "pong")

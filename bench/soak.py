@@ -71,7 +71,7 @@ class SoakConfig:
         workers: worker processes per pool (at least 2: a dying worker must not be the only one).
         step_timeout: seconds before a hung worker is killed (each hang costs this much).
         hang_s: how long a hang sleeps.
-        kinds: failure kinds to inject, from :data:`~envfleet.benchmark.soak_env.KINDS`.
+        kinds: failure kinds to inject, from :data:`bench.envs.KINDS`.
         episode_steps: episode length (truncated).
         work_us: busy work per env step, microseconds.
         chunks: alternations between the pools.

@@ -51,6 +51,7 @@ def make(
     ray_init_kwargs: Mapping[str, Any] | None = None,
     worker_resources: Mapping[str, Any] | None = None,
     ray_shared_memory: bool | None = None,
+    nodes: str | Sequence[str] | None = None,
 ) -> Pool:
     """Run ``num_envs`` environments in parallel behind one ``VectorEnv``.
 
@@ -138,6 +139,10 @@ def make(
         ray_shared_memory: ray backend: actors on this machine share the batch memory with the
             pool and take commands over a socket, without a Ray call per step (default
             ``True``); ``False`` makes every command a Ray call, as for actors on other nodes.
+        nodes: ray backend: ``"auto"`` (every alive node with CPUs) or a list of Ray node ids
+            runs one sub-pool per node: an agent on each node runs its share of the workers
+            (in proportion to its CPUs, in contiguous runs) as local processes, and each
+            command is one message per node. ``None`` (default): one actor per worker.
 
     Returns:
         A :class:`Pool`; close it (or use it as a context manager) to free its workers.
@@ -224,6 +229,7 @@ def make(
             ("ray_init_kwargs", ray_init_kwargs),
             ("worker_resources", worker_resources),
             ("ray_shared_memory", ray_shared_memory),
+            ("nodes", nodes),
         )
         if value is not None
     ]
@@ -287,6 +293,7 @@ def make(
             init_kwargs=dict(ray_init_kwargs or {}),
             worker_resources=dict(worker_resources or {}),
             shared_memory=ray_shared_memory is not False,
+            nodes=_nodes(nodes),
         ),
     )
     try:
@@ -449,3 +456,12 @@ def _positive_int(value: Any, name: str) -> int:
     if value < 1:
         raise ValueError(f"{name} must be at least 1, got {value}")
     return int(value)
+
+
+def _nodes(nodes: str | Sequence[str] | None) -> str | tuple[str, ...] | None:
+    """``make(nodes=...)`` checked: ``None``, ``"auto"`` or a non-empty list of node ids."""
+    if nodes is None or nodes == "auto":
+        return nodes
+    if isinstance(nodes, str) or not all(isinstance(n, str) for n in nodes) or not nodes:
+        raise ValueError(f"nodes must be 'auto' or a non-empty list of Ray node ids, got {nodes!r}")
+    return tuple(nodes)
