@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -20,6 +21,7 @@ from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
 from envfleet.protocol import EnvFailure
 from envfleet.spec import EnvSpec
 from envfleet.tune import auto_layout, profile_env
+from envfleet.validation import bounds_nbytes
 
 START_METHODS = ("fork", "forkserver", "spawn")
 T = TypeVar("T")
@@ -258,7 +260,9 @@ def make(
     # that a factory may draw from (domain randomisation) are put back as they were, so that
     # the pool's env i draws what SyncVectorEnv's env i draws.
     global_rngs = np.random.get_state(), random.getstate()
+    probe_started = time.perf_counter()
     probe = _probe(spec, bound)
+    probe_seconds = time.perf_counter() - probe_started
     if auto or async_default:
         why = "num_workers='auto'" if auto else "the layout of an async pool"
         try:
@@ -307,7 +311,12 @@ def make(
             nodes=_nodes(nodes),
         ),
     )
-    transport = open_transport(backend_kind, options)
+    try:
+        transport = open_transport(backend_kind, options)
+    except EnvTimeoutError as exc:
+        if exc.phase is Phase.MAKE and exc.args:  # past start_timeout: say what took the time
+            exc.args = (f"{exc.args[0]}. {_start_cost(probe, probe_seconds, assignment)}",)
+        raise
     try:
         return Pool(
             transport,
@@ -359,6 +368,20 @@ def _probe(spec: EnvSpec, timeout: float | None = None) -> dict[str, Any]:
         }
     finally:
         _close_probe(env)
+
+
+def _start_cost(
+    probe: dict[str, Any], probe_seconds: float, assignment: Sequence[tuple[int, ...]]
+) -> str:
+    """What a worker's start-up costs, as measured here: for a start_timeout message."""
+    per_worker = max(len(ids) for ids in assignment)
+    nbytes = bounds_nbytes(probe["observation_space"]) + bounds_nbytes(probe["action_space"])
+    return (
+        f"Measured in this process: building one env (and closing it) took {probe_seconds:.3g}s, "
+        f"and a worker builds up to {per_worker} (about {per_worker * probe_seconds:.3g}s); "
+        f"the spaces' bounds hold {nbytes / 1e6:.3g} MB, sent to each worker and compared "
+        "with each env's spaces. Raise start_timeout if that is the cost of these envs"
+    )
 
 
 def _wants_main_thread(exc: BaseException | None) -> bool:
