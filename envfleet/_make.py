@@ -73,7 +73,10 @@ def make(
             thread backend, one per env); envs are split over them in contiguous blocks that
             need not be equal. ``"auto"`` probes the env for a fraction of a second and picks
             workers (and ``threads_per_worker`` for envs that mostly wait), as ``envfleet tune``
-            would.
+            would. An async pool (``batch_size < num_envs``) of the process backend with
+            ``num_workers`` and ``threads_per_worker`` unset is laid out as ``"auto"``: envs
+            that mostly wait get up to :data:`~envfleet.tune.ASYNC_WORKERS_PER_CORE` workers
+            per core, so that one slow env does not hold back a whole core's share of envs.
         batch_size: envs returned per :meth:`Pool.recv` (default ``num_envs``: synchronous).
         seed: env ``i`` is reset with ``seed + i`` on the first reset; also seeds the action
             spaces.
@@ -181,7 +184,19 @@ def make(
         )
     if not isinstance(check_actions, bool):
         raise TypeError(f"check_actions must be True or False, got {check_actions!r}")
+    batch_size = num_envs if batch_size is None else _positive_int(batch_size, "batch_size")
+    if batch_size > num_envs:
+        raise ValueError(f"batch_size={batch_size} exceeds num_envs={num_envs}")
     auto = num_workers == "auto"
+    # An async pool whose layout is left to us is laid out as "auto" would: envs that wait get
+    # more workers, so that a slow env holds few others back (issue 23).
+    async_default = (
+        num_workers is None
+        and batch_size < num_envs
+        and threads_per_worker == 1
+        and can.local_cpus
+        and not (can.one_worker or can.worker_per_env)
+    )
     if auto:
         num_workers = None
     if num_workers is None:
@@ -190,9 +205,6 @@ def make(
     num_workers = _positive_int(num_workers, "num_workers")
     if num_workers > num_envs:
         raise ValueError(f"num_workers={num_workers} exceeds num_envs={num_envs}")
-    batch_size = num_envs if batch_size is None else _positive_int(batch_size, "batch_size")
-    if batch_size > num_envs:
-        raise ValueError(f"batch_size={batch_size} exceeds num_envs={num_envs}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
         raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
     if seed is not None and seed < 0:
@@ -254,18 +266,21 @@ def make(
     probe_started = time.perf_counter()
     probe = _probe(spec, bound)
     probe_seconds = time.perf_counter() - probe_started
-    if auto:
+    if auto or async_default:
+        why = "num_workers='auto'" if auto else "the layout of an async pool"
         try:
             profile = (
                 profile_env(spec)
                 if bound is None
-                else _within(bound, spec, profile_env, "profiling (num_workers='auto')")
+                else _within(bound, spec, profile_env, f"profiling ({why})")
             )
         except Exception as exc:
             if not _wants_main_thread(exc):
                 raise
             profile = profile_env(spec)  # as the probe: it failed at once, it did not hang
-        layout = auto_layout(profile, backend_kind, num_envs, len(usable_cpus()))
+        layout = auto_layout(
+            profile, backend_kind, num_envs, len(usable_cpus()), batch_size=batch_size
+        )
         num_workers = layout.num_workers
         if threads_per_worker == 1:
             threads_per_worker = layout.threads_per_worker
