@@ -7,7 +7,7 @@ optional extra); :mod:`envfleet.backends.ray` reads them from
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,9 +32,21 @@ class RayOptions:
     """Actors on this machine share the batch memory with the pool and take commands over a
     socket, without a Ray call per step (default ``True``); ``False`` makes every command a Ray
     call, as for actors on other nodes."""
+    nodes: str | Sequence[str] | None = None
+    """``None`` (default): one actor per worker. ``"auto"`` (every alive node with CPUs) or a
+    list of Ray node ids: one sub-pool per node (:mod:`envfleet.backends.nodes`): an agent on
+    each node runs its share of the workers (in proportion to its CPUs, in contiguous runs) as
+    local processes, and each command is one message per node."""
 
     def __post_init__(self) -> None:
         # Copies: the caller's mappings may change after make() returns.
         object.__setattr__(self, "ray_init_kwargs", dict(self.ray_init_kwargs))
         object.__setattr__(self, "worker_resources", dict(self.worker_resources))
         object.__setattr__(self, "ray_shared_memory", self.ray_shared_memory is not False)
+        nodes = self.nodes
+        if nodes is not None and nodes != "auto":
+            if isinstance(nodes, str) or not nodes or not all(isinstance(n, str) for n in nodes):
+                raise ValueError(
+                    f"nodes must be 'auto' or a non-empty list of Ray node ids, got {nodes!r}"
+                )
+            object.__setattr__(self, "nodes", tuple(nodes))
