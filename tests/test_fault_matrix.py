@@ -220,7 +220,7 @@ def test_sigkill_from_outside_mid_step(on_error: str) -> None:
     pool = _pool(on_error, sleep=0.05)
     pool.reset()
     pool.send(ACTIONS)
-    victim = psutil.Process(pool._transport._procs[1].pid)  # type: ignore[attr-defined]
+    victim = psutil.Process(pool._transport.pids()[1])  # type: ignore[attr-defined]
     victim.send_signal(signal.SIGKILL)
     if on_error == "raise":
         with pytest.raises(envfleet.WorkerDiedError, match="SIGKILL"):
@@ -249,7 +249,7 @@ def test_ctrl_c_while_envs_close_still_stops_every_worker(monkeypatch: pytest.Mo
 
     pool = _pool("raise", close_hook=hooks.hang_in_close)
     pool.reset()
-    procs = [psutil.Process(p.pid) for p in pool._transport._procs]  # type: ignore[attr-defined]
+    procs = [psutil.Process(pid) for pid in pool._transport.pids()]  # type: ignore[attr-defined]
 
     wait = multiprocessing.connection.wait
     calls = []
@@ -581,7 +581,7 @@ def test_workers_exit_when_the_parent_is_killed() -> None:
             """
             pool = envfleet.make(functools.partial(FaultyEnv, sleep=0.01), 4, num_workers=2)
             pool.reset()
-            print(*[p.pid for p in pool._transport._procs], flush=True)
+            print(*pool._transport.pids(), flush=True)
             while True:
                 pool.step(np.ones(4, dtype=np.int64))
             """
@@ -615,7 +615,7 @@ def test_workers_holding_the_gil_die_with_the_parent(context: str) -> None:
             pool.reset()
             pool.step(np.ones(2, dtype=np.int64))
             pool.send(np.ones(2, dtype=np.int64))  # each worker is now stuck in the regex
-            print(*[p.pid for p in pool._transport._procs], flush=True)
+            print(*pool._transport.pids(), flush=True)
             time.sleep(3600)
             """
         ),
@@ -645,7 +645,7 @@ def test_sigint_during_step_shuts_down_cleanly() -> None:
             """
             with envfleet.make(functools.partial(FaultyEnv, sleep=0.2), 4, num_workers=2) as pool:
                 pool.reset()
-                print(*[p.pid for p in pool._transport._procs], flush=True)
+                print(*pool._transport.pids(), flush=True)
                 while True:
                     pool.step(np.ones(4, dtype=np.int64))
             """

@@ -187,16 +187,16 @@ def test_no_address_asks_ray_for_a_local_one(
     """What ``ray.init`` is asked when no address is given (``ray_init_kwargs`` with
     ``address=None`` too): ``"local"``, which Ray never reads as ``RAY_ADDRESS`` or its record of
     the last cluster started on the machine, as it does a bare ``ray.init()``."""
-    from envfleet.backends import ray as ray_backend
+    from envfleet.backends import ray_session as connection
 
     asked: list[dict[str, Any]] = []
-    monkeypatch.setattr(ray_backend.ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray_backend.ray, "init", lambda **kw: asked.append(kw))
-    monkeypatch.setattr(ray_backend, "_session_id", lambda: "fake")
-    monkeypatch.setattr(ray_backend, "_start_reaper", lambda: None)
-    monkeypatch.setattr(ray_backend, "_session", None)
-    monkeypatch.setattr(ray_backend, "_users", 0)
-    assert ray_backend._connect(None, dict(init_kwargs)) is True
+    monkeypatch.setattr(connection.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(connection.ray, "init", lambda **kw: asked.append(kw))
+    monkeypatch.setattr(connection, "_session_id", lambda: "fake")
+    monkeypatch.setattr(connection, "_start_reaper", lambda: None)
+    monkeypatch.setattr(connection, "_session", None)
+    monkeypatch.setattr(connection, "_users", 0)
+    assert connection.connect(None, dict(init_kwargs)) is True
     assert [kw["address"] for kw in asked] == ["local"]
 
 
@@ -227,7 +227,7 @@ def test_close_frees_the_sockets_and_the_batch_memory_goes_with_the_pool(
     before = batch_memory_files()
     with make_ray("CartPole-v1", seed=0) as pool:
         assert len(batch_memory_files()) > len(before)
-        sockets = list(pool._transport._conns)  # type: ignore[attr-defined]
+        sockets = [slot.conn for slot in pool._transport._workers]  # type: ignore[attr-defined]
         assert all(conn is not None and not conn.closed for conn in sockets)
         # The actors' sockets live in the pool's own directory (0700), which close() removes
         # even if an actor died before the pool connected to it.
@@ -252,7 +252,7 @@ def test_a_new_pool_removes_the_socket_directories_of_pools_whose_process_is_gon
     """A pool killed without close() (SIGKILL) on a Ray envfleet did not start has no reaper:
     its socket directory stays until a later pool of the same user sweeps it. That of a live
     process stays."""
-    from envfleet.backends.ray import SOCKET_DIR_PREFIX
+    from envfleet.backends.ray_session import SOCKET_DIR_PREFIX
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

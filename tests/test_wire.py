@@ -92,7 +92,7 @@ def test_a_worker_that_dies_halfway_through_a_reply_is_reported_lost() -> None:
         pool.reset(seed=0)
         pool.send(np.array([1, 0]))  # worker 0 writes 1 MiB; nobody reads it yet
         transport = pool._transport
-        pid = transport._procs[0].pid
+        pid = transport.pids()[0]
         deadline = time.monotonic() + 20
         # Blocked in its write: the pipe holds a part of the reply, the rest never comes.
         while psutil.Process(pid).status() != psutil.STATUS_SLEEPING:

@@ -50,8 +50,8 @@ from envfleet.backends import node_wire as wire
 from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
 from envfleet.backends.channel import _io_timeout
 from envfleet.backends.node_agent import NodeAgent, node_options
-from envfleet.backends.ray import _connect, _disconnect
 from envfleet.backends.ray_options import RayOptions
+from envfleet.backends.ray_session import connect, disconnect
 from envfleet.backends.rows import deliver
 from envfleet.buffers import Batch, ObjectRows
 from envfleet.errors import EnvError, EnvTimeoutError, Phase, WorkerDiedError
@@ -145,7 +145,7 @@ class NodeTransport(BaseTransport):
             extra = RayOptions()
         self._options = options
         self._closed = False
-        self._connected = _connect(extra.address, dict(extra.ray_init_kwargs))
+        self._connected = connect(extra.address, dict(extra.ray_init_kwargs))
         self.batch = Batch.local(options.observation_space, options.action_space, options.num_envs)
         self._rows = wire.row_fields(self.batch)
         self._actions = (
@@ -533,7 +533,7 @@ class NodeTransport(BaseTransport):
                     self._kill_agent(node)
             if self._connected:
                 self._connected = False
-                _disconnect()
+                disconnect()
 
 
 def _connect_agent(host: str, port: int, authkey: bytes) -> Connection:

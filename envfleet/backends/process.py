@@ -27,7 +27,6 @@ dropped); a worker whose parent dies sees EOF on its command pipe, is killed by 
 
 from __future__ import annotations
 
-import ctypes
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -36,10 +35,10 @@ import os
 import pickle
 import select
 import signal
-import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -56,6 +55,8 @@ from envfleet.backends.channel import (
     serve_pipes,
     write_all,
 )
+from envfleet.backends.lifeline import die_with_parent
+from envfleet.backends.outbox import Outbox
 from envfleet.backends.rows import Shipping, deliver
 from envfleet.buffers import SharedBatch
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
@@ -63,70 +64,12 @@ from envfleet.group import claim_base_exceptions
 from envfleet.protocol import Close, Command, EnvFailure, Reply
 from envfleet.worker import start_group
 
-PARENT_CHECK_INTERVAL = 1.0
-"""Seconds between a worker's checks that its parent is still alive."""
-
 SPIN_SECONDS = 0.0
 """How long each side polls without sleeping before it blocks in the kernel.
 
 0 (block at once) measured fastest on 2 cores, where a spinning parent or worker takes the core
 an env needs: see ``bench/waiting.py``. Raise it only with more cores than busy processes.
 """
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Exit this worker when the parent dies, even if an env is stuck in C code."""
-
-    # Under forkserver our parent is the fork server, which outlives nothing of ours: watch the
-    # pool's process itself, and being re-parented.
-    first_parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(PARENT_CHECK_INTERVAL)
-            try:
-                os.kill(parent_pid, 0)
-            except ProcessLookupError:
-                os._exit(1)
-            except PermissionError:
-                pass  # alive, only not ours to signal
-            if os.getppid() != first_parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="envfleet-parent-watch", daemon=True).start()
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent_pid: int, from_main_thread: bool) -> None:
-    """Have the kernel SIGKILL this worker when its parent dies (Linux).
-
-    The watchdog thread cannot run while an env holds the GIL (a long regex, say); the kernel
-    needs no thread of ours. The signal follows the death of the *thread* that started us: it is
-    asked for only when that is the pool's main thread (fork, spawn), or the fork server
-    (forkserver: single-threaded, and it exits with the pool's process).
-    """
-    parent = os.getppid()
-    if parent == parent_pid and not from_main_thread:
-        return  # started from a thread that may end before the pool: the watchdog only
-    if parent != parent_pid:
-        # Started by the fork server, which exits once every holder of its "alive" pipe has
-        # closed it: the pool's process, and each of its children. Let go of our copy, or the
-        # fork server (and so this worker) would outlive the pool.
-        server = multiprocessing.forkserver._forkserver
-        alive = getattr(server, "_forkserver_alive_fd", None)
-        if alive is not None:
-            os.close(alive)
-            server._forkserver_alive_fd = None  # type: ignore[attr-defined]
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            return
-    except (OSError, AttributeError):  # not Linux
-        return
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os._exit(1)
 
 
 def _worker_main(
@@ -147,9 +90,7 @@ def _worker_main(
     if parent_ends is not None:
         for end in parent_ends:
             end.close()  # so that our read sees EOF once the parent is gone
-    if sys.platform.startswith("linux"):
-        _die_with_parent(parent_pid, from_main_thread)
-    _watch_parent(parent_pid)
+    die_with_parent(parent_pid, from_main_thread)
     reply_fd = replies.fileno()
     try:
         # cloudpickle: the env factory may be a lambda or closure, under any start method.
@@ -175,6 +116,21 @@ def _worker_main(
     serve_pipes(group, commands.fileno(), reply_fd, SPIN_SECONDS)
 
 
+@dataclass(eq=False)
+class _Worker:
+    """One worker process and the pool's ends of its pipes."""
+
+    proc: BaseProcess
+    ends: tuple[Connection, Connection]  # (command writer, reply reader)
+    command_fd: int
+    reply_fd: int
+    sentinel: int  # the process's sentinel (read on every wait)
+    outbox: Outbox  # commands its pipe had no room for yet
+    reader: FrameReader = field(default_factory=FrameReader)
+    last: Command | None = None  # the command it would repeat
+    alive: bool = True
+
+
 class ProcessTransport(BaseTransport):
     """One process per worker; the batch arrays live in shared memory."""
 
@@ -184,20 +140,10 @@ class ProcessTransport(BaseTransport):
             options.observation_space, options.action_space, options.num_envs, self._ctx
         )
         self.batch = self._shared.views()
-        self._ends: list[tuple[Connection, Connection]] = []  # (command writer, reply reader)
-        self._command_fds: list[int] = []
-        # Per worker: bytes of commands the command pipe had no room for yet (a large command
-        # to a worker busy with an earlier one); written as the pipe drains, within wait().
-        self._outbox: list[bytearray] = []
-        self._writing: set[int] = set()  # workers whose command pipe the poller watches
-        self._reply_fds: list[int] = []
-        self._readers: list[FrameReader] = []
-        self._last: list[Command | None] = []  # the command each worker would repeat
-        self._procs: list[BaseProcess] = []
-        self._sentinels: list[int] = []  # each process's sentinel (read on every wait)
-        self._alive: list[bool] = []
+        self._workers: list[_Worker] = []
+        self._writing: set[int] = set()  # workers whose outbox holds bytes (polled for room)
         self._closed = False
-        self._poller: select.poll | None = None
+        self._poller = select.poll()
         self._pickled = PickledCommands()
         self._options = options
         self._options_blob = cloudpickle.dumps(options)
@@ -241,38 +187,35 @@ class ProcessTransport(BaseTransport):
         # A write never blocks the pool: what does not fit waits in the worker's outbox, so a
         # hung worker cannot hold up a submit beyond step_timeout (nor deadlock against a
         # worker blocked writing a large reply).
-        os.set_blocking(command_w.fileno(), False)
-        slot = (
-            (command_w, reply_r),
-            command_w.fileno(),
-            bytearray(),
-            reply_r.fileno(),
-            FrameReader(),
-            None,
+        command_fd = command_w.fileno()
+        os.set_blocking(command_fd, False)
+        slot = _Worker(
             proc,
+            (command_w, reply_r),
+            command_fd,
+            reply_r.fileno(),
             proc.sentinel,
-            True,
+            Outbox(lambda data: os.write(command_fd, data), self._watcher(worker, command_fd)),
         )
-        lists = (
-            self._ends,
-            self._command_fds,
-            self._outbox,
-            self._reply_fds,
-            self._readers,
-            self._last,
-            self._procs,
-            self._sentinels,
-            self._alive,
-        )
-        replace = worker < len(self._procs)
-        for values, value in zip(lists, slot, strict=True):
-            if replace:
-                values[worker] = value  # type: ignore[index]
-            else:
-                values.append(value)  # type: ignore[attr-defined]
-        if self._poller is not None:
-            self._poller.register(reply_r.fileno(), select.POLLIN)
-            self._poller.register(proc.sentinel, select.POLLIN)
+        if worker < len(self._workers):
+            self._workers[worker] = slot
+        else:
+            self._workers.append(slot)
+        self._poller.register(slot.reply_fd, select.POLLIN)
+        self._poller.register(slot.sentinel, select.POLLIN)
+
+    def _watcher(self, worker: int, command_fd: int) -> Callable[[bool], None]:
+        """What ``worker``'s outbox calls when bytes start or stop waiting in it."""
+
+        def watch(waiting: bool) -> None:
+            if waiting and worker not in self._writing:
+                self._writing.add(worker)
+                self._poller.register(command_fd, select.POLLOUT)
+            elif not waiting and worker in self._writing:
+                self._writing.discard(worker)
+                self._poller.unregister(command_fd)
+
+        return watch
 
     def forked(self) -> None:
         """In a forked child: the workers are the parent's. multiprocessing's exit handler
@@ -280,43 +223,48 @@ class ProcessTransport(BaseTransport):
         inherited through ``os.fork``); they are taken out of it."""
         children = getattr(multiprocessing.process, "_children", None)
         if isinstance(children, set):
-            children.difference_update(self._procs)
+            children.difference_update(slot.proc for slot in self._workers)
+
+    def pids(self) -> list[int | None]:
+        """Each worker's process id (a diagnostic: the processes may be gone)."""
+        return [slot.proc.pid for slot in self._workers]
 
     def kill(self, worker: int) -> None:
-        proc = self._procs[worker]
+        proc = self._workers[worker].proc
         if proc.is_alive():
             proc.kill()
 
     def memory(self, worker: int) -> int | None:
         """Resident memory of ``worker``'s process in bytes (``None``: gone or unknown)."""
-        if not self._alive[worker]:
+        slot = self._workers[worker]
+        if not slot.alive:
             return None
         import psutil  # only worker_memory_limit asks: `make` alone does not import it
 
         try:
-            return int(psutil.Process(self._procs[worker].pid).memory_info().rss)
+            return int(psutil.Process(slot.proc.pid).memory_info().rss)
         except (psutil.Error, ValueError):
             return None
 
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
-        old_proc = self._procs[worker]
-        if self._alive[worker] and self._poller is not None:  # replaced alive (recycled)
-            self._poller.unregister(self._reply_fds[worker])
-            self._poller.unregister(old_proc.sentinel)
-        self._alive[worker] = False
-        self._drop_outbox(worker)
-        if old_proc.is_alive():
-            old_proc.kill()
-        old_proc.join(1.0)
-        for end in self._ends[worker]:
+        old = self._workers[worker]
+        if old.alive:  # replaced alive (recycled)
+            self._poller.unregister(old.reply_fd)
+            self._poller.unregister(old.sentinel)
+        old.alive = False
+        old.outbox.drop()
+        if old.proc.is_alive():
+            old.proc.kill()
+        old.proc.join(1.0)
+        for end in old.ends:
             end.close()
-        old_proc.close()
+        old.proc.close()
         self._start(worker, restarts)
         self._await_start([worker])
 
-    def _read(self, worker: int, out: list[Reply | None]) -> bool:
-        """Read what ``worker``'s reply pipe holds into ``out``; False at EOF (it is gone)."""
-        fd, reader = self._reply_fds[worker], self._readers[worker]
+    def _read(self, slot: _Worker, out: list[Reply | None]) -> bool:
+        """Read what the worker's reply pipe holds into ``out``; False at EOF (it is gone)."""
+        fd, reader = slot.reply_fd, slot.reader
         while True:
             try:
                 data = os.read(fd, 1 << 16)
@@ -337,7 +285,7 @@ class ProcessTransport(BaseTransport):
             env_index=None,
             phase=Phase.MAKE,
             worker=worker,
-            exitcode=self._procs[worker].exitcode,
+            exitcode=self._workers[worker].proc.exitcode,
             env_ids=tuple(self._options.assignment[worker]),
         )
 
@@ -350,12 +298,13 @@ class ProcessTransport(BaseTransport):
         options = self._options
         deadline = time.monotonic() + options.start_timeout
         for worker in workers:
-            fd, proc = self._reply_fds[worker], self._procs[worker]
+            slot = self._workers[worker]
+            proc = slot.proc
             got: list[Reply | None] = []
             lost = False
             while not got and not lost:
                 remaining = max(0.0, deadline - time.monotonic())
-                ready = multiprocessing.connection.wait([fd, proc.sentinel], remaining)
+                ready = multiprocessing.connection.wait([slot.reply_fd, slot.sentinel], remaining)
                 if not ready:
                     proc.kill()  # still building its envs: a constructor that hangs
                     proc.join(1.0)
@@ -365,7 +314,7 @@ class ProcessTransport(BaseTransport):
                         f"did not build its envs {list(options.assignment[worker])} "
                         f"within start_timeout={options.start_timeout:g}s; killed",
                     )
-                lost = not self._read(worker, got)
+                lost = not self._read(slot, got)
             if not got:
                 proc.join(1.0)
                 raise self._start_failed(
@@ -383,54 +332,12 @@ class ProcessTransport(BaseTransport):
         self._pickled.dumps(command)
 
     def submit(self, worker: int, command: Command) -> None:
-        if command is self._last[worker]:
-            data = REPEAT_BYTES
+        slot = self._workers[worker]
+        if command is slot.last:
+            slot.outbox.send(REPEAT_BYTES)
         else:
-            data = frame(self._pickled.dumps(command))
-            self._last[worker] = command
-        outbox = self._outbox[worker]
-        if outbox:  # earlier bytes still wait for room: these go after them
-            outbox += data
-            return
-        fd = self._command_fds[worker]
-        try:
-            written = os.write(fd, data)
-        except BlockingIOError:
-            written = 0
-        except (BrokenPipeError, ConnectionResetError, EOFError):
-            return  # the worker is gone; its sentinel reports it on the next wait
-        if written < len(data):
-            outbox += data[written:]
-            self._watch_outbox(worker)
-
-    def _watch_outbox(self, worker: int) -> None:
-        if self._poller is not None and self._alive[worker] and worker not in self._writing:
-            self._poller.register(self._command_fds[worker], select.POLLOUT)
-            self._writing.add(worker)
-
-    def _unwatch_outbox(self, worker: int) -> None:
-        if worker in self._writing:
-            self._writing.discard(worker)
-            if self._poller is not None:
-                self._poller.unregister(self._command_fds[worker])
-
-    def _flush(self, worker: int) -> None:
-        """Write what ``worker``'s outbox holds, as far as its command pipe has room."""
-        outbox, fd = self._outbox[worker], self._command_fds[worker]
-        try:
-            while outbox:
-                written = os.write(fd, outbox)
-                del outbox[:written]
-        except BlockingIOError:
-            return
-        except OSError:  # the worker is gone: its sentinel reports it
-            outbox.clear()
-        self._unwatch_outbox(worker)
-
-    def _drop_outbox(self, worker: int) -> None:
-        """Forget what was never written to ``worker`` (lost or replaced)."""
-        self._outbox[worker].clear()
-        self._unwatch_outbox(worker)
+            slot.outbox.send(frame(self._pickled.dumps(command)))
+            slot.last = command
 
     def wait(
         self, timeout: float | None, want: int = 1
@@ -440,14 +347,7 @@ class ProcessTransport(BaseTransport):
         Keeps waiting (within ``timeout``) until ``want`` replies are in, a worker is lost or a
         reply reports a failure, so that a synchronous step is taken in one go.
         """
-        if self._poller is None:
-            self._poller = select.poll()
-            for w, alive in enumerate(self._alive):
-                if alive:
-                    self._poller.register(self._reply_fds[w], select.POLLIN)
-                    self._poller.register(self._procs[w].sentinel, select.POLLIN)
-                    if self._outbox[w]:
-                        self._watch_outbox(w)
+        poll = self._poller.poll
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[tuple[int, Reply | WorkerLost | None]] = []
         ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
@@ -456,16 +356,16 @@ class ProcessTransport(BaseTransport):
             if SPIN_SECONDS > 0 and ms != 0:
                 spin_until = time.perf_counter() + SPIN_SECONDS
                 while not events and time.perf_counter() < spin_until:
-                    events = self._poller.poll(0)
+                    events = poll(0)
             if not events:
-                events = _retry_eintr(self._poller.poll, ms)
+                events = _retry_eintr(poll, ms)
             if events:
                 start = len(replies)
                 ready = {fd for fd, _ in events}
-                if any(self._outbox):
-                    for w, outbox in enumerate(self._outbox):
-                        if outbox and self._command_fds[w] in ready:
-                            self._flush(w)
+                if self._writing:  # commands wait for room in their pipes
+                    for w in list(self._writing):
+                        if self._workers[w].command_fd in ready:
+                            self._workers[w].outbox.flush()
                 if self._take_events(ready, replies):
                     return replies  # a worker was lost: the pool sees to it first
                 for _, reply in replies[start:]:
@@ -485,14 +385,12 @@ class ProcessTransport(BaseTransport):
         """Read the replies of the workers ``ready`` names; True if one of them is lost."""
         lost = False
         got: list[Reply | None] = []
-        reply_fds, sentinels = self._reply_fds, self._sentinels
-        for w, alive in enumerate(self._alive):
-            if not alive:
+        for w, slot in enumerate(self._workers):
+            if not slot.alive:
                 continue
-            fd = reply_fds[w]
-            died = sentinels[w] in ready
-            if fd in ready or died:  # replies it sent before dying come first
-                if not self._read(w, got):
+            died = slot.sentinel in ready
+            if slot.reply_fd in ready or died:  # replies it sent before dying come first
+                if not self._read(slot, got):
                     died = True
                 if got:
                     for reply in got:
@@ -501,19 +399,19 @@ class ProcessTransport(BaseTransport):
                     replies.extend([(w, reply) for reply in got])
                     got.clear()
             if died:
-                proc = self._procs[w]
+                proc = slot.proc
                 if proc.is_alive():  # EOF without an exit: give it a moment to finish dying
                     proc.join(1.0)
                     if proc.is_alive():
                         proc.kill()
                 proc.join(1.0)
-                self._read(w, got)  # what came between the first read and the exit
+                self._read(slot, got)  # what came between the first read and the exit
                 replies.extend([(w, reply) for reply in got])
                 got.clear()
-                self._alive[w] = False
-                self._drop_outbox(w)
-                self._poller.unregister(fd)  # type: ignore[union-attr]
-                self._poller.unregister(proc.sentinel)  # type: ignore[union-attr]
+                slot.alive = False
+                slot.outbox.drop()
+                self._poller.unregister(slot.reply_fd)
+                self._poller.unregister(slot.sentinel)
                 replies.append((w, WorkerLost(proc.exitcode, _describe_exit(proc.exitcode))))
                 lost = True
         return lost
@@ -522,34 +420,36 @@ class ProcessTransport(BaseTransport):
         if self._closed:
             return
         self._closed = True
+        workers = self._workers
         # A Ctrl-C while the envs close still stops every worker (the finally) before it
         # goes on: the pool is already marked closed, and another close() would do nothing.
         try:
-            for w, alive in enumerate(self._alive):
-                if alive:
+            for w, slot in enumerate(workers):
+                if slot.alive:
                     self.submit(w, Close())
             deadline = time.monotonic() + timeout
-            while any(p.is_alive() for p in self._procs):
+            while any(slot.proc.is_alive() for slot in workers):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                for w, outbox in enumerate(self._outbox):
-                    if outbox and self._alive[w]:
-                        self._flush(w)  # the Close queued behind a large command
+                for slot in workers:
+                    if slot.outbox and slot.alive:
+                        slot.outbox.flush()  # the Close queued behind a large command
                 # Drain replies so that no worker blocks writing to a full pipe while exiting.
-                handles: list[Any] = [
-                    fd for fd, p in zip(self._reply_fds, self._procs, strict=True) if p.is_alive()
-                ]
-                handles += [p.sentinel for p in self._procs if p.is_alive()]
+                running = [slot for slot in workers if slot.proc.is_alive()]
+                reply_fds = {slot.reply_fd for slot in running}
+                handles: list[Any] = [slot.reply_fd for slot in running]
+                handles += [slot.sentinel for slot in running]
                 for handle in multiprocessing.connection.wait(handles, min(remaining, 0.1)):
-                    if handle in self._reply_fds:
+                    if handle in reply_fds:
                         try:
                             while os.read(handle, 1 << 16):
                                 pass
                         except OSError:
                             pass
         finally:
-            for proc in self._procs:
+            for slot in workers:
+                proc = slot.proc
                 if proc.is_alive():
                     proc.terminate()
                     proc.join(1.0)
@@ -560,10 +460,9 @@ class ProcessTransport(BaseTransport):
                     proc.close()
                 except ValueError:  # reaped by a wait of another thread (close() from a thread)
                     pass
-            for ends in self._ends:
-                for end in ends:
+                for end in slot.ends:
                     end.close()
-            self._alive = [False] * len(self._alive)
+                slot.alive = False
             self._shared = None
 
 

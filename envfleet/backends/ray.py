@@ -16,12 +16,8 @@ Unix socket, through the loop the process backend's workers run
 and kills them; on one machine that makes the ray backend about as fast as the process backend.
 Actors on other machines get each command as a Ray call, their actions carried in it.
 
-Connections: a pool joins the Ray this process is already connected to, and then leaves it
-alone. Otherwise it calls ``ray.init`` itself (with no address, a new private local Ray sized
-for this machine, ``address="local"``, never a cluster that happens to run on the machine; or
-the cluster at ``address``, ``"auto"`` included), and the last pool on that connection to
-close calls ``ray.shutdown``: that stops a Ray envfleet started, and only disconnects from a
-cluster it joined (which keeps running).
+Which Ray a pool runs on, and when that Ray is let go of, is
+:mod:`~envfleet.backends.ray_session`'s business.
 
 Ray is an optional extra (``pip install envfleet[ray]``): only this module and its actor's
 (:mod:`~envfleet.backends.ray_actor`) import it.
@@ -29,39 +25,34 @@ Ray is an optional extra (``pip install envfleet[ray]``): only this module and i
 
 from __future__ import annotations
 
-import atexit
 import math
-import os
 import pickle
 import secrets
 import select
 import shutil
 import socket
 import struct
-import subprocess
-import sys
-import tempfile
-import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection
 from typing import Any
 
 import cloudpickle
 import ray
-import ray._private.worker as ray_worker
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
-from envfleet.backends import node_memory
+from envfleet.backends import node_memory, ray_session
 from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
 from envfleet.backends.channel import PickledCommands, connect_pool
 from envfleet.backends.node_memory import PoolMemory
+from envfleet.backends.outbox import Outbox
 from envfleet.backends.ray_actor import GroupActor, unpack
 from envfleet.backends.ray_options import RayOptions
-from envfleet.backends.rows import deliver
-from envfleet.buffers import Batch, ObjectRows, is_array_space, make_reader
+from envfleet.backends.rows import deliver, row_bytes
+from envfleet.buffers import Batch, is_array_space, make_reader
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Close, Command, EnvCommand, EnvFailure, Reply, Step
 
@@ -79,187 +70,25 @@ MIXED_WAIT_SLICE = 0.001
 """With commands in flight both on same-machine actors (sockets) and on others (Ray calls), the
 pool waits on each kind in turn this many seconds at a time."""
 
-_lock = threading.Lock()
-_session: str | None = None  # the Ray connection envfleet made (see _session_id), if any
-_users = 0  # open transports on that connection
-_reaper: subprocess.Popen[bytes] | None = None  # ends the Ray envfleet started if we are killed
 
-SOCKET_DIR_PREFIX = "envfleet-ray-"
-"""A pool's socket directory in the temp dir is ``envfleet-ray-<pid of its process>-<random>``:
-the reaper, or a later pool, removes those of a process that is gone."""
+@dataclass(eq=False)
+class _Actor:
+    """One worker's actor, and how the pool talks to it."""
 
-REAPER = """
-import glob, os, shutil, sys, time, psutil
-owner, me, seen = psutil.Process(int(sys.argv[1])), psutil.Process(), {}
-def ray_process(p):
-    name = p.name()
-    return name in ("gcs_server", "raylet") or name.startswith("ray::") or any(
-        "/ray/" in part for part in p.cmdline())
-while True:
-    try:
-        if not owner.is_running():
-            break
-        for child in owner.children(recursive=True):
-            if child.pid != me.pid and child.pid not in seen and ray_process(child):
-                seen[child.pid] = child
-    except psutil.NoSuchProcess:
-        break
-    except psutil.Error:
-        pass
-    time.sleep(0.5)
-for child in seen.values():
-    try:
-        child.kill()
-    except psutil.Error:
-        pass
-for directory in glob.glob(sys.argv[2] + "*"):
-    shutil.rmtree(directory, ignore_errors=True)
-"""
-"""The reaper: a process of its own that notes the Ray processes envfleet's process started
-and kills them once that process is gone. When the pool's process is killed (SIGKILL: no
-``close()``), Ray's own fate sharing stops ``gcs_server`` and the ``raylet``, but its agents
-(``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) and idle workers were seen running 30 s
-later; the reaper ends them within about a second, and removes the pools' socket
-directories."""
-
-
-def _start_reaper() -> None:
-    global _reaper
-    try:
-        _reaper = subprocess.Popen(
-            [sys.executable, "-c", REAPER, str(os.getpid()), _socket_dir_prefix(os.getpid())],
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # not stopped by the Ctrl-C that stops the pool
-        )
-    except OSError:
-        _reaper = None  # Ray's own fate sharing still stops its main daemons
-
-
-def _stop_reaper() -> None:
-    global _reaper
-    reaper, _reaper = _reaper, None
-    if reaper is not None:
-        reaper.kill()
-        reaper.wait()
-
-
-def _socket_dir_prefix(pid: int) -> str:
-    return os.path.join(tempfile.gettempdir(), f"{SOCKET_DIR_PREFIX}{pid}-")
-
-
-def _make_socket_dir() -> str:
-    """A new socket directory for this process's pool (mode 0700), after removing those of
-    pools whose process is gone (killed: no ``close()``, and no reaper when the Ray was not
-    envfleet's own)."""
-    temp = tempfile.gettempdir()
-    try:
-        names = [name for name in os.listdir(temp) if name.startswith(SOCKET_DIR_PREFIX)]
-    except OSError:
-        names = []
-    for name in names:
-        pid = name[len(SOCKET_DIR_PREFIX) :].partition("-")[0]
-        path = os.path.join(temp, name)
-        try:
-            if not pid.isdigit() or os.stat(path).st_uid != os.getuid():
-                continue
-            os.kill(int(pid), 0)
-        except ProcessLookupError:  # its pool's process is gone (a live pid is never swept)
-            shutil.rmtree(path, ignore_errors=True)
-        except OSError:  # not ours to signal, or gone meanwhile
-            continue
-    return tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
-
-
-def _session_id() -> str:
-    """What identifies the Ray this process is connected to (its GCS address)."""
-    try:
-        return str(ray.get_runtime_context().gcs_address)
-    except Exception:  # a Ray Client connection may not say
-        return "connected"
-
-
-def _connect(address: str | None, init_kwargs: dict[str, Any]) -> bool:
-    """Join this process's Ray, or connect it to one; True when envfleet owns the connection."""
-    global _session, _users
-    with _lock:
-        if ray.is_initialized():
-            if _session is not None and _session == _session_id():
-                _users += 1
-                return True
-            return False  # the caller's connection: used, never shut down
-        kwargs = dict(init_kwargs)
-        if address is not None:
-            kwargs["address"] = address
-        # No address: a private local Ray. A bare ray.init() would join whatever cluster was
-        # last started on this machine (RAY_ADDRESS, or Ray's record of its latest cluster),
-        # whose workers may run another Python than this one.
-        if kwargs.get("address") is None:  # ray_init_kwargs={"address": None} included
-            kwargs["address"] = "local"
-        if not str(kwargs.get("address") or "").startswith("ray://"):  # Ray Client takes few
-            kwargs = {"include_dashboard": False, "log_to_driver": False, **kwargs}
-        ray.init(**kwargs)
-        _session, _users = _session_id(), 1
-        if kwargs.get("address") in (None, "local"):  # a Ray of our own, on this machine
-            _start_reaper()
-        return True
-
-
-def _disconnect() -> None:
-    """One transport on envfleet's connection is done; the last one shuts it down."""
-    global _session, _users
-    with _lock:
-        if _session is None:
-            return
-        _users -= 1
-        if _users > 0:
-            return
-        session, _session, _users = _session, None, 0
-        # Not if the caller shut it down and connected again meanwhile: that one is theirs.
-        if ray.is_initialized() and _session_id() == session:
-            ray.shutdown()
-        _stop_reaper()
-
-
-def _leave_ray_alone() -> None:
-    """In a forked child of a process connected to Ray: exit without Ray's teardown.
-
-    Ray's exit handler (``ray.shutdown``) would join threads that fork did not copy (a hang,
-    then a Ray fatal error), and its gRPC objects, freed as the interpreter finalises or by the
-    C++ core worker's own ``atexit`` handler, crash or wait 5 s on a connection that belongs to
-    the parent. The child drops the Python handler, keeps those objects from being freed, and
-    asks glibc to end the process with ``_exit(status)`` once Python has finalised, before the
-    C++ handlers registered earlier run (``on_exit`` handlers run last-registered first and get
-    the exit status as first argument, which ``_exit`` takes). The parent's Ray is untouched.
-    """
-    import ctypes
-
-    import ray._private.state as ray_state
-
-    atexit.unregister(ray_worker.shutdown)
-    for obj in (ray_worker.global_worker, ray_state.state, ray_worker._global_node):
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
-    try:
-        libc = ctypes.CDLL(None)
-        libc.on_exit(ctypes.cast(libc._exit, ctypes.c_void_p), None)
-    except (OSError, AttributeError):  # not glibc: the C++ handler may still wait its 5 s
-        pass
-
-
-def _row_bytes(batch: Batch, num_envs: int) -> int | None:
-    """Bytes of one env's results (``None`` when observations are not arrays)."""
-    if isinstance(batch.observations, ObjectRows):
-        return None
-    leaves = [batch.observations, batch.rewards, batch.terminations, batch.truncations]
-    total = 0
-    while leaves:
-        leaf = leaves.pop()
-        if isinstance(leaf, dict):
-            leaves.extend(leaf.values())
-        elif isinstance(leaf, tuple):
-            leaves.extend(leaf)
-        else:
-            total += leaf.nbytes
-    return -(-total // num_envs)
+    handle: Any = None
+    node: str = ""  # the Ray node it runs on
+    pid: int | None = None  # its process
+    # Ray calls in flight: (result refs, command), oldest first; the refs are the pieces of one
+    # result (one ref unless the result travels in pieces).
+    refs: deque[tuple[list[Any], Command]] = field(default_factory=deque)
+    # On this machine: its socket, the call that serves it, the replies it owes on it, and the
+    # bytes of commands the socket had no room for yet (written as it drains, within wait(): a
+    # large command to an actor hung in a step cannot hold the pool up past step_timeout).
+    conn: Connection | None = None
+    sock: socket.socket | None = None  # the same socket, to send without blocking
+    serving: Any = None
+    owed: int = 0
+    outbox: Outbox | None = None
 
 
 class RayTransport(BaseTransport):
@@ -275,7 +104,7 @@ class RayTransport(BaseTransport):
             extra = RayOptions()
         self._options = options
         self._memory: PoolMemory | None = None
-        self._connected = _connect(extra.address, dict(extra.ray_init_kwargs))
+        self._connected = ray_session.connect(extra.address, dict(extra.ray_init_kwargs))
         try:
             if extra.ray_shared_memory and node_memory.available():
                 self._memory = PoolMemory(
@@ -295,29 +124,16 @@ class RayTransport(BaseTransport):
             else None
         )
         workers = len(options.assignment)
-        self._actors: list[Any] = []
-        self._nodes: list[str] = [""] * workers
-        self._pids: list[int | None] = [None] * workers  # each actor's process
-        # Per worker: (result refs, command) of each call in flight, oldest first; the refs are
-        # the pieces of one result (one ref unless the result travels in pieces).
-        self._refs: list[deque[tuple[list[Any], Command]]] = [deque() for _ in range(workers)]
-        # Same-machine workers: their socket, the call that serves it, and replies owed.
-        self._conns: list[Connection | None] = [None] * workers
-        # Per same-machine worker: its socket (to send without blocking) and the bytes of
-        # commands it had no room for yet, written as it drains, within wait(): a large
-        # command to an actor hung in a step cannot hold the pool up past step_timeout.
-        self._socks: list[socket.socket | None] = [None] * workers
-        self._outbox = [bytearray() for _ in range(workers)]
-        self._serving: list[Any] = [None] * workers
-        self._owed = [0] * workers
+        self._workers = [_Actor() for _ in range(workers)]
+        self._writing: set[int] = set()  # workers whose outbox holds bytes
         self._poller = select.poll()
         self._pickled = PickledCommands()
         self._authkey = secrets.token_bytes(32)
         # The actors on this machine put their sockets in this directory (mode 0700: only this
         # user enters), which close() removes: an actor killed before the pool connected to it
         # leaves nothing behind.
-        self._socket_dir = _make_socket_dir() if self._memory is not None else None
-        self._row_bytes = _row_bytes(self.batch, options.num_envs)
+        self._socket_dir = ray_session.make_socket_dir() if self._memory is not None else None
+        self._row_bytes = row_bytes(self.batch, options.num_envs)
         self._space = options.observation_space
         self._closed = False
         self._pool_node: str | None
@@ -333,7 +149,7 @@ class RayTransport(BaseTransport):
                 resources.setdefault("scheduling_strategy", "SPREAD")
             self._resources = resources
             for worker in range(workers):
-                self._actors.append(self._spawn(worker, {}))
+                self._workers[worker].handle = self._spawn(worker, {})
             self._await_start(range(workers), {})
         except BaseException:
             self.close(1.0)
@@ -346,7 +162,7 @@ class RayTransport(BaseTransport):
 
     def _start_call(self, worker: int) -> Any:
         where = self._memory.where if self._memory is not None else None
-        return self._actors[worker].start.remote(
+        return self._workers[worker].handle.start.remote(
             where, self._pool_node, self._authkey, self._socket_dir
         )
 
@@ -360,12 +176,13 @@ class RayTransport(BaseTransport):
         timeout = self._options.start_timeout  # placing the actor and building its envs
         deadline = time.monotonic() + timeout
         for worker, ref in started:
+            slot = self._workers[worker]
             delay = START_BACKOFF
             for attempt in range(1, START_ATTEMPTS + 1):
                 try:
                     reply: Reply
                     address: str | None
-                    reply, self._nodes[worker], address, self._pids[worker] = ray.get(
+                    reply, slot.node, address, slot.pid = ray.get(
                         ref, timeout=max(0.0, deadline - time.monotonic())
                     )
                     break
@@ -385,7 +202,7 @@ class RayTransport(BaseTransport):
                         ) from exc
                     time.sleep(delay)
                     delay *= 2
-                    self._actors[worker] = self._spawn(worker, restarts)
+                    slot.handle = self._spawn(worker, restarts)
                     ref = self._start_call(worker)
             if reply.failures:
                 raise reply.failures[0].to_error(worker, self._options.spec.name)
@@ -405,23 +222,41 @@ class RayTransport(BaseTransport):
         )
 
     def _connect_socket(self, worker: int, address: str) -> None:
-        self._serving[worker] = self._actors[worker].serve.remote()
+        slot = self._workers[worker]
+        slot.serving = slot.handle.serve.remote()
         try:
             conn = connect_pool(address, self._authkey)
         except (OSError, EOFError, AuthenticationError) as exc:
             raise self._start_failed(
                 worker, f"built them but its socket could not be reached: {exc}"
             ) from exc
-        self._conns[worker] = conn
-        self._socks[worker] = socket.socket(fileno=conn.fileno())  # detached when dropped
-        self._owed[worker] = 0
-        self._poller.register(conn.fileno(), select.POLLIN)
+        sock = socket.socket(fileno=conn.fileno())  # detached when dropped
+        fd = conn.fileno()
+        slot.conn, slot.sock, slot.owed = conn, sock, 0
+        slot.outbox = Outbox(
+            lambda data: sock.send(data, socket.MSG_DONTWAIT), self._watcher(worker, fd)
+        )
+        self._poller.register(fd, select.POLLIN)
+
+    def _watcher(self, worker: int, fd: int) -> Callable[[bool], None]:
+        """What ``worker``'s outbox calls when bytes start or stop waiting in it."""
+
+        def watch(waiting: bool) -> None:
+            if waiting:
+                self._writing.add(worker)
+                self._poller.modify(fd, select.POLLIN | select.POLLOUT)
+            elif worker in self._writing:
+                self._writing.discard(worker)
+                self._poller.modify(fd, select.POLLIN)
+
+        return watch
 
     def memory(self, worker: int) -> int | None:
         """Resident memory of ``worker``'s actor process in bytes; ``None``: unknown (gone, or
         on another node, whose processes this one cannot read)."""
-        pid = self._pids[worker]
-        if pid is None or self._pool_node is None or self._nodes[worker] != self._pool_node:
+        slot = self._workers[worker]
+        pid = slot.pid
+        if pid is None or self._pool_node is None or slot.node != self._pool_node:
             return None
         import psutil  # only worker_memory_limit asks
 
@@ -432,30 +267,30 @@ class RayTransport(BaseTransport):
 
     def node_ids(self) -> list[str]:
         """The Ray node each actor runs on."""
-        return list(self._nodes)
+        return [slot.node for slot in self._workers]
 
     def same_machine(self) -> list[bool]:
         """Whether each actor is served over a socket (on this machine) or by Ray calls."""
-        return [conn is not None for conn in self._conns]
+        return [slot.conn is not None for slot in self._workers]
 
     def prepare(self, worker: int, command: Command) -> None:
         """Serialise ``command`` now: what cannot travel fails before anything changes."""
-        if self._conns[worker] is not None:
+        if self._workers[worker].conn is not None:
             self._pickled.dumps(command)  # kept for submit
         else:
             cloudpickle.dumps(command)  # as Ray will, in submit
 
     def submit(self, worker: int, command: Command) -> None:
-        sock = self._socks[worker]
-        if sock is not None:
-            self._owed[worker] += 1
-            self._send(worker, sock, _message(self._pickled.dumps(command)))
+        slot = self._workers[worker]
+        if slot.outbox is not None:
+            slot.owed += 1
+            slot.outbox.send(_message(self._pickled.dumps(command)))
             return
         if isinstance(command, Step) and command.actions is None and self._read_action:
             # The pool wrote the actions to the batch, which this actor does not see.
             read = self._read_action
             command = Step(command.env_ids, {i: read(i) for i in command.env_ids})
-        actor = self._actors[worker]
+        actor = slot.handle
         chunks = 1
         if isinstance(command, EnvCommand) and self._row_bytes is not None:
             size = len(command.env_ids) * self._row_bytes
@@ -464,13 +299,13 @@ class RayTransport(BaseTransport):
             refs = actor.run_chunked.options(num_returns=chunks).remote(command, chunks)
         else:
             refs = [actor.run.remote(command)]
-        self._refs[worker].append((refs, command))
+        slot.refs.append((refs, command))
 
     def wait(
         self, timeout: float | None, want: int = 1
     ) -> list[tuple[int, Reply | WorkerLost | None]]:
-        on_sockets = any(self._owed)
-        on_calls = any(self._refs)
+        on_sockets = any(slot.owed for slot in self._workers)
+        on_calls = any(slot.refs for slot in self._workers)
         if not on_calls:
             return self._wait_sockets(timeout) if on_sockets else []
         if not on_sockets:
@@ -493,13 +328,16 @@ class RayTransport(BaseTransport):
             except InterruptedError:  # pragma: no cover - PEP 475 retries already
                 continue
         ready = {fd for fd, mask in events if mask != select.POLLOUT}
-        if any(self._outbox):
+        workers = self._workers
+        if self._writing:  # commands wait for room in their sockets
             writable = {fd for fd, mask in events if mask & select.POLLOUT}
-            for worker, conn in enumerate(self._conns):
-                if conn is not None and self._outbox[worker] and conn.fileno() in writable:
-                    self._flush(worker)
+            for worker in list(self._writing):
+                slot = workers[worker]
+                if slot.conn is not None and slot.outbox and slot.conn.fileno() in writable:
+                    slot.outbox.flush()
         replies: list[tuple[int, Reply | WorkerLost | None]] = []
-        for worker, conn in enumerate(self._conns):
+        for worker, slot in enumerate(workers):
+            conn = slot.conn
             if conn is None or conn.fileno() not in ready:
                 continue
             try:
@@ -507,54 +345,24 @@ class RayTransport(BaseTransport):
                 if reply is not None and reply.rows is not None:
                     deliver(self.batch, self._space, reply)
                 replies.append((worker, reply))
-                self._owed[worker] -= 1
+                slot.owed -= 1
             except (EOFError, OSError):
                 self._drop_socket(worker)
                 replies.append((worker, WorkerLost(None, "ray actor exited (its socket closed)")))
         return replies
 
-    def _send(self, worker: int, sock: socket.socket, message: bytes) -> None:
-        """Send ``message`` (framed as ``Connection.send_bytes`` does) without blocking: what
-        the socket has no room for waits in the worker's outbox."""
-        outbox = self._outbox[worker]
-        if outbox:  # earlier bytes still wait for room: these go after them
-            outbox += message
-            return
-        try:
-            sent = sock.send(message, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            return  # the actor is gone: its socket reports it on the next wait
-        if sent < len(message):
-            outbox += message[sent:]
-            self._poller.modify(sock.fileno(), select.POLLIN | select.POLLOUT)
-
-    def _flush(self, worker: int) -> None:
-        """Send what ``worker``'s outbox holds, as far as its socket has room."""
-        sock, outbox = self._socks[worker], self._outbox[worker]
-        if sock is None:
-            outbox.clear()
-            return
-        try:
-            while outbox:
-                del outbox[: sock.send(outbox, socket.MSG_DONTWAIT)]
-        except BlockingIOError:
-            return
-        except OSError:  # the actor is gone: its socket reports it
-            outbox.clear()
-        self._poller.modify(sock.fileno(), select.POLLIN)
-
     def _drop_socket(self, worker: int) -> None:
-        conn = self._conns[worker]
+        slot = self._workers[worker]
+        conn = slot.conn
         if conn is None:
             return
-        self._conns[worker] = None
-        self._outbox[worker].clear()
-        sock, self._socks[worker] = self._socks[worker], None
+        if slot.outbox is not None:
+            slot.outbox.drop()
+        sock = slot.sock
+        slot.conn = slot.sock = slot.outbox = None
         if sock is not None:
             sock.detach()  # the connection owns the descriptor
-        self._owed[worker] = 0
+        slot.owed = 0
         try:
             self._poller.unregister(conn.fileno())
         except (KeyError, ValueError):
@@ -562,17 +370,19 @@ class RayTransport(BaseTransport):
         conn.close()
 
     def _wait_calls(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost | None]]:
-        heads = [refs[0][0][-1] for refs in self._refs if refs]
+        workers = self._workers
+        heads = [slot.refs[0][0][-1] for slot in workers if slot.refs]
         if not heads:
             return []
         ready, _ = ray.wait(heads, num_returns=1, timeout=timeout)
         if not ready:
             return []
         # Everything else already done comes too, without waiting.
-        pending = [ref for refs in self._refs for pieces, _ in refs for ref in pieces]
+        pending = [ref for slot in workers for pieces, _ in slot.refs for ref in pieces]
         done = set(ray.wait(pending, num_returns=len(pending), timeout=0)[0]) | set(ready)
         replies: list[tuple[int, Reply | WorkerLost | None]] = []
-        for worker, refs in enumerate(self._refs):
+        for worker, slot in enumerate(workers):
+            refs = slot.refs
             while refs and refs[0][0][-1] in done:  # the pieces of a result come together
                 pieces, command = refs.popleft()
                 try:
@@ -589,23 +399,22 @@ class RayTransport(BaseTransport):
 
     def forked(self) -> None:
         """In a forked child: the actors, the connection and the Ray are the parent's."""
-        global _session, _users, _reaper
-        _session, _users, _reaper = None, 0, None
         self._closed = True
-        _leave_ray_alone()
+        ray_session.forked()
 
     def kill(self, worker: int) -> None:
         try:
-            ray.kill(self._actors[worker], no_restart=True)
+            ray.kill(self._workers[worker].handle, no_restart=True)
         except Exception:
             pass  # already gone: wait() reports it lost all the same
 
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
         self.kill(worker)
-        self._pids[worker] = None
+        slot = self._workers[worker]
+        slot.pid = None
         self._drop_socket(worker)
-        self._refs[worker].clear()
-        self._actors[worker] = self._spawn(worker, restarts)
+        slot.refs.clear()
+        slot.handle = self._spawn(worker, restarts)
         self._await_start([worker], restarts)
 
     def close(self, timeout: float) -> None:
@@ -613,14 +422,13 @@ class RayTransport(BaseTransport):
             return
         self._closed = True
         try:
-            if self._actors and ray.is_initialized():
+            if any(slot.handle is not None for slot in self._workers) and ray.is_initialized():
                 self._close_actors(timeout)
         finally:
-            self._actors = []
-            for worker in range(len(self._conns)):
+            for worker, slot in enumerate(self._workers):
+                slot.handle = None
                 self._drop_socket(worker)
-            for refs in self._refs:
-                refs.clear()
+                slot.refs.clear()
             if self._memory is not None:
                 self._memory.close()
             socket_dir = getattr(self, "_socket_dir", None)
@@ -631,33 +439,32 @@ class RayTransport(BaseTransport):
     def _disconnect(self) -> None:
         if self._connected:
             self._connected = False
-            _disconnect()
+            ray_session.disconnect()
 
     def _close_actors(self, timeout: float) -> None:
         """Ask each actor to close its envs, wait up to ``timeout``, then kill them all."""
         closing = []
-        for worker, actor in enumerate(self._actors):
-            sock = self._socks[worker]
-            if sock is not None:
-                self._flush(worker)
+        for slot in self._workers:
+            if slot.outbox is not None:
+                slot.outbox.flush()
                 # Without blocking: an actor that cannot take it is killed below all the same.
-                self._send(worker, sock, _message(self._pickled.dumps(Close())))
+                slot.outbox.send(_message(self._pickled.dumps(Close())))
                 continue
             try:
-                closing.append(actor.run.remote(Close()))
+                closing.append(slot.handle.run.remote(Close()))
             except Exception:
                 pass
         # A socket actor's serve call returns once it has closed its envs (or it died).
-        closing += [ref for conn, ref in zip(self._conns, self._serving, strict=True) if conn]
+        closing += [slot.serving for slot in self._workers if slot.conn is not None]
         try:
             if closing:
                 ray.wait(closing, num_returns=len(closing), timeout=timeout)
         except Exception:
             pass  # a dead actor or node: killed below all the same
         finally:  # a Ctrl-C in the wait too
-            for actor in self._actors:
+            for slot in self._workers:
                 try:
-                    ray.kill(actor, no_restart=True)
+                    ray.kill(slot.handle, no_restart=True)
                 except Exception:
                     pass
 

@@ -81,6 +81,23 @@ def deliver(batch: Batch, observation_space: gymnasium.Space[Any], reply: Reply)
     return reply
 
 
+def row_bytes(batch: Batch, num_envs: int) -> int | None:
+    """Bytes of one env's rows, as they travel (``None`` when observations are not arrays)."""
+    if isinstance(batch.observations, ObjectRows):
+        return None
+    leaves = [batch.observations, batch.rewards, batch.terminations, batch.truncations]
+    total = 0
+    while leaves:
+        leaf = leaves.pop()
+        if isinstance(leaf, dict):
+            leaves.extend(leaf.values())
+        elif isinstance(leaf, tuple):
+            leaves.extend(leaf)
+        else:
+            total += leaf.nbytes
+    return -(-total // num_envs)
+
+
 class Shipping:
     """A group whose step and reset replies carry their rows (:func:`pack`): for a worker whose
     rows the pool cannot read where the group writes them."""

@@ -1,0 +1,198 @@
+"""The ray backend's connection to Ray: joined or started, shared by its pools, let go of.
+
+A pool joins the Ray this process is already connected to, and then leaves it alone. Otherwise
+it calls ``ray.init`` itself (with no address, a new private local Ray sized for this machine,
+``address="local"``, never a cluster that happens to run on the machine; or the cluster at
+``address``, ``"auto"`` included), and the last pool on that connection to close calls
+``ray.shutdown``: that stops a Ray envfleet started, and only disconnects from a cluster it
+joined (which keeps running). A Ray of envfleet's own gets a reaper, which ends its processes
+should the pool's process be killed; the pools' socket directories (actors on this machine)
+are named after their process, so that the reaper, or a later pool, removes those left behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any
+
+import ray
+import ray._private.worker as ray_worker
+
+_lock = threading.Lock()
+_session: str | None = None  # the Ray connection envfleet made (see _session_id), if any
+_users = 0  # open transports on that connection
+_reaper: subprocess.Popen[bytes] | None = None  # ends the Ray envfleet started if we are killed
+
+SOCKET_DIR_PREFIX = "envfleet-ray-"
+"""A pool's socket directory in the temp dir is ``envfleet-ray-<pid of its process>-<random>``:
+the reaper, or a later pool, removes those of a process that is gone."""
+
+REAPER = """
+import glob, os, shutil, sys, time, psutil
+owner, me, seen = psutil.Process(int(sys.argv[1])), psutil.Process(), {}
+def ray_process(p):
+    name = p.name()
+    return name in ("gcs_server", "raylet") or name.startswith("ray::") or any(
+        "/ray/" in part for part in p.cmdline())
+while True:
+    try:
+        if not owner.is_running():
+            break
+        for child in owner.children(recursive=True):
+            if child.pid != me.pid and child.pid not in seen and ray_process(child):
+                seen[child.pid] = child
+    except psutil.NoSuchProcess:
+        break
+    except psutil.Error:
+        pass
+    time.sleep(0.5)
+for child in seen.values():
+    try:
+        child.kill()
+    except psutil.Error:
+        pass
+for directory in glob.glob(sys.argv[2] + "*"):
+    shutil.rmtree(directory, ignore_errors=True)
+"""
+"""The reaper: a process of its own that notes the Ray processes envfleet's process started
+and kills them once that process is gone. When the pool's process is killed (SIGKILL: no
+``close()``), Ray's own fate sharing stops ``gcs_server`` and the ``raylet``, but its agents
+(``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) and idle workers were seen running 30 s
+later; the reaper ends them within about a second, and removes the pools' socket
+directories."""
+
+
+def _start_reaper() -> None:
+    global _reaper
+    try:
+        _reaper = subprocess.Popen(
+            [sys.executable, "-c", REAPER, str(os.getpid()), _socket_dir_prefix(os.getpid())],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # not stopped by the Ctrl-C that stops the pool
+        )
+    except OSError:
+        _reaper = None  # Ray's own fate sharing still stops its main daemons
+
+
+def _stop_reaper() -> None:
+    global _reaper
+    reaper, _reaper = _reaper, None
+    if reaper is not None:
+        reaper.kill()
+        reaper.wait()
+
+
+def _socket_dir_prefix(pid: int) -> str:
+    return os.path.join(tempfile.gettempdir(), f"{SOCKET_DIR_PREFIX}{pid}-")
+
+
+def make_socket_dir() -> str:
+    """A new socket directory for this process's pool (mode 0700), after removing those of
+    pools whose process is gone (killed: no ``close()``, and no reaper when the Ray was not
+    envfleet's own)."""
+    temp = tempfile.gettempdir()
+    try:
+        names = [name for name in os.listdir(temp) if name.startswith(SOCKET_DIR_PREFIX)]
+    except OSError:
+        names = []
+    for name in names:
+        pid = name[len(SOCKET_DIR_PREFIX) :].partition("-")[0]
+        path = os.path.join(temp, name)
+        try:
+            if not pid.isdigit() or os.stat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # its pool's process is gone (a live pid is never swept)
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # not ours to signal, or gone meanwhile
+            continue
+    return tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
+
+
+def _session_id() -> str:
+    """What identifies the Ray this process is connected to (its GCS address)."""
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:  # a Ray Client connection may not say
+        return "connected"
+
+
+def connect(address: str | None, init_kwargs: dict[str, Any]) -> bool:
+    """Join this process's Ray, or connect it to one; True when envfleet owns the connection."""
+    global _session, _users
+    with _lock:
+        if ray.is_initialized():
+            if _session is not None and _session == _session_id():
+                _users += 1
+                return True
+            return False  # the caller's connection: used, never shut down
+        kwargs = dict(init_kwargs)
+        if address is not None:
+            kwargs["address"] = address
+        # No address: a private local Ray. A bare ray.init() would join whatever cluster was
+        # last started on this machine (RAY_ADDRESS, or Ray's record of its latest cluster),
+        # whose workers may run another Python than this one.
+        if kwargs.get("address") is None:  # ray_init_kwargs={"address": None} included
+            kwargs["address"] = "local"
+        if not str(kwargs.get("address") or "").startswith("ray://"):  # Ray Client takes few
+            kwargs = {"include_dashboard": False, "log_to_driver": False, **kwargs}
+        ray.init(**kwargs)
+        _session, _users = _session_id(), 1
+        if kwargs.get("address") in (None, "local"):  # a Ray of our own, on this machine
+            _start_reaper()
+        return True
+
+
+def disconnect() -> None:
+    """One transport on envfleet's connection is done; the last one shuts it down."""
+    global _session, _users
+    with _lock:
+        if _session is None:
+            return
+        _users -= 1
+        if _users > 0:
+            return
+        session, _session, _users = _session, None, 0
+        # Not if the caller shut it down and connected again meanwhile: that one is theirs.
+        if ray.is_initialized() and _session_id() == session:
+            ray.shutdown()
+        _stop_reaper()
+
+
+def leave_ray_alone() -> None:
+    """In a forked child of a process connected to Ray: exit without Ray's teardown.
+
+    Ray's exit handler (``ray.shutdown``) would join threads that fork did not copy (a hang,
+    then a Ray fatal error), and its gRPC objects, freed as the interpreter finalises or by the
+    C++ core worker's own ``atexit`` handler, crash or wait 5 s on a connection that belongs to
+    the parent. The child drops the Python handler, keeps those objects from being freed, and
+    asks glibc to end the process with ``_exit(status)`` once Python has finalised, before the
+    C++ handlers registered earlier run (``on_exit`` handlers run last-registered first and get
+    the exit status as first argument, which ``_exit`` takes). The parent's Ray is untouched.
+    """
+    import ctypes
+
+    import ray._private.state as ray_state
+
+    atexit.unregister(ray_worker.shutdown)
+    for obj in (ray_worker.global_worker, ray_state.state, ray_worker._global_node):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+    try:
+        libc = ctypes.CDLL(None)
+        libc.on_exit(ctypes.cast(libc._exit, ctypes.c_void_p), None)
+    except (OSError, AttributeError):  # not glibc: the C++ handler may still wait its 5 s
+        pass
+
+
+def forked() -> None:
+    """In a forked child: the connection, the Ray and its reaper are the parent's. Forget
+    them, and leave Ray alone at exit (:func:`leave_ray_alone`)."""
+    global _session, _users, _reaper
+    _session, _users, _reaper = None, 0, None
+    leave_ray_alone()
