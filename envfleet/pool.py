@@ -46,6 +46,7 @@ from envfleet.errors import (
     ClosedPoolError,
     NoPendingError,
     OnError,
+    ResetNeededError,
 )
 from envfleet.infos import merge_infos
 from envfleet.ledger import EnvState, Ledger
@@ -146,6 +147,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
             else None
         )
         self._needs_reset = np.zeros(self.num_envs, dtype=np.bool_)
+        # Envs never reset yet: a step of one is refused before anything is sent (#19).
+        self._never_reset = np.ones(self.num_envs, dtype=np.bool_)
+        self._all_reset = False
         self._first_seed = seed
         # A transport may hand a whole-pool step to every worker at once (the thread backend's
         # one wake-up for all threads); the others get one submit per worker.
@@ -509,9 +513,13 @@ class Pool(VectorEnv):  # type: ignore[misc]
             AlreadyPendingError: an env in ``env_id`` still has a step or result pending.
         """
         self._check_usable()
-        if self._recovery.worker_memory_limit is not None:
-            self._recovery.recycle_over_limit(self._gather)
         env_ids = self._idle_ids(env_id, "send")
+        if not self._all_reset and self._never_reset[env_ids].any():
+            never = env_ids[self._never_reset[env_ids]].tolist()
+            raise ResetNeededError(
+                f"envs {never} have not been reset yet: call reset() (or async_reset()) before "
+                "step()/send(); nothing was sent"
+            )
         if self.autoreset_mode is AutoresetMode.DISABLED and self._needs_reset[env_ids].any():
             done = env_ids[self._needs_reset[env_ids]].tolist()
             raise ValueError(
@@ -520,6 +528,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
             )
         space = self.single_action_space
         actions = check_actions(space, actions, env_ids, check_membership=self.check_actions)
+        if self._recovery.worker_memory_limit is not None:
+            self._recovery.recycle_over_limit(self._gather, self._pump)
         carried: list[dict[int, Any]] | None = None
         # Actions of another dtype than the space's would be cast by the batch arrays: they
         # travel with the command, so the env gets exactly what the caller gave (fidelity).
@@ -644,7 +654,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self, env_ids: np.ndarray, seeds: list[int | None], options: dict[str, Any] | None
     ) -> None:
         if self._recovery.worker_memory_limit is not None:
-            self._recovery.recycle_over_limit(self._gather)
+            self._recovery.recycle_over_limit(self._gather, self._pump)
         seed_of = dict(zip(env_ids.tolist(), seeds, strict=True))
         self._submit_many(
             [
@@ -653,6 +663,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
             ]
         )
         self._first_seed = None
+        if not self._all_reset:
+            self._never_reset[env_ids] = False
+            self._all_reset = not self._never_reset.any()
 
     def _collect(self, env_ids: np.ndarray) -> None:
         """Wait until every env of ``env_ids`` is ready and take them out of the FIFO."""

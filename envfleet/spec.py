@@ -148,6 +148,17 @@ class EnvSpec:
         first = specs[0]
         return dataclasses.replace(first, per_env=specs)
 
+    def wrapped(self, wrappers: Sequence[EnvWrapper]) -> EnvSpec:
+        """This recipe with ``wrappers`` applied after its own, to every env (each recipe of a
+        per-env recipe too); every other field is kept."""
+        if not wrappers:
+            return self
+        return dataclasses.replace(
+            self,
+            wrappers=(*self.wrappers, *wrappers),
+            per_env=tuple(spec.wrapped(wrappers) for spec in self.per_env),
+        )
+
     @property
     def num_envs(self) -> int | None:
         """How many envs the recipe describes (``None``: any number of copies)."""

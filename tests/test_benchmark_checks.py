@@ -1,5 +1,5 @@
-"""The benchmark engine's checking parts: the fault soak's accounting, the GIL probe and the
-statistics on/off comparison."""
+"""The bench scripts' checking parts: the fault soak's accounting and stall report, the GIL
+probe, the statistics on/off comparison and what the scripts share."""
 
 from __future__ import annotations
 
@@ -18,9 +18,23 @@ import pytest
 from rich.console import Console
 
 import envfleet
-from envfleet.benchmark import CallRunner, Runner, RunResult, Timing, Workload
-from envfleet.benchmark.cases import Case, measure_cases
-from envfleet.benchmark.gil import (
+from bench.common import (
+    Case,
+    IdealRunner,
+    Versus,
+    add_choice,
+    add_ratios,
+    layouts,
+    measure_cases,
+    measure_table,
+    own_sync_column,
+    target,
+)
+from bench.envs import read_log
+from bench.ray_bench import BatchActor
+from bench.soak import SoakConfig, SoakRun, run_soak, soak_checks
+from bench.stats_overhead import RECORDING, StatsSetup, stats_disabled, stats_overhead
+from bench.thread_bench import (
     HOLDS,
     REFERENCES,
     RELEASES,
@@ -29,22 +43,7 @@ from envfleet.benchmark.gil import (
     scaling_cases,
     scaling_verdict,
 )
-from envfleet.benchmark.ray_patterns import BatchActor
-from envfleet.benchmark.scripts import (
-    IdealRunner,
-    Versus,
-    add_choice,
-    add_ratios,
-    layouts,
-    measure_table,
-    open_envfleet,
-    own_sync_column,
-    target,
-)
-from envfleet.benchmark.soak import SoakConfig, run_soak, soak_checks
-from envfleet.benchmark.soak_check import SoakRun
-from envfleet.benchmark.soak_env import read_log
-from envfleet.benchmark.stats_cost import RECORDING, StatsSetup, stats_disabled, stats_overhead
+from envfleet.benchmark import CallRunner, Runner, RunResult, Timing, Workload, open_envfleet
 from envfleet.stats import StatsRecorder
 from tests.envs import FaultyEnv
 

@@ -239,24 +239,27 @@ def _interrupt_in_step(kind: type[BaseException], env: FaultyEnv, action: Any) -
         raise kind
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", THREAD_BASE_EXCEPTIONS, ids=lambda k: k.__name__)
-def test_any_base_exception_raised_by_an_env_in_a_worker_thread_is_that_envs_failure(
-    kind: type[BaseException],
+@pytest.mark.parametrize("backend_name", WORKER_BACKENDS)
+def test_any_base_exception_raised_by_an_env_in_a_worker_is_that_envs_failure(
+    backend_name: str, kind: type[BaseException]
 ) -> None:
-    """Not a Ctrl-C (that reaches the main thread only): a failure of the env, not a dead
-    worker thread that would leave ``step()`` waiting forever (or, a thread worker being
-    irreplaceable, break a pool that should restart the env)."""
+    """Not a Ctrl-C (that reaches the caller's main thread only, and a worker process ignores
+    SIGINT): a failure of the env, not a dead worker (a process worker used to die of it, the
+    error naming env 0 as a ``WorkerDiedError``) nor a dead worker thread that would leave
+    ``step()`` waiting forever (or, a thread worker being irreplaceable, break a pool that
+    should restart the env). The ray backend has the same test in ``test_ray.py``."""
     env = functools.partial(FaultyEnv, step_hook=functools.partial(_interrupt_in_step, kind))
     actions = np.zeros(2, dtype=np.int64)
-    with envfleet.make(env, 2, backend="thread", seed=0) as pool:
+    with envfleet.make(env, 2, backend=backend_name, seed=0) as pool:
         pool.reset()
         pool.step(actions)
         with pytest.raises(envfleet.EnvRaisedError) as info:
             pool.step(actions)
     assert info.value.env_index == 1 and info.value.phase is envfleet.Phase.STEP
     assert isinstance(info.value.__cause__, kind)
-    with envfleet.make(env, 2, backend="thread", seed=0, on_error="restart") as pool:
+    with envfleet.make(env, 2, backend=backend_name, seed=0, on_error="restart") as pool:
         pool.reset()
         results = [pool.step(actions) for _ in range(3)]
         assert results[1][4]["envfleet/restarted"].tolist() == [False, True]

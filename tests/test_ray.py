@@ -246,6 +246,31 @@ def test_close_frees_the_sockets_and_the_batch_memory_goes_with_the_pool(
     assert batch_memory_files() == before
 
 
+def test_a_new_pool_removes_the_socket_directories_of_pools_whose_process_is_gone(
+    ray_session: None,
+) -> None:
+    """A pool killed without close() (SIGKILL) on a Ray envfleet did not start has no reaper:
+    its socket directory stays until a later pool of the same user sweeps it. That of a live
+    process stays."""
+    from envfleet.backends.ray import SOCKET_DIR_PREFIX
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    temp = tempfile.gettempdir()
+    stale = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{dead.pid}-", dir=temp)
+    Path(stale, "w-0").touch()  # as an actor's socket left behind
+    live = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getppid()}-", dir=temp)
+    try:
+        with make_ray("CartPole-v1", seed=0) as pool:
+            socket_dir = pool._transport._socket_dir  # type: ignore[attr-defined]
+            assert os.path.basename(socket_dir).startswith(f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
+            assert not os.path.exists(stale)
+            assert os.path.isdir(live)
+    finally:
+        shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(live, ignore_errors=True)
+
+
 def _hang_in_close(env: FaultyEnv) -> None:
     if env.seed_used is not None:  # not the env make() builds in the caller
         time.sleep(3600)
@@ -465,6 +490,35 @@ def test_env_exception(ray_session: None, on_error: str, path: str) -> None:
             pool.step(ACTIONS)
 
 
+def _keyboard_interrupt_in_step(env: FaultyEnv, action: Any) -> None:
+    if env.seed_used == 1 and env.count == 101:  # env 1's second step, once
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_keyboard_interrupt_raised_by_an_env_is_that_envs_failure(
+    ray_session: None, path: str
+) -> None:
+    """As on the thread and process backends (``test_errors.py``): the env's own
+    ``KeyboardInterrupt`` is its failure, named env 1, not a lost actor; restarted, it is one
+    env's restart."""
+    env = functools.partial(FaultyEnv, step_hook=_keyboard_interrupt_in_step)
+    actions = np.zeros(2, dtype=np.int64)
+    kwargs: dict[str, Any] = {"backend": "ray", "seed": 0, "ray_shared_memory": path == "socket"}
+    with envfleet.make(env, 2, num_workers=2, **kwargs) as pool:
+        pool.reset()
+        pool.step(actions)
+        with pytest.raises(envfleet.EnvRaisedError) as info:
+            pool.step(actions)
+    assert (info.value.env_index, info.value.worker) == (1, 1)
+    assert isinstance(info.value.__cause__, KeyboardInterrupt)
+    with envfleet.make(env, 2, num_workers=2, on_error="restart", **kwargs) as pool:
+        pool.reset()
+        results = [pool.step(actions) for _ in range(3)]
+        assert results[1][4]["envfleet/restarted"].tolist() == [False, True]
+        assert pool.restarts.tolist() == [0, 1]
+
+
 DEAD_ACTOR_RUNS = [
     *((on_error, path) for on_error in ("raise", "restart") for path in PATHS),
     ("restart-pieces", "calls"),
@@ -591,10 +645,11 @@ def test_env_fns_match_sync_vector_env_and_registered_ids_build(
 
 @pytest.mark.parametrize("pattern", ["naive", "batched"])
 def test_plain_ray_baselines_of_the_benchmark_step_and_go(ray_session: None, pattern: str) -> None:
+    from bench.ray_bench import open_batched_ray, open_naive_ray
     from envfleet.affinity import usable_cpus
-    from envfleet.benchmark import Timing, Workload, ray_patterns
+    from envfleet.benchmark import Timing, Workload
 
-    opener = {"naive": ray_patterns.open_naive_ray, "batched": ray_patterns.open_batched_ray}
+    opener = {"naive": open_naive_ray, "batched": open_batched_ray}
     timing = Timing(seconds=0.05, warmup=0.02, rewarm=0.01, repeats=1)
     runner = opener[pattern](Workload.of("CartPole-v1", 3), timing)
     try:
@@ -602,3 +657,11 @@ def test_plain_ray_baselines_of_the_benchmark_step_and_go(ray_session: None, pat
         assert runner.window(0.05) > 0
     finally:
         runner.close()
+
+
+def test_step_before_reset_is_refused(ray_session: None) -> None:
+    from tests.test_api import NeedsResetEnv, check_step_before_reset_is_refused
+
+    check_step_before_reset_is_refused(
+        envfleet.make(NeedsResetEnv, 4, backend="ray", num_workers=2)
+    )

@@ -58,6 +58,7 @@ from envfleet.backends.channel import (
 )
 from envfleet.buffers import SharedBatch
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
+from envfleet.group import claim_base_exceptions
 from envfleet.protocol import Close, Command, EnvFailure, Reply
 from envfleet.worker import start_group
 
@@ -138,8 +139,10 @@ def _worker_main(
     restarts: dict[int, int],
     from_main_thread: bool = False,
 ) -> None:
-    # Ctrl-C goes to the whole process group: the parent alone handles it and closes us.
+    # Ctrl-C goes to the whole process group: the parent alone handles it and closes us. So a
+    # KeyboardInterrupt here is an env's own, its failure like any other exception.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    claim_base_exceptions()
     if parent_ends is not None:
         for end in parent_ends:
             end.close()  # so that our read sees EOF once the parent is gone

@@ -29,6 +29,7 @@ Ray is an optional extra (``pip install envfleet[ray]``): only this module and i
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import pickle
@@ -50,6 +51,7 @@ from typing import Any
 
 import cloudpickle
 import ray
+import ray._private.worker as ray_worker
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from envfleet.backends import node_memory
@@ -80,8 +82,12 @@ _session: str | None = None  # the Ray connection envfleet made (see _session_id
 _users = 0  # open transports on that connection
 _reaper: subprocess.Popen[bytes] | None = None  # ends the Ray envfleet started if we are killed
 
+SOCKET_DIR_PREFIX = "envfleet-ray-"
+"""A pool's socket directory in the temp dir is ``envfleet-ray-<pid of its process>-<random>``:
+the reaper, or a later pool, removes those of a process that is gone."""
+
 REAPER = """
-import sys, time, psutil
+import glob, os, shutil, sys, time, psutil
 owner, me, seen = psutil.Process(int(sys.argv[1])), psutil.Process(), {}
 def ray_process(p):
     name = p.name()
@@ -104,19 +110,22 @@ for child in seen.values():
         child.kill()
     except psutil.Error:
         pass
+for directory in glob.glob(sys.argv[2] + "*"):
+    shutil.rmtree(directory, ignore_errors=True)
 """
 """The reaper: a process of its own that notes the Ray processes envfleet's process started
 and kills them once that process is gone. When the pool's process is killed (SIGKILL: no
 ``close()``), Ray's own fate sharing stops ``gcs_server`` and the ``raylet``, but its agents
 (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) and idle workers were seen running 30 s
-later; the reaper ends them within about a second."""
+later; the reaper ends them within about a second, and removes the pools' socket
+directories."""
 
 
 def _start_reaper() -> None:
     global _reaper
     try:
         _reaper = subprocess.Popen(
-            [sys.executable, "-c", REAPER, str(os.getpid())],
+            [sys.executable, "-c", REAPER, str(os.getpid()), _socket_dir_prefix(os.getpid())],
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # not stopped by the Ctrl-C that stops the pool
         )
@@ -130,6 +139,33 @@ def _stop_reaper() -> None:
     if reaper is not None:
         reaper.kill()
         reaper.wait()
+
+
+def _socket_dir_prefix(pid: int) -> str:
+    return os.path.join(tempfile.gettempdir(), f"{SOCKET_DIR_PREFIX}{pid}-")
+
+
+def _make_socket_dir() -> str:
+    """A new socket directory for this process's pool (mode 0700), after removing those of
+    pools whose process is gone (killed: no ``close()``, and no reaper when the Ray was not
+    envfleet's own)."""
+    temp = tempfile.gettempdir()
+    try:
+        names = [name for name in os.listdir(temp) if name.startswith(SOCKET_DIR_PREFIX)]
+    except OSError:
+        names = []
+    for name in names:
+        pid = name[len(SOCKET_DIR_PREFIX) :].partition("-")[0]
+        path = os.path.join(temp, name)
+        try:
+            if not pid.isdigit() or os.stat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # its pool's process is gone (a live pid is never swept)
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # not ours to signal, or gone meanwhile
+            continue
+    return tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
 
 
 def _session_id() -> str:
@@ -180,6 +216,31 @@ def _disconnect() -> None:
         if ray.is_initialized() and _session_id() == session:
             ray.shutdown()
         _stop_reaper()
+
+
+def _leave_ray_alone() -> None:
+    """In a forked child of a process connected to Ray: exit without Ray's teardown.
+
+    Ray's exit handler (``ray.shutdown``) would join threads that fork did not copy (a hang,
+    then a Ray fatal error), and its gRPC objects, freed as the interpreter finalises or by the
+    C++ core worker's own ``atexit`` handler, crash or wait 5 s on a connection that belongs to
+    the parent. The child drops the Python handler, keeps those objects from being freed, and
+    asks glibc to end the process with ``_exit(status)`` once Python has finalised, before the
+    C++ handlers registered earlier run (``on_exit`` handlers run last-registered first and get
+    the exit status as first argument, which ``_exit`` takes). The parent's Ray is untouched.
+    """
+    import ctypes
+
+    import ray._private.state as ray_state
+
+    atexit.unregister(ray_worker.shutdown)
+    for obj in (ray_worker.global_worker, ray_state.state, ray_worker._global_node):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+    try:
+        libc = ctypes.CDLL(None)
+        libc.on_exit(ctypes.cast(libc._exit, ctypes.c_void_p), None)
+    except (OSError, AttributeError):  # not glibc: the C++ handler may still wait its 5 s
+        pass
 
 
 def _row_bytes(batch: Batch, num_envs: int) -> int | None:
@@ -251,9 +312,7 @@ class RayTransport:
         # The actors on this machine put their sockets in this directory (mode 0700: only this
         # user enters), which close() removes: an actor killed before the pool connected to it
         # leaves nothing behind.
-        self._socket_dir = (
-            tempfile.mkdtemp(prefix="envfleet-") if self._memory is not None else None
-        )
+        self._socket_dir = _make_socket_dir() if self._memory is not None else None
         self._row_bytes = _row_bytes(self.batch, options.num_envs)
         self._space = options.observation_space
         self._closed = False
@@ -523,6 +582,13 @@ class RayTransport:
                     refs.clear()
                     replies.append((worker, WorkerLost(None, f"ray actor lost: {exc}")))
         return replies
+
+    def forked(self) -> None:
+        """In a forked child: the actors, the connection and the Ray are the parent's."""
+        global _session, _users, _reaper
+        _session, _users, _reaper = None, 0, None
+        self._closed = True
+        _leave_ray_alone()
 
     def kill(self, worker: int) -> None:
         try:

@@ -25,6 +25,7 @@ from envfleet.backends.channel import accept_pool, open_listener, serve_connecti
 from envfleet.backends.node_memory import NodeMemory
 from envfleet.buffers import Batch, ObjectRows, take
 from envfleet.errors import Phase
+from envfleet.group import claim_base_exceptions
 from envfleet.protocol import Command, EnvCommand, EnvFailure, Group, Reply, Rows
 from envfleet.worker import start_group
 
@@ -45,6 +46,9 @@ class GroupActor:
     """
 
     def __init__(self, options: TransportOptions, worker: int, restarts: dict[int, int]) -> None:
+        # An actor's process is a worker of its own: a KeyboardInterrupt there is an env's (the
+        # user's Ctrl-C reaches the pool's process), its failure like any other exception.
+        claim_base_exceptions()
         self.options = options
         self.worker = worker
         self.restarts = restarts

@@ -207,8 +207,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                     on_error=on_error,
                     progress=lambda text: status.update(Text(text)),
                 )
-        else:
-            report = benchmark.sweep(spec, args.num_envs, names, timing, on_error=on_error)
+        else:  # piped: a line per stage, unless asked to be quiet
+
+            def stage(text: str) -> None:
+                print(text, file=stderr.file, flush=True)
+
+            quiet = args.json or args.quiet
+            report = benchmark.sweep(
+                spec, args.num_envs, names, timing, on_error=on_error,
+                on_stage=None if quiet else stage,
+            )  # fmt: skip
     stderr, _ = progress_console(args)
     log_path = out / "bench.log"
     if captured.text:
