@@ -11,6 +11,7 @@ flags, the autoreset bookkeeping and the reply.
 Usage::
 
     python bench/group_cost.py                 # 64 envs, 15 x 0.1 s windows each
+    python bench/group_cost.py --quick         # 3 x 0.05 s windows each
     python bench/group_cost.py --num-envs 8,64 --seconds 0.2 --repeats 25
 """
 
@@ -89,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-envs", type=lambda v: [int(n) for n in v.split(",")], default=[64])
     parser.add_argument("--seconds", type=float, default=0.1, help="timed window")
     parser.add_argument("--repeats", type=int, default=15, help="windows of each")
+    parser.add_argument("--quick", action="store_true", help="3 windows of 0.05 s each")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.seconds, args.repeats = 0.05, 3
     for n in args.num_envs:
         loop, grouped = measure(n, args.seconds, args.repeats)
         extra = grouped - loop

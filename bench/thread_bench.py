@@ -295,23 +295,28 @@ def pong_stepper(index: int) -> Callable[[], int]:
     return step
 
 
-def ale_act_stepper(index: int) -> Callable[[], int]:
-    """Calls ``ALEInterface.act`` directly (one emulator frame per call; resets at game over)."""
+def _ale(seed: int, frame_skip: int = 1) -> Any:
+    """A bare ``ALEInterface`` on Pong (``frame_skip`` emulator frames per ``act``)."""
     from ale_py import ALEInterface, LoggerMode, roms
 
     ALEInterface.setLoggerMode(LoggerMode.Error)
     ale = ALEInterface()
-    ale.setInt("random_seed", index)
+    ale.setInt("random_seed", seed)
+    ale.setInt("frame_skip", frame_skip)
     ale.loadROM(roms.get_rom_path("pong"))
+    return ale
+
+
+def ale_act_stepper(index: int) -> Callable[[], int]:
+    """Calls ``ALEInterface.act`` directly (one emulator frame per call; resets at game over)."""
+    ale = _ale(index)
     moves = ale.getMinimalActionSet()
-    rng = np.random.default_rng(index)
-    actions = [moves[i] for i in rng.integers(0, len(moves), size=256)]
+    actions = [moves[i] for i in np.random.default_rng(index).integers(0, len(moves), size=256)]
     state = [0]
 
     def step() -> int:
-        k = state[0]
-        ale.act(actions[k % 256])
-        state[0] = k + 1
+        ale.act(actions[state[0] % 256])
+        state[0] += 1
         if ale.game_over():
             ale.reset_game()
         return 1
@@ -325,13 +330,7 @@ LONG_ACT_FRAMES = 2000
 
 def long_act_call() -> Callable[[], None]:
     """One ``ALEInterface.act`` call that emulates ``LONG_ACT_FRAMES`` frames (~0.1-0.3 s)."""
-    from ale_py import ALEInterface, LoggerMode, roms
-
-    ALEInterface.setLoggerMode(LoggerMode.Error)
-    ale = ALEInterface()
-    ale.setInt("random_seed", 0)
-    ale.setInt("frame_skip", LONG_ACT_FRAMES)
-    ale.loadROM(roms.get_rom_path("pong"))
+    ale = _ale(0, LONG_ACT_FRAMES)
     noop = ale.getMinimalActionSet()[0]
 
     def call() -> None:

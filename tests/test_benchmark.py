@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bench.common import Case, measure_cases
+from bench.common import Case, measure_cases, script_parser, timing_from
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
 from envfleet.spec import EnvSpec
@@ -146,3 +147,18 @@ def test_the_plot_names_what_was_skipped_or_failed_and_the_skew() -> None:
     assert benchmark.plot_label(report, "process") == "process (failed at 2)"
     notes = benchmark.report_notes(report)
     assert any("0.80 cores busy" in note and "skewed" in note for note in notes)
+
+
+def test_every_bench_script_takes_quick() -> None:
+    root = Path(__file__).resolve().parent.parent
+    scripts = {p.name: p.read_text() for p in (root / "bench").glob("*.py")}
+    scripts = {name: text for name, text in scripts.items() if "__main__" in text}
+    assert len(scripts) >= 10
+    # The shared parser's --quick, or an option of the script's own.
+    assert {
+        n for n, t in scripts.items() if "script_parser(" not in t and '"--quick"' not in t
+    } == set()
+    args = script_parser("doc", Path("x.json")).parse_args(["--quick"])
+    assert timing_from(args) == benchmark.Timing(seconds=0.5, warmup=0.3, rewarm=0.1, repeats=1)
+    args = script_parser("doc", Path("x.json")).parse_args(["--quick", "--repeats", "2"])
+    assert timing_from(args).repeats == 2 and timing_from(args, full=(1.0, 5)).seconds == 0.5
