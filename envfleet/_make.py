@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import threading
@@ -19,7 +20,7 @@ from envfleet.errors import EnvRaisedError, EnvTimeoutError, OnError, Phase, env
 from envfleet.group import Abandoned, build_within, env_errors
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
 from envfleet.protocol import EnvFailure
-from envfleet.spec import EnvSpec
+from envfleet.spec import CallerRegistry, EnvSpec
 from envfleet.tune import auto_layout, profile_env
 from envfleet.validation import bounds_nbytes
 
@@ -166,6 +167,8 @@ def make(
     can = KINDS[backend_kind].capabilities  # what it honours: asked below, never its name
     mode: AutoresetMode = _enum(AutoresetMode, autoreset_mode, "autoreset_mode")
     spec = EnvSpec.from_user(env, env_kwargs)
+    # Ids the caller registered, for factories that gymnasium.make them in fresh workers.
+    spec = dataclasses.replace(spec, caller_registry=CallerRegistry.snapshot())
     if num_envs is None:
         if spec.num_envs is None:
             raise TypeError(

@@ -49,6 +49,7 @@ from envfleet.benchmark.base import (
     cycle,
     open_vector,
     sample_actions,
+    time_calls,
 )
 from envfleet.benchmark.measure import machine_info, measure, sweep
 from envfleet.benchmark.peers import (
@@ -122,6 +123,7 @@ __all__ = [
     "sample_actions",
     "startup_table",
     "sweep",
+    "time_calls",
     "version",
     "write_json",
     "write_plot",
