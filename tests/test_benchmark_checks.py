@@ -314,3 +314,16 @@ def test_measure_table_adds_its_ratio_columns_to_the_json() -> None:
     assert 1.2 < rows["three"]["ratio_to_one"] < 8.0  # 3 steps a call, the same sleep: about 3
     assert rows["broken"] == {"error": "RuntimeError: no runner here"}
     assert "vs none" in out.getvalue()
+
+
+def test_waiting_sets_the_spin_of_workers_that_do_not_inherit_it() -> None:
+    # Under spawn a worker imports the process backend afresh: a setting made in this process
+    # alone would not reach it. Each worker sets its own while it builds its envs.
+    from bench.waiting import SpinSetting
+
+    factory = functools.partial(SpinSetting, Workload.of(FaultyEnv, 1).spec, 0.002)
+    with envfleet.make(factory, 2, backend="process", num_workers=2, context="spawn") as pool:
+        assert pool.get_attr("worker_spin_seconds") == (0.002, 0.002)
+    from envfleet.backends import process
+
+    assert process.SPIN_SECONDS == 0.0  # this process's own is untouched
