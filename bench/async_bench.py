@@ -5,11 +5,12 @@ from elsewhere on the machine hits them alike; the median window is reported):
 
 - ``heavytail``: :class:`bench.envs.HeavyTailEnv` x 32 (per-env seeded: 90% of steps
   sleep 0.2 ms, 10% sleep 5 ms). envfleet thread backend (one thread per env), process backend
-  with 4 workers, and 4 workers x 8 threads (``threads_per_worker``), each sync and async with
-  ``batch_size`` 16 and 8; PufferLib's ``Multiprocessing`` (4 workers) alike. Target: async at
-  least 1.5x the sync pool of the same layout. ``ideal`` rows step one env alone and scale it:
-  ``32 / mean step time`` (what async could reach) and ``32 / mean of the slowest of 32``
-  (what sync could reach).
+  with default settings (``defaults``: only ``batch_size`` given), with 4 workers, and 4
+  workers x 8 threads (``threads_per_worker``), each sync and async with ``batch_size`` 16 and
+  8; PufferLib's ``Multiprocessing`` (4 workers) alike. Target: async at least 1.5x the sync
+  pool of the same layout. ``ideal`` rows step one env alone and scale it: ``32 / mean step
+  time`` (what async could reach) and ``32 / mean of the slowest of 32`` (what sync could
+  reach).
 - ``cartpole``: CartPole-v1 x 64; envfleet process (2 workers), EnvPool and PufferLib
   ``Multiprocessing`` (2 workers), sync and async (batch 32).
 - ``pong``: Pong x 8; envfleet (``ALE/Pong-v5``, process with 2 workers and thread backend),
@@ -101,6 +102,7 @@ def heavytail_cases() -> list[Case]:
         Case("ideal (32 x 1 env)", IdealRunner),
         Case("for-loop", benchmark.open_loop),
         *layouts("envfleet thread", batches, ef, forks=False, backend="thread"),
+        *layouts("envfleet process defaults", batches, ef, forks=True, backend="process"),
         *layouts("envfleet process 4w", batches, ef, forks=True, backend="process", num_workers=4),
         *layouts(
             "envfleet process 4w x8t", batches, ef, forks=True, backend="process",

@@ -70,6 +70,7 @@ from bench.common import (
 from bench.envs import ENVPOOL_PONG, HeavyTailEnv, make_pong
 from envfleet.affinity import usable_cpus
 from envfleet.benchmark import Runner, RunResult, Timing, Workload
+from envfleet.benchmark.peers import QuietEnvPool
 
 Policy = Callable[[Any], Any]
 """A batch of observations (first axis: envs) -> a batch of actions."""
@@ -329,19 +330,10 @@ def open_sb3(case: RolloutWorkload, seed: int) -> Stepper:
 
 
 def _envpool(case: RolloutWorkload, batch: int, seed: int) -> Stepper:
-    import envpool
-    import gymnasium
-
     if case.envpool_task is None:
         raise ValueError(f"no EnvPool task matches {case.name}")
     n = case.workload.num_envs
-    level = gymnasium.logger.min_level
-    gymnasium.logger.min_level = gymnasium.logger.ERROR  # its spaces' dtype warnings
-    try:
-        vec = envpool.make(case.envpool_task, env_type="gymnasium", num_envs=n,
-                           batch_size=batch, seed=seed, **case.envpool_kwargs)  # fmt: skip
-    finally:
-        gymnasium.logger.min_level = level
+    vec = QuietEnvPool(case.envpool_task, n, batch_size=batch, seed=seed, **case.envpool_kwargs)
     return BatchStepper(vec, n, batch)
 
 

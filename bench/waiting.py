@@ -20,6 +20,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 import contextlib
 import functools
+import multiprocessing
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,7 +60,8 @@ class SpinSetting(gymnasium.Wrapper[Any, Any, Any, Any]):
     loop reads it once the envs are built); :attr:`worker_spin_seconds` reads it back."""
 
     def __init__(self, spec: EnvSpec, spin: float) -> None:
-        process.SPIN_SECONDS = spin
+        if multiprocessing.parent_process() is not None:  # a worker, not make()'s probe here
+            process.SPIN_SECONDS = spin
         super().__init__(spec.build())
 
     @property

@@ -27,6 +27,7 @@ from envfleet.buffers import Batch, make_reader, make_writer
 from envfleet.errors import OnError, Phase
 from envfleet.protocol import EnvFailure, Reply
 from envfleet.spec import EnvSpec
+from envfleet.validation import same_space
 
 T = TypeVar("T")
 
@@ -523,7 +524,7 @@ class EnvGroup:
             ("observation", env.observation_space, self.observation_space),
             ("action", env.action_space, self.action_space),
         ):
-            if got != expected:
+            if not same_space(got, expected):
                 env.close()
                 raise ValueError(
                     f"env {i} ({spec.name}) has {what} space {got}, but env 0's is {expected}: "

@@ -15,12 +15,15 @@ import importlib
 import importlib.util
 import inspect
 import io
+import os
 import re
 import sys
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import cloudpickle
 import gymnasium
 import numpy as np
 from gymnasium import spaces
@@ -64,6 +67,10 @@ class EnvSpec:
             builds the same env.
         per_env: one recipe per env (``env_fns``, a list of ids or a per-env ``env_kwargs``):
             env ``i`` is built by ``per_env[i]``; the other fields then describe env 0.
+        caller_registry: the caller's Gymnasium registry entries (:class:`CallerRegistry`),
+            installed in a worker before it builds an env, so that a factory calling
+            ``gymnasium.make(id)`` on an id registered in the caller (``import ale_py``,
+            ``gymnasium.register``) builds it in spawned workers and Ray actors too.
     """
 
     target: str | EnvFactory
@@ -72,6 +79,7 @@ class EnvSpec:
     wrappers: tuple[EnvWrapper, ...] = ()
     registered: Any = None
     per_env: tuple[EnvSpec, ...] = ()
+    caller_registry: CallerRegistry | None = None
 
     @classmethod
     def from_user(
@@ -166,7 +174,10 @@ class EnvSpec:
     def for_env(self, index: int) -> EnvSpec:
         """The recipe of env ``index``."""
         if self.per_env:
-            return self.per_env[index]
+            spec = self.per_env[index]
+            if spec.caller_registry is None and self.caller_registry is not None:
+                spec = dataclasses.replace(spec, caller_registry=self.caller_registry)
+            return spec
         return self
 
     @property
@@ -188,6 +199,8 @@ class EnvSpec:
         """Build one environment (env 0 of a per-env recipe); a legacy gym env comes back
         converted to Gymnasium's API."""
         env: Any
+        if self.caller_registry is not None:
+            self.caller_registry.install()
         if isinstance(self.target, str) and self.legacy_gym:
             env = as_gymnasium(_legacy_gym_make(self.target, self.kwargs))
         elif isinstance(self.target, str) and self.registered is not None:
@@ -210,6 +223,70 @@ class EnvSpec:
         for wrapper in self.wrappers:
             env = wrapper(env)
         return env  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, eq=False)
+class CallerRegistry:
+    """The Gymnasium registry entries of the process that made a pool, for its workers.
+
+    A factory may call ``gymnasium.make(id)`` on an id that the caller registered
+    (``import ale_py`` registers the ALE ids; ``gymnasium.register`` a user's): a forked worker
+    inherits them, a spawned or forkserver worker and a Ray actor do not. The entries that a
+    fresh ``import gymnasium`` does not make (any whose entry point is not Gymnasium's own) and
+    that can travel (an entry point named by a string, or a callable cloudpickle takes) go with
+    the recipe; :meth:`install` puts them in a worker's registry (the caller's entry wins over
+    one of the same id there), and never in the caller's own process.
+    """
+
+    entries: tuple[Any, ...]
+    pid: int
+
+    @classmethod
+    def snapshot(cls) -> CallerRegistry:
+        """This process's entries (cached until the registry changes)."""
+        values = tuple(gymnasium.registry.values())
+        key = tuple(map(id, values))
+        cached = _SNAPSHOT.get(key)
+        if cached is not None and cached.pid == os.getpid():
+            return cached
+        entries = tuple(spec for spec in values if not _gymnasiums_own(spec))
+        try:
+            cloudpickle.dumps(entries)
+        except Exception:  # an entry that cannot travel stays behind (the others still go)
+            entries = tuple(spec for spec in entries if _travels(spec))
+        snapshot = cls(entries, os.getpid())
+        _SNAPSHOT.clear()
+        _SNAPSHOT[key] = snapshot
+        return snapshot
+
+    def install(self) -> None:
+        """Register the caller's entries in this process (once; not in the caller's)."""
+        if self.pid == os.getpid() or self in _INSTALLED:
+            return
+        registry = gymnasium.registry
+        for spec in self.entries:
+            if registry.get(spec.id) != spec:
+                registry[spec.id] = spec
+        _INSTALLED.add(self)
+
+
+_SNAPSHOT: dict[tuple[int, ...], CallerRegistry] = {}
+_INSTALLED: weakref.WeakSet[CallerRegistry] = weakref.WeakSet()  # installed in this process
+
+
+def _gymnasiums_own(spec: Any) -> bool:
+    """An entry that ``import gymnasium`` makes in every process."""
+    entry = spec.entry_point
+    module = entry if isinstance(entry, str) else getattr(entry, "__module__", None) or ""
+    return module.startswith("gymnasium.")
+
+
+def _travels(spec: Any) -> bool:
+    try:
+        cloudpickle.dumps(spec)
+    except Exception:
+        return False
+    return True
 
 
 def _is_env_list(env: Any) -> bool:

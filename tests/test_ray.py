@@ -665,3 +665,9 @@ def test_step_before_reset_is_refused(ray_session: None) -> None:
     check_step_before_reset_is_refused(
         envfleet.make(NeedsResetEnv, 4, backend="ray", num_workers=2)
     )
+
+
+def test_ids_registered_in_the_caller_build_inside_factories(ray_session: None) -> None:
+    from tests.test_registration import check_caller_ids_inside_factories
+
+    check_caller_ids_inside_factories(backend="ray", num_workers=2)

@@ -34,23 +34,16 @@ import importlib.util
 if importlib.util.find_spec("rich") is None:  # the cli extra
     raise ImportError("envfleet.benchmark needs rich: pip install 'envfleet[cli]'", name="rich")
 
-from envfleet.benchmark.bare import BARE_POOL, BarePool, open_bare_pool
+from envfleet.benchmark.bare import BARE_POOL, open_bare_pool
 from envfleet.benchmark.base import (
-    CEILING,
     FAILED,
     LOOP,
-    NOT_INSTALLED,
     OK,
-    PARTIAL,
-    SKIPPED,
-    UNAVAILABLE,
-    UNSUPPORTED,
     CallRunner,
     OtherLoad,
     Runner,
     RunResult,
     Skipped,
-    StartupTimeout,
     Timing,
     Workload,
     cycle,
@@ -58,10 +51,9 @@ from envfleet.benchmark.base import (
     sample_actions,
     time_calls,
 )
-from envfleet.benchmark.measure import PACKAGES, machine_info, measure, open_bounded, sweep
+from envfleet.benchmark.measure import machine_info, measure, sweep
 from envfleet.benchmark.peers import (
     ale_vector_options,
-    envpool_id,
     open_ale_vector,
     open_envpool,
     open_pufferlib,
@@ -69,7 +61,6 @@ from envfleet.benchmark.peers import (
     version,
 )
 from envfleet.benchmark.registry import (
-    ALIASES,
     RUNNERS,
     Availability,
     RunnerKind,
@@ -86,36 +77,21 @@ from envfleet.benchmark.report import (
     write_plot,
 )
 from envfleet.benchmark.runners import (
-    CEILING_TIMEOUT,
-    CeilingRunner,
     ParallelRunner,
     envfleet_opener,
-    open_ceiling,
     open_envfleet,
     open_gym_async,
-    open_gym_sync,
     open_loop,
 )
 
 __all__ = [
-    "ALIASES",
     "BARE_POOL",
-    "CEILING",
-    "CEILING_TIMEOUT",
     "FAILED",
     "LOOP",
-    "NOT_INSTALLED",
     "OK",
-    "PACKAGES",
-    "PARTIAL",
     "RUNNERS",
-    "SKIPPED",
-    "UNAVAILABLE",
-    "UNSUPPORTED",
     "Availability",
-    "BarePool",
     "CallRunner",
-    "CeilingRunner",
     "OtherLoad",
     "ParallelRunner",
     "Report",
@@ -123,24 +99,19 @@ __all__ = [
     "Runner",
     "RunnerKind",
     "Skipped",
-    "StartupTimeout",
     "Timing",
     "Workload",
     "ale_vector_options",
     "availability",
     "cycle",
     "envfleet_opener",
-    "envpool_id",
     "machine_info",
     "measure",
     "open_ale_vector",
     "open_bare_pool",
-    "open_bounded",
-    "open_ceiling",
     "open_envfleet",
     "open_envpool",
     "open_gym_async",
-    "open_gym_sync",
     "open_loop",
     "open_pufferlib",
     "open_sb3",

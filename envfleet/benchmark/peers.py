@@ -66,7 +66,7 @@ def _envpool_check(spec: EnvSpec) -> str | None:
     return None if envpool_id(spec) is not None else f"EnvPool does not ship {spec.name}"
 
 
-class _QuietEnvPool:
+class QuietEnvPool:
     """EnvPool's env with Gymnasium's warnings off while it is open (it rebuilds its
     observation space on every step, and Gymnasium warns about the bounds' dtype)."""
 
@@ -109,7 +109,7 @@ def open_envpool(
     batch = {"batch_size": batch_size} if batch_size else {}
     return open_vector(
         "envpool",
-        lambda: _QuietEnvPool(shipped, n, seed=timing.seed, **batch, **options),
+        lambda: QuietEnvPool(shipped, n, seed=timing.seed, **batch, **options),
         timing,
         batch=batch_size,
         reset=lambda vec: vec.reset() if batch_size in (None, n) else vec.async_reset(),
