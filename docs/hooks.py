@@ -19,7 +19,8 @@ def _autoref(match: re.Match[str]) -> str:
     name = match.group("name")
     identifier = name if name.startswith("envfleet") else f"envfleet.{name}"
     shown = html.escape(name.rsplit(".", 1)[-1] if match.group(0).count("~") else name)
-    return f'<autoref identifier="{html.escape(identifier)}" optional><code>{shown}</code></autoref>'
+    attrs = f'identifier="{html.escape(identifier)}" optional'
+    return f"<autoref {attrs}><code>{shown}</code></autoref>"
 
 
 def on_page_content(html_text: str, **kwargs: Any) -> str:
