@@ -34,7 +34,7 @@ T = TypeVar("T")
 RESTARTED = "envfleet/restarted"
 """Info key set on the result that reports an env's restart."""
 
-BATCHED_MIN_ENVS = 8
+BATCHED_MIN_ENVS = 12
 """Groups stepping at least this many envs write their results with one assignment per field;
 smaller ones env by env, which costs less below it (numpy's fixed cost per assignment)."""
 
