@@ -304,6 +304,62 @@ def test_results_are_not_overwritten_by_later_steps(backend: str) -> None:
         np.testing.assert_array_equal(held_rewards, held_rewards_copy)
 
 
+class FramesEnv(gymnasium.Env[np.ndarray, np.int64]):
+    """Frames large enough (8 x 12 KB) for the pool to copy them into memory it handed out
+    before: the step count in every pixel."""
+
+    def __init__(self) -> None:
+        self.observation_space = gymnasium.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+        self.action_space = gymnasium.spaces.Discrete(2)
+        self.t = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.t = 0 if seed is None else seed
+        return np.full((64, 64, 3), self.t % 256, np.uint8), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        return np.full((64, 64, 3), self.t % 256, np.uint8), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("batch_size", [8, 4])
+def test_large_observations_reuse_only_memory_nobody_holds(backend: str, batch_size: int) -> None:
+    """Observations the caller holds in any way (a variable, a list, a view of one) never
+    change, though those it dropped lend their memory to later steps (issue 23; the reuse
+    itself: ``tests/test_buffers.py``)."""
+    n = 8
+    with envfleet.make(FramesEnv, n, backend=backend, batch_size=batch_size, seed=0) as pool:
+        obs, _ = pool.reset()
+        pool.send(np.zeros(n, dtype=np.int64))
+        held: list[tuple[np.ndarray, np.ndarray]] = []
+        view = None
+        steps = np.zeros(n, dtype=np.int64)
+        for t in range(12):
+            obs, _, _, _, infos = pool.recv()
+            ids = infos["env_id"]
+            steps[ids] += 1
+            values = (ids + steps[ids]) % 256  # env i starts at its seed, i
+            np.testing.assert_array_equal(
+                obs, np.broadcast_to(values[:, None, None, None], obs.shape)
+            )
+            if t % 3 == 0:
+                held.append((obs, obs.copy()))
+            if t == 4:
+                view = (obs[1], obs[1].copy())
+            pool.send(np.zeros(batch_size, dtype=np.int64), ids)
+            del obs
+        for kept, copied in held:
+            np.testing.assert_array_equal(kept, copied)
+        assert view is not None
+        np.testing.assert_array_equal(view[0], view[1])
+        pool.recv()
+        if batch_size < n:
+            pool.recv()
+
+
 def test_copy_false_returns_the_batch_arrays_themselves(backend: str) -> None:
     """Same values as copies; the arrays are the pool's own, which the next step overwrites."""
     actions = np.ones(NUM_ENVS, dtype=np.int64)

@@ -311,3 +311,48 @@ def _options(cluster: Cluster) -> Any:
         autoreset_mode=AutoresetMode.NEXT_STEP,
     )
     return node_options(options, [0])
+
+
+@pytest.fixture
+def spare_node(cluster: Cluster) -> Iterator[Any]:
+    """A node of its own for a test to remove (added back as it was after)."""
+    node = cluster.add_node(**NODE)
+    cluster.wait_for_nodes()
+    yield node
+    if node in cluster.worker_nodes:
+        cluster.remove_node(node)
+
+
+def test_node_removed_mid_run_restarts_its_envs_elsewhere(
+    cluster: Cluster, spare_node: Any
+) -> None:
+    """The node is killed without warning: its envs are rebuilt on a surviving node, flagged
+    restarted, and the run goes on."""
+    with envfleet.make(
+        "CartPole-v1",
+        NUM_ENVS,
+        backend="ray",
+        num_workers=2,
+        nodes=[cluster.head_node.node_id, spare_node.node_id],
+        seed=0,
+        on_error="restart",
+    ) as pool:
+        pool.reset()
+        actions = np.ones(NUM_ENVS, dtype=np.int64)
+        pool.step(actions)
+        lost = np.array(pool._transport.node_ids()) == spare_node.node_id
+        lost_envs = np.zeros(NUM_ENVS, dtype=bool)
+        lost_envs[[i for w in np.flatnonzero(lost) for i in pool._assignment[w]]] = True
+        cluster.remove_node(spare_node, allow_graceful=False)
+        restarted = np.zeros(NUM_ENVS, dtype=bool)
+        start = time.monotonic()
+        while not (restarted == lost_envs).all() and time.monotonic() - start < 60:
+            _, _, _, truncations, infos = pool.step(actions)
+            if "envfleet/restarted" in infos:
+                now = infos["_envfleet/restarted"]
+                assert truncations[now].all()
+                restarted |= now
+        assert (restarted == lost_envs).all(), f"restarted {restarted}, expected {lost_envs}"
+        assert spare_node.node_id not in pool._transport.node_ids()
+        for _ in range(3):
+            pool.step(actions)

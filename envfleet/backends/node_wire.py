@@ -22,6 +22,7 @@ commands (:func:`row_ids`); a step's actions travel the same way. Spaces that ar
 
 from __future__ import annotations
 
+import math
 import pickle
 import struct
 from collections.abc import Iterable, Sequence
@@ -73,9 +74,10 @@ def unpack(
     if n == 0:
         return at
     for field in fields:
-        count = n * int(np.prod(field.shape[1:], dtype=np.int64))
-        field[sel] = np.frombuffer(data, field.dtype, count, at).reshape((n, *field.shape[1:]))
-        at += count * field.dtype.itemsize
+        shape = field.shape[1:]
+        count = n * math.prod(shape)
+        field[sel] = np.frombuffer(data, field.dtype, count, at).reshape((n, *shape))
+        at += count * field.itemsize
     return at
 
 

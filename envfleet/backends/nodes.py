@@ -55,6 +55,11 @@ from envfleet.buffers import Batch, ObjectRows
 from envfleet.errors import EnvError, EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Command, Reply
 
+START_ATTEMPTS = 5
+START_BACKOFF = 0.5
+"""An agent that dies before it has started (placed on a node that just died) is replaced, up to
+this many agents in all, ``START_BACKOFF`` seconds later and twice as long each time."""
+
 CONNECT_TIMEOUT = 30.0
 """Seconds the pool gives an agent's socket to accept it and prove the key."""
 
@@ -126,6 +131,7 @@ class _Node:
         default_factory=dict
     )  # the rows of a plain answer, by the commands it answers (the same objects each step)
     why: str = ""  # why it was lost
+    spawned: tuple[dict[int, int], bool] = ({}, False)  # the restarts and affinity it got
     rebuilt: dict[int, dict[int, int]] = field(default_factory=dict)  # by a new agent
     messages: int = 0
     bytes_in: int = 0
@@ -178,6 +184,7 @@ class NodeTransport:
     # -- starting agents -----------------------------------------------------------------------
 
     def _spawn(self, node: _Node, restarts: dict[int, int], soft: bool) -> None:
+        node.spawned = (restarts, soft)
         strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=soft)
         node.agent = self._agent_cls.options(
             max_concurrency=1, max_restarts=0, scheduling_strategy=strategy, **self._resources
@@ -192,17 +199,29 @@ class NodeTransport:
         deadline = time.monotonic() + timeout
         started = [(node, node.agent.start.remote(self._authkey)) for node in nodes]
         for node, ref in started:
-            try:
-                error, node_id, host, port, pid = ray.get(
-                    ref, timeout=max(0.0, deadline - time.monotonic())
-                )
-            except GetTimeoutError as exc:
-                self._kill_agent(node)
-                raise self._start_failed(
-                    node, f"did not start within start_timeout={timeout:g}s", EnvTimeoutError
-                ) from exc
-            except RayError as exc:
-                raise self._start_failed(node, f"died while starting: {exc}") from exc
+            delay = START_BACKOFF
+            for attempt in range(1, START_ATTEMPTS + 1):
+                try:
+                    error, node_id, host, port, pid = ray.get(
+                        ref, timeout=max(0.0, deadline - time.monotonic())
+                    )
+                    break
+                except GetTimeoutError as exc:
+                    self._kill_agent(node)
+                    raise self._start_failed(
+                        node, f"did not start within start_timeout={timeout:g}s", EnvTimeoutError
+                    ) from exc
+                except RayError as exc:
+                    # Placed on a node that died (Ray may not know it dead yet): another agent.
+                    if attempt == START_ATTEMPTS:
+                        raise self._start_failed(
+                            node, f"died while starting ({attempt} agents in a row): {exc}"
+                        ) from exc
+                    time.sleep(delay)
+                    delay *= 2
+                    restarts, _ = node.spawned
+                    self._spawn(node, restarts, soft=True)
+                    ref = node.agent.start.remote(self._authkey)
             if error is not None:
                 self._kill_agent(node)
                 if isinstance(error, EnvError):
