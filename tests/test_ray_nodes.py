@@ -356,3 +356,42 @@ def test_node_removed_mid_run_restarts_its_envs_elsewhere(
         assert spare_node.node_id not in pool._transport.node_ids()
         for _ in range(3):
             pool.step(actions)
+
+
+def test_call_get_attr_set_attr_across_nodes(cluster: Cluster) -> None:
+    """Values per env come back in env order from every node, as from SyncVectorEnv."""
+    fns = [
+        functools.partial(gymnasium.make, "CartPole-v1", max_episode_steps=10 + i)
+        for i in range(NUM_ENVS)
+    ]
+    reference = SyncVectorEnv(fns)
+    with envfleet.make(fns, backend="ray", num_workers=3, nodes=all_nodes(cluster)) as pool:
+        want = reference.get_attr("spec")
+        got = pool.get_attr("spec")
+        assert [s.max_episode_steps for s in got] == [s.max_episode_steps for s in want]
+        pool.set_attr("marker", list(range(100, 100 + NUM_ENVS)))
+        assert list(pool.get_attr("marker")) == list(range(100, 100 + NUM_ENVS))
+        pool.reset(seed=5)
+        reference.reset(seed=5)
+        assert pool.call("get_wrapper_attr", "np_random_seed") == reference.call(
+            "get_wrapper_attr", "np_random_seed"
+        )
+    reference.close()
+
+
+def broken_on_env_4(i: int) -> gymnasium.Env[Any, Any]:
+    if i == 4:
+        raise ValueError("env 4 cannot be built")
+    return gymnasium.make("CartPole-v1")
+
+
+def test_an_env_that_cannot_be_built_names_itself_and_leaves_nothing(cluster: Cluster) -> None:
+    """The env's own error, naming env 4 and the pool's worker (not the agent's own index);
+    the other nodes' agents and workers are stopped (the leak check)."""
+    fns = [functools.partial(broken_on_env_4, i) for i in range(NUM_ENVS)]
+    fns[0] = lambda: gymnasium.make("CartPole-v1")  # the probe builds env 0 in this process
+    with pytest.raises(ValueError, match="env 4 cannot be built") as info:
+        envfleet.make(fns, backend="ray", num_workers=3, nodes=all_nodes(cluster))
+    error = info.value
+    assert isinstance(error, envfleet.EnvError)
+    assert error.env_index == 4 and error.worker == 2 and error.phase is envfleet.Phase.MAKE

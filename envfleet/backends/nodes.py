@@ -49,10 +49,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import RayOptions, TransportOptions, WorkerLost, deliver
 from envfleet.backends.channel import _io_timeout
-from envfleet.backends.node_agent import NodeAgent, node_options
+from envfleet.backends.node_agent import NodeAgent, node_options, rebuild
 from envfleet.backends.ray import _connect, _disconnect
 from envfleet.buffers import Batch, ObjectRows
-from envfleet.errors import EnvError, EnvTimeoutError, Phase, WorkerDiedError
+from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Command, Reply
 
 START_ATTEMPTS = 5
@@ -224,9 +224,7 @@ class NodeTransport:
                     ref = node.agent.start.remote(self._authkey)
             if error is not None:
                 self._kill_agent(node)
-                if isinstance(error, EnvError):
-                    error.worker = node.workers[error.worker]  # the agent's index: the pool's
-                raise error
+                raise rebuild(error, node.workers, self._options.spec.name)
             node.node_id, node.host, node.pid = node_id, host, pid
             node.serving = node.agent.serve.remote()
             try:
@@ -496,9 +494,7 @@ class NodeTransport:
         node.conn.send_bytes(wire.header(wire.RESTART, (local, restarts)))
         error = self._ack(node)
         if error is not None:
-            if isinstance(error, EnvError):
-                error.worker = worker
-            raise error
+            raise rebuild(error, node.workers, self._options.spec.name)
 
     def _ack(self, node: _Node) -> Any:
         """Read ``node``'s messages up to its acknowledgement (the others wait for ``wait``)."""
