@@ -203,6 +203,8 @@ class _Server:
             except EnvError as exc:
                 error = portable(exc)
             self.conn.send_bytes(wire.header(wire.ACK, error))
+        elif tag == wire.KILL:
+            self.local.kill(message[1] << 8 | message[2])
         elif tag == wire.CLOSE:
             self.local.close(5.0)
             self.conn.send_bytes(wire.header(wire.ACK, None))

@@ -17,7 +17,7 @@ stranger without it is dropped). The pool's workers are laid over the nodes in c
 so a node's envs are consecutive rows: its rows arrive as the raw bytes of each field and are
 written with ``np.frombuffer`` and one slice assignment, with no Python per env.
 
-A node whose agent dies (or is killed for hanging past ``step_timeout``) loses all its
+A node whose agent dies (or is killed: it did not stop a hung worker when asked) loses all its
 workers: each is reported lost (:class:`~envfleet.backends.base.WorkerLost` naming the node).
 Under ``on_error="restart"`` the first restart asks for a new agent, on the same node when Ray
 still has it, else wherever Ray finds room, which builds all that node's envs restarted.
@@ -59,6 +59,10 @@ START_ATTEMPTS = 5
 START_BACKOFF = 0.5
 """An agent that dies before it has started (placed on a node that just died) is replaced, up to
 this many agents in all, ``START_BACKOFF`` seconds later and twice as long each time."""
+
+KILL_GRACE = 2.0
+"""Seconds an agent has to report lost a worker the pool asked it to kill, before the pool
+kills the agent itself (it does not answer: stopped, or its node is gone)."""
 
 CONNECT_TIMEOUT = 30.0
 """Seconds the pool gives an agent's socket to accept it and prove the key."""
@@ -132,6 +136,7 @@ class _Node:
     )  # the rows of a plain answer, by the commands it answers (the same objects each step)
     why: str = ""  # why it was lost
     spawned: tuple[dict[int, int], bool] = ({}, False)  # the restarts and affinity it got
+    killing: dict[int, float] = field(default_factory=dict)  # local worker: agent's deadline
     rebuilt: dict[int, dict[int, int]] = field(default_factory=dict)  # by a new agent
     messages: int = 0
     bytes_in: int = 0
@@ -192,6 +197,7 @@ class NodeTransport:
         node.inflight = [deque() for _ in node.workers]
         node.last = None
         node.actions = None
+        node.killing = {}
 
     def _await(self, nodes: Sequence[_Node]) -> None:
         """Wait until each of ``nodes`` has started its workers, then connect to it."""
@@ -354,6 +360,8 @@ class NodeTransport:
                 if ready is not None and ready.alive:
                     self._read(ready, replies)
             for node in self._nodes:
+                if node.killing and node.alive:
+                    self._check_kills(node, replies)
                 if not node.alive and not node.lost:
                     self._report_lost(node, replies)
             if len(replies) >= want or timeout == 0:
@@ -455,9 +463,29 @@ class NodeTransport:
     # -- killing and restarting ----------------------------------------------------------------
 
     def kill(self, worker: int) -> None:
-        """Kill the agent of ``worker``'s node (a hung worker or agent): the whole node is lost."""
-        node, _ = self._where[worker]
-        self._lose(node, "killed: a worker of it owed a reply past step_timeout")
+        """Have ``worker``'s agent kill it (it hangs); should the agent not report it lost
+        within :data:`KILL_GRACE` (the agent hangs too), the agent is killed: its whole node is
+        lost."""
+        node, local = self._where[worker]
+        if not node.alive:
+            return
+        try:
+            assert node.conn is not None
+            node.conn.send_bytes(wire.KILL + bytes([local >> 8, local & 0xFF]))
+        except OSError:
+            self._lose(node, "its connection broke")
+            return
+        node.killing.setdefault(local, time.monotonic() + KILL_GRACE)
+
+    def _check_kills(
+        self, node: _Node, replies: list[tuple[int, Reply | WorkerLost | None]]
+    ) -> None:
+        """Forget the kills the agent reported; kill the agent past the grace of one."""
+        reported = {w for w, r in replies if isinstance(r, WorkerLost)}
+        for local in [k for k in node.killing if node.workers[k] in reported]:
+            del node.killing[local]
+        if node.killing and time.monotonic() > min(node.killing.values()):
+            self._lose(node, f"killed: it did not stop a hung worker within {KILL_GRACE:g}s")
 
     def _kill_agent(self, node: _Node) -> None:
         if node.agent is not None:
