@@ -10,6 +10,7 @@ import os
 import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -163,6 +164,18 @@ def test_piped_runs_print_a_progress_line_every_interval() -> None:
     stages = StageLog(Console(file=quiet), interval=3600.0)
     stages.progress(lambda: "never")
     assert quiet.getvalue() == ""
+
+
+def test_a_progress_line_comes_an_interval_after_the_last_stage_line() -> None:
+    """A start-up longer than the interval (a Ray to start) does not bring a progress line at
+    the first step: the interval counts from the ``started`` line."""
+    buffer = io.StringIO()
+    stages = StageLog(Console(file=buffer, width=200), interval=60.0)
+    stages.progress(lambda: "too soon")  # the interval counts from the log's start too
+    stages._next_progress = time.perf_counter()  # as after a start-up longer than the interval
+    stages.line("started")
+    stages.progress(lambda: "too soon")
+    assert buffer.getvalue() == "envfleet: started\n"
 
 
 # -- --help without the cli extra ----------------------------------------------------------------

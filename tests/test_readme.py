@@ -40,7 +40,7 @@ import json, sys, traceback
 blocks = json.load(sys.stdin)
 for name, source in blocks:
     try:
-        exec(compile(source, name, "exec"), {"__name__": "__readme__"})
+        exec(compile(source, name, "exec"), {"__name__": "__main__"})  # as a script runs
     except BaseException:
         print(json.dumps({"block": name, "error": traceback.format_exc()}), flush=True)
     else:

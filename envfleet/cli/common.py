@@ -207,6 +207,8 @@ class StageLog:
         self._next_progress = time.perf_counter() + interval
 
     def line(self, text: str) -> None:
+        """Print a stage line; the next progress line comes :attr:`interval` seconds after it."""
+        self._next_progress = time.perf_counter() + self.interval
         if self.enabled:
             self.console.print(f"{PROG}: {text}", markup=False, highlight=False, soft_wrap=True)
             self.console.file.flush()

@@ -356,7 +356,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             tables.append(_stats_table(stats, synchronous=summary["batch_size"] == args.num_envs))
         print_whole(console, *tables)
     if result.interrupted:
-        stderr.print(f"{PROG}: interrupted after {result.steps:,} steps")
+        if not stages.enabled:  # else the "interrupted" stage line said it
+            stderr.print(f"{PROG}: interrupted after {result.steps:,} steps")
         return EXIT_INTERRUPTED
     return EXIT_OK
 
