@@ -56,6 +56,7 @@ from envfleet.backends.channel import (
     serve_pipes,
     write_all,
 )
+from envfleet.backends.shm import batch_allocator
 from envfleet.buffers import SharedBatch
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.group import claim_base_exceptions
@@ -176,8 +177,9 @@ class ProcessTransport:
 
     def __init__(self, options: TransportOptions) -> None:
         self._ctx = multiprocessing.get_context(options.context)
+        spaces = options.observation_space, options.action_space, options.num_envs
         self._shared: SharedBatch | None = SharedBatch.allocate(
-            options.observation_space, options.action_space, options.num_envs, self._ctx
+            *spaces, batch_allocator(self._ctx, SharedBatch.nbytes(*spaces))
         )
         self.batch = self._shared.views()
         self._ends: list[tuple[Connection, Connection]] = []  # (command writer, reply reader)
