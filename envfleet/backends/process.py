@@ -27,6 +27,7 @@ dropped); a worker whose parent dies sees EOF on its command pipe, is killed by 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import multiprocessing
@@ -39,9 +40,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from types import FrameType
 from typing import Any
 
 import cloudpickle
@@ -200,8 +202,9 @@ class ProcessTransport:
         self._options = options
         self._options_blob = cloudpickle.dumps(options)
         try:
-            for worker in range(len(options.assignment)):
-                self._start(worker, {})
+            with sigint_held():
+                for worker in range(len(options.assignment)):
+                    self._start(worker, {})
             self._await_start(range(len(options.assignment)))
         except BaseException:
             self.close(1.0)
@@ -309,7 +312,8 @@ class ProcessTransport:
         for end in self._ends[worker]:
             end.close()
         old_proc.close()
-        self._start(worker, restarts)
+        with sigint_held():
+            self._start(worker, restarts)
         self._await_start([worker])
 
     def _read(self, worker: int, out: list[Reply | None]) -> bool:
@@ -563,6 +567,34 @@ class ProcessTransport:
                     end.close()
             self._alive = [False] * len(self._alive)
             self._shared = None
+
+
+@contextlib.contextmanager
+def sigint_held() -> Iterator[None]:
+    """Hold a Ctrl-C that lands in the block and deliver it after, to the handler it was for.
+
+    Python runs its fork hooks (``threading``'s, ``logging``'s, anyone's) with any exception of
+    theirs "ignored": a KeyboardInterrupt raised by a Ctrl-C landing in one is printed and
+    dropped, and the program goes on. Workers are started in this block, where the SIGINT
+    handler only notes the signal; the caller's handler runs once they are all recorded, so the
+    pool can stop them. (A signal mask would not do: the kernel may hand SIGINT to another
+    thread, and Python runs the handler on the main thread, in a fork hook all the same.)
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python's handlers run on the main thread only: not in this thread's fork hooks
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    if not callable(handler):  # SIG_IGN, SIG_DFL, or not set from Python
+        yield
+        return
+    held: list[FrameType | None] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        if held:
+            handler(signal.SIGINT, held[0])
 
 
 def _retry_eintr(poll: Any, ms: int | None) -> list[tuple[int, int]]:
