@@ -237,6 +237,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise
         except (ValueError, TypeError) as exc:  # envfleet.make's checks on its arguments
             raise UsageError(str(exc)) from exc
+        if args.address is not None:  # say which cluster "auto" (or an address) found
+            from envfleet.backends.ray import describe_cluster
+
+            stderr.print(f"{PROG}: joined {describe_cluster()}")
         with pool:
             if policy is None:
                 if pool.batch_size == pool.num_envs:
