@@ -3,13 +3,14 @@
 Workloads (each a table; every runner's windows are interleaved with the others', so that load
 from elsewhere on the machine hits them alike; the median window is reported):
 
-- ``heavytail``: :class:`bench.async_envs.HeavyTailEnv` x 32 (per-env seeded: 90% of steps
+- ``heavytail``: :class:`bench.envs.HeavyTailEnv` x 32 (per-env seeded: 90% of steps
   sleep 0.2 ms, 10% sleep 5 ms). envfleet thread backend (one thread per env), process backend
-  with 4 workers, and 4 workers x 8 threads (``threads_per_worker``), each sync and async with
-  ``batch_size`` 16 and 8; PufferLib's ``Multiprocessing`` (4 workers) alike. Target: async at
-  least 1.5x the sync pool of the same layout. ``ideal`` rows step one env alone and scale it:
-  ``32 / mean step time`` (what async could reach) and ``32 / mean of the slowest of 32``
-  (what sync could reach).
+  with default settings (``defaults``: only ``batch_size`` given), with 4 workers, and 4
+  workers x 8 threads (``threads_per_worker``), each sync and async with ``batch_size`` 16 and
+  8; PufferLib's ``Multiprocessing`` (4 workers) alike. Target: async at least 1.5x the sync
+  pool of the same layout. ``ideal`` rows step one env alone and scale it: ``32 / mean step
+  time`` (what async could reach) and ``32 / mean of the slowest of 32`` (what sync could
+  reach).
 - ``cartpole``: CartPole-v1 x 64; envfleet process (2 workers), EnvPool and PufferLib
   ``Multiprocessing`` (2 workers), sync and async (batch 32).
 - ``pong``: Pong x 8; envfleet (``ALE/Pong-v5``, process with 2 workers and thread backend),
@@ -24,8 +25,6 @@ Usage::
     python bench/async_bench.py                  # everything: 3 x 3 s windows, about 7 minutes
     python bench/async_bench.py --quick          # smoke run: 1 x 0.5 s window, about 1 minute
     python bench/async_bench.py --workloads heavytail --seconds 5 --repeats 5
-
-The cases are measured by :mod:`envfleet.benchmark` (:mod:`envfleet.benchmark.cases`).
 """
 
 from __future__ import annotations
@@ -44,36 +43,32 @@ from typing import Any
 
 from rich.console import Console
 
-from bench.async_envs import HeavyTailEnv, expected_step_s
-from envfleet import benchmark
-from envfleet.benchmark import Timing, Workload
-from envfleet.benchmark.cases import (
+from bench.common import (
+    RESULTS,
     Case,
+    IdealRunner,
+    add_choice,
+    add_ratios,
+    layouts,
     measure_cases,
     median_of,
+    own_sync_column,
+    print_machine,
+    progress,
     ratio,
     results_table,
     save_json,
     script_parser,
-    timing_from,
-)
-from envfleet.benchmark.scripts import (
-    IdealRunner,
-    add_choice,
-    add_ratios,
-    ideal_info,
-    layouts,
-    open_envfleet,
-    open_envpool_by_batch,
-    open_pufferlib_by_batch,
-    own_sync_column,
-    print_machine,
+    session,
     target,
-    version,
+    timing_from,
     versus,
 )
+from bench.envs import HeavyTailEnv, expected_step_s
+from envfleet import benchmark
+from envfleet.affinity import usable_cpus
+from envfleet.benchmark import Timing, Workload, open_envfleet
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ASYNC_TARGET = 1.5
 
 
@@ -93,12 +88,21 @@ class Scenario:
     reference: str
 
 
+def open_envpool_by_batch(workload: Workload, timing: Timing, **kw: Any) -> benchmark.Runner:
+    """EnvPool with a thread per usable core (its pool's size otherwise)."""
+    return benchmark.open_envpool(workload, timing, num_threads=len(usable_cpus()), **kw)
+
+
+open_pufferlib_by_batch = benchmark.open_pufferlib
+
+
 def heavytail_cases() -> list[Case]:
     batches, ef = (16, 8), open_envfleet
     return [
         Case("ideal (32 x 1 env)", IdealRunner),
         Case("for-loop", benchmark.open_loop),
         *layouts("envfleet thread", batches, ef, forks=False, backend="thread"),
+        *layouts("envfleet process defaults", batches, ef, forks=True, backend="process"),
         *layouts("envfleet process 4w", batches, ef, forks=True, backend="process", num_workers=4),
         *layouts(
             "envfleet process 4w x8t", batches, ef, forks=True, backend="process",
@@ -175,8 +179,8 @@ SCENARIOS: dict[str, Scenario] = {
 def run_scenario(scenario: Scenario, timing: Timing, console: Console) -> dict[str, Any]:
     cases = scenario.cases()
     workload = Workload.of(scenario.env, scenario.num_envs)
-    with console.status(f"{scenario.name}: {len(cases)} runners ..."):
-        results = measure_cases(cases, workload, timing, console)
+    with progress(console, f"{scenario.name}: {len(cases)} runners") as hooks:
+        results = measure_cases(cases, workload, timing, console, **hooks)
     reference = median_of(results, scenario.reference)
     title = (
         f"{scenario.title} ({timing.repeats} x {timing.seconds:g} s, median; "
@@ -194,7 +198,8 @@ def run_scenario(scenario: Scenario, timing: Timing, console: Console) -> dict[s
         if case.name.startswith("envfleet") and scenario.name == "heavytail":
             met = target(console, f"{case.name} / sync", value, ASYNC_TARGET, end="")["met"]
             verdicts.append({"runner": case.name, "async_over_sync": value, "meets_target": met})
-    ideal = ideal_info(results, "ideal (32 x 1 env)")
+    row = results.get("ideal (32 x 1 env)")
+    ideal = row.info if isinstance(row, benchmark.RunResult) else {}
     if "ideal_sync_steps_per_s" in ideal:
         console.print(
             f"ideal: async {median_of(results, 'ideal (32 x 1 env)'):,.0f} steps/s (32 / "
@@ -220,39 +225,18 @@ def main(argv: list[str] | None = None) -> int:
     timing = timing_from(args)
     # EnvPool's spaces: "Box low's precision lowered by casting to float32".
     warnings.filterwarnings("ignore", message=".*precision lowered.*")
-    console = Console(width=max(Console().width, 140))
-    report: dict[str, Any] = {
-        "machine": print_machine(console, ("envpool", "pufferlib-core", "pufferlib")),
-        "timing": timing.as_dict(),
-        "unit": "env-steps per second (Pong: agent steps, 4 frames each)",
-        "installs": install_notes(),
-        "workloads": {
-            name: run_scenario(SCENARIOS[name], timing, console) for name in args.workloads
-        },
-    }
+    with session(args.json, width=140) as console:
+        report: dict[str, Any] = {
+            "machine": print_machine(console, ("envpool", "pufferlib-core", "pufferlib")),
+            "timing": timing.as_dict(),
+            "unit": "env-steps per second (Pong: agent steps, 4 frames each)",
+            "installs": {"pufferlib": "pufferlib-core with pip install --no-deps (it pins torch)"},
+            "workloads": {
+                name: run_scenario(SCENARIOS[name], timing, console) for name in args.workloads
+            },
+        }
     save_json(args.json, report, console)
     return 0
-
-
-def install_notes() -> dict[str, str]:
-    """What was found installing the libraries compared against (for the JSON)."""
-    notes = {}
-    notes["envpool"] = (
-        f"installed {version('envpool')} (pip install envpool: manylinux wheel)"
-        if version("envpool")
-        else "not installed: pip install envpool"
-    )
-    puffer = version("pufferlib-core") or version("pufferlib")
-    notes["pufferlib"] = (
-        f"installed pufferlib-core {puffer} with --no-deps (it pins torch==2.9.0; torch "
-        f"{version('torch')} was kept). pufferlib 3.0.0 itself does not install here: its sdist "
-        "downloads raylib from GitHub while building, and only PyPI is reachable"
-        if puffer
-        else "does not install here: pufferlib 3.0.0 is an sdist whose build downloads raylib "
-        "from GitHub (no network but PyPI); pufferlib-core pins torch==2.9.0 "
-        "(install it with pip install --no-deps pufferlib-core)"
-    )
-    return notes
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Runners (random actions, after warm-up; timed windows interleaved across runners so that a
 change in the machine's load hits them all; the median window is reported):
 
-- ``naive-ray``, ``batched-ray``: plain Ray patterns (:mod:`envfleet.benchmark.ray_patterns`):
+- ``naive-ray``, ``batched-ray``: plain Ray patterns (below):
   one actor per env and a call per env step; the envs split by hand over one actor per usable
   core, a call per actor stepping all of its envs (what envfleet's ray backend automates);
 - ``envfleet-ray``: ``envfleet.make(..., backend="ray")`` joining the Ray this script started
@@ -32,34 +32,113 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import argparse
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import ray
+import gymnasium
+import numpy as np
 from rich.console import Console
 
 from bench import envs
-from envfleet import benchmark
-from envfleet.benchmark import Runner, Timing, Workload, ray_patterns
-from envfleet.benchmark.cases import (
+from bench.common import (
+    RESULTS,
     Case,
+    Versus,
+    add_choice,
+    measure_table,
     median_of,
+    print_machine,
     ratio,
     save_json,
     script_parser,
+    session,
+    target,
     timing_from,
 )
-from envfleet.benchmark.scripts import Versus, add_choice, measure_table, print_machine, target
+from envfleet import benchmark
+from envfleet.affinity import usable_cpus
+from envfleet.benchmark import CallRunner, Runner, Timing, Workload, cycle, sample_actions
+from envfleet.spec import EnvSpec
 
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "ray.json"
+DEFAULT_JSON = RESULTS / "ray.json"
+
+
+def _step_env(env: gymnasium.Env[Any, Any], action: Any) -> tuple[Any, float, bool, bool]:
+    """One step, resetting an env whose episode ended (as the vector envs do)."""
+    obs, reward, terminated, truncated, _ = env.step(action)
+    if terminated or truncated:
+        obs, _ = env.reset()
+    return obs, float(reward), bool(terminated), bool(truncated)
+
+
+class BatchActor:
+    """Several envs (or one: the naive pattern) per actor, stepped in one call."""
+
+    def __init__(self, spec: EnvSpec, seeds: Sequence[int]) -> None:
+        self.envs = [spec.build() for _ in seeds]
+        for env, seed in zip(self.envs, seeds, strict=True):
+            env.reset(seed=seed)
+
+    def ready(self) -> bool:
+        return True
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        results = [_step_env(env, a) for env, a in zip(self.envs, actions.tolist(), strict=True)]
+        obs, rewards, terminated, truncated = zip(*results, strict=True)
+        return np.stack(obs), np.array(rewards), np.array(terminated), np.array(truncated)
+
+
+def _open_ray(name: str, workload: Workload, timing: Timing, num_actors: int) -> Runner:
+    """The envs split over ``num_actors`` actors; a step is one call per actor, all in flight
+    at once, each stepping its block of envs."""
+    import ray
+
+    start = time.perf_counter()
+    blocks = np.array_split(np.arange(workload.num_envs), num_actors)
+    cls: Any = ray.remote(num_cpus=0)(BatchActor)
+    actors = [cls.remote(workload.spec, (timing.seed + block).tolist()) for block in blocks]
+
+    def close() -> None:
+        for actor in actors:
+            ray.kill(actor)
+
+    try:
+        ray.get([actor.ready.remote() for actor in actors])
+        env = workload.build()
+        space = gymnasium.vector.utils.batch_space(env.action_space, workload.num_envs)
+        env.close()
+        actions = sample_actions(space, None, timing)
+    except BaseException:
+        close()
+        raise
+
+    def step(batch: np.ndarray) -> None:
+        ray.get([actor.step.remote(batch[b]) for actor, b in zip(actors, blocks, strict=True)])
+
+    advance = cycle(step, actions, workload.num_envs)
+    setup_s = time.perf_counter() - start
+    return CallRunner(name, advance, close, timing, setup_s=setup_s, actors=len(actors))
+
+
+def open_naive_ray(workload: Workload, timing: Timing) -> Runner:
+    """One actor per env: a remote call per env step."""
+    return _open_ray("naive-ray", workload, timing, workload.num_envs)
+
+
+def open_batched_ray(workload: Workload, timing: Timing) -> Runner:
+    """The envs split by hand over one actor per usable core: a call per actor per step."""
+    return _open_ray("batched-ray", workload, timing, min(len(usable_cpus()), workload.num_envs))
+
+
 BENCH_WORKLOADS = ("cartpole", "pong")
 
 
 RUNNERS: dict[str, Callable[[Workload, Timing], Runner]] = {
-    "naive-ray": ray_patterns.open_naive_ray,
-    "batched-ray": ray_patterns.open_batched_ray,
+    "naive-ray": open_naive_ray,
+    "batched-ray": open_batched_ray,
     "envfleet-ray": benchmark.envfleet_opener("ray", "envfleet-ray", ray_shared_memory=True),
     "envfleet-ray-calls": benchmark.envfleet_opener(
         "ray", "envfleet-ray-calls", ray_shared_memory=False
@@ -104,14 +183,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     timing = timing_from(args)
-    console = Console()
+    with session(args.json) as console:  # Ray's warnings go to the log, not the screen
+        output = run_all(args, timing, console)
+    save_json(args.json, output, console)
+    return 0
+
+
+def run_all(args: argparse.Namespace, timing: Timing, console: Console) -> dict[str, Any]:
+    import ray
+
     machine = print_machine(console, ("ray", "ale-py"))
     if ray.is_initialized():
         raise SystemExit("run this with no Ray connected: it times Ray's start-up")
     start = time.perf_counter()
     # address="local": a Ray of its own, never a cluster someone else started on this machine.
     tuning = {"_system_config": args.ray_system_config} if args.ray_system_config else {}
-    ray.init(address="local", include_dashboard=False, log_to_driver=False, **tuning)
+    with console.status("starting Ray ..."):
+        ray.init(address="local", include_dashboard=False, log_to_driver=False, **tuning)
     ray_startup_s = time.perf_counter() - start
     console.print(
         f"Ray start-up (ray.init of a local Ray): {ray_startup_s:.2f} s"
@@ -122,15 +210,13 @@ def main(argv: list[str] | None = None) -> int:
         entries = {name: run(name, timing, console) for name in args.workloads}
     finally:
         ray.shutdown()
-    output = {
+    return {
         "machine": machine,
         "timing": timing.as_dict(),
         "ray_startup_s": ray_startup_s,
         "ray_system_config": args.ray_system_config or {},
         "workloads": entries,
     }
-    save_json(args.json, output, console)
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,12 +1,23 @@
 """Fault tolerance soak: envs that raise, exit or hang at random; every step accounted for.
 
-Two pools of :class:`envfleet.benchmark.soak_env.SoakEnv` side by side in one process, in
-alternating chunks: one whose envs fail with probability ``--p-fail`` per step (raise an
-exception, ``os._exit`` their worker, or hang until ``step_timeout`` kills it, chosen uniformly)
-and a fault-free one, both with ``on_error="restart"``. Every result is checked as it comes
-(:mod:`envfleet.benchmark.soak` lists the checks). It prints failures injected, restarts made
-and steps/s against the fault-free pool (target: at least 0.9x). Exit status: 0 when every check
-holds, 1 when one fails, 2 when a ``pool.step`` stalls for ``--stall-s``.
+Two pools of :class:`bench.envs.SoakEnv` side by side in one process, in alternating chunks (so
+that load from elsewhere hits both alike): one whose envs fail with probability ``--p-fail`` per
+step (raise an exception, ``os._exit`` their worker, or hang until ``step_timeout`` kills it,
+chosen uniformly) and a fault-free one, both with ``on_error="restart"``. :class:`SoakRun`
+checks each result as it comes:
+
+- every result is either delivered or flagged ``infos["envfleet/restarted"]`` (lost), and
+  ``delivered + lost == requested``; ``lost == sum(pool.restarts)``;
+- a delivered result is the next call of its env instance (its counter advanced by exactly 1,
+  the action's step id echoed; after an episode end or a restart, a reset): no step silently
+  lost, repeated or given to the wrong env;
+- a flagged result has reward 0, ``truncated``, and the env's last observation (or, for an env
+  of a dead or hung worker that finished its step before the failure, that step's);
+- the flagged envs of each step are exactly those the injected failures account for.
+
+It prints failures injected, restarts made and steps/s against the fault-free pool (target: at
+least 0.9x). Exit status: 0 when every check holds, 1 when one fails, 2 when a ``pool.step``
+stalls for ``--stall-s`` (a watchdog prints the pool's state, :meth:`envfleet.Pool.describe`).
 
 Usage::
 
@@ -20,68 +31,474 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make ``envfleet`` importable from the checkout
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
+import collections
+import dataclasses
+import faulthandler
+import json
+import math
+import os
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
 
-from envfleet.benchmark.soak import SoakConfig, run_soak
-from envfleet.benchmark.soak_env import KINDS
+import numpy as np
+import psutil
 
-RESULTS = Path(__file__).resolve().parent / "results"
-SAME_NAMES = ("num_envs", "workers", "step_timeout", "hang_s", "episode_steps", "work_us")
-SAME_NAMES += ("seed", "stall_s")
-"""Options passed to :class:`SoakConfig` as they are."""
+import envfleet
+from bench.common import RESULTS, fmt, save_json
+from bench.envs import CALLS, ENV_INDEX, EPISODE_STEP, KINDS, POOL_STEP, SoakEnv, read_log
+from envfleet.benchmark import machine_info
+
+RESTARTED = "envfleet/restarted"
+MAX_EXAMPLES = 10
+"""Examples of each kind of mismatch kept for the report."""
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    """What a soak runs.
+
+    Attributes:
+        steps: env-steps per pool.
+        p_fail: probability that an env step fails (in the faulty pool).
+        num_envs: envs per pool.
+        workers: worker processes per pool (at least 2: a dying worker must not be the only one).
+        step_timeout: seconds before a hung worker is killed (each hang costs this much).
+        hang_s: how long a hang sleeps.
+        kinds: failure kinds to inject, from :data:`bench.envs.KINDS`.
+        episode_steps: episode length (truncated).
+        work_us: busy work per env step, microseconds.
+        chunks: alternations between the pools.
+        seed: the pools' seed.
+        baseline: also run the fault-free pool.
+        stall_s: a ``pool.step`` taking longer ends the run as stalled (default
+            ``max(60, 40 * step_timeout)``).
+    """
+
+    steps: int = 1_000_000
+    p_fail: float = 1e-4
+    num_envs: int = 64
+    workers: int = 2
+    step_timeout: float = 0.25
+    hang_s: float = 60.0
+    kinds: tuple[str, ...] = KINDS
+    episode_steps: int = 1000
+    work_us: float = 0.0
+    chunks: int = 10
+    seed: int = 0
+    baseline: bool = True
+    stall_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.workers < 2:
+            raise ValueError("workers must be at least 2 (a dying worker must not be the only one)")
+
+
+class SoakRun:
+    """One pool, stepped in chunks, checking every result as it comes."""
+
+    def __init__(self, name: str, p_fail: float, args: SoakConfig, log_dir: str) -> None:
+        self.name = name
+        self.p_fail = p_fail
+        self.num_envs = args.num_envs
+        self.log_path = os.path.join(log_dir, f"{name}.log")
+        self.assignment = [
+            tuple(int(i) for i in ids)
+            for ids in np.array_split(np.arange(args.num_envs), args.workers)
+        ]
+        self.worker_of = {i: w for w, ids in enumerate(self.assignment) for i in ids}
+        self.pool = envfleet.make(
+            SoakEnv,
+            args.num_envs,
+            backend="process",
+            num_workers=args.workers,
+            seed=args.seed,
+            on_error="restart",
+            step_timeout=args.step_timeout,
+            max_restarts=10**9,
+            context="fork",
+            env_kwargs={"p_fail": p_fail, "kinds": tuple(args.kinds), "hang_s": args.hang_s,
+                        "max_steps": args.episode_steps, "log_path": self.log_path,
+                        "work_us": args.work_us},
+        )  # fmt: skip
+        obs, _ = self.pool.reset()
+        n = self.num_envs
+        self.index = np.arange(n, dtype=np.float64)
+        self.actions = np.zeros((n, 2), dtype=np.float64)
+        self.actions[:, 0] = self.index
+        self.last = obs.copy()
+        self.fresh = np.zeros(n, dtype=np.bool_)  # last result flagged: next is a new instance
+        self.ended = np.zeros(n, dtype=np.bool_)  # last result ended an episode: next is a reset
+        self.step_id = 0
+        self.stepping_since: float | None = None
+        self.step_seconds = 0.0
+        self.step_times: list[float] = []
+        self.requested = self.delivered = self.lost = 0
+        self.env_counted = 0
+        self.flags: dict[int, set[int]] = {}
+        self.flag_steps: list[tuple[int, float, int]] = []  # (step, seconds, envs flagged)
+        self.obs_mismatches: list[dict[str, Any]] = []
+        self.flag_field_errors = 0
+        self.anomalies: list[dict[str, Any]] = []
+        self.anomaly_count = 0
+        self.first_reset_ok = bool(
+            (obs[:, CALLS] == 1).all()
+            and (obs[:, POOL_STEP] == -1).all()
+            and (obs[:, EPISODE_STEP] == 0).all()
+        )
+
+    def advance(self, count: int) -> None:
+        pool, actions, times = self.pool, self.actions, self.step_times
+        for _ in range(count):
+            s = self.step_id
+            actions[:, 1] = s
+            start = time.perf_counter()
+            self.stepping_since = start
+            obs, rewards, terminations, truncations, infos = pool.step(actions)
+            self.stepping_since = None
+            seconds = time.perf_counter() - start
+            times.append(seconds)
+            self.step_seconds += seconds
+            self._check(s, obs, rewards, terminations, truncations, infos, seconds)
+            self.step_id = s + 1
+
+    def _check(
+        self,
+        s: int,
+        obs: np.ndarray,
+        rewards: np.ndarray,
+        terminations: np.ndarray,
+        truncations: np.ndarray,
+        infos: dict[str, Any],
+        seconds: float,
+    ) -> None:
+        n, last = self.num_envs, self.last
+        self.requested += n
+        mask = infos.get(f"_{RESTARTED}")
+        flagged = (
+            np.zeros(n, dtype=np.bool_)
+            if mask is None
+            else np.asarray(mask, dtype=np.bool_) & np.asarray(infos[RESTARTED], dtype=np.bool_)
+        )
+        kept = ~flagged
+        lost = int(flagged.sum())
+        self.lost += lost
+        self.delivered += n - lost
+        if lost:
+            ids = np.flatnonzero(flagged)
+            self.flags[s] = set(ids.tolist())
+            self.flag_steps.append((s, seconds, lost))
+            same = (obs[ids] == last[ids]).all(axis=1)
+            # envfleet's documented exception: an env of a dead or hung worker that finished its
+            # step before the failure reports the observation that step produced (its next call).
+            stepped = (obs[ids, CALLS] == last[ids, CALLS] + 1) & (obs[ids, POOL_STEP] == s)
+            same |= stepped & ~self.fresh[ids]
+            for i in ids[~same].tolist():
+                self.obs_mismatches.append(
+                    {"step": s, "env": i, "last": last[i].tolist(), "got": obs[i].tolist()}
+                )
+            wrong = (rewards[ids] != 0) | ~truncations[ids] | terminations[ids]
+            self.flag_field_errors += int(wrong.sum())
+        calls_before = np.where(self.fresh, 0.0, last[:, CALLS])
+        resets = (self.fresh | self.ended) & kept
+        steps = ~(self.fresh | self.ended) & kept
+        reset_ok = (
+            (obs[:, POOL_STEP] == -1)
+            & (obs[:, EPISODE_STEP] == 0)
+            & (obs[:, CALLS] == calls_before + 1)
+            & (rewards == 0)
+            & ~terminations
+            & ~truncations
+        )
+        step_ok = (
+            (obs[:, ENV_INDEX] == self.index)
+            & (obs[:, POOL_STEP] == s)
+            & (obs[:, CALLS] == calls_before + 1)
+            & (obs[:, EPISODE_STEP] == last[:, EPISODE_STEP] + 1)
+            & (rewards == 1)
+            & ~terminations
+        )
+        bad = (resets & ~reset_ok) | (steps & ~step_ok)
+        if bad.any():
+            self.anomaly_count += int(bad.sum())
+            for i in np.flatnonzero(bad)[: MAX_EXAMPLES - len(self.anomalies)].tolist():
+                self.anomalies.append(
+                    {
+                        "step": s,
+                        "env": i,
+                        "expected": "reset" if resets[i] else "step",
+                        "last": last[i].tolist(),
+                        "got": obs[i].tolist(),
+                        "reward": float(rewards[i]),
+                    }
+                )
+        self.env_counted += int((obs[kept, CALLS] - calls_before[kept]).sum())
+        last[kept] = obs[kept]
+        self.fresh = flagged
+        self.ended = kept & (terminations | truncations)
+
+    def reconcile(self, events: list[tuple[str, int, int, int, int]]) -> dict[str, Any]:
+        """Match the flagged envs of each step against the failures the envs logged: a raise
+        flags its env, an exit or a hang its worker's envs."""
+        expected: dict[int, set[int]] = collections.defaultdict(set)
+        for kind, env, step, _pid, _calls in events:
+            ids = {env} if kind == "raise" else set(self.assignment[self.worker_of[env]])
+            expected[step] |= ids
+        unexplained = {s: sorted(ids - expected[s]) for s, ids in self.flags.items()
+                       if ids - expected.get(s, set())}  # fmt: skip
+        missing = {s: sorted(ids - self.flags.get(s, set())) for s, ids in expected.items()
+                   if ids - self.flags.get(s, set())}  # fmt: skip
+        kinds = collections.Counter(kind for kind, *_ in events)
+        return {
+            "failures_injected": len(events),
+            "by_kind": {k: kinds.get(k, 0) for k in KINDS},
+            "steps_with_unexplained_flags": len(unexplained),
+            "unexplained_examples": dict(list(unexplained.items())[:MAX_EXAMPLES]),
+            "steps_with_missing_flags": len(missing),
+            "missing_examples": dict(list(missing.items())[:MAX_EXAMPLES]),
+        }
+
+    def summary(self, step_timeout: float) -> dict[str, Any]:
+        events = read_log(self.log_path)
+        typical = float(np.median(self.step_times)) if self.step_times else 0.0
+        by_step = collections.defaultdict(list)
+        for kind, _env, step, *_ in events:
+            by_step[step].append(kind)
+        costs: dict[str, list[float]] = collections.defaultdict(list)
+        for step, sec, _ in self.flag_steps:
+            if len(by_step.get(step, ())) == 1:  # steps with one failure: its cost alone
+                costs[by_step[step][0]].append(sec - typical)
+        restarts = self.pool.restarts
+        return {
+            "p_fail": self.p_fail,
+            "requested": self.requested,
+            "delivered": self.delivered,
+            "lost_flagged": self.lost,
+            "counted_by_envs": self.env_counted,
+            "restarts_made": int(restarts.sum()),
+            "max_restarts_one_env": int(restarts.max()) if restarts.size else 0,
+            "steps_with_failures": len(self.flag_steps),
+            "seconds_stepping": self.step_seconds,
+            "steps_per_s": self.requested / self.step_seconds if self.step_seconds else 0.0,
+            "median_step_ms": typical * 1e3,
+            "hang_seconds_expected": sum(k == "hang" for k, *_ in events) * step_timeout,
+            "median_extra_seconds_per_failure": {
+                k: float(np.median(v)) for k, v in sorted(costs.items())
+            },
+            "flagged_obs_not_last": len(self.obs_mismatches),
+            "flagged_obs_not_last_examples": self.obs_mismatches[:MAX_EXAMPLES],
+            "flagged_field_errors": self.flag_field_errors,
+            "anomalies": self.anomaly_count,
+            "anomaly_examples": self.anomalies,
+            "first_reset_ok": self.first_reset_ok,
+            **self.reconcile(events),
+        }
+
+    def diagnose(self) -> dict[str, Any]:
+        """What the pool is waiting for (:meth:`envfleet.Pool.describe`), its worker processes
+        and the last failures injected: what a stall report prints."""
+        workers = []
+        for child in psutil.Process().children():
+            try:
+                workers.append({"pid": child.pid, "status": child.status()})
+            except psutil.Error:
+                continue
+        return {
+            "pool": self.name,
+            "step": self.step_id,
+            **self.pool.describe(),
+            "child_processes": workers,
+            "last_failures": [list(e) for e in read_log(self.log_path)[-5:]],
+        }
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+TARGET = 0.9
+"""The least throughput of the faulty pool, as a fraction of the fault-free one's."""
+
+
+def start_watchdog(
+    runs: dict[str, SoakRun], stall_s: float, report: dict[str, Any], path: Path
+) -> None:
+    """Report and end the run if one ``pool.step`` takes longer than ``stall_s``.
+
+    A stall is a failure of the run ("the run completes" is what the soak checks): the pool's
+    state and this process's stacks are printed and written to the JSON, then the process
+    exits with status 2 (its workers follow: they watch their parent).
+    """
+
+    def watch() -> None:
+        while True:
+            time.sleep(min(1.0, stall_s / 4))
+            for run in list(runs.values()):
+                since = run.stepping_since
+                if since is None or time.perf_counter() - since < stall_s:
+                    continue
+                diagnosis = run.diagnose()
+                print(
+                    f"\nSTALLED: {run.name} pool.step at step {run.step_id} has not returned "
+                    f"in {stall_s:g} s\n{json.dumps(diagnosis, indent=1)}",
+                    flush=True,
+                )
+                faulthandler.dump_traceback(file=sys.stdout, all_threads=True)
+                sys.stdout.flush()
+                report["stalled"] = diagnosis
+                report["all_checks_passed"] = False
+                try:
+                    save_json(path, report)
+                finally:
+                    os._exit(2)
+
+    threading.Thread(target=watch, name="soak-watchdog", daemon=True).start()
+
+
+def soak_checks(faulty: dict[str, Any], clean: dict[str, Any]) -> dict[str, bool]:
+    """The accounting checks; every one must hold."""
+    out = {}
+    for label, run in (("faulty", faulty), ("fault_free", clean)):
+        out[f"{label}: delivered + lost == requested"] = (
+            run["delivered"] + run["lost_flagged"] == run["requested"]
+        )
+        out[f"{label}: lost == restarts made"] = run["lost_flagged"] == run["restarts_made"]
+        out[f"{label}: every delivered result is the next call of its env"] = (
+            run["anomalies"] == 0 and run["counted_by_envs"] == run["delivered"]
+        )
+        out[f"{label}: flagged results are truncated with reward 0"] = (
+            run["flagged_field_errors"] == 0
+        )
+        out[f"{label}: flagged results carry the env's last observation"] = (
+            run["flagged_obs_not_last"] == 0
+        )
+        out[f"{label}: flagged envs == those the injected failures account for"] = (
+            run["steps_with_unexplained_flags"] == 0 and run["steps_with_missing_flags"] == 0
+        )
+        out[f"{label}: first reset"] = run["first_reset_ok"]
+    out["fault_free: nothing flagged"] = clean["lost_flagged"] == 0
+    return out
+
+
+def run_soak(args: SoakConfig, json_path: Path) -> int:
+    """Run the soak, print what it found, write it to ``json_path``; 0 when every check held,
+    1 when one failed (2, from the watchdog, when a step stalled)."""
+    machine = machine_info(("ale-py",))
+    pool_steps = math.ceil(args.steps / args.num_envs)
+    chunks = max(1, min(args.chunks, pool_steps))
+    sizes = [len(c) for c in np.array_split(np.arange(pool_steps), chunks)]
+    print(
+        f"{machine['cpu_model']}, {machine['usable_cores']} usable cores, load average "
+        f"{machine['load_average_at_start'][0]:.2f}\n"
+        f"{args.num_envs} envs over {args.workers} workers, {pool_steps * args.num_envs:,} steps "
+        f"per pool in {chunks} alternating chunks; p_fail={args.p_fail:g} per step "
+        f"({', '.join(args.kinds)}), step_timeout={args.step_timeout:g} s, on_error=restart"
+    )
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="envfleet-soak-") as log_dir:
+        runs: dict[str, SoakRun] = {}
+        try:
+            stall_s = args.stall_s or max(60.0, 40 * args.step_timeout)
+            start_watchdog(runs, stall_s, {"machine": machine, "args": asdict(args)}, json_path)
+            runs["faulty"] = SoakRun("faulty", args.p_fail, args, log_dir)
+            if args.baseline:
+                runs["fault_free"] = SoakRun("fault_free", 0.0, args, log_dir)
+            for k, size in enumerate(sizes):
+                order = list(runs.values())
+                if k % 2:
+                    order.reverse()
+                for run in order:
+                    run.advance(size)
+                rates = "  ".join(
+                    f"{run.name} {run.requested / max(run.step_seconds, 1e-9):,.0f} steps/s "
+                    f"({run.lost} lost)"
+                    for run in runs.values()
+                )
+                print(f"chunk {k + 1}/{chunks}: {rates}", flush=True)
+            summaries = {name: run.summary(args.step_timeout) for name, run in runs.items()}
+        finally:
+            for run in runs.values():
+                run.close()
+    wall = time.perf_counter() - started
+    faulty, clean = summaries["faulty"], summaries.get("fault_free")
+    checks = soak_checks(faulty, clean) if clean else {}
+    print()
+    for name, got in summaries.items():
+        print(
+            f"{name}: requested {got['requested']:,} = delivered {got['delivered']:,} "
+            f"+ lost {got['lost_flagged']:,}; restarts {got['restarts_made']:,}; "
+            f"{got['steps_per_s']:,.0f} steps/s (median step {got['median_step_ms']:.2f} ms)"
+        )
+    kinds = ", ".join(f"{k} {v}" for k, v in faulty["by_kind"].items())
+    costs = ", ".join(
+        f"{k} {v * 1e3:.0f} ms" for k, v in faulty["median_extra_seconds_per_failure"].items()
+    )
+    print(
+        f"failures injected: {faulty['failures_injected']} ({kinds}); envs restarted: "
+        f"{faulty['restarts_made']}; median extra time of a step with one failure: {costs}"
+    )
+    ratio = faulty["steps_per_s"] / clean["steps_per_s"] if clean else None
+    if ratio is not None:
+        without = faulty["seconds_stepping"] - faulty["hang_seconds_expected"]
+        no_hangs = faulty["requested"] / without / clean["steps_per_s"] if without > 0 else None
+        print(
+            f"faulty / fault-free steps/s = {ratio:.3f} (target >= {TARGET}) "
+            f"{'met' if ratio >= TARGET else 'missed'}; without the hang waits: "
+            f"{fmt(no_hangs, '.3f')}"
+        )
+    for name, ok in checks.items():
+        print(f"  [{'ok' if ok else 'FAILED'}] {name}")
+    print(f"wall time {wall:.1f} s")
+    report = {
+        "machine": machine,
+        "config": {**asdict(args), "steps_per_pool": pool_steps * args.num_envs, "chunks": chunks},
+        "obs_columns": ["env_index", "pool_step", "calls", "episode_step", "episodes"],
+        "faulty": faulty,
+        "fault_free": clean,
+        "ratio_faulty_over_fault_free": ratio,
+        "target": TARGET,
+        "meets_target": None if ratio is None else ratio >= TARGET,
+        "checks": checks,
+        "all_checks_passed": all(checks.values()),
+        "wall_seconds": wall,
+    }
+    save_json(json_path, report)
+    return 0 if all(checks.values()) else 1
+
+
+QUICK = {"steps": 50_000, "p_fail": 1e-3, "chunks": 4}
+"""``--quick``: fewer steps, and failures frequent enough to happen in them."""
 
 
 def parse_args(argv: list[str] | None) -> tuple[SoakConfig, Path]:
+    """An option per :class:`SoakConfig` field (``--p-fail``, ``--kinds raise,exit``, ...)."""
     parser = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--steps", type=int, default=None, help="env steps per pool (1e6)")
-    parser.add_argument("--p-fail", type=float, default=None, help="per step (1e-4)")
-    parser.add_argument("--num-envs", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument(
-        "--step-timeout",
-        type=float,
-        default=0.25,
-        help="seconds before a hung worker is killed (default 0.25; each hang costs this)",
-    )
-    parser.add_argument("--hang-s", type=float, default=60.0, help="how long a hang sleeps")
-    parser.add_argument("--kinds", default=",".join(KINDS), help="failure kinds to inject")
-    parser.add_argument("--episode-steps", type=int, default=1000)
-    parser.add_argument(
-        "--work-us", type=float, default=0.0, help="busy work per env step, microseconds"
-    )
-    parser.add_argument("--chunks", type=int, default=None, help="alternations (default 10)")
-    parser.add_argument("--seed", type=int, default=0)
+    for f in dataclasses.fields(SoakConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "kinds":
+            parser.add_argument(flag, type=lambda v: tuple(k for k in v.split(",") if k))
+        elif f.name == "baseline":
+            parser.add_argument("--no-baseline", dest="baseline", action="store_false")
+        else:
+            kind = float if f.name == "stall_s" else type(f.default)
+            parser.add_argument(flag, type=kind, help=f"default {f.default}")
     parser.add_argument("--json", type=Path, default=RESULTS / "soak.json")
-    parser.add_argument(
-        "--quick", action="store_true", help="50k steps with p=1e-3, so failures happen"
-    )
-    parser.add_argument("--no-baseline", action="store_true", help="skip the fault-free pool")
-    parser.add_argument(
-        "--stall-s",
-        type=float,
-        default=None,
-        help="a pool.step taking longer than this ends the run as stalled "
-        "(default max(60, 40 x step_timeout))",
-    )
-    args = parser.parse_args(argv)
-    if args.workers < 2:
-        parser.error("--workers must be at least 2 (a dying worker must not be the only one)")
-    quick = args.quick
-    config = SoakConfig(
-        steps=args.steps or (50_000 if quick else 1_000_000),
-        p_fail=args.p_fail if args.p_fail is not None else (1e-3 if quick else 1e-4),
-        chunks=args.chunks or (4 if quick else 10),
-        kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()),
-        baseline=not args.no_baseline,
-        **{k: getattr(args, k) for k in SAME_NAMES},
-    )
-    return config, args.json
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK}")
+    args = vars(parser.parse_args(argv))
+    path, quick = args.pop("json"), args.pop("quick")
+    given = {k: v for k, v in args.items() if v is not None and not (k == "baseline" and v)}
+    try:
+        return SoakConfig(**{**(QUICK if quick else {}), **given}), path
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def main(argv: list[str] | None = None) -> int:

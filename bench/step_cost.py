@@ -24,14 +24,11 @@ import argparse
 import functools
 from typing import Any
 
-from rich.console import Console
-
+from bench.common import RESULTS, print_machine, progress, save_json, session
 from bench.envs import NoOpEnv
 from envfleet import benchmark
-from envfleet.benchmark.cases import save_json
-from envfleet.benchmark.scripts import print_machine
 
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "step_cost.json"
+DEFAULT_JSON = RESULTS / "step_cost.json"
 TARGET = 1.5  # envfleet process / bare pool, per step
 
 
@@ -52,29 +49,35 @@ def main(argv: list[str] | None = None) -> int:
         "process": benchmark.envfleet_opener("process", num_workers=args.workers),
         benchmark.BARE_POOL: functools.partial(benchmark.open_bare_pool, num_workers=args.workers),
     }
-    machine = print_machine(Console())
-    rows: dict[int, Any] = {}
-    for n in args.num_envs:
-        results = benchmark.measure(
-            list(openers), benchmark.Workload.of(NoOpEnv, n), timing, openers=openers
-        )
-        us: dict[str, list[float]] = {}
-        for name, result in results.items():
-            if isinstance(result, str):
-                raise SystemExit(f"{name} failed: {result}")
-            us[name] = [1e6 * n / rate for rate in result.throughputs]  # µs per vector step
-        medians = {name: sorted(v)[len(v) // 2] for name, v in us.items()}
-        ratio = medians["process"] / medians[benchmark.BARE_POOL]
-        rows[n] = {"us_per_step": us, "median_us": medians, "process_over_bare_pool": ratio}
-        print(
-            f"no-op x {n} on {args.workers} workers: envfleet process {medians['process']:.1f} µs, "
-            f"bare pool {medians[benchmark.BARE_POOL]:.1f} µs per step; "
-            f"ratio {ratio:.2f} (target <= {TARGET}); windows "
-            + ", ".join(f"{name} {[round(x, 1) for x in v]}" for name, v in us.items())
-        )
+    with session(args.json) as console:
+        machine = print_machine(console)
+        rows = {n: measure(n, args.workers, openers, timing, console) for n in args.num_envs}
     document = {"machine": machine, "timing": timing.as_dict(), "workers": args.workers}
     save_json(args.json, {**document, "rows": rows})
     return 0
+
+
+def measure(n: int, workers: int, openers: Any, timing: Any, console: Any) -> dict[str, Any]:
+    """envfleet process and the bare pool on ``n`` no-op envs: µs per vector step, ratio."""
+    with progress(console, f"no-op x {n}") as hooks:
+        results = benchmark.measure(
+            list(openers), benchmark.Workload.of(NoOpEnv, n), timing, openers=openers, **hooks
+        )
+    us: dict[str, list[float]] = {}
+    for name, result in results.items():
+        if isinstance(result, str):
+            raise SystemExit(f"{name} failed: {result}")
+        us[name] = [1e6 * n / rate for rate in result.throughputs]  # µs per vector step
+    medians = {name: sorted(v)[len(v) // 2] for name, v in us.items()}
+    ratio = medians["process"] / medians[benchmark.BARE_POOL]
+    console.print(
+        f"no-op x {n} on {workers} workers: envfleet process {medians['process']:.1f} µs, "
+        f"bare pool {medians[benchmark.BARE_POOL]:.1f} µs per step; "
+        f"ratio {ratio:.2f} (target <= {TARGET}); windows "
+        + ", ".join(f"{name} {[round(x, 1) for x in v]}" for name, v in us.items()),
+        markup=False,
+    )
+    return {"us_per_step": us, "median_us": medians, "process_over_bare_pool": ratio}
 
 
 if __name__ == "__main__":

@@ -40,90 +40,248 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 import functools
 import os
-from collections.abc import Callable
+import shutil
+import statistics
+import sysconfig
+import threading
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 from rich.console import Console
+from rich.table import Table
 
-from bench.envs import SleepEnv
-from envfleet import benchmark
-from envfleet.affinity import usable_cpus
-from envfleet.benchmark import CallRunner, Runner, Timing, Workload, gil
-from envfleet.benchmark.cases import (
+from bench.common import (
+    RESULTS,
     Case,
-    cycle,
-    discrete_actions,
+    IdealRunner,
+    Versus,
+    add_choice,
     fmt,
     measure_cases,
+    measure_table,
     median_of,
+    print_machine,
+    progress,
     ratio,
     results_table,
     save_json,
     script_parser,
-    timing_from,
-)
-from envfleet.benchmark.scripts import (
-    IdealRunner,
-    Versus,
-    add_choice,
-    ideal_info,
-    measure_table,
-    open_envfleet,
-    print_machine,
+    session,
     target,
-    version,
+    timing_from,
     versus,
 )
+from bench.envs import SleepEnv
+from envfleet import benchmark
+from envfleet.benchmark import CallRunner, Runner, Timing, Workload, open_envfleet, version
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SLEEP_TARGET = 0.8
 PONG_TARGET = 1.6
-FREE_THREADED_NOTES = (
-    "Checked on the 2-core test machine: Debian 12 offers only python3.11 (apt-cache search "
-    "python3.13: nothing); pyenv has 3.13.0 built with the GIL (Py_GIL_DISABLED=0) and no "
-    "3.13t/3.14t; `uv python install 3.13t` (uv 0.13.9 from PyPI) fails: its builds download "
-    "from GitHub and only package registries are reachable. So no free-threaded CPython here."
-)
+# -- threads and the GIL ------------------------------------------------------------------------
+
+
+Stepper = Callable[[int], Callable[[], int]]
+"""Builds, in worker ``i``, a step that returns the env-steps it made (for ParallelRunner)."""
+
+
+def open_bare_threads(workload: Workload, timing: Timing, cpus: list[int] | None = None) -> Runner:
+    """The least any Python thread pool can do: one thread per env, every step started by one
+    write to a shared eventfd (semaphore mode: each thread takes one), the end signalled by the
+    last thread through a lock; no actions, no results, no error handling. ``cpus``: pin the
+    env threads there (the caller's thread stays free). What this reaches is the ceiling of
+    threads with a GIL on this machine. A step is ``num_envs`` env steps, but not always one
+    per env: a thread that finishes early may take a second token and step its env again."""
+    num_envs = workload.num_envs
+    envs = [workload.spec.build() for _ in range(num_envs)]
+    for i, env in enumerate(envs):
+        env.reset(seed=timing.seed + i)
+    bell = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC)
+    done = threading.Lock()
+    done.acquire()
+    count_lock = threading.Lock()
+    left = [0]
+    stop = threading.Event()
+
+    def serve(env: Any) -> None:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+        while True:
+            os.eventfd_read(bell)
+            if stop.is_set():
+                return
+            env.step(0)
+            with count_lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                done.release()
+
+    threads = [threading.Thread(target=serve, args=(env,), daemon=True) for env in envs]
+    for thread in threads:
+        thread.start()
+
+    def advance() -> int:
+        left[0] = num_envs
+        os.eventfd_write(bell, num_envs)
+        done.acquire()
+        return num_envs
+
+    def close() -> None:
+        stop.set()
+        os.eventfd_write(bell, num_envs)
+        for thread in threads:
+            thread.join(1.0)
+        os.close(bell)
+        for env in envs:
+            env.close()
+
+    return CallRunner("bare threads", advance, close, timing, threads=num_envs, cpus=cpus)
+
+
+def main_thread_progress(call: Callable[[], object], seconds: float) -> float:
+    """Iterations/s of a pure-Python loop in this thread while another thread repeats ``call``.
+
+    A call that releases the GIL leaves this loop its full speed; one that holds it stalls the
+    loop for as long as it runs (C code is never interrupted to hand the GIL over). Machine load
+    slows both alike, so the ratio to the ``time.sleep`` reference measures the GIL, not the
+    free cores.
+    """
+    stop = threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            call()
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    time.sleep(0.01)
+    try:
+        loops = 0
+        start = now = time.perf_counter()
+        deadline = start + seconds
+        while now < deadline:
+            loops += 1
+            now = time.perf_counter()
+    finally:
+        stop.set()
+        worker.join()
+    return loops / (now - start)
+
+
+RELEASES = "time.sleep(0.05) (releases)"
+HOLDS = "sum(range(3e6)) (holds)"
+REFERENCES: dict[str, Callable[[], Callable[[], object]]] = {
+    RELEASES: lambda: functools.partial(time.sleep, 0.05),
+    HOLDS: lambda: functools.partial(sum, range(3_000_000)),
+}
+"""Two C calls whose GIL behaviour is known, probed beside the calls in question."""
+
+
+def gil_probe(
+    calls: Mapping[str, Callable[[], Callable[[], object]]], timing: Timing, console: Console
+) -> dict[str, dict[str, Any]]:
+    """Probe :data:`REFERENCES` and ``calls`` (name: a builder of the call) in rotating order
+    (``timing.repeats`` rounds of windows of at least 1 s); print a table, return each one's
+    main-thread loops/s, its ratio to the sleep reference (about 1: releases the GIL; about 0:
+    holds it) and its windows."""
+    built = {name: make() for name, make in {**REFERENCES, **calls}.items()}
+    names = list(built)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    seconds, rounds = max(1.0, timing.seconds), max(1, timing.repeats)
+    with console.status("GIL probe ..."):
+        for round_ in range(rounds):
+            k = round_ % len(names)
+            for name in names[k:] + names[:k]:
+                rates[name].append(main_thread_progress(built[name], seconds))
+    free = statistics.median(rates[RELEASES])
+    table = Table(
+        title=f"GIL probe: main-thread loop while another thread repeats a call "
+        f"({rounds} x {seconds:g} s, median)",
+        title_justify="left",
+    )
+    for column in ("call in the other thread", "main loops/s", "vs sleep", "windows"):
+        table.add_column(column, justify="left" if column.startswith("call") else "right")
+    out: dict[str, dict[str, Any]] = {}
+    for name, values in rates.items():
+        loops = statistics.median(values)
+        windows = " ".join(f"{v:,.0f}" for v in values)
+        table.add_row(name, f"{loops:,.0f}", fmt(ratio(loops, free)), windows)
+        out[name] = {
+            "main_loops_per_s": loops,
+            "ratio_to_sleep": ratio(loops, free),
+            "windows": values,
+        }
+    console.print(table)
+    return out
+
+
+def open_parallel(
+    workload: Workload, timing: Timing, *, make_step: Stepper, count: int, mode: str
+) -> Runner:
+    """``count`` threads (``mode="thread"``) or processes, each stepping its own env; rates
+    summed."""
+    threads = mode == "thread"
+    return benchmark.ParallelRunner(
+        f"{count} {mode}", make_step, count, timing, threads=threads, mode=mode
+    )
+
+
+def scaling_cases(label: str, make_step: Stepper) -> list[Case]:
+    """``label: 1 thread``, ``label: 2 threads`` and ``label: 2 processes``, each worker
+    stepping its own ``make_step(i)``."""
+    return [
+        Case(
+            f"{label}: {name}",
+            functools.partial(open_parallel, make_step=make_step, count=count, mode=mode),
+            forks=mode == "process",
+        )
+        for name, count, mode in (
+            ("1 thread", 1, "thread"),
+            ("2 threads", 2, "thread"),
+            ("2 processes", 2, "process"),
+        )
+    ]
+
+
+def scaling_verdict(thread_speedup: float | None, process_speedup: float | None) -> str:
+    """Reading the 2-thread and 2-process speedups over 1 thread (meaningful on a quiet machine)."""
+    if thread_speedup is None or process_speedup is None:
+        return "not measured"
+    summary = f"2 threads {thread_speedup:.2f}x, 2 processes {process_speedup:.2f}x"
+    if process_speedup < 1.3:
+        return f"scaling inconclusive (2 processes do not scale: machine busy): {summary}"
+    if thread_speedup >= max(1.3, 0.75 * process_speedup):
+        return f"threads scale like processes: {summary}"
+    if thread_speedup < 1.15:
+        return f"threads do not scale: {summary}"
+    return f"threads scale partly: {summary}"
+
+
+def free_threaded_probe() -> dict[str, Any]:
+    """Is a free-threaded CPython (3.13t/3.14t) at hand? Looks only; installs nothing."""
+    names = ("python3.13t", "python3.14t", "python3t")
+    return {
+        "this_interpreter_gil_disabled": bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
+        "on_path": {name: shutil.which(name) for name in names},
+    }
+
 
 # -- workloads and runners of this script ------------------------------------------------------
 
 
-ATARI_AS_GYM = {
-    "img_height": 210,
-    "img_width": 160,
-    "grayscale": False,
-    "stack_num": 1,
-    "maxpool": False,
-    "noop_max": 0,
-    "repeat_action_probability": 0.25,
-    "reward_clipping": False,
-    "use_fire_reset": False,
-}
-"""``AtariVectorEnv`` settings that make its envs step like ``gymnasium.make("ALE/Pong-v5")``."""
-
-
-def open_atari_vector(workload: Workload, timing: Timing, **kwargs: Any) -> Runner:
-    """ale-py's C++ ``AtariVectorEnv`` (a thread pool, one thread per usable core)."""
-    from ale_py.vector_env import AtariVectorEnv
-
-    n = workload.num_envs
-    kwargs.setdefault("num_threads", len(usable_cpus()))
-    vec = AtariVectorEnv("pong", n, **kwargs)
-    try:
-        vec.reset(seed=timing.seed)
-        actions = discrete_actions(int(vec.single_action_space.n), n, timing.seed)
-    except BaseException:
-        vec.close()
-        raise
-    return CallRunner("atari-vector", cycle(vec.step, actions, n), vec.close, timing, **kwargs)
+ATARI_PREPROCESSED = {"stack_num": 4, "img_height": 84, "img_width": 84, "grayscale": True,
+                      "maxpool": True, "noop_max": 30, "reward_clipping": True,
+                      "use_fire_reset": True}  # fmt: skip
+"""``AtariVectorEnv``'s own defaults (84x84 grey, 4 frames stacked), over the id's frame skip."""
 
 
 def pong_stepper(index: int) -> Callable[[], int]:
     """Steps one ``ALE/Pong-v5`` env through Gymnasium (random actions, resets when done)."""
     env = Workload.of("ALE/Pong-v5", 1).spec.build()
     env.reset(seed=index)
-    actions = discrete_actions(int(env.action_space.n), 1, index, count=256)
+    actions = np.random.default_rng(index).integers(0, int(env.action_space.n), size=(256, 1))
     state = [0]
 
     def step() -> int:
@@ -137,23 +295,28 @@ def pong_stepper(index: int) -> Callable[[], int]:
     return step
 
 
-def ale_act_stepper(index: int) -> Callable[[], int]:
-    """Calls ``ALEInterface.act`` directly (one emulator frame per call; resets at game over)."""
+def _ale(seed: int, frame_skip: int = 1) -> Any:
+    """A bare ``ALEInterface`` on Pong (``frame_skip`` emulator frames per ``act``)."""
     from ale_py import ALEInterface, LoggerMode, roms
 
     ALEInterface.setLoggerMode(LoggerMode.Error)
     ale = ALEInterface()
-    ale.setInt("random_seed", index)
+    ale.setInt("random_seed", seed)
+    ale.setInt("frame_skip", frame_skip)
     ale.loadROM(roms.get_rom_path("pong"))
+    return ale
+
+
+def ale_act_stepper(index: int) -> Callable[[], int]:
+    """Calls ``ALEInterface.act`` directly (one emulator frame per call; resets at game over)."""
+    ale = _ale(index)
     moves = ale.getMinimalActionSet()
-    rng = np.random.default_rng(index)
-    actions = [moves[i] for i in rng.integers(0, len(moves), size=256)]
+    actions = [moves[i] for i in np.random.default_rng(index).integers(0, len(moves), size=256)]
     state = [0]
 
     def step() -> int:
-        k = state[0]
-        ale.act(actions[k % 256])
-        state[0] = k + 1
+        ale.act(actions[state[0] % 256])
+        state[0] += 1
         if ale.game_over():
             ale.reset_game()
         return 1
@@ -167,13 +330,7 @@ LONG_ACT_FRAMES = 2000
 
 def long_act_call() -> Callable[[], None]:
     """One ``ALEInterface.act`` call that emulates ``LONG_ACT_FRAMES`` frames (~0.1-0.3 s)."""
-    from ale_py import ALEInterface, LoggerMode, roms
-
-    ALEInterface.setLoggerMode(LoggerMode.Error)
-    ale = ALEInterface()
-    ale.setInt("random_seed", 0)
-    ale.setInt("frame_skip", LONG_ACT_FRAMES)
-    ale.loadROM(roms.get_rom_path("pong"))
+    ale = _ale(0, LONG_ACT_FRAMES)
     noop = ale.getMinimalActionSet()[0]
 
     def call() -> None:
@@ -211,8 +368,8 @@ def sleep_cases() -> list[Case]:
     return [
         Case(IDEAL, IdealRunner),
         Case(LOOP, benchmark.open_loop),
-        Case("bare threads", gil.open_bare_threads),
-        Case(BARE_PINNED, lambda w, t: gil.open_bare_threads(w, t, cpus=one_core())),
+        Case("bare threads", open_bare_threads),
+        Case(BARE_PINNED, lambda w, t: open_bare_threads(w, t, cpus=one_core())),
         Case("envfleet thread", ef(open_envfleet, backend="thread")),
         Case(THREAD_PINNED, ef(open_envfleet, backend="thread", cpu_affinity=one_core())),
         Case("envfleet process 2w", ef(open_envfleet, **TWO_WORKERS), forks=True),
@@ -248,8 +405,9 @@ def pong_cases() -> list[Case]:
             forks=True,
         ),
         Case("gym AsyncVectorEnv", benchmark.open_gym_async, forks=True),
-        Case("ale AtariVectorEnv (as ALE/Pong-v5)", ef(open_atari_vector, **ATARI_AS_GYM)),
-        Case("ale AtariVectorEnv (84x84 grey x4)", open_atari_vector),
+        Case("ale AtariVectorEnv (as ALE/Pong-v5)", benchmark.open_ale_vector),
+        Case("ale AtariVectorEnv (84x84 grey x4)",
+             ef(benchmark.open_ale_vector, **ATARI_PREPROCESSED)),
     ]  # fmt: skip
 
 
@@ -266,7 +424,8 @@ def run_sleep(timing: Timing, console: Console) -> dict[str, Any]:
         ],
     )
     ideal = median_of(results, IDEAL)
-    step_ms = ideal_info(results, IDEAL).get("mean_step_ms")
+    ideal_row = results.get(IDEAL)
+    step_ms = ideal_row.info.get("mean_step_ms") if not isinstance(ideal_row, str | None) else None
     console.print(
         f"measured SleepEnv step: {fmt(step_ms, '.3f')} ms, so ideal = 32 / step = "
         f"{fmt(ideal, ',.0f')} steps/s"
@@ -295,23 +454,23 @@ def run_sleep(timing: Timing, console: Console) -> dict[str, Any]:
 
 def run_gil(timing: Timing, console: Console) -> dict[str, Any]:
     # 1. Load-independent: does this thread keep running while another is inside the call?
-    probe = gil.gil_probe(PROBES, timing, console)
+    probe = gil_probe(PROBES, timing, console)
     act = probe[f"ale.act, {LONG_ACT_FRAMES} frames a call"]["ratio_to_sleep"]
     released = act is not None and act >= 0.5
     verdict = (
         f"ale.act {'releases' if released else 'holds'} the GIL while it emulates: "
         f"this thread keeps {fmt(act)} of its speed while another is inside a "
         f"{LONG_ACT_FRAMES}-frame act (sleep: 1.00, sum(range): "
-        f"{fmt(probe[gil.HOLDS]['ratio_to_sleep'])})"
+        f"{fmt(probe[HOLDS]['ratio_to_sleep'])})"
     )
     console.print(f"[bold]{verdict}[/bold]\n")
     out: dict[str, Any] = {"progress_probe": probe, "runners": {}, "verdicts": {}}
     out.update(ale_act_releases_gil=released, verdict=verdict)
     # 2. Throughput: 1 thread, 2 threads, 2 processes (needs free cores to mean anything).
     steppers = {"Pong env.step": pong_stepper, "ale.act": ale_act_stepper}
-    cases = [case for label, step in steppers.items() for case in gil.scaling_cases(label, step)]
-    with console.status("gil: threads vs processes ..."):
-        results = measure_cases(cases, Workload.of("ALE/Pong-v5", 1), timing, console)
+    cases = [case for label, step in steppers.items() for case in scaling_cases(label, step)]
+    with progress(console, "gil: threads vs processes") as hooks:
+        results = measure_cases(cases, Workload.of("ALE/Pong-v5", 1), timing, console, **hooks)
     for label in steppers:
         one = median_of(results, f"{label}: 1 thread")
         out["runners"].update(
@@ -326,7 +485,7 @@ def run_gil(timing: Timing, console: Console) -> dict[str, Any]:
         )
         threads = ratio(median_of(results, f"{label}: 2 threads"), one)
         procs = ratio(median_of(results, f"{label}: 2 processes"), one)
-        scaling = gil.scaling_verdict(threads, procs)
+        scaling = scaling_verdict(threads, procs)
         console.print(f"[bold]{label}: {scaling}[/bold]\n")
         out["verdicts"][label] = {
             "two_threads_over_one": threads,
@@ -370,14 +529,14 @@ def main(argv: list[str] | None = None) -> int:
     add_choice(parser, "--parts", list(PARTS))
     args = parser.parse_args(argv)
     timing = timing_from(args)
-    console = Console(width=max(Console().width, 140))
-    report: dict[str, Any] = {
-        "machine": print_machine(console),
-        "timing": timing.as_dict(),
-        "free_threaded_python": {**gil.free_threaded_probe(), "notes": FREE_THREADED_NOTES},
-        "ale_py": version("ale-py"),
-        "parts": {part: PARTS[part](timing, console) for part in args.parts},
-    }
+    with session(args.json, width=140) as console:
+        report: dict[str, Any] = {
+            "machine": print_machine(console),
+            "timing": timing.as_dict(),
+            "free_threaded_python": free_threaded_probe(),
+            "ale_py": version("ale-py"),
+            "parts": {part: PARTS[part](timing, console) for part in args.parts},
+        }
     save_json(args.json, report, console)
     return 0
 

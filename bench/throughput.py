@@ -4,7 +4,9 @@
 Workloads: CartPole-v1 x 64, ALE/Pong-v5 x 8, and :class:`bench.envs.SleepEnv` (1 ms sleep per
 step) x 32; each has a target for envfleet process / ceiling. Beside the ceiling, the *bare
 pool* (``bare-pool``: worker processes that read a byte, step their envs, write a byte) is the
-least a process pool of envfleet's design can cost; envfleet process / bare pool is printed too.
+least a process pool of envfleet's design can cost; envfleet process / bare pool is printed too,
+and on Pong envfleet process / ale-py's C++ ``AtariVectorEnv`` (``ale-vector``: the same raw
+frames, frame skip and sticky actions, stepped by C++ threads).
 Prints a table per workload and writes every number, with machine info, to JSON.
 
 Usage::
@@ -28,13 +30,22 @@ from typing import Any
 
 from rich.console import Console
 
+from bench.common import (
+    RESULTS,
+    add_choice,
+    print_machine,
+    progress,
+    save_json,
+    script_parser,
+    session,
+    timing_from,
+)
 from bench.envs import TARGETS, Target
 from envfleet import benchmark
-from envfleet.benchmark.cases import save_json, script_parser, timing_from
-from envfleet.benchmark.scripts import add_choice, print_machine
 
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "throughput.json"
+DEFAULT_JSON = RESULTS / "throughput.json"
 DEFAULT_RUNNERS = ["loop", "ceiling", "bare-pool", "gym-sync", "gym-async", "serial", "process"]
+DEFAULT_RUNNERS += ["ale-vector"]  # Pong only: left out where it cannot run
 SUBJECT = "process"
 
 
@@ -52,14 +63,9 @@ def run_workload(
         console.print(f"[red]{workload.name}: {name} failed[/red]")
         console.print("".join(traceback.format_exception(exc)), markup=False, highlight=False)
 
-    with console.status(f"{workload.name} ...") as status:
+    with progress(console, workload.name) as hooks:
         report = benchmark.sweep(
-            workload.env,
-            [workload.num_envs],
-            runners,
-            timing,
-            on_error=report_failure,
-            progress=status.update,
+            workload.env, [workload.num_envs], runners, timing, on_error=report_failure, **hooks
         )
     console.print(benchmark.report_table(report))
     for note in benchmark.report_notes(report):
@@ -82,6 +88,12 @@ def run_workload(
             + (f"; bare pool / ceiling = {bare_ceiling:.2f}" if bare_ceiling else "")
             + "\n"
         )
+    over_ale = report.ratio(SUBJECT, workload.num_envs, "ale-vector")
+    if over_ale is not None:
+        console.print(
+            f"[bold]{workload.name}: envfleet process / ale-py AtariVectorEnv = "
+            f"{over_ale:.2f}[/bold] (the same frames and frame skip)\n"
+        )
     document = report.as_dict()
     document.pop("machine")  # once, at the top
     return {
@@ -90,6 +102,7 @@ def run_workload(
         "target_process_over_ceiling": workload.target,
         "envfleet_process_over_ceiling": subject,
         "envfleet_process_over_bare_pool": over_bare,
+        "envfleet_process_over_ale_vector": over_ale,
         "meets_target": meets,
     }
 
@@ -105,11 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     timing = timing_from(args)
-    console = Console(width=max(Console().width, 120))  # wide enough when piped, too
-    report: dict[str, Any] = {"machine": print_machine(console), "timing": timing.as_dict()}
-    report["workloads"] = {
-        name: run_workload(TARGETS[name], args.runners, timing, console) for name in args.workloads
-    }
+    with session(args.json) as console:  # ale-py's banners go to the log, not the screen
+        report: dict[str, Any] = {"machine": print_machine(console), "timing": timing.as_dict()}
+        report["workloads"] = {
+            name: run_workload(TARGETS[name], args.runners, timing, console)
+            for name in args.workloads
+        }
     save_json(args.json, report, console)
     return 0
 

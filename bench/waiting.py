@@ -15,23 +15,31 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make ``envfleet`` importable from the checkout
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import contextlib
 import functools
+import multiprocessing
 from collections.abc import Iterator
 from typing import Any
 
 import gymnasium
-from rich.console import Console
 
 import envfleet
+from bench.common import (
+    RESULTS,
+    Case,
+    Versus,
+    measure_table,
+    print_machine,
+    save_json,
+    script_parser,
+    session,
+    timing_from,
+)
 from envfleet.backends import process
-from envfleet.benchmark import Runner, Timing, Workload
-from envfleet.benchmark.base import _open_vector
-from envfleet.benchmark.cases import Case, save_json, script_parser, timing_from
-from envfleet.benchmark.scripts import Versus, measure_table, print_machine
+from envfleet.benchmark import Runner, Timing, Workload, open_vector
 from envfleet.spec import EnvSpec
 
 SPINS = (0.0, 20e-6, 200e-6, 2e-3)
@@ -52,7 +60,8 @@ class SpinSetting(gymnasium.Wrapper[Any, Any, Any, Any]):
     loop reads it once the envs are built); :attr:`worker_spin_seconds` reads it back."""
 
     def __init__(self, spec: EnvSpec, spin: float) -> None:
-        process.SPIN_SECONDS = spin
+        if multiprocessing.parent_process() is not None:  # a worker, not make()'s probe here
+            process.SPIN_SECONDS = spin
         super().__init__(spec.build())
 
     @property
@@ -72,7 +81,7 @@ def open_spinning(spin: float, workers: int, workload: Workload, timing: Timing)
             raise RuntimeError(f"the workers hold SPIN_SECONDS {held}, not {spin}")
         return pool
 
-    inner = _open_vector(f"spin {spin * 1e6:g} µs", build, timing)
+    inner = open_vector(f"spin {spin * 1e6:g} µs", build, timing)
     window = inner.window
     inner.window = lambda seconds: _spun(spin, window, seconds)  # type: ignore[method-assign]
     return inner
@@ -84,22 +93,19 @@ def _spun(spin: float, window: Any, seconds: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = script_parser(__doc__ or "", Path(__file__).resolve().parent / "results/waiting.json")
-    args = parser.parse_args(argv)
+    args = script_parser(__doc__ or "", RESULTS / "waiting.json").parse_args(argv)
     timing = timing_from(args)
-    console = Console(width=max(Console().width, 120))
-    report: dict[str, Any] = {"machine": print_machine(console), "timing": timing.as_dict()}
-    for env_id, num_envs, workers in WORKLOADS:
-        cases = [
-            Case(f"spin {s * 1e6:g} µs", functools.partial(open_spinning, s, workers), forks=True)
-            for s in SPINS
-        ]
-        title = f"{env_id}, {num_envs} envs, {workers} workers"
-        columns = [Versus("vs blocking", cases[0].name)]
-        _, rows = measure_table(
-            console, title, cases, Workload.of(env_id, num_envs), timing, columns
-        )
-        report[env_id] = rows
+    with session(args.json) as console:
+        report: dict[str, Any] = {"machine": print_machine(console), "timing": timing.as_dict()}
+        for env_id, num_envs, workers in WORKLOADS:
+            cases = [
+                Case(f"spin {s * 1e6:g} µs", functools.partial(open_spinning, s, workers), True)
+                for s in SPINS
+            ]
+            title = f"{env_id}, {num_envs} envs, {workers} workers"
+            columns = [Versus("vs blocking", cases[0].name)]
+            workload = Workload.of(env_id, num_envs)
+            report[env_id] = measure_table(console, title, cases, workload, timing, columns)[1]
     save_json(args.json, report, console)
     return 0
 

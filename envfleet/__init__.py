@@ -20,6 +20,7 @@ from envfleet.errors import (
     PoolStateError,
     RemoteError,
     RemoteTraceback,
+    ResetNeededError,
     RestartLimitError,
     WorkerDiedError,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "PoolStateError",
     "RemoteError",
     "RemoteTraceback",
+    "ResetNeededError",
     "RestartLimitError",
     "WorkerDiedError",
     "__version__",

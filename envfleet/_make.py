@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -18,8 +20,9 @@ from envfleet.errors import EnvRaisedError, EnvTimeoutError, OnError, Phase, env
 from envfleet.group import Abandoned, build_within, env_errors
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
 from envfleet.protocol import EnvFailure
-from envfleet.spec import EnvSpec
+from envfleet.spec import CallerRegistry, EnvSpec
 from envfleet.tune import auto_layout, profile_env
+from envfleet.validation import bounds_nbytes
 
 START_METHODS = ("fork", "forkserver", "spawn")
 T = TypeVar("T")
@@ -49,6 +52,7 @@ def make(
     ray_init_kwargs: Mapping[str, Any] | None = None,
     worker_resources: Mapping[str, Any] | None = None,
     ray_shared_memory: bool | None = None,
+    nodes: str | Sequence[str] | None = None,
 ) -> Pool:
     """Run ``num_envs`` environments in parallel behind one ``VectorEnv``.
 
@@ -69,7 +73,10 @@ def make(
             thread backend, one per env); envs are split over them in contiguous blocks that
             need not be equal. ``"auto"`` probes the env for a fraction of a second and picks
             workers (and ``threads_per_worker`` for envs that mostly wait), as ``envfleet tune``
-            would.
+            would. An async pool (``batch_size < num_envs``) of the process backend with
+            ``num_workers`` and ``threads_per_worker`` unset is laid out as ``"auto"``: envs
+            that mostly wait get up to :data:`~envfleet.tune.ASYNC_WORKERS_PER_CORE` workers
+            per core, so that one slow env does not hold back a whole core's share of envs.
         batch_size: envs returned per :meth:`Pool.recv` (default ``num_envs``: synchronous).
         seed: env ``i`` is reset with ``seed + i`` on the first reset; also seeds the action
             spaces.
@@ -136,6 +143,10 @@ def make(
         ray_shared_memory: ray backend: actors on this machine share the batch memory with the
             pool and take commands over a socket, without a Ray call per step (default
             ``True``); ``False`` makes every command a Ray call, as for actors on other nodes.
+        nodes: ray backend: ``"auto"`` (every alive node with CPUs) or a list of Ray node ids
+            runs one sub-pool per node: an agent on each node runs its share of the workers
+            (in proportion to its CPUs, in contiguous runs) as local processes, and each
+            command is one message per node. ``None`` (default): one actor per worker.
 
     Returns:
         A :class:`Pool`; close it (or use it as a context manager) to free its workers.
@@ -156,6 +167,8 @@ def make(
     can = KINDS[backend_kind].capabilities  # what it honours: asked below, never its name
     mode: AutoresetMode = _enum(AutoresetMode, autoreset_mode, "autoreset_mode")
     spec = EnvSpec.from_user(env, env_kwargs)
+    # Ids the caller registered, for factories that gymnasium.make them in fresh workers.
+    spec = dataclasses.replace(spec, caller_registry=CallerRegistry.snapshot())
     if num_envs is None:
         if spec.num_envs is None:
             raise TypeError(
@@ -171,7 +184,19 @@ def make(
         )
     if not isinstance(check_actions, bool):
         raise TypeError(f"check_actions must be True or False, got {check_actions!r}")
+    batch_size = num_envs if batch_size is None else _positive_int(batch_size, "batch_size")
+    if batch_size > num_envs:
+        raise ValueError(f"batch_size={batch_size} exceeds num_envs={num_envs}")
     auto = num_workers == "auto"
+    # An async pool whose layout is left to us is laid out as "auto" would: envs that wait get
+    # more workers, so that a slow env holds few others back (issue 23).
+    async_default = (
+        num_workers is None
+        and batch_size < num_envs
+        and threads_per_worker == 1
+        and can.local_cpus
+        and not (can.one_worker or can.worker_per_env)
+    )
     if auto:
         num_workers = None
     if num_workers is None:
@@ -180,9 +205,6 @@ def make(
     num_workers = _positive_int(num_workers, "num_workers")
     if num_workers > num_envs:
         raise ValueError(f"num_workers={num_workers} exceeds num_envs={num_envs}")
-    batch_size = num_envs if batch_size is None else _positive_int(batch_size, "batch_size")
-    if batch_size > num_envs:
-        raise ValueError(f"batch_size={batch_size} exceeds num_envs={num_envs}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
         raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
     if seed is not None and seed < 0:
@@ -222,6 +244,7 @@ def make(
             ("ray_init_kwargs", ray_init_kwargs),
             ("worker_resources", worker_resources),
             ("ray_shared_memory", ray_shared_memory),
+            ("nodes", nodes),
         )
         if value is not None
     ]
@@ -240,19 +263,24 @@ def make(
     # that a factory may draw from (domain randomisation) are put back as they were, so that
     # the pool's env i draws what SyncVectorEnv's env i draws.
     global_rngs = np.random.get_state(), random.getstate()
+    probe_started = time.perf_counter()
     probe = _probe(spec, bound)
-    if auto:
+    probe_seconds = time.perf_counter() - probe_started
+    if auto or async_default:
+        why = "num_workers='auto'" if auto else "the layout of an async pool"
         try:
             profile = (
                 profile_env(spec)
                 if bound is None
-                else _within(bound, spec, profile_env, "profiling (num_workers='auto')")
+                else _within(bound, spec, profile_env, f"profiling ({why})")
             )
         except Exception as exc:
             if not _wants_main_thread(exc):
                 raise
             profile = profile_env(spec)  # as the probe: it failed at once, it did not hang
-        layout = auto_layout(profile, backend_kind, num_envs, len(usable_cpus()))
+        layout = auto_layout(
+            profile, backend_kind, num_envs, len(usable_cpus()), batch_size=batch_size
+        )
         num_workers = layout.num_workers
         if threads_per_worker == 1:
             threads_per_worker = layout.threads_per_worker
@@ -283,9 +311,15 @@ def make(
             init_kwargs=dict(ray_init_kwargs or {}),
             worker_resources=dict(worker_resources or {}),
             shared_memory=ray_shared_memory is not False,
+            nodes=_nodes(nodes),
         ),
     )
-    transport = open_transport(backend_kind, options)
+    try:
+        transport = open_transport(backend_kind, options)
+    except EnvTimeoutError as exc:
+        if exc.phase is Phase.MAKE and exc.args:  # past start_timeout: say what took the time
+            exc.args = (f"{exc.args[0]}. {_start_cost(probe, probe_seconds, assignment)}",)
+        raise
     try:
         return Pool(
             transport,
@@ -337,6 +371,20 @@ def _probe(spec: EnvSpec, timeout: float | None = None) -> dict[str, Any]:
         }
     finally:
         _close_probe(env)
+
+
+def _start_cost(
+    probe: dict[str, Any], probe_seconds: float, assignment: Sequence[tuple[int, ...]]
+) -> str:
+    """What a worker's start-up costs, as measured here: for a start_timeout message."""
+    per_worker = max(len(ids) for ids in assignment)
+    nbytes = bounds_nbytes(probe["observation_space"]) + bounds_nbytes(probe["action_space"])
+    return (
+        f"Measured in this process: building one env (and closing it) took {probe_seconds:.3g}s, "
+        f"and a worker builds up to {per_worker} (about {per_worker * probe_seconds:.3g}s); "
+        f"the spaces' bounds hold {nbytes / 1e6:.3g} MB, sent to each worker and compared "
+        "with each env's spaces. Raise start_timeout if that is the cost of these envs"
+    )
 
 
 def _wants_main_thread(exc: BaseException | None) -> bool:
@@ -426,3 +474,12 @@ def _positive_int(value: Any, name: str) -> int:
     if value < 1:
         raise ValueError(f"{name} must be at least 1, got {value}")
     return int(value)
+
+
+def _nodes(nodes: str | Sequence[str] | None) -> str | tuple[str, ...] | None:
+    """``make(nodes=...)`` checked: ``None``, ``"auto"`` or a non-empty list of node ids."""
+    if nodes is None or nodes == "auto":
+        return nodes
+    if isinstance(nodes, str) or not all(isinstance(n, str) for n in nodes) or not nodes:
+        raise ValueError(f"nodes must be 'auto' or a non-empty list of Ray node ids, got {nodes!r}")
+    return tuple(nodes)

@@ -11,7 +11,12 @@ from __future__ import annotations
 import enum
 from typing import Any, cast
 
-from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
+from gymnasium.error import (
+    AlreadyPendingCallError,
+    ClosedEnvironmentError,
+    NoAsyncCallError,
+    ResetNeeded,
+)
 
 
 class OnError(enum.Enum):
@@ -182,6 +187,11 @@ class NoPendingError(PoolStateError, NoAsyncCallError):
     def __init__(self, message: str, name: str = "recv") -> None:
         RuntimeError.__init__(self, message)
         self.name = name
+
+
+class ResetNeededError(PoolStateError, ResetNeeded):
+    """An env was stepped before its first reset; a ``gymnasium.error.ResetNeeded``, as a
+    Gymnasium env made by ``gymnasium.make`` raises. Nothing was sent: the pool stays usable."""
 
 
 class AlreadyPendingError(PoolStateError, AlreadyPendingCallError):

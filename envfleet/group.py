@@ -27,11 +27,20 @@ from envfleet.buffers import Batch, make_reader, make_writer
 from envfleet.errors import OnError, Phase
 from envfleet.protocol import EnvFailure, Reply
 from envfleet.spec import EnvSpec
+from envfleet.validation import same_space
 
 T = TypeVar("T")
 
 RESTARTED = "envfleet/restarted"
 """Info key set on the result that reports an env's restart."""
+
+BATCHED_MIN_ENVS = 8
+"""Groups stepping at least this many envs write their results with one assignment per field;
+smaller ones env by env, which costs less below it (numpy's fixed cost per assignment)."""
+
+SMALL_ROW_BYTES = 1024
+"""Observation rows up to this size are gathered into one array and written at once; larger
+ones (frames) are copied into their rows one by one, with no temporary array."""
 
 
 def derive_seed(seed_base: int | None, env_index: int, restarts: int) -> int | None:
@@ -201,13 +210,28 @@ class EnvGroup:
         self.action_space = action_space
         self.restarts = {i: (restarts or {}).get(i, 0) for i in self.env_ids}
         self.envs: dict[int, gymnasium.Env[Any, Any]] = {}
-        self._needs_reset = dict.fromkeys(self.env_ids, False)
+        self._owe_reset: set[int] = set()  # envs whose episode ended (NEXT_STEP: reset next)
         self._truncate_next: set[int] = set()  # restarted envs owing a truncated result
         self._reset_seed: dict[int, int | None] = {}  # seeds for restarted envs' next reset
         self._restart_log: list[EnvFailure] = []
         self._write_obs = make_writer(observation_space, batch.observations)
         self._read_obs = make_reader(observation_space, batch.observations)
         self._read_action = make_reader(action_space, batch.actions)
+        # The batched step (one assignment per field): actions in one array, and autoreset
+        # modes that keep one result per env; SAME_STEP steps env by env.
+        self._batched = (
+            isinstance(batch.actions, np.ndarray) and autoreset_mode is not AutoresetMode.SAME_STEP
+        )
+        # Observations in one array whose rows are small: written with one assignment (a large
+        # row, a frame, is copied straight into the batch instead, through no temporary).
+        obs = batch.observations
+        self._obs_shape: tuple[int, ...] | None = (
+            tuple(obs.shape[1:])
+            if isinstance(obs, np.ndarray) and obs[:1].nbytes <= SMALL_ROW_BYTES
+            else None
+        )
+        self._rows_key: Sequence[int] | None = None
+        self._rows_value: tuple[slice | np.ndarray, list[Any]] = (slice(0), [])
         for i in self.env_ids:
             try:
                 self.envs[i] = self._build(i)
@@ -249,7 +273,7 @@ class EnvGroup:
                 self._truncate_next.discard(i)
                 restarted = True
             batch.terminations[i] = batch.truncations[i] = False
-            self._needs_reset[i] = False
+            self._owe_reset.discard(i)
             if restarted:
                 info = {**info, RESTARTED: True}
             if info:
@@ -258,15 +282,146 @@ class EnvGroup:
 
     def step(self, env_ids: Sequence[int], actions: dict[int, Any] | None = None) -> Reply:
         """Step ``env_ids`` with the actions in their batch rows, applying autoreset."""
-        batch = self.batch
         infos: dict[int, Any] = {}
         failures: list[EnvFailure] = []
         kept: list[int] = []
+        if (
+            actions is None
+            and self._batched
+            and not self._truncate_next
+            and len(env_ids) >= BATCHED_MIN_ENVS
+        ):
+            self._step_batched(env_ids, infos, failures, kept)
+        else:
+            self._step_each(env_ids, actions, infos, failures, kept)
+        return self._reply(env_ids, infos, failures, kept)
+
+    def _step_batched(
+        self,
+        env_ids: Sequence[int],
+        infos: dict[int, Any],
+        failures: list[EnvFailure],
+        kept: list[int],
+    ) -> None:
+        """The hot path: every env's result is collected first, then written with one
+        assignment per field, as ``SyncVectorEnv`` does; nothing is done per env beyond its
+        ``step`` (issue 23). The first env that raises hands the rest to :meth:`_step_each`."""
+        index, envs = self._rows(env_ids)
+        actions = self.batch.actions[index]
+        if actions.ndim > 1:
+            # Rows of a copy, not views of the batch: an env that keeps its action must not see
+            # the next step's actions written over it.
+            actions = actions.copy()
+        owe = self._owe_reset if self.mode is AutoresetMode.NEXT_STEP else None
+        results: list[Any] = []
+        append = results.append
+        reset_ids: list[int] = []
+        try:
+            # zip without strict: the three have one entry per env by construction, and the
+            # check costs more than the rest of a small group's step.
+            for i, env, action in zip(env_ids, envs, actions):  # noqa: B905
+                if owe and i in owe:
+                    reset_ids.append(i)
+                    obs, info = env.reset(seed=self._reset_seed.pop(i, None))
+                    append((obs, 0.0, False, False, info))
+                else:
+                    append(env.step(action))
+        except env_errors() as exc:
+            k = len(results)
+            if reset_ids and reset_ids[-1] == env_ids[k]:
+                reset_ids.pop()
+            self._write_rows(env_ids[:k], _index(env_ids[:k]), results, reset_ids, infos, failures)
+            self._failed(env_ids[k], exc, infos, failures, kept)
+            self._step_each(env_ids[k + 1 :], None, infos, failures, kept)
+            return
+        self._write_rows(env_ids, index, results, reset_ids, infos, failures)
+
+    def _write_rows(
+        self,
+        env_ids: Sequence[int],
+        index: slice | np.ndarray,
+        results: list[Any],
+        reset_ids: list[int],
+        infos: dict[int, Any],
+        failures: list[EnvFailure],
+    ) -> None:
+        """Write the ``(obs, reward, terminated, truncated, info)`` of ``env_ids`` into their
+        rows at once; any result that does not fit is handled env by env
+        (:meth:`_write_each`), so that its failure names the env."""
+        if not env_ids:
+            return
+        batch = self.batch
+        try:
+            # Without strict: a result of another length than 5 fails the unpacking.
+            observations, rewards, terminations, truncations, env_infos = zip(*results)  # noqa: B905
+            if self._obs_shape is not None:  # small rows: one array, its shape checked
+                values = np.asarray(observations)
+                if values.dtype == object or values.shape != (len(env_ids), *self._obs_shape):
+                    raise ValueError("an observation does not fit its row")
+                batch.observations[index] = values
+            else:
+                write_obs = self._write_obs
+                for i, obs in zip(env_ids, observations, strict=True):
+                    write_obs(i, obs)
+            batch.rewards[index] = rewards
+            batch.terminations[index] = terminations
+            batch.truncations[index] = truncations
+        except Exception:
+            self._write_each(env_ids, results, infos, failures)
+            return
+        owe = self._owe_reset
+        if reset_ids:
+            owe.difference_update(reset_ids)
+        if any(terminations) or any(truncations):
+            owe.update(
+                i for i, te, tr in zip(env_ids, terminations, truncations, strict=True) if te or tr
+            )
+        if any(env_infos):
+            for i, info in zip(env_ids, env_infos, strict=True):
+                if info:
+                    infos[i] = info
+
+    def _write_each(
+        self,
+        env_ids: Sequence[int],
+        results: list[Any],
+        infos: dict[int, Any],
+        failures: list[EnvFailure],
+    ) -> None:
+        """Results written one env at a time, as :meth:`_step_each` does (the slow path)."""
+        batch, owe = self.batch, self._owe_reset
+        for i, result in zip(env_ids, results, strict=True):
+            try:
+                obs, reward, terminated, truncated, info = result
+                self._write_obs(i, obs)
+            except env_errors() as exc:
+                self._failed(i, exc, infos, failures, [])
+                continue
+            batch.rewards[i] = reward
+            batch.terminations[i] = terminated
+            batch.truncations[i] = truncated
+            if terminated or truncated:
+                owe.add(i)
+            else:
+                owe.discard(i)
+            if info:
+                infos[i] = info
+
+    def _step_each(
+        self,
+        env_ids: Sequence[int],
+        actions: dict[int, Any] | None,
+        infos: dict[int, Any],
+        failures: list[EnvFailure],
+        kept: list[int],
+    ) -> None:
+        """Step ``env_ids`` one env at a time (carried actions, restarts, ``SAME_STEP``)."""
+        batch = self.batch
         rewards, terms, truncs = batch.rewards, batch.terminations, batch.truncations
         # Carried actions (another dtype than the batch arrays', or no shared arrays) reach the
         # env as the caller gave them, never cast into the batch first.
         read_action = self._read_action if actions is None else actions.__getitem__
-        envs, needs_reset, write_obs = self.envs, self._needs_reset, self._write_obs
+        envs, owe, write_obs = self.envs, self._owe_reset, self._write_obs
         next_step = self.mode is AutoresetMode.NEXT_STEP
         same_step = self.mode is AutoresetMode.SAME_STEP
         truncate_next = self._truncate_next
@@ -277,7 +432,7 @@ class EnvGroup:
             env = envs[i]
             reward: Any
             try:
-                if next_step and needs_reset[i]:
+                if next_step and i in owe:
                     obs, info = env.reset(seed=self._reset_seed.pop(i, None))
                     reward, terminated, truncated = 0.0, False, False
                 else:
@@ -288,19 +443,42 @@ class EnvGroup:
                         info = {**final, **info}
                 write_obs(i, obs)
             except env_errors() as exc:
-                failure = EnvFailure.capture(i, Phase.STEP, exc)
-                if self.on_error is OnError.RAISE or not self._restart(i, failure, failures):
-                    failures.append(failure)
-                else:
-                    self._truncate(i, infos, failures, kept)
+                self._failed(i, exc, infos, failures, kept)
                 continue
             rewards[i] = reward
             terms[i] = terminated
             truncs[i] = truncated
-            needs_reset[i] = terminated or truncated
+            if terminated or truncated:
+                owe.add(i)
+            else:
+                owe.discard(i)
             if info:
                 infos[i] = info
-        return self._reply(env_ids, infos, failures, kept)
+
+    def _failed(
+        self,
+        i: int,
+        exc: BaseException,
+        infos: dict[int, Any],
+        failures: list[EnvFailure],
+        kept: list[int],
+    ) -> None:
+        """Env ``i`` raised ``exc`` stepping: report it, or restart it and truncate its episode."""
+        failure = EnvFailure.capture(i, Phase.STEP, exc)
+        if self.on_error is OnError.RAISE or not self._restart(i, failure, failures):
+            failures.append(failure)
+        else:
+            self._truncate(i, infos, failures, kept)
+
+    def _rows(self, env_ids: Sequence[int]) -> tuple[slice | np.ndarray, list[Any]]:
+        """The batch rows of ``env_ids`` and their envs, kept for the command repeated every
+        step (a tuple, the same object each time)."""
+        if env_ids is self._rows_key:
+            return self._rows_value
+        value = (_index(env_ids), [self.envs[i] for i in env_ids])
+        if isinstance(env_ids, tuple):
+            self._rows_key, self._rows_value = env_ids, value
+        return value
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Reply:
         """Call ``name`` on each env (or read it, when it is not callable)."""
@@ -333,6 +511,7 @@ class EnvGroup:
             except env_errors() as exc:
                 failures.append(EnvFailure.capture(i, Phase.CLOSE, exc))
         self.envs.clear()
+        self._rows_key = None
         return Reply(failures=tuple(failures))
 
     # -- restarts ----------------------------------------------------------------------------
@@ -345,7 +524,7 @@ class EnvGroup:
             ("observation", env.observation_space, self.observation_space),
             ("action", env.action_space, self.action_space),
         ):
-            if got != expected:
+            if not same_space(got, expected):
                 env.close()
                 raise ValueError(
                     f"env {i} ({spec.name}) has {what} space {got}, but env 0's is {expected}: "
@@ -358,6 +537,7 @@ class EnvGroup:
         """Replace env ``i`` by a fresh one; False (and a failure recorded) if that fails."""
         self.restarts[i] += 1
         self._restart_log.append(failure)
+        self._rows_key = None  # the env list it keeps holds the env replaced here
         try:
             self.envs[i].close()
         except env_errors():
@@ -395,12 +575,12 @@ class EnvGroup:
                 failures.append(EnvFailure.capture(i, Phase.RESET, exc))
                 return
             info = {"final_obs": final_obs, "final_info": {}, **reset_info, **info}
-            self._needs_reset[i] = False
+            self._owe_reset.discard(i)
         else:
             # The latest observation stands (the last delivered, or, when a worker died after this
             # env had stepped, what that step produced); the next step or reset starts anew.
             kept.append(i)
-            self._needs_reset[i] = True
+            self._owe_reset.add(i)
         self.batch.rewards[i] = 0.0
         self.batch.terminations[i] = False
         self.batch.truncations[i] = True
@@ -424,6 +604,17 @@ class EnvGroup:
             failures=tuple(failures),
             restarts=restarts,
         )
+
+
+def _index(env_ids: Sequence[int]) -> slice | np.ndarray:
+    """Rows ``env_ids`` of a batch array: a slice when they are consecutive, in order."""
+    if not env_ids:
+        return slice(0, 0)
+    first = env_ids[0]
+    stop = first + len(env_ids)
+    if env_ids[-1] == stop - 1 and tuple(env_ids) == tuple(range(first, stop)):
+        return slice(first, stop)
+    return np.asarray(env_ids, dtype=np.intp)
 
 
 def _close_quietly(env: Any) -> None:

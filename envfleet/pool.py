@@ -39,13 +39,14 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, iterate
 
 from envfleet.backends import Transport
-from envfleet.buffers import is_array_space, put, take, view_rows
+from envfleet.buffers import RECYCLE_BYTES, Recycler, is_array_space, put, take, view_rows
 from envfleet.errors import (
     AlreadyPendingError,
     BrokenPoolError,
     ClosedPoolError,
     NoPendingError,
     OnError,
+    ResetNeededError,
 )
 from envfleet.infos import merge_infos
 from envfleet.ledger import EnvState, Ledger
@@ -146,6 +147,16 @@ class Pool(VectorEnv):  # type: ignore[misc]
             else None
         )
         self._needs_reset = np.zeros(self.num_envs, dtype=np.bool_)
+        observations = self._batch.observations
+        self._recycler = (
+            Recycler()
+            if isinstance(observations, np.ndarray)
+            and observations.nbytes // self.num_envs * max(1, batch_size) >= RECYCLE_BYTES
+            else None
+        )
+        # Envs never reset yet: a step of one is refused before anything is sent (#19).
+        self._never_reset = np.ones(self.num_envs, dtype=np.bool_)
+        self._all_reset = False
         self._first_seed = seed
         # A transport may hand a whole-pool step to every worker at once (the thread backend's
         # one wake-up for all threads); the others get one submit per worker.
@@ -509,9 +520,13 @@ class Pool(VectorEnv):  # type: ignore[misc]
             AlreadyPendingError: an env in ``env_id`` still has a step or result pending.
         """
         self._check_usable()
-        if self._recovery.worker_memory_limit is not None:
-            self._recovery.recycle_over_limit(self._gather)
         env_ids = self._idle_ids(env_id, "send")
+        if not self._all_reset and self._never_reset[env_ids].any():
+            never = env_ids[self._never_reset[env_ids]].tolist()
+            raise ResetNeededError(
+                f"envs {never} have not been reset yet: call reset() (or async_reset()) before "
+                "step()/send(); nothing was sent"
+            )
         if self.autoreset_mode is AutoresetMode.DISABLED and self._needs_reset[env_ids].any():
             done = env_ids[self._needs_reset[env_ids]].tolist()
             raise ValueError(
@@ -520,6 +535,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
             )
         space = self.single_action_space
         actions = check_actions(space, actions, env_ids, check_membership=self.check_actions)
+        if self._recovery.worker_memory_limit is not None:
+            self._recovery.recycle_over_limit(self._gather, self._pump)
         carried: list[dict[int, Any]] | None = None
         # Actions of another dtype than the space's would be cast by the batch arrays: they
         # travel with the command, so the env gets exactly what the caller gave (fidelity).
@@ -615,6 +632,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
         of the batch arrays: ``torch.from_numpy`` then takes them with no copy at all.
         """
         observations = self._batch.observations
+        if self.copy and self._recycler is not None:  # large rows: into memory let go of
+            return self._recycler.copy(observations, rows)
         if rows is None and isinstance(observations, np.ndarray):  # one array, every env
             return observations.copy() if self.copy else observations
         if not self.copy and not isinstance(observations, list):
@@ -644,7 +663,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self, env_ids: np.ndarray, seeds: list[int | None], options: dict[str, Any] | None
     ) -> None:
         if self._recovery.worker_memory_limit is not None:
-            self._recovery.recycle_over_limit(self._gather)
+            self._recovery.recycle_over_limit(self._gather, self._pump)
         seed_of = dict(zip(env_ids.tolist(), seeds, strict=True))
         self._submit_many(
             [
@@ -653,6 +672,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
             ]
         )
         self._first_seed = None
+        if not self._all_reset:
+            self._never_reset[env_ids] = False
+            self._all_reset = not self._never_reset.any()
 
     def _collect(self, env_ids: np.ndarray) -> None:
         """Wait until every env of ``env_ids`` is ready and take them out of the FIFO."""

@@ -9,7 +9,8 @@ went wrong into an :class:`~envfleet.EnvError`:
 - a lost worker (:class:`~envfleet.backends.WorkerLost`: it died, or recovery killed it for
   hanging past ``step_timeout``): under ``"raise"`` an error naming its envs; under
   ``"restart"`` the transport rebuilds it and recovery resends what it owed;
-- a worker over ``worker_memory_limit``, between steps: replaced, its envs restarted.
+- a worker over ``worker_memory_limit``, between its own commands: replaced (recycled), its
+  envs restarted; recycles are counted apart from restarts and never against ``max_restarts``.
 
 The face then calls :meth:`Recovery.fail` with the first error: the pool breaks, the other
 envs' results already on their way are gathered onto the error (``error.completed``) and it is
@@ -80,6 +81,10 @@ class Recovery:
         """How many times each env was restarted."""
         self.recycled = [0] * ledger.num_workers
         """How many times each worker was replaced for its memory."""
+        # Per env, how often it was rebuilt by a recycle: with ``restarts``, the count a
+        # replacement worker continues (its restarted envs' seeds derive from it).
+        self._recycled_envs = np.zeros(ledger.num_envs, dtype=np.int64)
+        self._over_limit: set[int] = set()  # workers seen over the limit, not yet replaced
         self.broken: BaseException | None = None
         """The error that broke the pool, if one did."""
         self._hung: dict[int, float] = {}  # workers killed for hanging: how long they hung
@@ -138,7 +143,7 @@ class Recovery:
         if over:
             return self._restart_limit(over[0], worker, error)
         try:
-            self.transport.restart(worker, {i: int(self.restarts[i]) for i in ids})
+            self.transport.restart(worker, self._rebuilds(ids))
         except EnvError as exc:  # the replacement could not even build its envs
             return exc
         for resent in resend:
@@ -199,31 +204,49 @@ class Recovery:
 
     # -- memory --------------------------------------------------------------------------------
 
-    def recycle_over_limit(self, gather: Callable[[np.ndarray], Any]) -> None:
-        """Replace each idle worker whose memory is over ``worker_memory_limit`` (a leaking env
+    def recycle_over_limit(
+        self, gather: Callable[[np.ndarray], Any], pump: Callable[[bool], None]
+    ) -> None:
+        """Replace each worker whose memory is over ``worker_memory_limit`` (a leaking env
         would otherwise grow until the machine runs out); its envs restart as after a failure
-        (their episodes reported truncated, ``infos["envfleet/restarted"]``)."""
-        now = time.monotonic()
-        if now - self._memory_checked < MEMORY_CHECK_INTERVAL:
-            return
-        self._memory_checked = now
+        (their episodes reported truncated, ``infos["envfleet/restarted"]``).
+
+        Called before the pool sends a command. The workers' memory is read at most once per
+        :data:`MEMORY_CHECK_INTERVAL`; a worker seen over the limit is replaced before its next
+        command, whatever the other workers do: if it still owes replies (async ``send``/
+        ``recv`` keeps a worker busy), ``pump(True)`` takes them in first, so its results stay
+        ready for ``recv`` and nothing of it is in flight when it is replaced. Recycles count
+        in ``recycled``, never against ``max_restarts``.
+        """
         limit = self.worker_memory_limit
         memory = getattr(self.transport, "memory", None)
         if limit is None or memory is None:
             return
+        now = time.monotonic()
+        if now - self._memory_checked >= MEMORY_CHECK_INTERVAL:
+            self._memory_checked = now
+            for worker in range(self.ledger.num_workers):
+                used = memory(worker)
+                if used is not None and used > limit:
+                    self._over_limit.add(worker)
         ledger = self.ledger
-        for worker, ids in enumerate(ledger.assignment):
-            if not ledger.idle_worker(worker):
-                continue  # between steps only: nothing of it in flight or unread
-            used = memory(worker)
-            if used is None or used <= limit:
-                continue
-            self.restarts[list(ids)] += 1
+        while self._over_limit:
+            worker = min(self._over_limit)
+            while ledger.pending[worker]:  # between its own commands: what it owes comes in
+                pump(True)
+            self._over_limit.discard(worker)
+            ids = ledger.assignment[worker]
+            self._recycled_envs[list(ids)] += 1
             self.recycled[worker] += 1
             try:
-                self.transport.restart(worker, {i: int(self.restarts[i]) for i in ids})
+                self.transport.restart(worker, self._rebuilds(ids))
             except EnvError as exc:  # the replacement could not build its envs
                 self.fail(exc, gather)
+
+    def _rebuilds(self, ids: tuple[int, ...]) -> dict[int, int]:
+        """How often each of ``ids`` was rebuilt (restarts and recycles): a replacement worker
+        continues these counts, and restarted envs' seeds derive from them."""
+        return {i: int(self.restarts[i] + self._recycled_envs[i]) for i in ids}
 
     # -- the failure policy --------------------------------------------------------------------
 

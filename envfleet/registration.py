@@ -56,7 +56,7 @@ class VectorEntryPoint:
                 env_kwargs["max_episode_steps"] = max_episode_steps  # gymnasium.make's own
             else:
                 limit = functools.partial(TimeLimit, max_episode_steps=int(max_episode_steps))
-                spec = dataclasses.replace(spec, wrappers=(*spec.wrappers, limit))
+                spec = spec.wrapped([limit])
         return make(spec, num_envs, env_kwargs=env_kwargs, **options)
 
 

@@ -15,15 +15,19 @@ import importlib
 import importlib.util
 import inspect
 import io
-import re
+import os
 import sys
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import cloudpickle
 import gymnasium
 import numpy as np
 from gymnasium import spaces
+
+from envfleet.id_hints import unknown_id_message
 
 EnvFactory = Callable[..., gymnasium.Env[Any, Any]]
 EnvWrapper = Callable[[gymnasium.Env[Any, Any]], gymnasium.Env[Any, Any]]
@@ -64,6 +68,10 @@ class EnvSpec:
             builds the same env.
         per_env: one recipe per env (``env_fns``, a list of ids or a per-env ``env_kwargs``):
             env ``i`` is built by ``per_env[i]``; the other fields then describe env 0.
+        caller_registry: the caller's Gymnasium registry entries (:class:`CallerRegistry`),
+            installed in a worker before it builds an env, so that a factory calling
+            ``gymnasium.make(id)`` on an id registered in the caller (``import ale_py``,
+            ``gymnasium.register``) builds it in spawned workers and Ray actors too.
     """
 
     target: str | EnvFactory
@@ -72,6 +80,7 @@ class EnvSpec:
     wrappers: tuple[EnvWrapper, ...] = ()
     registered: Any = None
     per_env: tuple[EnvSpec, ...] = ()
+    caller_registry: CallerRegistry | None = None
 
     @classmethod
     def from_user(
@@ -122,11 +131,11 @@ class EnvSpec:
             if _in_legacy_gym_registry(env):
                 return cls(env, kwargs, legacy_gym=True)
             try:
-                gymnasium.spec(env)  # raises with Gymnasium's did-you-mean suggestions
-            except gymnasium.error.Error as exc:
-                raise ValueError(
-                    f"unknown environment id {env!r}: {exc}{_extra_hint(env)}{_module_hint(env)}"
-                ) from exc
+                gymnasium.spec(env)
+            except gymnasium.error.Error:
+                # Our own message (the nearest registered ids, or the extra the id needs) stands
+                # alone: Gymnasium's error and its traceback would only come before it.
+                raise ValueError(unknown_id_message(env)) from None
             return cls(env, kwargs)
         if isinstance(env, gymnasium.Env) or is_legacy_env(env):
             raise TypeError(
@@ -147,6 +156,17 @@ class EnvSpec:
         first = specs[0]
         return dataclasses.replace(first, per_env=specs)
 
+    def wrapped(self, wrappers: Sequence[EnvWrapper]) -> EnvSpec:
+        """This recipe with ``wrappers`` applied after its own, to every env (each recipe of a
+        per-env recipe too); every other field is kept."""
+        if not wrappers:
+            return self
+        return dataclasses.replace(
+            self,
+            wrappers=(*self.wrappers, *wrappers),
+            per_env=tuple(spec.wrapped(wrappers) for spec in self.per_env),
+        )
+
     @property
     def num_envs(self) -> int | None:
         """How many envs the recipe describes (``None``: any number of copies)."""
@@ -155,7 +175,10 @@ class EnvSpec:
     def for_env(self, index: int) -> EnvSpec:
         """The recipe of env ``index``."""
         if self.per_env:
-            return self.per_env[index]
+            spec = self.per_env[index]
+            if spec.caller_registry is None and self.caller_registry is not None:
+                spec = dataclasses.replace(spec, caller_registry=self.caller_registry)
+            return spec
         return self
 
     @property
@@ -177,6 +200,8 @@ class EnvSpec:
         """Build one environment (env 0 of a per-env recipe); a legacy gym env comes back
         converted to Gymnasium's API."""
         env: Any
+        if self.caller_registry is not None:
+            self.caller_registry.install()
         if isinstance(self.target, str) and self.legacy_gym:
             env = as_gymnasium(_legacy_gym_make(self.target, self.kwargs))
         elif isinstance(self.target, str) and self.registered is not None:
@@ -199,6 +224,70 @@ class EnvSpec:
         for wrapper in self.wrappers:
             env = wrapper(env)
         return env  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, eq=False)
+class CallerRegistry:
+    """The Gymnasium registry entries of the process that made a pool, for its workers.
+
+    A factory may call ``gymnasium.make(id)`` on an id that the caller registered
+    (``import ale_py`` registers the ALE ids; ``gymnasium.register`` a user's): a forked worker
+    inherits them, a spawned or forkserver worker and a Ray actor do not. The entries that a
+    fresh ``import gymnasium`` does not make (any whose entry point is not Gymnasium's own) and
+    that can travel (an entry point named by a string, or a callable cloudpickle takes) go with
+    the recipe; :meth:`install` puts them in a worker's registry (the caller's entry wins over
+    one of the same id there), and never in the caller's own process.
+    """
+
+    entries: tuple[Any, ...]
+    pid: int
+
+    @classmethod
+    def snapshot(cls) -> CallerRegistry:
+        """This process's entries (cached until the registry changes)."""
+        values = tuple(gymnasium.registry.values())
+        key = tuple(map(id, values))
+        cached = _SNAPSHOT.get(key)
+        if cached is not None and cached.pid == os.getpid():
+            return cached
+        entries = tuple(spec for spec in values if not _gymnasiums_own(spec))
+        try:
+            cloudpickle.dumps(entries)
+        except Exception:  # an entry that cannot travel stays behind (the others still go)
+            entries = tuple(spec for spec in entries if _travels(spec))
+        snapshot = cls(entries, os.getpid())
+        _SNAPSHOT.clear()
+        _SNAPSHOT[key] = snapshot
+        return snapshot
+
+    def install(self) -> None:
+        """Register the caller's entries in this process (once; not in the caller's)."""
+        if self.pid == os.getpid() or self in _INSTALLED:
+            return
+        registry = gymnasium.registry
+        for spec in self.entries:
+            if registry.get(spec.id) != spec:
+                registry[spec.id] = spec
+        _INSTALLED.add(self)
+
+
+_SNAPSHOT: dict[tuple[int, ...], CallerRegistry] = {}
+_INSTALLED: weakref.WeakSet[CallerRegistry] = weakref.WeakSet()  # installed in this process
+
+
+def _gymnasiums_own(spec: Any) -> bool:
+    """An entry that ``import gymnasium`` makes in every process."""
+    entry = spec.entry_point
+    module = entry if isinstance(entry, str) else getattr(entry, "__module__", None) or ""
+    return module.startswith("gymnasium.")
+
+
+def _travels(spec: Any) -> bool:
+    try:
+        cloudpickle.dumps(spec)
+    except Exception:
+        return False
+    return True
 
 
 def _is_env_list(env: Any) -> bool:
@@ -303,32 +392,6 @@ def _in_legacy_gym_registry(env_id: str) -> bool:
     except Exception:  # gym raises its own error types (and versions differ)
         return False
     return True
-
-
-_ATARI_ID = re.compile(r"^(ALE/|[A-Z][A-Za-z]*(-ram)?(Deterministic|NoFrameskip)?-v[04]$)")
-"""``ALE/...`` ids, and ids shaped as the old Atari ones (``Pong-v0``, ``PongNoFrameskip-v4``,
-``Pong-ramDeterministic-v4``) that ale-py registers too."""
-
-
-def _extra_hint(env_id: str) -> str:
-    """Which ``pip install 'envfleet[...]'`` may provide an id that is not registered."""
-    if _ATARI_ID.match(env_id) and importlib.util.find_spec("ale_py") is None:
-        return "; Atari ids need ale-py: pip install 'envfleet[atari]'"
-    if importlib.util.find_spec("gym") is None:
-        return "; ids of the legacy gym registry need: pip install 'envfleet[legacy]'"
-    return ""
-
-
-def _module_hint(env_id: str) -> str:
-    """Why the module of a ``"module:Env-v0"`` id did not import, if it did not."""
-    module_name, sep, _ = env_id.rpartition(":")
-    if not sep:
-        return ""
-    try:
-        importlib.import_module(module_name)
-    except ImportError as exc:
-        return f"; importing {module_name!r} failed: {exc}"
-    return ""
 
 
 def _import_gym() -> Any:

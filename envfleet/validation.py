@@ -179,3 +179,40 @@ def keeps_dtype(space: spaces.Space[Any], actions: Any) -> bool:
         )
     dtype = actions.dtype if isinstance(actions, np.ndarray) else np.asarray(actions).dtype
     return bool(dtype == space.dtype)
+
+
+def same_space(a: spaces.Space[Any], b: spaces.Space[Any]) -> bool:
+    """Whether ``a == b`` as Gymnasium's ``Space.__eq__`` says, without its cost on large
+    ``Box`` spaces: their type, shape and dtype first, then their bounds compared exactly
+    (``np.array_equal``); only bounds that differ go to ``Box.__eq__``'s ``np.allclose``, which
+    takes seconds on a 50 MB image space (every env of a pool is checked at start-up).
+    ``Dict`` and ``Tuple`` compare their subspaces this way, in Gymnasium's order."""
+    if a is b:
+        return True
+    if isinstance(a, spaces.Box) and isinstance(b, spaces.Box):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if np.array_equal(a.low, b.low) and np.array_equal(a.high, b.high):
+            return True
+        return bool(a == b)  # bounds that differ: Gymnasium's tolerance decides
+    if isinstance(a, spaces.Dict) and isinstance(b, spaces.Dict):
+        return list(a.spaces) == list(b.spaces) and all(
+            same_space(a.spaces[key], b.spaces[key]) for key in a.spaces
+        )
+    if isinstance(a, spaces.Tuple) and isinstance(b, spaces.Tuple):
+        return len(a.spaces) == len(b.spaces) and all(
+            same_space(x, y) for x, y in zip(a.spaces, b.spaces, strict=True)
+        )
+    return bool(a == b)
+
+
+def bounds_nbytes(space: spaces.Space[Any]) -> int:
+    """Bytes the bounds of ``space``'s ``Box`` spaces hold (what makes a space costly to send
+    and to compare)."""
+    if isinstance(space, spaces.Box):
+        return int(space.low.nbytes + space.high.nbytes)
+    if isinstance(space, spaces.Dict):
+        return sum(bounds_nbytes(sub) for sub in space.spaces.values())
+    if isinstance(space, spaces.Tuple):
+        return sum(bounds_nbytes(sub) for sub in space.spaces)
+    return 0

@@ -222,3 +222,15 @@ def leak_in_step(env: FaultyEnv, action: Any) -> None:
     """The victim keeps 10 MiB more (written, so resident) each step: a leaking env."""
     if env.seed_used == SEED + VICTIM:
         _LEAKED.append(np.ones(10 << 20, dtype=np.uint8))
+
+
+LEAK = 4 << 20
+"""Bytes every env keeps each step under :func:`leak_and_raise_on_2`."""
+
+
+def leak_and_raise_on_2(env: FaultyEnv, action: Any) -> None:
+    """Every env keeps :data:`LEAK` more bytes (written, so resident) each step, and action 2
+    makes it raise: a leaking env that can also crash on cue."""
+    _LEAKED.append(np.ones(LEAK, dtype=np.uint8))
+    if int(action) == 2:
+        raise ValueError("injected failure in step")

@@ -7,9 +7,10 @@ import threading
 import time
 from typing import Any
 
+import gymnasium
 import numpy as np
 import pytest
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 import envfleet
@@ -303,6 +304,62 @@ def test_results_are_not_overwritten_by_later_steps(backend: str) -> None:
         np.testing.assert_array_equal(held_rewards, held_rewards_copy)
 
 
+class FramesEnv(gymnasium.Env[np.ndarray, np.int64]):
+    """Frames large enough (8 x 12 KB) for the pool to copy them into memory it handed out
+    before: the step count in every pixel."""
+
+    def __init__(self) -> None:
+        self.observation_space = gymnasium.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+        self.action_space = gymnasium.spaces.Discrete(2)
+        self.t = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.t = 0 if seed is None else seed
+        return np.full((64, 64, 3), self.t % 256, np.uint8), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        return np.full((64, 64, 3), self.t % 256, np.uint8), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("batch_size", [8, 4])
+def test_large_observations_reuse_only_memory_nobody_holds(backend: str, batch_size: int) -> None:
+    """Observations the caller holds in any way (a variable, a list, a view of one) never
+    change, though those it dropped lend their memory to later steps (issue 23; the reuse
+    itself: ``tests/test_buffers.py``)."""
+    n = 8
+    with envfleet.make(FramesEnv, n, backend=backend, batch_size=batch_size, seed=0) as pool:
+        obs, _ = pool.reset()
+        pool.send(np.zeros(n, dtype=np.int64))
+        held: list[tuple[np.ndarray, np.ndarray]] = []
+        view = None
+        steps = np.zeros(n, dtype=np.int64)
+        for t in range(12):
+            obs, _, _, _, infos = pool.recv()
+            ids = infos["env_id"]
+            steps[ids] += 1
+            values = (ids + steps[ids]) % 256  # env i starts at its seed, i
+            np.testing.assert_array_equal(
+                obs, np.broadcast_to(values[:, None, None, None], obs.shape)
+            )
+            if t % 3 == 0:
+                held.append((obs, obs.copy()))
+            if t == 4:
+                view = (obs[1], obs[1].copy())
+            pool.send(np.zeros(batch_size, dtype=np.int64), ids)
+            del obs
+        for kept, copied in held:
+            np.testing.assert_array_equal(kept, copied)
+        assert view is not None
+        np.testing.assert_array_equal(view[0], view[1])
+        pool.recv()
+        if batch_size < n:
+            pool.recv()
+
+
 def test_copy_false_returns_the_batch_arrays_themselves(backend: str) -> None:
     """Same values as copies; the arrays are the pool's own, which the next step overwrites."""
     actions = np.ones(NUM_ENVS, dtype=np.int64)
@@ -338,7 +395,11 @@ def test_copy_false_async_batches_of_one_worker_are_views(where: str) -> None:
         got: dict[int, list[bytes]] = {i: [] for i in range(n)}
         for pool, record, is_view in ((copies, expected, False), (views, got, True)):
             pool.async_reset()
-            for _ in range(8):
+            # Until every env has two results: which worker answers first is the scheduler's
+            # choice, and on a busy machine one worker may win many times in a row.
+            for _ in range(400):
+                if min(len(record[i]) for i in range(n)) >= 2:
+                    break
                 obs, _, _, _, infos = pool.recv()
                 ids = infos["env_id"]
                 assert sorted(ids.tolist()) in ([0, 1, 2], [3, 4, 5])  # one worker's block
@@ -357,3 +418,49 @@ def test_copy_false_async_batches_of_one_worker_are_views(where: str) -> None:
 def test_copy_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match="copy must be True or False, got 'no'"):
         envfleet.make("CartPole-v1", 2, backend="serial", copy="no")  # type: ignore[arg-type]
+
+
+class NeedsResetEnv(FaultyEnv):
+    """A custom env (no ``gymnasium.make``, so no OrderEnforcing) whose ``step`` breaks before a
+    first ``reset``, as many do."""
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.started  # noqa: B018 - set by reset: an AttributeError before it
+        return super().step(action)
+
+    def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        self.started = True
+        return super().reset(**kwargs)
+
+
+def check_step_before_reset_is_refused(pool: envfleet.Pool) -> None:
+    """step/send before the first reset raise Gymnasium's ResetNeeded, nothing is sent, and the
+    pool then runs as SyncVectorEnv does."""
+    actions = np.ones(pool.num_envs, dtype=np.int64)
+    attempts = {
+        "step": lambda: pool.step(actions),
+        "send": lambda: pool.send(actions),
+        "step_async": lambda: pool.step_async(actions),
+        "send(env_id)": lambda: pool.send(actions[:2], env_id=[0, 1]),
+    }
+    for name, attempt in attempts.items():
+        with pytest.raises(gymnasium.error.ResetNeeded, match="not been reset") as info:
+            attempt()
+        assert isinstance(info.value, envfleet.PoolStateError), name
+    reference = SyncVectorEnv([NeedsResetEnv] * pool.num_envs)
+    got, want = pool.reset(seed=3), reference.reset(seed=3)
+    np.testing.assert_array_equal(got[0], want[0])
+    for _ in range(3):
+        got, want = pool.step(actions), reference.step(actions)
+        for a, b in zip(got[:4], want[:4], strict=True):
+            np.testing.assert_array_equal(a, b)
+    reference.close()
+    pool.close()
+
+
+def test_step_before_reset_is_refused(backend: str) -> None:
+    check_step_before_reset_is_refused(
+        envfleet.make(
+            NeedsResetEnv, 4, backend=backend, num_workers=2 if backend != "serial" else None
+        )
+    )

@@ -1,15 +1,19 @@
-"""The benchmark engine's own runners: the bare pool, the parallel runner, a script's cases."""
+"""The benchmark engine's own runners (the bare pool, the parallel runner, ale-py's vector env),
+a script's cases, the sweep's progress and the plot's notes."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 
+import numpy as np
 import pytest
 
+from bench.common import Case, measure_cases, script_parser, timing_from
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
-from envfleet.benchmark.cases import Case, measure_cases
+from envfleet.spec import EnvSpec
 from tests.envs import FaultyEnv
 
 TIMING = benchmark.Timing(seconds=0.05, warmup=0.02, rewarm=0.01, repeats=2)
@@ -77,3 +81,84 @@ def test_cases_run_through_measure_in_their_order_with_their_failures() -> None:
     assert calls.info == {"answer": 42} and len(calls.throughputs) == TIMING.repeats
     assert calls.setup_s >= 0
     assert all(isinstance(results[name], benchmark.RunResult) for name in ("loop", "calls again"))
+
+
+def test_ale_vector_steps_the_frames_of_the_gymnasium_ale_env() -> None:
+    # Sticky actions off, so that both are deterministic given the seed: frame for frame.
+    spec = EnvSpec.from_user("ALE/Pong-v5", {"repeat_action_probability": 0.0})
+    options = benchmark.ale_vector_options(spec)
+    assert options is not None and options["frameskip"] == 4
+    assert (
+        benchmark.ale_vector_options(EnvSpec.from_user("ALE/Pong-v5"))["repeat_action_probability"]
+        == 0.25
+    )  # type: ignore[index]
+    assert benchmark.ale_vector_options(EnvSpec.from_user("CartPole-v1")) is None
+    assert (
+        benchmark.ale_vector_options(EnvSpec.from_user("ALE/Pong-v5", {"obs_type": "ram"})) is None
+    )
+    from ale_py.vector_env import AtariVectorEnv
+
+    game = options.pop("game")
+    vec, env = AtariVectorEnv(game, 1, num_threads=1, **options), spec.build()
+    try:
+        frames, _ = vec.reset(seed=3)
+        frame, _ = env.reset(seed=3)
+        np.testing.assert_array_equal(frames[0, 0], frame)
+        for action in np.random.default_rng(0).integers(0, 6, size=100).tolist():
+            frames, rewards, *_ = vec.step(np.array([action]))
+            frame, reward, *_ = env.step(action)
+            np.testing.assert_array_equal(frames[0, 0], frame)
+            assert rewards[0] == reward
+    finally:
+        vec.close()
+        env.close()
+
+
+def test_sweep_reports_each_stage_with_its_place_and_the_share_done() -> None:
+    stages: list[str] = []
+    shown: list[str] = []
+    report = benchmark.sweep(
+        FaultyEnv, [1, 2], ["loop", "serial"], TIMING, progress=shown.append,
+        on_stage=stages.append,
+    )  # fmt: skip
+    assert report.status("loop") == report.status("serial") == benchmark.OK
+    assert [s.split("] ", 1)[1] for s in stages] == [
+        "FaultyEnv x 1 (1 of 2): starting loop (1 of 2)",
+        "FaultyEnv x 1 (1 of 2): starting serial (2 of 2)",
+        "FaultyEnv x 2 (2 of 2): starting loop (1 of 2)",
+        "FaultyEnv x 2 (2 of 2): starting serial (2 of 2)",
+    ]
+    # One progress line per opening and per window: 2 counts x 2 runners x (1 + 2 windows).
+    assert len(shown) == 12 and shown[-1].endswith(", window 2/2")
+    shares = [int(line[1 : line.index("%")]) for line in shown]
+    assert shares == sorted(shares) and shares[0] == 0 and shares[-1] == round(100 * 11 / 12)
+    assert all(", ETA " in line for line in shown[1:])
+
+
+def test_the_plot_names_what_was_skipped_or_failed_and_the_skew() -> None:
+    ok = {n: benchmark.Availability(benchmark.OK) for n in ("loop", "process")}
+    report = benchmark.Report("env", [2, 4], ["loop", "process"], TIMING, ok)
+    report.results = {
+        "loop": {2: benchmark.RunResult("loop", [10.0], 0.1, other_load=[0.8]),
+                 4: benchmark.Skipped("start-up over 3 s, skipped")},
+        "process": {2: "RuntimeError: no", 4: benchmark.RunResult("process", [20.0], 0.1)},
+    }  # fmt: skip
+    assert benchmark.plot_label(report, "loop") == "loop (skipped at 4)"
+    assert benchmark.plot_label(report, "process") == "process (failed at 2)"
+    notes = benchmark.report_notes(report)
+    assert any("0.80 cores busy" in note and "skewed" in note for note in notes)
+
+
+def test_every_bench_script_takes_quick() -> None:
+    root = Path(__file__).resolve().parent.parent
+    scripts = {p.name: p.read_text() for p in (root / "bench").glob("*.py")}
+    scripts = {name: text for name, text in scripts.items() if "__main__" in text}
+    assert len(scripts) >= 10
+    # The shared parser's --quick, or an option of the script's own.
+    assert {
+        n for n, t in scripts.items() if "script_parser(" not in t and '"--quick"' not in t
+    } == set()
+    args = script_parser("doc", Path("x.json")).parse_args(["--quick"])
+    assert timing_from(args) == benchmark.Timing(seconds=0.5, warmup=0.3, rewarm=0.1, repeats=1)
+    args = script_parser("doc", Path("x.json")).parse_args(["--quick", "--repeats", "2"])
+    assert timing_from(args).repeats == 2 and timing_from(args, full=(1.0, 5)).seconds == 0.5

@@ -369,3 +369,20 @@ def test_bench_output_of_envs_goes_to_the_log_not_the_screen(tmp_path: Path) -> 
     # This process, the process pool's workers and Gymnasium's subprocesses all printed.
     assert log.count("A.L.E: Arcade Learning Environment") >= 3
     assert log.count("NOISY: chatter on stdout") >= 3
+
+
+def test_bench_piped_prints_a_line_per_stage_with_its_place(tmp_path: Path) -> None:
+    result = run_subprocess(
+        "bench", ENV, *TINY, "--num-envs", "2,3", "--runners", "loop,serial",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    stages = [line.split("] ", 1) for line in result.stderr.splitlines() if line.startswith("[")]
+    assert [what for _, what in stages] == [
+        f"{ENV} x 2 (1 of 2): starting loop (1 of 2)",
+        f"{ENV} x 2 (1 of 2): starting serial (2 of 2)",
+        f"{ENV} x 3 (2 of 2): starting loop (1 of 2)",
+        f"{ENV} x 3 (2 of 2): starting serial (2 of 2)",
+    ]
+    assert stages[0][0] == "[0%" and all(", ETA " in share for share, _ in stages[1:])
+    assert "starting" not in result.stdout  # the table's stream has the results alone

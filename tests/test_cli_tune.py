@@ -14,6 +14,7 @@ import envfleet
 from envfleet.cli import TUNE_MIN_WINDOW, tune_layouts
 from envfleet.cli.tune import MIN_STEPS_PER_ENV
 from envfleet.spec import EnvSpec
+from tests import timing
 from tests.envs import FaultyEnv
 from tests.test_cli import ENV, run_cli
 
@@ -44,7 +45,9 @@ def test_tune_json_names_a_valid_layout_that_works(capsys: pytest.CaptureFixture
     assert document["env"] == ENV
     assert document["num_envs"] == 4
     assert document["budget_s"] == 2
-    assert elapsed < 2 + 8  # the budget, plus pools starting and closing on a busy machine
+    # The budget, plus pools starting and closing: 8 s, or more on a machine busy enough that
+    # a pool's life costs more than a second (measured now).
+    assert elapsed < 2 + timing.bound(8.0, pools=8)
 
     profile = document["profile"]
     assert profile["step_seconds"] > 0
@@ -101,8 +104,9 @@ def test_tune_layouts_hold_the_budget() -> None:
     assert len(timed) >= 2
     assert all(t.ranked and t.steps_per_env >= MIN_STEPS_PER_ENV for t in timed)
     assert all(t.window_s >= TUNE_MIN_WINDOW for t in timed)
-    # The issue asks for +-10%; the slack is for a loaded test machine.
-    assert 2.0 * 0.7 <= elapsed <= 2.0 * 1.1 + 2.0
+    # The issue asks for +-10%; the slack is for a pool started or closed late on a loaded
+    # machine (2 s, or two pools' lives as measured now).
+    assert 2.0 * 0.7 <= elapsed <= 2.0 * 1.1 + timing.bound(2.0, pools=2)
 
 
 def test_tune_uses_the_budget_when_a_start_up_took_longer_than_planned(
@@ -144,7 +148,7 @@ def test_tune_does_not_rank_a_window_too_short_for_the_env() -> None:
     spec = EnvSpec.from_user(functools.partial(FaultyEnv, sleep=0.1))
     start = time.perf_counter()
     _, timings = tune_layouts(spec, 4, budget=0.5, cores=2)
-    assert time.perf_counter() - start < 0.5 + 4.0
+    assert time.perf_counter() - start < 0.5 + timing.bound(4.0, pools=4)
     first = timings[0]
     assert first.untrusted is not None and "steps per env" in first.untrusted
     assert first.steps_per_env < MIN_STEPS_PER_ENV and not first.ranked

@@ -20,6 +20,7 @@ EXPECTED_ALL = {
     "Pool",
     "PoolStateError",
     "RemoteError",
+    "ResetNeededError",
     "RemoteTraceback",
     "RestartLimitError",
     "WorkerDiedError",
@@ -60,6 +61,7 @@ def test_exception_hierarchy() -> None:
         envfleet.BrokenPoolError,
         envfleet.NoPendingError,
         envfleet.AlreadyPendingError,
+        envfleet.ResetNeededError,
     ):
         assert issubclass(error, envfleet.PoolStateError)
     assert issubclass(envfleet.PoolStateError, RuntimeError)

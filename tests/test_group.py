@@ -12,9 +12,11 @@ from typing import Any
 import gymnasium
 import numpy as np
 import pytest
+from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers import RecordEpisodeStatistics
 
+import envfleet.group
 from envfleet.buffers import Batch, put, take
 from envfleet.errors import OnError, Phase
 from envfleet.group import RESTARTED, EnvGroup, GroupStartError, derive_seed
@@ -24,6 +26,41 @@ from tests.envs import DictTupleEnv, FaultyEnv
 
 N = 3
 STEPS = 40
+
+
+@pytest.fixture(autouse=True, params=["env-by-env", "batched"])
+def stepping(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs on both paths of ``EnvGroup.step``: env by env, and batched (results
+    collected, then written with one assignment per field), which groups of at least
+    ``BATCHED_MIN_ENVS`` envs take; here it is made to take every group."""
+    least = 1 if request.param == "batched" else 1 << 30
+    monkeypatch.setattr(envfleet.group, "BATCHED_MIN_ENVS", least)
+    return str(request.param)
+
+
+class FrameEnv(gymnasium.Env[np.ndarray, np.ndarray]):
+    """Frames larger than ``SMALL_ROW_BYTES`` (written row by row) and actions of two floats,
+    which the env keeps: the action it got must not change under it."""
+
+    def __init__(self) -> None:
+        self.observation_space = spaces.Box(0, 255, shape=(24, 48), dtype=np.uint8)
+        self.action_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.kept: list[tuple[np.ndarray, np.ndarray]] = []
+        self.t = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.t = 0
+        return self.np_random.integers(0, 256, (24, 48), dtype=np.uint8), {"t": 0}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.kept.append((action, action.copy()))
+        self.t += 1
+        frame = self.np_random.integers(0, 256, (24, 48), dtype=np.uint8)
+        info = {"t": self.t} if self.t % 3 == 0 else {}
+        return frame, float(action.sum()), self.t % 7 == 0, self.t % 5 == 0, info
 
 
 def _group(
@@ -100,6 +137,88 @@ def test_steps_like_sync_vector_env(mode: AutoresetMode) -> None:
     finally:
         group.close()
         oracle.close()
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.value)
+@pytest.mark.parametrize("env", [FaultyEnv, FrameEnv])
+def test_array_spaces_step_like_sync_vector_env(env: Any, mode: AutoresetMode) -> None:
+    """Box and Discrete spaces (the batched path's), small rows and frames, 9 envs, a subset
+    of them and all."""
+    n = 9
+    group, batch, probe = _group(EnvSpec(env), mode, n=n)
+    oracle = SyncVectorEnv([env] * n, autoreset_mode=mode)
+    ids = list(range(n))
+    try:
+        group.reset(ids, [3 + i for i in ids], None)
+        oracle.reset(seed=3)
+        oracle.action_space.seed(5)
+        ended = 0
+        for _ in range(STEPS):
+            actions = oracle.action_space.sample()
+            put(probe.action_space, batch.actions, None, actions)
+            reply = group.step(tuple(ids))
+            obs, rewards, terms, truncs, info = oracle.step(actions)
+            assert not reply.failures
+            _assert_same(take(probe.observation_space, batch.observations, None), obs)
+            _assert_same(batch.rewards, rewards)
+            _assert_same(batch.terminations, terms)
+            _assert_same(batch.truncations, truncs)
+            _assert_same(_infos(reply.infos, n), info)
+            done = terms | truncs
+            ended += int(done.sum())
+            if mode is AutoresetMode.DISABLED and done.any():
+                reply = group.reset(np.flatnonzero(done).tolist(), [None] * int(done.sum()), None)
+                obs, _ = oracle.reset(options={"reset_mask": done})
+                _assert_same(take(probe.observation_space, batch.observations, None), obs)
+        assert ended >= n
+        if env is FrameEnv:  # every action an env kept is still the one it was given
+            for i in ids:
+                for given, copied in group.envs[i].unwrapped.kept:  # type: ignore[attr-defined]
+                    np.testing.assert_array_equal(given, copied)
+    finally:
+        group.close()
+        oracle.close()
+
+
+def test_only_the_named_envs_step_in_any_order() -> None:
+    group, batch, _ = _group(EnvSpec(FaultyEnv), AutoresetMode.NEXT_STEP, n=10)
+    try:
+        group.reset(list(range(10)), list(range(1, 11)), None)
+        batch.actions[:] = np.arange(10) % 3
+        assert not group.step((7, 2, 9, 4)).failures
+        assert batch.observations[:, 0].tolist() == [
+            100 * (i + 1) + (i in (2, 4, 7, 9)) for i in range(10)
+        ]
+        assert batch.rewards.tolist() == [
+            float(i % 3) if i in (2, 4, 7, 9) else 0.0 for i in range(10)
+        ]
+    finally:
+        group.close()
+
+
+def _wrong_shape_in_env_4(env: FaultyEnv, action: Any) -> np.ndarray | None:
+    return np.array([1, 2]) if env.seed_used == 5 else None
+
+
+def test_an_observation_that_does_not_fit_fails_its_env_only() -> None:
+    spec = EnvSpec(functools.partial(FaultyEnv, step_hook=_wrong_shape_in_env_4))
+    group, batch, _ = _group(spec, AutoresetMode.NEXT_STEP, n=9)
+    try:
+        group.reset(list(range(9)), list(range(1, 10)), None)
+        batch.actions[:] = 1
+        reply = group.step(tuple(range(9)))
+        (failure,) = reply.failures
+        assert (failure.env_index, failure.phase, failure.type_name) == (
+            4,
+            Phase.STEP,
+            "ValueError",
+        )
+        assert "does not fit its observation space" in failure.message
+        expected = [100 * (i + 1) + 1 for i in range(9)]
+        expected[4] = 500  # env 4's row untouched
+        assert batch.observations[:, 0].tolist() == expected
+    finally:
+        group.close()
 
 
 def test_seeds_decide_the_trajectory() -> None:

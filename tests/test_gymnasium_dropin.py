@@ -472,9 +472,23 @@ ENV_MISUSES: dict[str, tuple[Misuse, bool, type[BaseException]]] = {
     # The env itself refuses: AsyncVectorEnv re-raises the env's own exception type.
     # (misuse, reset first, what Gymnasium raises)
     "get_attr of a missing attribute": (lambda v: v.get_attr("no_such_attr"), True, AttributeError),
-    "step before reset": (lambda v: v.step(np.array([0, 1])), False, gymnasium.error.ResetNeeded),
     "float actions for Discrete": (lambda v: v.step(np.array([0.0, 1.0])), True, AssertionError),
 }
+
+
+def test_step_before_reset_raises_reset_needed_as_gymnasium_does(backend: str) -> None:
+    """Gymnasium's env raises ResetNeeded in its worker; the pool refuses before sending (the
+    same type, and the pool stays usable: ``test_api.test_step_before_reset_is_refused``)."""
+    with (
+        closing(AsyncVectorEnv([CARTPOLE] * 2, context="fork")) as venv,
+        pytest.raises(gymnasium.error.ResetNeeded),
+    ):
+        venv.step(np.array([0, 1]))
+    with envfleet.make([CARTPOLE] * 2, backend=backend) as pool:
+        with pytest.raises(gymnasium.error.ResetNeeded):
+            pool.step(np.array([0, 1]))
+        pool.reset(seed=0)
+        pool.step(np.array([0, 1]))
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import functools
 import gc
-import json
 import os
 import re
 import runpy
@@ -227,7 +226,7 @@ def test_cli_address_auto_says_which_cluster_it_joined(ray_session: None) -> Non
     root = Path(__file__).resolve().parent.parent
     argv = ["run", "CartPole-v1", "--backend", "ray", "--address", "auto", "--num-envs", "2"]
     result = subprocess.run(
-        [sys.executable, "-m", "envfleet.cli", *argv, "--steps", "50", "--json"],
+        [sys.executable, "-m", "envfleet.cli", *argv, "--steps", "50"],
         capture_output=True,
         text=True,
         cwd=root,
@@ -245,7 +244,8 @@ def test_cli_address_auto_says_which_cluster_it_joined(ray_session: None) -> Non
     assert joined == [f"envfleet: joined the Ray cluster at {address}: 1 node, 2 CPUs"], (
         result.stderr
     )
-    assert json.loads(result.stdout)["steps"] >= 50
+    lines = result.stderr.splitlines()
+    assert lines.index(joined[0]) < next(i for i, x in enumerate(lines) if "running" in x)
     assert ray.is_initialized()  # the run left this module's Ray running
 
 
@@ -684,10 +684,11 @@ def test_env_fns_match_sync_vector_env_and_registered_ids_build(
 
 @pytest.mark.parametrize("pattern", ["naive", "batched"])
 def test_plain_ray_baselines_of_the_benchmark_step_and_go(ray_session: None, pattern: str) -> None:
+    from bench.ray_bench import open_batched_ray, open_naive_ray
     from envfleet.affinity import usable_cpus
-    from envfleet.benchmark import Timing, Workload, ray_patterns
+    from envfleet.benchmark import Timing, Workload
 
-    opener = {"naive": ray_patterns.open_naive_ray, "batched": ray_patterns.open_batched_ray}
+    opener = {"naive": open_naive_ray, "batched": open_batched_ray}
     timing = Timing(seconds=0.05, warmup=0.02, rewarm=0.01, repeats=1)
     runner = opener[pattern](Workload.of("CartPole-v1", 3), timing)
     try:
@@ -695,3 +696,17 @@ def test_plain_ray_baselines_of_the_benchmark_step_and_go(ray_session: None, pat
         assert runner.window(0.05) > 0
     finally:
         runner.close()
+
+
+def test_step_before_reset_is_refused(ray_session: None) -> None:
+    from tests.test_api import NeedsResetEnv, check_step_before_reset_is_refused
+
+    check_step_before_reset_is_refused(
+        envfleet.make(NeedsResetEnv, 4, backend="ray", num_workers=2)
+    )
+
+
+def test_ids_registered_in_the_caller_build_inside_factories(ray_session: None) -> None:
+    from tests.test_registration import check_caller_ids_inside_factories
+
+    check_caller_ids_inside_factories(backend="ray", num_workers=2)

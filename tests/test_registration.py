@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import gymnasium
 import numpy as np
 import pytest
-from gymnasium.vector import AutoresetMode
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import envfleet
 from envfleet.registration import register_vector
+from tests.envs import FaultyEnv
 from tests.legacy_envs import OldApiCounterEnv
 
 VECTOR = "vector_entry_point"
@@ -142,3 +144,46 @@ def test_torchrl_accepts_the_pool(ids: list[str]) -> None:
     next_step = envfleet.make("CartPole-v1", 2, backend="serial")
     with next_step, pytest.raises(RuntimeError, match="SAME_STEP or DISABLED"):
         GymWrapper(next_step)  # TorchRL reads the pool's autoreset_mode
+
+
+CALLER_IDS = {
+    "envfleet-test/CallerString-v0": "tests.envs:FaultyEnv",  # an entry point named by a string
+    "envfleet-test/CallerClass-v0": FaultyEnv,  # and one given as a class
+}
+
+
+def _make_caller_string_id() -> gymnasium.Env[Any, Any]:
+    return gymnasium.make("envfleet-test/CallerString-v0")
+
+
+def _make_caller_class_id() -> gymnasium.Env[Any, Any]:
+    return gymnasium.make("envfleet-test/CallerClass-v0", episode_length=2)
+
+
+def check_caller_ids_inside_factories(**make_kwargs: Any) -> None:
+    """Factories calling ``gymnasium.make`` on ids registered only in this process (after
+    import, so a fresh worker importing this module lacks them) build in every worker as in
+    SyncVectorEnv, time limits included. Registered and unregistered here."""
+    for env_id, entry_point in CALLER_IDS.items():
+        gymnasium.register(env_id, entry_point=entry_point, max_episode_steps=3)
+    try:
+        env_fns = [_make_caller_string_id, _make_caller_class_id] * 2
+        reference = SyncVectorEnv(env_fns)
+        with envfleet.make(env_fns, seed=5, **make_kwargs) as pool:
+            got, want = pool.reset(), reference.reset(seed=5)
+            np.testing.assert_array_equal(got[0], want[0])
+            actions = np.ones(4, dtype=np.int64)
+            for step in range(6):
+                got, want = pool.step(actions), reference.step(actions)
+                for a, b in zip(got[:4], want[:4], strict=True):
+                    np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+            assert pool.get_attr("spec")[1].id == "envfleet-test/CallerClass-v0"
+        reference.close()
+    finally:
+        for env_id in CALLER_IDS:
+            gymnasium.registry.pop(env_id, None)
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver", "fork"])
+def test_ids_registered_in_the_caller_build_inside_factories(context: str) -> None:
+    check_caller_ids_inside_factories(backend="process", num_workers=2, context=context)

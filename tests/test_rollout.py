@@ -1,4 +1,4 @@
-"""The rollout engine (:mod:`envfleet.benchmark.rollout`): its time accounting against a fake
+"""The rollout loop of ``bench/rollout.py``: its time accounting against a fake
 clock, and per-env trajectories that do not depend on how the envs are batched."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ import gymnasium
 import numpy as np
 import pytest
 
-from envfleet.benchmark import Workload
-from envfleet.benchmark.rollout import (
+from bench.rollout import (
     Accounting,
     Rollout,
     RolloutWorkload,
@@ -19,6 +18,7 @@ from envfleet.benchmark.rollout import (
     open_envfleet_async,
     open_envfleet_sync,
 )
+from envfleet.benchmark import Workload
 
 # Costs in seconds of fake time, exact in binary floating point.
 POLICY_S, SEND_S, RECV_S = 0.25, 0.125, 0.5

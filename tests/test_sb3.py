@@ -20,7 +20,12 @@ from gymnasium.wrappers import RecordEpisodeStatistics, TimeLimit
 pytest.importorskip("stable_baselines3")
 
 from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env import VecFrameStack, VecMonitor, VecNormalize
+from stable_baselines3.common.vec_env import (
+    SubprocVecEnv,
+    VecFrameStack,
+    VecMonitor,
+    VecNormalize,
+)
 
 import envfleet
 from envfleet.adapters.sb3 import VecEnv, make_sb3, to_sb3_infos, unbatch_infos
@@ -552,3 +557,89 @@ def test_ppo_learns_cartpole() -> None:
     # The episode statistics SB3 reads from the converted infos agree with the tally.
     assert callback.reported == callback.returns
     assert len(model.ep_info_buffer) > 0
+
+
+def _plain_env() -> gymnasium.Env[Any, Any]:
+    return StepEnv(100)
+
+
+def _monitored_env() -> gymnasium.Env[Any, Any]:
+    return Monitor(StepEnv(100))
+
+
+def _short_env() -> gymnasium.Env[Any, Any]:
+    return TimeLimit(StepEnv(100), max_episode_steps=3)
+
+
+HETEROGENEOUS = [_plain_env, _monitored_env, _short_env]
+"""SB3 users' ``env_fns``: each env built its own way (a Monitor on one, a time limit on one)."""
+
+
+def check_env_fns_match_subproc_vec_env(**make_kwargs: Any) -> None:
+    """``make_sb3(env_fns)`` builds env ``i`` with ``env_fns[i]``, as ``SubprocVecEnv`` does."""
+    ours = make_sb3(HETEROGENEOUS, len(HETEROGENEOUS), **make_kwargs)
+    theirs = SubprocVecEnv(HETEROGENEOUS)
+    try:
+        assert ours.env_is_wrapped(Monitor) == theirs.env_is_wrapped(Monitor) == [F, T, F]
+        assert ours.env_is_wrapped(TimeLimit) == [F, F, T]  # SB3 names it by class as well
+        np.testing.assert_array_equal(ours.reset(), theirs.reset())
+        actions = np.zeros(3, dtype=np.int64)
+        for step in range(7):
+            got, want = ours.step(actions), theirs.step(actions)
+            for a, b in zip(got[:3], want[:3], strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+            for mine, sb3 in zip(got[3], want[3], strict=True):
+                assert mine.keys() == sb3.keys(), step
+                assert mine[TIME_LIMIT] == sb3[TIME_LIMIT], step
+                if "terminal_observation" in sb3:
+                    np.testing.assert_array_equal(
+                        mine["terminal_observation"], sb3["terminal_observation"]
+                    )
+        assert got[2].tolist() == [F, F, F] and want[2].tolist() == [F, F, F]
+    finally:
+        ours.close()
+        theirs.close()
+
+
+F, T = False, True
+TIME_LIMIT = "TimeLimit.truncated"
+
+
+@pytest.mark.parametrize(
+    "make_kwargs",
+    [
+        dict(backend="serial"),
+        dict(backend="thread"),
+        dict(backend="process", num_workers=2),
+        dict(backend="process", num_workers=3, start_method="spawn"),
+    ],
+    ids=["serial", "thread", "process", "process-spawn"],
+)
+def test_env_fns_through_make_sb3_match_subproc_vec_env(make_kwargs: dict[str, Any]) -> None:
+    check_env_fns_match_subproc_vec_env(**make_kwargs)
+
+
+_IN_PARENT: list[bool] = []
+"""Set by the test in this process: a forked worker inherits it, a spawned one does not."""
+
+
+class InheritingEnv(StepEnv):
+    def __init__(self) -> None:
+        super().__init__(100)
+        self.inherited = bool(_IN_PARENT)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_start_method_is_the_process_backends_context(start_method: str) -> None:
+    """SB3's ``SubprocVecEnv(env_fns, start_method=...)`` keyword, accepted as such."""
+    _IN_PARENT.append(True)
+    try:
+        venv = make_sb3([InheritingEnv] * 2, backend="process", start_method=start_method)
+    finally:
+        _IN_PARENT.clear()
+    try:
+        assert venv.get_attr("inherited") == [start_method == "fork"] * 2
+    finally:
+        venv.close()
+    with pytest.raises(ValueError, match="start_method='spawn' and context='fork'"):
+        make_sb3(HETEROGENEOUS, backend="process", start_method="spawn", context="fork")

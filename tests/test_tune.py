@@ -12,7 +12,7 @@ import envfleet
 import envfleet.affinity
 from envfleet.cli.tune import time_layout
 from envfleet.spec import EnvSpec
-from envfleet.tune import Layout, auto_layout, candidate_layouts, profile_env
+from envfleet.tune import EnvProfile, Layout, auto_layout, candidate_layouts, profile_env
 from tests.envs import FaultyEnv
 
 SLEEPY = functools.partial(FaultyEnv, sleep=0.002)
@@ -34,6 +34,49 @@ def test_auto_layout_gives_waiting_envs_a_thread_each() -> None:
     cartpole = profile_env(EnvSpec.from_user("CartPole-v1"), seconds=0.05)
     assert auto_layout(cartpole, "process", 8, cores=2) == Layout("process", 2)
     assert auto_layout(cartpole, "process", 1, cores=2) == Layout("process", 1)
+
+
+def _profile(cpu_share: float) -> EnvProfile:
+    return EnvProfile(0.001, 1.0, 0.001, cpu_share, 16)
+
+
+def test_async_pools_of_waiting_envs_get_workers_enough_for_half_a_batch_each() -> None:
+    waits, computes = _profile(0.01), _profile(0.95)
+    # A worker steps its envs one after another: the envs it holds come back no sooner than the
+    # slowest; at most half a batch per worker, at least one worker per core, at most four.
+    assert auto_layout(waits, "process", 32, cores=2, batch_size=8) == Layout("process", 8, 1, 8)
+    assert auto_layout(waits, "process", 32, cores=2, batch_size=16) == Layout("process", 4, 1, 16)
+    assert auto_layout(waits, "process", 32, cores=2, batch_size=2) == Layout("process", 8, 1, 2)
+    assert auto_layout(waits, "process", 6, cores=2, batch_size=1) == Layout("process", 6, 1, 1)
+    assert auto_layout(waits, "process", 64, cores=16, batch_size=32) == Layout(
+        "process", 16, 1, 32
+    )
+    # Sync pools, computing envs, and remote workers keep the layouts they had.
+    assert auto_layout(waits, "process", 32, cores=2, batch_size=32) == Layout("process", 2, 16)
+    assert auto_layout(computes, "process", 32, cores=2, batch_size=8) == Layout("process", 2)
+    assert auto_layout(waits, "ray", 32, cores=2, batch_size=8) == Layout("ray", 2, 16)
+    assert auto_layout(waits, "thread", 32, cores=2, batch_size=8) == Layout("thread", 32)
+
+
+def test_an_async_pool_left_to_its_defaults_is_laid_out_for_its_envs() -> None:
+    cores = len(envfleet.affinity.usable_cpus())
+    expected = max(min(cores, 8), min(8, 4 * cores))  # 8 envs, at most half a batch of 2 each
+    with envfleet.make(SLEEPY, 8, batch_size=2, seed=0) as pool:
+        assert pool.num_workers == expected
+        pool.reset()
+        pool.send([1] * 8)
+        seen = {}
+        for _ in range(4):
+            obs, *_, infos = pool.recv()
+            seen.update(zip(infos["env_id"].tolist(), obs.ravel().tolist(), strict=True))
+        assert seen == {i: 100 * i + 1 for i in range(8)}
+    # What the caller sets stays set; a sync pool keeps one worker per core.
+    with envfleet.make(SLEEPY, 8, batch_size=2, num_workers=2) as pool:
+        assert pool.num_workers == 2
+    with envfleet.make(SLEEPY, 8, batch_size=2, threads_per_worker=2) as pool:
+        assert pool.num_workers == min(cores, 8)
+    with envfleet.make(SLEEPY, 8) as pool:
+        assert pool.num_workers == min(cores, 8)
 
 
 def test_num_workers_auto_applies_the_layout() -> None:

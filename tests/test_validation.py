@@ -11,8 +11,12 @@ observations of the next good step.
 
 from __future__ import annotations
 
+import functools
+import math
+import os
 import re
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +27,7 @@ import pytest
 from gymnasium import spaces
 
 import envfleet
+import envfleet.validation
 from tests.envs import DictTupleEnv, FaultyEnv
 
 NUM_ENVS = 7
@@ -422,3 +427,72 @@ def test_disabled_mode_refuses_to_step_an_ended_env_until_it_is_reset(backend: s
         pool.reset()  # a full reset clears every env too
         obs, *_ = pool.step([2, 2, 2, 2])
         np.testing.assert_array_equal(obs[:, 0], [1, 1, 1, 1])
+
+
+BIG = 8 << 20
+"""Elements of :class:`BigBoxEnv`'s observation space (bounds of 8 MiB each)."""
+
+
+class BigBoxEnv(gymnasium.Env[np.ndarray, np.int64]):
+    """An env with an image-sized observation space (its bounds hold 16 MiB); given
+    ``hang_unless_pid``, building it in any other process hangs (a worker that cannot start)."""
+
+    def __init__(self, hang_unless_pid: int | None = None) -> None:
+        if hang_unless_pid is not None and os.getpid() != hang_unless_pid:
+            time.sleep(3600)  # in a worker: a constructor that never returns
+        self.observation_space = spaces.Box(0, 255, shape=(BIG,), dtype=np.uint8)
+        self.action_space = spaces.Discrete(2)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        return np.zeros(8, dtype=np.uint8), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        return np.zeros(8, dtype=np.uint8), 0.0, False, False, {}
+
+
+def test_big_box_spaces_are_compared_cheaply(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every env's spaces are checked against env 0's; Box.__eq__ (np.allclose of the bounds)
+    took seconds per image-sized env and made make() time out. Equal bounds are now found
+    equal without it: make() calls it for no env, and the check costs a small fraction of
+    Gymnasium's comparison of the same spaces, both measured here side by side (a ratio, not
+    a fixed number of seconds)."""
+    a, b = BigBoxEnv().observation_space, BigBoxEnv().observation_space
+    started = time.perf_counter()
+    assert a == b
+    allclose_cost = time.perf_counter() - started
+    cheap_cost = math.inf
+    for _ in range(3):
+        started = time.perf_counter()
+        assert envfleet.validation.same_space(a, b)
+        cheap_cost = min(cheap_cost, time.perf_counter() - started)
+    assert cheap_cost * 5 < allclose_cost, (cheap_cost, allclose_cost)
+    calls: list[int] = []
+    box_eq = spaces.Box.__eq__
+    monkeypatch.setattr(spaces.Box, "__eq__", lambda s, o: calls.append(1) or box_eq(s, o))
+    with envfleet.make(BigBoxEnv, 4, backend="serial") as pool:
+        assert pool.single_observation_space.shape == (BIG,)
+    assert calls == []  # equal bounds: no np.allclose for any env
+    # Bounds that differ still follow Gymnasium's tolerance (np.allclose) and its verdict.
+    near = spaces.Box(0, 255 + 1e-9, shape=(4,), dtype=np.float64)
+    far = spaces.Box(0, 254, shape=(4,), dtype=np.float64)
+    box = spaces.Box(0, 255, shape=(4,), dtype=np.float64)
+    nested = spaces.Dict({"image": a, "t": spaces.Tuple((spaces.Discrete(2), box))})
+    assert envfleet.validation.same_space(nested, spaces.Dict(dict(nested.spaces)))
+    assert calls == []
+    assert envfleet.validation.same_space(box, near) and box == near
+    assert not envfleet.validation.same_space(box, far) and box != far
+
+
+@pytest.mark.timeout(120)
+def test_a_start_timeout_says_what_a_worker_start_costs() -> None:
+    """A worker past start_timeout: the message gives the costs measured in the caller (one
+    env's build, envs per worker, the spaces' bytes), not only that it did not build in time."""
+    factory = functools.partial(BigBoxEnv, hang_unless_pid=os.getpid())
+    with pytest.raises(envfleet.EnvTimeoutError, match="within start_timeout") as raised:
+        envfleet.make(factory, 2, backend="process", num_workers=1, start_timeout=3)
+    message = str(raised.value)
+    assert "building one env" in message and "a worker builds up to 2" in message, message
+    assert "the spaces' bounds hold 16.8 MB" in message, message

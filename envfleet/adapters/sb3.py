@@ -232,20 +232,24 @@ class VecEnv(_Sb3VecEnv):  # type: ignore[misc]
 
 def make_sb3(
     env: Any,
-    num_envs: int,
+    num_envs: int | None = None,
     *,
     wrappers: Sequence[EnvWrapper] = (),
     env_kwargs: dict[str, Any] | None = None,
+    start_method: str | None = None,
     **make_kwargs: Any,
 ) -> VecEnv:
     """:func:`envfleet.make` for Stable-Baselines3: a :class:`VecEnv` over a new pool.
 
     Args:
-        env: what :func:`envfleet.make` takes (an id, an env class or a factory).
-        num_envs: number of envs.
+        env: what :func:`envfleet.make` takes (an id, an env class or a factory), or one per
+            env (``env_fns``, as SB3's ``SubprocVecEnv(env_fns)``: env ``i`` is ``env_fns[i]()``).
+        num_envs: number of envs (``None``: one per entry of ``env_fns``).
         wrappers: applied to each env in its worker, in order (``Monitor``,
-            ``RecordEpisodeStatistics``...).
+            ``RecordEpisodeStatistics``...), after the env's own.
         env_kwargs: keyword arguments for ``gymnasium.make`` or the factory.
+        start_method: ``SubprocVecEnv``'s name for :func:`envfleet.make`'s ``context`` (the
+            process backend's multiprocessing start method).
         **make_kwargs: other :func:`envfleet.make` arguments (``backend``, ``num_workers``,
             ``seed``...); ``autoreset_mode`` is ``AutoresetMode.SAME_STEP`` and ``batch_size`` is
             ``num_envs``.
@@ -256,13 +260,16 @@ def make_sb3(
     batch_size = make_kwargs.pop("batch_size", None)
     if batch_size not in (None, num_envs):
         raise ValueError(f"make_sb3 steps every env at once: batch_size={batch_size} not allowed")
-    spec = EnvSpec.from_user(env, env_kwargs)
-    spec = EnvSpec(
-        spec.target,
-        spec.kwargs,
-        spec.legacy_gym,
-        (*spec.wrappers, *wrappers, Sb3Bridge),
-    )
+    if start_method is not None:
+        if make_kwargs.get("context") not in (None, start_method):
+            raise ValueError(
+                f"start_method={start_method!r} and context={make_kwargs['context']!r} name the "
+                "same thing: give one"
+            )
+        make_kwargs["context"] = start_method
+    # Every field of the recipe is kept (a per-env list, the registry entry an id resolved to):
+    # only the wrappers grow, on every env.
+    spec = EnvSpec.from_user(env, env_kwargs).wrapped([*wrappers, Sb3Bridge])
     pool = make(spec, num_envs, autoreset_mode=AutoresetMode.SAME_STEP, **make_kwargs)
     try:
         return VecEnv(pool)

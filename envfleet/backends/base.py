@@ -68,6 +68,9 @@ class RayOptions:
     """``.options()`` of each actor."""
     shared_memory: bool = True
     """Whether actors on this machine share the batch memory and take commands on a socket."""
+    nodes: str | tuple[str, ...] | None = None
+    """``None``: one actor per worker; ``"auto"`` or Ray node ids: one sub-pool per node
+    (:mod:`envfleet.backends.nodes`)."""
 
 
 @dataclass(frozen=True)

@@ -716,5 +716,9 @@ def _task_failed(command: Command, exc: RayTaskError) -> Reply:
     return Reply(failures=(EnvFailure.capture(None, phase, exc),))
 
 
-def open_transport(options: TransportOptions) -> RayTransport:
+def open_transport(options: TransportOptions) -> Any:
+    if options.ray is not None and options.ray.nodes is not None:
+        from envfleet.backends.nodes import NodeTransport  # one sub-pool per node
+
+        return NodeTransport(options)
     return RayTransport(options)

@@ -16,38 +16,14 @@ for each ``num_envs`` of a list and returns a :class:`Report`, which renders as 
 (:func:`report_table`, and :func:`startup_table` for the start-up times), a plot
 (:func:`write_plot`) and JSON (:meth:`Report.as_dict`).
 
-Runners:
-
-- ``loop``: a Python for-loop over the envs in this process, resetting finished ones;
-- ``ceiling``: the envs split over one process per usable core that never communicate, their
-  throughputs summed: what parallel stepping could reach with no coordination at all;
-- ``bare-pool``: worker processes (as many as the process backend starts) that each read one
-  byte from a pipe, step their envs in a loop and write one byte back: the least a process pool
-  of this design can cost (:mod:`~envfleet.benchmark.bare`);
-- ``serial`` / ``process`` / ``thread``: ``envfleet.make`` with that backend (default workers);
-- ``gym-sync`` / ``gym-async``: Gymnasium's ``SyncVectorEnv`` and
-  ``AsyncVectorEnv(shared_memory=True)`` (one process per env);
-- ``sb3``: Stable-Baselines3's ``SubprocVecEnv`` (one process per env), if it is installed;
-- ``envpool``: EnvPool's own implementation of the id, if it is installed and ships the id
-  (its defaults may differ from Gymnasium's: Atari preprocessing, for one);
-- ``pufferlib``: PufferLib's ``Multiprocessing`` vector env, if it is installed (one worker per
-  core but one, for its main process: both busy-wait).
-
-Modules: :mod:`~envfleet.benchmark.base` (timing, workload, results, load from elsewhere, the
-runner interface), :mod:`~envfleet.benchmark.runners` (for-loop, ceiling, envfleet, Gymnasium),
-:mod:`~envfleet.benchmark.peers` (SB3, EnvPool, PufferLib), :mod:`~envfleet.benchmark.registry`
-(runners by name, availability), :mod:`~envfleet.benchmark.measure` (measuring, machine info,
-sweeps), :mod:`~envfleet.benchmark.report` (the report: table, notes, plot, JSON),
-:mod:`~envfleet.benchmark.bare` (the bare pool) and :mod:`~envfleet.benchmark.cases` (a
-script's own rows, for the scripts in ``bench/``). Every public name but those of ``cases`` is
-importable from :mod:`envfleet.benchmark` itself. The scripts' own measurements each have a
-module, imported by name: :mod:`~envfleet.benchmark.rollout` (rollouts with a policy in the
-loop, for ``bench/rollout.py``), :mod:`~envfleet.benchmark.scripts` (what the scripts share: the
-ideal row, ``recv``/``send`` openers, ratio columns, targets), :mod:`~envfleet.benchmark.gil`
-(threads and the GIL), :mod:`~envfleet.benchmark.soak` with
-:mod:`~envfleet.benchmark.soak_check` and :mod:`~envfleet.benchmark.soak_env` (the fault
-soak), :mod:`~envfleet.benchmark.stats_cost` (statistics on and off) and
-:mod:`~envfleet.benchmark.ray_patterns` (plain Ray baselines).
+Runners (:data:`RUNNERS`, each with a one-line description): ``loop`` (a for-loop in this
+process), ``ceiling`` (the envs split over one process per usable core that never communicate:
+what parallel stepping could reach with no coordination), ``bare-pool`` (workers woken by a
+byte: the least a process pool of this design can cost), envfleet's ``serial``, ``process`` and
+``thread``, Gymnasium's ``gym-sync`` and ``gym-async``, and the peers that are installed:
+``sb3``, ``envpool``, ``pufferlib`` and ``ale-vector`` (ale-py's C++ ``AtariVectorEnv``, the
+id's frames and frame skip). The scripts in ``bench/`` measure rows of their own with the same
+:func:`measure`.
 
 It needs the ``cli`` extra (rich for the tables, matplotlib for the plot):
 ``pip install 'envfleet[cli]'``; without rich, importing it says so.
@@ -58,31 +34,33 @@ import importlib.util
 if importlib.util.find_spec("rich") is None:  # the cli extra
     raise ImportError("envfleet.benchmark needs rich: pip install 'envfleet[cli]'", name="rich")
 
-from envfleet.benchmark.bare import BARE_POOL, BarePool, open_bare_pool
+from envfleet.benchmark.bare import BARE_POOL, open_bare_pool
 from envfleet.benchmark.base import (
-    CEILING,
     FAILED,
     LOOP,
-    NOT_INSTALLED,
     OK,
-    PARTIAL,
-    SKIPPED,
-    UNAVAILABLE,
-    UNSUPPORTED,
     CallRunner,
-    LoopRunner,
     OtherLoad,
     Runner,
     RunResult,
     Skipped,
-    StartupTimeout,
     Timing,
     Workload,
+    cycle,
+    open_vector,
+    sample_actions,
+    time_calls,
 )
-from envfleet.benchmark.measure import PACKAGES, machine_info, measure, open_bounded, sweep
-from envfleet.benchmark.peers import envpool_id, open_envpool, open_pufferlib, open_sb3
+from envfleet.benchmark.measure import machine_info, measure, sweep
+from envfleet.benchmark.peers import (
+    ale_vector_options,
+    open_ale_vector,
+    open_envpool,
+    open_pufferlib,
+    open_sb3,
+    version,
+)
 from envfleet.benchmark.registry import (
-    ALIASES,
     RUNNERS,
     Availability,
     RunnerKind,
@@ -91,6 +69,7 @@ from envfleet.benchmark.registry import (
 )
 from envfleet.benchmark.report import (
     Report,
+    plot_label,
     report_notes,
     report_table,
     startup_table,
@@ -98,36 +77,21 @@ from envfleet.benchmark.report import (
     write_plot,
 )
 from envfleet.benchmark.runners import (
-    CEILING_TIMEOUT,
-    CeilingRunner,
     ParallelRunner,
     envfleet_opener,
-    open_ceiling,
+    open_envfleet,
     open_gym_async,
-    open_gym_sync,
     open_loop,
 )
 
 __all__ = [
-    "ALIASES",
     "BARE_POOL",
-    "CEILING",
-    "CEILING_TIMEOUT",
     "FAILED",
     "LOOP",
-    "NOT_INSTALLED",
     "OK",
-    "PACKAGES",
-    "PARTIAL",
     "RUNNERS",
-    "SKIPPED",
-    "UNAVAILABLE",
-    "UNSUPPORTED",
     "Availability",
-    "BarePool",
     "CallRunner",
-    "CeilingRunner",
-    "LoopRunner",
     "OtherLoad",
     "ParallelRunner",
     "Report",
@@ -135,28 +99,32 @@ __all__ = [
     "Runner",
     "RunnerKind",
     "Skipped",
-    "StartupTimeout",
     "Timing",
     "Workload",
+    "ale_vector_options",
     "availability",
+    "cycle",
     "envfleet_opener",
-    "envpool_id",
     "machine_info",
     "measure",
+    "open_ale_vector",
     "open_bare_pool",
-    "open_bounded",
-    "open_ceiling",
+    "open_envfleet",
     "open_envpool",
     "open_gym_async",
-    "open_gym_sync",
     "open_loop",
     "open_pufferlib",
     "open_sb3",
+    "open_vector",
     "parse_runners",
+    "plot_label",
     "report_notes",
     "report_table",
+    "sample_actions",
     "startup_table",
     "sweep",
+    "time_calls",
+    "version",
     "write_json",
     "write_plot",
 ]

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from envfleet.affinity import usable_cpus
-from envfleet.benchmark.base import LoopRunner, Runner, Timing, Workload
+from envfleet.benchmark.base import CallRunner, Runner, Timing, Workload
 from envfleet.benchmark.runners import _for_loop
 
 BARE_POOL = "bare-pool"
@@ -113,13 +113,12 @@ def open_bare_pool(workload: Workload, timing: Timing, num_workers: int | None =
     start = time.perf_counter()
     pool = BarePool(workload, timing, num_workers)
     setup_s = time.perf_counter() - start
-    return LoopRunner(
-        BARE_POOL,
-        pool.step,
-        [None],
-        workload.num_envs,
-        timing,
-        setup_s,
-        pool.close,
-        workers=pool.num_workers,
+    n = workload.num_envs
+
+    def step() -> int:
+        pool.step()
+        return n
+
+    return CallRunner(
+        BARE_POOL, step, pool.close, timing, setup_s=setup_s, workers=pool.num_workers
     )

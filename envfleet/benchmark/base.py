@@ -1,10 +1,11 @@
 """What every runner shares: timing settings, the workload, results, load from elsewhere on the
-machine, and the runner interface (:class:`Runner`, :class:`LoopRunner` and vector envs opened
-as one)."""
+machine, and the runner interface (:class:`Runner`, :class:`CallRunner` and vector envs opened
+as one, synchronously or EnvPool-style by batch)."""
 
 from __future__ import annotations
 
 import functools
+import itertools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -12,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import gymnasium
+import numpy as np
 import psutil
 
 from envfleet.spec import EnvSpec
@@ -185,20 +187,6 @@ class OtherLoad:
 # -- the runner interface --------------------------------------------------------------------
 
 
-def _time_loop(step: Callable[[Any], object], actions: Sequence[Any], seconds: float) -> float:
-    """Call ``step`` with actions cycled from ``actions`` for ``seconds``; calls per second."""
-    n = len(actions)
-    calls = 0
-    start = time.perf_counter()
-    deadline = start + seconds
-    while True:
-        step(actions[calls % n])
-        calls += 1
-        now = time.perf_counter()
-        if now >= deadline:
-            return calls / (now - start)
-
-
 class Runner:
     """An open runner: its envs are built, reset and warmed up.
 
@@ -223,38 +211,6 @@ class Runner:
         raise NotImplementedError
 
 
-class LoopRunner(Runner):
-    """Times ``step(actions[k])`` in this process; each call steps ``envs_per_call`` envs."""
-
-    def __init__(
-        self,
-        name: str,
-        step: Callable[[Any], object],
-        actions: Sequence[Any],
-        envs_per_call: int,
-        timing: Timing,
-        setup_s: float,
-        close: Callable[[], object],
-        **info: Any,
-    ) -> None:
-        self.name, self.setup_s, self.info = name, setup_s, info
-        self._step, self._actions, self._envs_per_call = step, actions, envs_per_call
-        self._rewarm = timing.rewarm
-        self._close = close
-        try:
-            _time_loop(step, actions, timing.warmup)
-        except BaseException:
-            close()
-            raise
-
-    def window(self, seconds: float) -> float:
-        _time_loop(self._step, self._actions, self._rewarm)
-        return self._envs_per_call * _time_loop(self._step, self._actions, seconds)
-
-    def close(self) -> None:
-        self._close()
-
-
 def time_calls(step: Callable[[], int], seconds: float) -> float:
     """Call ``step`` for ``seconds``; the env-steps (its returns, summed) per second."""
     steps = 0
@@ -267,13 +223,21 @@ def time_calls(step: Callable[[], int], seconds: float) -> float:
             return steps / (now - start)
 
 
-class CallRunner(Runner):
-    """Times ``advance()`` in this process; each call returns the env-steps it delivered.
+def cycle(step: Callable[[Any], object], actions: Sequence[Any], envs_per_call: int) -> Any:
+    """An ``advance`` for :class:`CallRunner` that calls ``step`` with the actions in turn."""
+    following = itertools.cycle(actions).__next__
 
-    For runners whose unit of work is not one vector step of every env: an async
-    ``recv`` + ``send`` (a batch of whichever envs were ready), one env timed alone. Warms up for
-    ``timing.warmup`` seconds when opened, as :class:`LoopRunner` does.
-    """
+    def advance() -> int:
+        step(following())
+        return envs_per_call
+
+    return advance
+
+
+class CallRunner(Runner):
+    """Times ``advance()`` in this process; each call returns the env-steps it delivered (a
+    vector step of every env, an async ``recv`` + ``send`` of a batch, one env timed alone).
+    Warms up for ``timing.warmup`` seconds when opened; closes on a failure meanwhile."""
 
     def __init__(
         self,
@@ -290,51 +254,69 @@ class CallRunner(Runner):
         self.advance, self._close, self._rewarm = advance, close, timing.rewarm
         start = time.perf_counter()
         try:
-            self._time(timing.warmup)
+            time_calls(advance, timing.warmup)
             time.sleep(settle_s)
         except BaseException:
             close()
             raise
         self.warmup_s = time.perf_counter() - start
 
-    def _time(self, seconds: float) -> float:
-        return time_calls(self.advance, seconds)
-
     def window(self, seconds: float) -> float:
-        self._time(self._rewarm)
-        return self._time(seconds)
+        time_calls(self.advance, self._rewarm)
+        return time_calls(self.advance, seconds)
 
     def close(self) -> None:
         self._close()
 
 
-def _open_vector(
+def sample_actions(space: gymnasium.Space[Any], batch: int | None, timing: Timing) -> list[Any]:
+    """``timing.action_batches`` samples of ``space`` (one env's), each ``batch`` of them
+    stacked (``None``: not stacked)."""
+    space.seed(timing.seed)
+    if batch is None:
+        return [space.sample() for _ in range(timing.action_batches)]
+    return [
+        np.stack([np.asarray(space.sample()) for _ in range(batch)])
+        for _ in range(timing.action_batches)
+    ]
+
+
+def open_vector(
     name: str,
     build: Callable[[], Any],
     timing: Timing,
     *,
+    batch: int | None = None,
     reset: Callable[[Any], object] | None = None,
-    actions: Callable[[Any], list[Any]] | None = None,
-    info: Callable[[Any], dict[str, Any]] | None = None,
-) -> LoopRunner:
-    """A runner over a vector env: built, reset (``vec.reset(seed=...)`` by default), then
-    stepped with ``vec.step(batch)``, batches from ``actions(vec)`` (by default, samples of
-    ``vec.action_space``)."""
+    settle_s: float = 0.0,
+    **info: Any,
+) -> Runner:
+    """A runner over the vector env ``build()`` makes, closed on any failure.
+
+    Synchronous (``batch`` ``None`` or every env): reset (``vec.reset(seed=...)``, or
+    ``reset(vec)``), then ``vec.step`` with stacked samples of its ``single_action_space`` (or
+    its ``action_space`` when it has none: SB3, EnvPool). By batch (EnvPool's API, which
+    envfleet's pool shares): ``async_reset``, then ``recv`` a batch and ``send`` actions to the
+    envs in it (``infos["env_id"]``).
+    """
     start = time.perf_counter()
     vec = build()
     try:
-        if reset is None:
-            vec.reset(seed=timing.seed)
+        n = vec.num_envs
+        space = getattr(vec, "single_action_space", None) or vec.action_space
+        actions = sample_actions(space, batch or n, timing)
+        if batch is None or batch == n:
+            (reset or (lambda v: v.reset(seed=timing.seed)))(vec)
+            advance = cycle(vec.step, actions, n)
         else:
-            reset(vec)
+            (reset or (lambda v: v.async_reset(seed=timing.seed)))(vec)
+
+            def recv_send(acts: Any) -> None:
+                vec.send(acts, vec.recv()[4]["env_id"])
+
+            advance = cycle(recv_send, actions, batch)
         setup_s = time.perf_counter() - start
-        if actions is None:
-            vec.action_space.seed(timing.seed)
-            batches = [vec.action_space.sample() for _ in range(timing.action_batches)]
-        else:
-            batches = actions(vec)
-        details = info(vec) if info is not None else {}
     except BaseException:
         vec.close()
         raise
-    return LoopRunner(name, vec.step, batches, vec.num_envs, timing, setup_s, vec.close, **details)
+    return CallRunner(name, advance, vec.close, timing, setup_s=setup_s, settle_s=settle_s, **info)

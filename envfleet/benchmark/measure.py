@@ -91,6 +91,7 @@ def measure(
     on_error: Callable[[str, BaseException], object] | None = None,
     progress: Callable[[str], object] | None = None,
     openers: Mapping[str, Callable[[Workload, Timing], Runner]] | None = None,
+    on_stage: Callable[[str], object] | None = None,
 ) -> dict[str, RunResult | str | Skipped]:
     """Open the runners ``names`` on ``workload`` and time their windows, interleaved.
 
@@ -100,9 +101,11 @@ def measure(
         timing: window length, warm-up and repeats.
         on_error: called with the runner name and the exception when a runner fails; the
             runner is then dropped and its entry in the result is the error message.
-        progress: called with a short description of what starts next.
+        progress: called with a short description of what starts next (each opening and
+            each window).
         openers: runners of a script's own (a layout, a variant), by name, besides
             :data:`RUNNERS`; a name here wins.
+        on_stage: called as each runner starts opening (one line per stage, for logs).
 
     Returns:
         For each name, its :class:`RunResult`; if it failed, ``"Type: message"``; if it took
@@ -120,9 +123,12 @@ def measure(
             on_error(name, exc)
 
     try:
-        for name in names:
+        for k, name in enumerate(names):
+            text = f"{where}: starting {name} ({k + 1} of {len(names)})"
             if progress is not None:
-                progress(f"{where}: starting {name}")
+                progress(text)
+            if on_stage is not None:
+                on_stage(text)
             try:
                 opener = openers[name] if openers and name in openers else RUNNERS[name].open
                 opened[name] = open_bounded(name, opener, workload, timing)
@@ -138,7 +144,11 @@ def measure(
                     continue
                 runner = opened[name]
                 if progress is not None:
-                    progress(f"{where}: {name}, window {repeat + 1}/{timing.repeats}")
+                    k = names.index(name) + 1
+                    progress(
+                        f"{where}: {name} ({k} of {len(names)}), "
+                        f"window {repeat + 1}/{timing.repeats}"
+                    )
                 try:
                     with OtherLoad() as load:
                         windows[name].append(runner.window(timing.seconds))
@@ -224,6 +234,43 @@ def _expected_over_limit(setup_s: float, measured_at: int, n: int, limit: float 
     return setup_s * n / measured_at > EXPECTED_MARGIN * limit
 
 
+class _Eta:
+    """A sweep's progress: each progress call starts one unit (a runner opening or a window)
+    of ``total``; the time left is the time so far scaled to the units left."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.start = total, -1, time.perf_counter()
+
+    def hooks(
+        self, progress: Callable[[str], object] | None, on_stage: Callable[[str], object] | None,
+        at: str,
+    ) -> tuple[Callable[[str], object], Callable[[str], object]]:  # fmt: skip
+        """``measure``'s hooks: every unit counted, shown to ``progress`` and ``on_stage``."""
+
+        def line(text: str) -> str:
+            share = max(0.0, min(1.0, self.done / max(1, self.total)))
+            elapsed = time.perf_counter() - self.start
+            left = f", ETA {_clock(elapsed / share * (1 - share))}" if share > 0 else ""
+            where, _, what = text.partition(": ")
+            return f"[{share:.0%}{left}] {where}{at}: {what}"
+
+        def counted(text: str) -> None:
+            self.done += 1
+            if progress is not None:
+                progress(line(text))
+
+        def staged(text: str) -> None:
+            if on_stage is not None:
+                on_stage(line(text))
+
+        return counted, staged
+
+
+def _clock(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    return f"{minutes}:{seconds:02d}" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}"
+
+
 def sweep(
     env: Any,
     num_envs: Sequence[int],
@@ -232,6 +279,7 @@ def sweep(
     *,
     on_error: Callable[[str, int, BaseException], object] | None = None,
     progress: Callable[[str], object] | None = None,
+    on_stage: Callable[[str], object] | None = None,
 ) -> Report:
     """Measure the available runners of ``names`` at each env count of ``num_envs``.
 
@@ -248,7 +296,9 @@ def sweep(
         names: keys of :data:`RUNNERS`.
         timing: window length, warm-up and repeats.
         on_error: called with the runner name, env count and exception when a runner fails.
-        progress: called with a short description of what starts next.
+        progress: called with a short description of what starts next, led by the share of
+            the sweep done and the time left at the pace so far (``[40%, ETA 0:12]``).
+        on_stage: the same, once per runner and env count (one line per stage, for logs).
     """
     spec = env if isinstance(env, EnvSpec) else EnvSpec.from_user(env)
     report = Report(
@@ -260,10 +310,11 @@ def sweep(
         machine=machine_info(),
     )
     start = time.perf_counter()
+    eta = _Eta(len(num_envs) * len(report.measured) * (1 + timing.repeats))
     too_slow: dict[str, Skipped] = {}  # start-up grows with num_envs: not tried again
     started: dict[str, tuple[int, float]] = {}  # the latest env count and start-up measured
     try:
-        for n in num_envs:
+        for count, n in enumerate(num_envs):
 
             def failed(name: str, exc: BaseException, n: int = n) -> None:
                 if on_error is not None:
@@ -281,8 +332,16 @@ def sweep(
             names_now = [
                 name for name in report.measured if name not in too_slow and name not in expected
             ]
+            eta.total -= (len(report.measured) - len(names_now)) * (1 + timing.repeats)
+            at = f" ({count + 1} of {len(num_envs)})" if len(num_envs) > 1 else ""
+            counted, staged = eta.hooks(progress, on_stage, at)
             results = measure(
-                names_now, Workload(spec, n), timing, on_error=failed, progress=progress
+                names_now,
+                Workload(spec, n),
+                timing,
+                on_error=failed,
+                progress=counted,
+                on_stage=staged,
             )
             results.update(expected)
             for name in report.measured:

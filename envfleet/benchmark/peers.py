@@ -1,42 +1,38 @@
-"""Runners over optional peer libraries: Stable-Baselines3, EnvPool and PufferLib (each used
-only if it is installed)."""
+"""Runners over optional peer libraries: Stable-Baselines3, EnvPool, PufferLib and ale-py's
+C++ ``AtariVectorEnv`` (each used only if it is installed). EnvPool and PufferLib also step by
+batch (``batch_size``) for the scripts' async rows."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import io
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium
-import numpy as np
 import psutil
 
 from envfleet.affinity import usable_cpus
-from envfleet.benchmark.base import Runner, Timing, Workload, _open_vector
+from envfleet.benchmark.base import CallRunner, Runner, Timing, Workload, cycle, open_vector
+from envfleet.benchmark.base import sample_actions as _sample
 from envfleet.spec import EnvSpec
 
 
 @contextlib.contextmanager
-def _quiet() -> Any:
+def _quiet() -> Iterator[None]:
     """Swallow what an import prints (the legacy ``gym`` package prints a notice on import)."""
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         yield
 
 
-def _stacked_actions(n: int, timing: Timing) -> Callable[[Any], list[Any]]:
-    """Action batches for peers whose ``action_space`` is one env's: ``n`` samples stacked."""
-
-    def actions(vec: Any) -> list[Any]:
-        space = vec.action_space
-        space.seed(timing.seed)
-        return [
-            np.stack([np.asarray(space.sample()) for _ in range(n)])
-            for _ in range(timing.action_batches)
-        ]
-
-    return actions
+def version(package: str) -> str | None:
+    """The installed version of ``package``, or ``None``."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def open_sb3(workload: Workload, timing: Timing) -> Runner:
@@ -49,14 +45,8 @@ def open_sb3(workload: Workload, timing: Timing) -> Runner:
         vec.reset()
 
     n = workload.num_envs
-    return _open_vector(
-        "sb3",
-        lambda: SubprocVecEnv([workload.factory()] * n),
-        timing,
-        reset=reset,
-        actions=_stacked_actions(n, timing),
-        info=lambda _: {"processes": n},
-    )
+    fns = [workload.factory()] * n
+    return open_vector("sb3", lambda: SubprocVecEnv(fns), timing, reset=reset, processes=n)
 
 
 def envpool_id(spec: EnvSpec) -> str | None:
@@ -66,63 +56,66 @@ def envpool_id(spec: EnvSpec) -> str | None:
     import envpool
 
     shipped = set(envpool.list_all_envs())
-    target = spec.target
-    for candidate in (target, target.removeprefix("ALE/")):
+    for candidate in (spec.target, spec.target.removeprefix("ALE/")):
         if candidate in shipped:
             return candidate
     return None
 
 
 def _envpool_check(spec: EnvSpec) -> str | None:
-    if envpool_id(spec) is None:
-        return f"EnvPool does not ship {spec.name}"
-    return None
+    return None if envpool_id(spec) is not None else f"EnvPool does not ship {spec.name}"
 
 
-def open_envpool(workload: Workload, timing: Timing) -> Runner:
-    """EnvPool's implementation of the id (synchronous mode, its default thread count)."""
-    import envpool
+class QuietEnvPool:
+    """EnvPool's env with Gymnasium's warnings off while it is open (it rebuilds its
+    observation space on every step, and Gymnasium warns about the bounds' dtype)."""
 
-    shipped = envpool_id(workload.spec)
+    def __init__(self, task: str, num_envs: int, **kwargs: Any) -> None:
+        import envpool
+
+        self._level = gymnasium.logger.min_level
+        gymnasium.logger.min_level = gymnasium.logger.ERROR
+        try:
+            self.env = envpool.make(task, env_type="gymnasium", num_envs=num_envs, **kwargs)
+        except BaseException:
+            gymnasium.logger.min_level = self._level
+            raise
+        self.num_envs, self.action_space = num_envs, self.env.action_space
+
+    def __getattr__(self, name: str) -> Any:  # reset, step, async_reset, send, recv
+        return getattr(self.env, name)
+
+    def close(self) -> None:
+        try:
+            self.env.close()
+        finally:
+            gymnasium.logger.min_level = self._level
+
+
+def open_envpool(
+    workload: Workload,
+    timing: Timing,
+    *,
+    task: str | None = None,
+    batch_size: int | None = None,
+    **options: Any,
+) -> Runner:
+    """EnvPool's own implementation of the id (or of ``task``, with ``options``): stepped
+    whole, or by ``batch_size`` envs; its default thread count unless ``options`` say."""
+    shipped = task or envpool_id(workload.spec)
     if shipped is None:
         raise ValueError(f"EnvPool does not ship {workload.label}")
-    task: str = shipped
     n = workload.num_envs
-
-    class Vec:  # the runner interface over EnvPool's (gymnasium-type) env
-        def __init__(self) -> None:
-            # EnvPool rebuilds its observation space on every step, and Gymnasium warns about
-            # the bounds' dtype: quiet Gymnasium's warnings while this runner is open.
-            self._warn_level = gymnasium.logger.min_level
-            gymnasium.logger.min_level = gymnasium.logger.ERROR
-            try:
-                self.env = envpool.make(task, env_type="gymnasium", num_envs=n, seed=timing.seed)
-            except BaseException:
-                gymnasium.logger.min_level = self._warn_level
-                raise
-            self.num_envs = n
-            self.action_space = self.env.action_space
-
-        def reset(self, seed: int | None = None) -> Any:
-            return self.env.reset()
-
-        def step(self, actions: Any) -> Any:
-            return self.env.step(actions)
-
-        def close(self) -> None:
-            try:
-                close = getattr(self.env, "close", None)
-                if close is not None:
-                    close()
-            finally:
-                gymnasium.logger.min_level = self._warn_level
-
-    return _open_vector(
+    batch = {"batch_size": batch_size} if batch_size else {}
+    return open_vector(
         "envpool",
-        Vec,
+        lambda: QuietEnvPool(shipped, n, seed=timing.seed, **batch, **options),
         timing,
-        actions=_stacked_actions(n, timing),
-        info=lambda _: {"envpool_id": task},
+        batch=batch_size,
+        reset=lambda vec: vec.reset() if batch_size in (None, n) else vec.async_reset(),
+        envpool_id=shipped,
+        **batch,
+        **options,
     )
 
 
@@ -146,19 +139,112 @@ def _puffer_workers(num_envs: int) -> int:
     return max(w for w in range(1, most + 1) if num_envs % w == 0)
 
 
-def open_pufferlib(workload: Workload, timing: Timing) -> Runner:
-    """PufferLib's ``Multiprocessing`` vector env over ``GymnasiumPufferEnv``-wrapped envs."""
-    import pufferlib.vector
+PUFFER_SETTLE_S = 0.7
+"""PufferLib's idle workers spin for 0.5 s before they start sleeping between polls."""
 
-    workers = _puffer_workers(workload.num_envs)
-    return _open_vector(
-        "pufferlib",
-        lambda: pufferlib.vector.make(
-            functools.partial(puffer_env, workload.spec),
-            backend=pufferlib.vector.Multiprocessing,
-            num_envs=workload.num_envs,
-            num_workers=workers,
-        ),
+
+def open_pufferlib(
+    workload: Workload,
+    timing: Timing,
+    *,
+    num_workers: int | None = None,
+    batch_size: int | None = None,
+) -> Runner:
+    """PufferLib's ``Multiprocessing`` vector env over ``GymnasiumPufferEnv``-wrapped envs
+    (``recv`` + ``send``; every env per call unless ``batch_size``)."""
+    with _quiet():  # the old ``gym`` it imports prints a notice
+        import pufferlib.vector
+
+    n = workload.num_envs
+    workers = num_workers or _puffer_workers(n)
+    batch = batch_size or n
+    vec = pufferlib.vector.make(
+        functools.partial(puffer_env, workload.spec),
+        backend=pufferlib.vector.Multiprocessing,
+        num_envs=n,
+        num_workers=workers,
+        batch_size=batch,
+        overwork=True,  # allowed: more workers than cores is the point of a comparison
+    )
+    try:
+        actions = _sample(vec.single_action_space, batch, timing)
+        vec.async_reset(timing.seed)
+
+        def recv_send(acts: Any) -> None:
+            vec.recv()
+            vec.send(acts)
+
+        advance = cycle(recv_send, actions, batch)
+        return CallRunner(
+            "pufferlib", advance, vec.close, timing, settle_s=PUFFER_SETTLE_S,
+            workers=workers, batch_size=batch,
+            pufferlib=version("pufferlib-core") or version("pufferlib"),
+        )  # fmt: skip
+    except BaseException:
+        vec.close()
+        raise
+
+
+AS_ALE_V5 = {
+    "stack_num": 1,
+    "img_height": 210,
+    "img_width": 160,
+    "grayscale": False,
+    "maxpool": False,
+    "noop_max": 0,
+    "reward_clipping": False,
+    "use_fire_reset": False,
+}
+"""``AtariVectorEnv`` options that give ``gymnasium.make("ALE/...-v5")``'s observations: raw
+210x160 RGB frames, no stack, pooling, no-ops, clipping or fire at reset (frame skip, sticky
+actions and episode length come from the id's registration)."""
+
+
+def ale_vector_options(spec: EnvSpec) -> dict[str, Any] | None:
+    """``AtariVectorEnv`` options that step ``spec``'s env as Gymnasium's ALE env does (same
+    game, frames and frame skip), or ``None`` when it is not a plain ``ALE/...`` id with RGB
+    observations."""
+    if not isinstance(spec.target, str) or not spec.target.startswith("ALE/"):
+        return None
+    if spec.legacy_gym or spec.wrappers:
+        return None
+    import ale_py
+
+    gymnasium.register_envs(ale_py)
+    kwargs = {**gymnasium.spec(spec.target).kwargs, **spec.kwargs}
+    if kwargs.get("obs_type", "rgb") != "rgb" or not isinstance(kwargs.get("frameskip"), int):
+        return None
+    same = ("repeat_action_probability", "frameskip", "full_action_space")
+    return {
+        "game": kwargs["game"],
+        "max_num_frames_per_episode": kwargs.get("max_num_frames_per_episode", 108_000),
+        **{key: kwargs[key] for key in same if key in kwargs},
+        **AS_ALE_V5,
+    }
+
+
+def _ale_vector_check(spec: EnvSpec) -> str | None:
+    if ale_vector_options(spec) is None:
+        return f"{spec.name} is not an ALE id with RGB frames and a fixed frame skip"
+    return None
+
+
+def open_ale_vector(workload: Workload, timing: Timing, **overrides: Any) -> Runner:
+    """ale-py's C++ ``AtariVectorEnv`` (one thread per usable core), configured by
+    :func:`ale_vector_options` to step the same frames as the id (less ``overrides``)."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    options = ale_vector_options(workload.spec)
+    if options is None:
+        raise ValueError(str(_ale_vector_check(workload.spec)))
+    options.update(overrides)
+    game = options.pop("game")
+    threads = len(usable_cpus())
+    return open_vector(
+        "ale-vector",
+        lambda: AtariVectorEnv(game, workload.num_envs, num_threads=threads, **options),
         timing,
-        info=lambda _: {"workers": workers},
+        threads=threads,
+        ale_py=version("ale-py"),
+        **overrides,
     )

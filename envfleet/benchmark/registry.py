@@ -19,9 +19,17 @@ from envfleet.benchmark.base import (
     Timing,
     Workload,
 )
-from envfleet.benchmark.peers import _envpool_check, _quiet, open_envpool, open_pufferlib, open_sb3
+from envfleet.benchmark.peers import (
+    _ale_vector_check,
+    _envpool_check,
+    _quiet,
+    open_ale_vector,
+    open_envpool,
+    open_pufferlib,
+    open_sb3,
+)
 from envfleet.benchmark.runners import (
-    _envfleet,
+    envfleet_opener,
     open_ceiling,
     open_gym_async,
     open_gym_sync,
@@ -57,9 +65,9 @@ RUNNERS: dict[str, RunnerKind] = {
         RunnerKind(LOOP, "Python for-loop over the envs in this process", open_loop),
         RunnerKind(CEILING, "one independent process per core, throughputs summed", open_ceiling),
         RunnerKind(BARE_POOL, "one byte in, a loop over the envs, one byte out", open_bare_pool),
-        RunnerKind("serial", "envfleet, serial backend", _envfleet("serial")),
-        RunnerKind("process", "envfleet, process backend", _envfleet("process")),
-        RunnerKind("thread", "envfleet, thread backend", _envfleet("thread")),
+        RunnerKind("serial", "envfleet, serial backend", envfleet_opener("serial")),
+        RunnerKind("process", "envfleet, process backend", envfleet_opener("process")),
+        RunnerKind("thread", "envfleet, thread backend", envfleet_opener("thread")),
         RunnerKind("gym-sync", "Gymnasium SyncVectorEnv", open_gym_sync),
         RunnerKind("gym-async", "Gymnasium AsyncVectorEnv (shared memory)", open_gym_async),
         RunnerKind(
@@ -72,6 +80,14 @@ RUNNERS: dict[str, RunnerKind] = {
             open_pufferlib,
             "pufferlib.vector",
             extra="peers",
+        ),
+        RunnerKind(
+            "ale-vector",
+            "ale-py AtariVectorEnv (C++ threads, the id's frames and frame skip)",
+            open_ale_vector,
+            "ale_py.vector_env",
+            _ale_vector_check,
+            "atari",
         ),
     )
 }

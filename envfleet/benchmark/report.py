@@ -232,19 +232,32 @@ def report_notes(report: Report) -> list[str]:
     return notes
 
 
+def plot_label(report: Report, name: str) -> str:
+    """Runner ``name``'s label in the plot: its name, and the env counts where it was skipped
+    (start-up over the limit) or failed."""
+    results = report.results.get(name, {})
+    gaps = [
+        f"{how} at {', '.join(at)}"
+        for how, kind in (("skipped", Skipped), ("failed", str))
+        if (at := [str(n) for n, r in results.items() if isinstance(r, kind)])
+    ]
+    return f"{name} ({'; '.join(gaps)})" if gaps else name
+
+
 def write_plot(report: Report, path: Path) -> None:
-    """Throughput against ``num_envs``, one line per runner, as a PNG."""
+    """Throughput against ``num_envs``, one line per runner, as a PNG; a runner skipped or
+    failed at some env counts says so in the legend, and the notes (load from elsewhere that
+    skewed the windows, skips) are printed under the plot."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 5), layout="constrained")
+    notes = report_notes(report)
+    fig = Figure(figsize=(8, 5 + 0.2 * len(notes)), layout="constrained")
     ax = fig.subplots()
     for name in report.measured:
         points = [(n, rate) for n in report.num_envs if (rate := report.rate(name, n)) is not None]
-        if not points:
-            continue
-        xs, ys = [n for n, _ in points], [rate for _, rate in points]
+        label = plot_label(report, name)
         style: dict[str, Any] = {"linestyle": "--", "color": "black"} if name == CEILING else {}
-        ax.plot(xs, ys, marker="o", label=name, **style)
+        ax.plot([n for n, _ in points], [r for _, r in points], marker="o", label=label, **style)
     if len(report.num_envs) > 1 and min(report.num_envs) > 0:
         spread = max(report.num_envs) / min(report.num_envs)
         if spread >= 8:
@@ -258,10 +271,13 @@ def write_plot(report: Report, path: Path) -> None:
     ax.set_title(
         f"{report.env}: throughput vs num_envs"
         + (f" ({cores} cores, median of {report.timing.repeats})" if cores else "")
+        + (" (interrupted)" if report.interrupted else "")
     )
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         fig.legend(loc="outside right upper", fontsize="small")
+    if notes:
+        fig.supxlabel("\n".join(notes), fontsize="small", color="firebrick", ha="left", x=0.01)
     fig.savefig(path, dpi=100)
 
 

@@ -24,11 +24,12 @@ from envfleet.affinity import usable_cpus
 from envfleet.benchmark.base import (
     CEILING,
     LOOP,
-    LoopRunner,
+    CallRunner,
     Runner,
     Timing,
     Workload,
-    _open_vector,
+    cycle,
+    open_vector,
     time_calls,
 )
 
@@ -79,7 +80,8 @@ def open_loop(workload: Workload, timing: Timing) -> Runner:
         for env in envs:
             env.close()
 
-    return LoopRunner(LOOP, sweep, actions, workload.num_envs, timing, setup_s, close)
+    advance = cycle(sweep, actions, workload.num_envs)
+    return CallRunner(LOOP, advance, close, timing, setup_s=setup_s)
 
 
 def _parallel_worker(
@@ -235,42 +237,52 @@ def open_ceiling(workload: Workload, timing: Timing) -> Runner:
     return CeilingRunner(workload, timing)
 
 
+def open_envfleet(
+    workload: Workload,
+    timing: Timing,
+    *,
+    name: str | None = None,
+    batch_size: int | None = None,
+    **make_kwargs: Any,
+) -> Runner:
+    """``envfleet.make(workload, **make_kwargs)`` stepped whole, or by ``batch_size`` envs
+    (``recv`` + ``send``); ``name``: default the backend's."""
+    start = time.perf_counter()
+    pool = envfleet.make(workload.spec, workload.num_envs, batch_size=batch_size, **make_kwargs)
+    made_s = time.perf_counter() - start
+    runner = open_vector(
+        name or str(make_kwargs.get("backend", "process")),
+        lambda: pool,
+        timing,
+        batch=batch_size,
+        workers=pool.num_workers,
+        batch_size=pool.batch_size,
+        **make_kwargs,
+    )
+    runner.setup_s += made_s
+    return runner
+
+
 def envfleet_opener(
     backend: str, name: str | None = None, **make_kwargs: Any
 ) -> Callable[[Workload, Timing], Runner]:
-    """An opener of ``envfleet.make(..., backend=backend, **make_kwargs)`` stepped synchronously.
-
-    ``name`` is the runner's name (default: the backend's); ``make_kwargs`` default to none
-    (default workers).
-    """
-
-    def open_envfleet(workload: Workload, timing: Timing) -> Runner:
-        return _open_vector(
-            name or backend,
-            lambda: envfleet.make(workload.spec, workload.num_envs, backend=backend, **make_kwargs),
-            timing,
-            info=lambda pool: {"workers": pool.num_workers, **make_kwargs},
-        )
-
-    open_envfleet.__doc__ = f'``envfleet.make(..., backend="{backend}")``, {make_kwargs or ""}.'
-    return open_envfleet
-
-
-_envfleet = envfleet_opener
+    """An opener of :func:`open_envfleet` on ``backend`` (default workers unless
+    ``make_kwargs`` say otherwise)."""
+    return functools.partial(open_envfleet, name=name or backend, backend=backend, **make_kwargs)
 
 
 def open_gym_sync(workload: Workload, timing: Timing) -> Runner:
     """Gymnasium's ``SyncVectorEnv``."""
     fns = [workload.factory()] * workload.num_envs
-    return _open_vector("gym-sync", lambda: SyncVectorEnv(fns), timing)
+    return open_vector("gym-sync", lambda: SyncVectorEnv(fns), timing)
 
 
 def open_gym_async(workload: Workload, timing: Timing) -> Runner:
     """Gymnasium's ``AsyncVectorEnv(shared_memory=True)``: one process per env."""
     fns = [workload.factory()] * workload.num_envs
-    return _open_vector(
+    return open_vector(
         "gym-async",
         lambda: AsyncVectorEnv(fns, shared_memory=True),
         timing,
-        info=lambda _: {"processes": workload.num_envs},
+        processes=workload.num_envs,
     )

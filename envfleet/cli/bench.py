@@ -34,6 +34,7 @@ from envfleet.cli.common import (
     one_line,
     positive_float,
     positive_int,
+    print_whole,
     progress_console,
 )
 from envfleet.spec import EnvSpec
@@ -206,8 +207,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                     on_error=on_error,
                     progress=lambda text: status.update(Text(text)),
                 )
-        else:
-            report = benchmark.sweep(spec, args.num_envs, names, timing, on_error=on_error)
+        else:  # piped: a line per stage, unless asked to be quiet
+
+            def stage(text: str) -> None:
+                print(text, file=stderr.file, flush=True)
+
+            quiet = args.json or args.quiet
+            report = benchmark.sweep(
+                spec, args.num_envs, names, timing, on_error=on_error,
+                on_stage=None if quiet else stage,
+            )  # fmt: skip
     stderr, _ = progress_console(args)
     log_path = out / "bench.log"
     if captured.text:
@@ -234,8 +243,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
     else:
         console = Console(highlight=False)
-        console.print(benchmark.report_table(report))
-        console.print(benchmark.startup_table(report))
+        print_whole(console, benchmark.report_table(report), benchmark.startup_table(report))
         for note in benchmark.report_notes(report):
             console.print(note, markup=False, soft_wrap=True)
         if captured.text:

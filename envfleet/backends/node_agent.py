@@ -1,0 +1,222 @@
+"""A node's agent: the Ray actor that runs one node's envs as a local process pool.
+
+Ray places one agent on each node of the pool (pinned there), and it starts the node's worker
+processes with the process backend's own transport (:mod:`envfleet.backends.process`: shared
+memory, the same worker loop and stepping loop), holding the pool's *global* env indices, seeds
+and restart counts, so trajectories are those of one machine. It then serves the pool over one
+authenticated TCP connection (:meth:`NodeAgent.serve`, the messages of
+:mod:`envfleet.backends.node_wire`): a round of commands in, the local replies and rows of the
+whole node out, one message each way. The pool's side is :mod:`envfleet.backends.nodes`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+import ray
+
+from envfleet.backends import node_wire as wire
+from envfleet.backends.base import TransportOptions, WorkerLost
+from envfleet.backends.channel import accept_pool
+from envfleet.backends.process import ProcessTransport
+from envfleet.buffers import ObjectRows
+from envfleet.errors import EnvError
+from envfleet.protocol import Command, Reply
+
+LOCAL_SLICE = 0.002
+"""Seconds the agent waits on its workers at a time while it owes replies, before it looks
+for a message from the pool (a kill, another round): the agent has one thread."""
+
+DEFAULT_CONTEXT = "forkserver"
+"""How the agent starts its worker processes: a Ray worker runs threads, which ``fork`` would
+copy in whatever state they are; a fork server is started clean once."""
+
+
+@dataclass(frozen=True)
+class NodeOptions(TransportOptions):
+    """A pool's options for one node's workers: their envs keep their global indices (rows of a
+    batch as large as the whole pool's)."""
+
+    rows: int = 0
+
+    @property
+    def num_envs(self) -> int:
+        return self.rows
+
+
+def node_options(options: TransportOptions, workers: Sequence[int]) -> NodeOptions:
+    """``options`` for the node that runs ``workers`` (global worker indices)."""
+    values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+    values["assignment"] = [tuple(options.assignment[w]) for w in workers]
+    values["context"] = options.context or DEFAULT_CONTEXT
+    return NodeOptions(**values, rows=options.num_envs)
+
+
+class NodeAgent:
+    """One node's envs in a local process pool, served to the pool over one connection."""
+
+    def __init__(self, options: NodeOptions, restarts: dict[int, int]) -> None:
+        self.options = options
+        self.restarts = restarts
+        self.local: ProcessTransport | None = None
+        self._listener: socket.socket | None = None
+        self._authkey = b""
+
+    def start(self, authkey: bytes) -> tuple[BaseException | None, str, str, int, int]:
+        """Start the node's workers and a listening socket on this node's address; return
+        ``(error or None, node id, address, port, pid)``."""
+        node = str(ray.get_runtime_context().get_node_id())
+        host = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        try:
+            self.local = ProcessTransport(self.options)
+            # A replacement agent: its envs start restarted (flagged, reseeded by their count).
+            for worker, ids in enumerate(self.options.assignment):
+                counts = {i: self.restarts[i] for i in ids if i in self.restarts}
+                if counts:
+                    self.local.restart(worker, counts)
+        except EnvError as exc:
+            return exc, node, host, 0, os.getpid()
+        self._authkey = authkey
+        self._listener = socket.create_server((host, 0), backlog=8)
+        port = int(self._listener.getsockname()[1])
+        return None, node, host, port, os.getpid()
+
+    def serve(self) -> None:
+        """Serve the pool until it closes the agent or goes away; then close the envs."""
+        assert self._listener is not None and self.local is not None
+        try:
+            conn = accept_pool(self._listener, self._authkey)
+        finally:
+            self._listener.close()
+            self._listener = None
+        sock = socket.socket(fileno=conn.fileno())
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.detach()
+        try:
+            with conn:
+                _Server(self.local, conn, len(self.options.assignment)).run()
+        finally:
+            self.local.close(5.0)
+
+
+class _Server:
+    """The agent's loop: rounds in, the node's replies and rows out."""
+
+    def __init__(self, local: ProcessTransport, conn: Connection, workers: int) -> None:
+        self.local = local
+        self.conn = conn
+        batch = local.batch
+        self.batch = batch
+        self.rows = wire.row_fields(batch)
+        self.objects = isinstance(batch.observations, ObjectRows)
+        self.actions = (
+            wire.leaves(batch.actions) if not isinstance(batch.actions, ObjectRows) else []
+        )
+        self.inflight: list[deque[Command]] = [deque() for _ in range(workers)]
+        self.owed = 0
+        self.last: list[tuple[int, Command]] = []
+        self.last_actions: tuple[np.ndarray, slice | np.ndarray] | None = None
+
+    def run(self) -> None:
+        conn = self.conn
+        while True:
+            try:
+                # Block while nothing is owed; else only look, and go back to the workers.
+                message = conn.recv_bytes() if self.owed == 0 or conn.poll(0) else None
+            except (EOFError, OSError):
+                return
+            if message is not None and not self.handle(message):
+                return
+            if self.owed:
+                replies = self.local.wait(LOCAL_SLICE, self.owed)
+                if replies:
+                    self.answer(replies)
+
+    def handle(self, message: bytes) -> bool:
+        """Take one message from the pool; False once it asked to close."""
+        tag = message[:1]
+        view = memoryview(message)
+        if tag == wire.REPEAT:
+            self.submit(self.last, view, 1)
+        elif tag == wire.SUBMIT:
+            commands, at = wire.read_header(view)
+            self.last = commands
+            self.last_actions = None
+            self.submit(commands, view, at)
+        elif tag == wire.RESTART:
+            (worker, restarts), _ = wire.read_header(view)
+            error: BaseException | None = None
+            self.owed -= len(self.inflight[worker])
+            self.inflight[worker].clear()
+            try:
+                self.local.restart(worker, restarts)
+            except EnvError as exc:
+                error = exc
+            self.conn.send_bytes(wire.header(wire.ACK, error))
+        elif tag == wire.CLOSE:
+            self.local.close(5.0)
+            self.conn.send_bytes(wire.header(wire.ACK, None))
+            return False
+        return True
+
+    def submit(self, commands: list[tuple[int, Command]], view: memoryview, at: int) -> None:
+        if self.actions:
+            cached = self.last_actions
+            if cached is None:
+                ids = wire.action_ids(c for _, c in commands)
+                cached = self.last_actions = (ids, wire.selection(ids))
+            ids, sel = cached
+            wire.unpack(self.actions, sel, ids.size, view, at)
+        for worker, command in commands:
+            self.inflight[worker].append(command)
+            self.owed += 1
+            self.local.submit(worker, command)
+
+    def answer(self, replies: list[tuple[int, Reply | WorkerLost | None]]) -> None:
+        """Send the pool what came in: one message."""
+        replies.sort(key=lambda item: item[0])  # the order the pool reads a plain answer in
+        answered: list[tuple[Command, Reply | None]] = []
+        general = self.objects
+        for worker, reply in replies:
+            if isinstance(reply, WorkerLost):
+                self.owed -= len(self.inflight[worker])
+                self.inflight[worker].clear()
+                general = True
+                continue
+            command = self.inflight[worker].popleft()
+            self.owed -= 1
+            if reply is not None:
+                general = True
+            answered.append((command, reply))
+        ids = wire.row_ids(answered)
+        sel = wire.selection(ids)
+        rows = wire.pack(self.rows, sel)
+        if general:
+            if self.objects:
+                observations = self.batch.observations
+                by_reply: list[tuple[int, Any]] = []
+                k = 0
+                for worker, reply in replies:
+                    if isinstance(reply, WorkerLost):
+                        by_reply.append((worker, reply))
+                        continue
+                    command, _ = answered[k]
+                    k += 1
+                    got = wire.row_ids([(command, reply)])
+                    if got.size:
+                        reply = reply if reply is not None else Reply(env_ids=tuple(got.tolist()))
+                        reply.observations = {i: observations[i] for i in got.tolist()}
+                    by_reply.append((worker, reply))
+                replies = by_reply
+            self.conn.send_bytes(b"".join([wire.header(wire.GENERAL, replies), *rows]))
+        else:
+            workers = wire.plain_workers([worker for worker, _ in replies])
+            self.conn.send_bytes(b"".join([wire.PLAIN, workers, *rows]))

@@ -1,0 +1,137 @@
+"""The messages between a pool and its node agents: one per node per command round.
+
+::
+
+    pool (driver)                                     node agent (one per node)
+    ─────────────                                     ─────────────────────────
+    R + action rows ─────── "the same round again" ─► write the rows into its batch, submit
+    S + len + pickle[(worker, command)] + actions ──►   each command to its local worker
+                                                      wait for the local replies (its pipes)
+    rows into the batch arrays ◄──── P + rows ─────── every command answered, nothing to say
+      (np.frombuffer + one slice     G + len + pickle[(worker, reply)] + rows (infos, failures,
+       assignment per field)                          a lost worker, ...)
+    X + pickle((worker, restarts)) ─────────────────► rebuild one local worker; A + pickle(error)
+    C ──────────────────────────────────────────────► close; A, then the agent's loop ends
+
+``worker`` is the agent's own (local) worker index. Rows travel as the raw bytes of each field
+(observation leaves, rewards, terminations, truncations), for the envs of the round's
+:class:`~envfleet.protocol.EnvCommand` s in a canonical order both sides compute from the same
+commands (:func:`row_ids`); a step's actions travel the same way. Spaces that are not arrays
+(pickled path) carry their observations in the pickled part instead.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import struct
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from envfleet.buffers import ObjectRows
+from envfleet.protocol import Command, EnvCommand, Reply, Step
+
+REPEAT = b"R"
+SUBMIT = b"S"
+PLAIN = b"P"
+GENERAL = b"G"
+RESTART = b"X"
+CLOSE = b"C"
+ACK = b"A"
+_LENGTH = struct.Struct("<Q")
+_COUNT = struct.Struct("<H")
+
+
+def leaves(value: Any) -> list[np.ndarray]:
+    """The arrays of a batch field (a Dict/Tuple nest of arrays) in a fixed order."""
+    if isinstance(value, dict):
+        return [leaf for key in value for leaf in leaves(value[key])]
+    if isinstance(value, tuple):
+        return [leaf for part in value for leaf in leaves(part)]
+    assert isinstance(value, np.ndarray)
+    return [value]
+
+
+def selection(ids: np.ndarray) -> slice | np.ndarray:
+    """``ids`` as a slice when they are consecutive (a view, one copy), else themselves."""
+    if ids.size and int(ids[-1]) - int(ids[0]) == ids.size - 1 and bool(np.all(np.diff(ids) == 1)):
+        return slice(int(ids[0]), int(ids[-1]) + 1)
+    return ids
+
+
+def pack(fields: Sequence[np.ndarray], sel: slice | np.ndarray) -> list[bytes]:
+    """The bytes of rows ``sel`` of each array of ``fields``."""
+    return [np.ascontiguousarray(field[sel]).tobytes() for field in fields]
+
+
+def unpack(
+    fields: Sequence[np.ndarray], sel: slice | np.ndarray, n: int, data: Any, at: int
+) -> int:
+    """Write ``n`` rows from ``data`` (from offset ``at``) into rows ``sel`` of each of
+    ``fields``; return the offset after them."""
+    if n == 0:
+        return at
+    for field in fields:
+        shape = field.shape[1:]
+        count = n * math.prod(shape)
+        field[sel] = np.frombuffer(data, field.dtype, count, at).reshape((n, *shape))
+        at += count * field.itemsize
+    return at
+
+
+def plain_workers(workers: Sequence[int]) -> bytes:
+    """Which local workers a plain answer answers (one command each, in this order)."""
+    return _COUNT.pack(len(workers)) + np.asarray(workers, dtype=np.uint16).tobytes()
+
+
+def read_plain_workers(data: Any) -> tuple[bytes, int]:
+    """The workers part of a plain answer (as bytes, a cache key), and the offset after it."""
+    (n,) = _COUNT.unpack_from(data, 1)
+    end = 1 + _COUNT.size + 2 * n
+    return bytes(data[1:end]), end
+
+
+def header(tag: bytes, body: Any) -> bytes:
+    """``tag``, then ``body`` pickled with its length first."""
+    blob = pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)
+    return tag + _LENGTH.pack(len(blob)) + blob
+
+
+def read_header(data: Any) -> tuple[Any, int]:
+    """The pickled body after a tag, and the offset of what follows it."""
+    (size,) = _LENGTH.unpack_from(data, 1)
+    start = 1 + _LENGTH.size
+    return pickle.loads(data[start : start + size]), start + size
+
+
+def action_ids(commands: Iterable[Command]) -> np.ndarray:
+    """The envs whose actions travel with ``commands``: those of each step that carries none."""
+    parts = [c.env_ids for c in commands if isinstance(c, Step) and c.actions is None]
+    if not parts:
+        return np.empty(0, dtype=np.intp)
+    return np.fromiter((i for ids in parts for i in ids), dtype=np.intp)
+
+
+def row_ids(answered: Iterable[tuple[Command, Reply | None]]) -> np.ndarray:
+    """The envs whose rows travel back for these answered commands, in order: each env
+    command's envs, less those that failed (a command that failed as a whole has none)."""
+    out: list[int] = []
+    for command, reply in answered:
+        if not isinstance(command, EnvCommand):
+            continue
+        if reply is None or not reply.failures:
+            out.extend(command.env_ids)
+            continue
+        failed = {f.env_index for f in reply.failures}
+        if None in failed:
+            continue
+        out.extend(i for i in command.env_ids if i not in failed)
+    return np.array(out, dtype=np.intp)
+
+
+def row_fields(batch: Any) -> list[np.ndarray]:
+    """The arrays a round's rows are read from or written to (observations when arrays)."""
+    fields = [] if isinstance(batch.observations, ObjectRows) else leaves(batch.observations)
+    return [*fields, batch.rewards, batch.terminations, batch.truncations]

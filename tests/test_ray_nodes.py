@@ -1,0 +1,358 @@
+"""One sub-pool per node (``make(backend="ray", nodes=...)``) on a fake multi-node cluster.
+
+A head and two worker nodes of ``ray.cluster_utils.Cluster``, all on this machine, shared by the
+module (a cluster takes seconds to start). Each node's envs run in a local process pool behind
+one agent; the pool exchanges one message per node per command. Trajectories are those of
+``SyncVectorEnv`` whatever the number of nodes; a killed or stopped agent becomes a named error
+(or a restart); nothing is left behind; the agent's socket refuses a wrong key.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+from collections.abc import Iterator
+from multiprocessing import AuthenticationError
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+import ray
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from ray.cluster_utils import Cluster
+
+import envfleet
+from envfleet.backends import node_wire
+from envfleet.backends.node_agent import NodeAgent, node_options
+from envfleet.backends.nodes import NodeTransport, _connect_agent, place
+from tests.ray_helpers import ray_leak_check
+
+NUM_ENVS = 6
+NODE = {"num_cpus": 1, "object_store_memory": 80 << 20}
+HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 4}
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes_or_shared_memory() -> Iterator[None]:
+    """Overrides conftest.py's: the nodes' daemons belong to the module's cluster; no agent, and
+    no worker process of an agent, may outlive its test."""
+    yield from ray_leak_check(ray_daemons_too=False)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    assert not ray.is_initialized()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={**NODE, "include_dashboard": False, "_system_config": HEALTH_CHECKS},
+    )
+    try:
+        for _ in range(2):
+            cluster.add_node(**NODE)
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def all_nodes(cluster: Cluster) -> list[str]:
+    return [cluster.head_node.node_id, *(n.node_id for n in cluster.worker_nodes)]
+
+
+class SlowCartPole(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """CartPole whose steps take ``delay`` seconds (so that a kill lands mid-step)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(gymnasium.make("CartPole-v1"))
+        self.delay = delay
+
+    def step(self, action: Any) -> Any:
+        time.sleep(self.delay)
+        return self.env.step(action)
+
+
+def trajectory(env: Any, steps: int, seed: int = 0) -> list[Any]:
+    """Reset with ``seed`` then ``steps`` steps of fixed random actions: every field."""
+    actions = np.random.default_rng(1).integers(0, 2, size=(steps, NUM_ENVS))
+    out = [env.reset(seed=seed)[0]]
+    for a in actions:
+        out.extend(env.step(a)[:4])
+    return out
+
+
+def assert_same(want: list[Any], got: list[Any]) -> None:
+    for k, (x, y) in enumerate(zip(want, got, strict=True)):
+        np.testing.assert_array_equal(x, y, err_msg=f"item {k}")
+        assert np.asarray(x).dtype == np.asarray(y).dtype, f"item {k}: dtype"
+
+
+def test_place_lays_contiguous_runs_by_cpus() -> None:
+    assert place([("a", 1), ("b", 1), ("c", 2)], 7) == [[0, 1], [2, 3], [4, 5, 6]]
+    assert place([("a", 4), ("b", 1)], 2) == [[0], [1]]
+    assert place([("a", 1), ("b", 2), ("c", 1)], 2) == [[0], [1], []]
+
+
+@pytest.mark.parametrize(
+    ("mode", "nodes"),
+    [
+        (AutoresetMode.NEXT_STEP, 1),
+        (AutoresetMode.NEXT_STEP, 3),
+        (AutoresetMode.SAME_STEP, 3),
+        (AutoresetMode.DISABLED, 3),
+    ],
+)
+def test_same_trajectories_as_sync_vector_env(
+    cluster: Cluster, mode: AutoresetMode, nodes: int
+) -> None:
+    """Envs of different episode lengths (heterogeneous factories, so episodes end at
+    different steps), one node or three: SyncVectorEnv's values and dtypes, bit for bit."""
+    fns = [
+        functools.partial(gymnasium.make, "CartPole-v1", max_episode_steps=8 + 3 * i)
+        for i in range(NUM_ENVS)
+    ]
+    steps = 40
+    reference = SyncVectorEnv(fns, autoreset_mode=mode)
+    if mode is AutoresetMode.DISABLED:
+        want = _disabled_run(reference, steps)
+    else:
+        want = trajectory(reference, steps)
+    reference.close()
+    with envfleet.make(
+        fns,
+        backend="ray",
+        num_workers=3,
+        nodes=all_nodes(cluster)[:nodes],
+        autoreset_mode=mode,
+    ) as pool:
+        assert len({node for node in pool._transport.node_ids()}) == nodes
+        got = (
+            _disabled_run(pool, steps)
+            if mode is AutoresetMode.DISABLED
+            else trajectory(pool, steps)
+        )
+    assert_same(want, got)
+
+
+def _disabled_run(env: Any, steps: int) -> list[Any]:
+    """DISABLED mode: reset the envs that ended (reset_mask) after each step."""
+    actions = np.random.default_rng(1).integers(0, 2, size=(steps, NUM_ENVS))
+    out = [env.reset(seed=0)[0]]
+    for a in actions:
+        obs, rewards, terminations, truncations, _ = env.step(a)
+        out += [obs, rewards, terminations, truncations]
+        done = terminations | truncations
+        if done.any():
+            out.append(env.reset(options={"reset_mask": done})[0])
+    return out
+
+
+def test_async_batches_match_each_envs_own_trajectory(cluster: Cluster) -> None:
+    """batch_size < num_envs over three nodes: whichever envs come back, each env's sequence is
+    that of the same env stepped alone (seed + i, actions by its own step count)."""
+    steps = 12
+    rng = np.random.default_rng(3)
+    plan = rng.integers(0, 2, size=(NUM_ENVS, steps + 1))
+    want = []
+    for i in range(NUM_ENVS):
+        env = SyncVectorEnv(
+            [lambda: gymnasium.make("CartPole-v1")], autoreset_mode=AutoresetMode.SAME_STEP
+        )
+        seq = [env.reset(seed=i)[0][0]]
+        for t in range(steps):
+            obs, *_ = env.step(np.array([plan[i, t]]))
+            seq.append(obs[0])
+        want.append(seq)
+    got: list[list[Any]] = [[] for _ in range(NUM_ENVS)]
+    with envfleet.make(
+        "CartPole-v1",
+        NUM_ENVS,
+        backend="ray",
+        num_workers=3,
+        nodes=all_nodes(cluster),
+        batch_size=2,
+        seed=0,
+        autoreset_mode="SameStep",
+    ) as pool:
+        pool.async_reset()
+        while min(len(s) for s in got) <= steps:
+            obs, _, _, _, infos = pool.recv()
+            ids = infos["env_id"]
+            for row, i in zip(obs, ids, strict=True):
+                got[i].append(row.copy())
+            actions = np.array([plan[i, min(len(got[i]) - 1, steps)] for i in ids])
+            pool.send(actions, ids)
+        pool.recv()
+    for i in range(NUM_ENVS):
+        np.testing.assert_array_equal(np.array(want[i]), np.array(got[i][: steps + 1]))
+
+
+def test_repr_stats_and_one_message_per_node(cluster: Cluster) -> None:
+    with envfleet.make(
+        "CartPole-v1", NUM_ENVS, backend="ray", num_workers=3, nodes="auto", seed=0
+    ) as pool:
+        transport = pool._transport
+        assert isinstance(transport, NodeTransport)
+        layout = transport.layout()
+        assert sorted(n[0] for n in layout) == sorted(all_nodes(cluster))
+        assert sum(n[3] for n in layout) == NUM_ENVS
+        pool.reset()
+        before = [s["messages"] for s in transport.node_stats()]
+        for _ in range(10):
+            pool.step(np.ones(NUM_ENVS, dtype=np.int64))
+        after = [s["messages"] for s in transport.node_stats()]
+        assert [b - a for a, b in zip(before, after, strict=True)] == [10] * len(layout)
+        assert "envs/" in repr(transport)
+
+
+def agent_pid(pool: envfleet.Pool, node: int) -> int:
+    return int(pool._transport._nodes[node].pid)
+
+
+def make_slow(cluster: Cluster, **kwargs: Any) -> envfleet.Pool:
+    return envfleet.make(
+        functools.partial(SlowCartPole, 0.3),
+        NUM_ENVS,
+        backend="ray",
+        num_workers=3,
+        nodes=all_nodes(cluster)[1:],
+        seed=0,
+        **kwargs,
+    )
+
+
+def test_agent_killed_mid_step_raises_worker_died_naming_node(cluster: Cluster) -> None:
+    with make_slow(cluster, on_error="raise") as pool:
+        pool.reset()
+        node = pool._transport._nodes[1]
+        pool.send(np.ones(NUM_ENVS, dtype=np.int64))
+        os.kill(agent_pid(pool, 1), signal.SIGKILL)
+        with pytest.raises(envfleet.WorkerDiedError) as info:
+            pool.recv()
+        error = info.value
+        assert error.phase is envfleet.Phase.STEP
+        assert error.worker in node.workers
+        assert node.node_id in str(error)
+        held = [i for w in node.workers for i in pool._assignment[w]]
+        assert str(held[0]) in str(error)
+        with pytest.raises(envfleet.BrokenPoolError):
+            pool.step(np.ones(NUM_ENVS, dtype=np.int64))
+
+
+def test_agent_killed_mid_step_restarts_its_envs(cluster: Cluster) -> None:
+    with make_slow(cluster, on_error="restart") as pool:
+        pool.reset()
+        node = pool._transport._nodes[0]
+        lost = np.zeros(NUM_ENVS, dtype=bool)
+        lost[[i for w in node.workers for i in pool._assignment[w]]] = True
+        pool.send(np.ones(NUM_ENVS, dtype=np.int64))
+        os.kill(agent_pid(pool, 0), signal.SIGKILL)
+        _, rewards, _, truncations, infos = pool.recv()
+        assert "envfleet/restarted" in infos
+        now = infos["_envfleet/restarted"]
+        assert (now == lost).all()
+        assert truncations[now].all() and (rewards[now] == 0).all()
+        assert (pool.restarts == lost).all()
+        for _ in range(3):
+            pool.step(np.ones(NUM_ENVS, dtype=np.int64))
+
+
+def test_stopped_agent_is_killed_past_step_timeout(cluster: Cluster) -> None:
+    with make_slow(cluster, on_error="raise", step_timeout=3.0) as pool:
+        pool.reset()
+        pid = agent_pid(pool, 1)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            with pytest.raises(envfleet.EnvTimeoutError) as info:
+                pool.step(np.ones(NUM_ENVS, dtype=np.int64))
+            assert time.monotonic() - start < 30
+            assert info.value.worker in pool._transport._nodes[1].workers
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+
+def test_agent_socket_refuses_a_wrong_key(cluster: Cluster) -> None:
+    """A connection without the pool's key is dropped; the pool's own connects after it."""
+    options = _options(cluster)
+    agent = ray.remote(NodeAgent).options(num_cpus=0).remote(options, {})
+    try:
+        error, _, host, port, _ = ray.get(agent.start.remote(b"k" * 32), timeout=120)
+        assert error is None
+        serving = agent.serve.remote()
+        with pytest.raises(AuthenticationError):
+            _connect_agent(host, port, b"x" * 32)
+        conn = _connect_agent(host, port, b"k" * 32)
+        conn.send_bytes(node_wire.CLOSE)
+        assert conn.recv_bytes()[:1] == node_wire.ACK
+        ray.get(serving, timeout=60)
+        conn.close()
+    finally:
+        ray.kill(agent, no_restart=True)
+
+
+def _options(cluster: Cluster) -> Any:
+    """Node options for one worker of two CartPoles, built as make() builds them."""
+    from envfleet.backends.base import TransportOptions
+    from envfleet.spec import EnvSpec
+
+    env = gymnasium.make("CartPole-v1")
+    options = TransportOptions(
+        spec=EnvSpec.from_user("CartPole-v1", None),
+        assignment=[(0, 1)],
+        observation_space=env.observation_space,
+        action_space=env.action_space,
+        autoreset_mode=AutoresetMode.NEXT_STEP,
+    )
+    return node_options(options, [0])
+
+
+@pytest.fixture
+def spare_node(cluster: Cluster) -> Iterator[Any]:
+    """A node of its own for a test to remove (added back as it was after)."""
+    node = cluster.add_node(**NODE)
+    cluster.wait_for_nodes()
+    yield node
+    if node in cluster.worker_nodes:
+        cluster.remove_node(node)
+
+
+def test_node_removed_mid_run_restarts_its_envs_elsewhere(
+    cluster: Cluster, spare_node: Any
+) -> None:
+    """The node is killed without warning: its envs are rebuilt on a surviving node, flagged
+    restarted, and the run goes on."""
+    with envfleet.make(
+        "CartPole-v1",
+        NUM_ENVS,
+        backend="ray",
+        num_workers=2,
+        nodes=[cluster.head_node.node_id, spare_node.node_id],
+        seed=0,
+        on_error="restart",
+    ) as pool:
+        pool.reset()
+        actions = np.ones(NUM_ENVS, dtype=np.int64)
+        pool.step(actions)
+        lost = np.array(pool._transport.node_ids()) == spare_node.node_id
+        lost_envs = np.zeros(NUM_ENVS, dtype=bool)
+        lost_envs[[i for w in np.flatnonzero(lost) for i in pool._assignment[w]]] = True
+        cluster.remove_node(spare_node, allow_graceful=False)
+        restarted = np.zeros(NUM_ENVS, dtype=bool)
+        start = time.monotonic()
+        while not (restarted == lost_envs).all() and time.monotonic() - start < 60:
+            _, _, _, truncations, infos = pool.step(actions)
+            if "envfleet/restarted" in infos:
+                now = infos["_envfleet/restarted"]
+                assert truncations[now].all()
+                restarted |= now
+        assert (restarted == lost_envs).all(), f"restarted {restarted}, expected {lost_envs}"
+        assert spare_node.node_id not in pool._transport.node_ids()
+        for _ in range(3):
+            pool.step(actions)
