@@ -644,6 +644,48 @@ def test_workers_holding_the_gil_die_with_the_parent(context: str) -> None:
     assert not alive, f"workers outlived their parent: {alive}"
 
 
+@pytest.mark.timeout(60)
+def test_sigint_while_make_forks_workers_is_not_lost() -> None:
+    """A Ctrl-C that lands while a worker is being forked (here: from a fork hook, the moment
+    Python runs them) reaches make() as KeyboardInterrupt, and the workers already started are
+    stopped. Python runs the fork hooks with any exception of theirs "ignored", so the interrupt
+    used to be dropped and make() went on. (Under spawn and forkserver this process runs no
+    fork hook: a Ctrl-C lands in plain Python code.)"""
+    context = "fork"
+    proc = subprocess.run(
+        _script(
+            f"""
+            import os, signal, psutil
+            sent = []
+            def interrupt() -> None:
+                if not sent:  # the first fork in this process: worker 0's (or the fork server's)
+                    sent.append(True)
+                    os.kill(os.getpid(), signal.SIGINT)
+            os.register_at_fork(after_in_parent=interrupt)
+            try:
+                pool = envfleet.make(FaultyEnv, 4, num_workers=2, context={context!r})
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+            else:
+                print("not interrupted", flush=True)
+                pool.close()
+            print("sent", len(sent), flush=True)
+            workers = [p for p in psutil.Process().children() if "resource_tracker" not in
+                       " ".join(p.cmdline()) and "forkserver" not in " ".join(p.cmdline())]
+            gone, alive = psutil.wait_procs(workers, timeout=5)
+            print("alive", len(alive), flush=True)
+            """
+        ),
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert proc.stdout.split() == ["interrupted", "sent", "1", "alive", "0"], (
+        proc.stdout + proc.stderr
+    )
+    assert "Exception ignored" not in proc.stderr, proc.stderr
+
+
 def test_sigint_during_step_shuts_down_cleanly() -> None:
     proc = subprocess.Popen(
         _script(
