@@ -718,6 +718,10 @@ def test_sigint_during_step_shuts_down_cleanly() -> None:
             """
             import faulthandler, signal
             faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks on a hang
+            # A terminal's state, whatever the test run leaves to its children (a blocked or
+            # ignored SIGINT is inherited through exec and would make the Ctrl-C vanish).
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             with envfleet.make(functools.partial(FaultyEnv, sleep=0.2), 4, num_workers=2) as pool:
                 pool.reset()
                 print(*[p.pid for p in pool._transport._procs], flush=True)
