@@ -10,6 +10,7 @@
     rows into the batch arrays ◄──── P + rows ─────── every command answered, nothing to say
       (np.frombuffer + one slice     G + len + pickle[(worker, reply)] + rows (infos, failures,
        assignment per field)                          a lost worker, ...)
+    K + worker (2 bytes) ───────────────────────────► kill a hung local worker (reported lost)
     X + pickle((worker, restarts)) ─────────────────► rebuild one local worker; A + pickle(error)
     C ──────────────────────────────────────────────► close; A, then the agent's loop ends
 
@@ -39,6 +40,7 @@ PLAIN = b"P"
 GENERAL = b"G"
 RESTART = b"X"
 CLOSE = b"C"
+KILL = b"K"
 ACK = b"A"
 _LENGTH = struct.Struct("<Q")
 _COUNT = struct.Struct("<H")
