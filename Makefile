@@ -20,8 +20,8 @@ run: $(VENV)/.installed-default
 	$(BIN)/envfleet run ALE/Pong-v5 --num-envs 8 --steps 20000
 
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check envfleet tests bench examples
-	$(BIN)/ruff format --check envfleet tests bench examples
+	$(BIN)/ruff check envfleet tests bench examples docs/hooks.py
+	$(BIN)/ruff format --check envfleet tests bench examples docs/hooks.py
 	$(BIN)/mypy
 
 test: lint

@@ -16,7 +16,6 @@ import importlib.util
 import inspect
 import io
 import os
-import re
 import sys
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +26,8 @@ import cloudpickle
 import gymnasium
 import numpy as np
 from gymnasium import spaces
+
+from envfleet.id_hints import unknown_id_message
 
 EnvFactory = Callable[..., gymnasium.Env[Any, Any]]
 EnvWrapper = Callable[[gymnasium.Env[Any, Any]], gymnasium.Env[Any, Any]]
@@ -130,11 +131,11 @@ class EnvSpec:
             if _in_legacy_gym_registry(env):
                 return cls(env, kwargs, legacy_gym=True)
             try:
-                gymnasium.spec(env)  # raises with Gymnasium's did-you-mean suggestions
-            except gymnasium.error.Error as exc:
-                raise ValueError(
-                    f"unknown environment id {env!r}: {exc}{_extra_hint(env)}{_module_hint(env)}"
-                ) from exc
+                gymnasium.spec(env)
+            except gymnasium.error.Error:
+                # Our own message (the nearest registered ids, or the extra the id needs) stands
+                # alone: Gymnasium's error and its traceback would only come before it.
+                raise ValueError(unknown_id_message(env)) from None
             return cls(env, kwargs)
         if isinstance(env, gymnasium.Env) or is_legacy_env(env):
             raise TypeError(
@@ -391,32 +392,6 @@ def _in_legacy_gym_registry(env_id: str) -> bool:
     except Exception:  # gym raises its own error types (and versions differ)
         return False
     return True
-
-
-_ATARI_ID = re.compile(r"^(ALE/|[A-Z][A-Za-z]*(-ram)?(Deterministic|NoFrameskip)?-v[04]$)")
-"""``ALE/...`` ids, and ids shaped as the old Atari ones (``Pong-v0``, ``PongNoFrameskip-v4``,
-``Pong-ramDeterministic-v4``) that ale-py registers too."""
-
-
-def _extra_hint(env_id: str) -> str:
-    """Which ``pip install 'envfleet[...]'`` may provide an id that is not registered."""
-    if _ATARI_ID.match(env_id) and importlib.util.find_spec("ale_py") is None:
-        return "; Atari ids need ale-py: pip install 'envfleet[atari]'"
-    if importlib.util.find_spec("gym") is None:
-        return "; ids of the legacy gym registry need: pip install 'envfleet[legacy]'"
-    return ""
-
-
-def _module_hint(env_id: str) -> str:
-    """Why the module of a ``"module:Env-v0"`` id did not import, if it did not."""
-    module_name, sep, _ = env_id.rpartition(":")
-    if not sep:
-        return ""
-    try:
-        importlib.import_module(module_name)
-    except ImportError as exc:
-        return f"; importing {module_name!r} failed: {exc}"
-    return ""
 
 
 def _import_gym() -> Any:

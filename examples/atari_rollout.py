@@ -1,7 +1,8 @@
 """Collect Atari frames with envfleet and save them as a NumPy ``.npz`` dataset.
 
-    python examples/atari_rollout.py                       # 100k frames of ALE/Pong-v5, 16 envs
-    python examples/atari_rollout.py --frames 2048 --out /tmp/pong.npz
+    python examples/atari_rollout.py                       # 100k frames of ALE/Pong-v5, 16 envs,
+                                                           # into runs/atari_rollout.npz
+    python examples/atari_rollout.py --frames 2048 --out-dir runs/short
 
 A "frame" here is one observation of one env (one ``step`` of one env; ALE v5 envs repeat each
 action for 4 emulator frames). The policy is uniform random, seeded. Observations are grayscale
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -40,7 +42,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-workers", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--downsample", type=int, default=2, help="pixel block size to average")
-    parser.add_argument("--out", default="atari_rollout.npz")
+    parser.add_argument(
+        "--out-dir", default="runs", help="folder for the dataset, made if missing (default: runs)"
+    )
+    parser.add_argument("--out", help="the .npz file instead (default: OUT_DIR/atari_rollout.npz)")
     parser.add_argument("--no-compress", action="store_true", help="np.savez, not compressed")
     return parser.parse_args(argv)
 
@@ -105,9 +110,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         envs.close()
 
+    out = Path(args.out) if args.out else Path(args.out_dir) / "atari_rollout.npz"
+    out.parent.mkdir(parents=True, exist_ok=True)
     save = np.savez if args.no_compress else np.savez_compressed
     save(
-        args.out,
+        out,
         observations=observations,
         actions=actions,
         rewards=rewards,
@@ -128,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "mean_episode_return": float(np.mean(episode_returns)) if episode_returns else None,
         "reward_sum": float(rewards.sum()),
         "fps": round(steps * args.num_envs / seconds),
-        "out": args.out,
+        "out": str(out),
     }
     print("summary: " + json.dumps(summary), flush=True)
     return summary

@@ -36,6 +36,7 @@ import json
 import random
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -88,8 +89,11 @@ class Args:
     """torch CPU threads while collecting (the env workers use the other cores)"""
     update_threads: int = 0
     """torch CPU threads for the update, when the envs are idle (0: every core)"""
-    plot: str = "ppo_atari_async.png"
-    """where to save the learning curve and rollout speed (PNG)"""
+    out_dir: str = "runs"
+    """folder for what the run writes (made if missing): the plot, ppo_atari_async.png"""
+    plot: str | None = None
+    """where to save the learning curve and rollout speed (PNG) instead (default:
+    OUT_DIR/ppo_atari_async.png)"""
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
@@ -396,7 +400,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         envs.close()
 
-    save_curve(args.plot, episodes, speeds, args)
+    plot = Path(args.plot) if args.plot else Path(args.out_dir) / "ppo_atari_async.png"
+    plot.parent.mkdir(parents=True, exist_ok=True)
+    save_curve(str(plot), episodes, speeds, args)
     summary = {
         "env_id": args.env_id,
         "env_backend": args.env_backend,
@@ -408,7 +414,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "episodes": len(episodes),
         "mean_return_last_10": statistics.fmean(r for _, r in episodes[-10:]) if episodes else None,
         "seconds": round(time.time() - start_time, 1),
-        "plot": args.plot,
+        "plot": str(plot),
     }
     print("summary: " + json.dumps(summary), flush=True)
     return summary

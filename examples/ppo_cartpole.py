@@ -4,10 +4,10 @@ The 8 envs run in envfleet worker processes behind a ``gymnasium.vector.VectorEn
 else is a plain PyTorch PPO, with RL Baselines3 Zoo's CartPole hyperparameters (rollouts of 32
 steps per env, 20 epochs, learning rate 1e-3 annealed, gamma 0.98, GAE lambda 0.8). It reaches a
 mean return of 475 over 20 episodes in about 30-40k steps (well under a minute on two cores).
-The learning curve is printed as training goes and saved as a PNG.
+The learning curve is printed as training goes and saved as a PNG in ``--out-dir`` (``runs/``).
 
     python examples/ppo_cartpole.py                      # until the last 20 episodes average 475
-    python examples/ppo_cartpole.py --total-timesteps 4096 --plot /tmp/curve.png
+    python examples/ppo_cartpole.py --total-timesteps 4096 --out-dir runs/short
 
 The last line printed is a JSON summary (``summary: {...}``).
 
@@ -24,6 +24,7 @@ import json
 import random
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -76,8 +77,10 @@ class Args:
     """gradient clipping norm"""
     torch_threads: int = 1
     """torch CPU threads (the env workers use the other cores)"""
-    plot: str = "ppo_cartpole.png"
-    """where to save the learning curve (PNG)"""
+    out_dir: str = "runs"
+    """folder for what the run writes (made if missing): the learning curve, ppo_cartpole.png"""
+    plot: str | None = None
+    """where to save the learning curve (PNG) instead (default: OUT_DIR/ppo_cartpole.png)"""
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
@@ -122,6 +125,13 @@ class Agent(nn.Module):
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
+
+
+def output_path(path: str | None, out_dir: str, name: str) -> Path:
+    """``path`` if given, else ``out_dir/name``; its folder is made if missing."""
+    target = Path(path) if path else Path(out_dir) / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target
 
 
 def save_curve(path: str, steps: list[int], returns: list[float], args: Args) -> None:
@@ -289,7 +299,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         envs.close()
 
-    save_curve(args.plot, episode_steps, episode_returns, args)
+    plot = output_path(args.plot, args.out_dir, "ppo_cartpole.png")
+    save_curve(str(plot), episode_steps, episode_returns, args)
     summary = {
         "env_id": args.env_id,
         "global_step": global_step,
@@ -298,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "best_return": max(episode_returns, default=None),
         "solved_at": solved_at,
         "seconds": round(time.time() - start_time, 1),
-        "plot": args.plot,
+        "plot": str(plot),
     }
     print("summary: " + json.dumps(summary), flush=True)
     return summary

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import gymnasium
@@ -59,7 +60,20 @@ class BrokenConstructor(CrashAfter):
         raise TypeError("env type error in __init__")
 
 
+class Gate(CrashAfter):
+    """Waits, when built, until the file named by ``$ENVFLEET_TEST_GATE`` exists (up to 60 s):
+    a test holds the pool's start-up there while it looks at what the command printed."""
+
+    def __init__(self) -> None:
+        super().__init__(crash_at=10**9)
+        gate = os.environ.get("ENVFLEET_TEST_GATE")
+        deadline = time.monotonic() + 60
+        while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
 gymnasium.register("CrashAfter-v0", entry_point=CrashAfter)
+gymnasium.register("Gate-v0", entry_point=Gate)
 gymnasium.register("CrashValueError-v0", entry_point=CrashWithValueError)
 gymnasium.register("BrokenConstructor-v0", entry_point=BrokenConstructor)
 gymnasium.register("Noisy-v0", entry_point=Noisy)

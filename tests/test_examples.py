@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 
-def _run(script: str, *args: str, timeout: float = 120) -> tuple[list[str], dict[str, Any]]:
+def _run(
+    script: str, *args: str, timeout: float = 120, cwd: Path = ROOT
+) -> tuple[list[str], dict[str, Any]]:
     """Run an example; return its output lines and its final ``summary: {...}`` line."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
@@ -25,7 +27,7 @@ def _run(script: str, *args: str, timeout: float = 120) -> tuple[list[str], dict
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
@@ -42,8 +44,8 @@ def _read_png(path: Path) -> np.ndarray:
 
 
 def test_ppo_cartpole_prints_its_curve_and_saves_the_plot(tmp_path: Path) -> None:
+    """The plot goes into the output folder (``runs/`` by default), not the current one."""
     pytest.importorskip("torch")
-    plot = tmp_path / "curve.png"
     lines, summary = _run(
         "ppo_cartpole.py",
         "--total-timesteps=1024",
@@ -51,8 +53,11 @@ def test_ppo_cartpole_prints_its_curve_and_saves_the_plot(tmp_path: Path) -> Non
         "--num-steps=32",
         "--backend=serial",
         "--window=5",
-        f"--plot={plot}",
+        cwd=tmp_path,
     )
+    plot = tmp_path / "runs" / "ppo_cartpole.png"
+    assert [path.name for path in tmp_path.iterdir()] == ["runs"]
+    assert summary["plot"] == "runs/ppo_cartpole.png"
     curve = [line for line in lines if line.startswith("iteration=")]
     assert [line.split()[0] for line in curve] == [f"iteration={i}/8" for i in range(1, 9)]
     steps = [int(line.split()[1].removeprefix("global_step=")) for line in curve]
@@ -84,15 +89,16 @@ def test_ppo_cartpole_reaches_475(tmp_path: Path) -> None:
 
 
 def test_atari_rollout_saves_the_frames(tmp_path: Path) -> None:
-    out = tmp_path / "pong.npz"
+    out = tmp_path / "data" / "atari_rollout.npz"
     lines, summary = _run(
         "atari_rollout.py",
         "--frames=64",
         "--num-envs=4",
         "--backend=serial",
         "--seed=3",
-        f"--out={out}",
+        f"--out-dir={tmp_path / 'data'}",
     )
+    assert summary["out"] == str(out)
     assert any(line.startswith("frames=64/64 ") for line in lines)
     assert summary["frames"] == 64 and summary["observation_shape"] == [105, 80]
     with np.load(out) as data:

@@ -29,12 +29,14 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import envfleet  # noqa: E402
+from envfleet.backends.ray_session import loopback  # noqa: E402
 from tests import matrix_hooks as hooks  # noqa: E402
 from tests.envs import FaultyEnv  # noqa: E402
 from tests.ray_helpers import ray_leak_check  # noqa: E402
 from tests.test_fault_matrix import (  # noqa: E402
     check_cell,
     check_large_command_to_a_hung_worker,
+    check_memory_limit_under_async,
     check_memory_recycling,
     check_undecodable_commands,
     not_applicable,
@@ -64,7 +66,8 @@ def no_leaked_processes_or_shared_memory() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def ray_session() -> Iterator[None]:
     assert not ray.is_initialized()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with loopback():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -95,6 +98,14 @@ def test_an_actor_over_its_memory_limit_is_recycled(
     replaced as a worker process is."""
     monkeypatch.setattr(envfleet.recovery, "MEMORY_CHECK_INTERVAL", 0.0)
     check_memory_recycling("ray")
+
+
+@pytest.mark.timeout(120)
+def test_an_actor_never_idle_under_async_is_recycled_all_the_same(
+    ray_session: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(envfleet.recovery, "MEMORY_CHECK_INTERVAL", 0.0)
+    check_memory_limit_under_async("ray")
 
 
 @pytest.mark.timeout(60)

@@ -311,3 +311,137 @@ def _options(cluster: Cluster) -> Any:
         autoreset_mode=AutoresetMode.NEXT_STEP,
     )
     return node_options(options, [0])
+
+
+@pytest.fixture
+def spare_node(cluster: Cluster) -> Iterator[Any]:
+    """A node of its own for a test to remove (added back as it was after)."""
+    node = cluster.add_node(**NODE)
+    cluster.wait_for_nodes()
+    yield node
+    if node in cluster.worker_nodes:
+        cluster.remove_node(node)
+
+
+def test_node_removed_mid_run_restarts_its_envs_elsewhere(
+    cluster: Cluster, spare_node: Any
+) -> None:
+    """The node is killed without warning: its envs are rebuilt on a surviving node, flagged
+    restarted, and the run goes on."""
+    with envfleet.make(
+        "CartPole-v1",
+        NUM_ENVS,
+        backend="ray",
+        num_workers=2,
+        nodes=[cluster.head_node.node_id, spare_node.node_id],
+        seed=0,
+        on_error="restart",
+    ) as pool:
+        pool.reset()
+        actions = np.ones(NUM_ENVS, dtype=np.int64)
+        pool.step(actions)
+        lost = np.array(pool._transport.node_ids()) == spare_node.node_id
+        lost_envs = np.zeros(NUM_ENVS, dtype=bool)
+        lost_envs[[i for w in np.flatnonzero(lost) for i in pool._assignment[w]]] = True
+        cluster.remove_node(spare_node, allow_graceful=False)
+        restarted = np.zeros(NUM_ENVS, dtype=bool)
+        start = time.monotonic()
+        while not (restarted == lost_envs).all() and time.monotonic() - start < 60:
+            _, _, _, truncations, infos = pool.step(actions)
+            if "envfleet/restarted" in infos:
+                now = infos["_envfleet/restarted"]
+                assert truncations[now].all()
+                restarted |= now
+        assert (restarted == lost_envs).all(), f"restarted {restarted}, expected {lost_envs}"
+        assert spare_node.node_id not in pool._transport.node_ids()
+        for _ in range(3):
+            pool.step(actions)
+
+
+def test_call_get_attr_set_attr_across_nodes(cluster: Cluster) -> None:
+    """Values per env come back in env order from every node, as from SyncVectorEnv."""
+    fns = [
+        functools.partial(gymnasium.make, "CartPole-v1", max_episode_steps=10 + i)
+        for i in range(NUM_ENVS)
+    ]
+    reference = SyncVectorEnv(fns)
+    with envfleet.make(fns, backend="ray", num_workers=3, nodes=all_nodes(cluster)) as pool:
+        want = reference.get_attr("spec")
+        got = pool.get_attr("spec")
+        assert [s.max_episode_steps for s in got] == [s.max_episode_steps for s in want]
+        pool.set_attr("marker", list(range(100, 100 + NUM_ENVS)))
+        assert list(pool.get_attr("marker")) == list(range(100, 100 + NUM_ENVS))
+        pool.reset(seed=5)
+        reference.reset(seed=5)
+        assert pool.call("get_wrapper_attr", "np_random_seed") == reference.call(
+            "get_wrapper_attr", "np_random_seed"
+        )
+    reference.close()
+
+
+def broken_on_env_4(i: int) -> gymnasium.Env[Any, Any]:
+    if i == 4:
+        raise ValueError("env 4 cannot be built")
+    return gymnasium.make("CartPole-v1")
+
+
+def test_an_env_that_cannot_be_built_names_itself_and_leaves_nothing(cluster: Cluster) -> None:
+    """The env's own error, naming env 4 and the pool's worker (not the agent's own index);
+    the other nodes' agents and workers are stopped (the leak check)."""
+    fns = [functools.partial(broken_on_env_4, i) for i in range(NUM_ENVS)]
+    fns[0] = lambda: gymnasium.make("CartPole-v1")  # the probe builds env 0 in this process
+    with pytest.raises(ValueError, match="env 4 cannot be built") as info:
+        envfleet.make(fns, backend="ray", num_workers=3, nodes=all_nodes(cluster))
+    error = info.value
+    assert isinstance(error, envfleet.EnvError)
+    assert error.env_index == 4 and error.worker == 2 and error.phase is envfleet.Phase.MAKE
+
+
+def hang_once(i: int, marker: str) -> gymnasium.Env[Any, Any]:
+    """CartPole; env 1 hangs in its 3rd step, once (the marker file says it did)."""
+    env = gymnasium.make("CartPole-v1")
+    if i != 1:
+        return env
+
+    class Hang(gymnasium.Wrapper[Any, Any, Any, Any]):
+        steps = 0
+
+        def step(self, action: Any) -> Any:
+            self.steps += 1
+            if self.steps == 3 and not os.path.exists(marker):
+                open(marker, "w").close()
+                time.sleep(3600)
+            return self.env.step(action)
+
+    return Hang(env)
+
+
+def test_a_hung_worker_is_killed_by_its_agent_and_only_its_envs_restart(
+    cluster: Cluster, tmp_path: Any
+) -> None:
+    """step_timeout on one hung worker: its agent kills it and rebuilds it; the node's agent,
+    and every other env, go on untouched."""
+    marker = str(tmp_path / "hung")
+    fns = [functools.partial(hang_once, i, marker) for i in range(NUM_ENVS)]
+    with envfleet.make(
+        fns,
+        backend="ray",
+        num_workers=3,
+        nodes=all_nodes(cluster)[1:],
+        seed=0,
+        on_error="restart",
+        step_timeout=3.0,
+    ) as pool:
+        pool.reset()
+        pids = [node.pid for node in pool._transport._nodes]
+        actions = np.ones(NUM_ENVS, dtype=np.int64)
+        restarted = np.zeros(NUM_ENVS, dtype=bool)
+        for _ in range(5):
+            _, _, _, truncations, infos = pool.step(actions)
+            if "envfleet/restarted" in infos:
+                now = infos["_envfleet/restarted"]
+                assert truncations[now].all()
+                restarted |= now
+        assert os.path.exists(marker)
+        assert restarted.tolist() == [i in pool._assignment[0] for i in range(NUM_ENVS)]
+        assert [node.pid for node in pool._transport._nodes] == pids, "an agent was replaced"

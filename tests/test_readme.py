@@ -40,7 +40,7 @@ import json, sys, traceback
 blocks = json.load(sys.stdin)
 for name, source in blocks:
     try:
-        exec(compile(source, name, "exec"), {"__name__": "__readme__"})
+        exec(compile(source, name, "exec"), {"__name__": "__main__"})  # as a script runs
     except BaseException:
         print(json.dumps({"block": name, "error": traceback.format_exc()}), flush=True)
     else:
@@ -230,6 +230,14 @@ def test_the_install_matches_what_the_pages_say() -> None:
     assert any(dep.startswith("ray[client]") for dep in extras["ray"])
     assert "envfleet[cli,atari]" in extras["default"]
     assert project["scripts"]["envfleet"] == "envfleet.__main__:main"
+    # The package says what it is: links, classifiers, and its annotations (PEP 561).
+    assert {"Homepage", "Documentation", "Source", "Issues"} <= set(project["urls"])
+    assert "Typing :: Typed" in project["classifiers"]
+    assert "Programming Language :: Python :: 3.10" in project["classifiers"]
+    assert project["license-files"] == ["LICENSE"]
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-data"]["envfleet"] == ["py.typed"]
+    assert (ROOT / "envfleet" / "py.typed").is_file()
     getting_started = PAGES["docs/getting-started.md"]
     for extra in ("cli", "atari", "ray", "sb3", "legacy"):
         assert f"`envfleet[{extra}]`" in README

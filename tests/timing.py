@@ -9,7 +9,7 @@ says the machine is busy.
 
 from __future__ import annotations
 
-import functools
+import math
 import time
 
 import numpy as np
@@ -17,10 +17,10 @@ import numpy as np
 import envfleet
 from tests.envs import FaultyEnv
 
+REMEASURE_AFTER = 30.0
+"""Seconds a measurement stands for (measuring starts a pool: not before every wait)."""
 
-@functools.cache
-def _first_pool_cost(backend: str) -> float:
-    return _measure(backend)
+_measured: dict[str, tuple[float, float]] = {}  # backend: (when, the largest cost seen)
 
 
 def _measure(backend: str) -> float:
@@ -32,9 +32,15 @@ def _measure(backend: str) -> float:
 
 
 def pool_cost(backend: str = "process") -> float:
-    """Seconds to make, reset, step and close a two-worker pool of ``backend`` now (the larger
-    of this measurement and the first one of the run: load comes and goes)."""
-    return max(_first_pool_cost(backend), _measure(backend))
+    """Seconds to make, reset, step and close a two-worker pool of ``backend`` now: measured at
+    most every :data:`REMEASURE_AFTER` seconds, and never less than the run's largest so far
+    (load comes and goes)."""
+    now = time.monotonic()
+    when, cost = _measured.get(backend, (-math.inf, 0.0))
+    if now - when > REMEASURE_AFTER:
+        cost = max(cost, _measure(backend))
+        _measured[backend] = (now, cost)
+    return cost
 
 
 def bound(quiet: float, pools: float, backend: str = "process") -> float:

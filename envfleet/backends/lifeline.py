@@ -5,10 +5,14 @@ resources). Three lifelines, each covering what the others cannot: EOF on its co
 (the worker's loop sees it between commands), the kernel's ``PR_SET_PDEATHSIG`` (Linux: even
 while an env holds the GIL in C code) and a watchdog thread (re-parenting, the fork server's
 case, platforms without ``prctl``). The worker calls :func:`die_with_parent` first thing.
+
+And the other way: a Ctrl-C that lands while the pool starts workers is held until they are
+all recorded (:func:`sigint_held`), so that the pool can stop every one of them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing.forkserver
 import os
@@ -16,6 +20,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from types import FrameType
 
 PARENT_CHECK_INTERVAL = 1.0
 """Seconds between a worker's checks that its parent is still alive."""
@@ -84,3 +90,31 @@ def _pdeathsig(parent_pid: int, from_main_thread: bool) -> None:
         return
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(1)
+
+
+@contextlib.contextmanager
+def sigint_held() -> Iterator[None]:
+    """Hold a Ctrl-C that lands in the block and deliver it after, to the handler it was for.
+
+    Python runs its fork hooks (``threading``'s, ``logging``'s, anyone's) with any exception of
+    theirs "ignored": a KeyboardInterrupt raised by a Ctrl-C landing in one is printed and
+    dropped, and the program goes on. Workers are started in this block, where the SIGINT
+    handler only notes the signal; the caller's handler runs once they are all recorded, so the
+    pool can stop them. (A signal mask would not do: the kernel may hand SIGINT to another
+    thread, and Python runs the handler on the main thread, in a fork hook all the same.)
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python's handlers run on the main thread only: not in this thread's fork hooks
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    if not callable(handler):  # SIG_IGN, SIG_DFL, or not set from Python
+        yield
+        return
+    held: list[FrameType | None] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        if held:
+            handler(signal.SIGINT, held[0])

@@ -28,8 +28,8 @@ from envfleet.backends.base import TransportOptions, WorkerLost
 from envfleet.backends.channel import accept_pool
 from envfleet.backends.process import ProcessTransport
 from envfleet.buffers import ObjectRows
-from envfleet.errors import EnvError
-from envfleet.protocol import Command, Reply, Rows
+from envfleet.errors import EnvError, EnvTimeoutError, WorkerDiedError
+from envfleet.protocol import Command, EnvFailure, Reply, Rows
 
 LOCAL_SLICE = 0.002
 """Seconds the agent waits on its workers at a time while it owes replies, before it looks
@@ -60,6 +60,48 @@ def node_options(options: TransportOptions, workers: Sequence[int]) -> NodeOptio
     return NodeOptions(**values, rows=options.num_envs)
 
 
+Portable = tuple[Any, ...]
+"""An :class:`~envfleet.errors.EnvError` in a form that pickles (the error itself does not:
+its ``__init__`` takes keyword arguments, and an env's error is an instance of a class made on
+the fly), see :func:`portable` and :func:`rebuild`."""
+
+
+def portable(exc: EnvError) -> Portable:
+    """``exc`` as plain data, to cross to the pool."""
+    if isinstance(exc, WorkerDiedError):
+        return (
+            "died",
+            isinstance(exc, EnvTimeoutError),
+            str(exc),
+            exc.env_index,
+            exc.phase,
+            exc.worker,
+            exc.exitcode,
+            exc.env_ids,
+        )
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    return ("raised", EnvFailure.capture(exc.env_index, exc.phase, cause), exc.worker)
+
+
+def rebuild(data: Portable, workers: Sequence[int], env_name: str) -> EnvError:
+    """The error :func:`portable` describes, naming the pool's worker (``workers``: the pool's
+    index of each of the agent's workers)."""
+    if data[0] == "raised":
+        _, failure, worker = data
+        error: EnvError = failure.to_error(workers[worker], env_name)
+        return error
+    _, timeout, message, env_index, phase, worker, exitcode, env_ids = data
+    kind = EnvTimeoutError if timeout else WorkerDiedError
+    return kind(
+        message,
+        env_index=env_index,
+        phase=phase,
+        worker=workers[worker],
+        exitcode=exitcode,
+        env_ids=env_ids,
+    )
+
+
 class NodeAgent:
     """One node's envs in a local process pool, served to the pool over one connection."""
 
@@ -70,7 +112,7 @@ class NodeAgent:
         self._listener: socket.socket | None = None
         self._authkey = b""
 
-    def start(self, authkey: bytes) -> tuple[BaseException | None, str, str, int, int]:
+    def start(self, authkey: bytes) -> tuple[Portable | None, str, str, int, int]:
         """Start the node's workers and a listening socket on this node's address; return
         ``(error or None, node id, address, port, pid)``."""
         node = str(ray.get_runtime_context().get_node_id())
@@ -83,7 +125,7 @@ class NodeAgent:
                 if counts:
                     self.local.restart(worker, counts)
         except EnvError as exc:
-            return exc, node, host, 0, os.getpid()
+            return portable(exc), node, host, 0, os.getpid()
         self._authkey = authkey
         self._listener = socket.create_server((host, 0), backlog=8)
         port = int(self._listener.getsockname()[1])
@@ -153,14 +195,16 @@ class _Server:
             self.submit(commands, view, at)
         elif tag == wire.RESTART:
             (worker, restarts), _ = wire.read_header(view)
-            error: BaseException | None = None
+            error: Portable | None = None
             self.owed -= len(self.inflight[worker])
             self.inflight[worker].clear()
             try:
                 self.local.restart(worker, restarts)
             except EnvError as exc:
-                error = exc
+                error = portable(exc)
             self.conn.send_bytes(wire.header(wire.ACK, error))
+        elif tag == wire.KILL:
+            self.local.kill(message[1] << 8 | message[2])
         elif tag == wire.CLOSE:
             self.local.close(5.0)
             self.conn.send_bytes(wire.header(wire.ACK, None))

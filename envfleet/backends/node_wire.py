@@ -10,6 +10,7 @@
     rows into the batch arrays ◄──── P + rows ─────── every command answered, nothing to say
       (np.frombuffer + one slice     G + len + pickle[(worker, reply)] + rows (infos, failures,
        assignment per field)                          a lost worker, ...)
+    K + worker (2 bytes) ───────────────────────────► kill a hung local worker (reported lost)
     X + pickle((worker, restarts)) ─────────────────► rebuild one local worker; A + pickle(error)
     C ──────────────────────────────────────────────► close; A, then the agent's loop ends
 
@@ -22,6 +23,7 @@ commands (:func:`row_ids`); a step's actions travel the same way. Spaces that ar
 
 from __future__ import annotations
 
+import math
 import pickle
 import struct
 from collections.abc import Iterable, Sequence
@@ -38,6 +40,7 @@ PLAIN = b"P"
 GENERAL = b"G"
 RESTART = b"X"
 CLOSE = b"C"
+KILL = b"K"
 ACK = b"A"
 _LENGTH = struct.Struct("<Q")
 _COUNT = struct.Struct("<H")
@@ -73,9 +76,10 @@ def unpack(
     if n == 0:
         return at
     for field in fields:
-        count = n * int(np.prod(field.shape[1:], dtype=np.int64))
-        field[sel] = np.frombuffer(data, field.dtype, count, at).reshape((n, *field.shape[1:]))
-        at += count * field.dtype.itemsize
+        shape = field.shape[1:]
+        count = n * math.prod(shape)
+        field[sel] = np.frombuffer(data, field.dtype, count, at).reshape((n, *shape))
+        at += count * field.itemsize
     return at
 
 

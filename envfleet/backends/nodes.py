@@ -17,7 +17,7 @@ stranger without it is dropped). The pool's workers are laid over the nodes in c
 so a node's envs are consecutive rows: its rows arrive as the raw bytes of each field and are
 written with ``np.frombuffer`` and one slice assignment, with no Python per env.
 
-A node whose agent dies (or is killed for hanging past ``step_timeout``) loses all its
+A node whose agent dies (or is killed: it did not stop a hung worker when asked) loses all its
 workers: each is reported lost (:class:`~envfleet.backends.base.WorkerLost` naming the node).
 Under ``on_error="restart"`` the first restart asks for a new agent, on the same node when Ray
 still has it, else wherever Ray finds room, which builds all that node's envs restarted.
@@ -49,13 +49,22 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
 from envfleet.backends.channel import _io_timeout
-from envfleet.backends.node_agent import NodeAgent, node_options
+from envfleet.backends.node_agent import NodeAgent, node_options, rebuild
 from envfleet.backends.ray_options import RayOptions
 from envfleet.backends.ray_session import connect, disconnect
 from envfleet.backends.rows import deliver
 from envfleet.buffers import Batch, ObjectRows
-from envfleet.errors import EnvError, EnvTimeoutError, Phase, WorkerDiedError
+from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Command, Reply
+
+START_ATTEMPTS = 5
+START_BACKOFF = 0.5
+"""An agent that dies before it has started (placed on a node that just died) is replaced, up to
+this many agents in all, ``START_BACKOFF`` seconds later and twice as long each time."""
+
+KILL_GRACE = 2.0
+"""Seconds an agent has to report lost a worker the pool asked it to kill, before the pool
+kills the agent itself (it does not answer: stopped, or its node is gone)."""
 
 CONNECT_TIMEOUT = 30.0
 """Seconds the pool gives an agent's socket to accept it and prove the key."""
@@ -128,6 +137,8 @@ class _Node:
         default_factory=dict
     )  # the rows of a plain answer, by the commands it answers (the same objects each step)
     why: str = ""  # why it was lost
+    spawned: tuple[dict[int, int], bool] = ({}, False)  # the restarts and affinity it got
+    killing: dict[int, float] = field(default_factory=dict)  # local worker: agent's deadline
     rebuilt: dict[int, dict[int, int]] = field(default_factory=dict)  # by a new agent
     messages: int = 0
     bytes_in: int = 0
@@ -182,6 +193,7 @@ class NodeTransport(BaseTransport):
     # -- starting agents -----------------------------------------------------------------------
 
     def _spawn(self, node: _Node, restarts: dict[int, int], soft: bool) -> None:
+        node.spawned = (restarts, soft)
         strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=soft)
         node.agent = self._agent_cls.options(
             max_concurrency=1, max_restarts=0, scheduling_strategy=strategy, **self._resources
@@ -189,6 +201,7 @@ class NodeTransport(BaseTransport):
         node.inflight = [deque() for _ in node.workers]
         node.last = None
         node.actions = None
+        node.killing = {}
 
     def _await(self, nodes: Sequence[_Node]) -> None:
         """Wait until each of ``nodes`` has started its workers, then connect to it."""
@@ -196,22 +209,32 @@ class NodeTransport(BaseTransport):
         deadline = time.monotonic() + timeout
         started = [(node, node.agent.start.remote(self._authkey)) for node in nodes]
         for node, ref in started:
-            try:
-                error, node_id, host, port, pid = ray.get(
-                    ref, timeout=max(0.0, deadline - time.monotonic())
-                )
-            except GetTimeoutError as exc:
-                self._kill_agent(node)
-                raise self._start_failed(
-                    node, f"did not start within start_timeout={timeout:g}s", EnvTimeoutError
-                ) from exc
-            except RayError as exc:
-                raise self._start_failed(node, f"died while starting: {exc}") from exc
+            delay = START_BACKOFF
+            for attempt in range(1, START_ATTEMPTS + 1):
+                try:
+                    error, node_id, host, port, pid = ray.get(
+                        ref, timeout=max(0.0, deadline - time.monotonic())
+                    )
+                    break
+                except GetTimeoutError as exc:
+                    self._kill_agent(node)
+                    raise self._start_failed(
+                        node, f"did not start within start_timeout={timeout:g}s", EnvTimeoutError
+                    ) from exc
+                except RayError as exc:
+                    # Placed on a node that died (Ray may not know it dead yet): another agent.
+                    if attempt == START_ATTEMPTS:
+                        raise self._start_failed(
+                            node, f"died while starting ({attempt} agents in a row): {exc}"
+                        ) from exc
+                    time.sleep(delay)
+                    delay *= 2
+                    restarts, _ = node.spawned
+                    self._spawn(node, restarts, soft=True)
+                    ref = node.agent.start.remote(self._authkey)
             if error is not None:
                 self._kill_agent(node)
-                if isinstance(error, EnvError):
-                    error.worker = node.workers[error.worker]  # the agent's index: the pool's
-                raise error
+                raise rebuild(error, node.workers, self._options.spec.name)
             node.node_id, node.host, node.pid = node_id, host, pid
             node.serving = node.agent.serve.remote()
             try:
@@ -341,6 +364,8 @@ class NodeTransport(BaseTransport):
                 if ready is not None and ready.alive:
                     self._read(ready, replies)
             for node in self._nodes:
+                if node.killing and node.alive:
+                    self._check_kills(node, replies)
                 if not node.alive and not node.lost:
                     self._report_lost(node, replies)
             if len(replies) >= want or timeout == 0:
@@ -443,9 +468,29 @@ class NodeTransport(BaseTransport):
     # -- killing and restarting ----------------------------------------------------------------
 
     def kill(self, worker: int) -> None:
-        """Kill the agent of ``worker``'s node (a hung worker or agent): the whole node is lost."""
-        node, _ = self._where[worker]
-        self._lose(node, "killed: a worker of it owed a reply past step_timeout")
+        """Have ``worker``'s agent kill it (it hangs); should the agent not report it lost
+        within :data:`KILL_GRACE` (the agent hangs too), the agent is killed: its whole node is
+        lost."""
+        node, local = self._where[worker]
+        if not node.alive:
+            return
+        try:
+            assert node.conn is not None
+            node.conn.send_bytes(wire.KILL + bytes([local >> 8, local & 0xFF]))
+        except OSError:
+            self._lose(node, "its connection broke")
+            return
+        node.killing.setdefault(local, time.monotonic() + KILL_GRACE)
+
+    def _check_kills(
+        self, node: _Node, replies: list[tuple[int, Reply | WorkerLost | None]]
+    ) -> None:
+        """Forget the kills the agent reported; kill the agent past the grace of one."""
+        reported = {w for w, r in replies if isinstance(r, WorkerLost)}
+        for local in [k for k in node.killing if node.workers[k] in reported]:
+            del node.killing[local]
+        if node.killing and time.monotonic() > min(node.killing.values()):
+            self._lose(node, f"killed: it did not stop a hung worker within {KILL_GRACE:g}s")
 
     def _kill_agent(self, node: _Node) -> None:
         if node.agent is not None:
@@ -482,9 +527,7 @@ class NodeTransport(BaseTransport):
         node.conn.send_bytes(wire.header(wire.RESTART, (local, restarts)))
         error = self._ack(node)
         if error is not None:
-            if isinstance(error, EnvError):
-                error.worker = worker
-            raise error
+            raise rebuild(error, node.workers, self._options.spec.name)
 
     def _ack(self, node: _Node) -> Any:
         """Read ``node``'s messages up to its acknowledgement (the others wait for ``wait``)."""

@@ -55,9 +55,10 @@ from envfleet.backends.channel import (
     serve_pipes,
     write_all,
 )
-from envfleet.backends.lifeline import die_with_parent
+from envfleet.backends.lifeline import die_with_parent, sigint_held
 from envfleet.backends.outbox import Outbox
 from envfleet.backends.rows import Shipping, deliver
+from envfleet.backends.shm import batch_allocator
 from envfleet.buffers import SharedBatch
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.group import claim_base_exceptions
@@ -136,8 +137,9 @@ class ProcessTransport(BaseTransport):
 
     def __init__(self, options: TransportOptions) -> None:
         self._ctx = multiprocessing.get_context(options.context)
+        spaces = options.observation_space, options.action_space, options.num_envs
         self._shared: SharedBatch | None = SharedBatch.allocate(
-            options.observation_space, options.action_space, options.num_envs, self._ctx
+            *spaces, batch_allocator(self._ctx, SharedBatch.nbytes(*spaces))
         )
         self.batch = self._shared.views()
         self._workers: list[_Worker] = []
@@ -148,8 +150,9 @@ class ProcessTransport(BaseTransport):
         self._options = options
         self._options_blob = cloudpickle.dumps(options)
         try:
-            for worker in range(len(options.assignment)):
-                self._start(worker, {})
+            with sigint_held():
+                for worker in range(len(options.assignment)):
+                    self._start(worker, {})
             self._await_start(range(len(options.assignment)))
         except BaseException:
             self.close(1.0)
@@ -259,7 +262,8 @@ class ProcessTransport(BaseTransport):
         for end in old.ends:
             end.close()
         old.proc.close()
-        self._start(worker, restarts)
+        with sigint_held():
+            self._start(worker, restarts)
         self._await_start([worker])
 
     def _read(self, slot: _Worker, out: list[Reply | None]) -> bool:

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import importlib.metadata
 import io
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -158,6 +159,7 @@ def open_pufferlib(
     n = workload.num_envs
     workers = num_workers or _puffer_workers(n)
     batch = batch_size or n
+    start = time.perf_counter()
     vec = pufferlib.vector.make(
         functools.partial(puffer_env, workload.spec),
         backend=pufferlib.vector.Multiprocessing,
@@ -175,8 +177,9 @@ def open_pufferlib(
             vec.send(acts)
 
         advance = cycle(recv_send, actions, batch)
+        setup_s = time.perf_counter() - start
         return CallRunner(
-            "pufferlib", advance, vec.close, timing, settle_s=PUFFER_SETTLE_S,
+            "pufferlib", advance, vec.close, timing, setup_s=setup_s, settle_s=PUFFER_SETTLE_S,
             workers=workers, batch_size=batch,
             pufferlib=version("pufferlib-core") or version("pufferlib"),
         )  # fmt: skip

@@ -34,6 +34,7 @@ from envfleet.cli.common import (
     one_line,
     positive_float,
     positive_int,
+    print_whole,
     progress_console,
 )
 from envfleet.spec import EnvSpec
@@ -242,8 +243,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
     else:
         console = Console(highlight=False)
-        console.print(benchmark.report_table(report))
-        console.print(benchmark.startup_table(report))
+        print_whole(console, benchmark.report_table(report), benchmark.startup_table(report))
         for note in benchmark.report_notes(report):
             console.print(note, markup=False, soft_wrap=True)
         if captured.text:

@@ -16,12 +16,14 @@ import os
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn, TextIO
 
 import numpy as np
 import numpy.typing as npt
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
 
 from envfleet.spec import EnvSpec
 
@@ -141,7 +143,7 @@ def env_spec(env: str) -> EnvSpec:
         return EnvSpec.from_user(env)
     except (ValueError, TypeError) as exc:
         message = str(exc)
-        if message.startswith("unknown environment id") and ":" not in env:
+        if message.endswith("no registered id is close to it") and ":" not in env:
             message += f" (registered by a module of yours? --import MODULE, or MODULE:{env})"
         raise UsageError(message) from exc
 
@@ -160,6 +162,75 @@ def progress_console(args: argparse.Namespace, file: TextIO | None = None) -> tu
     )
     live = not (args.json or args.quiet) and stderr.is_terminal and not stderr.is_dumb_terminal
     return stderr, live
+
+
+def print_whole(console: Console, *renderables: RenderableType) -> None:
+    """Print ``renderables`` (tables of numbers) on ``console`` without cutting a cell.
+
+    Rich fits a table into the console's width, shortening cells with "…" ("107,9…"): on a
+    console narrower than the tables' natural width (output piped into a file or a program,
+    which rich takes for 80 columns, or a narrow terminal), they are printed at their natural
+    width instead, and a terminal wraps the long lines rather than any number losing digits.
+    """
+    wide = console.options.update_width(10_000)
+    needed = max(
+        (Measurement.get(console, wide, renderable).maximum for renderable in renderables),
+        default=0,
+    )
+    if needed > console.width:
+        console = Console(
+            file=console.file,
+            width=needed,
+            highlight=False,
+            color_system=console.color_system,  # type: ignore[arg-type]
+            force_terminal=console.is_terminal,
+        )
+    for renderable in renderables:
+        console.print(renderable)
+
+
+class StageLog:
+    """What a command is doing, one line per stage on stderr, at once: ``starting ...``,
+    ``started ... in 3.8 s``, ``done ...``.
+
+    On a terminal the lines come before and after the live display; piped into a file or a
+    program, where there is no live display, :meth:`progress` adds a plain progress line at most
+    every :attr:`interval` seconds, so that a log shows how far a long run is. ``enabled=False``
+    (``--quiet``, ``--json``) prints nothing.
+    """
+
+    def __init__(self, console: Console, enabled: bool = True, interval: float = 10.0) -> None:
+        self.console = console
+        self.enabled = enabled
+        self.interval = interval
+        self.started = time.perf_counter()
+        self._next_progress = time.perf_counter() + interval
+
+    def line(self, text: str) -> None:
+        """Print a stage line; the next progress line comes :attr:`interval` seconds after it."""
+        self._next_progress = time.perf_counter() + self.interval
+        if self.enabled:
+            self.console.print(f"{PROG}: {text}", markup=False, highlight=False, soft_wrap=True)
+            self.console.file.flush()
+
+    def since(self) -> float:
+        """Seconds since this log was made (the command's start)."""
+        return time.perf_counter() - self.started
+
+    def progress(self, text: Callable[[], str]) -> None:
+        """A progress line, if :attr:`interval` seconds passed since the last one."""
+        now = time.perf_counter()
+        if self.enabled and now >= self._next_progress:
+            self._next_progress = now + self.interval
+            self.line(text())
+
+
+def clock(seconds: float) -> str:
+    """``1:05`` for 65 s, ``1:02:03`` past an hour."""
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 BANNERS = (

@@ -1,9 +1,15 @@
 """``envfleet run ENV``: step copies of an env with a policy, report throughput and returns.
 
-It steps ``--num-envs`` copies of ``ENV`` with a policy (random by default), shows live progress
-on stderr when it is a terminal, and prints a summary: throughput and the returns of the
-episodes that finished (counted as :mod:`envfleet.cli.runner` describes). ``--out FILE.npz``
-saves the rollout (its columns: :mod:`envfleet.cli.recorder`).
+It steps ``--num-envs`` copies of ``ENV`` with a policy (random by default) and prints a
+summary: throughput and the returns of the episodes that finished (counted as
+:mod:`envfleet.cli.runner` describes). ``--out FILE.npz`` saves the rollout (its columns:
+:mod:`envfleet.cli.recorder`).
+
+While it runs, stderr says what is happening from the first moment: a ``starting`` line (the
+env, the workers, a Ray to start) before anything is built, a ``started`` line once the pool
+is up, then a live progress bar with the steps/s and the time left when stderr is a terminal,
+or, piped, a plain progress line every few seconds, and a ``done`` line
+(:class:`~envfleet.cli.common.StageLog`). ``--quiet`` and ``--json`` leave stderr for errors.
 
 ``--stats`` adds the pool's per-worker statistics (:meth:`envfleet.Pool.stats`: step latency
 p50/p99, idle fraction, steps, episodes, restarts) as a table, and under ``"stats"`` in
@@ -13,8 +19,10 @@ p50/p99, idle fraction, steps, episodes, restarts) as a table, and under ``"stat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,18 +35,23 @@ from rich.console import Console
 from rich.table import Table
 
 import envfleet
+from envfleet.affinity import usable_cpus
+from envfleet.backends.registry import kind_of
 from envfleet.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     PROG,
     CliError,
     OutputCapture,
+    StageLog,
     UsageError,
     add_import_argument,
+    clock,
     env_spec,
     non_negative_int,
     positive_float,
     positive_int,
+    print_whole,
     progress_console,
 )
 from envfleet.cli.recorder import Recorder
@@ -207,37 +220,85 @@ def _check_run_args(args: argparse.Namespace) -> None:
         args.steps = DEFAULT_STEPS
 
 
+def _starting(args: argparse.Namespace) -> str:
+    """The first line ``run`` prints: the env, where its envs will run, what must start first.
+
+    Worked out from the arguments alone (``envfleet.make``'s defaults), so that it is printed
+    before anything slow: importing the env's modules, building it, starting workers or Ray.
+    """
+    backend = envfleet.Backend(args.backend)
+    can = kind_of(backend).capabilities
+    if can.one_worker:
+        workers = 1
+    elif args.num_workers is not None:
+        workers = args.num_workers
+    elif can.worker_per_env:
+        workers = args.num_envs
+    else:
+        workers = min(len(usable_cpus()), args.num_envs)
+    envs = f"{args.num_envs} env{'s' * (args.num_envs != 1)}"
+    if backend is envfleet.Backend.SERIAL:
+        where = "in this process (serial backend)"
+    else:
+        where = f"on {_workers(backend, workers)}"
+        if args.threads_per_worker > 1:
+            where += f" x {args.threads_per_worker} threads"
+    text = f"starting {args.env}: {envs} {where}"
+    if backend is envfleet.Backend.RAY:
+        text += (
+            ", after starting a local Ray (several seconds)"
+            if args.address is None
+            else f", joining the Ray at {args.address}"
+        )
+    limit = f"{args.steps:,} steps" if args.steps is not None else f"{args.seconds:g} s"
+    return f"{text}; then {limit}"
+
+
+_WORKER_NOUNS = {
+    envfleet.Backend.SERIAL: ("worker", "workers"),
+    envfleet.Backend.THREAD: ("thread", "threads"),
+    envfleet.Backend.PROCESS: ("worker process", "worker processes"),
+    envfleet.Backend.RAY: ("Ray actor", "Ray actors"),
+}
+
+
+def _workers(backend: envfleet.Backend, count: int) -> str:
+    """``2 worker processes``, ``1 Ray actor``."""
+    one, many = _WORKER_NOUNS[backend]
+    return f"{count} {one if count == 1 else many}"
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    # Bad input that is quick to tell is one error line, before anything starts ...
     _check_run_args(args)
     spec = env_spec(args.env)
     out = _out_path(args.out) if args.out is not None else None
+    # ... then the first line, at once: a policy's imports (torch), building the env, starting
+    # workers or a Ray may each take seconds.
+    stderr, live = progress_console(args)
+    stages = StageLog(stderr, enabled=not (args.json or args.quiet))
+    stages.line(_starting(args))
     policy = load_policy(args.policy) if args.policy is not None else None
     # Libraries and envs print banners (ale-py's in every worker) and warnings: captured, and
     # what is not a known banner is shown after the run.
     with OutputCapture(replay=True) as captured:
         stderr, live = progress_console(args, captured.stderr)
-
-        try:
-            pool = envfleet.make(
-                spec,
-                args.num_envs,
-                backend=args.backend,
-                num_workers=args.num_workers,
-                batch_size=args.batch_size,
-                seed=args.seed,
-                autoreset_mode=AutoresetMode.NEXT_STEP,
-                threads_per_worker=args.threads_per_worker,
-                cpu_affinity=args.cpu_affinity,
-                on_error=args.on_error,
-                step_timeout=args.step_timeout,
-                max_restarts=args.max_restarts,
-                address=args.address,
-            )
-        except envfleet.EnvError:  # the env failed (of its own exception type too): not usage
-            raise
-        except (ValueError, TypeError) as exc:  # envfleet.make's checks on its arguments
-            raise UsageError(str(exc)) from exc
+        stages.console = stderr
+        building = time.perf_counter()
+        spinner: contextlib.AbstractContextManager[Any] = (
+            stderr.status("building the pool") if live else contextlib.nullcontext()
+        )
+        with spinner:
+            pool = _make_pool(args, spec)
         with pool:
+            if args.address is not None:  # which cluster "auto" (or the address) was
+                from envfleet.backends.ray_session import describe_cluster
+
+                stages.line(f"joined {describe_cluster()}")
+            stages.line(
+                f"started {_workers(envfleet.Backend(args.backend), pool.num_workers)} in "
+                f"{time.perf_counter() - building:.2f} s; running"
+            )
             if policy is None:
                 if pool.batch_size == pool.num_envs:
                     space: spaces.Space[Any] = pool.action_space
@@ -264,6 +325,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 seconds=args.seconds,
                 recorder=recorder,
                 display=display,
+                stages=None if live else stages,
             )
             if display is not None:
                 with display:
@@ -273,6 +335,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             stats = pool.stats().as_dict() if args.stats else None
             restarts = int(pool.restarts.sum())
     stderr, _ = progress_console(args)
+    stages.console = stderr
+    rate = result.steps / result.seconds if result.seconds > 0 else 0.0
+    stages.line(
+        f"{'interrupted' if result.interrupted else 'done'}: {result.steps:,} steps in "
+        f"{clock(result.seconds)} ({rate:,.0f} steps/s)"
+    )
 
     if recorder is not None and out is not None:
         try:
@@ -287,13 +355,38 @@ def _cmd_run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
         console = Console(highlight=False)
-        console.print(_summary_table(summary))
+        tables: list[Any] = [_summary_table(summary)]
         if stats is not None:
-            console.print(_stats_table(stats))
+            tables.append(_stats_table(stats, synchronous=summary["batch_size"] == args.num_envs))
+        print_whole(console, *tables)
     if result.interrupted:
-        stderr.print(f"{PROG}: interrupted after {result.steps:,} steps")
+        if not stages.enabled:  # else the "interrupted" stage line said it
+            stderr.print(f"{PROG}: interrupted after {result.steps:,} steps")
         return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+def _make_pool(args: argparse.Namespace, spec: Any) -> envfleet.Pool:
+    try:
+        return envfleet.make(
+            spec,
+            args.num_envs,
+            backend=args.backend,
+            num_workers=args.num_workers,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            autoreset_mode=AutoresetMode.NEXT_STEP,
+            threads_per_worker=args.threads_per_worker,
+            cpu_affinity=args.cpu_affinity,
+            on_error=args.on_error,
+            step_timeout=args.step_timeout,
+            max_restarts=args.max_restarts,
+            address=args.address,
+        )
+    except envfleet.EnvError:  # the env failed (of its own exception type too): not usage
+        raise
+    except (ValueError, TypeError) as exc:  # envfleet.make's checks on its arguments
+        raise UsageError(str(exc)) from exc
 
 
 def _summary(args: argparse.Namespace, result: RunSummary, out: Path | None) -> dict[str, Any]:
@@ -368,16 +461,35 @@ def _env_range(env_ids: Sequence[int]) -> str:
     return ",".join(map(str, ids))
 
 
-def _stats_table(stats: dict[str, Any]) -> Table:
-    """:meth:`envfleet.Pool.stats` (as a dict), one row per worker and a total."""
+def _stats_table(stats: dict[str, Any], synchronous: bool) -> Table:
+    """:meth:`envfleet.Pool.stats` (as a dict), one row per worker and a total.
+
+    On a synchronous run the pool sends every worker its command at once and takes their replies
+    in one wait: a step's latency and busy time are the whole step's, recorded alike for every
+    worker (the slowest one sets them; only the steps whose replies were taken one by one, as
+    the first, differ). Identical rows are then what was measured, and a caption says so rather
+    than let them pass for a coincidence or a bug.
+    """
 
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f}"
 
-    table = Table(
-        title=f"pool stats over {stats['seconds']:.2f} s", title_justify="left", show_footer=True
-    )
     workers = stats["workers"]
+    caption = None
+    if synchronous and len(workers) > 1:
+        caption = (
+            "synchronous steps: every worker gets each step at once and the pool takes all the "
+            "replies in one wait, so p50/p99 and idle are mostly the whole step's, the same for "
+            "every worker (the slowest sets them); per-worker figures show with --batch-size "
+            "below --num-envs"
+        )
+    table = Table(
+        title=f"pool stats over {stats['seconds']:.2f} s",
+        title_justify="left",
+        show_footer=True,
+        caption=caption,
+        caption_justify="left",
+    )
     idle = [w["idle_fraction"] for w in workers]
     columns = [
         ("worker", "total", "left"),

@@ -29,7 +29,9 @@ from envfleet.cli.common import (
     BoolArray,
     CliError,
     IntArray,
+    StageLog,
     UsageError,
+    clock,
     current_directory_on_path,
     import_user_module,
 )
@@ -137,13 +139,35 @@ class EpisodeTracker:
 # Live display
 
 
+def remaining(
+    steps: int, elapsed: float, max_steps: int | None, max_seconds: float | None
+) -> float | None:
+    """Seconds left to the run's limit at the rate so far (``None`` before there is a rate)."""
+    if max_steps is not None:
+        if steps <= 0 or elapsed <= 0:
+            return None
+        return max(0.0, (max_steps - steps) * elapsed / steps)
+    assert max_seconds is not None
+    return max(0.0, max_seconds - elapsed)
+
+
+def progress_text(
+    steps: int, elapsed: float, max_steps: int | None, max_seconds: float | None
+) -> str:
+    """``61,440/100,000 steps · 6,826 steps/s · ETA 0:06`` (the plain progress line)."""
+    count = f"{steps:,}/{max_steps:,} steps" if max_steps is not None else f"{steps:,} steps"
+    rate = steps / elapsed if elapsed > 0 else 0.0
+    left = remaining(steps, elapsed, max_steps, max_seconds)
+    return f"{count} · {rate:,.0f} steps/s · ETA {'-' if left is None else clock(left)}"
+
+
 class LiveDisplay:
     """Two lines of live progress on stderr, refreshed by the run loop (no background thread).
 
     ::
 
-        CartPole-v1 ━━━━━━━━━━━━━━━╺━━━━━━━━  61,440/100,000 steps  0:00:09
-        6,826 steps/s · 2,812 episodes · return 22.41 [9.00, 71.00] (last 100)
+        CartPole-v1 ━━━━━━━━━━━━━━━╺━━━━━━━━  61,440/100,000 steps  ETA 0:06
+        6,826 steps/s · 0:09 elapsed · 2,812 episodes · return 22.41 [9.00, 71.00] (last 100)
     """
 
     def __init__(
@@ -167,11 +191,16 @@ class LiveDisplay:
             assert self._seconds is not None
             bar = ProgressBar(total=self._seconds, completed=min(elapsed, self._seconds), width=24)
             count = f"{steps:,} steps"
-        minutes, seconds = divmod(int(elapsed), 60)
+        left = remaining(steps, elapsed, self._steps, self._seconds)
         head = Table.grid(padding=(0, 1))
-        head.add_row(Text(self._env, style="bold"), bar, count, Text(f"{minutes}:{seconds:02d}"))
+        head.add_row(
+            Text(self._env, style="bold"),
+            bar,
+            count,
+            Text(f"ETA {'-' if left is None else clock(left)}"),
+        )
         rate = steps / elapsed if elapsed > 0 else 0.0
-        stats = f"{rate:,.0f} steps/s · {tracker.episodes:,} episodes"
+        stats = f"{rate:,.0f} steps/s · {clock(elapsed)} elapsed · {tracker.episodes:,} episodes"
         if tracker.recent:
             recent = np.fromiter(tracker.recent, dtype=np.float64, count=len(tracker.recent))
             stats += (
@@ -207,10 +236,13 @@ class RunLoop:
         seconds: float | None,
         recorder: Recorder | None,
         display: LiveDisplay | None,
+        stages: StageLog | None = None,
     ) -> None:
         self.pool = pool
+        self.stages = stages
         self.policy = policy
         self.policy_name = policy_name
+        self.steps_limit, self.seconds_limit = steps, seconds
         self.max_steps = steps if steps is not None else math.inf
         self.max_seconds = seconds if seconds is not None else math.inf
         self.recorder = recorder
@@ -319,4 +351,9 @@ class RunLoop:
             assert self.display is not None
             self.display.update(result.steps, elapsed, result.tracker)
             self._next_refresh = now + REFRESH_INTERVAL
+        if self.stages is not None:  # piped: a plain line every few seconds
+            steps = result.steps
+            self.stages.progress(
+                lambda: progress_text(steps, elapsed, self.steps_limit, self.seconds_limit)
+            )
         return result.steps > 0 and (result.steps >= self.max_steps or elapsed >= self.max_seconds)

@@ -30,6 +30,7 @@ from envfleet.cli.common import (
     env_spec,
     positive_float,
     positive_int,
+    print_whole,
     progress_console,
 )
 from envfleet.cli.runner import Policy, load_policy
@@ -338,8 +339,12 @@ def _profile_table(env: str, num_envs: int, cores: int, profile: EnvProfile) -> 
     return table
 
 
-def _layouts_table(timings: list[LayoutTiming], best: LayoutTiming) -> Table:
-    table = Table(title="layouts, random actions", title_justify="left")
+def _layouts_table(
+    timings: list[LayoutTiming], best: LayoutTiming, policy: str | None = None
+) -> Table:
+    """One row per layout; the title names what chose the actions (``--policy``, or random)."""
+    actions = "random actions" if policy is None else f"actions by {policy}"
+    table = Table(title=f"layouts, {actions}", title_justify="left")
     for header, justify in (
         ("backend", "left"),
         ("workers", "right"),
@@ -431,8 +436,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return EXIT_OK
     console = Console(highlight=False)
-    console.print(_profile_table(spec.name, args.num_envs, cores, profile))
-    console.print(_layouts_table(timings, best))
+    print_whole(
+        console,
+        _profile_table(spec.name, args.num_envs, cores, profile),
+        _layouts_table(timings, best, args.policy),
+    )
     console.print(
         f"best: {_layout_text(best.layout)}: {best.steps_per_second:,.0f} steps/s "
         f"(tuned in {elapsed:.1f} s)",
