@@ -24,7 +24,7 @@ from envfleet.backends.registry import (
     refusal,
 )
 from envfleet.errors import EnvRaisedError, EnvTimeoutError, OnError, Phase, env_raised_error
-from envfleet.group import Abandoned, build_within, env_errors
+from envfleet.guards import Abandoned, build_within, env_errors
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
 from envfleet.protocol import EnvFailure
 from envfleet.spec import CallerRegistry, EnvSpec
@@ -367,7 +367,7 @@ def _within(
     what: str,
     discard: Callable[[T], None] | None = None,
 ) -> T:
-    """``task(spec)`` on a helper thread (:func:`envfleet.group.build_within`), waited for at
+    """``task(spec)`` on a helper thread (:func:`envfleet.guards.build_within`), waited for at
     most ``timeout`` seconds: past it :class:`EnvTimeoutError` (phase ``make``), the stuck
     thread abandoned; should it finish after all, ``discard`` gets its result (an env to
     close). What ``task`` raises is raised here."""

@@ -19,7 +19,8 @@ from gymnasium.vector import AutoresetMode
 from envfleet.affinity import Affinity, pin_worker
 from envfleet.buffers import Batch
 from envfleet.errors import OnError, Phase
-from envfleet.group import EnvGroup, GroupStartError, env_errors
+from envfleet.group import EnvGroup, GroupStartError
+from envfleet.guards import env_errors
 from envfleet.protocol import Command, EnvFailure, Group, Reply
 from envfleet.spec import EnvSpec
 from envfleet.threads import ThreadedGroup, split_ids

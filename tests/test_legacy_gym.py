@@ -14,7 +14,8 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 import envfleet
-from envfleet.spec import EnvSpec, LegacyEnv, as_gymnasium, convert_space, is_legacy_env
+from envfleet.legacy import LegacyEnv, as_gymnasium, convert_space, is_legacy_env
+from envfleet.spec import EnvSpec
 from tests import legacy_envs
 from tests.legacy_envs import (
     GYM_INSTALLED,

@@ -61,7 +61,7 @@ from envfleet.backends.rows import Shipping, deliver
 from envfleet.backends.shm import batch_allocator
 from envfleet.buffers import SharedBatch
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
-from envfleet.group import claim_base_exceptions
+from envfleet.guards import claim_base_exceptions
 from envfleet.protocol import Close, Command, EnvFailure, Reply
 from envfleet.worker import start_group
 

@@ -25,7 +25,7 @@ from envfleet.backends.channel import accept_pool, open_listener, serve_connecti
 from envfleet.backends.node_memory import NodeMemory
 from envfleet.backends.rows import Shipping, pack
 from envfleet.buffers import Batch, ObjectRows
-from envfleet.group import claim_base_exceptions
+from envfleet.guards import claim_base_exceptions
 from envfleet.protocol import Command, EnvCommand, Group, Reply, Rows
 from envfleet.worker import start_group
 

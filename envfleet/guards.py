@@ -1,0 +1,117 @@
+"""Guards around code envfleet does not control: an env's constructor, reset and step.
+
+What counts as an env's own failure (:func:`env_errors`, widened in a worker process of its own
+by :func:`claim_base_exceptions`), and two bounds on an env that hangs: :func:`build_within`
+runs a build on a helper thread and abandons it past a deadline (the caller's process, where
+nothing can be killed), and :func:`exit_if_longer` ends a worker process of its own past one
+(the pool then sees a dead worker, which its own bounds handle).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+_worker_process = False  # set by claim_base_exceptions(): this whole process is a worker
+
+
+def claim_base_exceptions() -> None:
+    """Declare this process a worker of its own (a worker process, a Ray actor): then any
+    ``BaseException`` an env raises, on its main thread too, is that env's failure. Such a
+    process ignores SIGINT, so a ``KeyboardInterrupt`` there comes from the env, never from the
+    user's Ctrl-C (which the pool's process handles)."""
+    global _worker_process
+    _worker_process = True
+
+
+def env_errors() -> tuple[type[BaseException], ...]:
+    """What counts as an env's own failure: any exception, ``SystemExit`` included (an env that
+    calls ``sys.exit()`` fails like one that raises); in a worker process (see
+    :func:`claim_base_exceptions`) or on any thread but the main one, any ``BaseException`` at
+    all (``KeyboardInterrupt``, ``GeneratorExit``, a library's own), which would otherwise end
+    a worker that holds other envs. On the caller's main thread (serial backend, the probe) a
+    ``KeyboardInterrupt`` is the user's Ctrl-C and is not caught."""
+    if not _worker_process and threading.current_thread() is threading.main_thread():
+        return (Exception, SystemExit)
+    return (BaseException,)
+
+
+_timers_lock = threading.Lock()
+_timers = 0  # blocks inside exit_if_longer now (threads_per_worker: one per thread)
+
+
+@contextlib.contextmanager
+def exit_if_longer(seconds: float | None) -> Iterator[None]:
+    """End this process (exit code 1, the stuck threads' stacks on stderr) if the block takes
+    longer than ``seconds`` (``None``: no bound). Only for a worker process of its own: the
+    pool then sees a dead worker, which its own bounds handle (restart, ``start_timeout``).
+
+    faulthandler's timer runs on a C thread, so it fires even while the block holds the GIL.
+    It is one per process: blocks on several threads at once share it, re-armed by each.
+    """
+    global _timers
+    if seconds is None:
+        yield
+        return
+    with _timers_lock:
+        _timers += 1
+        faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        with _timers_lock:
+            _timers -= 1
+            if not _timers:
+                faulthandler.cancel_dump_traceback_later()
+
+
+class Abandoned(TimeoutError):
+    """:func:`build_within` gave up waiting (what the build itself raises is never this)."""
+
+
+def build_within(
+    seconds: float,
+    build: Callable[[], T],
+    discard: Callable[[T], None] | None = None,
+    name: str = "envfleet-rebuild",
+) -> T:
+    """``build()`` on a helper thread, waited for at most ``seconds``: past it
+    :class:`Abandoned` (a :class:`TimeoutError`), the stuck thread (a daemon, which cannot be
+    stopped) abandoned; should it finish after all, ``discard`` gets what it built. What
+    ``build`` raises is raised here."""
+    done: list[tuple[bool, Any]] = []
+    lock = threading.Lock()
+    abandoned = False
+
+    def run() -> None:
+        try:
+            result: tuple[bool, Any] = (True, build())
+        except BaseException as exc:  # raised again in the waiting thread
+            result = (False, exc)
+        with lock:
+            if not abandoned:
+                done.append(result)
+                return
+        if result[0] and discard is not None:
+            discard(result[1])
+
+    helper = threading.Thread(target=run, name=name, daemon=True)
+    helper.start()
+    helper.join(seconds)
+    with lock:
+        abandoned = not done
+    if abandoned:
+        raise Abandoned(
+            f"rebuilding the env took longer than start_timeout={seconds:g}s; the thread "
+            "building it cannot be stopped and was abandoned"
+        )
+    ok, value = done[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
