@@ -30,7 +30,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -112,6 +112,45 @@ class Ledger:
     def owed(self) -> int:
         """Envs in flight or ready (what ``recv`` may still hand out)."""
         return int(np.count_nonzero(self.state != _IDLE))
+
+    def all_idle(self) -> bool:
+        """Whether no env is in flight or ready (the pool may send a whole-pool step)."""
+        return not np.count_nonzero(self.state)
+
+    @property
+    def num_ready(self) -> int:
+        """Envs whose results are in and not handed out."""
+        return len(self.ready)
+
+    def whole_step_out(self) -> bool:
+        """Whether every worker's only pending command is its part of one whole-pool step."""
+        return self.all_out is not None
+
+    def replies_owed(self) -> int:
+        """Replies the pool waits for until nothing is in flight: one per worker when a
+        whole-pool step is out, else one per pending command."""
+        if self.all_out is not None:
+            return self.num_workers
+        return sum(map(len, self.pending))
+
+    def answered(self, commands: Sequence[ValueCommand]) -> bool:
+        """Whether every one of ``commands`` (calls) has its reply in."""
+        answers = self.answers
+        return all(command in answers for command in commands)
+
+    def answer(self, command: ValueCommand) -> Reply:
+        """The reply to ``command`` (a call), handed over once."""
+        return self.answers.pop(command)
+
+    def take_infos(
+        self, env_ids: Iterable[int], positions: Iterable[int]
+    ) -> list[tuple[dict[str, Any] | None, int]] | None:
+        """The infos of ``env_ids`` (handed over once), each with its position in the batch;
+        ``None`` when no env has any (the common case)."""
+        infos = self.infos
+        if not infos:
+            return None
+        return [(infos.pop(int(i), None), int(p)) for i, p in zip(env_ids, positions, strict=False)]
 
     def by_worker(self, env_ids: np.ndarray) -> list[tuple[int, tuple[int, ...]]]:
         """``env_ids`` grouped by the worker holding them, each group sorted."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import os
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,16 +49,18 @@ from envfleet.errors import (
     OnError,
     ResetNeededError,
 )
+from envfleet.gymnasium_async import GymnasiumAsync
 from envfleet.infos import merge_infos
 from envfleet.ledger import EnvState, Ledger
 from envfleet.protocol import Call, Command, Reset, SetAttr, Step
 from envfleet.recovery import DEFAULT_MAX_RESTARTS, Recovery
 from envfleet.stats import PoolStats, StatsRecorder
 from envfleet.validation import (
-    SeedTypeError,
-    SeedValueError,
     check_actions,
     check_env_ids,
+    check_options,
+    check_reset_mask,
+    check_seeds,
     keeps_dtype,
 )
 
@@ -67,7 +69,7 @@ _FLAT_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiB
 DEFAULT_CLOSE_TIMEOUT = 5.0
 
 
-class Pool(VectorEnv):  # type: ignore[misc]
+class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
     """Many copies of an environment stepped in parallel; build one with :func:`envfleet.make`.
 
     Attributes:
@@ -154,9 +156,6 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._never_reset = np.ones(self.num_envs, dtype=np.bool_)
         self._all_reset = False
         self._first_seed = seed
-        # Gymnasium's step_async/reset_async/call_async in flight: "step", the reset's arguments
-        # or the call.
-        self._gymnasium_call: str | tuple[Any, Any] | Call | None = None
 
     @property
     def on_error(self) -> OnError:
@@ -210,10 +209,10 @@ class Pool(VectorEnv):  # type: ignore[misc]
             The observations of all envs and the infos of the envs reset.
         """
         self._check_usable()
-        options = _check_options(options)
+        options = check_options(options)
         env_ids = np.arange(self.num_envs)
         if options is not None and "reset_mask" in options:
-            env_ids = np.flatnonzero(self._check_reset_mask(options.pop("reset_mask")))
+            env_ids = np.flatnonzero(check_reset_mask(options.pop("reset_mask"), self.num_envs))
         busy = self._ledger.busy(self._all_ids)
         if busy.size:
             raise AlreadyPendingError(
@@ -356,126 +355,6 @@ class Pool(VectorEnv):  # type: ignore[misc]
         restarts: np.ndarray = self._recovery.restarts.copy()
         return restarts
 
-    # -- Gymnasium's AsyncVectorEnv API ----------------------------------------------------------
-
-    def step_async(self, actions: Any) -> None:
-        """``AsyncVectorEnv.step_async``: start stepping every env; :meth:`step_wait` returns
-        the results. Code written for Gymnasium runs unchanged (prefer :meth:`send`/:meth:`recv`,
-        which also return the first ``batch_size`` envs ready).
-
-        Raises:
-            AlreadyPendingError: a ``step_async`` or ``reset_async`` is still pending (a
-                ``gymnasium.error.AlreadyPendingCallError``).
-        """
-        self._check_usable()
-        if self._gymnasium_call is not None:
-            raise AlreadyPendingError(
-                "step_async() while a step_async, reset_async or call_async is pending: call "
-                "step_wait(), reset_wait() or call_wait() first",
-                name="step_async",
-            )
-        self.send(actions)
-        self._gymnasium_call = "step"
-
-    def step_wait(
-        self, timeout: float | None = None
-    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """``AsyncVectorEnv.step_wait``: the results of :meth:`step_async`, as :meth:`step`
-        returns them. ``timeout`` is accepted for Gymnasium's signature; the pool's waits are
-        bounded by ``step_timeout``.
-
-        Raises:
-            NoPendingError: no ``step_async`` is pending (a ``gymnasium.error.NoAsyncCallError``).
-        """
-        self._check_usable()
-        if self._gymnasium_call != "step":
-            raise NoPendingError(
-                "step_wait() with no step_async() pending: call step_async(actions) first",
-                name="step_wait",
-            )
-        self._gymnasium_call = None
-        self._collect(self._all_ids)
-        return self._results(self._all_ids, with_env_id=False)
-
-    def reset_async(
-        self,
-        seed: int | Sequence[int | None] | None = None,
-        options: dict[str, Any] | None = None,
-    ) -> None:
-        """``AsyncVectorEnv.reset_async``: :meth:`reset_wait` resets the envs as
-        :meth:`reset` does and returns what it returns (the reset starts there).
-
-        Raises:
-            AlreadyPendingError: a ``step_async`` or ``reset_async`` is still pending.
-        """
-        self._check_usable()
-        if self._gymnasium_call is not None:
-            raise AlreadyPendingError(
-                "reset_async() while a step_async, reset_async or call_async is pending: call "
-                "step_wait(), reset_wait() or call_wait() first",
-                name="reset_async",
-            )
-        # Checked now, as AsyncVectorEnv does: a mistake raises here and leaves nothing pending.
-        checked = _check_options(options)
-        env_ids = self._all_ids
-        if checked is not None and "reset_mask" in checked:
-            env_ids = np.flatnonzero(self._check_reset_mask(checked["reset_mask"]))
-        self._seeds_for(seed, env_ids, per_env=self.num_envs)
-        self._gymnasium_call = (seed, options)
-
-    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
-        """``AsyncVectorEnv.reset_wait``: the reset that :meth:`reset_async` asked for.
-
-        Raises:
-            NoPendingError: no ``reset_async`` is pending (a ``gymnasium.error.NoAsyncCallError``).
-        """
-        self._check_usable()
-        call = self._gymnasium_call
-        if not isinstance(call, tuple):
-            raise NoPendingError(
-                "reset_wait() with no reset_async() pending: call reset_async() first",
-                name="reset_wait",
-            )
-        self._gymnasium_call = None
-        seed, options = call
-        return self.reset(seed=seed, options=options)
-
-    def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
-        """``AsyncVectorEnv.call_async``: :meth:`call_wait` calls method ``name`` of every env
-        (or reads attribute ``name``) as :meth:`call` does and returns what it returns (the call
-        starts there).
-
-        Raises:
-            AlreadyPendingError: a ``step_async``, ``reset_async`` or ``call_async`` is still
-                pending (a ``gymnasium.error.AlreadyPendingCallError``).
-        """
-        self._check_usable()
-        if self._gymnasium_call is not None:
-            raise AlreadyPendingError(
-                "call_async() while a step_async, reset_async or call_async is pending: call "
-                "step_wait(), reset_wait() or call_wait() first",
-                name="call_async",
-            )
-        self._gymnasium_call = Call(name, args, kwargs)
-
-    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
-        """``AsyncVectorEnv.call_wait``: the results of the :meth:`call_async` pending, one per
-        env. ``timeout`` is accepted for Gymnasium's signature; the pool's waits are bounded by
-        ``step_timeout``.
-
-        Raises:
-            NoPendingError: no ``call_async`` is pending (a ``gymnasium.error.NoAsyncCallError``).
-        """
-        self._check_usable()
-        call = self._gymnasium_call
-        if not isinstance(call, Call):
-            raise NoPendingError(
-                "call_wait() with no call_async() pending: call call_async(name) first",
-                name="call_wait",
-            )
-        self._gymnasium_call = None
-        return self.call(call.name, *call.args, **call.kwargs)
-
     # -- async API (EnvPool style) -------------------------------------------------------------
 
     def async_reset(
@@ -492,7 +371,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
             env_id: the envs to reset; each must be idle.
         """
         self._check_usable()
-        options = _check_options(options)
+        options = check_options(options)
         env_ids = self._idle_ids(env_id, "async_reset")
         seeds = self._seeds_for(seed, env_ids, per_env=len(env_ids))
         self._submit_reset(env_ids, seeds, options)
@@ -567,7 +446,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
                 f"recv() returns batch_size={self.batch_size} envs but only {owed} have a step "
                 "or reset pending; send() actions (or async_reset()) first"
             )
-        while len(ledger.ready) < self.batch_size:
+        while ledger.num_ready < self.batch_size:
             self._pump(block=True)
         env_ids = ledger.handed_out(self.batch_size)
         if self.batch_size == self.num_envs:
@@ -634,12 +513,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
     def _merge_infos(
         self, env_ids: Iterable[int], positions: Iterable[int], size: int
     ) -> dict[str, Any]:
-        infos = self._ledger.infos
-        if not infos:  # the common case: no env had anything to say
+        pairs = self._ledger.take_infos(env_ids, positions)
+        if pairs is None:  # the common case: no env had anything to say
             return {}
-        pairs = [
-            (infos.pop(int(i), None), int(p)) for i, p in zip(env_ids, positions, strict=False)
-        ]
         return merge_infos(pairs, size)
 
     def _submit_reset(
@@ -664,8 +540,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         ledger = self._ledger
         if len(env_ids) == self.num_envs:
             while ledger.in_flight:
-                want = self.num_workers if ledger.all_out else sum(map(len, ledger.pending))
-                self._pump(block=True, want=want)
+                self._pump(block=True, want=ledger.replies_owed())
         else:
             while ledger.any_in_flight(env_ids):
                 self._pump(block=True)
@@ -675,13 +550,13 @@ class Pool(VectorEnv):  # type: ignore[misc]
         """Send ``commands`` (one per worker) and return one value per env."""
         self._check_usable()
         self._submit_many(list(enumerate(commands)))
-        answers = self._ledger.answers
-        while any(c not in answers for c in commands):
+        ledger = self._ledger
+        while not ledger.answered(commands):
             self._pump(block=True)
         values: dict[int, Any] = {}
         failures = []
         for worker, command in enumerate(commands):
-            reply = answers.pop(command)
+            reply = ledger.answer(command)
             values.update(reply.values or {})
             failures += [(worker, f) for f in reply.failures]
         if failures:
@@ -731,7 +606,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         if self.closed:  # by another thread: the replies are of envs being closed
             raise ClosedPoolError(f"this pool of {self._env_name} was closed while waiting")
         if (
-            ledger.all_out is not None
+            ledger.whole_step_out()
             and len(replies) == ledger.num_workers
             and all(reply is None for _, reply in replies)
         ):
@@ -761,9 +636,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
             ) from broken
 
     def _idle_ids(self, env_id: Sequence[int] | np.ndarray | None, what: str) -> np.ndarray:
-        if env_id is None and not np.count_nonzero(
-            self._ledger.state
-        ):  # every env idle: the sync step
+        if env_id is None and self._ledger.all_idle():  # every env idle: the sync step
             return self._all_ids
         env_ids = check_env_ids(env_id, self.num_envs)
         busy = self._ledger.busy(env_ids)
@@ -779,41 +652,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
     ) -> list[int | None]:
         if seed is None:  # the pool's seed, until a reset has been sent (_submit_reset)
             seed = self._first_seed
-        if seed is None:
-            return [None] * len(env_ids)
-        if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
-            if seed < 0:
-                raise SeedValueError(f"seed must be a non-negative int, got {seed}")
-            return [int(seed) + int(i) for i in env_ids]
-        if isinstance(seed, str | bytes) or not isinstance(seed, Iterable):
-            raise TypeError(f"seed must be None, an int or one int (or None) per env, got {seed!r}")
-        seeds = list(seed)
-        if len(seeds) != per_env:
-            raise ValueError(f"expected {per_env} seeds (one per env), got {len(seeds)}")
-        for k, s in enumerate(seeds):
-            if s is None:
-                continue
-            if isinstance(s, bool) or not isinstance(s, int | np.integer):
-                raise SeedTypeError(f"seed[{k}] must be an int or None, got {s!r}")
-            if s < 0:
-                raise SeedValueError(f"seed[{k}] must be a non-negative int, got {s}")
-        seeds = [None if s is None else int(s) for s in seeds]
-        if per_env == self.num_envs:
-            return [seeds[i] for i in env_ids]
-        return seeds
-
-    def _check_reset_mask(self, mask: Any) -> np.ndarray:
-        if not isinstance(mask, np.ndarray):
-            raise TypeError(f"options['reset_mask'] must be a numpy array, got {type(mask)}")
-        if mask.shape != (self.num_envs,):
-            raise ValueError(
-                f"options['reset_mask'] must have shape ({self.num_envs},), got {mask.shape}"
-            )
-        if mask.dtype != np.bool_:
-            raise TypeError(f"options['reset_mask'] must have dtype bool, got {mask.dtype}")
-        if not mask.any():
-            raise ValueError("options['reset_mask'] must select at least one env")
-        return mask
+        return check_seeds(seed, env_ids, per_env, self.num_envs)
 
     def __repr__(self) -> str:
         return (
@@ -838,18 +677,6 @@ def _forked() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
-
-
-def _check_options(options: Any) -> dict[str, Any] | None:
-    """``reset``'s ``options`` as a new dict (``None`` stays ``None``)."""
-    if options is None:
-        return None
-    if not isinstance(options, Mapping):
-        raise TypeError(
-            f"options must be a dict (of keyword options for each env's reset) or None, "
-            f"got {type(options).__name__} {options!r}"
-        )
-    return dict(options)
 
 
 __all__ = ["DEFAULT_MAX_RESTARTS", "EnvState", "Pool"]

@@ -8,7 +8,7 @@ whether an action lies in the action space is the env's business unless the pool
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -216,3 +216,61 @@ def bounds_nbytes(space: spaces.Space[Any]) -> int:
     if isinstance(space, spaces.Tuple):
         return sum(bounds_nbytes(sub) for sub in space.spaces)
     return 0
+
+
+# -- reset's arguments ----------------------------------------------------------------------
+
+
+def check_options(options: Any) -> dict[str, Any] | None:
+    """``reset``'s ``options`` as a new dict (``None`` stays ``None``)."""
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise TypeError(
+            f"options must be a dict (of keyword options for each env's reset) or None, "
+            f"got {type(options).__name__} {options!r}"
+        )
+    return dict(options)
+
+
+def check_reset_mask(mask: Any, num_envs: int) -> np.ndarray:
+    """``options["reset_mask"]``: a bool array of shape ``(num_envs,)`` selecting some env."""
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"options['reset_mask'] must be a numpy array, got {type(mask)}")
+    if mask.shape != (num_envs,):
+        raise ValueError(f"options['reset_mask'] must have shape ({num_envs},), got {mask.shape}")
+    if mask.dtype != np.bool_:
+        raise TypeError(f"options['reset_mask'] must have dtype bool, got {mask.dtype}")
+    if not mask.any():
+        raise ValueError("options['reset_mask'] must select at least one env")
+    return mask
+
+
+def check_seeds(
+    seed: int | Sequence[int | None] | None, env_ids: np.ndarray, per_env: int, num_envs: int
+) -> list[int | None]:
+    """One seed (or ``None``) for each of ``env_ids`` from ``reset``'s ``seed``: ``None``, an
+    int ``s`` (env ``i`` gets ``s + i``) or ``per_env`` seeds (one per env of the pool when
+    ``per_env == num_envs``, else one per env of ``env_ids``)."""
+    if seed is None:
+        return [None] * len(env_ids)
+    if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
+        if seed < 0:
+            raise SeedValueError(f"seed must be a non-negative int, got {seed}")
+        return [int(seed) + int(i) for i in env_ids]
+    if isinstance(seed, str | bytes) or not isinstance(seed, Iterable):
+        raise TypeError(f"seed must be None, an int or one int (or None) per env, got {seed!r}")
+    seeds = list(seed)
+    if len(seeds) != per_env:
+        raise ValueError(f"expected {per_env} seeds (one per env), got {len(seeds)}")
+    for k, s in enumerate(seeds):
+        if s is None:
+            continue
+        if isinstance(s, bool) or not isinstance(s, int | np.integer):
+            raise SeedTypeError(f"seed[{k}] must be an int or None, got {s!r}")
+        if s < 0:
+            raise SeedValueError(f"seed[{k}] must be a non-negative int, got {s}")
+    seeds = [None if s is None else int(s) for s in seeds]
+    if per_env == num_envs:
+        return [seeds[i] for i in env_ids]
+    return seeds

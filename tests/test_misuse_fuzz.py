@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import envfleet
+from envfleet.gymnasium_async import PendingCall
 
 NUM_ENVS = 3
 ACTIONS = np.array([0, 1, 0])
@@ -113,7 +114,7 @@ def _call(pool: envfleet.Pool, op: tuple[Any, ...]) -> None:
 def _settle(pool: envfleet.Pool) -> None:
     """Take in whatever the calls left in flight, as a caller would: recv() what is owed,
     sending the idle envs first when fewer than a batch are."""
-    pool._gymnasium_call = None  # a step_async or reset_async left pending
+    pool._pending_call = PendingCall.NONE  # a step_async or reset_async left pending
     idle = np.flatnonzero(pool._ledger.state == 0)
     if idle.size and 0 < pool._ledger.owed() < pool.batch_size:
         pool.send(ACTIONS[idle], idle)
