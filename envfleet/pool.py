@@ -36,11 +36,12 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space, iterate
+from gymnasium.vector.utils import batch_space
 
+from envfleet.actions import ActionWriter
 from envfleet.backends import Transport
 from envfleet.backends.registry import TransportKind, refusal
-from envfleet.buffers import is_array_space, put, take, view_rows
+from envfleet.buffers import take, view_rows
 from envfleet.errors import (
     AlreadyPendingError,
     BrokenPoolError,
@@ -61,10 +62,7 @@ from envfleet.validation import (
     check_options,
     check_reset_mask,
     check_seeds,
-    keeps_dtype,
 )
-
-_FLAT_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
 DEFAULT_CLOSE_TIMEOUT = 5.0
 
@@ -140,16 +138,8 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
         self._assignment = ledger.assignment
         self._worker_of = ledger.worker_of
         self._all_ids = ledger.all_ids
-        self._array_actions = is_array_space(action_space)
-        # A flat action space (one array of the space's dtype): actions of that dtype are
-        # written with one assignment, without walking the space (the sync step's path).
-        actions_array = self._batch.actions
-        self._flat_actions: np.ndarray | None = (
-            actions_array
-            if isinstance(action_space, _FLAT_SPACES)
-            and isinstance(actions_array, np.ndarray)
-            and actions_array.dtype == action_space.dtype
-            else None
+        self._actions = ActionWriter(
+            action_space, self._batch.actions, self._all_ids, self._worker_of, len(assignment)
         )
         self._needs_reset = np.zeros(self.num_envs, dtype=np.bool_)
         # Envs never reset yet: a step of one is refused before anything is sent (#19).
@@ -401,27 +391,7 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
         actions = check_actions(space, actions, env_ids, check_membership=self.check_actions)
         if self._recovery.worker_memory_limit is not None:
             self._recovery.recycle_over_limit(self._gather, self._pump)
-        carried: list[dict[int, Any]] | None = None
-        # Actions of another dtype than the space's would be cast by the batch arrays: they
-        # travel with the command, so the env gets exactly what the caller gave (fidelity).
-        flat = self._flat_actions
-        if flat is not None and actions.dtype == flat.dtype:  # checked: an array for these spaces
-            if env_ids is self._all_ids:
-                flat[...] = actions
-            else:
-                flat[env_ids] = actions
-        elif self._array_actions and keeps_dtype(space, actions):
-            rows = None if env_ids is self._all_ids else env_ids
-            put(space, self._batch.actions, rows, actions)
-        else:
-            # The actions travel with the command: a space that is not arrays, or a cast dtype.
-            if isinstance(actions, np.ndarray):
-                items = list(actions)
-            else:
-                items = list(iterate(batch_space(space, len(env_ids)), actions))
-            carried = [dict[int, Any]() for _ in self._assignment]
-            for i, item in zip(env_ids.tolist(), items, strict=True):
-                carried[self._worker_of[i]][i] = item
+        carried = self._actions.write(actions, env_ids)
         if carried is None and len(env_ids) == self.num_envs:
             self._submit_all()
             return
