@@ -166,6 +166,12 @@ class _Server:
         self.owed = 0
         self.last: list[tuple[int, Command]] = []
         self.last_actions: tuple[np.ndarray, slice | np.ndarray] | None = None
+        self.workers = workers
+        # A whole round (a command for every worker, nothing else owed: a sync step) is
+        # answered in one message, once every worker has replied (or one failed or was lost);
+        # otherwise (async) what is in goes every LOCAL_SLICE.
+        self.hold = False
+        self.held: list[tuple[int, Reply | WorkerLost | None]] = []
 
     def run(self) -> None:
         conn = self.conn
@@ -178,21 +184,39 @@ class _Server:
             if message is not None and not self.handle(message):
                 return
             if self.owed:
-                replies = self.local.wait(LOCAL_SLICE, self.owed)
-                if replies:
-                    self.answer(replies)
+                want = self.owed - len(self.held)
+                if want > 0:
+                    self.held += self.local.wait(LOCAL_SLICE, want)
+                if self.held and (
+                    not self.hold
+                    or len(self.held) >= self.owed
+                    or any(_bad(reply) for _, reply in self.held)
+                ):
+                    held, self.held = self.held, []
+                    self.answer(held)
 
     def handle(self, message: bytes) -> bool:
         """Take one message from the pool; False once it asked to close."""
         tag = message[:1]
         view = memoryview(message)
         if tag == wire.REPEAT:
+            self.hold = self.owed == 0
             self.submit(self.last, view, 1)
-        elif tag == wire.SUBMIT:
+            return True
+        if tag == wire.SUBMIT:
             commands, at = wire.read_header(view)
             self.last = commands
             self.last_actions = None
+            self.hold = self.owed == 0 and [w for w, _ in commands] == list(range(self.workers))
             self.submit(commands, view, at)
+            return True
+        # A kill, a restart, a close: nothing waits for the rest, and what is in goes first.
+        self.hold = False
+        if self.held:
+            held, self.held = self.held, []
+            self.answer(held)
+        if tag == wire.KILL:
+            self.local.kill(message[1] << 8 | message[2])
         elif tag == wire.RESTART:
             (worker, restarts), _ = wire.read_header(view)
             error: Portable | None = None
@@ -203,8 +227,6 @@ class _Server:
             except EnvError as exc:
                 error = portable(exc)
             self.conn.send_bytes(wire.header(wire.ACK, error))
-        elif tag == wire.KILL:
-            self.local.kill(message[1] << 8 | message[2])
         elif tag == wire.CLOSE:
             self.local.close(5.0)
             self.conn.send_bytes(wire.header(wire.ACK, None))
@@ -264,3 +286,8 @@ class _Server:
         else:
             workers = wire.plain_workers([worker for worker, _ in replies])
             self.conn.send_bytes(b"".join([wire.PLAIN, workers, *rows]))
+
+
+def _bad(reply: Reply | WorkerLost | None) -> bool:
+    """A reply the pool should see at once (a worker lost, an env failed)."""
+    return isinstance(reply, WorkerLost) or (reply is not None and bool(reply.failures))
