@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,12 @@ from envfleet.protocol import Command, EnvFailure, Reply
 LOCAL_SLICE = 0.002
 """Seconds the agent waits on its workers at a time while it owes replies, before it looks
 for a message from the pool (a kill, another round): the agent has one thread."""
+
+HOLD_LIMIT = 0.05
+"""Seconds at most the agent holds the replies of a sync step's fast workers while a slow one
+finishes, to send the node's answer as one message: past it, what is in goes, so that the
+pool's ``step_timeout`` sees a hung worker's fast neighbours answer (a ``step_timeout`` this
+short would blame them)."""
 
 DEFAULT_CONTEXT = "forkserver"
 """How the agent starts its worker processes: a Ray worker runs threads, which ``fork`` would
@@ -168,10 +175,11 @@ class _Server:
         self.last_actions: tuple[np.ndarray, slice | np.ndarray] | None = None
         self.workers = workers
         # A whole round (a command for every worker, nothing else owed: a sync step) is
-        # answered in one message, once every worker has replied (or one failed or was lost);
-        # otherwise (async) what is in goes every LOCAL_SLICE.
+        # answered in one message, once every worker has replied (or one failed or was lost,
+        # or HOLD_LIMIT passed); otherwise (async) what is in goes every LOCAL_SLICE.
         self.hold = False
         self.held: list[tuple[int, Reply | WorkerLost | None]] = []
+        self.held_since = 0.0
 
     def run(self) -> None:
         conn = self.conn
@@ -186,11 +194,15 @@ class _Server:
             if self.owed:
                 want = self.owed - len(self.held)
                 if want > 0:
-                    self.held += self.local.wait(LOCAL_SLICE, want)
+                    replies = self.local.wait(LOCAL_SLICE, want)
+                    if replies and not self.held:
+                        self.held_since = time.monotonic()
+                    self.held += replies
                 if self.held and (
                     not self.hold
                     or len(self.held) >= self.owed
                     or any(_bad(reply) for _, reply in self.held)
+                    or time.monotonic() - self.held_since >= HOLD_LIMIT
                 ):
                     held, self.held = self.held, []
                     self.answer(held)
