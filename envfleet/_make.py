@@ -108,8 +108,10 @@ def make(
             and inside a worker thread (built on a helper thread, abandoned past it: a failure
             of that env, phase ``make``).
             The env ``make()`` first builds in this process to learn the spaces has the same
-            bound (it is built on a helper thread, abandoned if it
-            hangs). On the thread backend a stuck thread cannot be stopped: it is abandoned (a
+            bound (it is built on a helper thread, abandoned if it hangs), as long as its
+            constructor lets Python run: one that holds the GIL in C code delays ``make()``
+            until it lets go (the workers' own builds are bounded whatever they do). On the
+            thread backend a stuck thread cannot be stopped: it is abandoned (a
             daemon). The serial backend builds in the caller's thread and is not bounded.
         max_restarts: restarts allowed per env over the pool's life before
             :class:`RestartLimitError`.

@@ -315,6 +315,21 @@ class SharedBatch:
             shared(_FLAGS),
         )
 
+    @staticmethod
+    def nbytes(obs_space: spaces.Space[Any], act_space: spaces.Space[Any], n: int) -> int:
+        """Bytes of shared memory :meth:`allocate` takes for ``n`` envs."""
+
+        def size(space: spaces.Space[Any]) -> int:
+            if isinstance(space, spaces.Dict):
+                return sum(size(sub) for sub in space.spaces.values())
+            if isinstance(space, spaces.Tuple):
+                return sum(size(sub) for sub in space.spaces)
+            assert space.dtype is not None and space.shape is not None
+            return n * int(np.prod(space.shape)) * space.dtype.itemsize
+
+        spaces_ = (obs_space, act_space, _REWARDS, _FLAGS, _FLAGS)
+        return sum(size(space) for space in spaces_ if is_array_space(space))
+
     def views(self) -> Batch:
         """Numpy views of the shared memory (local lists for the pickled fields)."""
 

@@ -34,7 +34,7 @@ T = TypeVar("T")
 RESTARTED = "envfleet/restarted"
 """Info key set on the result that reports an env's restart."""
 
-BATCHED_MIN_ENVS = 8
+BATCHED_MIN_ENVS = 12
 """Groups stepping at least this many envs write their results with one assignment per field;
 smaller ones env by env, which costs less below it (numpy's fixed cost per assignment)."""
 
@@ -330,11 +330,12 @@ class EnvGroup:
             k = len(results)
             if reset_ids and reset_ids[-1] == env_ids[k]:
                 reset_ids.pop()
-            self._write_rows(env_ids[:k], _index(env_ids[:k]), results, reset_ids, infos, failures)
+            done = env_ids[:k]
+            self._write_rows(done, _index(done), results, reset_ids, infos, failures, kept)
             self._failed(env_ids[k], exc, infos, failures, kept)
             self._step_each(env_ids[k + 1 :], None, infos, failures, kept)
             return
-        self._write_rows(env_ids, index, results, reset_ids, infos, failures)
+        self._write_rows(env_ids, index, results, reset_ids, infos, failures, kept)
 
     def _write_rows(
         self,
@@ -344,6 +345,7 @@ class EnvGroup:
         reset_ids: list[int],
         infos: dict[int, Any],
         failures: list[EnvFailure],
+        kept: list[int],
     ) -> None:
         """Write the ``(obs, reward, terminated, truncated, info)`` of ``env_ids`` into their
         rows at once; any result that does not fit is handled env by env
@@ -352,8 +354,8 @@ class EnvGroup:
             return
         batch = self.batch
         try:
-            # Without strict: a result of another length than 5 fails the unpacking.
-            observations, rewards, terminations, truncations, env_infos = zip(*results)  # noqa: B905
+            # strict: one result of another length than 5 among the others fails here too.
+            observations, rewards, terminations, truncations, env_infos = zip(*results, strict=True)
             if self._obs_shape is not None:  # small rows: one array, its shape checked
                 values = np.asarray(observations)
                 if values.dtype == object or values.shape != (len(env_ids), *self._obs_shape):
@@ -367,7 +369,7 @@ class EnvGroup:
             batch.terminations[index] = terminations
             batch.truncations[index] = truncations
         except Exception:
-            self._write_each(env_ids, results, infos, failures)
+            self._write_each(env_ids, results, infos, failures, kept)
             return
         owe = self._owe_reset
         if reset_ids:
@@ -387,6 +389,7 @@ class EnvGroup:
         results: list[Any],
         infos: dict[int, Any],
         failures: list[EnvFailure],
+        kept: list[int],
     ) -> None:
         """Results written one env at a time, as :meth:`_step_each` does (the slow path)."""
         batch, owe = self.batch, self._owe_reset
@@ -395,7 +398,7 @@ class EnvGroup:
                 obs, reward, terminated, truncated, info = result
                 self._write_obs(i, obs)
             except env_errors() as exc:
-                self._failed(i, exc, infos, failures, [])
+                self._failed(i, exc, infos, failures, kept)
                 continue
             batch.rewards[i] = reward
             batch.terminations[i] = terminated

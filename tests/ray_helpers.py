@@ -124,6 +124,20 @@ def ray_leak_check(ray_daemons_too: bool = True) -> Iterator[None]:
         pytest.fail("; ".join(problems), pytrace=False)
 
 
+LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+
+
+def listening_addresses(processes: list[psutil.Process]) -> set[str]:
+    """The addresses ``processes`` listen on (TCP and UDP): loopback ones only for a Ray that
+    serves this machine alone."""
+    pids = {p.pid for p in processes}
+    return {
+        conn.laddr.ip
+        for conn in psutil.net_connections(kind="inet")
+        if conn.pid in pids and conn.laddr and (conn.status == psutil.CONN_LISTEN or not conn.raddr)
+    }
+
+
 def envfleet_actor_pids() -> list[int]:
     """Processes of this process tree now running an envfleet actor."""
     pids = []

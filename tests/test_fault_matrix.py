@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ import psutil
 import pytest
 
 import envfleet
+from envfleet.pool import DEFAULT_CLOSE_TIMEOUT
 from tests import matrix_hooks as hooks
 from tests import timing
 from tests.envs import FaultyEnv
@@ -644,10 +646,82 @@ def test_workers_holding_the_gil_die_with_the_parent(context: str) -> None:
     assert not alive, f"workers outlived their parent: {alive}"
 
 
+def _holds_the_gil_in_workers(caller: int) -> FaultyEnv:
+    if os.getpid() != caller:  # not the probe make() builds in the caller
+        re.match(r"(a*)*b", "a" * 40)  # minutes of backtracking in C, holding the GIL
+    return FaultyEnv()
+
+
+@pytest.mark.timeout(60)
+def test_start_timeout_bounds_a_worker_constructor_that_holds_the_gil() -> None:
+    """What ``start_timeout`` covers whatever the constructor does: the workers' own builds
+    (killed past it). The probe ``make()`` builds in the caller is bounded only while its
+    constructor lets Python run (documented in ``make``)."""
+    env = functools.partial(_holds_the_gil_in_workers, os.getpid())
+    with pytest.raises(envfleet.EnvTimeoutError) as info:
+        envfleet.make(env, 2, num_workers=2, start_timeout=2.0)
+    assert info.value.phase is envfleet.Phase.MAKE
+    assert "start_timeout=2s" in str(info.value)
+
+
+@pytest.mark.timeout(60)
+def test_sigint_while_make_forks_workers_is_not_lost() -> None:
+    """A Ctrl-C that lands while a worker is being forked (here: from a fork hook, the moment
+    Python runs them) reaches make() as KeyboardInterrupt, and the workers already started are
+    stopped. Python runs the fork hooks with any exception of theirs "ignored", so the interrupt
+    used to be dropped and make() went on. (Under spawn and forkserver this process runs no
+    fork hook: a Ctrl-C lands in plain Python code.)"""
+    context = "fork"
+    proc = subprocess.run(
+        _script(
+            f"""
+            import os, signal, psutil
+            sent = []
+            def interrupt() -> None:
+                if not sent:  # the first fork in this process: worker 0's (or the fork server's)
+                    sent.append(True)
+                    os.kill(os.getpid(), signal.SIGINT)
+            os.register_at_fork(after_in_parent=interrupt)
+            try:
+                pool = envfleet.make(FaultyEnv, 4, num_workers=2, context={context!r})
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+            else:
+                print("not interrupted", flush=True)
+                pool.close()
+            print("sent", len(sent), flush=True)
+            workers = [p for p in psutil.Process().children() if "resource_tracker" not in
+                       " ".join(p.cmdline()) and "forkserver" not in " ".join(p.cmdline())]
+            gone, alive = psutil.wait_procs(workers, timeout=5)
+            print("alive", len(alive), flush=True)
+            """
+        ),
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert proc.stdout.split() == ["interrupted", "sent", "1", "alive", "0"], (
+        proc.stdout + proc.stderr
+    )
+    assert "Exception ignored" not in proc.stderr, proc.stderr
+
+
+SIGINT_EXIT_BOUND = DEFAULT_CLOSE_TIMEOUT + 2 * 2 * 1.0 + 5.0
+"""Seconds the script may take to exit after Ctrl-C: close()'s worst case (its timeout for the
+envs, then up to 1 s each for SIGTERM and SIGKILL of each of the two workers) and 5 s for the
+interpreter's exit on a loaded machine. Measured: well under 2 s, under 2-3 busy loops too."""
+
+
 def test_sigint_during_step_shuts_down_cleanly() -> None:
     proc = subprocess.Popen(
         _script(
             """
+            import faulthandler, signal
+            faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks on a hang
+            # A terminal's state, whatever the test run leaves to its children (a blocked or
+            # ignored SIGINT is inherited through exec and would make the Ctrl-C vanish).
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             with envfleet.make(functools.partial(FaultyEnv, sleep=0.2), 4, num_workers=2) as pool:
                 pool.reset()
                 print(*[p.pid for p in pool._transport._procs], flush=True)
@@ -664,8 +738,17 @@ def test_sigint_during_step_shuts_down_cleanly() -> None:
     workers = [psutil.Process(int(pid)) for pid in proc.stdout.readline().split()]
     time.sleep(0.3)
     os.killpg(proc.pid, signal.SIGINT)
-    assert proc.wait(15) != 0
-    stderr = proc.stderr.read()
+    try:
+        # Both pipes drained while waiting: a script blocked writing to a full stderr pipe
+        # would look like one that ignored the Ctrl-C.
+        _, stderr = proc.communicate(timeout=SIGINT_EXIT_BOUND)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # where it is stuck, into its stderr
+        time.sleep(1.0)
+        proc.kill()
+        _, stderr = proc.communicate()
+        pytest.fail(f"not exited {SIGINT_EXIT_BOUND:g} s after SIGINT; its stderr:\n{stderr}")
+    assert proc.returncode != 0
     assert stderr.count("Traceback") == 1, stderr
     assert "KeyboardInterrupt" in stderr
     assert "resource_tracker" not in stderr

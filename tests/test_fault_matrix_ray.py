@@ -29,6 +29,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import envfleet  # noqa: E402
+from envfleet.backends.ray import loopback  # noqa: E402
 from tests import matrix_hooks as hooks  # noqa: E402
 from tests.envs import FaultyEnv  # noqa: E402
 from tests.ray_helpers import ray_leak_check  # noqa: E402
@@ -65,7 +66,8 @@ def no_leaked_processes_or_shared_memory() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def ray_session() -> Iterator[None]:
     assert not ray.is_initialized()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with loopback():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -221,6 +221,38 @@ def test_an_observation_that_does_not_fit_fails_its_env_only() -> None:
         group.close()
 
 
+class ExtraValueEnv(FaultyEnv):
+    """Env 5 (seeded 6) returns six values from ``step``, the others five."""
+
+    def step(self, action: Any) -> Any:
+        result = super().step(action)
+        return (*result, "extra") if self.seed_used == 6 else result
+
+
+@pytest.mark.parametrize("on_error", [OnError.RAISE, OnError.RESTART])
+def test_a_step_that_returns_six_values_fails_its_env_only(on_error: OnError) -> None:
+    group, batch, _ = _group(
+        EnvSpec(ExtraValueEnv), AutoresetMode.NEXT_STEP, n=9, on_error=on_error
+    )
+    try:
+        group.reset(list(range(9)), list(range(1, 10)), None)
+        batch.actions[:] = 2
+        reply = group.step(tuple(range(9)))
+        failure = reply.failures[0] if on_error is OnError.RAISE else reply.restarts[0]
+        assert (failure.env_index, failure.phase, failure.type_name) == (
+            5,
+            Phase.STEP,
+            "ValueError",
+        )
+        assert "too many values" in failure.message
+        rows = [100 * (i + 1) + 1 for i in range(9)]
+        rows[5] = 600  # its row as it was
+        assert batch.observations[:, 0].tolist() == rows
+        assert batch.rewards.tolist() == [0.0 if i == 5 else 2.0 for i in range(9)]
+    finally:
+        group.close()
+
+
 def test_seeds_decide_the_trajectory() -> None:
     def first_obs(seeds: list[int]) -> np.ndarray:
         group, batch, _ = _group(EnvSpec(DictTupleEnv), AutoresetMode.NEXT_STEP)

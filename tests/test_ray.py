@@ -34,10 +34,11 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import envfleet
 import envfleet.backends.ray
+from envfleet.backends.ray import loopback
 from tests import faults, gates
 from tests import test_gymnasium_dropin as dropin
 from tests.envs import DictTupleEnv, FaultyEnv
-from tests.ray_helpers import envfleet_actor_pids, ray_leak_check
+from tests.ray_helpers import LOOPBACK, envfleet_actor_pids, listening_addresses, ray_leak_check
 from tests.test_equivalence import (
     CASES,
     PICKLED_CASE,
@@ -66,7 +67,8 @@ def ray_session() -> Iterator[None]:
     """One local Ray for the module's pools to join (``address="local"``: never a cluster that
     another test run on this machine started)."""
     assert not ray.is_initialized()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with loopback():  # as a pool's own Ray: nothing of it reachable from another machine
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -115,6 +117,7 @@ def stray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, int]]:
          "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--num-cpus=1",
          "--include-dashboard=false", "--disable-usage-stats"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},  # on loopback only
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
@@ -170,6 +173,11 @@ def test_pool_with_no_ray_running_starts_a_private_one_and_shuts_it_down(
             started = [psutil.Process(pid) for pid in ours() - before]
             names = {p.name() for p in started}
             assert {"gcs_server", "raylet"} <= names, f"no Ray of its own among {names}"
+            # A Ray of its own serves this process alone: on loopback, nothing listens elsewhere.
+            assert joined.startswith("127.0.0.1:"), joined
+            assert ray.util.get_node_ip_address() == "127.0.0.1"
+            listening = listening_addresses(started)
+            assert listening and listening <= set(LOOPBACK), listening
             assert len(envfleet_actor_pids()) == NUM_WORKERS
             pool.reset()
             pool.step(np.zeros(NUM_ENVS, dtype=np.int64))
@@ -208,6 +216,37 @@ def test_pool_leaves_a_ray_it_joined_running(ray_session: None) -> None:
     assert ray.is_initialized(), "close() shut down the caller's Ray"
     assert ray.get(ray.put(42)) == 42
     assert wait_for_actors_to_exit() == [], "close() left envfleet's actors running"
+
+
+def test_cli_address_auto_says_which_cluster_it_joined(ray_session: None) -> None:
+    """``envfleet run --address auto`` names the cluster it found before it runs: its address,
+    nodes and CPUs. The cluster is this module's private Ray, named by ``RAY_ADDRESS`` (as Ray's
+    "auto" reads it first): never one that happens to run on the machine."""
+    address = ray.get_runtime_context().gcs_address
+    root = Path(__file__).resolve().parent.parent
+    argv = ["run", "CartPole-v1", "--backend", "ray", "--address", "auto", "--num-envs", "2"]
+    result = subprocess.run(
+        [sys.executable, "-m", "envfleet.cli", *argv, "--steps", "50"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(root),
+            "RAY_ADDRESS": address,
+            # The module's Ray is on loopback: a driver joins it from loopback only.
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        },
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    joined = [line for line in result.stderr.splitlines() if "joined" in line]
+    assert joined == [f"envfleet: joined the Ray cluster at {address}: 1 node, 2 CPUs"], (
+        result.stderr
+    )
+    lines = result.stderr.splitlines()
+    assert lines.index(joined[0]) < next(i for i, x in enumerate(lines) if "running" in x)
+    assert ray.is_initialized()  # the run left this module's Ray running
 
 
 def batch_memory_files() -> list[str]:

@@ -20,6 +20,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 import envfleet
+from envfleet.backends.ray import loopback
 from tests.ray_helpers import ray_leak_check
 
 NUM_ENVS = 8
@@ -52,20 +53,23 @@ def no_leaked_processes_or_shared_memory() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     assert not ray.is_initialized()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 1,
-            "resources": {ONE_PER_NODE: 1},
-            "include_dashboard": False,
-            "object_store_memory": 80 << 20,
-            "_system_config": HEALTH_CHECKS,
-        },
-    )
+    with loopback():  # every node on 127.0.0.1: no test traffic on the machine's address
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1,
+                "resources": {ONE_PER_NODE: 1},
+                "include_dashboard": False,
+                "object_store_memory": 80 << 20,
+                "_system_config": HEALTH_CHECKS,
+            },
+        )
     try:
-        for _ in range(2):
-            cluster.add_node(**WORKER_NODE)
-        ray.init(address=cluster.address, log_to_driver=False)
+        with loopback():
+            for _ in range(2):
+                cluster.add_node(**WORKER_NODE)
+            ray.init(address=cluster.address, log_to_driver=False)
+        assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
         yield cluster
     finally:
         ray.shutdown()
@@ -154,7 +158,8 @@ def replace_removed_node(cluster: Cluster) -> Iterator[None]:
     count = len(cluster.worker_nodes)
     yield
     while len(cluster.worker_nodes) < count:
-        cluster.add_node(**WORKER_NODE)
+        with loopback():
+            cluster.add_node(**WORKER_NODE)
 
 
 def test_node_removed_mid_run_raises_worker_died(

@@ -27,6 +27,7 @@ dropped); a worker whose parent dies sees EOF on its command pipe, is killed by 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import multiprocessing
@@ -39,9 +40,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from types import FrameType
 from typing import Any
 
 import cloudpickle
@@ -56,6 +58,7 @@ from envfleet.backends.channel import (
     serve_pipes,
     write_all,
 )
+from envfleet.backends.shm import batch_allocator
 from envfleet.buffers import SharedBatch
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.group import claim_base_exceptions
@@ -176,8 +179,9 @@ class ProcessTransport:
 
     def __init__(self, options: TransportOptions) -> None:
         self._ctx = multiprocessing.get_context(options.context)
+        spaces = options.observation_space, options.action_space, options.num_envs
         self._shared: SharedBatch | None = SharedBatch.allocate(
-            options.observation_space, options.action_space, options.num_envs, self._ctx
+            *spaces, batch_allocator(self._ctx, SharedBatch.nbytes(*spaces))
         )
         self.batch = self._shared.views()
         self._ends: list[tuple[Connection, Connection]] = []  # (command writer, reply reader)
@@ -198,8 +202,9 @@ class ProcessTransport:
         self._options = options
         self._options_blob = cloudpickle.dumps(options)
         try:
-            for worker in range(len(options.assignment)):
-                self._start(worker, {})
+            with sigint_held():
+                for worker in range(len(options.assignment)):
+                    self._start(worker, {})
             self._await_start(range(len(options.assignment)))
         except BaseException:
             self.close(1.0)
@@ -307,7 +312,8 @@ class ProcessTransport:
         for end in self._ends[worker]:
             end.close()
         old_proc.close()
-        self._start(worker, restarts)
+        with sigint_held():
+            self._start(worker, restarts)
         self._await_start([worker])
 
     def _read(self, worker: int, out: list[Reply | None]) -> bool:
@@ -561,6 +567,34 @@ class ProcessTransport:
                     end.close()
             self._alive = [False] * len(self._alive)
             self._shared = None
+
+
+@contextlib.contextmanager
+def sigint_held() -> Iterator[None]:
+    """Hold a Ctrl-C that lands in the block and deliver it after, to the handler it was for.
+
+    Python runs its fork hooks (``threading``'s, ``logging``'s, anyone's) with any exception of
+    theirs "ignored": a KeyboardInterrupt raised by a Ctrl-C landing in one is printed and
+    dropped, and the program goes on. Workers are started in this block, where the SIGINT
+    handler only notes the signal; the caller's handler runs once they are all recorded, so the
+    pool can stop them. (A signal mask would not do: the kernel may hand SIGINT to another
+    thread, and Python runs the handler on the main thread, in a fork hook all the same.)
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python's handlers run on the main thread only: not in this thread's fork hooks
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    if not callable(handler):  # SIG_IGN, SIG_DFL, or not set from Python
+        yield
+        return
+    held: list[FrameType | None] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        if held:
+            handler(signal.SIGINT, held[0])
 
 
 def _retry_eintr(poll: Any, ms: int | None) -> list[tuple[int, int]]:

@@ -44,13 +44,15 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection
 from typing import Any
 
 import cloudpickle
 import ray
+import ray._private.ray_constants as ray_constants
 import ray._private.worker as ray_worker
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
@@ -195,11 +197,50 @@ def _connect(address: str | None, init_kwargs: dict[str, Any]) -> bool:
             kwargs["address"] = "local"
         if not str(kwargs.get("address") or "").startswith("ray://"):  # Ray Client takes few
             kwargs = {"include_dashboard": False, "log_to_driver": False, **kwargs}
-        ray.init(**kwargs)
+        private = kwargs.get("address") == "local"  # a Ray of our own, on this machine
+        with loopback() if private and "_node_ip_address" not in kwargs else nullcontext():
+            ray.init(**kwargs)
         _session, _users = _session_id(), 1
-        if kwargs.get("address") in (None, "local"):  # a Ray of our own, on this machine
+        if private:
             _start_reaper()
         return True
+
+
+@contextmanager
+def loopback() -> Iterator[None]:
+    """Ray nodes started in this block listen on the loopback address only (``127.0.0.1``).
+
+    Ray binds a node to the machine's external address, and some of its servers to every
+    interface, even when asked for ``_node_ip_address="127.0.0.1"`` (it resolves that to the
+    external address on Linux). It keeps a node on loopback only where multi-node clusters are
+    off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read once at import): that switch is turned
+    off while the private Ray starts, and put back. A private Ray serves this process alone, so
+    nothing of it need be reachable from elsewhere. Ray versions without the switch are left
+    as they are.
+    """
+    constants = ray_constants
+    before = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    if not isinstance(before, bool):
+        yield
+        return
+    constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = before
+
+
+def describe_cluster() -> str:
+    """The Ray this process is connected to, in words: its address, live nodes and CPUs."""
+    try:
+        nodes = len([node for node in ray.nodes() if node.get("Alive")])  # type: ignore[no-untyped-call]
+        cpus = float(ray.cluster_resources().get("CPU", 0))  # type: ignore[no-untyped-call]
+    except Exception as exc:  # a Ray Client connection may not say
+        return f"the Ray cluster at {_session_id()} (its nodes unknown: {exc})"
+    return (
+        f"the Ray cluster at {_session_id()}: {nodes} node{'s' * (nodes != 1)}, "
+        f"{cpus:g} CPU{'s' * (cpus != 1)}"
+    )
 
 
 def _disconnect() -> None:

@@ -291,6 +291,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         with spinner:
             pool = _make_pool(args, spec)
         with pool:
+            if args.address is not None:  # which cluster "auto" (or the address) was
+                from envfleet.backends.ray import describe_cluster
+
+                stages.line(f"joined {describe_cluster()}")
             stages.line(
                 f"started {_workers(envfleet.Backend(args.backend), pool.num_workers)} in "
                 f"{time.perf_counter() - building:.2f} s; running"
