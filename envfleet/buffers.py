@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing.context
-import sys
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import singledispatch
@@ -345,63 +343,6 @@ class SharedBatch:
             terminations=view(_FLAGS, self.terminations),
             truncations=view(_FLAGS, self.truncations),
         )
-
-
-RECYCLE_BYTES = 1 << 16
-"""Batches of at least this many bytes are copied into memory handed out before and dropped
-since (:class:`Recycler`); smaller ones are fresh copies (allocating them costs next to
-nothing)."""
-
-
-def _refs(arrays: list[np.ndarray], k: int) -> int:
-    return sys.getrefcount(arrays[k])
-
-
-class Recycler:
-    """Copies of a batch array in memory handed out before, once nobody holds it any more.
-
-    The pool returns observations as copies (Gymnasium's ``copy=True``): the values a step
-    returned never change under the caller. A fresh copy of large rows (Pong x 8: 800 KB) costs
-    an allocation on top of the copy each step (issue 23); this keeps the last ``keep`` copies it
-    handed out, and copies into one of them when its only reference left is this list's: no
-    variable, container, view (a view holds its base) or ``torch.from_numpy`` tensor of the
-    caller's can see it change, since none holds it. Anything else gets a fresh copy.
-    """
-
-    def __init__(self, keep: int = 2) -> None:
-        self._keep = keep
-        self._handed: list[np.ndarray] = []
-        probe = [np.empty(1)]
-        self._alone = _refs(probe, 0)  # what this interpreter counts for an unheld array
-
-    def copy(self, source: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-        """``source`` (its ``rows`` only, when given) as an array of the caller's own."""
-        shape = source.shape if rows is None else (len(rows), *source.shape[1:])
-        handed = self._handed
-        for k in range(len(handed)):
-            if _refs(handed, k) != self._alone:
-                continue
-            out = handed[k]
-            if (
-                out.shape != shape
-                or out.dtype != source.dtype
-                or not out.flags.writeable
-                or not out.flags.owndata
-                or weakref.getweakrefcount(out)
-            ):
-                continue
-            del handed[k]
-            if rows is None:
-                np.copyto(out, source)
-            else:
-                np.take(source, rows, axis=0, out=out)
-            handed.append(out)
-            return out
-        fresh: np.ndarray = source.copy() if rows is None else source[rows]
-        handed.append(fresh)
-        if len(handed) > self._keep:
-            del handed[0]
-        return fresh
 
 
 def rows(batch: Any, ids: Sequence[int]) -> dict[int, Any]:

@@ -39,7 +39,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, iterate
 
 from envfleet.backends import Transport
-from envfleet.buffers import RECYCLE_BYTES, Recycler, is_array_space, put, take, view_rows
+from envfleet.buffers import is_array_space, put, take, view_rows
 from envfleet.errors import (
     AlreadyPendingError,
     BrokenPoolError,
@@ -147,13 +147,6 @@ class Pool(VectorEnv):  # type: ignore[misc]
             else None
         )
         self._needs_reset = np.zeros(self.num_envs, dtype=np.bool_)
-        observations = self._batch.observations
-        self._recycler = (
-            Recycler()
-            if isinstance(observations, np.ndarray)
-            and observations.nbytes // self.num_envs * max(1, batch_size) >= RECYCLE_BYTES
-            else None
-        )
         # Envs never reset yet: a step of one is refused before anything is sent (#19).
         self._never_reset = np.ones(self.num_envs, dtype=np.bool_)
         self._all_reset = False
@@ -632,8 +625,6 @@ class Pool(VectorEnv):  # type: ignore[misc]
         of the batch arrays: ``torch.from_numpy`` then takes them with no copy at all.
         """
         observations = self._batch.observations
-        if self.copy and self._recycler is not None:  # large rows: into memory let go of
-            return self._recycler.copy(observations, rows)
         if rows is None and isinstance(observations, np.ndarray):  # one array, every env
             return observations.copy() if self.copy else observations
         if not self.copy and not isinstance(observations, list):

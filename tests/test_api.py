@@ -305,8 +305,7 @@ def test_results_are_not_overwritten_by_later_steps(backend: str) -> None:
 
 
 class FramesEnv(gymnasium.Env[np.ndarray, np.int64]):
-    """Frames large enough (8 x 12 KB) for the pool to copy them into memory it handed out
-    before: the step count in every pixel."""
+    """Frames of 12 KB (the step count in every pixel)."""
 
     def __init__(self) -> None:
         self.observation_space = gymnasium.spaces.Box(0, 255, (64, 64, 3), np.uint8)
@@ -326,10 +325,9 @@ class FramesEnv(gymnasium.Env[np.ndarray, np.int64]):
 
 
 @pytest.mark.parametrize("batch_size", [8, 4])
-def test_large_observations_reuse_only_memory_nobody_holds(backend: str, batch_size: int) -> None:
+def test_large_observations_held_never_change(backend: str, batch_size: int) -> None:
     """Observations the caller holds in any way (a variable, a list, a view of one) never
-    change, though those it dropped lend their memory to later steps (issue 23; the reuse
-    itself: ``tests/test_buffers.py``)."""
+    change, sync and async: the pool hands out copies (``copy=True``)."""
     n = 8
     with envfleet.make(FramesEnv, n, backend=backend, batch_size=batch_size, seed=0) as pool:
         obs, _ = pool.reset()

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from envfleet.buffers import (
     Batch,
     ObjectRows,
-    Recycler,
     SharedBatch,
     allocate_local,
     is_array_space,
@@ -195,48 +194,3 @@ def test_any_box_round_trips_in_shared_memory(
     write, read = make_writer(space, batch), make_reader(space, batch)
     write(n - 1, values[0])
     np.testing.assert_array_equal(read(n - 1), values[0])
-
-
-def test_the_recycler_copies_into_arrays_nobody_holds_and_only_those() -> None:
-    source = np.arange(24, dtype=np.uint8).reshape(4, 6)
-    recycler = Recycler(keep=2)
-    first = recycler.copy(source)
-    second = recycler.copy(source)
-    assert first is not second and not np.shares_memory(first, source)
-    first_id = id(first)
-    del first  # dropped: the next copy goes into it (it is still alive, in the recycler)
-    source += 1
-    third = recycler.copy(source)
-    assert id(third) == first_id
-    np.testing.assert_array_equal(third, source)
-    # Held in any way: never written again.
-    holders: list[Any] = [second, third[1:]]  # a list, and a view of the other
-    del second, third
-    for _ in range(3):
-        source += 1
-        out = recycler.copy(source)
-        assert all(not np.shares_memory(out, h) for h in holders)
-        np.testing.assert_array_equal(out, source)
-    np.testing.assert_array_equal(holders[0], np.arange(24).reshape(4, 6) + 0)
-    np.testing.assert_array_equal(holders[1], np.arange(24).reshape(4, 6)[1:] + 1)
-
-
-def test_the_recycler_takes_rows_and_passes_over_what_does_not_fit() -> None:
-    source = np.arange(24, dtype=np.float32).reshape(6, 4)
-    recycler = Recycler(keep=2)
-    rows = np.array([4, 1, 2])
-    dropped = id(recycler.copy(source, rows))
-    again = recycler.copy(source, rows[::-1].copy())
-    assert id(again) == dropped
-    np.testing.assert_array_equal(again, source[[2, 1, 4]])
-    other_id = id(again)
-    del again
-    two = recycler.copy(source, np.array([0, 5]))  # another shape: a fresh array
-    assert id(two) != other_id
-    np.testing.assert_array_equal(two, source[[0, 5]])
-    roomy = Recycler(keep=10)  # keeps the frozen array alive: its id stays its own
-    frozen = roomy.copy(source)
-    frozen.flags.writeable = False  # the caller made it read-only: never written
-    frozen_id = id(frozen)
-    del frozen
-    assert all(id(roomy.copy(source)) != frozen_id for _ in range(3))
