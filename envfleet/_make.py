@@ -76,7 +76,8 @@ def make(
             would. An async pool (``batch_size < num_envs``) of the process backend with
             ``num_workers`` and ``threads_per_worker`` unset is laid out as ``"auto"``: envs
             that mostly wait get up to :data:`~envfleet.tune.ASYNC_WORKERS_PER_CORE` workers
-            per core, so that one slow env does not hold back a whole core's share of envs.
+            per core, so that one slow env does not hold back a whole core's share of envs (an
+            env that cannot be timed in this process keeps the default).
         batch_size: envs returned per :meth:`Pool.recv` (default ``num_envs``: synchronous).
         seed: env ``i`` is reset with ``seed + i`` on the first reset; also seeds the action
             spaces.
