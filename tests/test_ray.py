@@ -710,3 +710,11 @@ def test_ids_registered_in_the_caller_build_inside_factories(ray_session: None) 
     from tests.test_registration import check_caller_ids_inside_factories
 
     check_caller_ids_inside_factories(backend="ray", num_workers=2)
+
+
+def test_make_sb3_env_fns_match_subproc_vec_env(ray_session: None) -> None:
+    pytest.importorskip("stable_baselines3")
+    from tests.test_sb3 import check_env_fns_match_subproc_vec_env
+
+    # SB3's processes forked: a fork server would outlive the test (Ray's leak check)
+    check_env_fns_match_subproc_vec_env("fork", backend="ray", num_workers=2)

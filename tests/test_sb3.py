@@ -575,10 +575,12 @@ HETEROGENEOUS = [_plain_env, _monitored_env, _short_env]
 """SB3 users' ``env_fns``: each env built its own way (a Monitor on one, a time limit on one)."""
 
 
-def check_env_fns_match_subproc_vec_env(**make_kwargs: Any) -> None:
+def check_env_fns_match_subproc_vec_env(
+    sb3_start_method: str | None = None, **make_kwargs: Any
+) -> None:
     """``make_sb3(env_fns)`` builds env ``i`` with ``env_fns[i]``, as ``SubprocVecEnv`` does."""
     ours = make_sb3(HETEROGENEOUS, len(HETEROGENEOUS), **make_kwargs)
-    theirs = SubprocVecEnv(HETEROGENEOUS)
+    theirs = SubprocVecEnv(HETEROGENEOUS, start_method=sb3_start_method)
     try:
         assert ours.env_is_wrapped(Monitor) == theirs.env_is_wrapped(Monitor) == [F, T, F]
         assert ours.env_is_wrapped(TimeLimit) == [F, F, T]  # SB3 names it by class as well

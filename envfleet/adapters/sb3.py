@@ -258,7 +258,7 @@ def make_sb3(
     if mode not in (AutoresetMode.SAME_STEP, AutoresetMode.SAME_STEP.value):
         raise ValueError(f"make_sb3 needs autoreset_mode=AutoresetMode.SAME_STEP, got {mode!r}")
     batch_size = make_kwargs.pop("batch_size", None)
-    if batch_size not in (None, num_envs):
+    if batch_size is not None and batch_size != (num_envs or EnvSpec.from_user(env).num_envs):
         raise ValueError(f"make_sb3 steps every env at once: batch_size={batch_size} not allowed")
     if start_method is not None:
         if make_kwargs.get("context") not in (None, start_method):
