@@ -28,7 +28,7 @@ from envfleet.guards import Abandoned, build_within, env_errors
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
 from envfleet.protocol import EnvFailure
 from envfleet.spec import CallerRegistry, EnvSpec
-from envfleet.tune import choose_layout, profile_env
+from envfleet.tune import EnvProfile, choose_layout, profile_env
 from envfleet.validation import bounds_nbytes
 
 START_METHODS = ("fork", "forkserver", "spawn")
@@ -79,7 +79,8 @@ def make(
             would. An async pool (``batch_size < num_envs``) of the process backend with
             ``num_workers`` and ``threads_per_worker`` unset is laid out as ``"auto"``: envs
             that mostly wait get up to :data:`~envfleet.tune.ASYNC_WORKERS_PER_CORE` workers
-            per core, so that one slow env does not hold back a whole core's share of envs.
+            per core, so that one slow env does not hold back a whole core's share of envs (an
+            env that cannot be timed in this process keeps the default).
         batch_size: envs returned per :meth:`Pool.recv` (default ``num_envs``: synchronous).
         seed: env ``i`` is reset with ``seed + i`` on the first reset; also seeds the action
             spaces.
@@ -239,21 +240,30 @@ def make(
     probe_seconds = time.perf_counter() - probe_started
     if auto or async_default:
         why = "num_workers='auto'" if auto else "the layout of an async pool"
+        profile: EnvProfile | None
         try:
-            profile = (
-                profile_env(spec)
-                if bound is None
-                else _within(bound, spec, profile_env, f"profiling ({why})")
-            )
-        except Exception as exc:
-            if not _wants_main_thread(exc):
+            try:
+                profile = (
+                    profile_env(spec)
+                    if bound is None
+                    else _within(bound, spec, profile_env, f"profiling ({why})")
+                )
+            except Exception as exc:
+                if not _wants_main_thread(exc):
+                    raise
+                profile = profile_env(spec)  # as the probe: it failed at once, it did not hang
+        except Exception:
+            if auto:
                 raise
-            profile = profile_env(spec)  # as the probe: it failed at once, it did not hang
-        num_workers, auto_threads, _ = choose_layout(
-            profile, can, num_envs, len(usable_cpus()), batch_size=batch_size
-        )
-        if threads_per_worker == 1:
-            threads_per_worker = auto_threads
+            # An async pool's layout is only advice: an env that cannot be stepped here fails
+            # in its worker, named, as it did before the pool asked.
+            profile = None
+        if profile is not None:
+            num_workers, auto_threads, _ = choose_layout(
+                profile, can, num_envs, len(usable_cpus()), batch_size=batch_size
+            )
+            if threads_per_worker == 1:
+                threads_per_worker = auto_threads
     np.random.set_state(global_rngs[0])
     random.setstate(global_rngs[1])
     if can.one_worker:

@@ -208,6 +208,32 @@ def test_repr_stats_and_one_message_per_node(cluster: Cluster) -> None:
         assert "envs/" in repr(transport)
 
 
+def test_one_answer_per_node_per_step_when_workers_finish_apart(cluster: Cluster) -> None:
+    """Steps long enough that a node's workers reply milliseconds apart: still one message each
+    way per node per step (the agent holds a whole round's answer until it is complete)."""
+    with envfleet.make(
+        functools.partial(SlowCartPole, 0.02),
+        NUM_ENVS,
+        backend="ray",
+        num_workers=4,
+        nodes=all_nodes(cluster)[1:],
+        seed=0,
+    ) as pool:
+        transport = pool._transport
+        pool.reset()
+        before = [(s["messages"], s["bytes_in"]) for s in transport.node_stats()]
+        answers = [s["answers"] for s in transport.node_stats()]
+        for _ in range(5):
+            pool.step(np.ones(NUM_ENVS, dtype=np.int64))
+        assert [
+            s["messages"] - b[0] for s, b in zip(transport.node_stats(), before, strict=True)
+        ] == [5, 5]
+        assert [s["answers"] - a for s, a in zip(transport.node_stats(), answers, strict=True)] == [
+            5,
+            5,
+        ]
+
+
 def agent_pid(pool: envfleet.Pool, node: int) -> int:
     return int(pool._transport._nodes[node].pid)
 

@@ -7,6 +7,9 @@ import dataclasses
 import functools
 import os
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import envfleet
 import envfleet.affinity
@@ -77,6 +80,23 @@ def test_an_async_pool_left_to_its_defaults_is_laid_out_for_its_envs() -> None:
         assert pool.num_workers == min(cores, 8)
     with envfleet.make(SLEEPY, 8) as pool:
         assert pool.num_workers == min(cores, 8)
+
+
+def _raise_in_step(env: FaultyEnv, action: Any) -> None:
+    raise RuntimeError("no simulator in this process")
+
+
+def test_an_async_pool_whose_env_cannot_be_timed_keeps_the_default_layout() -> None:
+    """Timing the env is advice: one that fails stepping in the caller makes a pool all the
+    same, and fails in its worker, named, as before."""
+    cores = len(envfleet.affinity.usable_cpus())
+    with envfleet.make(
+        functools.partial(FaultyEnv, step_hook=_raise_in_step), 4, batch_size=2
+    ) as pool:
+        assert pool.num_workers == min(cores, 4)
+        pool.reset()
+        with pytest.raises(envfleet.EnvError, match="no simulator in this process"):
+            pool.step([1, 1], env_id=[0, 1])
 
 
 def test_num_workers_auto_applies_the_layout() -> None:

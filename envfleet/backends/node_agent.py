@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,12 @@ from envfleet.protocol import Command, EnvFailure, Reply, Rows
 LOCAL_SLICE = 0.002
 """Seconds the agent waits on its workers at a time while it owes replies, before it looks
 for a message from the pool (a kill, another round): the agent has one thread."""
+
+HOLD_LIMIT = 0.05
+"""Seconds at most the agent holds the replies of a sync step's fast workers while a slow one
+finishes, to send the node's answer as one message: past it, what is in goes, so that the
+pool's ``step_timeout`` sees a hung worker's fast neighbours answer (a ``step_timeout`` this
+short would blame them)."""
 
 DEFAULT_CONTEXT = "forkserver"
 """How the agent starts its worker processes: a Ray worker runs threads, which ``fork`` would
@@ -166,6 +173,13 @@ class _Server:
         self.owed = 0
         self.last: list[tuple[int, Command]] = []
         self.last_actions: tuple[np.ndarray, slice | np.ndarray] | None = None
+        self.workers = workers
+        # A whole round (a command for every worker, nothing else owed: a sync step) is
+        # answered in one message, once every worker has replied (or one failed or was lost,
+        # or HOLD_LIMIT passed); otherwise (async) what is in goes every LOCAL_SLICE.
+        self.hold = False
+        self.held: list[tuple[int, Reply | WorkerLost | None]] = []
+        self.held_since = 0.0
 
     def run(self) -> None:
         conn = self.conn
@@ -178,21 +192,43 @@ class _Server:
             if message is not None and not self.handle(message):
                 return
             if self.owed:
-                replies = self.local.wait(LOCAL_SLICE, self.owed)
-                if replies:
-                    self.answer(replies)
+                want = self.owed - len(self.held)
+                if want > 0:
+                    replies = self.local.wait(LOCAL_SLICE, want)
+                    if replies and not self.held:
+                        self.held_since = time.monotonic()
+                    self.held += replies
+                if self.held and (
+                    not self.hold
+                    or len(self.held) >= self.owed
+                    or any(_bad(reply) for _, reply in self.held)
+                    or time.monotonic() - self.held_since >= HOLD_LIMIT
+                ):
+                    held, self.held = self.held, []
+                    self.answer(held)
 
     def handle(self, message: bytes) -> bool:
         """Take one message from the pool; False once it asked to close."""
         tag = message[:1]
         view = memoryview(message)
         if tag == wire.REPEAT:
+            self.hold = self.owed == 0
             self.submit(self.last, view, 1)
-        elif tag == wire.SUBMIT:
+            return True
+        if tag == wire.SUBMIT:
             commands, at = wire.read_header(view)
             self.last = commands
             self.last_actions = None
+            self.hold = self.owed == 0 and [w for w, _ in commands] == list(range(self.workers))
             self.submit(commands, view, at)
+            return True
+        # A kill, a restart, a close: nothing waits for the rest, and what is in goes first.
+        self.hold = False
+        if self.held:
+            held, self.held = self.held, []
+            self.answer(held)
+        if tag == wire.KILL:
+            self.local.kill(message[1] << 8 | message[2])
         elif tag == wire.RESTART:
             (worker, restarts), _ = wire.read_header(view)
             error: Portable | None = None
@@ -203,8 +239,6 @@ class _Server:
             except EnvError as exc:
                 error = portable(exc)
             self.conn.send_bytes(wire.header(wire.ACK, error))
-        elif tag == wire.KILL:
-            self.local.kill(message[1] << 8 | message[2])
         elif tag == wire.CLOSE:
             self.local.close(5.0)
             self.conn.send_bytes(wire.header(wire.ACK, None))
@@ -264,3 +298,8 @@ class _Server:
         else:
             workers = wire.plain_workers([worker for worker, _ in replies])
             self.conn.send_bytes(b"".join([wire.PLAIN, workers, *rows]))
+
+
+def _bad(reply: Reply | WorkerLost | None) -> bool:
+    """A reply the pool should see at once (a worker lost, an env failed)."""
+    return isinstance(reply, WorkerLost) or (reply is not None and bool(reply.failures))

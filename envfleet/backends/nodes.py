@@ -140,7 +140,8 @@ class _Node:
     spawned: tuple[dict[int, int], bool] = ({}, False)  # the restarts and affinity it got
     killing: dict[int, float] = field(default_factory=dict)  # local worker: agent's deadline
     rebuilt: dict[int, dict[int, int]] = field(default_factory=dict)  # by a new agent
-    messages: int = 0
+    messages: int = 0  # sent to it
+    answers: int = 0  # received from it
     bytes_in: int = 0
     bytes_out: int = 0
     seconds: float = 0.0  # message out to its answer in, summed
@@ -283,6 +284,7 @@ class NodeTransport(BaseTransport):
                     "workers": len(workers),
                     "envs": envs,
                     "messages": node.messages,
+                    "answers": node.answers,
                     "bytes_out": node.bytes_out,
                     "bytes_in": node.bytes_in,
                     "round_trip": node.seconds / node.messages if node.messages else None,
@@ -391,6 +393,7 @@ class NodeTransport(BaseTransport):
         self, node: _Node, data: bytes, replies: list[tuple[int, Reply | WorkerLost | None]]
     ) -> None:
         """Deliver the rows of one message from ``node`` and add its replies."""
+        node.answers += 1
         node.bytes_in += len(data)
         node.seconds += time.perf_counter() - node.sent_at
         tag = data[:1]
