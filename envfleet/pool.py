@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import os
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,6 @@ from gymnasium.vector.utils import batch_space
 from envfleet.actions import ActionWriter
 from envfleet.backends import Transport
 from envfleet.backends.registry import TransportKind, refusal
-from envfleet.buffers import take, view_rows
 from envfleet.errors import (
     AlreadyPendingError,
     BrokenPoolError,
@@ -51,10 +50,10 @@ from envfleet.errors import (
     ResetNeededError,
 )
 from envfleet.gymnasium_async import GymnasiumAsync
-from envfleet.infos import merge_infos
 from envfleet.ledger import EnvState, Ledger
 from envfleet.protocol import Call, Command, Reset, SetAttr, Step
 from envfleet.recovery import DEFAULT_MAX_RESTARTS, Recovery
+from envfleet.results import ResultReader, Results
 from envfleet.stats import PoolStats, StatsRecorder
 from envfleet.validation import (
     check_actions,
@@ -142,6 +141,9 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
             action_space, self._batch.actions, self._all_ids, self._worker_of, len(assignment)
         )
         self._needs_reset = np.zeros(self.num_envs, dtype=np.bool_)
+        self._read = ResultReader(
+            self._batch, observation_space, ledger, self._stats, self._needs_reset
+        )
         # Envs never reset yet: a step of one is refused before anything is sent (#19).
         self._never_reset = np.ones(self.num_envs, dtype=np.bool_)
         self._all_reset = False
@@ -213,8 +215,8 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
         self._submit_reset(env_ids, seeds, options)
         self._collect(env_ids)
         self._needs_reset[env_ids] = False
-        infos = self._merge_infos(env_ids, positions=env_ids, size=self.num_envs)
-        return self._observations(None), infos
+        infos = self._read.infos(env_ids, positions=env_ids, size=self.num_envs)
+        return self._read.observations(None, self.copy), infos
 
     def step(
         self, actions: Any, env_id: Sequence[int] | np.ndarray | None = None
@@ -425,68 +427,12 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _results(
-        self, env_ids: np.ndarray, *, with_env_id: bool
-    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        batch = self._batch
-        whole = env_ids is self._all_ids or (
-            len(env_ids) == self.num_envs and bool((env_ids[1:] > env_ids[:-1]).all())
-        )
-        if whole:  # every env in order: plain copies, no fancy indexing
-            rows = None
-            terminations = batch.terminations.copy()
-            truncations = batch.truncations.copy()
-            rewards = batch.rewards.copy()
-            done = terminations | truncations
-            self._needs_reset[:] = done
-        else:
-            rows = env_ids
-            terminations = batch.terminations[env_ids]
-            truncations = batch.truncations[env_ids]
-            rewards = batch.rewards[env_ids]
-            done = terminations | truncations
-            self._needs_reset[env_ids] = done
-        self._stats.ended(env_ids, done)
-        infos = self._merge_infos(env_ids, positions=range(len(env_ids)), size=len(env_ids))
-        if with_env_id:
-            infos["env_id"] = env_ids
-        return (
-            self._observations(rows),
-            rewards,
-            terminations,
-            truncations,
-            infos,
-        )
-
-    def _observations(self, rows: np.ndarray | None) -> Any:
-        """The observations of ``rows`` (every env, in order, when ``None``).
-
-        With ``copy=False``, rows that are a run of consecutive envs in order (every env, or
-        one worker's block, as double-buffered async batches on two workers are) come as views
-        of the batch arrays: ``torch.from_numpy`` then takes them with no copy at all.
-        """
-        observations = self._batch.observations
-        if rows is None and isinstance(observations, np.ndarray):  # one array, every env
-            return observations.copy() if self.copy else observations
-        if not self.copy and not isinstance(observations, list):
-            if rows is None:
-                return observations
-            start, stop = int(rows[0]), int(rows[-1]) + 1
-            if stop - start == len(rows) and (len(rows) == 1 or bool((np.diff(rows) == 1).all())):
-                return view_rows(self.single_observation_space, observations, start, stop)
-        return take(self.single_observation_space, observations, rows)
+    def _results(self, env_ids: np.ndarray, *, with_env_id: bool) -> Results:
+        return self._read.results(env_ids, with_env_id=with_env_id, copy=self.copy)
 
     def _gather(self, env_ids: np.ndarray) -> tuple[Any, ...]:
         """Results of ready ``env_ids`` as ``recv`` returns them (gathered onto an error)."""
         return self._results(env_ids, with_env_id=True)
-
-    def _merge_infos(
-        self, env_ids: Iterable[int], positions: Iterable[int], size: int
-    ) -> dict[str, Any]:
-        pairs = self._ledger.take_infos(env_ids, positions)
-        if pairs is None:  # the common case: no env had anything to say
-            return {}
-        return merge_infos(pairs, size)
 
     def _submit_reset(
         self, env_ids: np.ndarray, seeds: list[int | None], options: dict[str, Any] | None
