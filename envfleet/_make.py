@@ -14,14 +14,21 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envfleet.affinity import CpuAffinity, check_affinity, usable_cpus
-from envfleet.backends import Backend, TransportOptions, open_transport
-from envfleet.backends.base import DEFAULT_START_TIMEOUT, KINDS, RayOptions, capable
+from envfleet.backends.base import DEFAULT_START_TIMEOUT, TransportOptions
+from envfleet.backends.registry import (
+    Backend,
+    TransportKind,
+    backend_options,
+    kind_of,
+    open_transport,
+    refusal,
+)
 from envfleet.errors import EnvRaisedError, EnvTimeoutError, OnError, Phase, env_raised_error
 from envfleet.group import Abandoned, build_within, env_errors
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
 from envfleet.protocol import EnvFailure
 from envfleet.spec import CallerRegistry, EnvSpec
-from envfleet.tune import EnvProfile, auto_layout, profile_env
+from envfleet.tune import EnvProfile, choose_layout, profile_env
 from envfleet.validation import bounds_nbytes
 
 START_METHODS = ("fork", "forkserver", "spawn")
@@ -32,7 +39,7 @@ def make(
     env: Any,
     num_envs: int | None = None,
     *,
-    backend: str | Backend = Backend.PROCESS,
+    backend: str | Backend | TransportKind = Backend.PROCESS,
     num_workers: int | Literal["auto"] | None = None,
     batch_size: int | None = None,
     seed: int | None = None,
@@ -48,11 +55,7 @@ def make(
     worker_memory_limit: int | None = None,
     threads_per_worker: int = 1,
     cpu_affinity: CpuAffinity | None = None,
-    address: str | None = None,
-    ray_init_kwargs: Mapping[str, Any] | None = None,
-    worker_resources: Mapping[str, Any] | None = None,
-    ray_shared_memory: bool | None = None,
-    nodes: str | Sequence[str] | None = None,
+    **options: Any,
 ) -> Pool:
     """Run ``num_envs`` environments in parallel behind one ``VectorEnv``.
 
@@ -133,23 +136,15 @@ def make(
             threads packed on one core (``cpu_affinity=[1]`` on 2 cores): GIL hand-offs stay
             on that core. CPU-bound envs want ``"spread"`` at most. The caller's thread is
             never pinned.
-        address: ray backend: ``None`` uses the Ray this process is connected to, else
-            starts a private local one (as ``"local"``: never a cluster already running on
-            the machine, nor ``RAY_ADDRESS``); ``"local"`` always starts a new local Ray;
-            ``"auto"`` or ``"ray://host:port"`` joins an existing cluster. The last pool on a
-            connection envfleet made disconnects it (stopping a Ray envfleet started); a Ray
-            the caller connected to is never touched.
-        ray_init_kwargs: extra keyword arguments for ``ray.init``.
-        worker_resources: ray backend: ``.options()`` for each actor, such as
-            ``{"num_cpus": 1}`` or ``{"resources": {"sim": 1}}``; actors spread over nodes
-            (``scheduling_strategy="SPREAD"``) unless this says otherwise.
-        ray_shared_memory: ray backend: actors on this machine share the batch memory with the
-            pool and take commands over a socket, without a Ray call per step (default
-            ``True``); ``False`` makes every command a Ray call, as for actors on other nodes.
-        nodes: ray backend: ``"auto"`` (every alive node with CPUs) or a list of Ray node ids
-            runs one sub-pool per node: an agent on each node runs its share of the workers
-            (in proportion to its CPUs, in contiguous runs) as local processes, and each
-            command is one message per node. ``None`` (default): one actor per worker.
+        **options: the backend's own options, routed to it (each backend declares them in
+            the registry, :mod:`envfleet.backends.registry`; ``None`` stands for the default).
+            The ray backend's (:class:`~envfleet.backends.ray_options.RayOptions`):
+            ``address`` (``None``: the Ray this process is connected to, else a private local
+            one; ``"auto"`` or ``"ray://host:port"``: join a cluster), ``ray_init_kwargs``
+            (for ``ray.init``), ``worker_resources`` (``.options()`` of each actor),
+            ``ray_shared_memory`` (``False``: every command a Ray call) and ``nodes``
+            (``"auto"`` or Ray node ids: one sub-pool per node, each command one message per
+            node).
 
     Returns:
         A :class:`Pool`; close it (or use it as a context manager) to free its workers.
@@ -166,8 +161,9 @@ def make(
         >>> obs.shape, rewards.tolist()
         ((4, 4), [1.0, 1.0, 1.0, 1.0])
     """
-    backend_kind: Backend = _enum(Backend, backend, "backend")
-    can = KINDS[backend_kind].capabilities  # what it honours: asked below, never its name
+    kind = kind_of(backend)
+    can = kind.capabilities  # what it honours: asked below, never its name
+    own = backend_options(kind, options)  # routed to the backend that declared them
     mode: AutoresetMode = _enum(AutoresetMode, autoreset_mode, "autoreset_mode")
     spec = EnvSpec.from_user(env, env_kwargs)
     # Ids the caller registered, for factories that gymnasium.make them in fresh workers.
@@ -218,49 +214,22 @@ def make(
     if step_timeout is not None:
         step_timeout = _seconds(step_timeout, "step_timeout")
         if not can.step_timeout:
-            raise ValueError(
-                f"step_timeout needs the process backend: an env stepped by the "
-                f"{backend_kind.value} backend runs in this process and cannot be interrupted"
-            )
+            raise ValueError(refusal("step_timeout", kind))
     start_timeout = _seconds(start_timeout, "start_timeout")
     if worker_memory_limit is not None:
         worker_memory_limit = _positive_int(worker_memory_limit, "worker_memory_limit")
         if not can.worker_memory_limit:
-            names = " or ".join(repr(b.value) for b in capable("worker_memory_limit"))
-            raise ValueError(
-                f"worker_memory_limit recycles worker processes: it needs backend={names}, "
-                f"got {backend_kind.value!r}"
-            )
+            raise ValueError(refusal("worker_memory_limit", kind))
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be a non-negative int, got {max_restarts!r}")
     threads_per_worker = _positive_int(threads_per_worker, "threads_per_worker")
     if threads_per_worker > 1 and not can.threads_per_worker:
-        names = " and ".join(b.value for b in capable("threads_per_worker"))
-        raise ValueError(
-            f"threads_per_worker is an option of the {names} backends; "
-            f"got backend={backend_kind.value!r}"
-        )
-    ray_given = [
-        name
-        for name, value in (
-            ("address", address),
-            ("ray_init_kwargs", ray_init_kwargs),
-            ("worker_resources", worker_resources),
-            ("ray_shared_memory", ray_shared_memory),
-            ("nodes", nodes),
-        )
-        if value is not None
-    ]
+        raise ValueError(refusal("threads_per_worker", kind))
     affinity = check_affinity(cpu_affinity, check_usable=can.local_cpus)
     if affinity is not None and not can.cpu_affinity:
-        raise ValueError(
-            "cpu_affinity pins workers, and the serial backend has none: its envs run in the "
-            "caller's thread (pin that with os.sched_setaffinity if wanted)"
-        )
+        raise ValueError(refusal("cpu_affinity", kind))
     if not isinstance(copy, bool):
         raise TypeError(f"copy must be True or False, got {copy!r}")
-    if ray_given and can.options is not RayOptions:
-        raise ValueError(f"{', '.join(ray_given)} only apply to backend='ray'")
     bound = start_timeout if can.start_timeout else None
     # The envs built here (to learn the spaces, to profile) are not the pool's: the global RNGs
     # that a factory may draw from (domain randomisation) are put back as they were, so that
@@ -290,12 +259,11 @@ def make(
             # in its worker, named, as it did before the pool asked.
             profile = None
         if profile is not None:
-            layout = auto_layout(
-                profile, backend_kind, num_envs, len(usable_cpus()), batch_size=batch_size
+            num_workers, auto_threads, _ = choose_layout(
+                profile, can, num_envs, len(usable_cpus()), batch_size=batch_size
             )
-            num_workers = layout.num_workers
             if threads_per_worker == 1:
-                threads_per_worker = layout.threads_per_worker
+                threads_per_worker = auto_threads
     np.random.set_state(global_rngs[0])
     random.setstate(global_rngs[1])
     if can.one_worker:
@@ -304,7 +272,7 @@ def make(
     assignment = [
         tuple(int(i) for i in ids) for ids in np.array_split(np.arange(num_envs), num_workers)
     ]
-    options = TransportOptions(
+    transport_options = TransportOptions(
         spec=spec,
         assignment=assignment,
         observation_space=probe["observation_space"],
@@ -316,18 +284,10 @@ def make(
         threads_per_worker=threads_per_worker,
         cpu_affinity=affinity,
         start_timeout=start_timeout,
-        ray=None
-        if can.options is not RayOptions
-        else RayOptions(
-            address=address,
-            init_kwargs=dict(ray_init_kwargs or {}),
-            worker_resources=dict(worker_resources or {}),
-            shared_memory=ray_shared_memory is not False,
-            nodes=_nodes(nodes),
-        ),
+        backend_options=own,
     )
     try:
-        transport = open_transport(backend_kind, options)
+        transport = open_transport(kind, transport_options)
     except EnvTimeoutError as exc:
         if exc.phase is Phase.MAKE and exc.args:  # past start_timeout: say what took the time
             exc.args = (f"{exc.args[0]}. {_start_cost(probe, probe_seconds, assignment)}",)
@@ -336,6 +296,7 @@ def make(
         return Pool(
             transport,
             assignment,
+            backend=kind,
             env_name=spec.name,
             observation_space=probe["observation_space"],
             action_space=probe["action_space"],
@@ -486,12 +447,3 @@ def _positive_int(value: Any, name: str) -> int:
     if value < 1:
         raise ValueError(f"{name} must be at least 1, got {value}")
     return int(value)
-
-
-def _nodes(nodes: str | Sequence[str] | None) -> str | tuple[str, ...] | None:
-    """``make(nodes=...)`` checked: ``None``, ``"auto"`` or a non-empty list of node ids."""
-    if nodes is None or nodes == "auto":
-        return nodes
-    if isinstance(nodes, str) or not all(isinstance(n, str) for n in nodes) or not nodes:
-        raise ValueError(f"nodes must be 'auto' or a non-empty list of Ray node ids, got {nodes!r}")
-    return tuple(nodes)

@@ -191,7 +191,6 @@ class EnvGroup:
         autoreset_mode: Gymnasium's autoreset semantics to apply.
         observation_space: the pool's single observation space (each env must match it).
         action_space: the pool's single action space (each env must match it).
-        ship_observations: send observations back in each reply (pickled path).
         on_error: rebuild a failed env in place (``RESTART``) or report it (``RAISE``).
         seed_base: the pool's seed, from which restarted envs' seeds derive.
         restarts: restarts so far per env (a restarted worker continues the count).
@@ -213,7 +212,6 @@ class EnvGroup:
         autoreset_mode: AutoresetMode,
         observation_space: gymnasium.Space[Any],
         action_space: gymnasium.Space[Any],
-        ship_observations: bool = False,
         on_error: OnError = OnError.RAISE,
         seed_base: int | None = None,
         restarts: Mapping[int, int] | None = None,
@@ -227,7 +225,6 @@ class EnvGroup:
         self.env_ids = tuple(env_ids)
         self.batch = batch
         self.mode = autoreset_mode
-        self.ship_observations = ship_observations
         self.on_error = on_error
         self.seed_base = seed_base
         self.observation_space = observation_space
@@ -620,16 +617,13 @@ class EnvGroup:
         failures: list[EnvFailure],
         kept: Sequence[int] = (),
     ) -> Reply:
-        observations = None
-        if self.ship_observations:
-            observations = {i: self.batch.observations[i] for i in env_ids if i not in kept}
         restarts, self._restart_log = tuple(self._restart_log), []
         return Reply(
             env_ids=tuple(env_ids),
             infos=infos or None,
-            observations=observations,
             failures=tuple(failures),
             restarts=restarts,
+            kept=tuple(kept),
         )
 
 

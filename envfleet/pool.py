@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import os
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, iterate
 
 from envfleet.backends import Transport
+from envfleet.backends.registry import TransportKind, refusal
 from envfleet.buffers import is_array_space, put, take, view_rows
 from envfleet.errors import (
     AlreadyPendingError,
@@ -86,6 +87,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         transport: Transport,
         assignment: Sequence[tuple[int, ...]],
         *,
+        backend: TransportKind,
         env_name: str,
         observation_space: spaces.Space[Any],
         action_space: spaces.Space[Any],
@@ -120,6 +122,7 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self.check_actions = check_actions
         self._env_name = env_name
         self._transport = transport
+        self._backend = backend
         self._batch = transport.batch
         self._stats = StatsRecorder([tuple(ids) for ids in assignment], self.num_envs)
         self._ledger = ledger = Ledger(assignment, self._stats)
@@ -151,14 +154,6 @@ class Pool(VectorEnv):  # type: ignore[misc]
         self._never_reset = np.ones(self.num_envs, dtype=np.bool_)
         self._all_reset = False
         self._first_seed = seed
-        # A transport may hand a whole-pool step to every worker at once (the thread backend's
-        # one wake-up for all threads); the others get one submit per worker.
-        self._submit_each_at_once: Callable[[Sequence[Command]], None] | None = getattr(
-            transport, "submit_all", None
-        )
-        # Serialises a command before anything changes (a transport that pickles has one), so
-        # that a command the caller's data cannot travel in fails with the pool as it was.
-        self._prepare: Callable[[int, Command], None] | None = getattr(transport, "prepare", None)
         # Gymnasium's step_async/reset_async/call_async in flight: "step", the reset's arguments
         # or the call.
         self._gymnasium_call: str | tuple[Any, Any] | Call | None = None
@@ -190,11 +185,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
                 raise TypeError(f"worker_memory_limit must be an int or None, got {limit!r}")
             if limit < 1:
                 raise ValueError(f"worker_memory_limit must be at least 1, got {limit}")
-            if getattr(self._transport, "memory", None) is None:
-                raise ValueError(
-                    "worker_memory_limit recycles worker processes: this pool's backend has "
-                    "none (its envs run in this process)"
-                )
+            if not self._backend.capabilities.worker_memory_limit:
+                raise ValueError(refusal("worker_memory_limit", self._backend))
             limit = int(limit)
         self._recovery.worker_memory_limit = limit
 
@@ -704,8 +696,8 @@ class Pool(VectorEnv):  # type: ignore[misc]
         thread spends next to nothing per worker beyond handing the command over.
         """
         step_all = self._ledger.step_all
-        if self._ledger.sent_all() and self._submit_each_at_once is not None:
-            self._submit_each_at_once(step_all)
+        if self._ledger.sent_all():
+            self._transport.submit_all(step_all)
             return
         submit = self._transport.submit
         for worker, command in enumerate(step_all):
@@ -713,9 +705,9 @@ class Pool(VectorEnv):  # type: ignore[misc]
 
     def _submit_many(self, commands: Sequence[tuple[int, Command]]) -> None:
         """Submit ``(worker, command)`` pairs, each serialised before the first is sent."""
-        if self._prepare is not None:
-            for worker, command in commands:
-                self._prepare(worker, command)
+        prepare = self._transport.prepare
+        for worker, command in commands:
+            prepare(worker, command)
         ledger, submit = self._ledger, self._transport.submit
         for worker, command in commands:
             ledger.sent(worker, command)
@@ -840,9 +832,7 @@ def _forked() -> None:
     exit cannot stop the parent's workers (they were sent Close, and SIGTERM)."""
     for pool in list(_LIVE):
         pool.closed = True
-        forked = getattr(pool._transport, "forked", None)
-        if forked is not None:
-            forked()
+        pool._transport.forked()
     _LIVE.clear()
 
 

@@ -115,17 +115,18 @@ def _safe(get: Any, fallback: str) -> str:
 
 @dataclass
 class Rows:
-    """Result rows of some envs, for transports without shared memory (Ray's remote actors).
+    """Result rows of some envs, shipped back by a worker whose rows the pool cannot read where
+    they were written (a remote Ray actor; observations of a space shared memory cannot hold).
 
     They never reach the pool: the transport writes them into its batch before ``wait``
-    returns (:func:`envfleet.backends.base.deliver`).
+    returns (:mod:`envfleet.backends.rows`).
     """
 
     env_ids: np.ndarray
     observations: Any  # a batch laid out like the pool's (or a list, pickled path)
-    rewards: np.ndarray
-    terminations: np.ndarray
-    truncations: np.ndarray
+    rewards: np.ndarray | None = None  # None: these fields are in shared memory already
+    terminations: np.ndarray | None = None
+    truncations: np.ndarray | None = None
 
 
 @dataclass
@@ -134,12 +135,14 @@ class Reply:
 
     env_ids: tuple[int, ...] = ()
     infos: dict[int, dict[str, Any]] | None = None  # only the non-empty ones
-    observations: dict[int, Any] | None = None  # only on the pickled-observation path
-    rows: Rows | None = None  # the results themselves, when the worker shares no memory
-
+    rows: Rows | None = None  # the results themselves, when the transport ships them
     values: dict[int, Any] | None = None  # results of call/get_attr, per env
     failures: tuple[EnvFailure, ...] = ()
     restarts: tuple[EnvFailure, ...] = ()  # failures the group recovered from by a restart
+    kept: tuple[int, ...] = ()
+    """Envs whose observation row the command left as it was (a restarted env's interrupted
+    episode, reported truncated: its latest observation stands); rows shipped for them do not
+    overwrite the pool's."""
 
 
 class EnvCommand:

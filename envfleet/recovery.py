@@ -219,9 +219,9 @@ class Recovery:
         in ``recycled``, never against ``max_restarts``.
         """
         limit = self.worker_memory_limit
-        memory = getattr(self.transport, "memory", None)
-        if limit is None or memory is None:
+        if limit is None:
             return
+        memory = self.transport.memory
         now = time.monotonic()
         if now - self._memory_checked >= MEMORY_CHECK_INTERVAL:
             self._memory_checked = now

@@ -21,19 +21,17 @@ from envfleet.protocol import Reply
 def merge_replies(replies: Sequence[Reply]) -> Reply:
     """One reply from the replies of several sub-groups."""
     infos: dict[int, dict[str, Any]] = {}
-    observations: dict[int, Any] = {}
     values: dict[int, Any] = {}
     for reply in replies:
         infos.update(reply.infos or {})
-        observations.update(reply.observations or {})
         values.update(reply.values or {})
     return Reply(
         env_ids=tuple(i for r in replies for i in r.env_ids),
         infos=infos or None,
-        observations=observations or None,
         values=values or None,
         failures=tuple(f for r in replies for f in r.failures),
         restarts=tuple(f for r in replies for f in r.restarts),
+        kept=tuple(i for r in replies for i in r.kept),
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from envfleet.affinity import usable_cpus
-from envfleet.backends.base import KINDS, Backend
+from envfleet.backends.registry import Backend, Capabilities, kind_of
 from envfleet.spec import EnvSpec
 
 ASYNC_WORKERS_PER_CORE = 4
@@ -66,17 +66,22 @@ class EnvProfile:
 class Layout:
     """A way to run ``num_envs`` envs: the arguments of :func:`envfleet.make` it stands for.
 
+    ``backend``: a :class:`Backend` (its name is accepted and turned into one).
     ``cpu_affinity``: ``"spread"`` or a tuple of CPU ids (a tuple, so that layouts hash).
     """
 
-    backend: str
+    backend: Backend
     num_workers: int
     threads_per_worker: int = 1
     batch_size: int | None = None
     cpu_affinity: str | tuple[int, ...] | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.backend, Backend):  # its name, at the edge
+            object.__setattr__(self, "backend", Backend(self.backend))
+
     def make_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"backend": self.backend, "num_workers": self.num_workers}
+        kwargs: dict[str, Any] = {"backend": self.backend.value, "num_workers": self.num_workers}
         if self.threads_per_worker > 1:
             kwargs["threads_per_worker"] = self.threads_per_worker
         if self.batch_size is not None:
@@ -151,28 +156,44 @@ def auto_layout(
     cores: int,
     batch_size: int | None = None,
 ) -> Layout:
-    """The layout ``num_workers="auto"`` picks for ``backend`` from a probe.
-
-    Asks the backend's capabilities (:data:`envfleet.backends.base.KINDS`), not its name. An
-    async pool (``batch_size < num_envs``) of envs that wait gets workers enough that each holds
-    at most half a batch (and at least one per core, at most :data:`ASYNC_WORKERS_PER_CORE`
-    per core): its envs are stepped one after another, so a slow env holds back only those few.
-    """
+    """The layout ``num_workers="auto"`` picks for ``backend`` from a probe
+    (:func:`choose_layout`)."""
     kind = Backend(backend)
-    can = KINDS[kind].capabilities
+    can = kind_of(kind).capabilities
+    workers, threads, batched = choose_layout(profile, can, num_envs, cores, batch_size)
+    return Layout(
+        kind, workers, threads_per_worker=threads, batch_size=batch_size if batched else None
+    )
+
+
+def choose_layout(
+    profile: EnvProfile,
+    can: Capabilities,
+    num_envs: int,
+    cores: int,
+    batch_size: int | None = None,
+) -> tuple[int, int, bool]:
+    """Workers, threads per worker, and whether the choice is for ``batch_size``, for a backend
+    that can do ``can`` (:mod:`envfleet.backends.registry`: asked, never its name).
+
+    An async pool (``batch_size < num_envs``) of envs that wait gets workers enough that each
+    holds at most half a batch (and at least one per core, at most
+    :data:`ASYNC_WORKERS_PER_CORE` per core): its envs are stepped one after another, so a slow
+    env holds back only those few.
+    """
     workers = max(1, min(cores, num_envs))
     if can.one_worker:
-        return Layout(kind.value, 1)
+        return 1, 1, False
     if can.worker_per_env:
-        return Layout(kind.value, num_envs if profile.waits else workers)
+        return (num_envs if profile.waits else workers), 1, False
     if profile.waits and batch_size is not None and batch_size < num_envs and can.local_cpus:
         per_worker = max(1, batch_size // 2)
         wanted = min(ASYNC_WORKERS_PER_CORE * cores, -(-num_envs // per_worker))
-        return Layout(kind.value, max(workers, min(num_envs, wanted)), batch_size=batch_size)
+        return max(workers, min(num_envs, wanted)), 1, True
     if profile.waits and can.threads_per_worker:
         # Waiting envs overlap on threads; processes keep them isolated from each other.
-        return Layout(kind.value, workers, threads_per_worker=-(-num_envs // workers))
-    return Layout(kind.value, workers)
+        return workers, -(-num_envs // workers), False
+    return workers, 1, False
 
 
 def candidate_layouts(
@@ -187,23 +208,23 @@ def candidate_layouts(
     candidates: list[Layout] = []
     for workers in sorted({1, max(1, cores // 2), cores, min(num_envs, 2 * cores)}):
         if workers <= num_envs:
-            candidates.append(Layout("process", workers))
-    waiting = auto_layout(profile, "process", num_envs, cores)
+            candidates.append(Layout(Backend.PROCESS, workers))
+    waiting = auto_layout(profile, Backend.PROCESS, num_envs, cores)
     candidates.append(waiting)
-    candidates.append(Layout("thread", num_envs))
+    candidates.append(Layout(Backend.THREAD, num_envs))
     if profile.waits and cores > 1 and hasattr(os, "sched_setaffinity"):
         # Threads of waiting envs hand the GIL over faster on one core (see bench/thread_bench.py).
-        candidates.append(Layout("thread", num_envs, cpu_affinity=(usable_cpus()[-1],)))
+        candidates.append(Layout(Backend.THREAD, num_envs, cpu_affinity=(usable_cpus()[-1],)))
         if waiting.threads_per_worker > 1:
             candidates.append(replace(waiting, cpu_affinity="spread"))
-    candidates.append(Layout("serial", 1))
+    candidates.append(Layout(Backend.SERIAL, 1))
     if num_envs >= 4:
-        candidates.append(Layout("process", min(cores, num_envs), batch_size=num_envs // 2))
+        candidates.append(Layout(Backend.PROCESS, min(cores, num_envs), batch_size=num_envs // 2))
     if policy_in_loop and num_envs >= 2:
         half = num_envs // 2
-        candidates.insert(0, Layout("process", min(cores, num_envs), batch_size=half))
+        candidates.insert(0, Layout(Backend.PROCESS, min(cores, num_envs), batch_size=half))
         if cores > 1:
-            candidates.insert(1, Layout("process", min(cores - 1, num_envs), batch_size=half))
+            candidates.insert(1, Layout(Backend.PROCESS, min(cores - 1, num_envs), batch_size=half))
     unique: list[Layout] = []
     for layout in candidates:
         if layout not in unique:

@@ -53,7 +53,6 @@ def build_group(
     env_ids: Sequence[int],
     batch: Batch,
     *,
-    ship_observations: bool = False,
     restarts: dict[int, int] | None = None,
     rebuild_timeout: float | None = None,
     rebuild_thread_timeout: float | None = None,
@@ -75,7 +74,6 @@ def build_group(
             options.autoreset_mode,
             options.observation_space,
             options.action_space,
-            ship_observations=ship_observations,
             on_error=options.on_error,
             seed_base=options.seed_base,
             restarts=restarts,
@@ -102,7 +100,6 @@ def start_group(
     env_ids: Sequence[int],
     batch: Batch,
     *,
-    ship_observations: bool = False,
     restarts: dict[int, int] | None = None,
     rebuild_timeout: float | None = None,
     rebuild_thread_timeout: float | None = None,
@@ -116,7 +113,6 @@ def start_group(
             options,
             env_ids,
             batch,
-            ship_observations=ship_observations,
             restarts=restarts,
             rebuild_timeout=rebuild_timeout,
             rebuild_thread_timeout=rebuild_thread_timeout,
@@ -143,10 +139,3 @@ def serve(group: Group, command: Command) -> Reply:
         return command.run(group)
     except env_errors() as exc:
         return Reply(failures=(EnvFailure.capture(None, Phase.STEP, exc),))
-
-
-def plain(reply: Reply) -> bool:
-    """Nothing to report beyond success: the parent knows which envs the command named."""
-    return not (
-        reply.infos or reply.failures or reply.restarts or reply.observations or reply.values
-    )

@@ -30,6 +30,7 @@ import psutil
 import pytest
 
 import envfleet
+from envfleet.backends.registry import kind_of
 from envfleet.pool import DEFAULT_CLOSE_TIMEOUT
 from tests import matrix_hooks as hooks
 from tests import timing
@@ -529,10 +530,10 @@ def test_memory_recycles_do_not_use_up_max_restarts(monkeypatch: pytest.MonkeyPa
 def test_backends_without_worker_processes_refuse_a_memory_limit(where: str) -> None:
     """The memory row of the matrix on these backends: their envs live in the caller's own
     process, which cannot be recycled; make() says so before anything starts."""
-    with pytest.raises(ValueError, match="worker_memory_limit recycles worker processes"):
+    with pytest.raises(ValueError, match="worker_memory_limit needs a backend that can measure"):
         envfleet.make(FaultyEnv, 2, backend=where, worker_memory_limit=1 << 30)
     with envfleet.make(FaultyEnv, 2, backend=where) as pool:  # nor later, on the pool
-        with pytest.raises(ValueError, match="worker_memory_limit recycles worker processes"):
+        with pytest.raises(ValueError, match="worker_memory_limit needs a backend that can"):
             pool.worker_memory_limit = 1 << 30
         assert pool.worker_memory_limit is None
 
@@ -815,13 +816,15 @@ def not_applicable(backend: str, fault: str, phase: str, policy: str) -> str | N
         return "only reset and step return an observation"
     if fault == "sigstop" and phase not in ("step", "close"):
         return "a stopped worker is a hung one to the pool: 'hang' covers this phase"
-    in_caller = backend in ("serial", "thread")
+    # Asked of the backend's capabilities, not its name: a registered backend is a row too.
+    can = kind_of(backend).capabilities
+    in_caller = not can.step_timeout  # no worker it could kill: the envs run in this process
     if in_caller and (fault in hooks.DEATH_FAULTS or fault == "sigstop"):
         return f"the {backend} backend runs envs in the test's own process, which {fault} ends"
-    if backend == "serial" and fault == "hang" and phase != "close":
-        return "the serial backend runs envs in the caller's thread: nothing can take it back"
-    if backend == "thread" and fault == "hang" and phase not in ("make", "close", "rebuild"):
-        return "a thread cannot be stopped, so the thread backend offers no step_timeout"
+    if in_caller and not can.start_timeout and fault == "hang" and phase != "close":
+        return f"the {backend} backend runs envs in the caller's thread: nothing takes it back"
+    if in_caller and fault == "hang" and phase not in ("make", "close", "rebuild"):
+        return f"a thread cannot be stopped, so the {backend} backend offers no step_timeout"
     return None
 
 
@@ -831,15 +834,17 @@ def _reference_steps() -> list[tuple[Any, ...]]:
 
 
 def matrix_pool(backend: str, fault: str, phase: str, policy: str, tmp: str) -> envfleet.Pool:
+    can = kind_of(backend).capabilities
     kwargs: dict[str, Any] = {"backend": backend, "seed": hooks.SEED, "on_error": policy}
-    if backend != "serial":
+    if not can.one_worker:
         kwargs["num_workers"] = hooks.NUM_WORKERS
-    if backend in ("process", "ray"):
+    if can.step_timeout:
         kwargs["step_timeout"] = timing.bound(STEP_TIMEOUT, pools=1)
-    if backend != "serial":
+    if can.start_timeout:
         kwargs["start_timeout"] = timing.bound(START_TIMEOUT[backend], pools=2)
+    # A backend that does not bound building builds make()'s probe on the caller's own thread.
     factory = hooks.FaultyFactory(
-        fault, phase, pool_pid=os.getpid(), tmp=tmp, in_caller=backend == "serial"
+        fault, phase, pool_pid=os.getpid(), tmp=tmp, in_caller=not can.start_timeout
     )
     return envfleet.make(factory, hooks.NUM_ENVS, **kwargs)
 
@@ -848,14 +853,15 @@ def check_cell(backend: str, fault: str, phase: str, policy: str, tmp: str) -> N
     """Run one cell: bounded, the named error or flagged restarts, then a valid next step."""
     started = time.monotonic()
     expected = ERRORS[fault]
-    victim_worker = 0 if backend == "serial" else 1
+    can = kind_of(backend).capabilities
+    victim_worker = 0 if can.one_worker else 1
     blamed = {hooks.VICTIM} if fault in hooks.ENV_FAULTS else set(hooks.VICTIM_WORKER_ENVS)
     if phase == "make":
         with pytest.raises(expected) as info:
             matrix_pool(backend, fault, phase, policy, tmp)
         error = info.value
         assert error.phase is envfleet.Phase.MAKE
-        if backend == "serial":  # built by make()'s probe, in the caller
+        if not can.start_timeout:  # built by make()'s probe, in the caller's thread
             assert error.worker == -1
         else:
             assert error.worker in (0, 1), error
@@ -893,7 +899,7 @@ def check_cell(backend: str, fault: str, phase: str, policy: str, tmp: str) -> N
                 assert results[1][0][i] == reference[1][0][i], i
             return
         if phase == "rebuild":
-            if backend == "thread" and fault == "hang":
+            if not can.step_timeout and fault == "hang":  # a thread's rebuild
                 # Its thread is abandoned, the worker's thread serves on: that env's failure.
                 expected, blamed = envfleet.EnvRaisedError, {hooks.VICTIM}
             with pytest.raises(expected) as info:

@@ -144,6 +144,6 @@ def test_the_probe_module_never_imports_the_pool() -> None:
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     envfleet_modules = {m for m in imported if m and m.startswith("envfleet")}
-    # backends.base: the backends' capabilities, which the layout asks (no pool there either).
-    allowed = {"envfleet.affinity", "envfleet.spec", "envfleet.backends.base"}
+    # backends.registry: the backends' capabilities, which the layout asks (no pool there).
+    allowed = {"envfleet.affinity", "envfleet.spec", "envfleet.backends.registry"}
     assert envfleet_modules <= allowed, envfleet_modules

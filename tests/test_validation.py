@@ -239,7 +239,8 @@ BAD_MAKE_ARGUMENTS = {
     "memory limit on threads": (
         dict(worker_memory_limit=1 << 30, backend="thread"),
         ValueError,
-        r"worker_memory_limit recycles worker processes: it needs backend='process'",
+        r"worker_memory_limit needs a backend that can measure and replace a worker process: "
+        r"process, ray; got backend='thread'",
     ),
     "zero memory limit": (dict(worker_memory_limit=0), ValueError, r"worker_memory_limit must"),
 }

@@ -1,5 +1,28 @@
-"""Transports that carry commands from the pool to its env groups and replies back."""
+"""Transports that carry commands from the pool to its env groups and replies back.
 
-from envfleet.backends.base import Backend, Transport, TransportOptions, WorkerLost, open_transport
+:mod:`~envfleet.backends.base` is the contract, :mod:`~envfleet.backends.registry` the list of
+backends; each backend is one module (two for Ray: the pool's side and its actor's).
+"""
 
-__all__ = ["Backend", "Transport", "TransportOptions", "WorkerLost", "open_transport"]
+from envfleet.backends.base import BaseTransport, Transport, TransportOptions, WorkerLost
+from envfleet.backends.registry import (
+    Backend,
+    Capabilities,
+    TransportKind,
+    open_transport,
+    register,
+    unregister,
+)
+
+__all__ = [
+    "Backend",
+    "BaseTransport",
+    "Capabilities",
+    "Transport",
+    "TransportKind",
+    "TransportOptions",
+    "WorkerLost",
+    "open_transport",
+    "register",
+    "unregister",
+]

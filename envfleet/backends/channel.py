@@ -32,7 +32,13 @@ from multiprocessing.reduction import ForkingPickler
 
 from envfleet.errors import Phase
 from envfleet.protocol import Close, Command, EnvFailure, Group, Reply
-from envfleet.worker import plain, serve
+from envfleet.worker import serve
+
+
+def plain(reply: Reply) -> bool:
+    """Nothing to report beyond success: the pool knows which envs the command named, and
+    their rows are where it reads them (such a reply travels as ``None``, or one byte)."""
+    return not (reply.infos or reply.failures or reply.restarts or reply.rows or reply.values)
 
 
 def spin(ready: Callable[[], bool], seconds: float) -> bool:

@@ -30,7 +30,7 @@ from envfleet.backends.channel import accept_pool
 from envfleet.backends.process import ProcessTransport
 from envfleet.buffers import ObjectRows
 from envfleet.errors import EnvError, EnvTimeoutError, WorkerDiedError
-from envfleet.protocol import Command, EnvFailure, Reply
+from envfleet.protocol import Command, EnvFailure, Reply, Rows
 
 LOCAL_SLICE = 0.002
 """Seconds the agent waits on its workers at a time while it owes replies, before it looks
@@ -291,7 +291,7 @@ class _Server:
                     got = wire.row_ids([(command, reply)])
                     if got.size:
                         reply = reply if reply is not None else Reply(env_ids=tuple(got.tolist()))
-                        reply.observations = {i: observations[i] for i in got.tolist()}
+                        reply.rows = Rows(got, [observations[i] for i in got.tolist()])
                     by_reply.append((worker, reply))
                 replies = by_reply
             self.conn.send_bytes(b"".join([wire.header(wire.GENERAL, replies), *rows]))

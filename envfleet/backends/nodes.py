@@ -47,10 +47,12 @@ from ray.exceptions import GetTimeoutError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from envfleet.backends import node_wire as wire
-from envfleet.backends.base import RayOptions, TransportOptions, WorkerLost, deliver
+from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
 from envfleet.backends.channel import _io_timeout
 from envfleet.backends.node_agent import NodeAgent, node_options, rebuild
 from envfleet.backends.ray import _connect, _disconnect
+from envfleet.backends.ray_options import RayOptions
+from envfleet.backends.rows import deliver
 from envfleet.buffers import Batch, ObjectRows
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Command, Reply
@@ -146,14 +148,16 @@ class _Node:
     sent_at: float = 0.0
 
 
-class NodeTransport:
+class NodeTransport(BaseTransport):
     """One agent per node; each node's commands and replies travel as one message."""
 
     def __init__(self, options: TransportOptions) -> None:
-        extra = options.ray or RayOptions()
+        extra = options.backend_options
+        if not isinstance(extra, RayOptions):
+            extra = RayOptions()
         self._options = options
         self._closed = False
-        self._connected = _connect(extra.address, dict(extra.init_kwargs))
+        self._connected = _connect(extra.address, dict(extra.ray_init_kwargs))
         self.batch = Batch.local(options.observation_space, options.action_space, options.num_envs)
         self._rows = wire.row_fields(self.batch)
         self._actions = (
@@ -430,7 +434,8 @@ class NodeTransport:
                 for failure in reply.restarts:
                     if failure.env_index is not None:
                         self._restarts[failure.env_index] += 1
-                deliver(self.batch, self._space, reply)  # pickled observations, if any
+                if reply.rows is not None:  # pickled observations
+                    deliver(self.batch, self._space, reply)
             out.append((workers[local], reply))
         ids = wire.row_ids(answered)
         wire.unpack(self._rows, wire.selection(ids), ids.size, data, at)

@@ -48,7 +48,7 @@ from typing import Any
 
 import cloudpickle
 
-from envfleet.backends.base import TransportOptions, WorkerLost, deliver
+from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
 from envfleet.backends.channel import (
     REPEAT_BYTES,
     FrameReader,
@@ -58,6 +58,7 @@ from envfleet.backends.channel import (
     serve_pipes,
     write_all,
 )
+from envfleet.backends.rows import Shipping, deliver
 from envfleet.backends.shm import batch_allocator
 from envfleet.buffers import SharedBatch
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
@@ -161,20 +162,23 @@ def _worker_main(
             reply_fd, encode_reply(Reply(failures=(EnvFailure.capture(None, Phase.MAKE, exc),)))
         )
         return
+    batch = shared.views()
     group, started = start_group(
         options,
         options.assignment[worker],
-        shared.views(),
-        ship_observations=shared.observations is None,
+        batch,
         restarts=restarts,
         rebuild_timeout=options.start_timeout,  # a process of our own: it may end itself
     )
     write_all(reply_fd, encode_reply(started))
-    if group is not None:
-        serve_pipes(group, commands.fileno(), reply_fd, SPIN_SECONDS)
+    if group is None:
+        return
+    if shared.observations is None:  # a space shared memory cannot hold: they travel pickled
+        group = Shipping(group, batch, options.observation_space)
+    serve_pipes(group, commands.fileno(), reply_fd, SPIN_SECONDS)
 
 
-class ProcessTransport:
+class ProcessTransport(BaseTransport):
     """One process per worker; the batch arrays live in shared memory."""
 
     def __init__(self, options: TransportOptions) -> None:
@@ -498,7 +502,7 @@ class ProcessTransport:
                     died = True
                 if got:
                     for reply in got:
-                        if reply is not None and reply.observations:  # pickled: into the batch
+                        if reply is not None and reply.rows is not None:  # into the batch
                             deliver(self.batch, self._options.observation_space, reply)
                     replies.extend([(w, reply) for reply in got])
                     got.clear()

@@ -57,10 +57,12 @@ import ray._private.worker as ray_worker
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from envfleet.backends import node_memory
-from envfleet.backends.base import RayOptions, TransportOptions, WorkerLost, deliver
+from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
 from envfleet.backends.channel import PickledCommands, connect_pool
 from envfleet.backends.node_memory import PoolMemory
 from envfleet.backends.ray_actor import GroupActor, unpack
+from envfleet.backends.ray_options import RayOptions
+from envfleet.backends.rows import deliver
 from envfleet.buffers import Batch, ObjectRows, is_array_space, make_reader
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Close, Command, EnvCommand, EnvFailure, Reply, Step
@@ -301,7 +303,7 @@ def _row_bytes(batch: Batch, num_envs: int) -> int | None:
     return -(-total // num_envs)
 
 
-class RayTransport:
+class RayTransport(BaseTransport):
     """One actor per worker; replies come back per actor, in order.
 
     An actor on this machine answers on its socket (waited on with ``poll``, like the process
@@ -309,12 +311,14 @@ class RayTransport:
     """
 
     def __init__(self, options: TransportOptions) -> None:
-        extra = options.ray or RayOptions()
+        extra = options.backend_options
+        if not isinstance(extra, RayOptions):
+            extra = RayOptions()
         self._options = options
         self._memory: PoolMemory | None = None
-        self._connected = _connect(extra.address, dict(extra.init_kwargs))
+        self._connected = _connect(extra.address, dict(extra.ray_init_kwargs))
         try:
-            if extra.shared_memory and node_memory.available():
+            if extra.ray_shared_memory and node_memory.available():
                 self._memory = PoolMemory(
                     options.observation_space, options.action_space, options.num_envs
                 )
@@ -541,7 +545,7 @@ class RayTransport:
                 continue
             try:
                 reply = conn.recv()  # one per wake-up, as in the process one
-                if reply is not None:
+                if reply is not None and reply.rows is not None:
                     deliver(self.batch, self._space, reply)
                 replies.append((worker, reply))
                 self._owed[worker] -= 1
@@ -717,7 +721,8 @@ def _task_failed(command: Command, exc: RayTaskError) -> Reply:
 
 
 def open_transport(options: TransportOptions) -> Any:
-    if options.ray is not None and options.ray.nodes is not None:
+    extra = options.backend_options
+    if isinstance(extra, RayOptions) and extra.nodes is not None:
         from envfleet.backends.nodes import NodeTransport  # one sub-pool per node
 
         return NodeTransport(options)

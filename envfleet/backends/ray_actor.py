@@ -21,12 +21,12 @@ import numpy as np
 import ray
 
 from envfleet.backends.base import TransportOptions
-from envfleet.backends.channel import accept_pool, open_listener, serve_connection
+from envfleet.backends.channel import accept_pool, open_listener, serve_connection, unpicklable
 from envfleet.backends.node_memory import NodeMemory
-from envfleet.buffers import Batch, ObjectRows, take
-from envfleet.errors import Phase
+from envfleet.backends.rows import Shipping, pack
+from envfleet.buffers import Batch, ObjectRows
 from envfleet.group import claim_base_exceptions
-from envfleet.protocol import Command, EnvCommand, EnvFailure, Group, Reply, Rows
+from envfleet.protocol import Command, EnvCommand, Group, Reply, Rows
 from envfleet.worker import start_group
 
 Packed = tuple[
@@ -88,12 +88,14 @@ class GroupActor:
             options,
             options.assignment[self.worker],
             self.batch,
-            ship_observations=shared and isinstance(self.batch.observations, ObjectRows),
             restarts=self.restarts,
             rebuild_timeout=options.start_timeout,  # an actor's own process may end itself
         )
         if self.group is None:
             return started, node, None, os.getpid()
+        if shared and isinstance(self.batch.observations, ObjectRows):
+            # Observations of a space shared memory cannot hold travel pickled, the rest not.
+            self.group = Shipping(self.group, self.batch, options.observation_space)
         address = None
         if shared:
             # A socket in a directory only this user may enter (else an abstract one); the key
@@ -142,31 +144,20 @@ class GroupActor:
             except Exception as exc:
                 reply = Reply(
                     env_ids=reply.env_ids,
-                    failures=(*reply.failures, _unpicklable(exc)),
+                    failures=(*reply.failures, unpicklable(reply, exc)),
                     restarts=reply.restarts,
                 )
-        if not (isinstance(command, EnvCommand) and reply.env_ids):
+        if not isinstance(command, EnvCommand):
             return reply
-        failed = {f.env_index for f in reply.failures}
-        ids = np.array([i for i in reply.env_ids if i not in failed], dtype=np.intp)
-        batch = self.batch
-        observations = batch.observations
-        rows = Rows(
-            env_ids=ids,
-            # Spaces that are not arrays travel as a list of per-env values.
-            observations=[observations[i] for i in ids.tolist()]
-            if isinstance(observations, ObjectRows)
-            else take(self.options.observation_space, observations, ids),
-            rewards=batch.rewards[ids],
-            terminations=batch.terminations[ids],
-            truncations=batch.truncations[ids],
-        )
-        if reply.failures or reply.restarts or reply.observations:
+        rows = pack(self.batch, self.options.observation_space, reply, results=True)
+        if rows is None or reply.failures or reply.restarts:
             reply.rows = rows
             return reply
+        assert rows.rewards is not None and rows.terminations is not None
+        assert rows.truncations is not None
         # The common case travels as a tuple: Ray pickles it faster than the dataclasses.
         return (
-            ids,
+            rows.env_ids,
             rows.observations,
             rows.rewards,
             rows.terminations,
@@ -194,10 +185,3 @@ def unpack(result: Reply | Packed) -> Reply:
     ids, observations, rewards, terminations, truncations, infos = result
     rows = Rows(ids, observations, rewards, terminations, truncations)
     return Reply(env_ids=tuple(ids.tolist()), infos=infos, rows=rows)
-
-
-def _unpicklable(exc: Exception) -> EnvFailure:
-    try:
-        raise TypeError(f"the reply could not be pickled to send to the pool: {exc}") from exc
-    except TypeError as error:
-        return EnvFailure.capture(None, Phase.STEP, error)

@@ -31,11 +31,12 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from envfleet.backends.base import TransportOptions, WorkerLost
+from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
+from envfleet.backends.channel import plain
 from envfleet.buffers import Batch
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Close, Command, EnvFailure, Group, Reply
-from envfleet.worker import plain, serve, start_group
+from envfleet.worker import serve, start_group
 
 _STOP = None
 _EVENTFD = hasattr(os, "eventfd")
@@ -69,7 +70,7 @@ class _Bell:
             os.close(self._write_fd)
 
 
-class ThreadTransport:
+class ThreadTransport(BaseTransport):
     """One thread per worker, each serving its group's commands in order."""
 
     def __init__(self, options: TransportOptions) -> None:

@@ -36,7 +36,7 @@ from rich.table import Table
 
 import envfleet
 from envfleet.affinity import usable_cpus
-from envfleet.backends.base import KINDS
+from envfleet.backends.registry import kind_of
 from envfleet.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -227,7 +227,7 @@ def _starting(args: argparse.Namespace) -> str:
     before anything slow: importing the env's modules, building it, starting workers or Ray.
     """
     backend = envfleet.Backend(args.backend)
-    can = KINDS[backend].capabilities
+    can = kind_of(backend).capabilities
     if can.one_worker:
         workers = 1
     elif args.num_workers is not None:

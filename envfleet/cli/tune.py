@@ -121,7 +121,7 @@ class LayoutTiming:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "backend": self.layout.backend,
+            "backend": self.layout.backend.value,
             "num_workers": self.layout.num_workers,
             "threads_per_worker": self.layout.threads_per_worker,
             "batch_size": self.layout.batch_size,
@@ -305,7 +305,7 @@ def _by_promise(
 
 
 def _layout_text(layout: Layout) -> str:
-    parts = [layout.backend, f"{layout.num_workers} worker{'s' * (layout.num_workers != 1)}"]
+    parts = [layout.backend.value, f"{layout.num_workers} worker{'s' * (layout.num_workers != 1)}"]
     if layout.threads_per_worker > 1:
         parts.append(f"{layout.threads_per_worker} threads each")
     if layout.batch_size is not None:
@@ -369,7 +369,7 @@ def _layouts_table(
         else:
             shown, ratio, note = f"{rate:,.0f}", f"{rate / top:.2f}" if top else "-", ""
         table.add_row(
-            layout.backend,
+            layout.backend.value,
             str(layout.num_workers),
             str(layout.threads_per_worker),
             "all" if layout.batch_size is None else str(layout.batch_size),
