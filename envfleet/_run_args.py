@@ -330,10 +330,37 @@ def gymnasium_builtin_ids() -> frozenset[str]:
         return frozenset()
 
 
+_ALE_V5 = re.compile(r"ALE/([A-Z][A-Za-z0-9]*)-v5")
+_ALE_MULTIPLAYER_ONLY = frozenset({"combat", "joust", "maze_craze", "warlords"})
+"""ROMs ale_py registers no ``ALE/...-v5`` id for (no single-player mode)."""
+
+
+def is_installed_ale_id(env_id: str) -> bool:
+    """Whether ``env_id`` is an ``ALE/Name-v5`` id whose ROM the installed ale_py ships, told
+    from ale_py's ``roms`` folder without importing it, naming each ROM as ale_py's
+    registration does (``space_invaders.bin``: ``ALE/SpaceInvaders-v5``)."""
+    match = _ALE_V5.fullmatch(env_id)
+    if match is None:
+        return False
+    try:
+        spec = importlib.util.find_spec("ale_py")
+        if spec is None or not spec.submodule_search_locations:
+            return False
+        roms = Path(next(iter(spec.submodule_search_locations))) / "roms"
+        return any(
+            rom.stem.title().replace("_", "") == match.group(1)
+            for rom in roms.glob("*.bin")
+            if rom.stem not in _ALE_MULTIPLAYER_ONLY
+        )
+    except (OSError, ValueError, ImportError):
+        return False
+
+
 def early_starting_line(argv: Sequence[str]) -> str | None:
     """The ``starting`` line for ``envfleet ARGV``, where it is a ``run`` whose input is known
     to be good without importing anything: arguments that parse and pass the quick checks, no
-    ``--import``, and an id that Gymnasium registers itself. ``None`` otherwise (other
+    ``--import``, and an id that Gymnasium registers itself or an installed ale_py's
+    ``ALE/Name-v5`` id (what ``make run`` steps). ``None`` otherwise (other
     commands, ``--help``, ``--quiet``/``--json``, bad or unknown input, an id a module
     registers): the command line then checks and says everything itself."""
     if not argv or argv[0] != "run":
@@ -350,6 +377,6 @@ def early_starting_line(argv: Sequence[str]) -> str | None:
             out_path(args.out)
     except (UsageError, SystemExit):  # reported (or the help printed) by the command line
         return None
-    if args.env not in gymnasium_builtin_ids():
+    if args.env not in gymnasium_builtin_ids() and not is_installed_ale_id(args.env):
         return None
     return starting_line(args)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -33,6 +34,15 @@ def claim_base_exceptions() -> None:
     _take_alarm()
 
 
+def _stderr_fd() -> int:
+    """Where faulthandler writes the stacks: this process's stderr, or descriptor 2 where
+    ``sys.stderr`` has no descriptor of its own (pytest's capsys, a notebook's stream)."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, ValueError, OSError):
+        return 2
+
+
 def _take_alarm() -> None:
     """Give SIGALRM, which bounds env rebuilds here (:func:`exit_if_longer`), its default
     action, ending the process once faulthandler has dumped the stacks. A handler inherited
@@ -42,7 +52,7 @@ def _take_alarm() -> None:
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
     except ValueError:  # not this process's main thread: exit_if_longer registers on use
         return
-    faulthandler.register(signal.SIGALRM, all_threads=True, chain=True)
+    faulthandler.register(signal.SIGALRM, file=_stderr_fd(), all_threads=True, chain=True)
     _alarm_dumps_stacks = True
 
 
@@ -83,7 +93,7 @@ def exit_if_longer(seconds: float | None) -> Iterator[None]:
     with _timers_lock:
         _timers += 1
         if not _alarm_dumps_stacks:
-            faulthandler.register(signal.SIGALRM, all_threads=True, chain=True)
+            faulthandler.register(signal.SIGALRM, file=_stderr_fd(), all_threads=True, chain=True)
             _alarm_dumps_stacks = True
         signal.setitimer(signal.ITIMER_REAL, seconds)
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -367,7 +368,9 @@ def test_the_early_starting_line_is_the_commands_own(argv: list[str]) -> None:
     "argv",
     [
         ["run", "CartPol-v1"],  # unknown: the command line says so, with its hint
-        ["run", "ALE/Pong-v5"],  # registered by a package: the command line looks it up
+        ["run", "ALE/Pongg-v5"],  # no such ROM: the command line says so, with its hint
+        ["run", "ALE/Combat-v5"],  # a ROM ale_py registers no v5 id for
+        ["run", "ALE/Pong-v4"],  # registered by a package: the command line looks it up
         ["run", "tests.cli_envs:Gate-v0"],
         ["run", "Gate-v0", "--import", "tests.cli_envs"],
         ["run", ENV, "--quiet"],
@@ -402,3 +405,20 @@ def test_what_the_early_line_knows_of_the_library_is_the_librarys() -> None:
     ids = run_args.gymnasium_builtin_ids()
     assert ENV in ids
     assert ids <= set(gymnasium.registry)
+
+
+def test_the_early_line_knows_the_ale_ids_ale_py_registers() -> None:
+    """What the early path takes for an ALE id without importing ale_py is exactly the v5 ids
+    ale_py registers (``make run`` steps ``ALE/Pong-v5``)."""
+    ale_py = pytest.importorskip("ale_py")
+    gymnasium.register_envs(ale_py)
+    v5 = {env_id for env_id in gymnasium.registry if re.fullmatch(r"ALE/\w+-v5", env_id)}
+    assert "ALE/Pong-v5" in v5
+    assert all(run_args.is_installed_ale_id(env_id) for env_id in v5)
+    names = {env_id[len("ALE/") : -len("-v5")] for env_id in v5}
+    for rom in (Path(ale_py.__file__).parent / "roms").glob("*.bin"):
+        name = rom.stem.title().replace("_", "")  # as ale_py names its ids
+        assert run_args.is_installed_ale_id(f"ALE/{name}-v5") is (name in names), rom.stem
+    args = build_parser().parse_args(["run", "ALE/Pong-v5", "--num-envs", "8"])
+    _check_run_args(args)
+    assert early_starting_line(["run", "ALE/Pong-v5", "--num-envs", "8"]) == _starting(args)
