@@ -5,6 +5,9 @@ The command line needs the ``cli`` extra (rich for its tables and progress, matp
 still answers, from what this module knows without importing the command line: the commands,
 and the ``pip install`` that brings them; any other command says which ``pip install`` to run
 instead of failing on an import.
+
+``envfleet run`` prints its ``starting`` line from here, before the command line is imported,
+where :func:`envfleet._run_args.early_starting_line` can tell the input is good.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 from collections.abc import Sequence
+
+from envfleet._run_args import PROG, early_starting_line
 
 CLI_PACKAGES = ("rich", "matplotlib")
 """What ``envfleet[cli]`` installs on top of the library (see ``pyproject.toml``)."""
@@ -68,9 +73,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "pip install 'envfleet[cli]'\n"
         )
         return 2
+    args = list(sys.argv[1:] if argv is None else argv)
+    # ``run`` says what it starts before the command line's imports (Gymnasium, numpy, rich:
+    # most of a second on a busy machine), where its input is known to be good without them.
+    starting = early_starting_line(args)
+    if starting is not None:
+        sys.stderr.write(f"{PROG}: {starting}\n")
+        sys.stderr.flush()
     from envfleet.cli import main as cli_main
 
-    return cli_main(argv)
+    return cli_main(args, announced=starting is not None)
 
 
 if __name__ == "__main__":

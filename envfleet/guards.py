@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -19,6 +21,7 @@ T = TypeVar("T")
 
 
 _worker_process = False  # set by claim_base_exceptions(): this whole process is a worker
+_alarm_dumps_stacks = False  # faulthandler registered on SIGALRM in this process
 
 
 def claim_base_exceptions() -> None:
@@ -28,6 +31,29 @@ def claim_base_exceptions() -> None:
     user's Ctrl-C (which the pool's process handles)."""
     global _worker_process
     _worker_process = True
+    _take_alarm()
+
+
+def _stderr_fd() -> int:
+    """Where faulthandler writes the stacks: this process's stderr, or descriptor 2 where
+    ``sys.stderr`` has no descriptor of its own (pytest's capsys, a notebook's stream)."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, ValueError, OSError):
+        return 2
+
+
+def _take_alarm() -> None:
+    """Give SIGALRM, which bounds env rebuilds here (:func:`exit_if_longer`), its default
+    action, ending the process once faulthandler has dumped the stacks. A handler inherited
+    through fork (pytest-timeout's, a user's) would instead raise inside the env's build."""
+    global _alarm_dumps_stacks
+    try:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    except ValueError:  # not this process's main thread: exit_if_longer registers on use
+        return
+    faulthandler.register(signal.SIGALRM, file=_stderr_fd(), all_threads=True, chain=True)
+    _alarm_dumps_stacks = True
 
 
 def env_errors() -> tuple[type[BaseException], ...]:
@@ -48,27 +74,35 @@ _timers = 0  # blocks inside exit_if_longer now (threads_per_worker: one per thr
 
 @contextlib.contextmanager
 def exit_if_longer(seconds: float | None) -> Iterator[None]:
-    """End this process (exit code 1, the stuck threads' stacks on stderr) if the block takes
-    longer than ``seconds`` (``None``: no bound). Only for a worker process of its own: the
-    pool then sees a dead worker, which its own bounds handle (restart, ``start_timeout``).
+    """End this process (killed by SIGALRM, the stuck threads' stacks on stderr) if the block
+    takes longer than ``seconds`` (``None``: no bound). Only for a worker process of its own:
+    the pool then sees a dead worker, which its own bounds handle (restart, ``start_timeout``).
 
-    faulthandler's timer runs on a C thread, so it fires even while the block holds the GIL.
-    It is one per process: blocks on several threads at once share it, re-armed by each.
+    The bound is the process's real-time interval timer: the kernel delivers SIGALRM, whose
+    handler (faulthandler's, in C) dumps every thread's stack and then lets the signal's
+    default action end the process, so it fires even while the block holds the GIL. It is one
+    per process: blocks on several threads at once share it, re-armed by each.
+    ``faulthandler.dump_traceback_later`` is not used: in a worker forked from a process whose
+    own faulthandler timer runs (pytest's ``faulthandler_timeout``, a user's watchdog), arming
+    it waits for ever for the parent's watchdog thread, which the fork did not copy.
     """
-    global _timers
+    global _timers, _alarm_dumps_stacks
     if seconds is None:
         yield
         return
     with _timers_lock:
         _timers += 1
-        faulthandler.dump_traceback_later(seconds, exit=True)
+        if not _alarm_dumps_stacks:
+            faulthandler.register(signal.SIGALRM, file=_stderr_fd(), all_threads=True, chain=True)
+            _alarm_dumps_stacks = True
+        signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
         with _timers_lock:
             _timers -= 1
             if not _timers:
-                faulthandler.cancel_dump_traceback_later()
+                signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 class Abandoned(TimeoutError):

@@ -7,20 +7,24 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import select
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import gymnasium
 import pytest
 from rich.console import Console
 
 import envfleet
+from envfleet import _run_args as run_args
 from envfleet.__main__ import COMMANDS
+from envfleet._run_args import early_starting_line
 from envfleet.cli import build_parser, main
 from envfleet.cli.common import StageLog, clock
-from envfleet.cli.run import _starting
+from envfleet.cli.run import _check_run_args, _starting
 from envfleet.cli.runner import RandomPolicy, RunLoop, progress_text, remaining
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -295,3 +299,126 @@ def test_the_starting_line_comes_before_the_policy_is_imported() -> None:
     lines = result.stderr.splitlines()
     assert lines[0].startswith(f"envfleet: starting {ENV}")
     assert lines[1].startswith("envfleet: error: --policy no_such_policy_mod:act: no module")
+
+
+# -- the first line, before the heavy imports ----------------------------------------------------
+
+
+def test_the_starting_line_comes_before_gymnasium_and_numpy_are_imported() -> None:
+    """``-X importtime`` writes a line to stderr as each import ends: the ``starting`` line
+    must come before the first of Gymnasium's or numpy's (the imports that took most of a
+    second before anything was said), and only once."""
+    result = envfleet_subprocess(
+        "run", ENV, "--backend", "serial", "--steps", "50", env={"PYTHONPROFILEIMPORTTIME": "1"}
+    )
+    assert result.returncode == 0, result.stderr
+    # An import-time line and a stage line may share a line (neither waits for the other's
+    # newline): split before each stage line.
+    lines = result.stderr.replace("envfleet: ", "\nenvfleet: ").splitlines()
+    starting = [i for i, line in enumerate(lines) if line.startswith("envfleet: starting ")]
+    assert len(starting) == 1, result.stderr
+    heavy = [
+        i
+        for i, line in enumerate(lines)
+        if line.startswith("import time:")
+        and line.rsplit("|", 1)[-1].strip().split(".")[0] in ("gymnasium", "numpy")
+    ]
+    assert heavy, "no import-time lines for gymnasium and numpy"
+    assert starting[0] < heavy[0]
+    assert lines[starting[0]] == (
+        f"envfleet: starting {ENV}: 8 envs in this process (serial backend); then 50 steps"
+    )
+
+
+def test_import_envfleet_imports_neither_gymnasium_nor_numpy_until_a_name_is_used() -> None:
+    code = (
+        "import sys, envfleet\n"
+        "print(sorted(m for m in ('gymnasium', 'numpy') if m in sys.modules))\n"
+        "envfleet.make\n"
+        "print(sorted(m for m in ('gymnasium', 'numpy') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout.splitlines() == ["[]", "['gymnasium', 'numpy']"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--backend", "serial", "--num-envs", "3"],
+        ["--num-workers", "2", "--threads-per-worker", "4", "--steps", "7"],
+        ["--backend", "ray", "--address", "auto", "--seconds", "2"],
+        ["--out", "rollout.npz"],
+    ],
+)
+def test_the_early_starting_line_is_the_commands_own(argv: list[str]) -> None:
+    args = build_parser().parse_args(["run", ENV, *argv])
+    _check_run_args(args)
+    assert early_starting_line(["run", ENV, *argv]) == _starting(args)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "CartPol-v1"],  # unknown: the command line says so, with its hint
+        ["run", "ALE/Pongg-v5"],  # no such ROM: the command line says so, with its hint
+        ["run", "ALE/Combat-v5"],  # a ROM ale_py registers no v5 id for
+        ["run", "ALE/Pong-v4"],  # registered by a package: the command line looks it up
+        ["run", "tests.cli_envs:Gate-v0"],
+        ["run", "Gate-v0", "--import", "tests.cli_envs"],
+        ["run", ENV, "--quiet"],
+        ["run", ENV, "--json"],
+        ["run", ENV, "--batch-size", "9"],
+        ["run", ENV, "--num-envs", "0"],
+        ["run", ENV, "--out", "no/such/folder/x.npz"],
+        ["run", ENV, "--no-such-option"],
+        ["run", "--help"],
+        ["bench", ENV],
+        [],
+    ],
+)
+def test_the_early_starting_line_leaves_what_it_cannot_tell_to_the_command_line(
+    argv: list[str],
+) -> None:
+    assert early_starting_line(argv) is None
+
+
+def test_what_the_early_line_knows_of_the_library_is_the_librarys() -> None:
+    from envfleet.affinity import usable_cpus
+    from envfleet.backends.registry import kind_of
+    from envfleet.pool import DEFAULT_MAX_RESTARTS
+
+    assert tuple(backend.value for backend in envfleet.Backend) == run_args.BACKENDS
+    for backend in envfleet.Backend:
+        can = kind_of(backend).capabilities
+        assert (backend.value in run_args._ONE_WORKER) is can.one_worker
+        assert (backend.value in run_args._WORKER_PER_ENV) is can.worker_per_env
+    assert run_args.DEFAULT_MAX_RESTARTS == DEFAULT_MAX_RESTARTS
+    assert tuple(run_args._usable_cpus()) == usable_cpus()
+    ids = run_args.gymnasium_builtin_ids()
+    assert ENV in ids
+    assert ids <= set(gymnasium.registry)
+
+
+def test_the_early_line_knows_the_ale_ids_ale_py_registers() -> None:
+    """What the early path takes for an ALE id without importing ale_py is exactly the v5 ids
+    ale_py registers (``make run`` steps ``ALE/Pong-v5``)."""
+    ale_py = pytest.importorskip("ale_py")
+    gymnasium.register_envs(ale_py)
+    v5 = {env_id for env_id in gymnasium.registry if re.fullmatch(r"ALE/\w+-v5", env_id)}
+    assert "ALE/Pong-v5" in v5
+    assert all(run_args.is_installed_ale_id(env_id) for env_id in v5)
+    names = {env_id[len("ALE/") : -len("-v5")] for env_id in v5}
+    for rom in (Path(ale_py.__file__).parent / "roms").glob("*.bin"):
+        name = rom.stem.title().replace("_", "")  # as ale_py names its ids
+        assert run_args.is_installed_ale_id(f"ALE/{name}-v5") is (name in names), rom.stem
+    args = build_parser().parse_args(["run", "ALE/Pong-v5", "--num-envs", "8"])
+    _check_run_args(args)
+    assert early_starting_line(["run", "ALE/Pong-v5", "--num-envs", "8"]) == _starting(args)

@@ -348,7 +348,7 @@ def test_an_env_rebuild_that_hangs_is_bounded_without_step_timeout(
     process ends itself, saying where it hung, and its replacement, which hangs building the
     envs too, fails as a construction does."""
     check_rebuild_without_step_timeout("process", str(tmp_path))
-    assert "Timeout" in capfd.readouterr().err  # faulthandler's dump of the stuck stack
+    assert "most recent call first" in capfd.readouterr().err  # the stuck stack, dumped
 
 
 def check_rebuild_without_step_timeout(backend: str, tmp: str) -> None:
@@ -980,3 +980,45 @@ def test_cell(where: str, fault: str, phase: str, policy: str, tmp_path: Any) ->
     if why is not None:
         pytest.skip(why)
     check_cell(where, fault, phase, policy, str(tmp_path))
+
+
+_REBUILD_UNDER_ARMED_FAULTHANDLER = """
+import faulthandler, functools, sys
+import numpy as np
+import envfleet
+from tests import faults
+from tests.envs import FaultyEnv
+
+faulthandler.dump_traceback_later(600, exit=True)  # the caller's own watchdog, as pytest's
+pool = envfleet.make(
+    functools.partial(FaultyEnv, step_hook=faults.raise_value_error_in_step),
+    7, backend="process", num_workers=3, context="fork", seed=faults.SEED,
+    on_error="restart", start_timeout=60.0,
+)
+pool.reset(seed=faults.SEED)
+restarted = []
+for _ in range(faults.FAIL_AT_STEP + 1):
+    flags = pool.step(np.zeros(7, dtype=np.int64))[4].get("envfleet/restarted")
+    restarted.append(flags is not None and bool(flags.any()))
+pool.close()
+faulthandler.cancel_dump_traceback_later()
+print("restarted", sum(restarted), int(np.sum(pool.restarts)))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_worker_rebuilds_while_the_callers_faulthandler_timer_runs() -> None:
+    """A worker forked from a process whose ``faulthandler.dump_traceback_later`` timer runs
+    (pytest's ``faulthandler_timeout``, a user's own watchdog) rebuilt a failed env for ever:
+    bounding the rebuild with that timer waited for the parent's watchdog thread, which the
+    fork did not copy. The bound is now the worker's own interval timer."""
+    limit = timing.bound(30.0, pools=4)
+    result = subprocess.run(
+        [sys.executable, "-c", _REBUILD_UNDER_ARMED_FAULTHANDLER],
+        capture_output=True,
+        text=True,
+        timeout=limit,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["restarted", "1", "1"], result.stdout + result.stderr[-3000:]

@@ -100,8 +100,12 @@ def _report(message: str) -> None:
     sys.stderr.flush()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``envfleet`` command line; return the exit status."""
+def main(argv: Sequence[str] | None = None, *, announced: bool = False) -> int:
+    """Run the ``envfleet`` command line; return the exit status.
+
+    ``announced``: ``run``'s ``starting`` line is out already (:mod:`envfleet.__main__`
+    printed it), not to be printed again.
+    """
     parser = build_parser()
     try:
         args, unknown = parser.parse_known_args(argv)
@@ -116,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_OK
     debug = bool(getattr(args, "debug", False))
     handler: Callable[[argparse.Namespace], int] = args.handler
+    args.announced = announced
     try:
         current_directory_on_path()
         import_modules(args.imports)

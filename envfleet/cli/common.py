@@ -11,23 +11,29 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import math
 import os
 import re
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 import numpy as np
 import numpy.typing as npt
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 
+from envfleet._run_args import PROG as PROG
+from envfleet._run_args import CliError as CliError
+from envfleet._run_args import Parser as Parser
+from envfleet._run_args import UsageError as UsageError
+from envfleet._run_args import add_import_argument as add_import_argument
+from envfleet._run_args import int_at_least as int_at_least
+from envfleet._run_args import non_negative_int as non_negative_int
+from envfleet._run_args import positive_float as positive_float
+from envfleet._run_args import positive_int as positive_int
 from envfleet.spec import EnvSpec
-
-PROG = "envfleet"
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -36,71 +42,6 @@ EXIT_INTERRUPTED = 130
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
-
-
-class CliError(Exception):
-    """A failure while running: reported on one line, exit status 1."""
-
-
-class UsageError(CliError):
-    """Bad input from the user: reported on one line, exit status 2."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Argument parsing
-
-
-class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors raise :class:`UsageError` instead of exiting."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see '{self.prog} --help')")
-
-
-def int_at_least(minimum: int, what: str) -> Callable[[str], int]:
-    """An argparse type: an int of at least ``minimum`` (``what`` names it in errors)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-positive_int = int_at_least(1, "a positive integer")
-non_negative_int = int_at_least(0, "a non-negative integer")
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number above zero."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def add_import_argument(parser: argparse.ArgumentParser) -> None:
-    """``--import MODULE`` (repeatable): modules that register envs, imported before ENV is
-    looked up."""
-    parser.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help=(
-            "import MODULE first (repeatable), e.g. a module of yours that registers ENV with "
-            "gymnasium.register; the current directory is searched first, as by python -m"
-        ),
-    )
 
 
 def current_directory_on_path() -> None:

@@ -35,8 +35,13 @@ from rich.console import Console
 from rich.table import Table
 
 import envfleet
-from envfleet.affinity import usable_cpus
-from envfleet.backends.registry import kind_of
+from envfleet._run_args import (
+    add_run_parser,
+    check_run_args,
+    out_path,
+    starting_line,
+    workers,
+)
 from envfleet.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -45,227 +50,23 @@ from envfleet.cli.common import (
     OutputCapture,
     StageLog,
     UsageError,
-    add_import_argument,
     clock,
     env_spec,
-    non_negative_int,
-    positive_float,
-    positive_int,
     print_whole,
     progress_console,
 )
 from envfleet.cli.recorder import Recorder
 from envfleet.cli.runner import LiveDisplay, RandomPolicy, RunLoop, RunSummary, load_policy
-from envfleet.pool import DEFAULT_MAX_RESTARTS
-
-DEFAULT_STEPS = 100_000
 
 
 def add_parser(commands: Any) -> None:
     """Add the ``run`` subcommand to ``commands`` (the top-level parser's subparsers)."""
-    run = commands.add_parser(
-        "run",
-        help="step an environment with a policy and report throughput and returns",
-        description=(
-            "Step NUM_ENVS copies of ENV with a policy (random by default), show live progress "
-            "on stderr and print a summary. Episodes are counted per env under Gymnasium's "
-            "NEXT_STEP autoreset (the reset step after an episode is part of no episode)."
-        ),
-        allow_abbrev=False,
-    )
-    run.add_argument(
-        "env",
-        metavar="ENV",
-        help="a registered env id, e.g. CartPole-v1, or module:Env-v0 to import module first",
-    )
-    run.add_argument("--num-envs", type=positive_int, default=8, help="number of envs (default: 8)")
-    run.add_argument(
-        "--backend",
-        choices=[backend.value for backend in envfleet.Backend],
-        default=envfleet.Backend.PROCESS.value,
-        help="where the envs run (default: process)",
-    )
-    run.add_argument(
-        "--num-workers",
-        type=positive_int,
-        help="worker processes (process backend; default: usable cores, at most NUM_ENVS)",
-    )
-    run.add_argument(
-        "--batch-size",
-        type=positive_int,
-        help="envs per batch; below NUM_ENVS runs asynchronously (default: NUM_ENVS)",
-    )
-    run.add_argument(
-        "--seed", type=non_negative_int, default=0, help="env i is seeded seed+i (default: 0)"
-    )
-    run.add_argument(
-        "--threads-per-worker",
-        type=positive_int,
-        default=1,
-        help="step each worker's envs on this many threads (process and ray backends; for "
-        "envs that sleep or release the GIL; default: 1)",
-    )
-    run.add_argument(
-        "--cpu-affinity",
-        type=cpu_affinity,
-        metavar="CPUS",
-        help="pin the workers: 'spread' (worker w on the w-th usable CPU), '1' or '0,1' (every "
-        "worker on those CPUs), '0;1' (worker w on entry w, cycled); default: no pinning",
-    )
-    run.add_argument(
-        "--on-error",
-        choices=["raise", "restart"],
-        default="raise",
-        help="an env that raises, dies or hangs stops the run (raise, the default) or is "
-        "rebuilt and its episode reported truncated (restart)",
-    )
-    run.add_argument(
-        "--step-timeout",
-        type=positive_float,
-        metavar="SECONDS",
-        help="a worker with no reply within this many seconds counts as hung and is killed "
-        "(process and ray backends)",
-    )
-    run.add_argument(
-        "--max-restarts",
-        type=non_negative_int,
-        default=DEFAULT_MAX_RESTARTS,
-        help=f"restarts allowed per env under --on-error restart (default: {DEFAULT_MAX_RESTARTS})",
-    )
-    run.add_argument(
-        "--address",
-        help="ray backend: the cluster to join ('auto', 'ray://host:port'); default: the local "
-        "Ray, started for the run",
-    )
-    limit = run.add_mutually_exclusive_group()
-    limit.add_argument(
-        "--steps",
-        type=positive_int,
-        help=f"run until at least this many env-steps (default: {DEFAULT_STEPS:_})",
-    )
-    limit.add_argument("--seconds", type=positive_float, help="run for this many seconds")
-    run.add_argument(
-        "--policy",
-        metavar="MODULE:FUNCTION",
-        help=(
-            "a function called with a batch of observations that returns a batch of actions "
-            "(default: random actions, seeded); MODULE is imported from the current directory "
-            "or the installed packages"
-        ),
-    )
-    run.add_argument(
-        "--out", metavar="FILE.npz", type=Path, help="save the rollout to this .npz file"
-    )
-    run.add_argument(
-        "--save-obs", action="store_true", help="also save observations in --out (large)"
-    )
-    run.add_argument(
-        "--json", action="store_true", help="print the summary as JSON on stdout, nothing else"
-    )
-    run.add_argument(
-        "-q", "--quiet", action="store_true", help="no live progress (the summary still prints)"
-    )
-    run.add_argument(
-        "--stats",
-        action="store_true",
-        help=(
-            "show the pool's per-worker statistics at the end: step latency p50/p99, idle "
-            "fraction, steps, episodes, restarts (also under 'stats' in --json)"
-        ),
-    )
-    add_import_argument(run)
-    run.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    run.set_defaults(handler=_cmd_run)
+    add_run_parser(commands).set_defaults(handler=_cmd_run)
 
 
-def cpu_affinity(text: str) -> str | list[int] | list[list[int]]:
-    """``--cpu-affinity``: ``spread``, ``0,1`` (one set for every worker) or ``0;1`` (a set per
-    worker); :func:`envfleet.make` checks the CPUs themselves."""
-    if text == "spread":
-        return text
-    try:
-        sets = [[int(cpu) for cpu in part.split(",")] for part in text.split(";")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected 'spread', CPU ids like '0,1', or per-worker sets like '0;1', got {text!r}"
-        ) from None
-    return sets[0] if len(sets) == 1 else sets
-
-
-def _out_path(out: Path) -> Path:
-    """``out`` with the ``.npz`` suffix numpy would add; its folder must exist."""
-    if out.suffix != ".npz":
-        out = out.with_name(out.name + ".npz")
-    if not out.parent.is_dir():
-        raise UsageError(f"--out {out}: folder {out.parent} does not exist")
-    if out.is_dir():
-        raise UsageError(f"--out {out} is a folder")
-    return out
-
-
-def _check_run_args(args: argparse.Namespace) -> None:
-    if args.batch_size is not None and args.batch_size > args.num_envs:
-        raise UsageError(
-            f"--batch-size {args.batch_size} exceeds --num-envs {args.num_envs}: "
-            "a batch holds at most every env"
-        )
-    if args.num_workers is not None and args.num_workers > args.num_envs:
-        raise UsageError(
-            f"--num-workers {args.num_workers} exceeds --num-envs {args.num_envs}: "
-            "each worker needs at least one env"
-        )
-    if args.save_obs and args.out is None:
-        raise UsageError("--save-obs needs --out FILE.npz")
-    if args.steps is None and args.seconds is None:
-        args.steps = DEFAULT_STEPS
-
-
-def _starting(args: argparse.Namespace) -> str:
-    """The first line ``run`` prints: the env, where its envs will run, what must start first.
-
-    Worked out from the arguments alone (``envfleet.make``'s defaults), so that it is printed
-    before anything slow: importing the env's modules, building it, starting workers or Ray.
-    """
-    backend = envfleet.Backend(args.backend)
-    can = kind_of(backend).capabilities
-    if can.one_worker:
-        workers = 1
-    elif args.num_workers is not None:
-        workers = args.num_workers
-    elif can.worker_per_env:
-        workers = args.num_envs
-    else:
-        workers = min(len(usable_cpus()), args.num_envs)
-    envs = f"{args.num_envs} env{'s' * (args.num_envs != 1)}"
-    if backend is envfleet.Backend.SERIAL:
-        where = "in this process (serial backend)"
-    else:
-        where = f"on {_workers(backend, workers)}"
-        if args.threads_per_worker > 1:
-            where += f" x {args.threads_per_worker} threads"
-    text = f"starting {args.env}: {envs} {where}"
-    if backend is envfleet.Backend.RAY:
-        text += (
-            ", after starting a local Ray (several seconds)"
-            if args.address is None
-            else f", joining the Ray at {args.address}"
-        )
-    limit = f"{args.steps:,} steps" if args.steps is not None else f"{args.seconds:g} s"
-    return f"{text}; then {limit}"
-
-
-_WORKER_NOUNS = {
-    envfleet.Backend.SERIAL: ("worker", "workers"),
-    envfleet.Backend.THREAD: ("thread", "threads"),
-    envfleet.Backend.PROCESS: ("worker process", "worker processes"),
-    envfleet.Backend.RAY: ("Ray actor", "Ray actors"),
-}
-
-
-def _workers(backend: envfleet.Backend, count: int) -> str:
-    """``2 worker processes``, ``1 Ray actor``."""
-    one, many = _WORKER_NOUNS[backend]
-    return f"{count} {one if count == 1 else many}"
+_check_run_args = check_run_args
+_out_path = out_path
+_starting = starting_line
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -277,7 +78,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # workers or a Ray may each take seconds.
     stderr, live = progress_console(args)
     stages = StageLog(stderr, enabled=not (args.json or args.quiet))
-    stages.line(_starting(args))
+    if not getattr(args, "announced", False):  # else envfleet.__main__ printed it already
+        stages.line(_starting(args))
     policy = load_policy(args.policy) if args.policy is not None else None
     # Libraries and envs print banners (ale-py's in every worker) and warnings: captured, and
     # what is not a known banner is shown after the run.
@@ -296,7 +98,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
                 stages.line(f"joined {describe_cluster()}")
             stages.line(
-                f"started {_workers(envfleet.Backend(args.backend), pool.num_workers)} in "
+                f"started {workers(args.backend, pool.num_workers)} in "
                 f"{time.perf_counter() - building:.2f} s; running"
             )
             if policy is None:

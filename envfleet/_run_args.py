@@ -1,0 +1,382 @@
+"""The ``run`` command's arguments and its ``starting`` line, with the standard library only.
+
+``envfleet run`` says what it starts (the env, its workers, a Ray to start) before anything
+slow. Importing Gymnasium, numpy and rich takes longer than that promise allows, so what the
+``starting`` line needs lives here, importable without them: the ``run`` parser
+(:func:`add_run_parser`, used by :mod:`envfleet.cli.run` too), its argument types and quick
+checks, and the line itself (:func:`starting_line`). :func:`early_starting_line` lets
+:mod:`envfleet.__main__` print the line before it imports the command line, for input it can
+tell is good; anything else goes to the command line, which reports bad input as one error
+line before any ``starting`` line, as ever.
+
+What this module knows of the library without importing it (the backends, what each runs its
+envs on, the default restart limit) is checked against the library by the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+PROG = "envfleet"
+
+DEFAULT_STEPS = 100_000
+DEFAULT_MAX_RESTARTS = 100
+""":data:`envfleet.pool.DEFAULT_MAX_RESTARTS`."""
+
+BACKENDS = ("serial", "thread", "process", "ray")
+"""The values of :class:`envfleet.Backend`, in order."""
+
+_ONE_WORKER = frozenset({"serial"})
+_WORKER_PER_ENV = frozenset({"thread"})
+"""The backends whose ``Capabilities`` say ``one_worker`` and ``worker_per_env``."""
+
+_WORKER_NOUNS = {
+    "serial": ("worker", "workers"),
+    "thread": ("thread", "threads"),
+    "process": ("worker process", "worker processes"),
+    "ray": ("Ray actor", "Ray actors"),
+}
+
+
+class CliError(Exception):
+    """A failure while running: reported on one line, exit status 1."""
+
+
+class UsageError(CliError):
+    """Bad input from the user: reported on one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors raise :class:`UsageError` instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def int_at_least(minimum: int, what: str) -> Callable[[str], int]:
+    """An argparse type: an int of at least ``minimum`` (``what`` names it in errors)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+positive_int = int_at_least(1, "a positive integer")
+non_negative_int = int_at_least(0, "a non-negative integer")
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def cpu_affinity(text: str) -> str | list[int] | list[list[int]]:
+    """``--cpu-affinity``: ``spread``, ``0,1`` (one set for every worker) or ``0;1`` (a set per
+    worker); :func:`envfleet.make` checks the CPUs themselves."""
+    if text == "spread":
+        return text
+    try:
+        sets = [[int(cpu) for cpu in part.split(",")] for part in text.split(";")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 'spread', CPU ids like '0,1', or per-worker sets like '0;1', got {text!r}"
+        ) from None
+    return sets[0] if len(sets) == 1 else sets
+
+
+def add_import_argument(parser: argparse.ArgumentParser) -> None:
+    """``--import MODULE`` (repeatable): modules that register envs, imported before ENV is
+    looked up."""
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help=(
+            "import MODULE first (repeatable), e.g. a module of yours that registers ENV with "
+            "gymnasium.register; the current directory is searched first, as by python -m"
+        ),
+    )
+
+
+def add_run_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add the ``run`` subcommand to ``commands`` (the top-level parser's subparsers) and
+    return its parser (without a handler: :mod:`envfleet.cli.run` sets it)."""
+    run = commands.add_parser(
+        "run",
+        help="step an environment with a policy and report throughput and returns",
+        description=(
+            "Step NUM_ENVS copies of ENV with a policy (random by default), show live progress "
+            "on stderr and print a summary. Episodes are counted per env under Gymnasium's "
+            "NEXT_STEP autoreset (the reset step after an episode is part of no episode)."
+        ),
+        allow_abbrev=False,
+    )
+    run.add_argument(
+        "env",
+        metavar="ENV",
+        help="a registered env id, e.g. CartPole-v1, or module:Env-v0 to import module first",
+    )
+    run.add_argument("--num-envs", type=positive_int, default=8, help="number of envs (default: 8)")
+    run.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="process",
+        help="where the envs run (default: process)",
+    )
+    run.add_argument(
+        "--num-workers",
+        type=positive_int,
+        help="worker processes (process backend; default: usable cores, at most NUM_ENVS)",
+    )
+    run.add_argument(
+        "--batch-size",
+        type=positive_int,
+        help="envs per batch; below NUM_ENVS runs asynchronously (default: NUM_ENVS)",
+    )
+    run.add_argument(
+        "--seed", type=non_negative_int, default=0, help="env i is seeded seed+i (default: 0)"
+    )
+    run.add_argument(
+        "--threads-per-worker",
+        type=positive_int,
+        default=1,
+        help="step each worker's envs on this many threads (process and ray backends; for "
+        "envs that sleep or release the GIL; default: 1)",
+    )
+    run.add_argument(
+        "--cpu-affinity",
+        type=cpu_affinity,
+        metavar="CPUS",
+        help="pin the workers: 'spread' (worker w on the w-th usable CPU), '1' or '0,1' (every "
+        "worker on those CPUs), '0;1' (worker w on entry w, cycled); default: no pinning",
+    )
+    run.add_argument(
+        "--on-error",
+        choices=["raise", "restart"],
+        default="raise",
+        help="an env that raises, dies or hangs stops the run (raise, the default) or is "
+        "rebuilt and its episode reported truncated (restart)",
+    )
+    run.add_argument(
+        "--step-timeout",
+        type=positive_float,
+        metavar="SECONDS",
+        help="a worker with no reply within this many seconds counts as hung and is killed "
+        "(process and ray backends)",
+    )
+    run.add_argument(
+        "--max-restarts",
+        type=non_negative_int,
+        default=DEFAULT_MAX_RESTARTS,
+        help=f"restarts allowed per env under --on-error restart (default: {DEFAULT_MAX_RESTARTS})",
+    )
+    run.add_argument(
+        "--address",
+        help="ray backend: the cluster to join ('auto', 'ray://host:port'); default: the local "
+        "Ray, started for the run",
+    )
+    limit = run.add_mutually_exclusive_group()
+    limit.add_argument(
+        "--steps",
+        type=positive_int,
+        help=f"run until at least this many env-steps (default: {DEFAULT_STEPS:_})",
+    )
+    limit.add_argument("--seconds", type=positive_float, help="run for this many seconds")
+    run.add_argument(
+        "--policy",
+        metavar="MODULE:FUNCTION",
+        help=(
+            "a function called with a batch of observations that returns a batch of actions "
+            "(default: random actions, seeded); MODULE is imported from the current directory "
+            "or the installed packages"
+        ),
+    )
+    run.add_argument(
+        "--out", metavar="FILE.npz", type=Path, help="save the rollout to this .npz file"
+    )
+    run.add_argument(
+        "--save-obs", action="store_true", help="also save observations in --out (large)"
+    )
+    run.add_argument(
+        "--json", action="store_true", help="print the summary as JSON on stdout, nothing else"
+    )
+    run.add_argument(
+        "-q", "--quiet", action="store_true", help="no live progress (the summary still prints)"
+    )
+    run.add_argument(
+        "--stats",
+        action="store_true",
+        help=(
+            "show the pool's per-worker statistics at the end: step latency p50/p99, idle "
+            "fraction, steps, episodes, restarts (also under 'stats' in --json)"
+        ),
+    )
+    add_import_argument(run)
+    run.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    return run  # type: ignore[no-any-return]
+
+
+def check_run_args(args: argparse.Namespace) -> None:
+    """The checks on ``run``'s arguments that need nothing imported; fills in ``--steps``."""
+    if args.batch_size is not None and args.batch_size > args.num_envs:
+        raise UsageError(
+            f"--batch-size {args.batch_size} exceeds --num-envs {args.num_envs}: "
+            "a batch holds at most every env"
+        )
+    if args.num_workers is not None and args.num_workers > args.num_envs:
+        raise UsageError(
+            f"--num-workers {args.num_workers} exceeds --num-envs {args.num_envs}: "
+            "each worker needs at least one env"
+        )
+    if args.save_obs and args.out is None:
+        raise UsageError("--save-obs needs --out FILE.npz")
+    if args.steps is None and args.seconds is None:
+        args.steps = DEFAULT_STEPS
+
+
+def out_path(out: Path) -> Path:
+    """``out`` with the ``.npz`` suffix numpy would add; its folder must exist."""
+    if out.suffix != ".npz":
+        out = out.with_name(out.name + ".npz")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder")
+    return out
+
+
+def workers(backend: str, count: int) -> str:
+    """``2 worker processes``, ``1 Ray actor``."""
+    one, many = _WORKER_NOUNS[backend]
+    return f"{count} {one if count == 1 else many}"
+
+
+def starting_line(args: argparse.Namespace) -> str:
+    """The first line ``run`` prints: the env, where its envs will run, what must start first.
+
+    Worked out from the arguments alone (``envfleet.make``'s defaults), so that it is printed
+    before anything slow: importing the env's modules, building it, starting workers or Ray.
+    """
+    backend = args.backend
+    if backend in _ONE_WORKER:
+        count = 1
+    elif args.num_workers is not None:
+        count = args.num_workers
+    elif backend in _WORKER_PER_ENV:
+        count = args.num_envs
+    else:
+        count = min(len(_usable_cpus()), args.num_envs)
+    envs = f"{args.num_envs} env{'s' * (args.num_envs != 1)}"
+    if backend == "serial":
+        where = "in this process (serial backend)"
+    else:
+        where = f"on {workers(backend, count)}"
+        if args.threads_per_worker > 1:
+            where += f" x {args.threads_per_worker} threads"
+    text = f"starting {args.env}: {envs} {where}"
+    if backend == "ray":
+        text += (
+            ", after starting a local Ray (several seconds)"
+            if args.address is None
+            else f", joining the Ray at {args.address}"
+        )
+    limit = f"{args.steps:,} steps" if args.steps is not None else f"{args.seconds:g} s"
+    return f"{text}; then {limit}"
+
+
+def _usable_cpus() -> Sequence[int]:
+    """:func:`envfleet.affinity.usable_cpus`."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return range(os.cpu_count() or 1)
+
+
+_REGISTER_ID = re.compile(r"""\bregister\(\s*id\s*=\s*["']([^"']+)["']""")
+
+
+def gymnasium_builtin_ids() -> frozenset[str]:
+    """The ids Gymnasium registers whenever it is imported (``CartPole-v1``...), read from its
+    ``gymnasium/envs/__init__.py`` without importing it; empty where that cannot be read."""
+    try:
+        spec = importlib.util.find_spec("gymnasium")
+        if spec is None or not spec.submodule_search_locations:
+            return frozenset()
+        folder = Path(next(iter(spec.submodule_search_locations)))
+        return frozenset(_REGISTER_ID.findall((folder / "envs" / "__init__.py").read_text()))
+    except (OSError, ValueError, ImportError, UnicodeDecodeError):
+        return frozenset()
+
+
+_ALE_V5 = re.compile(r"ALE/([A-Z][A-Za-z0-9]*)-v5")
+_ALE_MULTIPLAYER_ONLY = frozenset({"combat", "joust", "maze_craze", "warlords"})
+"""ROMs ale_py registers no ``ALE/...-v5`` id for (no single-player mode)."""
+
+
+def is_installed_ale_id(env_id: str) -> bool:
+    """Whether ``env_id`` is an ``ALE/Name-v5`` id whose ROM the installed ale_py ships, told
+    from ale_py's ``roms`` folder without importing it, naming each ROM as ale_py's
+    registration does (``space_invaders.bin``: ``ALE/SpaceInvaders-v5``)."""
+    match = _ALE_V5.fullmatch(env_id)
+    if match is None:
+        return False
+    try:
+        spec = importlib.util.find_spec("ale_py")
+        if spec is None or not spec.submodule_search_locations:
+            return False
+        roms = Path(next(iter(spec.submodule_search_locations))) / "roms"
+        return any(
+            rom.stem.title().replace("_", "") == match.group(1)
+            for rom in roms.glob("*.bin")
+            if rom.stem not in _ALE_MULTIPLAYER_ONLY
+        )
+    except (OSError, ValueError, ImportError):
+        return False
+
+
+def early_starting_line(argv: Sequence[str]) -> str | None:
+    """The ``starting`` line for ``envfleet ARGV``, where it is a ``run`` whose input is known
+    to be good without importing anything: arguments that parse and pass the quick checks, no
+    ``--import``, and an id that Gymnasium registers itself or an installed ale_py's
+    ``ALE/Name-v5`` id (what ``make run`` steps). ``None`` otherwise (other
+    commands, ``--help``, ``--quiet``/``--json``, bad or unknown input, an id a module
+    registers): the command line then checks and says everything itself."""
+    if not argv or argv[0] != "run":
+        return None
+    parser = Parser(prog=PROG, allow_abbrev=False)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_run_parser(commands)
+    try:
+        args, unknown = parser.parse_known_args(list(argv))
+        if unknown or args.quiet or args.json or args.imports:
+            return None
+        check_run_args(args)
+        if args.out is not None:
+            out_path(args.out)
+    except (UsageError, SystemExit):  # reported (or the help printed) by the command line
+        return None
+    if args.env not in gymnasium_builtin_ids() and not is_installed_ale_id(args.env):
+        return None
+    return starting_line(args)
