@@ -410,7 +410,9 @@ def test_copy_false_async_batches_of_one_worker_are_views(where: str) -> None:
             assert steps >= 2 and expected[i][:steps] == got[i][:steps], i
         # Rows that are not consecutive (envs 0 and 2): a copy, whatever copy= says.
         rows = np.array([0, 2])
-        assert not np.shares_memory(views._observations(rows), views._batch.observations)
+        assert not np.shares_memory(
+            views._read.observations(rows, False), views._batch.observations
+        )
 
 
 def test_copy_must_be_a_bool() -> None:
