@@ -132,7 +132,7 @@ def test_bad_values_raise_clear_errors(value: object, error: type[Exception], wo
 
 
 def test_serial_backend_refuses_pinning() -> None:
-    with pytest.raises(ValueError, match="serial backend"):
+    with pytest.raises(ValueError, match="cpu_affinity needs a backend with workers to pin"):
         envfleet.make("CartPole-v1", 2, backend="serial", cpu_affinity=[0])
 
 
