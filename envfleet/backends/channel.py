@@ -327,6 +327,17 @@ def connect_pool(address: str, authkey: bytes, timeout: float = CONNECT_TIMEOUT)
     try:
         sock.settimeout(timeout)
         sock.connect(address)
+    except BaseException:
+        sock.close()
+        raise
+    return authenticated(sock, authkey, timeout)
+
+
+def authenticated(sock: socket.socket, authkey: bytes, timeout: float) -> Connection:
+    """``sock``, connected, as a :class:`Connection` once both sides proved they know
+    ``authkey`` (the connecting side's half of the handshake, bounded by ``timeout``); closed
+    on any failure."""
+    try:
         sock.settimeout(None)
         conn = Connection(sock.detach())
     except BaseException:

@@ -34,11 +34,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import (  # type: ignore[attr-defined]
-    Connection,
-    answer_challenge,
-    deliver_challenge,
-)
+from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
@@ -48,7 +44,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
-from envfleet.backends.channel import _io_timeout
+from envfleet.backends.channel import authenticated
 from envfleet.backends.node_agent import NodeAgent, node_options, rebuild
 from envfleet.backends.ray_options import RayOptions
 from envfleet.backends.ray_session import connect, disconnect
@@ -586,21 +582,11 @@ def _connect_agent(host: str, port: int, authkey: bytes) -> Connection:
     """A connection to an agent that proved it knows ``authkey`` (and to which we proved it)."""
     sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
     try:
-        sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = Connection(sock.detach())
     except BaseException:
         sock.close()
         raise
-    try:
-        _io_timeout(conn.fileno(), CONNECT_TIMEOUT)
-        answer_challenge(conn, authkey)
-        deliver_challenge(conn, authkey)
-        _io_timeout(conn.fileno(), 0.0)
-    except BaseException:
-        conn.close()
-        raise
-    return conn
+    return authenticated(sock, authkey, CONNECT_TIMEOUT)
 
 
 def open_transport(options: TransportOptions) -> NodeTransport:
