@@ -27,6 +27,7 @@ workers) â†’ ``wait`` (rows already in the batch: the transport delivers them) â
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import weakref
@@ -54,7 +55,7 @@ from envfleet.ledger import EnvState, Ledger
 from envfleet.protocol import Call, Command, Reset, SetAttr, Step
 from envfleet.recovery import DEFAULT_MAX_RESTARTS, Recovery
 from envfleet.results import ResultReader, Results
-from envfleet.stats import PoolStats, StatsRecorder
+from envfleet.stats import NodeStats, PoolStats, StatsRecorder
 from envfleet.validation import (
     check_actions,
     check_env_ids,
@@ -333,7 +334,9 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
             >>> stats.steps, len(stats.workers)
             (2, 1)
         """
-        return self._stats.snapshot(self._recovery.restarts, self._recovery.recycled)
+        stats = self._stats.snapshot(self._recovery.restarts, self._recovery.recycled)
+        nodes = self._transport.nodes()
+        return dataclasses.replace(stats, nodes=nodes) if nodes else stats
 
     def describe(self) -> dict[str, Any]:
         """Where the pool stands, as plain values: per worker the commands sent and not
@@ -571,10 +574,19 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
         return check_seeds(seed, env_ids, per_env, self.num_envs)
 
     def __repr__(self) -> str:
+        nodes = "" if self.closed else _layout(self._transport.nodes())
         return (
             f"Pool({self._env_name}, num_envs={self.num_envs}, workers={len(self._assignment)}, "
-            f"batch_size={self.batch_size})"
+            f"batch_size={self.batch_size}{nodes})"
         )
+
+
+def _layout(nodes: tuple[NodeStats, ...]) -> str:
+    """``repr(pool)``'s node layout: each node's id (its first 8 characters), envs, workers."""
+    if not nodes:
+        return ""
+    parts = "; ".join(f"{n.node[:8]} {n.envs} envs/{n.workers} workers" for n in nodes)
+    return f", nodes=[{parts}]"
 
 
 _LIVE: weakref.WeakSet[Pool] = weakref.WeakSet()

@@ -35,6 +35,25 @@ class WorkerStats:
 
 
 @dataclass(frozen=True)
+class NodeStats:
+    """One node's figures where a pool runs node sub-pools (``backend="ray", nodes=...``)."""
+
+    node: str
+    """The Ray node id."""
+    address: str
+    workers: int
+    envs: int
+    messages: int
+    """Messages the pool sent the node's agent (one per node per whole-pool step)."""
+    answers: int
+    """Messages the agent sent back."""
+    bytes_out: int
+    bytes_in: int
+    round_trip_ms: float | None
+    """Mean time from a message to the node until its answer (``None``: none yet)."""
+
+
+@dataclass(frozen=True)
 class PoolStats:
     """What :meth:`envfleet.Pool.stats` returns."""
 
@@ -45,6 +64,8 @@ class PoolStats:
     workers: tuple[WorkerStats, ...]
     recycled: int = 0
     """Workers replaced for going over ``worker_memory_limit``, in all."""
+    nodes: tuple[NodeStats, ...] = ()
+    """Per node, where the pool runs node sub-pools; empty otherwise."""
 
     def as_dict(self) -> dict[str, Any]:
         """Plain types, for JSON."""

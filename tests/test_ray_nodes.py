@@ -206,6 +206,26 @@ def test_repr_stats_and_one_message_per_node(cluster: Cluster) -> None:
         after = [s["messages"] for s in transport.node_stats()]
         assert [b - a for a, b in zip(before, after, strict=True)] == [10] * len(layout)
         assert "envs/" in repr(transport)
+        # The layout and each node's traffic reach the pool's own stats() and repr().
+        nodes = pool.stats().nodes
+        assert [(n.node, n.address, n.workers, n.envs) for n in nodes] == [
+            (node_id, host, len(workers), envs) for node_id, host, workers, envs in layout
+        ]
+        row = 4 * 4 + 8 + 1 + 1  # a CartPole observation, reward, both flags
+        for node in nodes:
+            assert node.messages >= 11 and node.answers >= 11  # the reset and ten steps
+            assert node.bytes_in >= 10 * node.envs * row and node.bytes_out > 0
+            assert node.round_trip_ms is not None and node.round_trip_ms > 0
+            assert f"{node.node[:8]} {node.envs} envs/{node.workers} workers" in repr(pool)
+        assert pool.stats().as_dict()["nodes"][0]["envs"] == nodes[0].envs  # plain, for JSON
+    assert "nodes=" not in repr(pool)  # closed: no layout to ask for
+
+
+def test_pools_without_node_sub_pools_report_no_nodes() -> None:
+    with envfleet.make("CartPole-v1", 2, backend="process", num_workers=2) as pool:
+        pool.reset(seed=0)
+        assert pool.stats().nodes == ()
+        assert "nodes=" not in repr(pool)
 
 
 def test_one_answer_per_node_per_step_when_workers_finish_apart(cluster: Cluster) -> None:

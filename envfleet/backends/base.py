@@ -33,6 +33,7 @@ from envfleet.buffers import Batch
 from envfleet.errors import OnError
 from envfleet.protocol import Command, Reply
 from envfleet.spec import EnvSpec
+from envfleet.stats import NodeStats
 
 DEFAULT_START_TIMEOUT = 120.0
 """Seconds a worker may take to build its envs (at ``make()`` or a restart) by default."""
@@ -113,6 +114,10 @@ class Transport(Protocol):
         """Bytes of memory ``worker`` uses (``worker_memory_limit``); ``None``: unknown.
         Default: ``None`` (a backend without worker processes of its own)."""
 
+    def nodes(self) -> tuple[NodeStats, ...]:
+        """Per node, where the transport runs node sub-pools (``pool.stats().nodes``,
+        ``repr(pool)``). Default: ``()``."""
+
     def forked(self) -> None:
         """Called in a forked child that inherited this transport: the workers are the
         parent's, and must be let go of without being touched. Default: nothing."""
@@ -148,6 +153,9 @@ class BaseTransport:
 
     def memory(self, worker: int) -> int | None:
         return None  # no worker process of its own to measure
+
+    def nodes(self) -> tuple[NodeStats, ...]:
+        return ()  # one machine's workers, no node sub-pools
 
     def forked(self) -> None:
         pass  # nothing of the parent's to let go of

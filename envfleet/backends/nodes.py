@@ -52,6 +52,7 @@ from envfleet.backends.rows import deliver
 from envfleet.buffers import Batch, ObjectRows
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Command, Reply
+from envfleet.stats import NodeStats
 
 START_ATTEMPTS = 5
 START_BACKOFF = 0.5
@@ -287,6 +288,22 @@ class NodeTransport(BaseTransport):
                 }
             )
         return out
+
+    def nodes(self) -> tuple[NodeStats, ...]:
+        return tuple(
+            NodeStats(
+                node=s["node"],
+                address=s["address"],
+                workers=s["workers"],
+                envs=s["envs"],
+                messages=s["messages"],
+                answers=s["answers"],
+                bytes_out=s["bytes_out"],
+                bytes_in=s["bytes_in"],
+                round_trip_ms=None if s["round_trip"] is None else s["round_trip"] * 1e3,
+            )
+            for s in self.node_stats()
+        )
 
     def __repr__(self) -> str:
         parts = [f"{n[0][:8]}: {n[3]} envs/{len(n[2])} workers" for n in self.layout()]
