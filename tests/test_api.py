@@ -149,6 +149,42 @@ def test_close_from_another_thread_ends_a_waiting_step(backend: str) -> None:
     assert pool.closed
 
 
+def test_close_from_another_thread_before_the_step_waits(backend: str) -> None:
+    """The other order of that race, forced: another thread's close() ends, workers gone and
+    their descriptors closed, after the step sent its commands and before it waits. The wait
+    polled the closed (or reused) descriptors for ever on process; it ends with
+    ClosedPoolError."""
+    pool = envfleet.make(FaultyEnv, 2, backend=backend, num_workers=2, env_kwargs={"sleep": 0.3})
+    pool.reset()
+    transport = pool._transport
+    submit = transport.submit
+    sent: list[int] = []
+
+    def submit_then_close(worker: int, command: Any) -> None:
+        submit(worker, command)
+        sent.append(worker)
+        if len(sent) == pool.num_workers:  # the step's last command: closed before the wait
+            closer = threading.Thread(target=pool.close, kwargs={"timeout": 0.2})
+            closer.start()
+            closer.join()
+
+    transport.submit = submit_then_close  # type: ignore[method-assign]
+    if hasattr(transport, "submit_all"):  # a whole-pool step goes through this hook instead
+        submit_all = transport.submit_all
+
+        def submit_all_then_close(*args: Any, **kwargs: Any) -> Any:
+            result = submit_all(*args, **kwargs)
+            closer = threading.Thread(target=pool.close, kwargs={"timeout": 0.2})
+            closer.start()
+            closer.join()
+            return result
+
+        transport.submit_all = submit_all_then_close  # type: ignore[method-assign]
+    with pytest.raises(envfleet.ClosedPoolError):
+        pool.step(np.zeros(2, dtype=np.int64))
+    assert pool.closed
+
+
 @pytest.mark.parametrize("kind", PROCESS_BACKENDS)
 def test_a_forked_child_cannot_stop_its_parents_pool(kind: str) -> None:
     """A child forked while a pool is open inherits it: it cannot use it (ClosedPoolError), and

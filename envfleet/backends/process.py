@@ -146,6 +146,13 @@ class ProcessTransport(BaseTransport):
         self._writing: set[int] = set()  # workers whose outbox holds bytes (polled for room)
         self._closed = False
         self._poller = select.poll()
+        # close() from another thread while wait() polls: a byte on this pipe wakes the poll,
+        # which then touches none of the workers' descriptors (close() is closing them).
+        self._wake_lock = threading.Lock()
+        self._waiting = 0
+        self._wake: tuple[int, int] | None = os.pipe()
+        os.set_blocking(self._wake[1], False)
+        self._poller.register(self._wake[0], select.POLLIN)
         self._pickled = PickledCommands()
         self._options = options
         self._options_blob = cloudpickle.dumps(options)
@@ -351,6 +358,21 @@ class ProcessTransport(BaseTransport):
         Keeps waiting (within ``timeout``) until ``want`` replies are in, a worker is lost or a
         reply reports a failure, so that a synchronous step is taken in one go.
         """
+        with self._wake_lock:
+            if self._closed:
+                return []
+            self._waiting += 1
+        try:
+            return self._wait(timeout, want)
+        finally:
+            with self._wake_lock:
+                self._waiting -= 1
+                if self._closed and not self._waiting:
+                    self._close_wake()
+
+    def _wait(
+        self, timeout: float | None, want: int
+    ) -> list[tuple[int, Reply | WorkerLost | None]]:
         poll = self._poller.poll
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[tuple[int, Reply | WorkerLost | None]] = []
@@ -363,6 +385,8 @@ class ProcessTransport(BaseTransport):
                     events = poll(0)
             if not events:
                 events = _retry_eintr(poll, ms)
+            if self._closed:  # by another thread: its descriptors are no longer ours to read
+                return replies
             if events:
                 start = len(replies)
                 ready = {fd for fd, _ in events}
@@ -421,9 +445,17 @@ class ProcessTransport(BaseTransport):
         return lost
 
     def close(self, timeout: float) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        with self._wake_lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._waiting:  # another thread polls: wake it (it closes the pipe when done)
+                try:
+                    os.write(self._wake[1], b"\0")  # type: ignore[index]
+                except OSError:
+                    pass
+            else:
+                self._close_wake()
         workers = self._workers
         # A Ctrl-C while the envs close still stops every worker (the finally) before it
         # goes on: the pool is already marked closed, and another close() would do nothing.
@@ -468,6 +500,14 @@ class ProcessTransport(BaseTransport):
                     end.close()
                 slot.alive = False
             self._shared = None
+
+    def _close_wake(self) -> None:
+        """Close the wake-up pipe (under ``_wake_lock``, with no wait() polling it)."""
+        if self._wake is not None:
+            self._poller.unregister(self._wake[0])
+            for fd in self._wake:
+                os.close(fd)
+            self._wake = None
 
 
 def _retry_eintr(poll: Any, ms: int | None) -> list[tuple[int, int]]:
