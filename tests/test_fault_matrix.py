@@ -686,6 +686,10 @@ def test_sigint_while_make_forks_workers_is_not_lost() -> None:
         _script(
             f"""
             import os, signal, psutil
+            # A terminal's state, whatever the test run leaves to its children (a blocked or
+            # ignored SIGINT is inherited through exec and would make the Ctrl-C vanish).
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             sent = []
             def interrupt() -> None:
                 if not sent:  # the first fork in this process: worker 0's (or the fork server's)
