@@ -27,7 +27,9 @@ from ray.cluster_utils import Cluster
 import envfleet
 from envfleet.backends import node_wire
 from envfleet.backends.node_agent import NodeAgent, node_options
-from envfleet.backends.nodes import NodeTransport, _connect_agent, place
+from envfleet.backends.node_link import connect_agent
+from envfleet.backends.node_placement import place
+from envfleet.backends.nodes import NodeTransport
 from tests.ray_helpers import ray_leak_check
 
 NUM_ENVS = 6
@@ -196,21 +198,22 @@ def test_repr_stats_and_one_message_per_node(cluster: Cluster) -> None:
     ) as pool:
         transport = pool._transport
         assert isinstance(transport, NodeTransport)
-        layout = transport.layout()
+        layout = [(n.node_id, n.host, n.workers) for n in transport._nodes]
         assert sorted(n[0] for n in layout) == sorted(all_nodes(cluster))
-        assert sum(n[3] for n in layout) == NUM_ENVS
+        assert sorted(w for n in layout for w in n[2]) == [0, 1, 2]
         pool.reset()
-        before = [s["messages"] for s in transport.node_stats()]
+        before = [n.messages for n in pool.stats().nodes]
         for _ in range(10):
             pool.step(np.ones(NUM_ENVS, dtype=np.int64))
-        after = [s["messages"] for s in transport.node_stats()]
+        after = [n.messages for n in pool.stats().nodes]
         assert [b - a for a, b in zip(before, after, strict=True)] == [10] * len(layout)
         assert "envs/" in repr(transport)
         # The layout and each node's traffic reach the pool's own stats() and repr().
         nodes = pool.stats().nodes
-        assert [(n.node, n.address, n.workers, n.envs) for n in nodes] == [
-            (node_id, host, len(workers), envs) for node_id, host, workers, envs in layout
+        assert [(n.node, n.address, n.workers) for n in nodes] == [
+            (node_id, host, len(workers)) for node_id, host, workers in layout
         ]
+        assert sum(n.envs for n in nodes) == NUM_ENVS
         row = 4 * 4 + 8 + 1 + 1  # a CartPole observation, reward, both flags
         for node in nodes:
             assert node.messages >= 11 and node.answers >= 11  # the reset and ten steps
@@ -239,19 +242,13 @@ def test_one_answer_per_node_per_step_when_workers_finish_apart(cluster: Cluster
         nodes=all_nodes(cluster)[1:],
         seed=0,
     ) as pool:
-        transport = pool._transport
         pool.reset()
-        before = [(s["messages"], s["bytes_in"]) for s in transport.node_stats()]
-        answers = [s["answers"] for s in transport.node_stats()]
+        before = pool.stats().nodes
         for _ in range(5):
             pool.step(np.ones(NUM_ENVS, dtype=np.int64))
-        assert [
-            s["messages"] - b[0] for s, b in zip(transport.node_stats(), before, strict=True)
-        ] == [5, 5]
-        assert [s["answers"] - a for s, a in zip(transport.node_stats(), answers, strict=True)] == [
-            5,
-            5,
-        ]
+        after = pool.stats().nodes
+        assert [b.messages - a.messages for a, b in zip(before, after, strict=True)] == [5, 5]
+        assert [b.answers - a.answers for a, b in zip(before, after, strict=True)] == [5, 5]
 
 
 def agent_pid(pool: envfleet.Pool, node: int) -> int:
@@ -333,8 +330,8 @@ def test_agent_socket_refuses_a_wrong_key(cluster: Cluster) -> None:
         assert error is None
         serving = agent.serve.remote()
         with pytest.raises(AuthenticationError):
-            _connect_agent(host, port, b"x" * 32)
-        conn = _connect_agent(host, port, b"k" * 32)
+            connect_agent(host, port, b"x" * 32)
+        conn = connect_agent(host, port, b"k" * 32)
         conn.send_bytes(node_wire.CLOSE)
         assert conn.recv_bytes()[:1] == node_wire.ACK
         ray.get(serving, timeout=60)

@@ -25,6 +25,7 @@ Ray is an optional extra (``pip install envfleet[ray]``): only this module and i
 
 from __future__ import annotations
 
+import functools
 import math
 import pickle
 import secrets
@@ -55,11 +56,6 @@ from envfleet.backends.rows import deliver, row_bytes
 from envfleet.buffers import Batch, is_array_space, make_reader
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Close, Command, EnvCommand, EnvFailure, Reply, Step
-
-START_ATTEMPTS = 5
-START_BACKOFF = 0.5
-"""An actor that dies before it has built its envs is replaced, up to this many actors in all,
-``START_BACKOFF`` seconds later and twice as long each time (about 8 s in all)."""
 
 CHUNK_BYTES = 90 * 1024
 """Results of a step or reset expected to be larger travel in pieces of about this size (under
@@ -160,6 +156,11 @@ class RayTransport(BaseTransport):
             self._options, worker, restarts
         )
 
+    def _respawn(self, worker: int, restarts: dict[int, int]) -> Any:
+        """A new actor for ``worker`` (the last one died starting); its start call's ref."""
+        self._workers[worker].handle = self._spawn(worker, restarts)
+        return self._start_call(worker)
+
     def _start_call(self, worker: int) -> Any:
         where = self._memory.where if self._memory is not None else None
         return self._workers[worker].handle.start.remote(
@@ -170,40 +171,34 @@ class RayTransport(BaseTransport):
         """Wait until each of ``workers`` has built its envs; raise the first failure.
 
         An actor that dies before it has built them (its worker process or its node died, say
-        a node that Ray does not know dead yet) is replaced, up to ``START_ATTEMPTS`` times.
+        a node that Ray does not know dead yet) is replaced
+        (:func:`~envfleet.backends.ray_session.await_start`).
         """
         started = [(worker, self._start_call(worker)) for worker in workers]
         timeout = self._options.start_timeout  # placing the actor and building its envs
         deadline = time.monotonic() + timeout
         for worker, ref in started:
             slot = self._workers[worker]
-            delay = START_BACKOFF
-            for attempt in range(1, START_ATTEMPTS + 1):
-                try:
-                    reply: Reply
-                    address: str | None
-                    reply, slot.node, address, slot.pid = ray.get(
-                        ref, timeout=max(0.0, deadline - time.monotonic())
-                    )
-                    break
-                except GetTimeoutError as exc:
-                    self.kill(worker)
-                    raise self._start_failed(
-                        worker,
-                        f"did not start within start_timeout={timeout:g}s: its envs' "
-                        "constructor hangs, or no node has the resources it asks for "
-                        f"({self._resources})",
-                        EnvTimeoutError,
-                    ) from exc
-                except RayError as exc:
-                    if attempt == START_ATTEMPTS:
-                        raise self._start_failed(
-                            worker, f"died while building them ({attempt} actors in a row): {exc}"
-                        ) from exc
-                    time.sleep(delay)
-                    delay *= 2
-                    slot.handle = self._spawn(worker, restarts)
-                    ref = self._start_call(worker)
+            try:
+                reply: Reply
+                address: str | None
+                reply, slot.node, address, slot.pid = ray_session.await_start(
+                    ref, deadline, functools.partial(self._respawn, worker, restarts)
+                )
+            except GetTimeoutError as exc:
+                self.kill(worker)
+                raise self._start_failed(
+                    worker,
+                    f"did not start within start_timeout={timeout:g}s: its envs' "
+                    "constructor hangs, or no node has the resources it asks for "
+                    f"({self._resources})",
+                    EnvTimeoutError,
+                ) from exc
+            except RayError as exc:
+                attempts = ray_session.START_ATTEMPTS
+                raise self._start_failed(
+                    worker, f"died while building them ({attempts} actors in a row): {exc}"
+                ) from exc
             if reply.failures:
                 raise reply.failures[0].to_error(worker, self._options.spec.name)
             if address is not None:
