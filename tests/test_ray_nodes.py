@@ -1,4 +1,4 @@
-"""One sub-pool per node (``make(backend="ray", nodes=...)``) on a fake multi-node cluster.
+"""One sub-pool per node (``make(backend="ray")`` on a cluster) on a fake multi-node cluster.
 
 A head and two worker nodes of ``ray.cluster_utils.Cluster``, all on this machine, shared by the
 module (a cluster takes seconds to start). Each node's envs run in a local process pool behind
@@ -30,6 +30,8 @@ from envfleet.backends.node_agent import NodeAgent, node_options
 from envfleet.backends.node_link import connect_agent
 from envfleet.backends.node_placement import place
 from envfleet.backends.nodes import NodeTransport
+from envfleet.backends.ray import RayTransport
+from envfleet.backends.ray_options import RayOptions
 from tests.ray_helpers import ray_leak_check
 
 NUM_ENVS = 6
@@ -137,6 +139,59 @@ def test_same_trajectories_as_sync_vector_env(
             else trajectory(pool, steps)
         )
     assert_same(want, got)
+
+
+def heterogeneous(n: int = NUM_ENVS) -> list[Any]:
+    """CartPoles whose episodes end at different steps."""
+    return [
+        functools.partial(gymnasium.make, "CartPole-v1", max_episode_steps=8 + 3 * i)
+        for i in range(n)
+    ]
+
+
+def test_default_on_a_cluster_is_one_sub_pool_per_node_one_message_each(cluster: Cluster) -> None:
+    """No ``nodes=``: on a cluster of three nodes the pool runs a sub-pool on each, with
+    SyncVectorEnv's trajectories, and a reset, a call, get_attr and set_attr are one message
+    per node each, as a step is (two workers per node)."""
+    reference = SyncVectorEnv(heterogeneous())
+    want = trajectory(reference, 20)
+    with envfleet.make(heterogeneous(), backend="ray", num_workers=6) as pool:
+        assert isinstance(pool._transport, NodeTransport)
+        nodes = pool.stats().nodes
+        assert sorted(n.node for n in nodes) == sorted(all_nodes(cluster))
+        assert [n.workers for n in nodes] == [2, 2, 2]
+        got = trajectory(pool, 20)
+        assert [n.messages for n in pool.stats().nodes] == [21] * 3  # a reset and 20 steps
+        assert pool.call("get_wrapper_attr", "np_random_seed") == reference.call(
+            "get_wrapper_attr", "np_random_seed"
+        )
+        pool.set_attr("marker", list(range(NUM_ENVS)))
+        assert pool.get_attr("marker") == tuple(range(NUM_ENVS))
+        assert [n.messages for n in pool.stats().nodes] == [24] * 3
+        pool.reset(seed=1, options={"reset_mask": np.arange(NUM_ENVS) % 2 == 0})
+        assert [n.messages for n in pool.stats().nodes] == [25] * 3
+    reference.close()
+    assert_same(want, got)
+
+
+def test_nodes_false_keeps_one_actor_per_worker(cluster: Cluster) -> None:
+    reference = SyncVectorEnv(heterogeneous())
+    want = trajectory(reference, 6)
+    reference.close()
+    with envfleet.make(heterogeneous(), backend="ray", num_workers=3, nodes=False) as pool:
+        assert isinstance(pool._transport, RayTransport)
+        assert len(set(pool._transport.node_ids())) > 1  # spread over the nodes
+        assert pool.stats().nodes == ()
+        got = trajectory(pool, 6)
+    assert_same(want, got)
+
+
+def test_nodes_option_is_checked() -> None:
+    assert RayOptions(nodes=False).nodes is False
+    assert RayOptions(nodes=["a", "b"]).nodes == ("a", "b")
+    for bad in (True, "all", [], [1]):
+        with pytest.raises(ValueError, match="nodes must be"):
+            RayOptions(nodes=bad)  # type: ignore[arg-type]
 
 
 def _disabled_run(env: Any, steps: int) -> list[Any]:

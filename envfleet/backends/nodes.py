@@ -195,6 +195,17 @@ class NodeTransport(BaseTransport):
         for node in self._nodes:
             self._send_round(node, range(len(node.workers)), [commands[w] for w in node.workers])
 
+    def submit_many(self, commands: Sequence[tuple[int, Command]]) -> None:
+        """Commands for some workers (a reset, a call, an async step): one message per node."""
+        rounds: dict[int, tuple[NodeLink, list[int], list[Command]]] = {}
+        for worker, command in commands:
+            node, local = self._where[worker]
+            _, locals_, sent = rounds.setdefault(node.index, (node, [], []))
+            locals_.append(local)
+            sent.append(command)
+        for node, locals_, sent in rounds.values():
+            self._send_round(node, locals_, sent)
+
     def _send_round(self, node: NodeLink, locals_: Sequence[int], commands: list[Command]) -> None:
         message = node.round(locals_, commands, self._actions)
         if message is None:

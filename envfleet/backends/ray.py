@@ -49,6 +49,7 @@ from envfleet.backends import node_memory, ray_session
 from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
 from envfleet.backends.channel import PickledCommands, connect_pool
 from envfleet.backends.node_memory import PoolMemory
+from envfleet.backends.node_placement import alive_nodes, has_room
 from envfleet.backends.outbox import Outbox
 from envfleet.backends.ray_actor import GroupActor, unpack
 from envfleet.backends.ray_options import RayOptions
@@ -483,8 +484,36 @@ def _task_failed(command: Command, exc: RayTaskError) -> Reply:
 
 def open_transport(options: TransportOptions) -> Any:
     extra = options.backend_options
-    if isinstance(extra, RayOptions) and extra.nodes is not None:
+    if not isinstance(extra, RayOptions):
+        extra = RayOptions()
+    if extra.nodes is None:  # the default: node sub-pools where the cluster has several nodes
+        connected = ray_session.connect(extra.address, dict(extra.ray_init_kwargs))
+        try:
+            return _open(options, spans_nodes(extra))
+        finally:
+            if connected:
+                ray_session.disconnect()  # the transport holds a connection of its own
+    return _open(options, extra.nodes is not False)
+
+
+def _open(options: TransportOptions, node_pools: bool) -> Any:
+    if node_pools:
         from envfleet.backends.nodes import NodeTransport  # one sub-pool per node
 
         return NodeTransport(options)
     return RayTransport(options)
+
+
+def spans_nodes(extra: RayOptions) -> bool:
+    """Whether a pool that left ``nodes`` to us runs node sub-pools (see
+    :attr:`RayOptions.nodes`): this process is on a node of the cluster (not a Ray Client
+    connection, whose process cannot reach the nodes' agents), the actors' placement is ours,
+    and more than one alive node has CPUs and what ``worker_resources`` asks for."""
+    resources = dict(extra.worker_resources)
+    if not extra.ray_shared_memory or {"scheduling_strategy", "placement_group"} & set(resources):
+        return False
+    try:
+        ray.get_runtime_context().get_node_id()
+    except Exception:  # a Ray Client connection: this process is on no node of the cluster
+        return False
+    return sum(has_room(node, resources) for node in alive_nodes()) > 1
