@@ -44,13 +44,21 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from envfleet.backends import node_memory
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import BaseTransport, Replies, TransportOptions, WorkerLost
+from envfleet.backends.driver_node import DriverNode
 from envfleet.backends.node_agent import NodeAgent, node_options, rebuild
 from envfleet.backends.node_link import NodeLink, connect_agent
 from envfleet.backends.node_placement import choose_nodes, place
 from envfleet.backends.ray_options import RayOptions
-from envfleet.backends.ray_session import START_ATTEMPTS, await_start, connect, disconnect
+from envfleet.backends.ray_session import (
+    START_ATTEMPTS,
+    await_start,
+    connect,
+    disconnect,
+    forked,
+)
 from envfleet.buffers import Batch, ObjectRows
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Command
@@ -71,17 +79,12 @@ class NodeTransport(BaseTransport):
         self._options = options
         self._closed = False
         self._connected = connect(extra.address, dict(extra.ray_init_kwargs))
-        self.batch = Batch.local(options.observation_space, options.action_space, options.num_envs)
-        self._rows = wire.row_fields(self.batch)
-        self._actions = (
-            wire.leaves(self.batch.actions)
-            if not isinstance(self.batch.actions, ObjectRows)
-            else []
-        )
         self._space = options.observation_space
         self._authkey = secrets.token_bytes(32)
         self._nodes: list[NodeLink] = []
-        self._where: list[tuple[NodeLink, int]] = []  # per global worker: its node, local index
+        self._here: DriverNode | None = None  # the pool's workers on its own node
+        # Per global worker: its node's link (None: on the pool's own node) and its index there.
+        self._where: list[tuple[NodeLink | None, int]] = []
         self._poller = select.poll()
         self._by_fd: dict[int, NodeLink] = {}
         self._queued: Replies = []
@@ -90,16 +93,37 @@ class NodeTransport(BaseTransport):
             wanted = extra.nodes if isinstance(extra.nodes, (str, tuple)) else "auto"
             chosen = choose_nodes(wanted, dict(extra.worker_resources))
             runs = place(chosen, len(options.assignment))
+            where: dict[int, tuple[NodeLink | None, int]] = {}
+            here, here_workers = _pool_node(extra), []
             for (node_id, _), workers in zip(chosen, runs, strict=True):
-                if workers:
+                if node_id == here:
+                    here_workers = workers
+                    where.update((w, (None, k)) for k, w in enumerate(workers))
+                elif workers:
                     node = NodeLink(len(self._nodes), node_id, workers)
                     self._nodes.append(node)
-            self._where = [(n, k) for n in self._nodes for k in range(len(n.workers))]
+                    where.update((w, (node, k)) for k, w in enumerate(workers))
+            self._where = [where[w] for w in range(len(options.assignment))]
             self._agent_cls = ray.remote(NodeAgent)
             self._resources = {k: v for k, v in extra.worker_resources.items()}
             self._resources.setdefault("num_cpus", 0)
             for node in self._nodes:
                 self._spawn(node, {}, soft=False)
+            if here_workers:  # its actors start while the agents do
+                assert here is not None
+                self._here = DriverNode(options, here_workers, here, extra, self._poller)
+                self._here.host = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+            self.batch = (
+                self._here.batch
+                if self._here is not None
+                else Batch.local(options.observation_space, options.action_space, options.num_envs)
+            )
+            self._rows = wire.row_fields(self.batch)
+            self._actions = (
+                wire.leaves(self.batch.actions)
+                if not isinstance(self.batch.actions, ObjectRows)
+                else []
+            )
             self._await(self._nodes)
         except BaseException:
             self.close(1.0)
@@ -171,10 +195,26 @@ class NodeTransport(BaseTransport):
 
     def node_ids(self) -> list[str]:
         """The Ray node of each worker."""
-        return [node.node_id for node, _ in self._where]
+        here = "" if self._here is None else self._here.node_id
+        return [here if node is None else node.node_id for node, _ in self._where]
 
     def nodes(self) -> tuple[NodeStats, ...]:
-        return tuple(node.stats(self._options.assignment) for node in self._nodes)
+        """Per node (the pool's own first, where it runs workers): layout and traffic."""
+        local = () if self._here is None else (self._here.stats(),)
+        return local + tuple(node.stats(self._options.assignment) for node in self._nodes)
+
+    def memory(self, worker: int) -> int | None:
+        """Resident memory of a worker on the pool's own node (its actor); ``None`` elsewhere."""
+        node, local = self._where[worker]
+        return self._here.memory(local) if node is None and self._here is not None else None
+
+    def forked(self) -> None:
+        """In a forked child: the agents, the actors and the Ray are the parent's."""
+        self._closed = True
+        if self._here is not None:
+            self._here.forked()  # forgets the Ray connection too
+        else:
+            forked()
 
     def __repr__(self) -> str:
         parts = [f"{n.node[:8]}: {n.envs} envs/{n.workers} workers" for n in self.nodes()]
@@ -184,14 +224,20 @@ class NodeTransport(BaseTransport):
 
     def prepare(self, worker: int, command: Command) -> None:
         """Pickle ``command`` now: what cannot travel fails before anything changes."""
-        pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
+        node, local = self._where[worker]
+        if node is None and self._here is not None:
+            self._here.prepare(local, command)
+        else:
+            pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
 
     def submit(self, worker: int, command: Command) -> None:
-        node, local = self._where[worker]
-        self._send_round(node, [local], [command])
+        self.submit_many([(worker, command)])
 
     def submit_all(self, commands: Sequence[Command]) -> None:
         """A command for every worker: one message per node."""
+        if self._here is not None:
+            for local, worker in enumerate(self._here.workers):
+                self._here.submit(local, commands[worker])
         for node in self._nodes:
             self._send_round(node, range(len(node.workers)), [commands[w] for w in node.workers])
 
@@ -200,6 +246,10 @@ class NodeTransport(BaseTransport):
         rounds: dict[int, tuple[NodeLink, list[int], list[Command]]] = {}
         for worker, command in commands:
             node, local = self._where[worker]
+            if node is None:
+                assert self._here is not None
+                self._here.submit(local, command)
+                continue
             _, locals_, sent = rounds.setdefault(node.index, (node, [], []))
             locals_.append(local)
             sent.append(command)
@@ -227,12 +277,23 @@ class NodeTransport(BaseTransport):
             return replies
         deadline = None if timeout is None else time.monotonic() + timeout
         ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+        here = self._here
         while True:
-            events = self._poller.poll(ms)
+            # A command to the pool's own node may be answered with no socket event (a Ray
+            # call): look every millisecond then.
+            busy = here is not None and here.busy()
+            events = self._poller.poll(min(ms, 1) if busy and ms is not None else 1 if busy else ms)
+            local = busy
             for fd, _ in events:
                 ready = self._by_fd.get(fd)
-                if ready is not None and ready.alive:
-                    self._read(ready, replies)
+                if ready is not None:
+                    if ready.alive:
+                        self._read(ready, replies)
+                elif here is not None and here.owns(fd):
+                    local = True
+            if local:
+                assert here is not None
+                replies += here.wait()
             for node in self._nodes:
                 if node.killing and node.alive:
                     self._check_kills(node, replies)
@@ -293,6 +354,10 @@ class NodeTransport(BaseTransport):
         within :data:`KILL_GRACE` (the agent hangs too), the agent is killed: its whole node is
         lost."""
         node, local = self._where[worker]
+        if node is None:
+            assert self._here is not None
+            self._here.kill(local)
+            return
         if not node.alive:
             return
         try:
@@ -320,6 +385,10 @@ class NodeTransport(BaseTransport):
 
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
         node, local = self._where[worker]
+        if node is None:
+            assert self._here is not None
+            self._here.restart(local, restarts)
+            return
         for i, count in restarts.items():
             self._restarts[i] = count
         if not node.alive:
@@ -385,6 +454,8 @@ class NodeTransport(BaseTransport):
                     )
                 except Exception:
                     pass
+            if self._here is not None:
+                self._here.close(max(0.0, deadline - time.monotonic()))
         finally:
             for node in self._nodes:
                 if node.conn is not None:
@@ -393,9 +464,23 @@ class NodeTransport(BaseTransport):
                 node.alive = False
                 if ray.is_initialized():
                     self._kill_agent(node)
+            if self._here is not None:
+                self._here.close(0.0)  # idempotent; after a failure above
             if self._connected:
                 self._connected = False
                 disconnect()
+
+
+def _pool_node(extra: RayOptions) -> str | None:
+    """The Ray node of the pool's process, whose workers share its memory (``None``: they
+    do not: ``ray_shared_memory=False``, no anonymous memory files, or a Ray Client
+    connection, whose process is on no node)."""
+    if not extra.ray_shared_memory or not node_memory.available():
+        return None
+    try:
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception:
+        return None
 
 
 def open_transport(options: TransportOptions) -> NodeTransport:

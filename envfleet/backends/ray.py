@@ -269,6 +269,17 @@ class RayTransport(BaseTransport):
         """Whether each actor is served over a socket (on this machine) or by Ray calls."""
         return [slot.conn is not None for slot in self._workers]
 
+    def sockets(self) -> list[int]:
+        """The descriptors of the actors' sockets (on this machine), for a transport that waits
+        on them beside its own (:mod:`~envfleet.backends.driver_node`), then calls
+        :meth:`wait` when one is ready."""
+        return [slot.conn.fileno() for slot in self._workers if slot.conn is not None]
+
+    def busy(self) -> bool:
+        """Whether a reply may be in without an event on :meth:`sockets`: a command in flight
+        as a Ray call, or bytes waiting for room in a socket (written within :meth:`wait`)."""
+        return bool(self._writing) or any(slot.refs for slot in self._workers)
+
     def prepare(self, worker: int, command: Command) -> None:
         """Serialise ``command`` now: what cannot travel fails before anything changes."""
         if self._workers[worker].conn is not None:
