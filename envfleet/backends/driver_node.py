@@ -28,13 +28,21 @@ from envfleet.buffers import Batch
 from envfleet.protocol import Command
 from envfleet.stats import NodeStats
 
+_RESERVES = frozenset({"num_cpus", "num_gpus", "memory", "resources", "accelerator_type"})
+"""The keys of ``.options()`` that reserve a node's resources."""
+
 
 def driver_options(
     options: TransportOptions, workers: Sequence[int], node_id: str, extra: RayOptions
 ) -> NodeOptions:
     """``options`` for the pool's ``workers`` on its own node ``node_id``: one actor each,
-    pinned there, whose envs keep their global indices (rows of the whole pool's batch)."""
-    resources = dict(extra.worker_resources)
+    pinned there, whose envs keep their global indices (rows of the whole pool's batch).
+
+    The actors reserve none of the node's resources: ``worker_resources`` are what each node's
+    agent asks for, once per node, and a node is chosen only if it has them; this node's
+    workers, like an agent's worker processes, come on top."""
+    resources = {k: v for k, v in extra.worker_resources.items() if k not in _RESERVES}
+    resources["num_cpus"] = 0
     resources["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
     pinned = dataclasses.replace(extra, worker_resources=resources, nodes=False)
     values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}

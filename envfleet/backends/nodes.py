@@ -58,6 +58,7 @@ from envfleet.backends.ray_session import (
     connect,
     disconnect,
     forked,
+    pool_node,
 )
 from envfleet.buffers import Batch, ObjectRows
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
@@ -477,10 +478,7 @@ def _pool_node(extra: RayOptions) -> str | None:
     connection, whose process is on no node)."""
     if not extra.ray_shared_memory or not node_memory.available():
         return None
-    try:
-        return str(ray.get_runtime_context().get_node_id())
-    except Exception:
-        return None
+    return pool_node()
 
 
 def open_transport(options: TransportOptions) -> NodeTransport:

@@ -35,12 +35,13 @@ class RayOptions:
     nodes: str | Sequence[str] | bool | None = None
     """Node sub-pools (:mod:`envfleet.backends.nodes`): an agent on each node runs its share of
     the workers (in proportion to its CPUs, in contiguous runs) as local processes, and each
-    command is one message per node. ``None`` (default): node sub-pools when the pool's process
-    is on a node of a cluster with more than one alive node that has CPUs (and the resources of
-    ``worker_resources``), unless ``worker_resources`` places the actors itself
-    (``scheduling_strategy``, ``placement_group``) or ``ray_shared_memory=False``; else one
-    actor per worker. ``"auto"`` (every such node) or a list of Ray node ids: node sub-pools
-    always. ``False``: one actor per worker always."""
+    command is one message per node; the pool's own node runs its share as actors on the pool's
+    memory (with ``ray_shared_memory=False``, an agent too). ``None`` (default): node sub-pools
+    when the pool's process is on a node of a cluster with more than one alive node that has
+    CPUs (and the resources of ``worker_resources``), unless ``worker_resources`` places the
+    actors itself (``scheduling_strategy``, ``placement_group``) or ``ray_shared_memory=False``;
+    else one actor per worker. ``"auto"`` (every such node) or a list of Ray node ids: node
+    sub-pools always. ``False``: one actor per worker always."""
 
     def __post_init__(self) -> None:
         # Copies: the caller's mappings may change after make() returns.
