@@ -10,6 +10,8 @@ the pool's caller) and the wall time, for
   "Ray calls carrying a node's batch" data plane);
 - ``node pools``: one agent per node running the node's workers as local processes, one message
   per node per step over the authenticated socket (``nodes=[...]``);
+- ``node pools, pool's node ...``: the same with the pool's own node (the head) in the layout,
+  its workers on the pool's memory (the default) or behind an agent like the others;
 - ``process``: the process backend on one machine, the reference;
 
 against nodes (1, 2, 4), workers and observation size (16 bytes, 84x84x4 and 210x160x3
@@ -151,6 +153,16 @@ def main(argv: list[str] | None = None) -> int:
                     nodes=2,
                 )
             )
+        # The pool's own node (the head) in the layout: its workers on the pool's memory (the
+        # default), or behind an agent like the other nodes' (ray_shared_memory=False).
+        three = [cluster.head_node.node_id, *workers[:2]]
+        for shared in (True, False):
+            with envfleet.make(
+                noop, 64, num_workers=6, nodes=three, ray_shared_memory=shared, **common
+            ) as pool:
+                where = "on its memory" if shared else "behind an agent"
+                label = f"node pools, pool's node {where} + 2 nodes"
+                rows.append(row(label, 64, *measure(pool, steps, args.repeats), nodes=3))
         for label, (shape, dtype) in SHAPES.items():
             if label == "16 B":
                 continue
