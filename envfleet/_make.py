@@ -142,9 +142,10 @@ def make(
             ``address`` (``None``: the Ray this process is connected to, else a private local
             one; ``"auto"`` or ``"ray://host:port"``: join a cluster), ``ray_init_kwargs``
             (for ``ray.init``), ``worker_resources`` (``.options()`` of each actor),
-            ``ray_shared_memory`` (``False``: every command a Ray call) and ``nodes``
+            ``ray_shared_memory`` (``False``: every command a Ray call), ``nodes``
             (``"auto"`` or Ray node ids: one sub-pool per node, each command one message per
-            node).
+            node) and ``compress`` (node sub-pools: ``"lz4"`` or ``"zlib"``, lossless
+            compression of image observations on their way to the pool).
 
     Returns:
         A :class:`Pool`; close it (or use it as a context manager) to free its workers.

@@ -491,3 +491,76 @@ def test_a_hung_worker_is_killed_by_its_agent_and_only_its_envs_restart(
         assert os.path.exists(marker)
         assert restarted.tolist() == [i in pool._assignment[0] for i in range(NUM_ENVS)]
         assert [node.pid for node in pool._transport._nodes] == pids, "an agent was replaced"
+
+
+class Frames(gymnasium.Env[dict[str, Any], np.int64]):
+    """Small frames (mostly black, a patch of seeded noise that moves) beside a float vector:
+    an image field that compresses and one that does not. Episodes end at ``length`` steps."""
+
+    def __init__(self, length: int) -> None:
+        self.observation_space = gymnasium.spaces.Dict(
+            {
+                "frame": gymnasium.spaces.Box(0, 255, (24, 32, 3), np.uint8),
+                "pos": gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32),
+            }
+        )
+        self.action_space = gymnasium.spaces.Discrete(4)
+        self.length = length
+        self._t = 0
+
+    def _obs(self, action: int) -> dict[str, Any]:
+        frame = np.zeros((24, 32, 3), np.uint8)
+        at = (self._t * 3 + action) % 20
+        frame[at : at + 4, at : at + 6] = self.np_random.integers(0, 256, (4, 6, 3))
+        pos = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        return {"frame": frame, "pos": pos}
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs(0), {}
+
+    def step(self, action: Any) -> Any:
+        self._t += 1
+        obs = self._obs(int(action))
+        return obs, float(obs["pos"][0]), self._t >= self.length, False, {}
+
+
+@pytest.mark.parametrize("compress", [None, "zlib", "lz4"])
+def test_compressed_frames_are_bit_identical(cluster: Cluster, compress: str | None) -> None:
+    """compress= changes the bytes on the wire, never the values: SyncVectorEnv's image and
+    vector observations, bit for bit, on three nodes; the nodes send far fewer bytes."""
+    fns = [functools.partial(Frames, 5 + i) for i in range(NUM_ENVS)]
+    reference = SyncVectorEnv(fns)
+    want = trajectory(reference, 20)
+    reference.close()
+    with envfleet.make(
+        fns, backend="ray", num_workers=3, nodes=all_nodes(cluster), compress=compress
+    ) as pool:
+        got = trajectory(pool, 20)
+        received = sum(n.bytes_in for n in pool.stats().nodes)
+    for k, (x, y) in enumerate(zip(want, got, strict=True)):
+        if isinstance(x, dict):
+            for key in x:
+                np.testing.assert_array_equal(x[key], y[key], err_msg=f"item {k} {key}")
+                assert x[key].dtype == y[key].dtype
+        else:
+            np.testing.assert_array_equal(x, y, err_msg=f"item {k}")
+    frames = 21 * NUM_ENVS * 24 * 32 * 3  # the reset and 20 steps
+    if compress is None:
+        assert received > frames
+    else:
+        assert received < frames / 4, f"{received} bytes for {frames} bytes of frames"
+
+
+def test_compress_is_refused_where_it_has_nothing_to_do(cluster: Cluster) -> None:
+    """A bad name, a pool without node sub-pools and a space without images: a clear error
+    before any agent or actor starts."""
+    with pytest.raises(ValueError, match="compress must be one of 'lz4', 'zlib' or None"):
+        envfleet.make("CartPole-v1", 2, backend="ray", nodes="auto", compress="gzip")
+    with pytest.raises(ValueError, match="compress='zlib' compresses what node sub-pools send"):
+        envfleet.make(functools.partial(Frames, 5), 2, backend="ray", compress="zlib")
+    with pytest.raises(ValueError, match=r"compresses image observations.*has none"):
+        envfleet.make("CartPole-v1", 2, backend="ray", nodes="auto", compress="lz4")
+    with pytest.raises(ValueError, match="compress is an option of backend='ray'"):
+        envfleet.make(functools.partial(Frames, 5), 2, backend="process", compress="lz4")

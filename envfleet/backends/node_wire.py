@@ -18,7 +18,9 @@
 (observation leaves, rewards, terminations, truncations), for the envs of the round's
 :class:`~envfleet.protocol.EnvCommand` s in a canonical order both sides compute from the same
 commands (:func:`row_ids`); a step's actions travel the same way. Spaces that are not arrays
-(pickled path) carry their observations in the pickled part instead.
+(pickled path) carry their observations in the pickled part instead. With ``compress=``, the
+rows of each image field (:mod:`envfleet.backends.compression`) travel instead as one
+compressed block, its length (8 bytes) first.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from envfleet.backends.compression import Codec, compressible
 from envfleet.buffers import ObjectRows
 from envfleet.protocol import Command, EnvCommand, Reply, Step
 
@@ -44,6 +47,9 @@ KILL = b"K"
 ACK = b"A"
 _LENGTH = struct.Struct("<Q")
 _COUNT = struct.Struct("<H")
+
+Codecs = Sequence[Codec | None] | None
+"""Per row field, the codec that compresses it (``None``: no field is compressed)."""
 
 
 def leaves(value: Any) -> list[np.ndarray]:
@@ -63,24 +69,66 @@ def selection(ids: np.ndarray) -> slice | np.ndarray:
     return ids
 
 
-def pack(fields: Sequence[np.ndarray], sel: slice | np.ndarray) -> list[bytes]:
-    """The bytes of rows ``sel`` of each array of ``fields``."""
-    return [np.ascontiguousarray(field[sel]).tobytes() for field in fields]
+def pack(
+    fields: Sequence[np.ndarray], sel: slice | np.ndarray, codecs: Codecs = None
+) -> list[bytes]:
+    """The bytes of rows ``sel`` of each array of ``fields``; a field with a codec in
+    ``codecs`` (see :func:`row_codecs`) as its compressed block, its length first (nothing when
+    there are no rows)."""
+    if not codecs:
+        return [np.ascontiguousarray(field[sel]).tobytes() for field in fields]
+    out = []
+    for field, codec in zip(fields, codecs, strict=True):
+        rows = np.ascontiguousarray(field[sel])
+        if codec is None:
+            out.append(rows.tobytes())
+        elif rows.shape[0]:
+            blob = codec.compress(rows.reshape(-1))
+            out += [_LENGTH.pack(len(blob)), blob]
+    return out
 
 
 def unpack(
-    fields: Sequence[np.ndarray], sel: slice | np.ndarray, n: int, data: Any, at: int
+    fields: Sequence[np.ndarray],
+    sel: slice | np.ndarray,
+    n: int,
+    data: Any,
+    at: int,
+    codecs: Codecs = None,
 ) -> int:
     """Write ``n`` rows from ``data`` (from offset ``at``) into rows ``sel`` of each of
-    ``fields``; return the offset after them."""
+    ``fields`` (compressed blocks, for the fields with a codec in ``codecs``, decompressed
+    straight into them where ``sel`` is a slice); return the offset after them."""
     if n == 0:
         return at
-    for field in fields:
+    for k, field in enumerate(fields):
         shape = field.shape[1:]
+        codec = codecs[k] if codecs else None
+        if codec is not None:
+            (size,) = _LENGTH.unpack_from(data, at)
+            at += _LENGTH.size
+            block = np.frombuffer(data, np.uint8, size, at)
+            at += size
+            if isinstance(sel, slice):
+                codec.decompress_into(block, field[sel])
+            else:
+                rows = np.empty((n, *shape), field.dtype)
+                codec.decompress_into(block, rows)
+                field[sel] = rows
+            continue
         count = n * math.prod(shape)
         field[sel] = np.frombuffer(data, field.dtype, count, at).reshape((n, *shape))
         at += count * field.itemsize
     return at
+
+
+def row_codecs(fields: Sequence[np.ndarray], codec: Codec | None) -> Codecs:
+    """Which of a round's row ``fields`` travel compressed with ``codec`` (the images: see
+    :func:`~envfleet.backends.compression.compressible`); ``None``: none."""
+    if codec is None:
+        return None
+    codecs = [codec if compressible(field) else None for field in fields]
+    return codecs if any(c is not None for c in codecs) else None
 
 
 def plain_workers(workers: Sequence[int]) -> bytes:

@@ -42,6 +42,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from envfleet.backends import compression
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
 from envfleet.backends.channel import authenticated
@@ -154,9 +155,16 @@ class NodeTransport(BaseTransport):
             extra = RayOptions()
         self._options = options
         self._closed = False
-        self._connected = connect(extra.address, dict(extra.ray_init_kwargs))
+        self._connected = False
         self.batch = Batch.local(options.observation_space, options.action_space, options.num_envs)
         self._rows = wire.row_fields(self.batch)
+        self._codecs = wire.row_codecs(self._rows, compression.codec(extra.compress))
+        if extra.compress is not None and self._codecs is None:
+            raise ValueError(
+                f"compress={extra.compress!r} compresses image observations (uint8 arrays of "
+                f"two or more dimensions a row); {options.observation_space} has none"
+            )
+        self._connected = connect(extra.address, dict(extra.ray_init_kwargs))
         self._actions = (
             wire.leaves(self.batch.actions)
             if not isinstance(self.batch.actions, ObjectRows)
@@ -428,7 +436,7 @@ class NodeTransport(BaseTransport):
                 ids = wire.row_ids((c, None) for c in commands)
                 sel = wire.selection(ids)
                 node.plain[key] = (order, commands, ids, sel)
-            wire.unpack(self._rows, sel, ids.size, data, at)
+            wire.unpack(self._rows, sel, ids.size, data, at, self._codecs)
             replies.extend((workers[k], None) for k in order)
             return
         if tag == wire.ACK:  # pragma: no cover - only in answer to a restart or close
@@ -451,7 +459,7 @@ class NodeTransport(BaseTransport):
                     deliver(self.batch, self._space, reply)
             out.append((workers[local], reply))
         ids = wire.row_ids(answered)
-        wire.unpack(self._rows, wire.selection(ids), ids.size, data, at)
+        wire.unpack(self._rows, wire.selection(ids), ids.size, data, at, self._codecs)
         replies.extend(out)
 
     def _lose(self, node: _Node, why: str) -> None:

@@ -492,4 +492,9 @@ def open_transport(options: TransportOptions) -> Any:
         from envfleet.backends.nodes import NodeTransport  # one sub-pool per node
 
         return NodeTransport(options)
+    if isinstance(extra, RayOptions) and extra.compress is not None:
+        raise ValueError(
+            f"compress={extra.compress!r} compresses what node sub-pools send the pool: give "
+            "nodes='auto' or a list of Ray node ids (this pool runs one Ray actor per worker)"
+        )
     return RayTransport(options)
