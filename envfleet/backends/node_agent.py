@@ -234,6 +234,10 @@ class _Server:
             self.hold = self.owed == 0 and [w for w, _ in commands] == list(range(self.workers))
             self.submit(commands, view, at)
             return True
+        if tag == wire.MEMORY:  # answered at once, between the node's rounds
+            local = self.local
+            self.conn.send_bytes(wire.memory([local.memory(k) for k in range(self.workers)]))
+            return True
         # A kill, a restart, a close: nothing waits for the rest, and what is in goes first.
         self.hold = False
         if self.held:

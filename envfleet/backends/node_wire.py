@@ -13,6 +13,8 @@
     K + worker (2 bytes) ───────────────────────────► kill a hung local worker (reported lost)
     X + pickle((worker, restarts)) ─────────────────► rebuild one local worker; A + pickle(error)
     C ──────────────────────────────────────────────► close; A, then the agent's loop ends
+    M ──────────────────────────────────────────────► its workers' resident memory:
+      (worker_memory_limit)        ◄──── M + int64 bytes per local worker (-1: unknown)
 
 ``worker`` is the agent's own (local) worker index. Rows travel as the raw bytes of each field
 (observation leaves, rewards, terminations, truncations), for the envs of the round's
@@ -45,6 +47,7 @@ RESTART = b"X"
 CLOSE = b"C"
 KILL = b"K"
 ACK = b"A"
+MEMORY = b"M"
 _LENGTH = struct.Struct("<Q")
 _COUNT = struct.Struct("<H")
 
@@ -141,6 +144,17 @@ def read_plain_workers(data: Any) -> tuple[bytes, int]:
     (n,) = _COUNT.unpack_from(data, 1)
     end = 1 + _COUNT.size + 2 * n
     return bytes(data[1:end]), end
+
+
+def memory(used: Sequence[int | None]) -> bytes:
+    """An agent's answer to :data:`MEMORY`: the resident bytes of each of its workers."""
+    return MEMORY + np.array([-1 if u is None else u for u in used], dtype=np.int64).tobytes()
+
+
+def read_memory(data: Any) -> list[int | None]:
+    """The bytes of each worker in an answer to :data:`MEMORY` (``None``: unknown)."""
+    values = np.frombuffer(data, np.int64, offset=1).tolist()
+    return [None if v < 0 else int(v) for v in values]
 
 
 def header(tag: bytes, body: Any) -> bytes:

@@ -144,6 +144,8 @@ class _Node:
     bytes_out: int = 0
     seconds: float = 0.0  # message out to its answer in, summed
     sent_at: float = 0.0
+    memory: list[int | None] = field(default_factory=list)  # per local worker, as last reported
+    measuring: bool = False  # asked for its workers' memory, not answered yet
 
 
 class NodeTransport(BaseTransport):
@@ -205,6 +207,8 @@ class NodeTransport(BaseTransport):
             max_concurrency=1, max_restarts=0, scheduling_strategy=strategy, **self._resources
         ).remote(node_options(self._options, node.workers), restarts)
         node.inflight = [deque() for _ in node.workers]
+        node.memory = [None] * len(node.workers)
+        node.measuring = False
         node.last = None
         node.actions = None
         node.killing = {}
@@ -273,6 +277,20 @@ class NodeTransport(BaseTransport):
             (n.node_id, n.host, list(n.workers), sum(len(assignment[w]) for w in n.workers))
             for n in self._nodes
         ]
+
+    def memory(self, worker: int) -> int | None:
+        """Resident bytes of ``worker``'s process as its agent last reported them (``None``:
+        not yet, or gone); a call asks the node for fresh figures when it answered the last
+        ask, so a later check of ``worker_memory_limit`` sees them, without a wait here."""
+        node, local = self._where[worker]
+        if node.alive and not node.measuring and node.conn is not None:
+            try:
+                node.conn.send_bytes(wire.MEMORY)
+            except OSError:
+                self._lose(node, "its connection broke")
+                return None
+            node.measuring = True
+        return node.memory[local]
 
     def node_ids(self) -> list[str]:
         """The Ray node of each worker."""
@@ -414,6 +432,9 @@ class NodeTransport(BaseTransport):
         self, node: _Node, data: bytes, replies: list[tuple[int, Reply | WorkerLost | None]]
     ) -> None:
         """Deliver the rows of one message from ``node`` and add its replies."""
+        if data[:1] == wire.MEMORY:
+            node.memory, node.measuring = wire.read_memory(data), False
+            return
         node.answers += 1
         node.bytes_in += len(data)
         node.seconds += time.perf_counter() - node.sent_at
@@ -481,13 +502,18 @@ class NodeTransport(BaseTransport):
         self._kill_agent(node)
 
     def _report_lost(
-        self, node: _Node, replies: list[tuple[int, Reply | WorkerLost | None]]
+        self,
+        node: _Node,
+        replies: list[tuple[int, Reply | WorkerLost | None]],
+        but: int | None = None,
     ) -> None:
+        """Report each of ``node``'s workers lost (but its local worker ``but``)."""
         node.lost = True
         reason = f"the agent of node {node.node_id} ({node.host}) is gone: {node.why}"
         for k, worker in enumerate(node.workers):
             node.inflight[k].clear()
-            replies.append((worker, WorkerLost(None, reason)))
+            if k != but:
+                replies.append((worker, WorkerLost(None, reason)))
 
     # -- killing and restarting ----------------------------------------------------------------
 
@@ -548,8 +574,17 @@ class NodeTransport(BaseTransport):
         assert node.conn is not None
         node.inflight[local].clear()
         node.last = None
-        node.conn.send_bytes(wire.header(wire.RESTART, (local, restarts)))
-        error = self._ack(node)
+        try:
+            node.conn.send_bytes(wire.header(wire.RESTART, (local, restarts)))
+            error = self._ack(node)
+        except (EOFError, OSError):
+            # The agent went while it replaced its worker (its node was removed: the worker
+            # died first): its other workers are lost too, and a new agent builds the node.
+            self._lose(node, "its connection broke during a restart")
+            self._report_lost(node, self._queued, but=local)
+            self.restart(worker, restarts)
+            return
+        node.memory[local] = None  # the old process's figure
         if error is not None:
             raise rebuild(error, node.workers, self._options.spec.name)
 
