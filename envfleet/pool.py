@@ -502,10 +502,10 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
         prepare = self._transport.prepare
         for worker, command in commands:
             prepare(worker, command)
-        ledger, submit = self._ledger, self._transport.submit
+        sent = self._ledger.sent
         for worker, command in commands:
-            ledger.sent(worker, command)
-            submit(worker, command)
+            sent(worker, command)
+        self._transport.submit_many(commands)  # a node sub-pool's in one message per node
 
     def _pump(self, block: bool, want: int = 1) -> None:
         """Take in the replies that have arrived (waiting for at least one if ``block``).
