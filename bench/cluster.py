@@ -5,7 +5,7 @@ turn: the driver's CPU time per vector step (``time.process_time`` of this proce
 the pool's caller) and the wall time, for
 
 - ``per-actor``: today's path, one Ray actor per worker on the other nodes, one Ray call per
-  worker per step (``nodes=None``);
+  worker per step (``nodes=False``);
 - ``per-actor, 1/node``: one actor per node, so one Ray call carries a node's whole batch (the
   "Ray calls carrying a node's batch" data plane);
 - ``node pools``: one agent per node running the node's workers as local processes, one message
@@ -131,7 +131,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
         for w in (2, 8):
             with envfleet.make(
-                noop, 64, num_workers=w, worker_resources={"resources": {"pair": 1}}, **common
+                noop,
+                64,
+                num_workers=w,
+                worker_resources={"resources": {"pair": 1}},
+                nodes=False,
+                **common,
             ) as pool:
                 label = (
                     "per-actor, 1/node (Ray call per node)" if w == 2 else "per-actor, 8 on 2 nodes"
@@ -159,7 +164,12 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
             with envfleet.make(
-                env, 16, num_workers=2, worker_resources={"resources": {"pair": 1}}, **common
+                env,
+                16,
+                num_workers=2,
+                worker_resources={"resources": {"pair": 1}},
+                nodes=False,
+                **common,
             ) as pool:
                 rows.append(
                     row(

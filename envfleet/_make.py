@@ -143,8 +143,9 @@ def make(
             one; ``"auto"`` or ``"ray://host:port"``: join a cluster), ``ray_init_kwargs``
             (for ``ray.init``), ``worker_resources`` (``.options()`` of each actor),
             ``ray_shared_memory`` (``False``: every command a Ray call) and ``nodes``
-            (``"auto"`` or Ray node ids: one sub-pool per node, each command one message per
-            node).
+            (``None``: one sub-pool per node on a cluster of several nodes, each command one
+            message per node; ``"auto"`` or Ray node ids: always; ``False``: one actor per
+            worker).
 
     Returns:
         A :class:`Pool`; close it (or use it as a context manager) to free its workers.

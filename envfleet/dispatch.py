@@ -115,10 +115,10 @@ class Dispatch:
         prepare = self._transport.prepare
         for worker, command in commands:
             prepare(worker, command)
-        ledger, submit = self._ledger, self._transport.submit
+        sent = self._ledger.sent
         for worker, command in commands:
-            ledger.sent(worker, command)
-            submit(worker, command)
+            sent(worker, command)
+        self._transport.submit_many(commands)  # a node sub-pool's in one message per node
 
     def collect(self, env_ids: np.ndarray) -> None:
         """Wait until every env of ``env_ids`` is ready and take them out of the FIFO."""

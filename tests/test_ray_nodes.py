@@ -1,4 +1,4 @@
-"""One sub-pool per node (``make(backend="ray", nodes=...)``) on a fake multi-node cluster.
+"""One sub-pool per node (``make(backend="ray")`` on a cluster) on a fake multi-node cluster.
 
 A head and two worker nodes of ``ray.cluster_utils.Cluster``, all on this machine, shared by the
 module (a cluster takes seconds to start). Each node's envs run in a local process pool behind
@@ -27,7 +27,11 @@ from ray.cluster_utils import Cluster
 import envfleet
 from envfleet.backends import node_wire
 from envfleet.backends.node_agent import NodeAgent, node_options
-from envfleet.backends.nodes import NodeTransport, _connect_agent, place
+from envfleet.backends.node_link import connect_agent
+from envfleet.backends.node_placement import place
+from envfleet.backends.nodes import NodeTransport
+from envfleet.backends.ray import RayTransport
+from envfleet.backends.ray_options import RayOptions
 from tests.ray_helpers import ray_leak_check
 
 NUM_ENVS = 6
@@ -137,6 +141,59 @@ def test_same_trajectories_as_sync_vector_env(
     assert_same(want, got)
 
 
+def heterogeneous(n: int = NUM_ENVS) -> list[Any]:
+    """CartPoles whose episodes end at different steps."""
+    return [
+        functools.partial(gymnasium.make, "CartPole-v1", max_episode_steps=8 + 3 * i)
+        for i in range(n)
+    ]
+
+
+def test_default_on_a_cluster_is_one_sub_pool_per_node_one_message_each(cluster: Cluster) -> None:
+    """No ``nodes=``: on a cluster of three nodes the pool runs a sub-pool on each, with
+    SyncVectorEnv's trajectories, and a reset, a call, get_attr and set_attr are one message
+    per node each, as a step is (two workers per node)."""
+    reference = SyncVectorEnv(heterogeneous())
+    want = trajectory(reference, 20)
+    with envfleet.make(heterogeneous(), backend="ray", num_workers=6) as pool:
+        assert isinstance(pool._transport, NodeTransport)
+        nodes = pool.stats().nodes
+        assert sorted(n.node for n in nodes) == sorted(all_nodes(cluster))
+        assert [n.workers for n in nodes] == [2, 2, 2]
+        got = trajectory(pool, 20)
+        assert [n.messages for n in pool.stats().nodes] == [21] * 3  # a reset and 20 steps
+        assert pool.call("get_wrapper_attr", "np_random_seed") == reference.call(
+            "get_wrapper_attr", "np_random_seed"
+        )
+        pool.set_attr("marker", list(range(NUM_ENVS)))
+        assert pool.get_attr("marker") == tuple(range(NUM_ENVS))
+        assert [n.messages for n in pool.stats().nodes] == [24] * 3
+        pool.reset(seed=1, options={"reset_mask": np.arange(NUM_ENVS) % 2 == 0})
+        assert [n.messages for n in pool.stats().nodes] == [25] * 3
+    reference.close()
+    assert_same(want, got)
+
+
+def test_nodes_false_keeps_one_actor_per_worker(cluster: Cluster) -> None:
+    reference = SyncVectorEnv(heterogeneous())
+    want = trajectory(reference, 6)
+    reference.close()
+    with envfleet.make(heterogeneous(), backend="ray", num_workers=3, nodes=False) as pool:
+        assert isinstance(pool._transport, RayTransport)
+        assert len(set(pool._transport.node_ids())) > 1  # spread over the nodes
+        assert pool.stats().nodes == ()
+        got = trajectory(pool, 6)
+    assert_same(want, got)
+
+
+def test_nodes_option_is_checked() -> None:
+    assert RayOptions(nodes=False).nodes is False
+    assert RayOptions(nodes=["a", "b"]).nodes == ("a", "b")
+    for bad in (True, "all", [], [1]):
+        with pytest.raises(ValueError, match="nodes must be"):
+            RayOptions(nodes=bad)  # type: ignore[arg-type]
+
+
 def _disabled_run(env: Any, steps: int) -> list[Any]:
     """DISABLED mode: reset the envs that ended (reset_mask) after each step."""
     actions = np.random.default_rng(1).integers(0, 2, size=(steps, NUM_ENVS))
@@ -196,21 +253,22 @@ def test_repr_stats_and_one_message_per_node(cluster: Cluster) -> None:
     ) as pool:
         transport = pool._transport
         assert isinstance(transport, NodeTransport)
-        layout = transport.layout()
+        layout = [(n.node_id, n.host, n.workers) for n in transport._nodes]
         assert sorted(n[0] for n in layout) == sorted(all_nodes(cluster))
-        assert sum(n[3] for n in layout) == NUM_ENVS
+        assert sorted(w for n in layout for w in n[2]) == [0, 1, 2]
         pool.reset()
-        before = [s["messages"] for s in transport.node_stats()]
+        before = [n.messages for n in pool.stats().nodes]
         for _ in range(10):
             pool.step(np.ones(NUM_ENVS, dtype=np.int64))
-        after = [s["messages"] for s in transport.node_stats()]
+        after = [n.messages for n in pool.stats().nodes]
         assert [b - a for a, b in zip(before, after, strict=True)] == [10] * len(layout)
         assert "envs/" in repr(transport)
         # The layout and each node's traffic reach the pool's own stats() and repr().
         nodes = pool.stats().nodes
-        assert [(n.node, n.address, n.workers, n.envs) for n in nodes] == [
-            (node_id, host, len(workers), envs) for node_id, host, workers, envs in layout
+        assert [(n.node, n.address, n.workers) for n in nodes] == [
+            (node_id, host, len(workers)) for node_id, host, workers in layout
         ]
+        assert sum(n.envs for n in nodes) == NUM_ENVS
         row = 4 * 4 + 8 + 1 + 1  # a CartPole observation, reward, both flags
         for node in nodes:
             assert node.messages >= 11 and node.answers >= 11  # the reset and ten steps
@@ -239,19 +297,13 @@ def test_one_answer_per_node_per_step_when_workers_finish_apart(cluster: Cluster
         nodes=all_nodes(cluster)[1:],
         seed=0,
     ) as pool:
-        transport = pool._transport
         pool.reset()
-        before = [(s["messages"], s["bytes_in"]) for s in transport.node_stats()]
-        answers = [s["answers"] for s in transport.node_stats()]
+        before = pool.stats().nodes
         for _ in range(5):
             pool.step(np.ones(NUM_ENVS, dtype=np.int64))
-        assert [
-            s["messages"] - b[0] for s, b in zip(transport.node_stats(), before, strict=True)
-        ] == [5, 5]
-        assert [s["answers"] - a for s, a in zip(transport.node_stats(), answers, strict=True)] == [
-            5,
-            5,
-        ]
+        after = pool.stats().nodes
+        assert [b.messages - a.messages for a, b in zip(before, after, strict=True)] == [5, 5]
+        assert [b.answers - a.answers for a, b in zip(before, after, strict=True)] == [5, 5]
 
 
 def agent_pid(pool: envfleet.Pool, node: int) -> int:
@@ -333,8 +385,8 @@ def test_agent_socket_refuses_a_wrong_key(cluster: Cluster) -> None:
         assert error is None
         serving = agent.serve.remote()
         with pytest.raises(AuthenticationError):
-            _connect_agent(host, port, b"x" * 32)
-        conn = _connect_agent(host, port, b"k" * 32)
+            connect_agent(host, port, b"x" * 32)
+        conn = connect_agent(host, port, b"k" * 32)
         conn.send_bytes(node_wire.CLOSE)
         assert conn.recv_bytes()[:1] == node_wire.ACK
         ray.get(serving, timeout=60)

@@ -32,11 +32,15 @@ class RayOptions:
     """Actors on this machine share the batch memory with the pool and take commands over a
     socket, without a Ray call per step (default ``True``); ``False`` makes every command a Ray
     call, as for actors on other nodes."""
-    nodes: str | Sequence[str] | None = None
-    """``None`` (default): one actor per worker. ``"auto"`` (every alive node with CPUs) or a
-    list of Ray node ids: one sub-pool per node (:mod:`envfleet.backends.nodes`): an agent on
-    each node runs its share of the workers (in proportion to its CPUs, in contiguous runs) as
-    local processes, and each command is one message per node."""
+    nodes: str | Sequence[str] | bool | None = None
+    """Node sub-pools (:mod:`envfleet.backends.nodes`): an agent on each node runs its share of
+    the workers (in proportion to its CPUs, in contiguous runs) as local processes, and each
+    command is one message per node. ``None`` (default): node sub-pools when the pool's process
+    is on a node of a cluster with more than one alive node that has CPUs (and the resources of
+    ``worker_resources``), unless ``worker_resources`` places the actors itself
+    (``scheduling_strategy``, ``placement_group``) or ``ray_shared_memory=False``; else one
+    actor per worker. ``"auto"`` (every such node) or a list of Ray node ids: node sub-pools
+    always. ``False``: one actor per worker always."""
 
     def __post_init__(self) -> None:
         # Copies: the caller's mappings may change after make() returns.
@@ -44,9 +48,12 @@ class RayOptions:
         object.__setattr__(self, "worker_resources", dict(self.worker_resources))
         object.__setattr__(self, "ray_shared_memory", self.ray_shared_memory is not False)
         nodes = self.nodes
-        if nodes is not None and nodes != "auto":
+        if nodes is True:
+            raise ValueError("nodes must be None, False, 'auto' or a list of Ray node ids")
+        if nodes is not None and nodes is not False and nodes != "auto":
             if isinstance(nodes, str) or not nodes or not all(isinstance(n, str) for n in nodes):
                 raise ValueError(
-                    f"nodes must be 'auto' or a non-empty list of Ray node ids, got {nodes!r}"
+                    "nodes must be None, False, 'auto' or a non-empty list of Ray node ids, "
+                    f"got {nodes!r}"
                 )
             object.__setattr__(self, "nodes", tuple(nodes))
