@@ -64,6 +64,8 @@ class NodeLink:
     bytes_out: int = 0
     seconds: float = 0.0  # message out to its answer in, summed
     sent_at: float = 0.0
+    memory: list[int | None] = field(default_factory=list)  # per local worker, as last reported
+    measuring: bool = False  # asked for its workers' memory, not answered yet
 
     def env_ids(self, assignment: Sequence[Sequence[int]]) -> tuple[int, ...]:
         """The node's envs (global indices)."""
@@ -89,6 +91,8 @@ class NodeLink:
         self.last = None
         self.actions = None
         self.killing = {}
+        self.memory = [None] * len(self.workers)
+        self.measuring = False
 
     # -- out -----------------------------------------------------------------------------------
 
@@ -137,10 +141,15 @@ class NodeLink:
         batch: Batch,
         space: gymnasium.Space[Any],
         restarts: np.ndarray,
+        codecs: wire.Codecs = None,
     ) -> Replies:
         """The replies one message from the agent carries (the pool's worker indices); its rows
-        are written into ``rows`` (the batch's arrays) first, and each env restarted is
-        counted in ``restarts``."""
+        are written into ``rows`` (the batch's arrays) first (decompressed by ``codecs``), and
+        each env restarted is counted in ``restarts``. An answer to :data:`~.node_wire.MEMORY`
+        carries none: its figures go to :attr:`memory`."""
+        if data[:1] == wire.MEMORY:
+            self.memory, self.measuring = wire.read_memory(data), False
+            return []
         self.answers += 1
         self.bytes_in += len(data)
         self.seconds += time.perf_counter() - self.sent_at
@@ -163,7 +172,7 @@ class NodeLink:
                 ids = wire.row_ids((c, None) for c in commands)
                 sel = wire.selection(ids)
                 self.plain[key] = (order, commands, ids, sel)
-            wire.unpack(rows, sel, ids.size, data, at)
+            wire.unpack(rows, sel, ids.size, data, at, codecs)
             return [(workers[k], None) for k in order]
         if tag == wire.ACK:  # pragma: no cover - only in answer to a restart or close
             return []
@@ -185,7 +194,7 @@ class NodeLink:
                     deliver(batch, space, reply)
             out.append((workers[local], reply))
         ids = wire.row_ids(answered)
-        wire.unpack(rows, wire.selection(ids), ids.size, data, at)
+        wire.unpack(rows, wire.selection(ids), ids.size, data, at, codecs)
         return out
 
 

@@ -44,6 +44,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from envfleet.backends import compression
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import BaseTransport, Replies, TransportOptions, WorkerLost
 from envfleet.backends.node_agent import NodeAgent, node_options, rebuild
@@ -70,9 +71,16 @@ class NodeTransport(BaseTransport):
             extra = RayOptions()
         self._options = options
         self._closed = False
-        self._connected = connect(extra.address, dict(extra.ray_init_kwargs))
+        self._connected = False
         self.batch = Batch.local(options.observation_space, options.action_space, options.num_envs)
         self._rows = wire.row_fields(self.batch)
+        self._codecs = wire.row_codecs(self._rows, compression.codec(extra.compress))
+        if extra.compress is not None and self._codecs is None:
+            raise ValueError(
+                f"compress={extra.compress!r} compresses image observations (uint8 arrays of "
+                f"two or more dimensions a row); {options.observation_space} has none"
+            )
+        self._connected = connect(extra.address, dict(extra.ray_init_kwargs))
         self._actions = (
             wire.leaves(self.batch.actions)
             if not isinstance(self.batch.actions, ObjectRows)
@@ -169,6 +177,20 @@ class NodeTransport(BaseTransport):
 
     # -- what the pool sees --------------------------------------------------------------------
 
+    def memory(self, worker: int) -> int | None:
+        """Resident bytes of ``worker``'s process as its agent last reported them (``None``:
+        not yet, or gone); a call asks the node for fresh figures when it answered the last
+        ask, so a later check of ``worker_memory_limit`` sees them, without a wait here."""
+        node, local = self._where[worker]
+        if node.alive and not node.measuring and node.conn is not None:
+            try:
+                node.conn.send_bytes(wire.MEMORY)
+            except OSError:
+                self._lose(node, "its connection broke")
+                return None
+            node.measuring = True
+        return node.memory[local]
+
     def node_ids(self) -> list[str]:
         """The Ray node of each worker."""
         return [node.node_id for node, _ in self._where]
@@ -259,7 +281,9 @@ class NodeTransport(BaseTransport):
 
     def _take(self, node: NodeLink, data: bytes, replies: Replies) -> None:
         """Deliver the rows of one message from ``node`` and add its replies."""
-        replies += node.take(data, self._rows, self.batch, self._space, self._restarts)
+        replies += node.take(
+            data, self._rows, self.batch, self._space, self._restarts, self._codecs
+        )
 
     def _lose(self, node: NodeLink, why: str) -> None:
         """The node's agent is gone: each of its workers is reported lost on the next wait."""
@@ -279,12 +303,14 @@ class NodeTransport(BaseTransport):
             node.conn = None
         self._kill_agent(node)
 
-    def _report_lost(self, node: NodeLink, replies: Replies) -> None:
+    def _report_lost(self, node: NodeLink, replies: Replies, but: int | None = None) -> None:
+        """Report each of ``node``'s workers lost (but its local worker ``but``)."""
         node.lost = True
         reason = f"the agent of node {node.node_id} ({node.host}) is gone: {node.why}"
         for k, worker in enumerate(node.workers):
             node.inflight[k].clear()
-            replies.append((worker, WorkerLost(None, reason)))
+            if k != but:
+                replies.append((worker, WorkerLost(None, reason)))
 
     # -- killing and restarting ----------------------------------------------------------------
 
@@ -343,8 +369,17 @@ class NodeTransport(BaseTransport):
         assert node.conn is not None
         node.inflight[local].clear()
         node.last = None
-        node.conn.send_bytes(wire.header(wire.RESTART, (local, restarts)))
-        error = self._ack(node)
+        try:
+            node.conn.send_bytes(wire.header(wire.RESTART, (local, restarts)))
+            error = self._ack(node)
+        except (EOFError, OSError):
+            # The agent went while it replaced its worker (its node was removed: the worker
+            # died first): its other workers are lost too, and a new agent builds the node.
+            self._lose(node, "its connection broke during a restart")
+            self._report_lost(node, self._queued, but=local)
+            self.restart(worker, restarts)
+            return
+        node.memory[local] = None  # the old process's figure
         if error is not None:
             raise rebuild(error, node.workers, self._options.spec.name)
 

@@ -501,6 +501,13 @@ def _open(options: TransportOptions, node_pools: bool) -> Any:
         from envfleet.backends.nodes import NodeTransport  # one sub-pool per node
 
         return NodeTransport(options)
+    extra = options.backend_options
+    if isinstance(extra, RayOptions) and extra.compress is not None:
+        raise ValueError(
+            f"compress={extra.compress!r} compresses what node sub-pools send the pool, and "
+            "this pool runs one Ray actor per worker (nodes=False, or a Ray of one node): give "
+            "nodes='auto' or a list of Ray node ids"
+        )
     return RayTransport(options)
 
 
