@@ -20,16 +20,27 @@ from collections.abc import Sequence
 
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from envfleet.backends import node_memory
 from envfleet.backends.base import Replies, TransportOptions
 from envfleet.backends.node_agent import NodeOptions
 from envfleet.backends.ray import RayTransport
 from envfleet.backends.ray_options import RayOptions
+from envfleet.backends.ray_session import pool_node
 from envfleet.buffers import Batch
 from envfleet.protocol import Command
 from envfleet.stats import NodeStats
 
 _RESERVES = frozenset({"num_cpus", "num_gpus", "memory", "resources", "accelerator_type"})
 """The keys of ``.options()`` that reserve a node's resources."""
+
+
+def shared_node(extra: RayOptions) -> str | None:
+    """The Ray node of the pool's process, whose workers share its memory (``None``: they do
+    not: ``ray_shared_memory=False``, no anonymous memory files, or a Ray Client connection,
+    whose process is on no node)."""
+    if not extra.ray_shared_memory or not node_memory.available():
+        return None
+    return pool_node()
 
 
 def driver_options(
@@ -44,7 +55,7 @@ def driver_options(
     resources = {k: v for k, v in extra.worker_resources.items() if k not in _RESERVES}
     resources["num_cpus"] = 0
     resources["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    pinned = dataclasses.replace(extra, worker_resources=resources, nodes=False)
+    pinned = dataclasses.replace(extra, worker_resources=resources, nodes=False, compress=None)
     values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
     values["assignment"] = [tuple(options.assignment[w]) for w in workers]
     values["backend_options"] = pinned

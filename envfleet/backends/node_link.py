@@ -19,12 +19,14 @@ from typing import Any
 
 import gymnasium
 import numpy as np
+import ray
 
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import Replies, WorkerLost
 from envfleet.backends.channel import authenticated
 from envfleet.backends.rows import deliver
 from envfleet.buffers import Batch
+from envfleet.errors import Phase, WorkerDiedError
 from envfleet.protocol import Command, Reply
 from envfleet.stats import NodeStats
 
@@ -64,6 +66,8 @@ class NodeLink:
     bytes_out: int = 0
     seconds: float = 0.0  # message out to its answer in, summed
     sent_at: float = 0.0
+    memory: list[int | None] = field(default_factory=list)  # per local worker, as last reported
+    measuring: bool = False  # asked for its workers' memory, not answered yet
 
     def env_ids(self, assignment: Sequence[Sequence[int]]) -> tuple[int, ...]:
         """The node's envs (global indices)."""
@@ -83,12 +87,48 @@ class NodeLink:
             round_trip_ms=self.seconds / self.messages * 1e3 if self.messages else None,
         )
 
+    def start_failed(
+        self,
+        assignment: Sequence[Sequence[int]],
+        why: str,
+        kind: type[WorkerDiedError] = WorkerDiedError,
+    ) -> WorkerDiedError:
+        """The error of an agent that could not start its workers, naming the node and envs."""
+        ids = self.env_ids(assignment)
+        return kind(
+            f"the agent of node {self.node_id} (workers {self.workers}, envs {list(ids)}) {why}",
+            env_index=None,
+            phase=Phase.MAKE,
+            worker=self.workers[0],
+            env_ids=ids,
+        )
+
+    def lost_replies(self, but: int | None = None) -> Replies:
+        """The agent is gone: each of its workers (but the local worker ``but``) lost."""
+        self.lost = True
+        reason = f"the agent of node {self.node_id} ({self.host}) is gone: {self.why}"
+        out: Replies = []
+        for k, worker in enumerate(self.workers):
+            self.inflight[k].clear()
+            if k != but:
+                out.append((worker, WorkerLost(None, reason)))
+        return out
+
+    def kill_agent(self) -> None:
+        if self.agent is not None:
+            try:
+                ray.kill(self.agent, no_restart=True)
+            except Exception:
+                pass
+
     def started(self) -> None:
         """A new agent: nothing in flight, nothing to repeat."""
         self.inflight = [deque() for _ in self.workers]
         self.last = None
         self.actions = None
         self.killing = {}
+        self.memory = [None] * len(self.workers)
+        self.measuring = False
 
     # -- out -----------------------------------------------------------------------------------
 
@@ -137,10 +177,15 @@ class NodeLink:
         batch: Batch,
         space: gymnasium.Space[Any],
         restarts: np.ndarray,
+        codecs: wire.Codecs = None,
     ) -> Replies:
         """The replies one message from the agent carries (the pool's worker indices); its rows
-        are written into ``rows`` (the batch's arrays) first, and each env restarted is
-        counted in ``restarts``."""
+        are written into ``rows`` (the batch's arrays) first (decompressed by ``codecs``), and
+        each env restarted is counted in ``restarts``. An answer to :data:`~.node_wire.MEMORY`
+        carries none: its figures go to :attr:`memory`."""
+        if data[:1] == wire.MEMORY:
+            self.memory, self.measuring = wire.read_memory(data), False
+            return []
         self.answers += 1
         self.bytes_in += len(data)
         self.seconds += time.perf_counter() - self.sent_at
@@ -163,7 +208,7 @@ class NodeLink:
                 ids = wire.row_ids((c, None) for c in commands)
                 sel = wire.selection(ids)
                 self.plain[key] = (order, commands, ids, sel)
-            wire.unpack(rows, sel, ids.size, data, at)
+            wire.unpack(rows, sel, ids.size, data, at, codecs)
             return [(workers[k], None) for k in order]
         if tag == wire.ACK:  # pragma: no cover - only in answer to a restart or close
             return []
@@ -185,7 +230,7 @@ class NodeLink:
                     deliver(batch, space, reply)
             out.append((workers[local], reply))
         ids = wire.row_ids(answered)
-        wire.unpack(rows, wire.selection(ids), ids.size, data, at)
+        wire.unpack(rows, wire.selection(ids), ids.size, data, at, codecs)
         return out
 
 

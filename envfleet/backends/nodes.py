@@ -44,10 +44,10 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from envfleet.backends import node_memory
+from envfleet.backends import compression
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import BaseTransport, Replies, TransportOptions, WorkerLost
-from envfleet.backends.driver_node import DriverNode
+from envfleet.backends.driver_node import DriverNode, shared_node
 from envfleet.backends.node_agent import NodeAgent, node_options, rebuild
 from envfleet.backends.node_link import NodeLink, connect_agent
 from envfleet.backends.node_placement import choose_nodes, place
@@ -58,10 +58,9 @@ from envfleet.backends.ray_session import (
     connect,
     disconnect,
     forked,
-    pool_node,
 )
 from envfleet.buffers import Batch, ObjectRows
-from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
+from envfleet.errors import EnvTimeoutError
 from envfleet.protocol import Command
 from envfleet.stats import NodeStats
 
@@ -79,6 +78,13 @@ class NodeTransport(BaseTransport):
             extra = RayOptions()
         self._options = options
         self._closed = False
+        codec = compression.codec(extra.compress)
+        probe = Batch.local(options.observation_space, options.action_space, 1)
+        if extra.compress is not None and wire.row_codecs(wire.row_fields(probe), codec) is None:
+            raise ValueError(
+                f"compress={extra.compress!r} compresses image observations (uint8 arrays of "
+                f"two or more dimensions a row); {options.observation_space} has none"
+            )
         self._connected = connect(extra.address, dict(extra.ray_init_kwargs))
         self._space = options.observation_space
         self._authkey = secrets.token_bytes(32)
@@ -95,7 +101,7 @@ class NodeTransport(BaseTransport):
             chosen = choose_nodes(wanted, dict(extra.worker_resources))
             runs = place(chosen, len(options.assignment))
             where: dict[int, tuple[NodeLink | None, int]] = {}
-            here, here_workers = _pool_node(extra), []
+            here, here_workers = shared_node(extra), []
             for (node_id, _), workers in zip(chosen, runs, strict=True):
                 if node_id == here:
                     here_workers = workers
@@ -120,6 +126,7 @@ class NodeTransport(BaseTransport):
                 else Batch.local(options.observation_space, options.action_space, options.num_envs)
             )
             self._rows = wire.row_fields(self.batch)
+            self._codecs = wire.row_codecs(self._rows, codec)
             self._actions = (
                 wire.leaves(self.batch.actions)
                 if not isinstance(self.batch.actions, ObjectRows)
@@ -158,41 +165,51 @@ class NodeTransport(BaseTransport):
                     ref, deadline, functools.partial(self._respawn, node)
                 )
             except GetTimeoutError as exc:
-                self._kill_agent(node)
-                raise self._start_failed(
-                    node, f"did not start within start_timeout={timeout:g}s", EnvTimeoutError
+                node.kill_agent()
+                raise node.start_failed(
+                    self._options.assignment,
+                    f"did not start within start_timeout={timeout:g}s",
+                    EnvTimeoutError,
                 ) from exc
             except RayError as exc:
-                raise self._start_failed(
-                    node, f"died while starting ({START_ATTEMPTS} agents in a row): {exc}"
+                raise node.start_failed(
+                    self._options.assignment,
+                    f"died while starting ({START_ATTEMPTS} agents in a row): {exc}",
                 ) from exc
             if error is not None:
-                self._kill_agent(node)
+                node.kill_agent()
                 raise rebuild(error, node.workers, self._options.spec.name)
             node.node_id, node.host, node.pid = node_id, host, pid
             node.serving = node.agent.serve.remote()
             try:
                 node.conn = connect_agent(host, port, self._authkey)
             except (OSError, EOFError, AuthenticationError) as exc:
-                self._kill_agent(node)
-                raise self._start_failed(node, f"could not be reached at {host}:{port}") from exc
+                node.kill_agent()
+                raise node.start_failed(
+                    self._options.assignment, f"could not be reached at {host}:{port}"
+                ) from exc
             node.alive, node.lost = True, False
             self._by_fd[node.conn.fileno()] = node
             self._poller.register(node.conn.fileno(), select.POLLIN)
 
-    def _start_failed(
-        self, node: NodeLink, why: str, kind: type[WorkerDiedError] = WorkerDiedError
-    ) -> WorkerDiedError:
-        ids = node.env_ids(self._options.assignment)
-        return kind(
-            f"the agent of node {node.node_id} (workers {node.workers}, envs {list(ids)}) {why}",
-            env_index=None,
-            phase=Phase.MAKE,
-            worker=node.workers[0],
-            env_ids=ids,
-        )
-
     # -- what the pool sees --------------------------------------------------------------------
+
+    def memory(self, worker: int) -> int | None:
+        """Resident bytes of ``worker``'s process as its agent last reported them (``None``:
+        not yet, or gone); a call asks the node for fresh figures when it answered the last
+        ask, so a later check of ``worker_memory_limit`` sees them, without a wait here."""
+        node, local = self._where[worker]
+        if node is None:  # on the pool's own node: its actor's, read here
+            assert self._here is not None
+            return self._here.memory(local)
+        if node.alive and not node.measuring and node.conn is not None:
+            try:
+                node.conn.send_bytes(wire.MEMORY)
+            except OSError:
+                self._lose(node, "its connection broke")
+                return None
+            node.measuring = True
+        return node.memory[local]
 
     def node_ids(self) -> list[str]:
         """The Ray node of each worker."""
@@ -203,11 +220,6 @@ class NodeTransport(BaseTransport):
         """Per node (the pool's own first, where it runs workers): layout and traffic."""
         local = () if self._here is None else (self._here.stats(),)
         return local + tuple(node.stats(self._options.assignment) for node in self._nodes)
-
-    def memory(self, worker: int) -> int | None:
-        """Resident memory of a worker on the pool's own node (its actor); ``None`` elsewhere."""
-        node, local = self._where[worker]
-        return self._here.memory(local) if node is None and self._here is not None else None
 
     def forked(self) -> None:
         """In a forked child: the agents, the actors and the Ray are the parent's."""
@@ -273,7 +285,7 @@ class NodeTransport(BaseTransport):
         replies, self._queued = self._queued, []
         for node in self._nodes:
             if not node.alive and not node.lost:
-                self._report_lost(node, replies)
+                replies += node.lost_replies()
         if replies:
             return replies
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -299,7 +311,7 @@ class NodeTransport(BaseTransport):
                 if node.killing and node.alive:
                     self._check_kills(node, replies)
                 if not node.alive and not node.lost:
-                    self._report_lost(node, replies)
+                    replies += node.lost_replies()
             if len(replies) >= want or timeout == 0:
                 return replies
             if any(isinstance(r, WorkerLost) or (r is not None and r.failures) for _, r in replies):
@@ -321,7 +333,9 @@ class NodeTransport(BaseTransport):
 
     def _take(self, node: NodeLink, data: bytes, replies: Replies) -> None:
         """Deliver the rows of one message from ``node`` and add its replies."""
-        replies += node.take(data, self._rows, self.batch, self._space, self._restarts)
+        replies += node.take(
+            data, self._rows, self.batch, self._space, self._restarts, self._codecs
+        )
 
     def _lose(self, node: NodeLink, why: str) -> None:
         """The node's agent is gone: each of its workers is reported lost on the next wait."""
@@ -339,14 +353,7 @@ class NodeTransport(BaseTransport):
             self._by_fd.pop(fd, None)
             node.conn.close()
             node.conn = None
-        self._kill_agent(node)
-
-    def _report_lost(self, node: NodeLink, replies: Replies) -> None:
-        node.lost = True
-        reason = f"the agent of node {node.node_id} ({node.host}) is gone: {node.why}"
-        for k, worker in enumerate(node.workers):
-            node.inflight[k].clear()
-            replies.append((worker, WorkerLost(None, reason)))
+        node.kill_agent()
 
     # -- killing and restarting ----------------------------------------------------------------
 
@@ -377,13 +384,6 @@ class NodeTransport(BaseTransport):
         if node.killing and time.monotonic() > min(node.killing.values()):
             self._lose(node, f"killed: it did not stop a hung worker within {KILL_GRACE:g}s")
 
-    def _kill_agent(self, node: NodeLink) -> None:
-        if node.agent is not None:
-            try:
-                ray.kill(node.agent, no_restart=True)
-            except Exception:
-                pass
-
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
         node, local = self._where[worker]
         if node is None:
@@ -413,8 +413,17 @@ class NodeTransport(BaseTransport):
         assert node.conn is not None
         node.inflight[local].clear()
         node.last = None
-        node.conn.send_bytes(wire.header(wire.RESTART, (local, restarts)))
-        error = self._ack(node)
+        try:
+            node.conn.send_bytes(wire.header(wire.RESTART, (local, restarts)))
+            error = self._ack(node)
+        except (EOFError, OSError):
+            # The agent went while it replaced its worker (its node was removed: the worker
+            # died first): its other workers are lost too, and a new agent builds the node.
+            self._lose(node, "its connection broke during a restart")
+            self._queued += node.lost_replies(but=local)
+            self.restart(worker, restarts)
+            return
+        node.memory[local] = None  # the old process's figure
         if error is not None:
             raise rebuild(error, node.workers, self._options.spec.name)
 
@@ -424,7 +433,9 @@ class NodeTransport(BaseTransport):
             assert node.conn is not None
             if not node.conn.poll(self._options.start_timeout):
                 self._lose(node, "did not answer a restart within start_timeout")
-                raise self._start_failed(node, "did not answer a restart", EnvTimeoutError)
+                raise node.start_failed(
+                    self._options.assignment, "did not answer a restart", EnvTimeoutError
+                )
             data = node.conn.recv_bytes()
             if data[:1] == wire.ACK:
                 body, _ = wire.read_header(data)
@@ -464,21 +475,12 @@ class NodeTransport(BaseTransport):
                     node.conn = None
                 node.alive = False
                 if ray.is_initialized():
-                    self._kill_agent(node)
+                    node.kill_agent()
             if self._here is not None:
                 self._here.close(0.0)  # idempotent; after a failure above
             if self._connected:
                 self._connected = False
                 disconnect()
-
-
-def _pool_node(extra: RayOptions) -> str | None:
-    """The Ray node of the pool's process, whose workers share its memory (``None``: they
-    do not: ``ray_shared_memory=False``, no anonymous memory files, or a Ray Client
-    connection, whose process is on no node)."""
-    if not extra.ray_shared_memory or not node_memory.available():
-        return None
-    return pool_node()
 
 
 def open_transport(options: TransportOptions) -> NodeTransport:

@@ -14,9 +14,8 @@ memory they map too (:mod:`~envfleet.backends.node_memory`) and commands and rep
 Unix socket, through the loop the process backend's workers run
 (:func:`~envfleet.backends.channel.serve_connection`). Ray then only places, starts, watches
 and kills them; on one machine that makes the ray backend about as fast as the process backend.
-Actors on other machines get each command as a Ray call, their actions carried in it. On a
-cluster of several nodes a pool runs one sub-pool per node instead, unless told not to
-(:func:`open_transport`, :mod:`~envfleet.backends.nodes`).
+Actors on other machines get each command as a Ray call, their actions carried in it. A pool
+on a cluster runs one sub-pool per node instead (:func:`open_transport`, nodes.py).
 
 Which Ray a pool runs on, and when that Ray is let go of, is
 :mod:`~envfleet.backends.ray_session`'s business. Ray is an optional extra (``pip install
@@ -485,10 +484,13 @@ def _task_failed(command: Command, exc: RayTaskError) -> Reply:
 def open_transport(options: TransportOptions) -> Any:
     extra = options.backend_options
     extra = extra if isinstance(extra, RayOptions) else RayOptions()
+    if extra.nodes is False:  # its options were checked for that (RayOptions.check_per_worker)
+        return RayTransport(options)
     # Held while the transport starts (it connects too): a private Ray is started once.
     connected = ray_session.connect(extra.address, dict(extra.ray_init_kwargs))
     try:
-        if extra.nodes is False or (extra.nodes is None and not spans_nodes(extra)):
+        if extra.nodes is None and not spans_nodes(extra):
+            extra.check_per_worker()
             return RayTransport(options)
         from envfleet.backends.nodes import NodeTransport  # one sub-pool per node
 

@@ -11,6 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+COMPRESS = ("lz4", "zlib")
+"""The values of ``compress=`` besides ``None`` (:mod:`envfleet.backends.compression`)."""
+
 
 @dataclass(frozen=True)
 class RayOptions:
@@ -42,8 +45,20 @@ class RayOptions:
     actors itself (``scheduling_strategy``, ``placement_group``) or ``ray_shared_memory=False``;
     else one actor per worker. ``"auto"`` (every such node) or a list of Ray node ids: node
     sub-pools always. ``False``: one actor per worker always."""
+    compress: str | None = None
+    """Node sub-pools only: ``"lz4"`` (the ``lz4`` package, in the ``ray`` extra) or
+    ``"zlib"`` compresses the image observations (``uint8`` arrays of two or more dimensions a
+    row) each node sends the pool, losslessly; ``None`` (default): raw bytes
+    (:mod:`envfleet.backends.compression`)."""
 
     def __post_init__(self) -> None:
+        if self.compress is not None and self.compress not in COMPRESS:
+            raise ValueError(
+                f"compress must be one of {', '.join(map(repr, COMPRESS))} or None, "
+                f"got {self.compress!r}"
+            )
+        if self.nodes is False:
+            self.check_per_worker()
         # Copies: the caller's mappings may change after make() returns.
         object.__setattr__(self, "ray_init_kwargs", dict(self.ray_init_kwargs))
         object.__setattr__(self, "worker_resources", dict(self.worker_resources))
@@ -58,3 +73,12 @@ class RayOptions:
                     f"got {nodes!r}"
                 )
             object.__setattr__(self, "nodes", tuple(nodes))
+
+    def check_per_worker(self) -> None:
+        """Raise ``ValueError`` for what a pool of one actor per worker cannot do."""
+        if self.compress is not None:
+            raise ValueError(
+                f"compress={self.compress!r} compresses what node sub-pools send the pool, and "
+                "this pool runs one Ray actor per worker (nodes=False, or a Ray of one node): "
+                "give nodes='auto' or a list of Ray node ids"
+            )
