@@ -32,26 +32,21 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import argparse
-import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium
 import numpy as np
-from rich.console import Console
 
 from bench import envs
 from bench.common import (
     RESULTS,
     Case,
-    Versus,
     add_choice,
     measure_table,
-    median_of,
     print_machine,
-    ratio,
+    rows,
     save_json,
     script_parser,
     session,
@@ -133,90 +128,48 @@ def open_batched_ray(workload: Workload, timing: Timing) -> Runner:
     return _open_ray("batched-ray", workload, timing, min(len(usable_cpus()), workload.num_envs))
 
 
-BENCH_WORKLOADS = ("cartpole", "pong")
-
-
-RUNNERS: dict[str, Callable[[Workload, Timing], Runner]] = {
-    "naive-ray": open_naive_ray,
-    "batched-ray": open_batched_ray,
-    "envfleet-ray": benchmark.envfleet_opener("ray", "envfleet-ray", ray_shared_memory=True),
-    "envfleet-ray-calls": benchmark.envfleet_opener(
-        "ray", "envfleet-ray-calls", ray_shared_memory=False
-    ),
-    "envfleet-process": benchmark.RUNNERS["process"].open,
-}
-"""Every runner by name, in the order they are opened and shown."""
-
-RAY_TARGETS = {
-    "cartpole": ("envfleet-ray", "naive-ray", 5.0),
-    "pong": ("envfleet-ray", "envfleet-process", 0.8),
-}
-"""Per workload: (runner, baseline, the least ratio of their throughputs that meets it)."""
-
-
-def run(name: str, timing: Timing, console: Console) -> dict[str, Any]:
-    """Measure every runner on the workload ``name``, print its table; its JSON entry."""
-    case = envs.TARGETS[name]
-    workload = Workload.of(case.env, case.num_envs)
-    subject, baseline, minimum = RAY_TARGETS[name]
-    cases = [Case(runner, opener) for runner, opener in RUNNERS.items()]
-    title = f"{workload.label} x {workload.num_envs} (env-steps/s)"
-    columns = [Versus(f"vs {baseline}", baseline)]
-    results, rows = measure_table(console, title, cases, workload, timing, columns)
-    base = median_of(results, baseline)
-    value = ratio(median_of(results, subject), base)
-    met = target(console, f"{subject} / {baseline}", value, minimum)
-    return {"env": workload.label, "num_envs": workload.num_envs, "runners": rows, "target": met}
+CASES = [
+    Case("naive-ray", open_naive_ray),
+    Case("batched-ray", open_batched_ray),
+    Case("envfleet-ray", benchmark.envfleet_opener("ray", "envfleet-ray", ray_shared_memory=True)),
+    Case("envfleet-ray-calls",
+         benchmark.envfleet_opener("ray", "envfleet-ray-calls", ray_shared_memory=False)),
+    Case("envfleet-process", benchmark.RUNNERS["process"].open),
+]  # fmt: skip
+RAY_TARGETS = {"cartpole": ("naive-ray", 5.0), "pong": ("envfleet-process", 0.8)}
+"""Per workload: the baseline, and the least ratio of envfleet-ray to it that meets the target."""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = script_parser(__doc__ or "", DEFAULT_JSON)
-    add_choice(parser, "--workloads", BENCH_WORKLOADS)
-    parser.add_argument(
-        "--ray-system-config",
-        type=json.loads,
-        default=None,
-        metavar="JSON",
-        help="ray.init(_system_config=...) of the local Ray, e.g. "
-        '\'{"worker_niceness": 0, "max_direct_call_object_size": 4194304}\' (Ray runs its '
-        "workers at nice 15 and sends results over 100 KB through its object store)",
-    )
+    add_choice(parser, "--workloads", list(RAY_TARGETS))
     args = parser.parse_args(argv)
     timing = timing_from(args)
-    with session(args.json) as console:  # Ray's warnings go to the log, not the screen
-        output = run_all(args, timing, console)
-    save_json(args.json, output, console)
-    return 0
-
-
-def run_all(args: argparse.Namespace, timing: Timing, console: Console) -> dict[str, Any]:
     import ray
 
-    machine = print_machine(console, ("ray", "ale-py"))
-    if ray.is_initialized():
-        raise SystemExit("run this with no Ray connected: it times Ray's start-up")
-    start = time.perf_counter()
-    # address="local": a Ray of its own, never a cluster someone else started on this machine.
-    tuning = {"_system_config": args.ray_system_config} if args.ray_system_config else {}
-    with console.status("starting Ray ..."):
-        ray.init(address="local", include_dashboard=False, log_to_driver=False, **tuning)
-    ray_startup_s = time.perf_counter() - start
-    console.print(
-        f"Ray start-up (ray.init of a local Ray): {ray_startup_s:.2f} s"
-        + (f"; _system_config={args.ray_system_config}" if args.ray_system_config else "")
-        + "\n"
-    )
-    try:
-        entries = {name: run(name, timing, console) for name in args.workloads}
-    finally:
-        ray.shutdown()
-    return {
-        "machine": machine,
-        "timing": timing.as_dict(),
-        "ray_startup_s": ray_startup_s,
-        "ray_system_config": args.ray_system_config or {},
-        "workloads": entries,
-    }
+    with session(args.json) as console:  # Ray's warnings go to the log, not the screen
+        output: dict[str, Any] = {"machine": print_machine(console, ("ray", "ale-py"))}
+        if ray.is_initialized():
+            raise SystemExit("run this with no Ray connected: it times Ray's start-up")
+        start = time.perf_counter()
+        # address="local": a Ray of its own, never a cluster someone else started here.
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)
+        output["ray_startup_s"] = time.perf_counter() - start
+        console.print(f"Ray start-up (ray.init of a local Ray): {output['ray_startup_s']:.2f} s")
+        try:
+            for name in args.workloads:
+                case = envs.TARGETS[name]
+                workload = Workload.of(case.env, case.num_envs)
+                title = f"{workload.label} x {workload.num_envs} (env-steps/s)"
+                baseline, minimum = RAY_TARGETS[name]
+                report = measure_table(console, title, CASES, workload, timing, baseline)
+                value = report.ratio("envfleet-ray", case.num_envs, baseline)
+                check = target(console, f"envfleet-ray / {baseline}", value, minimum)
+                output[name] = {**rows(report), "target": check}
+        finally:
+            ray.shutdown()
+    save_json(args.json, output, console)
+    return 0
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ import numpy as np
 import psutil
 
 import envfleet
-from bench.common import RESULTS, fmt, save_json
+from bench.common import RESULTS, save_json
 from bench.envs import CALLS, ENV_INDEX, EPISODE_STEP, KINDS, POOL_STEP, SoakEnv, read_log
 from envfleet.benchmark import machine_info
 
@@ -76,7 +76,6 @@ class SoakConfig:
         work_us: busy work per env step, microseconds.
         chunks: alternations between the pools.
         seed: the pools' seed.
-        baseline: also run the fault-free pool.
         stall_s: a ``pool.step`` taking longer ends the run as stalled (default
             ``max(60, 40 * step_timeout)``).
     """
@@ -92,7 +91,6 @@ class SoakConfig:
     work_us: float = 0.0
     chunks: int = 10
     seed: int = 0
-    baseline: bool = True
     stall_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -364,23 +362,22 @@ def soak_checks(faulty: dict[str, Any], clean: dict[str, Any]) -> dict[str, bool
     """The accounting checks; every one must hold."""
     out = {}
     for label, run in (("faulty", faulty), ("fault_free", clean)):
-        out[f"{label}: delivered + lost == requested"] = (
-            run["delivered"] + run["lost_flagged"] == run["requested"]
-        )
-        out[f"{label}: lost == restarts made"] = run["lost_flagged"] == run["restarts_made"]
-        out[f"{label}: every delivered result is the next call of its env"] = (
-            run["anomalies"] == 0 and run["counted_by_envs"] == run["delivered"]
-        )
-        out[f"{label}: flagged results are truncated with reward 0"] = (
-            run["flagged_field_errors"] == 0
-        )
-        out[f"{label}: flagged results carry the env's last observation"] = (
-            run["flagged_obs_not_last"] == 0
-        )
-        out[f"{label}: flagged envs == those the injected failures account for"] = (
-            run["steps_with_unexplained_flags"] == 0 and run["steps_with_missing_flags"] == 0
-        )
-        out[f"{label}: first reset"] = run["first_reset_ok"]
+        for check, ok in {
+            "delivered + lost == requested": (
+                run["delivered"] + run["lost_flagged"] == run["requested"]
+            ),
+            "lost == restarts made": run["lost_flagged"] == run["restarts_made"],
+            "every delivered result is the next call of its env": (
+                run["anomalies"] == 0 and run["counted_by_envs"] == run["delivered"]
+            ),
+            "flagged results are truncated with reward 0": run["flagged_field_errors"] == 0,
+            "flagged results carry the env's last observation": run["flagged_obs_not_last"] == 0,
+            "flagged envs == those the injected failures account for": (
+                run["steps_with_unexplained_flags"] == 0 and run["steps_with_missing_flags"] == 0
+            ),
+            "first reset": run["first_reset_ok"],
+        }.items():
+            out[f"{label}: {check}"] = ok
     out["fault_free: nothing flagged"] = clean["lost_flagged"] == 0
     return out
 
@@ -405,14 +402,10 @@ def run_soak(args: SoakConfig, json_path: Path) -> int:
         try:
             stall_s = args.stall_s or max(60.0, 40 * args.step_timeout)
             start_watchdog(runs, stall_s, {"machine": machine, "args": asdict(args)}, json_path)
-            runs["faulty"] = SoakRun("faulty", args.p_fail, args, log_dir)
-            if args.baseline:
-                runs["fault_free"] = SoakRun("fault_free", 0.0, args, log_dir)
+            for name, p_fail in (("faulty", args.p_fail), ("fault_free", 0.0)):
+                runs[name] = SoakRun(name, p_fail, args, log_dir)
             for k, size in enumerate(sizes):
-                order = list(runs.values())
-                if k % 2:
-                    order.reverse()
-                for run in order:
+                for run in list(runs.values())[:: -1 if k % 2 else 1]:
                     run.advance(size)
                 rates = "  ".join(
                     f"{run.name} {run.requested / max(run.step_seconds, 1e-9):,.0f} steps/s "
@@ -424,10 +417,8 @@ def run_soak(args: SoakConfig, json_path: Path) -> int:
         finally:
             for run in runs.values():
                 run.close()
-    wall = time.perf_counter() - started
-    faulty, clean = summaries["faulty"], summaries.get("fault_free")
-    checks = soak_checks(faulty, clean) if clean else {}
-    print()
+    faulty, clean = summaries["faulty"], summaries["fault_free"]
+    checks = soak_checks(faulty, clean)
     for name, got in summaries.items():
         print(
             f"{name}: requested {got['requested']:,} = delivered {got['delivered']:,} "
@@ -442,17 +433,16 @@ def run_soak(args: SoakConfig, json_path: Path) -> int:
         f"failures injected: {faulty['failures_injected']} ({kinds}); envs restarted: "
         f"{faulty['restarts_made']}; median extra time of a step with one failure: {costs}"
     )
-    ratio = faulty["steps_per_s"] / clean["steps_per_s"] if clean else None
-    if ratio is not None:
-        without = faulty["seconds_stepping"] - faulty["hang_seconds_expected"]
-        no_hangs = faulty["requested"] / without / clean["steps_per_s"] if without > 0 else None
-        print(
-            f"faulty / fault-free steps/s = {ratio:.3f} (target >= {TARGET}) "
-            f"{'met' if ratio >= TARGET else 'missed'}; without the hang waits: "
-            f"{fmt(no_hangs, '.3f')}"
-        )
+    ratio = faulty["steps_per_s"] / clean["steps_per_s"]
+    without = faulty["seconds_stepping"] - faulty["hang_seconds_expected"]
+    no_hangs = faulty["requested"] / without / clean["steps_per_s"] if without > 0 else math.nan
+    print(
+        f"faulty / fault-free steps/s = {ratio:.3f} (target >= {TARGET}) "
+        f"{'met' if ratio >= TARGET else 'missed'}; without the hang waits: {no_hangs:.3f}"
+    )
     for name, ok in checks.items():
         print(f"  [{'ok' if ok else 'FAILED'}] {name}")
+    wall = time.perf_counter() - started
     print(f"wall time {wall:.1f} s")
     report = {
         "machine": machine,
@@ -462,7 +452,7 @@ def run_soak(args: SoakConfig, json_path: Path) -> int:
         "fault_free": clean,
         "ratio_faulty_over_fault_free": ratio,
         "target": TARGET,
-        "meets_target": None if ratio is None else ratio >= TARGET,
+        "meets_target": ratio >= TARGET,
         "checks": checks,
         "all_checks_passed": all(checks.values()),
         "wall_seconds": wall,
@@ -475,35 +465,27 @@ QUICK = {"steps": 50_000, "p_fail": 1e-3, "chunks": 4}
 """``--quick``: fewer steps, and failures frequent enough to happen in them."""
 
 
-def parse_args(argv: list[str] | None) -> tuple[SoakConfig, Path]:
+def main(argv: list[str] | None = None) -> int:
     """An option per :class:`SoakConfig` field (``--p-fail``, ``--kinds raise,exit``, ...)."""
     parser = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     for f in dataclasses.fields(SoakConfig):
-        flag = "--" + f.name.replace("_", "-")
+        kind = float if f.name == "stall_s" else type(f.default)
         if f.name == "kinds":
-            parser.add_argument(flag, type=lambda v: tuple(k for k in v.split(",") if k))
-        elif f.name == "baseline":
-            parser.add_argument("--no-baseline", dest="baseline", action="store_false")
-        else:
-            kind = float if f.name == "stall_s" else type(f.default)
-            parser.add_argument(flag, type=kind, help=f"default {f.default}")
+            kind = lambda v: tuple(k for k in v.split(",") if k)  # noqa: E731
+        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, help=f"default {f.default}")
     parser.add_argument("--json", type=Path, default=RESULTS / "soak.json")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK}")
     args = vars(parser.parse_args(argv))
     path, quick = args.pop("json"), args.pop("quick")
-    given = {k: v for k, v in args.items() if v is not None and not (k == "baseline" and v)}
+    given = {k: v for k, v in args.items() if v is not None}
     try:
-        return SoakConfig(**{**(QUICK if quick else {}), **given}), path
+        config = SoakConfig(**{**(QUICK if quick else {}), **given})
     except ValueError as exc:
         parser.error(str(exc))
-
-
-def main(argv: list[str] | None = None) -> int:
-    config, json_path = parse_args(argv)
-    return run_soak(config, json_path)
+    return run_soak(config, path)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,14 @@
-"""Side-by-side throughput benchmark: the engine behind ``envfleet bench``.
+"""Side-by-side throughput benchmark: the engine behind ``envfleet bench`` and ``bench/``.
 
-A *runner* is one way of stepping ``num_envs`` copies of an env: a plain for-loop, the
-independent-processes ceiling, an envfleet backend or a peer library. It is opened with
-``RUNNERS[name].open(workload, timing)``, which builds and resets its envs and warms up; each
-:meth:`Runner.window` then steps for a given number of seconds and returns env-steps per second
-(a vector step of ``n`` envs counts ``n``). Actions are random, sampled before the clock starts
-and cycled, so sampling does not weigh on the result.
-
-:func:`measure` opens several runners on one workload (each within
-:attr:`Timing.startup_limit` seconds, if set: a runner slower to start is stopped and reported
-:class:`Skipped`; its start-up time is in every result) and interleaves their windows (window 1
-of every runner, then window 2, ...), so a burst of load from elsewhere on the machine hits all
-runners alike instead of one; the median window is what gets reported. :func:`sweep` does that
-for each ``num_envs`` of a list and returns a :class:`Report`, which renders as a table
-(:func:`report_table`, and :func:`startup_table` for the start-up times), a plot
-(:func:`write_plot`) and JSON (:meth:`Report.as_dict`).
-
-Runners (:data:`RUNNERS`, each with a one-line description): ``loop`` (a for-loop in this
-process), ``ceiling`` (the envs split over one process per usable core that never communicate:
-what parallel stepping could reach with no coordination), ``bare-pool`` (workers woken by a
-byte: the least a process pool of this design can cost), envfleet's ``serial``, ``process`` and
-``thread``, Gymnasium's ``gym-sync`` and ``gym-async``, and the peers that are installed:
-``sb3``, ``envpool``, ``pufferlib`` and ``ale-vector`` (ale-py's C++ ``AtariVectorEnv``, the
-id's frames and frame skip). The scripts in ``bench/`` measure rows of their own with the same
-:func:`measure`.
+A *runner* is one way of stepping ``num_envs`` copies of an env (:data:`RUNNERS`: a for-loop,
+the independent-processes ceiling, the bare pool, envfleet's backends, Gymnasium's vector envs
+and the peers that are installed), opened by ``RUNNERS[name].open(workload, timing)``; each
+:meth:`Runner.window` steps for some seconds and returns env-steps per second, with actions
+sampled before the clock starts. :func:`measure` opens runners on one workload (a script's own
+too, ``openers``) and interleaves their windows, so that load from elsewhere hits them alike;
+the median window is reported. :func:`sweep` does that per env count and returns a
+:class:`Report`: a table (:func:`report_table`, :func:`startup_table`), a plot
+(:func:`write_plot`) and JSON (:func:`write_json`).
 
 It needs the ``cli`` extra (rich for the tables, matplotlib for the plot):
 ``pip install 'envfleet[cli]'``; without rich, importing it says so.
@@ -68,6 +53,7 @@ from envfleet.benchmark.registry import (
     parse_runners,
 )
 from envfleet.benchmark.report import (
+    Column,
     Report,
     plot_label,
     report_notes,
@@ -77,6 +63,7 @@ from envfleet.benchmark.report import (
     write_plot,
 )
 from envfleet.benchmark.runners import (
+    CeilingRunner,
     ParallelRunner,
     envfleet_opener,
     open_envfleet,
@@ -92,6 +79,8 @@ __all__ = [
     "RUNNERS",
     "Availability",
     "CallRunner",
+    "CeilingRunner",
+    "Column",
     "OtherLoad",
     "ParallelRunner",
     "Report",

@@ -9,7 +9,7 @@ import functools
 import importlib.metadata
 import io
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium
@@ -36,18 +36,21 @@ def version(package: str) -> str | None:
         return None
 
 
-def open_sb3(workload: Workload, timing: Timing) -> Runner:
+def open_sb3(
+    workload: Workload, timing: Timing, policy: Callable[[Any], Any] | None = None
+) -> Runner:
     """Stable-Baselines3's ``SubprocVecEnv``: one process per env (its default start method)."""
     with _quiet():
         from stable_baselines3.common.vec_env import SubprocVecEnv
 
-    def reset(vec: Any) -> None:
+    def reset(vec: Any) -> Any:
         vec.seed(timing.seed)
-        vec.reset()
+        return vec.reset()
 
     n = workload.num_envs
     fns = [workload.factory()] * n
-    return open_vector("sb3", lambda: SubprocVecEnv(fns), timing, reset=reset, processes=n)
+    build = functools.partial(SubprocVecEnv, fns)
+    return open_vector("sb3", build, timing, reset=reset, policy=policy, processes=n)
 
 
 def envpool_id(spec: EnvSpec) -> str | None:
@@ -99,10 +102,12 @@ def open_envpool(
     *,
     task: str | None = None,
     batch_size: int | None = None,
+    policy: Callable[[Any], Any] | None = None,
     **options: Any,
 ) -> Runner:
     """EnvPool's own implementation of the id (or of ``task``, with ``options``): stepped
-    whole, or by ``batch_size`` envs; its default thread count unless ``options`` say."""
+    whole, or by ``batch_size`` envs, by ``policy`` if given; its default thread count unless
+    ``options`` say."""
     shipped = task or envpool_id(workload.spec)
     if shipped is None:
         raise ValueError(f"EnvPool does not ship {workload.label}")
@@ -114,6 +119,7 @@ def open_envpool(
         timing,
         batch=batch_size,
         reset=lambda vec: vec.reset() if batch_size in (None, n) else vec.async_reset(),
+        policy=policy,
         envpool_id=shipped,
         **batch,
         **options,

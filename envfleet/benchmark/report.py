@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,10 +96,9 @@ class Report:
         """Plain types, for JSON."""
         runners: dict[str, Any] = {}
         for name in self.runners:
-            entry: dict[str, Any] = {
-                "status": self.status(name),
-                "description": RUNNERS[name].description,
-            }
+            entry: dict[str, Any] = {"status": self.status(name)}
+            if name in RUNNERS:
+                entry["description"] = RUNNERS[name].description
             if not self.availability[name].ok:
                 entry["reason"] = self.availability[name].reason
                 runners[name] = entry
@@ -150,19 +150,25 @@ def _fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def report_table(report: Report) -> Table:
-    """One row per measured runner; per env count, steps/s and the ratio to the ceiling."""
+Column = tuple[str, Callable[["Report", str, int], str]]
+"""A column of a script's own: its header, and its cell for a runner's result at an env count
+(``cell(report, name, num_envs)``, called where that result was measured)."""
+
+
+def report_table(report: Report, reference: str = CEILING, columns: Sequence[Column] = ()) -> Table:
+    """One row per measured runner; per env count, steps/s, the ratio to ``reference`` (when
+    it was measured) and ``columns``."""
     timing = report.timing
     title = f"{report.env}: env-steps/s, median of {timing.repeats} x {timing.seconds:g} s"
     if report.interrupted:
         title += " (interrupted)"
     table = Table(title=title, title_justify="left", min_width=len(title) + 2)
     table.add_column("runner", no_wrap=True)
-    with_ceiling = CEILING in report.measured
+    with_reference = reference in report.measured
     for n in report.num_envs:
         table.add_column(f"{n} envs", justify="right")
-        if with_ceiling:
-            table.add_column("/ceiling", justify="right")
+        for header in ([f"/{reference}"] if with_reference else []) + [h for h, _ in columns]:
+            table.add_column(header, justify="right")
     for name in report.measured:
         cells = [name]
         for n in report.num_envs:
@@ -173,8 +179,10 @@ def report_table(report: Report) -> Table:
                 cells.append("skipped")
             else:
                 cells.append(_fmt_rate(report.rate(name, n)))
-            if with_ceiling:
-                cells.append(_fmt_ratio(report.ratio(name, n)))
+            if with_reference:
+                cells.append(_fmt_ratio(report.ratio(name, n, reference)))
+            for _, cell in columns:
+                cells.append(cell(report, name, n) if isinstance(result, RunResult) else "-")
         table.add_row(*cells)
     return table
 
