@@ -1,21 +1,12 @@
 """Async pool: sync ``step`` against EnvPool-style ``send``/``recv`` side by side in one run.
 
-Workloads (each a table; windows interleaved across runners, the median window reported; each
-layout sync, then async with ``batch_size`` B, and the async rows' ratio to their own sync row):
-
-- ``heavytail``: :class:`bench.envs.HeavyTailEnv` x 32 (per-env seeded: 90% of steps sleep
-  0.2 ms, 10% sleep 5 ms). envfleet thread backend, process backend with defaults (only
-  ``batch_size`` given), 4 workers, 4 workers x 8 threads and 8 x 4; PufferLib's
-  ``Multiprocessing`` (4 workers); B = 16 and 8. Target: async at least 1.5x the sync pool of
-  the same layout. ``ideal`` steps one env alone: ``32 / mean step time`` (what async could
-  reach), and in its JSON ``32 / mean of the slowest of 32`` (what sync could reach).
-- ``cartpole``: CartPole-v1 x 64; envfleet process (2 workers), EnvPool and PufferLib
-  (2 workers); B = 32.
-- ``pong``: Pong x 8; envfleet (``ALE/Pong-v5``, process with 2 workers and thread backend),
-  EnvPool's ``Pong-v5`` (its own preprocessing: 84x84 grey, 4 frames stacked; and configured
-  like ``ALE/Pong-v5``) and PufferLib over ``ALE/Pong-v5`` (2 workers); B = 4.
-
-A library that is not installed (or fails) shows as a failed row with the reason.
+Each layout runs sync, then async with ``batch_size`` B (``/ own sync``: the async row over the
+sync row of its layout). Workloads: ``heavytail`` (:class:`bench.envs.HeavyTailEnv` x 32, 90%
+of steps sleep 0.2 ms, 10% 5 ms; envfleet thread and process layouts, PufferLib; B = 16, 8;
+target: async >= 1.5x sync; ``ideal``: one env alone, x 32), ``cartpole`` (CartPole-v1 x 64;
+envfleet, EnvPool, PufferLib; B = 32) and ``pong`` (Pong x 8; envfleet on ``ALE/Pong-v5``,
+EnvPool's ``Pong-v5`` preprocessed and configured as ``ALE/Pong-v5``, PufferLib; B = 4). A
+library that is not installed shows as a failed row with the reason.
 
 Usage::
 
@@ -37,20 +28,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.common import (
-    RESULTS,
-    Case,
-    IdealRunner,
-    add_choice,
-    measure_table,
-    print_machine,
-    rows,
-    save_json,
-    script_parser,
-    session,
-    target,
-    timing_from,
-)
+from bench import common
+from bench.common import Case
 from bench.envs import HeavyTailEnv
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
@@ -95,7 +74,7 @@ ENVPOOL_PONG_AS_ALE = {
 PROCESS = {"backend": "process"}
 SCENARIOS: dict[str, tuple[str, Any, int, list[Case]]] = {
     "heavytail": ("HeavyTailEnv x 32 (90% 0.2 ms, 10% 5 ms sleep)", HeavyTailEnv, 32, [
-        Case("ideal (32 x 1 env)", IdealRunner),
+        Case("ideal (32 x 1 env)", common.open_ideal),
         Case("for-loop", benchmark.open_loop),
         *layouts("envfleet thread", (16, 8), ENVFLEET, backend="thread"),
         *layouts("envfleet process defaults", (16, 8), ENVFLEET, **PROCESS),
@@ -123,28 +102,30 @@ SCENARIOS: dict[str, tuple[str, Any, int, list[Case]]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = script_parser(__doc__ or "", RESULTS / "async_bench.json")
-    add_choice(parser, "--workloads", list(SCENARIOS))
+    parser = common.script_parser(__doc__ or "", common.RESULTS / "async_bench.json")
+    common.add_choice(parser, "--workloads", list(SCENARIOS))
     args = parser.parse_args(argv)
-    timing = timing_from(args)
+    timing = common.timing_from(args)
     # EnvPool's spaces: "Box low's precision lowered by casting to float32".
     warnings.filterwarnings("ignore", message=".*precision lowered.*")
-    with session(args.json, width=140) as console:
-        machine = print_machine(console, ("envpool", "pufferlib-core", "pufferlib"))
+    with common.session(args.json, width=140) as console:
+        machine = common.print_machine(console, ("envpool", "pufferlib-core", "pufferlib"))
         report: dict[str, Any] = {"machine": machine, "workloads": {}}
         for name in args.workloads:
             title, env, n, cases = SCENARIOS[name]
             workload = Workload.of(env, n)
             columns = [("/ own sync", own_sync)]
-            measured = measure_table(console, title, cases, workload, timing, columns=columns)
+            measured = common.measure_table(
+                console, title, cases, workload, timing, columns=columns
+            )
             checks = []
             for case in cases if name == "heavytail" else []:
                 if case.name.startswith("envfleet") and " B=" in case.name:
                     value = measured.ratio(case.name, n, case.name.rsplit(" B=", 1)[0] + SYNC)
                     label = f"{case.name} / sync"
-                    checks.append(target(console, label, value, ASYNC_TARGET, end=""))
-            report["workloads"][name] = {**rows(measured), "async_targets": checks}
-    save_json(args.json, report, console)
+                    checks.append(common.target(console, label, value, ASYNC_TARGET, end=""))
+            report["workloads"][name] = {**common.rows(measured), "async_targets": checks}
+    common.save_json(args.json, report, console)
     return 0
 
 

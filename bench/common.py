@@ -9,14 +9,12 @@ import argparse
 import contextlib
 import json
 import os
-import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from rich.console import Console
 
 from envfleet.benchmark import (
@@ -27,10 +25,10 @@ from envfleet.benchmark import (
     Timing,
     Workload,
     machine_info,
+    open_loop,
     report_notes,
     report_table,
     sweep,
-    time_calls,
 )
 from envfleet.cli.common import OutputCapture
 
@@ -127,40 +125,12 @@ def target(
     return {"ratio": label, "value": value, "minimum": minimum, "met": met}
 
 
-class IdealRunner(CallRunner):
-    """One env stepped alone, counted ``num_envs`` times: ``num_envs / mean step time``.
-
-    Its info also gets the sync ideal: ``num_envs / mean of the slowest of num_envs`` steps
-    (bootstrapped from the step times of the last window), and the mean step in ms.
-    """
-
-    def __init__(self, workload: Workload, timing: Timing) -> None:
-        env = workload.spec.build()
-        env.reset(seed=timing.seed)
-        n = workload.num_envs
-        self.durations: list[float] = []
-
-        def advance() -> int:
-            start = time.perf_counter()
-            _, _, terminated, truncated, _ = env.step(0)
-            self.durations.append(time.perf_counter() - start)
-            if terminated or truncated:
-                env.reset()
-            return n
-
-        super().__init__("ideal", advance, env.close, timing, num_envs=n)
-
-    def window(self, seconds: float) -> float:
-        time_calls(self.advance, self._rewarm)
-        self.durations.clear()  # the timed window's steps alone: rate <= num_envs / mean step
-        rate = time_calls(self.advance, seconds)
-        d = np.array(self.durations[-100_000:])
-        if len(d) >= 10:
-            n = self.info["num_envs"]
-            slowest = d[np.random.default_rng(0).integers(0, len(d), size=(2000, n))].max(axis=1)
-            self.info["mean_step_ms"] = float(d.mean() * 1e3)
-            self.info["ideal_sync_steps_per_s"] = float(n / slowest.mean())
-        return rate
+def open_ideal(workload: Workload, timing: Timing) -> Runner:
+    """One env stepped alone, counted ``num_envs`` times: ``num_envs / mean step time``, what
+    stepping every env at once could reach."""
+    loop = open_loop(Workload(workload.spec, 1), timing)
+    n = workload.num_envs
+    return CallRunner("ideal", lambda: n * loop.advance(), loop.close, timing)  # type: ignore[attr-defined]
 
 
 # -- options, machine, JSON --------------------------------------------------------------------

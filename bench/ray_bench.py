@@ -1,21 +1,11 @@
 """The ray backend against plain Ray patterns and the process backend, side by side in one run.
 
-Runners (random actions, after warm-up; timed windows interleaved across runners so that a
-change in the machine's load hits them all; the median window is reported):
-
-- ``naive-ray``, ``batched-ray``: plain Ray patterns (below):
-  one actor per env and a call per env step; the envs split by hand over one actor per usable
-  core, a call per actor stepping all of its envs (what envfleet's ray backend automates);
-- ``envfleet-ray``: ``envfleet.make(..., backend="ray")`` joining the Ray this script started
-  (its actors are on this machine: they share the batch memory and take commands over a socket);
-- ``envfleet-ray-calls``: the same with ``ray_shared_memory=False``: a Ray call per command, the
-  path actors on other machines of a cluster take;
-- ``envfleet-process``: ``envfleet.make(..., backend="process")``, the reference.
-
-Workloads: CartPole-v1 x 64 and ALE/Pong-v5 x 8. Targets: envfleet-ray at least 0.8x
-envfleet-process on Pong, and at least 5x naive-ray on CartPole. Ray's start-up (``ray.init``
-of a local Ray) is timed apart from everything else. Prints a table per workload and writes
-every number, with machine info, to ``bench/results/ray.json``.
+Rows: ``naive-ray`` (an actor per env, a call per env step), ``batched-ray`` (the envs split by
+hand over an actor per usable core, a call per actor per step: what the ray backend automates),
+``envfleet-ray`` (its actors on this machine share the batch memory), ``envfleet-ray-calls``
+(``ray_shared_memory=False``: a Ray call per command, as actors on other nodes) and
+``envfleet-process``. Workloads: CartPole-v1 x 64 (target: envfleet-ray >= 5x naive-ray) and
+ALE/Pong-v5 x 8 (envfleet-ray >= 0.8x envfleet-process). Ray's start-up is timed apart.
 
 Usage (from the repository root, so that Ray's workers can import ``bench``)::
 
@@ -39,26 +29,14 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from bench import envs
-from bench.common import (
-    RESULTS,
-    Case,
-    add_choice,
-    measure_table,
-    print_machine,
-    rows,
-    save_json,
-    script_parser,
-    session,
-    target,
-    timing_from,
-)
+from bench import common, envs
+from bench.common import Case
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
 from envfleet.benchmark import CallRunner, Runner, Timing, Workload, cycle, sample_actions
 from envfleet.spec import EnvSpec
 
-DEFAULT_JSON = RESULTS / "ray.json"
+DEFAULT_JSON = common.RESULTS / "ray.json"
 
 
 def _step_env(env: gymnasium.Env[Any, Any], action: Any) -> tuple[Any, float, bool, bool]:
@@ -141,14 +119,14 @@ RAY_TARGETS = {"cartpole": ("naive-ray", 5.0), "pong": ("envfleet-process", 0.8)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = script_parser(__doc__ or "", DEFAULT_JSON)
-    add_choice(parser, "--workloads", list(RAY_TARGETS))
+    parser = common.script_parser(__doc__ or "", DEFAULT_JSON)
+    common.add_choice(parser, "--workloads", list(RAY_TARGETS))
     args = parser.parse_args(argv)
-    timing = timing_from(args)
+    timing = common.timing_from(args)
     import ray
 
-    with session(args.json) as console:  # Ray's warnings go to the log, not the screen
-        output: dict[str, Any] = {"machine": print_machine(console, ("ray", "ale-py"))}
+    with common.session(args.json) as console:  # Ray's warnings go to the log, not the screen
+        output: dict[str, Any] = {"machine": common.print_machine(console, ("ray", "ale-py"))}
         if ray.is_initialized():
             raise SystemExit("run this with no Ray connected: it times Ray's start-up")
         start = time.perf_counter()
@@ -162,13 +140,13 @@ def main(argv: list[str] | None = None) -> int:
                 workload = Workload.of(case.env, case.num_envs)
                 title = f"{workload.label} x {workload.num_envs} (env-steps/s)"
                 baseline, minimum = RAY_TARGETS[name]
-                report = measure_table(console, title, CASES, workload, timing, baseline)
+                report = common.measure_table(console, title, CASES, workload, timing, baseline)
                 value = report.ratio("envfleet-ray", case.num_envs, baseline)
-                check = target(console, f"envfleet-ray / {baseline}", value, minimum)
-                output[name] = {**rows(report), "target": check}
+                check = common.target(console, f"envfleet-ray / {baseline}", value, minimum)
+                output[name] = {**common.rows(report), "target": check}
         finally:
             ray.shutdown()
-    save_json(args.json, output, console)
+    common.save_json(args.json, output, console)
     return 0
 
 

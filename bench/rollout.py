@@ -1,26 +1,14 @@
 """Rollout collection with a PyTorch policy in the loop, every contender side by side.
 
-Random actions with no policy measure the envs alone; in training, the policy's forward pass
-sits between every result and the next action. Here one policy (a batch of observations to a
-batch of actions) drives each contender through the engine's runners (``policy=``): a
-synchronous one hands every env back at once; an asynchronous one the first ``batch`` envs
-ready, so with ``batch = num_envs / 2`` the policy runs on one half while the other half steps
-(double buffering, as in Sample Factory and EnvPool's async mode). Besides env-steps/s
-(inference included) it reports the share of wall time the *policy waited for the envs* and
-the share of env-time the *envs waited for the policy* (the envs of a batch, idle while the
-policy decides their actions).
-
-Workloads, each driven by one policy on CPU (``torch.set_num_threads`` chosen and printed):
-
-- ``cartpole``: CartPole-v1 x 64, an MLP (2 x 64) sampling actions;
-- ``pong``: Pong x 16 with Gymnasium's standard preprocessing (:func:`bench.envs.make_pong`:
-  84x84 grey, frame skip 4, 4 frames stacked) and the Nature-DQN CNN; EnvPool configured alike;
-- ``heavy``: :class:`bench.envs.HeavyTailEnv` (90% of steps 0.2 ms, 10% 5 ms) x 32, MLP;
-  envfleet on 8 workers of 4 threads (``threads_per_worker=4``).
-
-Contenders (:data:`CONTENDERS`): envfleet sync and async (process backend, double-buffered;
-also with a worker fewer than cores, leaving one for the policy), Gymnasium ``AsyncVectorEnv``,
-SB3 ``SubprocVecEnv``, EnvPool sync and async.
+In training, the policy's forward pass sits between every result and the next action: here one
+policy (observations to actions, one torch thread by default) drives every contender through
+the engine's runners (``policy=``), synchronously or double-buffered (``batch = num_envs / 2``:
+the policy decides for one half while the other steps). Besides env-steps/s (inference
+included): the share of wall time the policy waited for the envs, and of env-time the envs
+waited for the policy. Workloads (:data:`WORKLOADS`): CartPole-v1 x 64 with an MLP; Pong x 16
+preprocessed (:func:`bench.envs.make_pong`) with the Nature-DQN CNN; ``heavy``
+(:class:`bench.envs.HeavyTailEnv` x 32, MLP; envfleet on 8 workers x 4 threads). Contenders:
+:data:`CONTENDERS`.
 
 Usage::
 
@@ -45,19 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import (
-    RESULTS,
-    Case,
-    add_choice,
-    measure_table,
-    print_machine,
-    rows,
-    save_json,
-    script_parser,
-    session,
-    target,
-    timing_from,
-)
+from bench import common
+from bench.common import Case
 from bench.envs import ENVPOOL_PONG, HeavyTailEnv, make_pong
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
@@ -167,59 +144,46 @@ class PolicyRunner(Runner):
         self.inner.close()
 
 
-class TorchPolicy:
-    """A PyTorch network that samples a discrete action per observation, on CPU (observations
-    in through ``torch.from_numpy``; uint8 frames scaled to [0, 1])."""
+def sampled(logits: Callable[[Any], Any]) -> Policy:
+    """Actions sampled from ``logits(observations)``, a torch network on CPU (uint8 frames
+    scaled to [0, 1]); the networks are the actors of the PPO agents in ``examples/``."""
+    import torch
 
-    def __init__(self, net: Any, seed: int = 0) -> None:
-        import torch
-
-        self.net = net.eval()
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def __call__(self, obs: Any) -> np.ndarray:
-        import torch
-
+    def policy(obs: Any) -> Any:
         with torch.inference_mode():
             x = torch.from_numpy(np.asarray(obs))
             x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-            probs = torch.softmax(self.net(x), dim=-1)
-            actions = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
-        out: np.ndarray = actions.numpy()
-        return out
+            return torch.distributions.Categorical(logits=logits(x)).sample().numpy()
+
+    return policy
 
 
-def mlp(obs_dim: int, num_actions: int, hidden: int = 64) -> Any:
-    """Two hidden layers of ``hidden`` with tanh (CleanRL's PPO actor)."""
-    from torch import nn
+def mlp_actor() -> Policy:
+    """CleanRL's PPO actor for 4 observations, 2 actions: 2 x 64, tanh."""
+    from examples.ppo_cartpole import Agent
 
-    return nn.Sequential(nn.Linear(obs_dim, hidden), nn.Tanh(), nn.Linear(hidden, hidden),
-                         nn.Tanh(), nn.Linear(hidden, num_actions))  # fmt: skip
-
-
-def nature_cnn(num_actions: int, frames: int = 4) -> Any:
-    """The Nature-DQN network over ``(frames, 84, 84)`` inputs."""
-    from torch import nn
-
-    return nn.Sequential(
-        nn.Conv2d(frames, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-        nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(), nn.Linear(64 * 7 * 7, 512),
-        nn.ReLU(), nn.Linear(512, num_actions),
-    )  # fmt: skip
+    return sampled(Agent(4, 2).actor)
 
 
-WORKLOADS: dict[str, Callable[[int], RolloutWorkload]] = {
-    "cartpole": lambda seed: RolloutWorkload(
-        "cartpole", Workload.of("CartPole-v1", 64), TorchPolicy(mlp(4, 2), seed), "CartPole-v1"
+def nature_actor() -> Policy:
+    """CleanRL's PPO actor for Atari (6 actions): the Nature-DQN network and a linear head."""
+    from examples.ppo_atari_async import Agent
+
+    agent = Agent(6)
+    return sampled(lambda x: agent.actor(agent.network(x)))
+
+
+WORKLOADS: dict[str, Callable[[], RolloutWorkload]] = {
+    "cartpole": lambda: RolloutWorkload(
+        "cartpole", Workload.of("CartPole-v1", 64), mlp_actor(), "CartPole-v1"
     ),
-    "pong": lambda seed: RolloutWorkload(
-        "pong", Workload.of(make_pong, 16), TorchPolicy(nature_cnn(6), seed), "Pong-v5",
-        ENVPOOL_PONG,
+    "pong": lambda: RolloutWorkload(
+        "pong", Workload.of(make_pong, 16), nature_actor(), "Pong-v5", ENVPOOL_PONG
     ),
     # The env mostly sleeps: 8 workers of 4 threads, so that a batch is not held back by the
     # slowest of many envs (a worker replies when all the envs it was sent are done).
-    "heavy": lambda seed: RolloutWorkload(
-        "heavy", Workload.of(HeavyTailEnv, 32), TorchPolicy(mlp(4, 2), seed), num_workers=8,
+    "heavy": lambda: RolloutWorkload(
+        "heavy", Workload.of(HeavyTailEnv, 32), mlp_actor(), num_workers=8,
         envfleet_kwargs={"threads_per_worker": 4},
     ),
 }  # fmt: skip
@@ -244,25 +208,28 @@ def share(key: str) -> tuple[str, Callable[[Report, str, int], str]]:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    parser = script_parser(__doc__ or "", RESULTS / "rollout.json")
-    add_choice(parser, "--workloads", list(WORKLOADS))
-    add_choice(parser, "--runners", list(CONTENDERS))
+    parser = common.script_parser(__doc__ or "", common.RESULTS / "rollout.json")
+    common.add_choice(parser, "--workloads", list(WORKLOADS))
+    common.add_choice(parser, "--runners", list(CONTENDERS))
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    timing = timing_from(args, full=(1.0, 3))
-    with session(args.json) as console:
-        report: dict[str, Any] = {"machine": print_machine(console, ["torch"]), "workloads": {}}
+    timing = common.timing_from(args, full=(1.0, 3))
+    with common.session(args.json) as console:
+        report: dict[str, Any] = {
+            "machine": common.print_machine(console, ["torch"]),
+            "workloads": {},
+        }
         console.print(f"torch threads {torch.get_num_threads()}")
         report["torch_threads"] = torch.get_num_threads()
         for name in args.workloads:
             torch.manual_seed(args.seed)
-            case = WORKLOADS[name](args.seed)
+            case = WORKLOADS[name]()
             cases = [Case(r, functools.partial(PolicyRunner, r, case)) for r in args.runners]
             n = case.workload.num_envs
             title = f"{case.name}: {case.workload.label} x {n}, policy in the loop"
             columns = [share("policy_waited"), share("envs_waited")]
-            measured = measure_table(
+            measured = common.measure_table(
                 console, title, cases, case.workload, timing, "envfleet-sync", columns
             )
             rates = {r: measured.rate(r, n) for r in args.runners}
@@ -272,9 +239,9 @@ def main(argv: list[str] | None = None) -> int:
             for (a, b), minimum in TARGETS[name].items():
                 top, bottom = rates.get(a), rates.get(b)
                 value = top / bottom if top and bottom else None
-                checks.append(target(console, f"{a} / {b}", value, minimum, end=""))
-            report["workloads"][name] = {**rows(measured), "targets": checks}
-    save_json(args.json, report, console)
+                checks.append(common.target(console, f"{a} / {b}", value, minimum, end=""))
+            report["workloads"][name] = {**common.rows(measured), "targets": checks}
+    common.save_json(args.json, report, console)
     return 0
 
 

@@ -1,23 +1,15 @@
 """Fault tolerance soak: envs that raise, exit or hang at random; every step accounted for.
 
-Two pools of :class:`bench.envs.SoakEnv` side by side in one process, in alternating chunks (so
-that load from elsewhere hits both alike): one whose envs fail with probability ``--p-fail`` per
-step (raise an exception, ``os._exit`` their worker, or hang until ``step_timeout`` kills it,
-chosen uniformly) and a fault-free one, both with ``on_error="restart"``. :class:`SoakRun`
-checks each result as it comes:
-
-- every result is either delivered or flagged ``infos["envfleet/restarted"]`` (lost), and
-  ``delivered + lost == requested``; ``lost == sum(pool.restarts)``;
-- a delivered result is the next call of its env instance (its counter advanced by exactly 1,
-  the action's step id echoed; after an episode end or a restart, a reset): no step silently
-  lost, repeated or given to the wrong env;
-- a flagged result has reward 0, ``truncated``, and the env's last observation (or, for an env
-  of a dead or hung worker that finished its step before the failure, that step's);
-- the flagged envs of each step are exactly those the injected failures account for.
-
-It prints failures injected, restarts made and steps/s against the fault-free pool (target: at
-least 0.9x). Exit status: 0 when every check holds, 1 when one fails, 2 when a ``pool.step``
-stalls for ``--stall-s`` (a watchdog prints the pool's state, :meth:`envfleet.Pool.describe`).
+Two pools of :class:`bench.envs.SoakEnv` stepped in alternating chunks, both with
+``on_error="restart"``: one whose envs fail with probability ``--p-fail`` per step (raise,
+``os._exit`` the worker, or hang until ``step_timeout``), and a fault-free one. Every result is
+checked as it comes (:func:`soak_checks`): delivered or flagged ``infos["envfleet/restarted"]``
+(``delivered + lost == requested``, ``lost == sum(pool.restarts)``); a delivered result is the
+next call of its env (no step lost, repeated or given to another env); a flagged one is
+truncated, with reward 0 and the env's last observation; the flagged envs of each step are those
+the injected failures account for. Target: the faulty pool at least 0.9x the fault-free one.
+Exit status 0 when every check holds, 1 when one fails, 2 when a ``pool.step`` stalls for
+``--stall-s`` (a watchdog prints :meth:`envfleet.Pool.describe`).
 
 Usage::
 
@@ -49,11 +41,11 @@ from typing import Any
 
 import numpy as np
 import psutil
+from rich.console import Console
 
 import envfleet
-from bench.common import RESULTS, save_json
+from bench.common import RESULTS, print_machine, save_json
 from bench.envs import CALLS, ENV_INDEX, EPISODE_STEP, KINDS, POOL_STEP, SoakEnv, read_log
-from envfleet.benchmark import machine_info
 
 RESTARTED = "envfleet/restarted"
 MAX_EXAMPLES = 10
@@ -158,24 +150,16 @@ class SoakRun:
             actions[:, 1] = s
             start = time.perf_counter()
             self.stepping_since = start
-            obs, rewards, terminations, truncations, infos = pool.step(actions)
+            result = pool.step(actions)
             self.stepping_since = None
             seconds = time.perf_counter() - start
             times.append(seconds)
             self.step_seconds += seconds
-            self._check(s, obs, rewards, terminations, truncations, infos, seconds)
+            self._check(s, result, seconds)
             self.step_id = s + 1
 
-    def _check(
-        self,
-        s: int,
-        obs: np.ndarray,
-        rewards: np.ndarray,
-        terminations: np.ndarray,
-        truncations: np.ndarray,
-        infos: dict[str, Any],
-        seconds: float,
-    ) -> None:
+    def _check(self, s: int, result: tuple[Any, ...], seconds: float) -> None:
+        obs, rewards, terminations, truncations, infos = result
         n, last = self.num_envs, self.last
         self.requested += n
         mask = infos.get(f"_{RESTARTED}")
@@ -226,16 +210,9 @@ class SoakRun:
         if bad.any():
             self.anomaly_count += int(bad.sum())
             for i in np.flatnonzero(bad)[: MAX_EXAMPLES - len(self.anomalies)].tolist():
-                self.anomalies.append(
-                    {
-                        "step": s,
-                        "env": i,
-                        "expected": "reset" if resets[i] else "step",
-                        "last": last[i].tolist(),
-                        "got": obs[i].tolist(),
-                        "reward": float(rewards[i]),
-                    }
-                )
+                example = {"step": s, "env": i, "expected": "reset" if resets[i] else "step"}
+                example.update(last=last[i].tolist(), got=obs[i].tolist(), reward=float(rewards[i]))
+                self.anomalies.append(example)
         self.env_counted += int((obs[kept, CALLS] - calls_before[kept]).sum())
         last[kept] = obs[kept]
         self.fresh = flagged
@@ -385,13 +362,11 @@ def soak_checks(faulty: dict[str, Any], clean: dict[str, Any]) -> dict[str, bool
 def run_soak(args: SoakConfig, json_path: Path) -> int:
     """Run the soak, print what it found, write it to ``json_path``; 0 when every check held,
     1 when one failed (2, from the watchdog, when a step stalled)."""
-    machine = machine_info(("ale-py",))
+    machine = print_machine(Console(highlight=False))
     pool_steps = math.ceil(args.steps / args.num_envs)
     chunks = max(1, min(args.chunks, pool_steps))
     sizes = [len(c) for c in np.array_split(np.arange(pool_steps), chunks)]
     print(
-        f"{machine['cpu_model']}, {machine['usable_cores']} usable cores, load average "
-        f"{machine['load_average_at_start'][0]:.2f}\n"
         f"{args.num_envs} envs over {args.workers} workers, {pool_steps * args.num_envs:,} steps "
         f"per pool in {chunks} alternating chunks; p_fail={args.p_fail:g} per step "
         f"({', '.join(args.kinds)}), step_timeout={args.step_timeout:g} s, on_error=restart"

@@ -1,21 +1,14 @@
 """What collecting ``Pool.stats()`` costs: the same pool stepped with statistics on and off.
 
-CartPole-v1 x 64 on the process backend by default, 20 interleaved windows of 0.5 s per side.
-Target: under 2%.
+CartPole-v1 x 64 on the process backend by default, 20 interleaved windows of 0.5 s per side;
+the ``stats off`` pool's windows run with the recording methods of
+:class:`envfleet.stats.StatsRecorder` replaced by no-ops (:func:`stats_disabled`). Three
+figures, against a vector step with stats off: throughput (``1 - on / off``: on a shared
+machine, noise far over 2%), the pool thread's CPU per step in situ (not stretched by other
+processes), and the recording calls of a step alone on a bare recorder
+(:func:`recording_cost`). Target: under 2%.
 
     python bench/stats_overhead.py [--seconds 0.5] [--repeats 20] [--num-envs 64] [--quick]
-
-Statistics are recorded by the pool's own process alone, in the methods of
-:class:`envfleet.stats.StatsRecorder` named in :data:`RECORDING`; turning them off replaces
-those methods on the class with no-ops (:func:`stats_disabled`) around each window of the
-``stats off`` pool. Three figures, each against the wall time of a vector step with stats off:
-
-1. throughput: ``1 - on / off`` of the medians. The direct answer, but on a shared machine
-   other processes move it by far more than 2%;
-2. the pool's CPU, in situ: the extra CPU time the pool's thread (the one that records) spends
-   per vector step with stats on, which does not stretch when another process takes the core;
-3. recording alone (:func:`recording_cost`): the calls one vector step makes, timed in a tight
-   loop on a bare recorder of the same shape.
 """
 
 from __future__ import annotations
@@ -36,17 +29,8 @@ from typing import Any
 import numpy as np
 
 import envfleet
-from bench.common import (
-    RESULTS,
-    Case,
-    measure_table,
-    print_machine,
-    rows,
-    save_json,
-    script_parser,
-    session,
-    timing_from,
-)
+from bench import common
+from bench.common import Case
 from envfleet.benchmark import CallRunner, RunResult, Timing, Workload, cycle, sample_actions
 from envfleet.stats import StatsRecorder
 
@@ -128,19 +112,21 @@ def recording_cost(num_envs: int, num_workers: int, calls: int = 20_000) -> floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = script_parser(__doc__ or "", RESULTS / "stats_overhead.json")
+    parser = common.script_parser(__doc__ or "", common.RESULTS / "stats_overhead.json")
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--num-envs", type=int, default=64)
     parser.add_argument("--backend", default="process")
     parser.add_argument("--num-workers", type=int, default=None, help="default: usable cores")
     args = parser.parse_args(argv)
-    timing, n = timing_from(args, full=(0.5, 20)), args.num_envs
+    timing, n = common.timing_from(args, full=(0.5, 20)), args.num_envs
     make = {"backend": args.backend, "num_workers": args.num_workers}
     cases = [Case(f"stats {s}", functools.partial(StatsRunner, s == "on", **make)) for s in SIDES]
-    with session(args.json) as console:
-        machine = print_machine(console)
+    with common.session(args.json) as console:
+        machine = common.print_machine(console)
         title = f"{args.env} x {n}, {args.backend} backend: statistics on and off"
-        report = measure_table(console, title, cases, Workload.of(args.env, n), timing, "stats off")
+        report = common.measure_table(
+            console, title, cases, Workload.of(args.env, n), timing, "stats off"
+        )
         on, off = (report.results[f"stats {s}"][n] for s in SIDES)
         if not isinstance(on, RunResult) or not isinstance(off, RunResult):
             raise SystemExit("a pool failed: no figures")
@@ -158,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             f"[bold]overhead[/bold] (target under {TARGET_PERCENT:g}%): "
             + ", ".join(f"{k.replace('_', ' ')} {v:+.2f}%" for k, v in figures.items())
         )
-    document = {"machine": machine, **rows(report), "overhead_percent": figures}
-    save_json(args.json, {**document, "target_percent": TARGET_PERCENT}, console)
+    document = {"machine": machine, **common.rows(report), "overhead_percent": figures}
+    common.save_json(args.json, {**document, "target_percent": TARGET_PERCENT}, console)
     return 0
 
 

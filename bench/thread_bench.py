@@ -1,19 +1,14 @@
 """Thread backend: sleeping envs and ALE's Pong against the for-loop and the alternatives.
 
-Two tables, each side by side in one run (windows interleaved, the median window reported):
-
-- ``sleep``: :class:`bench.envs.SleepEnv` (``time.sleep(0.001)`` per step) x 32. The ideal is
-  ``32 / measured step time`` (``ideal`` row: one env stepped alone, counted 32 times). Rows:
-  for-loop, bare threads (no library: one thread per env started by one eventfd write, the
-  ceiling of a Python thread pool with a GIL here; unpinned and pinned to one core), envfleet
-  thread (and pinned to one core), envfleet process (2 workers; 2 workers x 16 threads,
-  unpinned and ``cpu_affinity="spread"``), Gymnasium ``AsyncVectorEnv``. Target: envfleet
-  thread at least 0.8 of the ideal.
-- ``pong``: ``ALE/Pong-v5`` x 8: for-loop, envfleet thread, envfleet process (2 workers,
-  unpinned and ``cpu_affinity="spread"``; 2 workers x 4 threads), Gymnasium
-  ``AsyncVectorEnv``, ale-py's C++ ``AtariVectorEnv``, and whether ale-py releases the GIL:
-  two threads, then two processes, each stepping an env of its own (if the threads scale
-  like the processes, it does). Target: envfleet thread at least 1.6x the for-loop.
+- ``sleep``: :class:`bench.envs.SleepEnv` (1 ms) x 32 against the ideal (one env stepped alone,
+  x 32): for-loop, bare threads (no library: a thread per env woken by one eventfd write, the
+  ceiling of Python threads with a GIL; unpinned and on one core), envfleet thread (unpinned
+  and on one core), envfleet process (2 workers, x 16 threads, ``cpu_affinity="spread"``),
+  Gymnasium ``AsyncVectorEnv``. Target: envfleet thread >= 0.8 of the ideal.
+- ``pong``: ``ALE/Pong-v5`` x 8: for-loop, envfleet thread and process layouts, Gymnasium
+  ``AsyncVectorEnv``, ale-py's C++ ``AtariVectorEnv``, and two threads, then two processes,
+  each stepping an env of its own (threads that scale like processes: ale-py releases the GIL).
+  Target: envfleet thread >= 1.6x the for-loop.
 
 Usage::
 
@@ -35,20 +30,8 @@ import os
 import threading
 from typing import Any
 
-from bench.common import (
-    RESULTS,
-    Case,
-    IdealRunner,
-    add_choice,
-    measure_table,
-    print_machine,
-    rows,
-    save_json,
-    script_parser,
-    session,
-    target,
-    timing_from,
-)
+from bench import common
+from bench.common import Case
 from bench.envs import SleepEnv
 from envfleet import benchmark
 from envfleet.benchmark import CallRunner, CeilingRunner, Runner, Timing, Workload, open_envfleet
@@ -122,7 +105,7 @@ def envfleet(**make_kwargs: Any) -> Any:
 TWO = {"backend": "process", "num_workers": 2}
 IDEAL, LOOP = "ideal (32 x 1 env)", "for-loop"
 SLEEP_CASES = [
-    Case(IDEAL, IdealRunner),
+    Case(IDEAL, common.open_ideal),
     Case(LOOP, benchmark.open_loop),
     Case("bare threads", open_bare_threads),
     Case("bare threads, pinned to 1 core", lambda w, t: open_bare_threads(w, t, one_core())),
@@ -154,19 +137,19 @@ PARTS = {  # title, cases, workload, reference row, target: (row, least ratio)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = script_parser(__doc__ or "", RESULTS / "thread_bench.json")
-    add_choice(parser, "--parts", list(PARTS))
+    parser = common.script_parser(__doc__ or "", common.RESULTS / "thread_bench.json")
+    common.add_choice(parser, "--parts", list(PARTS))
     args = parser.parse_args(argv)
-    timing = timing_from(args)
-    with session(args.json, width=140) as console:
-        report: dict[str, Any] = {"machine": print_machine(console), "parts": {}}
+    timing = common.timing_from(args)
+    with common.session(args.json, width=140) as console:
+        report: dict[str, Any] = {"machine": common.print_machine(console), "parts": {}}
         for part in args.parts:
             title, cases, workload, reference, minimum = PARTS[part]
-            measured = measure_table(console, title, cases, workload, timing, reference)
+            measured = common.measure_table(console, title, cases, workload, timing, reference)
             value = measured.ratio("envfleet thread", workload.num_envs, reference)
-            check = target(console, f"envfleet thread / {reference}", value, minimum)
-            report["parts"][part] = {**rows(measured), "target": check}
-    save_json(args.json, report, console)
+            check = common.target(console, f"envfleet thread / {reference}", value, minimum)
+            report["parts"][part] = {**common.rows(measured), "target": check}
+    common.save_json(args.json, report, console)
     return 0
 
 

@@ -19,7 +19,7 @@ from rich.console import Console
 
 import envfleet
 from bench.async_bench import layouts, own_sync
-from bench.common import Case, IdealRunner, add_choice, measure_table, target
+from bench.common import Case, add_choice, measure_table, open_ideal, target
 from bench.envs import read_log
 from bench.ray_bench import BatchActor
 from bench.soak import SoakConfig, SoakRun, run_soak, soak_checks
@@ -215,18 +215,17 @@ def test_target_and_choices() -> None:
         parser.parse_args(["--parts", "sleep,nap"])
 
 
-def test_ideal_runner_bounds_the_sync_ideal_by_the_mean_step() -> None:
-    runner = IdealRunner(Workload.of(functools.partial(FaultyEnv, sleep=0.001), 8), TIMING)
+def test_the_ideal_steps_one_env_alone_and_counts_it_num_envs_times() -> None:
+    STEPPED.clear()
+    runner = open_ideal(Workload.of(functools.partial(FaultyEnv, step_hook=_record), 8), TIMING)
     try:
-        rate = runner.window(0.1)
+        envs = {env for env, _ in STEPPED}  # the warm-up's
+        before = len(STEPPED)
+        assert runner.advance() == 8  # type: ignore[attr-defined]
+        assert len(STEPPED) == before + 1 and {env for env, _ in STEPPED} == envs
+        assert len(envs) == 1
     finally:
         runner.close()
-    mean_s = runner.info["mean_step_ms"] / 1e3
-    assert mean_s >= 0.001
-    # The mean is the timed window's: its steps fit in the window, with the clock around them.
-    assert rate <= 8 / mean_s * (1 + 1e-9)
-    # The slowest of 8 steps is, on average, no faster than the mean step.
-    assert runner.info["ideal_sync_steps_per_s"] <= 8 / mean_s * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("batch_size", [None, 2])

@@ -155,36 +155,42 @@ Column = tuple[str, Callable[["Report", str, int], str]]
 (``cell(report, name, num_envs)``, called where that result was measured)."""
 
 
+def _table(
+    report: Report, title: str, headers: Sequence[str], cells: Callable[[str, int, Any], list[str]]
+) -> Table:
+    """One row per measured runner; per env count, ``n envs`` and ``headers`` columns, whose
+    cells are ``cells(name, n, result)``."""
+    table = Table(title=title, title_justify="left", min_width=len(title) + 2)
+    table.add_column("runner", no_wrap=True)
+    for n in report.num_envs:
+        for header in (f"{n} envs", *headers):
+            table.add_column(header, justify="right")
+    for name in report.measured:
+        row = [name]
+        for n in report.num_envs:
+            row += cells(name, n, report.results.get(name, {}).get(n))
+        table.add_row(*row)
+    return table
+
+
 def report_table(report: Report, reference: str = CEILING, columns: Sequence[Column] = ()) -> Table:
     """One row per measured runner; per env count, steps/s, the ratio to ``reference`` (when
     it was measured) and ``columns``."""
     timing = report.timing
     title = f"{report.env}: env-steps/s, median of {timing.repeats} x {timing.seconds:g} s"
-    if report.interrupted:
-        title += " (interrupted)"
-    table = Table(title=title, title_justify="left", min_width=len(title) + 2)
-    table.add_column("runner", no_wrap=True)
-    with_reference = reference in report.measured
-    for n in report.num_envs:
-        table.add_column(f"{n} envs", justify="right")
-        for header in ([f"/{reference}"] if with_reference else []) + [h for h, _ in columns]:
-            table.add_column(header, justify="right")
-    for name in report.measured:
-        cells = [name]
-        for n in report.num_envs:
-            result = report.results.get(name, {}).get(n)
-            if isinstance(result, str):
-                cells.append("[red]failed[/red]")
-            elif isinstance(result, Skipped):
-                cells.append("skipped")
-            else:
-                cells.append(_fmt_rate(report.rate(name, n)))
-            if with_reference:
-                cells.append(_fmt_ratio(report.ratio(name, n, reference)))
-            for _, cell in columns:
-                cells.append(cell(report, name, n) if isinstance(result, RunResult) else "-")
-        table.add_row(*cells)
-    return table
+    title += " (interrupted)" if report.interrupted else ""
+    ratio = [f"/{reference}"] if reference in report.measured else []
+
+    def cells(name: str, n: int, result: Any) -> list[str]:
+        if isinstance(result, str | Skipped):
+            row = ["[red]failed[/red]" if isinstance(result, str) else "skipped"]
+        else:
+            row = [_fmt_rate(report.rate(name, n))]
+        row += [_fmt_ratio(report.ratio(name, n, reference))] if ratio else []
+        measured = isinstance(result, RunResult)
+        return row + [cell(report, name, n) if measured else "-" for _, cell in columns]
+
+    return _table(report, title, ratio + [header for header, _ in columns], cells)
 
 
 def startup_table(report: Report) -> Table:
@@ -192,24 +198,14 @@ def startup_table(report: Report) -> Table:
     reset its envs), ``>N`` where it was stopped at the limit of ``N`` seconds."""
     limit = report.timing.startup_limit
     title = "start-up, seconds to build and reset the envs"
-    if limit is not None:
-        title += f" (limit {limit:g} s)"
-    table = Table(title=title, title_justify="left", min_width=len(title) + 2)
-    table.add_column("runner", no_wrap=True)
-    for n in report.num_envs:
-        table.add_column(f"{n} envs", justify="right")
-    for name in report.measured:
-        cells = [name]
-        for n in report.num_envs:
-            result = report.results.get(name, {}).get(n)
-            if isinstance(result, RunResult):
-                cells.append(f"{result.setup_s:.2f}")
-            elif isinstance(result, Skipped) and limit is not None:
-                cells.append(f">{limit:g}")
-            else:
-                cells.append("-")
-        table.add_row(*cells)
-    return table
+    title += f" (limit {limit:g} s)" if limit is not None else ""
+
+    def cells(name: str, n: int, result: Any) -> list[str]:
+        if isinstance(result, RunResult):
+            return [f"{result.setup_s:.2f}"]
+        return [f">{limit:g}" if isinstance(result, Skipped) and limit is not None else "-"]
+
+    return _table(report, title, [], cells)
 
 
 def report_notes(report: Report) -> list[str]:

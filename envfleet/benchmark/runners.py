@@ -242,11 +242,6 @@ class CeilingRunner(ParallelRunner):
         super().__init__(name, make_step, count, timing, threads=threads, **info)
 
 
-def open_ceiling(workload: Workload, timing: Timing) -> Runner:
-    """See :class:`CeilingRunner`."""
-    return CeilingRunner(workload, timing)
-
-
 def open_envfleet(
     workload: Workload,
     timing: Timing,
