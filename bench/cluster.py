@@ -5,7 +5,7 @@ turn: the driver's CPU time per vector step (``time.process_time`` of this proce
 the pool's caller) and the wall time, for
 
 - ``per-actor``: today's path, one Ray actor per worker on the other nodes, one Ray call per
-  worker per step (``nodes=None``);
+  worker per step (``nodes=False``);
 - ``per-actor, 1/node``: one actor per node, so one Ray call carries a node's whole batch (the
   "Ray calls carrying a node's batch" data plane);
 - ``node pools``: one agent per node running the node's workers as local processes, one message
@@ -14,7 +14,14 @@ the pool's caller) and the wall time, for
 
 against nodes (1, 2, 4), workers and observation size (16 bytes, 84x84x4 and 210x160x3
 uint8), and the throughput of envs that sleep 10 ms a step (on threads, so the two cores here
-are not the limit) with N nodes against one. ``--quick`` runs fewer steps.
+are not the limit) with N nodes against one; and ``compress=`` (none, ``"zlib"``, ``"lz4"``) on
+real Pong frames (210x160x3 uint8 recorded from ALE Pong, replayed by the envs): the bytes a
+frame costs on the wire, the encode and decode cost of a frame (on blocks of 8 frames, as a
+node sends them, decoded straight into a batch array) and the pool's step with each; and RLlib's
+``EnvRunnerGroup`` sampling random actions from the same no-op envs on the same nodes (when
+``ray.rllib`` imports: ``pip install 'envfleet[peers]'``), in env-steps per driver CPU-second
+against the node pools'. ``--quick`` runs fewer steps; ``--compress`` runs the Pong rows alone,
+``--rllib`` the RLlib comparison alone.
 
     PYTHONPATH=. python bench/cluster.py --quick
 """
@@ -64,6 +71,184 @@ class ShapedNoOp(gymnasium.Env[np.ndarray, int]):
         return self._obs, 0.0, False, False, {}
 
 
+class PongReplay(gymnasium.Env[np.ndarray, int]):
+    """Replays recorded Pong frames, from a start its seed picks: the wire sees real frames
+    while the nodes' CPUs are not spent emulating Atari."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self, frames: np.ndarray) -> None:
+        self.observation_space = spaces.Box(0, 255, shape=frames.shape[1:], dtype=np.uint8)
+        self.action_space = spaces.Discrete(6)
+        self._frames = frames
+        self._t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        self._t = int(self.np_random.integers(len(self._frames)))
+        return self._frames[self._t], {}
+
+    def step(self, action: int) -> Any:
+        self._t = (self._t + 1) % len(self._frames)
+        return self._frames[self._t], 0.0, False, False, {}
+
+
+def pong_frames(count: int) -> np.ndarray:
+    """``count`` frames of ALE Pong under random actions (after 100 steps: the game is on)."""
+    import ale_py
+
+    gymnasium.register_envs(ale_py)
+    env = gymnasium.make("ALE/Pong-v5")
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    frames = []
+    for t in range(100 + count):
+        obs, _, terminated, truncated, _ = env.step(int(rng.integers(6)))
+        if terminated or truncated:
+            obs, _ = env.reset()
+        if t >= 100:
+            frames.append(obs)
+    env.close()
+    return np.stack(frames)
+
+
+def codec_costs(frames: np.ndarray, block: int, repeats: int) -> dict[str, tuple[float, ...]]:
+    """Per codec: bytes a frame, encode and decode microseconds a frame (best of ``repeats``),
+    on blocks of ``block`` consecutive frames decoded straight into a batch array."""
+    from envfleet.backends.compression import codec
+
+    out = {}
+    target = np.zeros((2 * block, *frames.shape[1:]), np.uint8)
+    blocks = [frames[k : k + block] for k in range(0, len(frames) - block + 1, block)]
+    for name in ("zlib", "lz4"):
+        squeeze = codec(name)
+        assert squeeze is not None
+        encode = decode = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            packed = [squeeze.compress(b.reshape(-1)) for b in blocks]
+            encode = min(encode, time.perf_counter() - start)
+            start = time.perf_counter()
+            for data in packed:
+                squeeze.decompress_into(np.frombuffer(data, np.uint8), target[block:])
+            decode = min(decode, time.perf_counter() - start)
+        assert (target[block:] == blocks[-1]).all()
+        n = len(blocks) * block
+        out[name] = (sum(map(len, packed)) / n, encode * 1e6 / n, decode * 1e6 / n)
+    return out
+
+
+def compress_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, Any]]:
+    """compress= on Pong frames: wire bytes and codec cost a frame, then the pool's step."""
+    frames = pong_frames(64)
+    raw = frames[0].nbytes
+    print(f"\nPong frames {frames.shape[1:]} uint8: {raw} bytes each", flush=True)
+    costs = codec_costs(frames, 8, repeats)
+    for name, (size, encode, decode) in costs.items():
+        print(
+            f"  {name:<5} {size:8.0f} bytes/frame ({raw / size:5.0f}x smaller)  "
+            f"encode {encode:6.1f} us/frame  decode into the batch {decode:6.1f} us/frame",
+            flush=True,
+        )
+    rows = []
+    env = functools.partial(PongReplay, frames)
+    for compress in (None, "zlib", "lz4"):
+        with envfleet.make(
+            env, 16, num_workers=4, nodes=workers[:2], backend="ray", seed=0, compress=compress
+        ) as pool:
+            timing = measure(pool, steps, repeats)
+            before = sum(n.bytes_in for n in pool.stats().nodes)
+            for _ in range(10):
+                pool.step(np.zeros(16, dtype=np.int64))
+            received = sum(n.bytes_in for n in pool.stats().nodes) - before
+            label = f"node pools, 2 nodes, Pong frames, compress={compress}"
+            r = row(label, 16, *timing, compress=compress)
+            r["wire bytes/frame"] = received / (10 * 16)  # rewards and flags included
+            print(f"{'':44} {r['wire bytes/frame']:.0f} wire bytes/frame", flush=True)
+            rows.append(r)
+    return rows
+
+
+class RLlibNoOp(ShapedNoOp):
+    """:class:`ShapedNoOp` built as RLlib builds an env (from its ``env_config``)."""
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__((4,), np.float32)
+
+
+def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, Any]]:
+    """RLlib's EnvRunnerGroup (2 runners x 32 no-op envs on the 2 "pair" nodes, random actions)
+    against node pools (64 no-op envs, 2 nodes x 2 workers): env-steps per driver CPU-second.
+
+    A runner's ``sample()`` steps its envs ``fragment`` times and returns the episodes, one
+    Ray call per runner per round; a pool's ``step()`` hands the driver every step. Both
+    granularities are rows: a fragment of 1 (the driver sees every step, as with the pool)
+    and RLlib's usual fragments (50, 200)."""
+    try:
+        from ray.rllib.algorithms.ppo import PPOConfig
+        from ray.rllib.env.env_runner_group import EnvRunnerGroup
+    except ImportError as exc:
+        print(f"\nRLlib: not measured (ray.rllib does not import: {exc})", flush=True)
+        return []
+    rows = []
+    noop = functools.partial(ShapedNoOp, (4,), np.float32)
+    with envfleet.make(noop, 64, num_workers=4, nodes=workers[:2], backend="ray", seed=0) as pool:
+        timing = measure(pool, steps, repeats)
+        r = row("node pools, 2 nodes x 2 workers (RLlib's envs)", 64, *timing)
+        r["env-steps per driver CPU-s"] = 64 / r["driver CPU ms/step"] * 1e3
+        rows.append(r)
+    ours = rows[0]["env-steps per driver CPU-s"]
+    print(f"{'':44} {ours:,.0f} env-steps per driver CPU-second", flush=True)
+    config = (
+        PPOConfig()
+        .environment(env=RLlibNoOp)
+        .env_runners(
+            num_env_runners=2,
+            num_envs_per_env_runner=32,
+            num_cpus_per_env_runner=0,
+            custom_resources_per_env_runner={"pair": 1},
+        )
+    )
+    group = EnvRunnerGroup(config=config, local_env_runner=False)
+    try:
+        for fragment in (1, 50, 200):
+
+            def sample(runner: Any, n: int = 32 * fragment) -> int:
+                return sum(len(e) for e in runner.sample(num_timesteps=n, random_actions=True))
+
+            rounds = max(3, steps // fragment)
+            group.foreach_env_runner(sample, local_env_runner=False)  # warm up
+            best = (float("inf"), float("inf"), float("inf"), 0)
+            for _ in range(repeats):
+                wall, cpu, own = time.perf_counter(), time.process_time(), time.thread_time()
+                done = 0
+                for _ in range(rounds):
+                    done += sum(group.foreach_env_runner(sample, local_env_runner=False))
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                own = time.thread_time() - own
+                best = min(best, (wall, cpu, own, done), key=lambda b: b[1] / max(b[3], 1))
+            wall, cpu, own, done = best
+            scale = 64e3 / done  # ms per 64 env-steps: a vector step of the pool's rows
+            r = row(
+                f"RLlib EnvRunnerGroup, 2 runners, fragment {fragment}",
+                64,
+                wall * scale,
+                cpu * scale,
+                own * scale,
+            )
+            r["env-steps per driver CPU-s"] = done / cpu if cpu else float("inf")
+            print(
+                f"{'':44} {r['env-steps per driver CPU-s']:,.0f} env-steps per driver "
+                f"CPU-second: node pools {ours / r['env-steps per driver CPU-s']:.2f}x "
+                "(target >= 2x)",
+                flush=True,
+            )
+            rows.append(r)
+    finally:
+        group.stop()
+    return rows
+
+
 def measure(pool: envfleet.Pool, steps: int, repeats: int) -> tuple[float, float, float]:
     """Best of ``repeats``, per vector step: wall ms, driver CPU ms (the whole process: Ray's
     own threads in it too) and the caller's thread CPU ms (the pool's own work)."""
@@ -99,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (a few seconds a row)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compress", action="store_true", help="the Pong compress= rows alone")
+    parser.add_argument("--rllib", action="store_true", help="the RLlib comparison alone")
     args = parser.parse_args(argv)
     steps = 200 if args.quick else 1000
     cluster = Cluster(
@@ -112,6 +299,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         ray.init(address=cluster.address, log_to_driver=False)
         workers = [n.node_id for n in cluster.worker_nodes]
+        if args.compress or args.rllib:
+            if args.compress:
+                compress_rows(workers, steps // 4, args.repeats)
+            if args.rllib:
+                rllib_rows(workers, steps, args.repeats)
+            return 0
         rows = []
         noop = functools.partial(ShapedNoOp, (4,), np.float32)
         common: dict[str, Any] = {"backend": "ray", "seed": 0}
@@ -131,7 +324,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
         for w in (2, 8):
             with envfleet.make(
-                noop, 64, num_workers=w, worker_resources={"resources": {"pair": 1}}, **common
+                noop,
+                64,
+                num_workers=w,
+                worker_resources={"resources": {"pair": 1}},
+                nodes=False,
+                **common,
             ) as pool:
                 label = (
                     "per-actor, 1/node (Ray call per node)" if w == 2 else "per-actor, 8 on 2 nodes"
@@ -159,7 +357,12 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
             with envfleet.make(
-                env, 16, num_workers=2, worker_resources={"resources": {"pair": 1}}, **common
+                env,
+                16,
+                num_workers=2,
+                worker_resources={"resources": {"pair": 1}},
+                nodes=False,
+                **common,
             ) as pool:
                 rows.append(
                     row(
@@ -185,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("driver CPU ms/step", "thread CPU ms/step"):
             per_node = (four[key] - one[key]) / 3
             print(f"\n{key[:-8]} per extra node per step: {per_node * 1e3:.0f} us (target <= 100)")
+        rows += compress_rows(workers, steps // 4, args.repeats)
+        rows += rllib_rows(workers, steps, args.repeats)
         process = rows[0]["env-steps/s"]
         eight = next(r for r in rows if r["row"] == "node pools, 8 workers on 2 nodes")
         print(

@@ -142,9 +142,11 @@ def make(
             ``address`` (``None``: the Ray this process is connected to, else a private local
             one; ``"auto"`` or ``"ray://host:port"``: join a cluster), ``ray_init_kwargs``
             (for ``ray.init``), ``worker_resources`` (``.options()`` of each actor),
-            ``ray_shared_memory`` (``False``: every command a Ray call) and ``nodes``
-            (``"auto"`` or Ray node ids: one sub-pool per node, each command one message per
-            node).
+            ``ray_shared_memory`` (``False``: every command a Ray call), ``nodes``
+            (``None``: one sub-pool per node on a cluster of several nodes, each command one
+            message per node; ``"auto"`` or Ray node ids: always; ``False``: one actor per
+            worker) and ``compress`` (node sub-pools: ``"lz4"`` or ``"zlib"``, lossless
+            compression of image observations on their way to the pool).
 
     Returns:
         A :class:`Pool`; close it (or use it as a context manager) to free its workers.

@@ -20,6 +20,7 @@ import gymnasium
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from envfleet.batch_rows import BatchRows
 from envfleet.buffers import Batch, make_reader, make_writer
 from envfleet.errors import OnError, Phase
 from envfleet.guards import build_within, env_errors, exit_if_longer
@@ -35,10 +36,6 @@ RESTARTED = "envfleet/restarted"
 BATCHED_MIN_ENVS = 12
 """Groups stepping at least this many envs write their results with one assignment per field;
 smaller ones env by env, which costs less below it (numpy's fixed cost per assignment)."""
-
-SMALL_ROW_BYTES = 1024
-"""Observation rows up to this size are gathered into one array and written at once; larger
-ones (frames) are copied into their rows one by one, with no temporary array."""
 
 
 def derive_seed(seed_base: int | None, env_index: int, restarts: int) -> int | None:
@@ -118,16 +115,7 @@ class EnvGroup:
         self._batched = (
             isinstance(batch.actions, np.ndarray) and autoreset_mode is not AutoresetMode.SAME_STEP
         )
-        # Observations in one array whose rows are small: written with one assignment (a large
-        # row, a frame, is copied straight into the batch instead, through no temporary).
-        obs = batch.observations
-        self._obs_shape: tuple[int, ...] | None = (
-            tuple(obs.shape[1:])
-            if isinstance(obs, np.ndarray) and obs[:1].nbytes <= SMALL_ROW_BYTES
-            else None
-        )
-        self._rows_key: Sequence[int] | None = None
-        self._rows_value: tuple[slice | np.ndarray, list[Any]] = (slice(0), [])
+        self._rows: BatchRows | None = None  # those of the command repeated every step
         for i in self.env_ids:
             try:
                 self.envs[i] = self._build(i)
@@ -178,106 +166,98 @@ class EnvGroup:
 
     def step(self, env_ids: Sequence[int], actions: dict[int, Any] | None = None) -> Reply:
         """Step ``env_ids`` with the actions in their batch rows, applying autoreset."""
-        infos: dict[int, Any] = {}
-        failures: list[EnvFailure] = []
-        kept: list[int] = []
         if (
             actions is None
             and self._batched
             and not self._truncate_next
             and len(env_ids) >= BATCHED_MIN_ENVS
         ):
-            self._step_batched(env_ids, infos, failures, kept)
-        else:
-            self._step_each(env_ids, actions, infos, failures, kept)
+            return self._step_batched(env_ids)
+        infos: dict[int, Any] = {}
+        failures: list[EnvFailure] = []
+        kept: list[int] = []
+        self._step_each(env_ids, actions, infos, failures, kept)
         return self._reply(env_ids, infos, failures, kept)
 
-    def _step_batched(
-        self,
-        env_ids: Sequence[int],
-        infos: dict[int, Any],
-        failures: list[EnvFailure],
-        kept: list[int],
-    ) -> None:
+    def _step_batched(self, env_ids: Sequence[int]) -> Reply:
         """The hot path: every env's result is collected first, then written with one
-        assignment per field, as ``SyncVectorEnv`` does; nothing is done per env beyond its
-        ``step`` (issue 23). The first env that raises hands the rest to :meth:`_step_each`."""
-        index, envs = self._rows(env_ids)
-        actions = self.batch.actions[index]
-        if actions.ndim > 1:
-            # Rows of a copy, not views of the batch: an env that keeps its action must not see
-            # the next step's actions written over it.
-            actions = actions.copy()
-        owe = self._owe_reset if self.mode is AutoresetMode.NEXT_STEP else None
+        assignment per field (:class:`BatchRows`), as ``SyncVectorEnv`` does; nothing is done
+        per env beyond its ``step`` (issue 23). The first env that raises hands the rest to
+        :meth:`_step_each`."""
+        rows = self._rows
+        if rows is None or env_ids is not rows.env_ids:
+            rows = self._rows_of(env_ids)
+        owe = self._owe_reset
         results: list[Any] = []
         append = results.append
         reset_ids: list[int] = []
         try:
-            # zip without strict: the three have one entry per env by construction, and the
-            # check costs more than the rest of a small group's step.
-            for i, env, action in zip(env_ids, envs, actions):  # noqa: B905
-                if owe and i in owe:
-                    reset_ids.append(i)
-                    obs, info = env.reset(seed=self._reset_seed.pop(i, None))
-                    append((obs, 0.0, False, False, info))
-                else:
+            # zip without strict: one entry per env by construction, and the check costs more
+            # than the rest of a small group's step.
+            if owe and self.mode is AutoresetMode.NEXT_STEP:
+                for i, env, action in zip(env_ids, rows.envs, rows.actions()):  # noqa: B905
+                    if i in owe:
+                        reset_ids.append(i)
+                        obs, info = env.reset(seed=self._reset_seed.pop(i, None))
+                        append((obs, 0.0, False, False, info))
+                    else:
+                        append(env.step(action))
+            else:
+                for env, action in zip(rows.envs, rows.actions()):  # noqa: B905
                     append(env.step(action))
         except env_errors() as exc:
-            k = len(results)
-            if reset_ids and reset_ids[-1] == env_ids[k]:
-                reset_ids.pop()
-            done = env_ids[:k]
-            self._write_rows(done, _index(done), results, reset_ids, infos, failures, kept)
-            self._failed(env_ids[k], exc, infos, failures, kept)
-            self._step_each(env_ids[k + 1 :], None, infos, failures, kept)
-            return
-        self._write_rows(env_ids, index, results, reset_ids, infos, failures, kept)
+            return self._step_failed(env_ids, results, reset_ids, exc)
+        infos: dict[int, Any] = {}
+        if not self._write_rows(rows, results, reset_ids, infos):
+            failures: list[EnvFailure] = []
+            kept: list[int] = []
+            self._write_each(env_ids, results, infos, failures, kept)
+            return self._reply(env_ids, infos, failures, kept)
+        if self._restart_log:
+            return self._reply(env_ids, infos, [])
+        return Reply(env_ids=tuple(env_ids), infos=infos or None)
+
+    def _step_failed(
+        self, env_ids: Sequence[int], results: list[Any], reset_ids: list[int], exc: BaseException
+    ) -> Reply:
+        """Env ``env_ids[len(results)]`` raised ``exc``: write the results before it, report
+        (or restart) it, and step the rest one env at a time."""
+        k = len(results)
+        if reset_ids and reset_ids[-1] == env_ids[k]:
+            reset_ids.pop()
+        infos: dict[int, Any] = {}
+        failures: list[EnvFailure] = []
+        kept: list[int] = []
+        done = env_ids[:k]
+        rows = BatchRows(self.batch, done, [self.envs[i] for i in done])
+        if not self._write_rows(rows, results, reset_ids, infos):
+            self._write_each(done, results, infos, failures, kept)
+        self._failed(env_ids[k], exc, infos, failures, kept)
+        self._step_each(env_ids[k + 1 :], None, infos, failures, kept)
+        return self._reply(env_ids, infos, failures, kept)
 
     def _write_rows(
-        self,
-        env_ids: Sequence[int],
-        index: slice | np.ndarray,
-        results: list[Any],
-        reset_ids: list[int],
-        infos: dict[int, Any],
-        failures: list[EnvFailure],
-        kept: list[int],
-    ) -> None:
-        """Write the ``(obs, reward, terminated, truncated, info)`` of ``env_ids`` into their
-        rows at once; any result that does not fit is handled env by env
-        (:meth:`_write_each`), so that its failure names the env."""
-        if not env_ids:
-            return
-        batch = self.batch
-        try:
-            # strict: one result of another length than 5 among the others fails here too.
-            observations, rewards, terminations, truncations, env_infos = zip(*results, strict=True)
-            if self._obs_shape is not None:  # small rows: one array, its shape checked
-                values = np.asarray(observations)
-                if values.dtype == object or values.shape != (len(env_ids), *self._obs_shape):
-                    raise ValueError("an observation does not fit its row")
-                batch.observations[index] = values
-            else:
-                write_obs = self._write_obs
-                for i, obs in zip(env_ids, observations, strict=True):
-                    write_obs(i, obs)
-            batch.rewards[index] = rewards
-            batch.terminations[index] = terminations
-            batch.truncations[index] = truncations
-        except Exception:
-            self._write_each(env_ids, results, infos, failures, kept)
-            return
-        owe = self._owe_reset
+        self, rows: BatchRows, results: list[Any], reset_ids: list[int], infos: dict[int, Any]
+    ) -> bool:
+        """Write ``results`` into ``rows`` at once and do the autoreset bookkeeping; False, the
+        bookkeeping untouched, when a result does not fit (then written env by env,
+        :meth:`_write_each`, so that the failure names its env)."""
+        written = rows.write(results, self._write_obs)
+        if written is None:
+            return False
+        ended, terminations, truncations, env_infos = written
+        env_ids = rows.env_ids
         if reset_ids:
-            owe.difference_update(reset_ids)
-        if any(terminations) or any(truncations):
-            owe.update(
+            self._owe_reset.difference_update(reset_ids)
+        if ended:
+            self._owe_reset.update(
                 i for i, te, tr in zip(env_ids, terminations, truncations, strict=True) if te or tr
             )
         if any(env_infos):
             for i, info in zip(env_ids, env_infos, strict=True):
                 if info:
                     infos[i] = info
+        return True
 
     def _write_each(
         self,
@@ -369,15 +349,13 @@ class EnvGroup:
         else:
             self._truncate(i, infos, failures, kept)
 
-    def _rows(self, env_ids: Sequence[int]) -> tuple[slice | np.ndarray, list[Any]]:
+    def _rows_of(self, env_ids: Sequence[int]) -> BatchRows:
         """The batch rows of ``env_ids`` and their envs, kept for the command repeated every
         step (a tuple, the same object each time)."""
-        if env_ids is self._rows_key:
-            return self._rows_value
-        value = (_index(env_ids), [self.envs[i] for i in env_ids])
+        rows = BatchRows(self.batch, env_ids, [self.envs[i] for i in env_ids])
         if isinstance(env_ids, tuple):
-            self._rows_key, self._rows_value = env_ids, value
-        return value
+            self._rows = rows
+        return rows
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Reply:
         """Call ``name`` on each env (or read it, when it is not callable)."""
@@ -410,7 +388,7 @@ class EnvGroup:
             except env_errors() as exc:
                 failures.append(EnvFailure.capture(i, Phase.CLOSE, exc))
         self.envs.clear()
-        self._rows_key = None
+        self._rows = None
         return Reply(failures=tuple(failures))
 
     # -- restarts ----------------------------------------------------------------------------
@@ -436,7 +414,7 @@ class EnvGroup:
         """Replace env ``i`` by a fresh one; False (and a failure recorded) if that fails."""
         self.restarts[i] += 1
         self._restart_log.append(failure)
-        self._rows_key = None  # the env list it keeps holds the env replaced here
+        self._rows = None  # the env list it keeps holds the env replaced here
         try:
             self.envs[i].close()
         except env_errors():
@@ -500,17 +478,6 @@ class EnvGroup:
             restarts=restarts,
             kept=tuple(kept),
         )
-
-
-def _index(env_ids: Sequence[int]) -> slice | np.ndarray:
-    """Rows ``env_ids`` of a batch array: a slice when they are consecutive, in order."""
-    if not env_ids:
-        return slice(0, 0)
-    first = env_ids[0]
-    stop = first + len(env_ids)
-    if env_ids[-1] == stop - 1 and tuple(env_ids) == tuple(range(first, stop)):
-        return slice(first, stop)
-    return np.asarray(env_ids, dtype=np.intp)
 
 
 def _close_quietly(env: Any) -> None:

@@ -18,6 +18,9 @@ import numpy as np
 from envfleet.errors import AlreadyPendingError, NoPendingError
 from envfleet.validation import check_options, check_reset_mask
 
+if TYPE_CHECKING:
+    from envfleet.dispatch import Dispatch
+
 
 class PendingCall(enum.Enum):
     """Which of Gymnasium's async calls is pending (its arguments are kept beside it)."""
@@ -38,10 +41,10 @@ class GymnasiumAsync:
     if TYPE_CHECKING:  # what the pool provides
         num_envs: int
         _all_ids: np.ndarray
+        _dispatch: Dispatch
 
         def _check_usable(self) -> None: ...
         def send(self, actions: Any, env_id: Sequence[int] | np.ndarray | None = None) -> None: ...
-        def _collect(self, env_ids: np.ndarray) -> None: ...
         def _results(
             self, env_ids: np.ndarray, *, with_env_id: bool
         ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]: ...
@@ -102,7 +105,7 @@ class GymnasiumAsync:
             NoPendingError: no ``step_async`` is pending (a ``gymnasium.error.NoAsyncCallError``).
         """
         self._end_call(PendingCall.STEP, "step_wait", "step_async(actions)")
-        self._collect(self._all_ids)
+        self._dispatch.collect(self._all_ids)
         return self._results(self._all_ids, with_env_id=False)
 
     def reset_async(

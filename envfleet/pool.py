@@ -10,25 +10,28 @@ envs in the call), but results are handed out per env, so ``batch_size`` need no
 of the envs per worker: envs that are done but not yet returned wait in a FIFO for the next
 ``recv``.
 
-The pool is three objects, each in its own module; this one is the face:
+The pool is four objects, each in its own module; this one is the face:
 
 - the **face** (:class:`Pool`): the Gymnasium and async API; checks every argument at the
-  edge, writes the actions, builds typed commands, hands them to the transport, and returns
-  results read from the batch arrays with infos merged Gymnasium's way;
+  edge, writes the actions, tells the dispatch what to send, and returns results read from
+  the batch arrays with infos merged Gymnasium's way;
+- the **dispatch** (:mod:`envfleet.dispatch`): builds the typed commands per worker, sends
+  them (the ledger told, the transport handing them over) and takes the replies in, within
+  recovery's bounds;
 - the **ledger** (:mod:`envfleet.ledger`): per-env states, commands pending per worker, the
   ready FIFO; the face asks it before sending and tells it what it sent;
 - **recovery** (:mod:`envfleet.recovery`): books each reply in the ledger, and handles failed
   envs, lost and hung workers, restarts and their limits, and the failure policy.
 
-Data flow: ``send`` → face (validate, write actions) → ledger (``sent``) → transport (to the
-workers) → ``wait`` (rows already in the batch: the transport delivers them) → recovery
-(``take`` → ledger ``took``: envs ready) → ``recv`` (face reads the batch, ledger hands out).
+Data flow: ``send`` → face (validate, write actions) → dispatch → ledger (``sent``) →
+transport (to the workers) → ``wait`` (rows already in the batch: the transport delivers them)
+→ recovery (``take`` → ledger ``took``: envs ready) → ``recv`` (face reads the batch, ledger
+hands out).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import weakref
 from collections.abc import Sequence
@@ -42,6 +45,7 @@ from gymnasium.vector.utils import batch_space
 from envfleet.actions import ActionWriter
 from envfleet.backends import Transport
 from envfleet.backends.registry import TransportKind, refusal
+from envfleet.dispatch import Dispatch
 from envfleet.errors import (
     AlreadyPendingError,
     BrokenPoolError,
@@ -52,13 +56,16 @@ from envfleet.errors import (
 )
 from envfleet.gymnasium_async import GymnasiumAsync
 from envfleet.ledger import EnvState, Ledger
-from envfleet.protocol import Call, Command, Reset, SetAttr, Step
+from envfleet.protocol import Call, SetAttr
 from envfleet.recovery import DEFAULT_MAX_RESTARTS, Recovery
 from envfleet.results import ResultReader, Results
-from envfleet.stats import NodeStats, PoolStats, StatsRecorder
+from envfleet.stats import PoolStats, StatsRecorder, node_layout
 from envfleet.validation import (
     check_actions,
+    check_attr_values,
+    check_close_timeout,
     check_env_ids,
+    check_memory_limit,
     check_options,
     check_reset_mask,
     check_seeds,
@@ -135,6 +142,7 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
             max_restarts=max_restarts,
             worker_memory_limit=worker_memory_limit,
         )
+        self._dispatch = Dispatch(transport, ledger, self._recovery, env_name, self._gather)
         self._assignment = ledger.assignment
         self._worker_of = ledger.worker_of
         self._all_ids = ledger.all_ids
@@ -172,14 +180,9 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
 
     @worker_memory_limit.setter
     def worker_memory_limit(self, limit: int | None) -> None:
-        if limit is not None:
-            if isinstance(limit, bool) or not isinstance(limit, int | np.integer):
-                raise TypeError(f"worker_memory_limit must be an int or None, got {limit!r}")
-            if limit < 1:
-                raise ValueError(f"worker_memory_limit must be at least 1, got {limit}")
-            if not self._backend.capabilities.worker_memory_limit:
-                raise ValueError(refusal("worker_memory_limit", self._backend))
-            limit = int(limit)
+        limit = check_memory_limit(limit)
+        if limit is not None and not self._backend.capabilities.worker_memory_limit:
+            raise ValueError(refusal("worker_memory_limit", self._backend))
         self._recovery.worker_memory_limit = limit
 
     # -- the Gymnasium API ---------------------------------------------------------------------
@@ -214,7 +217,7 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
             )
         seeds = self._seeds_for(seed, env_ids, per_env=self.num_envs)
         self._submit_reset(env_ids, seeds, options)
-        self._collect(env_ids)
+        self._dispatch.collect(env_ids)
         self._needs_reset[env_ids] = False
         infos = self._read.infos(env_ids, positions=env_ids, size=self.num_envs)
         return self._read.observations(None, self.copy), infos
@@ -229,7 +232,7 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
         """
         if env_id is None and self.batch_size == self.num_envs:
             self.send(actions)
-            self._collect(self._all_ids)
+            self._dispatch.collect(self._all_ids)
             return self._results(self._all_ids, with_env_id=False)
         if env_id is not None:
             self._check_usable()
@@ -250,7 +253,9 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call method ``name`` of every env (or read attribute ``name``); one result per env."""
-        return self._call_all([Call(name, args, kwargs) for _ in self._assignment])
+        commands = [Call(name, args, kwargs) for _ in self._assignment]
+        self._check_usable()
+        return self._dispatch.call(commands)
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """Attribute ``name`` of every env (through wrappers)."""
@@ -258,13 +263,10 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | object) -> None:
         """Set attribute ``name`` of every env: one value each, or one value for all."""
-        if not isinstance(values, list | tuple):
-            values = [values] * self.num_envs
-        if len(values) != self.num_envs:
-            raise ValueError(
-                f"set_attr({name!r}) needs one value per env ({self.num_envs}), got {len(values)}"
-            )
-        self._call_all([SetAttr(name, {i: values[i] for i in ids}) for ids in self._assignment])
+        values = check_attr_values(name, values, self.num_envs)
+        commands = [SetAttr(name, {i: values[i] for i in ids}) for ids in self._assignment]
+        self._check_usable()
+        self._dispatch.call(commands)
 
     def close(self, timeout: float | None = DEFAULT_CLOSE_TIMEOUT, **kwargs: Any) -> None:
         """Stop every worker and free every resource. Idempotent; safe after any error.
@@ -278,17 +280,9 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
         """
         if self.closed:
             return
-        if timeout is None:
-            timeout = DEFAULT_CLOSE_TIMEOUT
-        elif isinstance(timeout, bool) or not isinstance(timeout, int | float | np.number):
-            raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
-        elif not math.isfinite(timeout):  # nan broke the process close half-way (workers left)
-            raise ValueError(
-                f"timeout must be a finite number of seconds (None: the default bound), got "
-                f"{timeout!r}"
-            )
+        timeout = check_close_timeout(timeout, DEFAULT_CLOSE_TIMEOUT)
         self.closed = True
-        self._transport.close(timeout)
+        self._dispatch.close(timeout)
 
     def close_extras(self, **kwargs: Any) -> None:
         self.close(**kwargs)
@@ -395,17 +389,8 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
         space = self.single_action_space
         actions = check_actions(space, actions, env_ids, check_membership=self.check_actions)
         if self._recovery.worker_memory_limit is not None:
-            self._recovery.recycle_over_limit(self._gather, self._pump)
-        carried = self._actions.write(actions, env_ids)
-        if carried is None and len(env_ids) == self.num_envs:
-            self._submit_all()
-            return
-        self._submit_many(
-            [
-                (worker, Step(ids, carried[worker] if carried is not None else None))
-                for worker, ids in self._ledger.by_worker(env_ids)
-            ]
-        )
+            self._dispatch.recycle_over_limit()
+        self._dispatch.submit_step(env_ids, self._actions.write(actions, env_ids))
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Wait for ``batch_size`` envs and return their results; ``infos["env_id"]`` names them.
@@ -421,9 +406,7 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
                 f"recv() returns batch_size={self.batch_size} envs but only {owed} have a step "
                 "or reset pending; send() actions (or async_reset()) first"
             )
-        while ledger.num_ready < self.batch_size:
-            self._pump(block=True)
-        env_ids = ledger.handed_out(self.batch_size)
+        env_ids = self._dispatch.first_ready(self.batch_size)
         if self.batch_size == self.num_envs:
             env_ids.sort()
         return self._results(env_ids, with_env_id=True)
@@ -440,104 +423,11 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
     def _submit_reset(
         self, env_ids: np.ndarray, seeds: list[int | None], options: dict[str, Any] | None
     ) -> None:
-        if self._recovery.worker_memory_limit is not None:
-            self._recovery.recycle_over_limit(self._gather, self._pump)
-        seed_of = dict(zip(env_ids.tolist(), seeds, strict=True))
-        self._submit_many(
-            [
-                (worker, Reset(ids, tuple(seed_of[i] for i in ids), options))
-                for worker, ids in self._ledger.by_worker(env_ids)
-            ]
-        )
+        self._dispatch.submit_reset(env_ids, seeds, options)
         self._first_seed = None
         if not self._all_reset:
             self._never_reset[env_ids] = False
             self._all_reset = not self._never_reset.any()
-
-    def _collect(self, env_ids: np.ndarray) -> None:
-        """Wait until every env of ``env_ids`` is ready and take them out of the FIFO."""
-        ledger = self._ledger
-        if len(env_ids) == self.num_envs:
-            while ledger.in_flight:
-                self._pump(block=True, want=ledger.replies_owed())
-        else:
-            while ledger.any_in_flight(env_ids):
-                self._pump(block=True)
-        ledger.collected(env_ids)
-
-    def _call_all(self, commands: Sequence[Call | SetAttr]) -> tuple[Any, ...]:
-        """Send ``commands`` (one per worker) and return one value per env."""
-        self._check_usable()
-        self._submit_many(list(enumerate(commands)))
-        ledger = self._ledger
-        while not ledger.answered(commands):
-            self._pump(block=True)
-        values: dict[int, Any] = {}
-        failures = []
-        for worker, command in enumerate(commands):
-            reply = ledger.answer(command)
-            values.update(reply.values or {})
-            failures += [(worker, f) for f in reply.failures]
-        if failures:
-            worker, failure = failures[0]
-            raise failure.to_error(worker, self._env_name)
-        return tuple(values.get(i) for i in range(self.num_envs))
-
-    def _submit_all(self) -> None:
-        """Send every worker its part of a whole-pool step (all envs idle: the sync step).
-
-        The ledger books it for all workers at once (:meth:`Ledger.sent_all`), so the pool's
-        thread spends next to nothing per worker beyond handing the command over.
-        """
-        step_all = self._ledger.step_all
-        if self._ledger.sent_all():
-            self._transport.submit_all(step_all)
-            return
-        submit = self._transport.submit
-        for worker, command in enumerate(step_all):
-            submit(worker, command)
-
-    def _submit_many(self, commands: Sequence[tuple[int, Command]]) -> None:
-        """Submit ``(worker, command)`` pairs, each serialised before the first is sent."""
-        prepare = self._transport.prepare
-        for worker, command in commands:
-            prepare(worker, command)
-        ledger, submit = self._ledger, self._transport.submit
-        for worker, command in commands:
-            ledger.sent(worker, command)
-            submit(worker, command)
-
-    def _pump(self, block: bool, want: int = 1) -> None:
-        """Take in the replies that have arrived (waiting for at least one if ``block``).
-
-        ``want`` tells the transport how many replies are worth waking up for: a sync step waits
-        for every pending command anyway.
-        """
-        recovery, ledger = self._recovery, self._ledger
-        timeout = recovery.wait_timeout() if block else 0.0
-        first = None
-        try:
-            replies = self._transport.wait(timeout, want)
-        except Exception as exc:
-            if self.closed:  # by another thread while this one waited
-                raise ClosedPoolError(f"this pool of {self._env_name} was closed") from exc
-            raise
-        if self.closed:  # by another thread: the replies are of envs being closed
-            raise ClosedPoolError(f"this pool of {self._env_name} was closed while waiting")
-        if (
-            ledger.whole_step_out()
-            and len(replies) == ledger.num_workers
-            and all(reply is None for _, reply in replies)
-        ):
-            ledger.took_all_plain([worker for worker, _ in replies])
-            replies = []
-        for worker, reply in replies:
-            error = recovery.take(worker, reply)
-            first = first or error
-        if recovery.step_timeout is not None:
-            recovery.kill_hung()
-        if first is not None:
-            recovery.fail(first, self._gather)
 
     def _check_usable(self) -> None:
         if self.closed:
@@ -574,19 +464,11 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
         return check_seeds(seed, env_ids, per_env, self.num_envs)
 
     def __repr__(self) -> str:
-        nodes = "" if self.closed else _layout(self._transport.nodes())
+        nodes = "" if self.closed else node_layout(self._transport.nodes())
         return (
             f"Pool({self._env_name}, num_envs={self.num_envs}, workers={len(self._assignment)}, "
             f"batch_size={self.batch_size}{nodes})"
         )
-
-
-def _layout(nodes: tuple[NodeStats, ...]) -> str:
-    """``repr(pool)``'s node layout: each node's id (its first 8 characters), envs, workers."""
-    if not nodes:
-        return ""
-    parts = "; ".join(f"{n.node[:8]} {n.envs} envs/{n.workers} workers" for n in nodes)
-    return f", nodes=[{parts}]"
 
 
 _LIVE: weakref.WeakSet[Pool] = weakref.WeakSet()

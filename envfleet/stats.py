@@ -53,6 +53,14 @@ class NodeStats:
     """Mean time from a message to the node until its answer (``None``: none yet)."""
 
 
+def node_layout(nodes: Sequence[NodeStats]) -> str:
+    """``repr(pool)``'s node layout: each node's id (its first 8 characters), envs, workers."""
+    if not nodes:
+        return ""
+    parts = "; ".join(f"{n.node[:8]} {n.envs} envs/{n.workers} workers" for n in nodes)
+    return f", nodes=[{parts}]"
+
+
 @dataclass(frozen=True)
 class PoolStats:
     """What :meth:`envfleet.Pool.stats` returns."""

@@ -8,6 +8,7 @@ whether an action lies in the action space is the env's business unless the pool
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -219,6 +220,41 @@ def bounds_nbytes(space: spaces.Space[Any]) -> int:
 
 
 # -- reset's arguments ----------------------------------------------------------------------
+
+
+def check_close_timeout(timeout: float | None, default: float) -> float:
+    """``close``'s ``timeout``: a finite number of seconds, ``None`` meaning ``default``."""
+    if timeout is None:
+        return default
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float | np.number):
+        raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+    if not math.isfinite(timeout):  # nan broke the process close half-way (workers left)
+        raise ValueError(
+            f"timeout must be a finite number of seconds (None: the default bound), got {timeout!r}"
+        )
+    return timeout
+
+
+def check_memory_limit(limit: Any) -> int | None:
+    """A ``worker_memory_limit`` set on a pool: ``None`` or a positive int (of bytes)."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int | np.integer):
+        raise TypeError(f"worker_memory_limit must be an int or None, got {limit!r}")
+    if limit < 1:
+        raise ValueError(f"worker_memory_limit must be at least 1, got {limit}")
+    return int(limit)
+
+
+def check_attr_values(name: str, values: Any, num_envs: int) -> list[Any] | tuple[Any, ...]:
+    """``set_attr``'s ``values``: one per env, or one value (not a list or tuple) for all."""
+    if not isinstance(values, list | tuple):
+        return [values] * num_envs
+    if len(values) != num_envs:
+        raise ValueError(
+            f"set_attr({name!r}) needs one value per env ({num_envs}), got {len(values)}"
+        )
+    return values
 
 
 def check_options(options: Any) -> dict[str, Any] | None:

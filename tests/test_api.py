@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 import gymnasium
@@ -134,6 +136,22 @@ def test_context_manager_closes_on_error(backend: str) -> None:
     ):
         raise KeyError("inside the block")
     assert pool.closed
+
+
+def test_a_pool_dropped_unclosed_is_freed_at_once(backend: str) -> None:
+    """Nothing of a pool refers back to it: dropped without close(), it is freed (and its
+    ``__del__`` closes it) as its last reference goes, not when the garbage collector runs."""
+    gc.disable()
+    try:
+        pool = envfleet.make(FaultyEnv, 3, backend=backend, num_workers=2)
+        pool.reset(seed=0)
+        pool.step([0, 0, 0])
+        pool.get_attr("seed_used")
+        freed = weakref.ref(pool)
+        del pool
+        assert freed() is None
+    finally:
+        gc.enable()
 
 
 def test_close_from_another_thread_ends_a_waiting_step(backend: str) -> None:

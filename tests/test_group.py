@@ -196,6 +196,51 @@ def test_only_the_named_envs_step_in_any_order() -> None:
         group.close()
 
 
+@pytest.mark.parametrize("ids", [(7, 2, 9, 4), (2, 3, 4, 5)], ids=["scattered", "consecutive"])
+def test_flags_of_episodes_that_go_on_are_written_in_their_rows_only(
+    ids: tuple[int, ...],
+) -> None:
+    """No episode ends (flags written as one value for all): the named rows are cleared, the
+    others keep what they held; then one ends, and only its row says so."""
+    group, batch, _ = _group(EnvSpec(FaultyEnv), AutoresetMode.NEXT_STEP, n=10)
+    try:
+        group.reset(list(range(10)), list(range(1, 11)), None)
+        batch.actions[:] = 1
+        batch.terminations[:] = batch.truncations[:] = True
+        assert not group.step(ids).failures
+        assert np.flatnonzero(~batch.terminations).tolist() == sorted(ids)
+        assert np.flatnonzero(~batch.truncations).tolist() == sorted(ids)
+        group.set_attr("episode_length", {ids[1]: 2})
+        assert not group.step(ids).failures
+        assert np.flatnonzero(batch.terminations[list(ids)]).tolist() == [1]
+        assert not batch.truncations[list(ids)].any()
+    finally:
+        group.close()
+
+
+def test_the_command_repeated_every_step_steps_the_envs_of_the_moment() -> None:
+    """A worker repeats one command (the same tuple) every step, and the group keeps what it
+    needs for it: a restarted env is stepped, not the one it replaced, and a command for other
+    envs in between changes nothing for it."""
+    spec = EnvSpec(functools.partial(FaultyEnv, step_hook=_raise_at_step_2_of_env_1))
+    group, batch, _ = _group(spec, AutoresetMode.NEXT_STEP, on_error=OnError.RESTART, seed_base=5)
+    ids = (0, 1, 2)
+    try:
+        group.reset(list(ids), [1, 2, 3], None)
+        batch.actions[:] = 1
+        assert not group.step(ids).restarts
+        assert [f.env_index for f in group.step(ids).restarts] == [1]
+        group.step(ids)  # env 1, fresh, starts over with the derived seed; 0 and 2 go on
+        assert group.envs[1].unwrapped.seed_used == derive_seed(5, 1, 1)  # type: ignore[attr-defined]
+        fresh = derive_seed(5, 1, 1) * 100  # type: ignore[operator]
+        assert batch.observations[:, 0].tolist() == [103, fresh, 303]
+        group.step((2,))
+        group.step(ids)
+        assert batch.observations[:, 0].tolist() == [104, fresh + 1, 305]
+    finally:
+        group.close()
+
+
 def _wrong_shape_in_env_4(env: FaultyEnv, action: Any) -> np.ndarray | None:
     return np.array([1, 2]) if env.seed_used == 5 else None
 

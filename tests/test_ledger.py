@@ -166,8 +166,8 @@ def test_commands_name_their_phase_and_kind() -> None:
 
 
 def test_dependencies_point_down_face_to_recovery_to_ledger() -> None:
-    """The ledger imports neither recovery nor the face nor a transport; recovery not the
-    face."""
+    """The ledger imports neither recovery nor the face nor a transport; recovery neither the
+    face nor the dispatch; the dispatch, under the face, not the face."""
     import ast
     from pathlib import Path
 
@@ -179,8 +179,10 @@ def test_dependencies_point_down_face_to_recovery_to_ledger() -> None:
         return {m for m in found if m.startswith("envfleet")}
 
     assert imports("ledger.py") <= {"envfleet.protocol", "envfleet.stats"}
-    assert "envfleet.pool" not in imports("recovery.py")
-    assert {"envfleet.ledger", "envfleet.recovery"} <= imports("pool.py")
+    assert not {"envfleet.pool", "envfleet.dispatch"} & imports("recovery.py")
+    assert "envfleet.pool" not in imports("dispatch.py")
+    assert {"envfleet.ledger", "envfleet.recovery"} <= imports("dispatch.py")
+    assert {"envfleet.ledger", "envfleet.recovery", "envfleet.dispatch"} <= imports("pool.py")
 
 
 def test_whole_pool_steps_recorded_lazily_match_per_worker_replies() -> None:

@@ -1,11 +1,12 @@
 """The ray backend on a multi-node cluster, all on this machine (``ray.cluster_utils.Cluster``).
 
-A head and two worker nodes that carry a custom resource (``sim``); the pools ask for it, so
-their actors go on the worker nodes only, spread over both. Removing a node mid-run gives
-:class:`~envfleet.WorkerDiedError` under ``on_error="raise"``; under ``"restart"`` the run goes
-on, the envs of that node reporting a truncated episode with ``infos["envfleet/restarted"]``.
-Never a hang. The cluster is shared by the module (it takes seconds to start); a test that
-removes a node adds a fresh one back.
+One actor per worker (``nodes=False``; node sub-pools, the default on a cluster, are
+``tests/test_ray_nodes.py``'s). A head and two worker nodes that carry a custom resource
+(``sim``); the pools ask for it, so their actors go on the worker nodes only, spread over both.
+Removing a node mid-run gives :class:`~envfleet.WorkerDiedError` under ``on_error="raise"``;
+under ``"restart"`` the run goes on, the envs of that node reporting a truncated episode with
+``infos["envfleet/restarted"]``. Never a hang. The cluster is shared by the module (it takes
+seconds to start); a test that removes a node adds a fresh one back.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def make_pool(**kwargs: Any) -> envfleet.Pool:
         backend="ray",
         num_workers=NUM_WORKERS,
         worker_resources={"resources": {RESOURCE: 1}},
+        nodes=False,  # one actor per worker (the default would run a sub-pool per node)
         seed=0,
         **kwargs,
     )
@@ -115,6 +117,7 @@ def test_actors_on_the_pools_node_use_its_memory_the_others_ray_calls(cluster: C
         backend="ray",
         num_workers=3,
         worker_resources={"resources": {ONE_PER_NODE: 1}},
+        nodes=False,
         **kwargs,
     ) as pool:
         transport = pool._transport
@@ -132,6 +135,7 @@ def test_actors_on_the_pools_node_use_its_memory_the_others_ray_calls(cluster: C
         num_workers=3,
         batch_size=2,
         worker_resources={"resources": {ONE_PER_NODE: 1}},
+        nodes=False,
         **kwargs,
     ) as pool:
         pool.async_reset()

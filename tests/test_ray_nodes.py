@@ -1,4 +1,4 @@
-"""One sub-pool per node (``make(backend="ray", nodes=...)``) on a fake multi-node cluster.
+"""One sub-pool per node (``make(backend="ray")`` on a cluster) on a fake multi-node cluster.
 
 A head and two worker nodes of ``ray.cluster_utils.Cluster``, all on this machine, shared by the
 module (a cluster takes seconds to start). Each node's envs run in a local process pool behind
@@ -12,6 +12,9 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from multiprocessing import AuthenticationError
@@ -19,6 +22,7 @@ from typing import Any
 
 import gymnasium
 import numpy as np
+import psutil
 import pytest
 import ray
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
@@ -27,7 +31,11 @@ from ray.cluster_utils import Cluster
 import envfleet
 from envfleet.backends import node_wire
 from envfleet.backends.node_agent import NodeAgent, node_options
-from envfleet.backends.nodes import NodeTransport, _connect_agent, place
+from envfleet.backends.node_link import connect_agent
+from envfleet.backends.node_placement import place
+from envfleet.backends.nodes import NodeTransport
+from envfleet.backends.ray import RayTransport
+from envfleet.backends.ray_options import RayOptions
 from tests.ray_helpers import ray_leak_check
 
 NUM_ENVS = 6
@@ -137,6 +145,59 @@ def test_same_trajectories_as_sync_vector_env(
     assert_same(want, got)
 
 
+def heterogeneous(n: int = NUM_ENVS) -> list[Any]:
+    """CartPoles whose episodes end at different steps."""
+    return [
+        functools.partial(gymnasium.make, "CartPole-v1", max_episode_steps=8 + 3 * i)
+        for i in range(n)
+    ]
+
+
+def test_default_on_a_cluster_is_one_sub_pool_per_node_one_message_each(cluster: Cluster) -> None:
+    """No ``nodes=``: on a cluster of three nodes the pool runs a sub-pool on each, with
+    SyncVectorEnv's trajectories, and a reset, a call, get_attr and set_attr are one message
+    per node each, as a step is (two workers per node)."""
+    reference = SyncVectorEnv(heterogeneous())
+    want = trajectory(reference, 20)
+    with envfleet.make(heterogeneous(), backend="ray", num_workers=6) as pool:
+        assert isinstance(pool._transport, NodeTransport)
+        nodes = pool.stats().nodes
+        assert sorted(n.node for n in nodes) == sorted(all_nodes(cluster))
+        assert [n.workers for n in nodes] == [2, 2, 2]
+        got = trajectory(pool, 20)
+        assert [n.messages for n in pool.stats().nodes] == [21] * 3  # a reset and 20 steps
+        assert pool.call("get_wrapper_attr", "np_random_seed") == reference.call(
+            "get_wrapper_attr", "np_random_seed"
+        )
+        pool.set_attr("marker", list(range(NUM_ENVS)))
+        assert pool.get_attr("marker") == tuple(range(NUM_ENVS))
+        assert [n.messages for n in pool.stats().nodes] == [24] * 3
+        pool.reset(seed=1, options={"reset_mask": np.arange(NUM_ENVS) % 2 == 0})
+        assert [n.messages for n in pool.stats().nodes] == [25] * 3
+    reference.close()
+    assert_same(want, got)
+
+
+def test_nodes_false_keeps_one_actor_per_worker(cluster: Cluster) -> None:
+    reference = SyncVectorEnv(heterogeneous())
+    want = trajectory(reference, 6)
+    reference.close()
+    with envfleet.make(heterogeneous(), backend="ray", num_workers=3, nodes=False) as pool:
+        assert isinstance(pool._transport, RayTransport)
+        assert len(set(pool._transport.node_ids())) > 1  # spread over the nodes
+        assert pool.stats().nodes == ()
+        got = trajectory(pool, 6)
+    assert_same(want, got)
+
+
+def test_nodes_option_is_checked() -> None:
+    assert RayOptions(nodes=False).nodes is False
+    assert RayOptions(nodes=["a", "b"]).nodes == ("a", "b")
+    for bad in (True, "all", [], [1]):
+        with pytest.raises(ValueError, match="nodes must be"):
+            RayOptions(nodes=bad)  # type: ignore[arg-type]
+
+
 def _disabled_run(env: Any, steps: int) -> list[Any]:
     """DISABLED mode: reset the envs that ended (reset_mask) after each step."""
     actions = np.random.default_rng(1).integers(0, 2, size=(steps, NUM_ENVS))
@@ -196,21 +257,22 @@ def test_repr_stats_and_one_message_per_node(cluster: Cluster) -> None:
     ) as pool:
         transport = pool._transport
         assert isinstance(transport, NodeTransport)
-        layout = transport.layout()
+        layout = [(n.node_id, n.host, n.workers) for n in transport._nodes]
         assert sorted(n[0] for n in layout) == sorted(all_nodes(cluster))
-        assert sum(n[3] for n in layout) == NUM_ENVS
+        assert sorted(w for n in layout for w in n[2]) == [0, 1, 2]
         pool.reset()
-        before = [s["messages"] for s in transport.node_stats()]
+        before = [n.messages for n in pool.stats().nodes]
         for _ in range(10):
             pool.step(np.ones(NUM_ENVS, dtype=np.int64))
-        after = [s["messages"] for s in transport.node_stats()]
+        after = [n.messages for n in pool.stats().nodes]
         assert [b - a for a, b in zip(before, after, strict=True)] == [10] * len(layout)
         assert "envs/" in repr(transport)
         # The layout and each node's traffic reach the pool's own stats() and repr().
         nodes = pool.stats().nodes
-        assert [(n.node, n.address, n.workers, n.envs) for n in nodes] == [
-            (node_id, host, len(workers), envs) for node_id, host, workers, envs in layout
+        assert [(n.node, n.address, n.workers) for n in nodes] == [
+            (node_id, host, len(workers)) for node_id, host, workers in layout
         ]
+        assert sum(n.envs for n in nodes) == NUM_ENVS
         row = 4 * 4 + 8 + 1 + 1  # a CartPole observation, reward, both flags
         for node in nodes:
             assert node.messages >= 11 and node.answers >= 11  # the reset and ten steps
@@ -239,19 +301,13 @@ def test_one_answer_per_node_per_step_when_workers_finish_apart(cluster: Cluster
         nodes=all_nodes(cluster)[1:],
         seed=0,
     ) as pool:
-        transport = pool._transport
         pool.reset()
-        before = [(s["messages"], s["bytes_in"]) for s in transport.node_stats()]
-        answers = [s["answers"] for s in transport.node_stats()]
+        before = pool.stats().nodes
         for _ in range(5):
             pool.step(np.ones(NUM_ENVS, dtype=np.int64))
-        assert [
-            s["messages"] - b[0] for s, b in zip(transport.node_stats(), before, strict=True)
-        ] == [5, 5]
-        assert [s["answers"] - a for s, a in zip(transport.node_stats(), answers, strict=True)] == [
-            5,
-            5,
-        ]
+        after = pool.stats().nodes
+        assert [b.messages - a.messages for a, b in zip(before, after, strict=True)] == [5, 5]
+        assert [b.answers - a.answers for a, b in zip(before, after, strict=True)] == [5, 5]
 
 
 def agent_pid(pool: envfleet.Pool, node: int) -> int:
@@ -333,8 +389,8 @@ def test_agent_socket_refuses_a_wrong_key(cluster: Cluster) -> None:
         assert error is None
         serving = agent.serve.remote()
         with pytest.raises(AuthenticationError):
-            _connect_agent(host, port, b"x" * 32)
-        conn = _connect_agent(host, port, b"k" * 32)
+            connect_agent(host, port, b"x" * 32)
+        conn = connect_agent(host, port, b"k" * 32)
         conn.send_bytes(node_wire.CLOSE)
         assert conn.recv_bytes()[:1] == node_wire.ACK
         ray.get(serving, timeout=60)
@@ -491,3 +547,234 @@ def test_a_hung_worker_is_killed_by_its_agent_and_only_its_envs_restart(
         assert os.path.exists(marker)
         assert restarted.tolist() == [i in pool._assignment[0] for i in range(NUM_ENVS)]
         assert [node.pid for node in pool._transport._nodes] == pids, "an agent was replaced"
+
+
+class Frames(gymnasium.Env[dict[str, Any], np.int64]):
+    """Small frames (mostly black, a patch of seeded noise that moves) beside a float vector:
+    an image field that compresses and one that does not. Episodes end at ``length`` steps."""
+
+    def __init__(self, length: int) -> None:
+        self.observation_space = gymnasium.spaces.Dict(
+            {
+                "frame": gymnasium.spaces.Box(0, 255, (24, 32, 3), np.uint8),
+                "pos": gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32),
+            }
+        )
+        self.action_space = gymnasium.spaces.Discrete(4)
+        self.length = length
+        self._t = 0
+
+    def _obs(self, action: int) -> dict[str, Any]:
+        frame = np.zeros((24, 32, 3), np.uint8)
+        at = (self._t * 3 + action) % 20
+        frame[at : at + 4, at : at + 6] = self.np_random.integers(0, 256, (4, 6, 3))
+        pos = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        return {"frame": frame, "pos": pos}
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs(0), {}
+
+    def step(self, action: Any) -> Any:
+        self._t += 1
+        obs = self._obs(int(action))
+        return obs, float(obs["pos"][0]), self._t >= self.length, False, {}
+
+
+@pytest.mark.parametrize("compress", [None, "zlib", "lz4"])
+def test_compressed_frames_are_bit_identical(cluster: Cluster, compress: str | None) -> None:
+    """compress= changes the bytes on the wire, never the values: SyncVectorEnv's image and
+    vector observations, bit for bit, on three nodes; the nodes send far fewer bytes."""
+    fns = [functools.partial(Frames, 5 + i) for i in range(NUM_ENVS)]
+    reference = SyncVectorEnv(fns)
+    want = trajectory(reference, 20)
+    reference.close()
+    with envfleet.make(
+        fns, backend="ray", num_workers=3, nodes=all_nodes(cluster), compress=compress
+    ) as pool:
+        got = trajectory(pool, 20)
+        received = sum(n.bytes_in for n in pool.stats().nodes)
+    for k, (x, y) in enumerate(zip(want, got, strict=True)):
+        if isinstance(x, dict):
+            for key in x:
+                np.testing.assert_array_equal(x[key], y[key], err_msg=f"item {k} {key}")
+                assert x[key].dtype == y[key].dtype
+        else:
+            np.testing.assert_array_equal(x, y, err_msg=f"item {k}")
+    frames = 21 * NUM_ENVS * 24 * 32 * 3  # the reset and 20 steps
+    if compress is None:
+        assert received > frames
+    else:
+        assert received < frames / 4, f"{received} bytes for {frames} bytes of frames"
+
+
+def test_compress_is_refused_where_it_has_nothing_to_do(cluster: Cluster) -> None:
+    """A bad name, a pool without node sub-pools and a space without images: a clear error
+    before any agent or actor starts."""
+    with pytest.raises(ValueError, match="compress must be one of 'lz4', 'zlib' or None"):
+        envfleet.make("CartPole-v1", 2, backend="ray", nodes="auto", compress="gzip")
+    with pytest.raises(ValueError, match="compress='zlib' compresses what node sub-pools send"):
+        envfleet.make(functools.partial(Frames, 5), 2, backend="ray", nodes=False, compress="zlib")
+    with pytest.raises(ValueError, match=r"compresses image observations.*has none"):
+        envfleet.make("CartPole-v1", 2, backend="ray", nodes="auto", compress="lz4")
+    with pytest.raises(ValueError, match="compress is an option of backend='ray'"):
+        envfleet.make(functools.partial(Frames, 5), 2, backend="process", compress="lz4")
+
+
+class Leaky(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """CartPole that keeps 10 MiB more (written, so resident) each step when ``leaks``."""
+
+    def __init__(self, leaks: bool) -> None:
+        super().__init__(gymnasium.make("CartPole-v1"))
+        self.leaks = leaks
+        self.kept: list[np.ndarray] = []
+
+    def step(self, action: Any) -> Any:
+        if self.leaks:
+            self.kept.append(np.ones(10 << 20, dtype=np.uint8))
+        return self.env.step(action)
+
+
+def test_worker_memory_limit_recycles_a_leaking_worker_on_its_node(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each agent reports its workers' memory; the worker of the leaking env (env 5, worker 2)
+    is replaced by its agent between steps, its envs flagged restarted, nothing else touched."""
+    monkeypatch.setattr(envfleet.recovery, "MEMORY_CHECK_INTERVAL", 0.0)
+    fns = [functools.partial(Leaky, i == 5) for i in range(NUM_ENVS)]
+    with envfleet.make(
+        fns,
+        backend="ray",
+        num_workers=3,
+        nodes=all_nodes(cluster)[1:],
+        seed=0,
+        worker_memory_limit=1 << 40,
+    ) as pool:
+        pool.reset()
+        actions = np.ones(NUM_ENVS, dtype=np.int64)
+        memory = pool._transport.memory
+        pids = [node.pid for node in pool._transport._nodes]
+        for _ in range(20):  # the agents' first reports
+            pool.step(actions)
+            if all(memory(w) is not None for w in range(3)):
+                break
+        used = [memory(w) for w in range(3)]
+        assert all(u is not None and u > 10 << 20 for u in used), used
+        limit = max(u for u in used if u is not None) + (45 << 20)
+        pool.worker_memory_limit = limit  # worker 2 grows over it after about 5 steps
+        flagged = []
+        for step in range(20):
+            _, _, _, truncations, infos = pool.step(actions)
+            if "envfleet/restarted" in infos:
+                now = infos["_envfleet/restarted"]
+                assert truncations[now].all()
+                flagged.append((step, np.flatnonzero(now).tolist()))
+            if flagged and step > flagged[0][0] + 3:
+                break
+        assert [envs for _, envs in flagged] == [[4, 5]], flagged
+        assert [w.recycled for w in pool.stats().workers] == [0, 0, 1]
+        assert pool.restarts.tolist() == [0] * NUM_ENVS  # a recycle is not a restart
+        assert [node.pid for node in pool._transport._nodes] == pids, "an agent was replaced"
+        now = memory(2)
+        assert now is None or now < limit
+
+
+DRIVER = """
+import sys, time
+import numpy as np, ray, envfleet
+ray.init(address=sys.argv[1], log_to_driver=False)
+pool = envfleet.make("CartPole-v1", 6, backend="ray", num_workers=3, nodes="auto", seed=0)
+pool.reset()
+print(*(node.pid for node in pool._transport._nodes), flush=True)
+while True:
+    pool.step(np.ones(6, dtype=np.int64))
+    time.sleep(0.01)
+"""
+
+
+def test_nothing_is_left_on_any_node_when_the_driver_is_killed(cluster: Cluster) -> None:
+    """A driver (another process, joined to the cluster) steps a pool of three nodes and is
+    killed (SIGKILL: no close()); every node's agent and every worker process of each is gone
+    within a bound (Ray ends the actors of a dead driver; their workers follow them)."""
+    driver = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(DRIVER), cluster.address],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert driver.stdout is not None
+        line = driver.stdout.readline()
+        agents = [psutil.Process(int(pid)) for pid in line.split()]
+        assert len(agents) == 3, line
+        workers = [w for agent in agents for w in agent.children(recursive=True)]
+        assert len(workers) >= 3  # the three workers (and each agent's fork server)
+    finally:
+        driver.kill()
+        driver.wait(30)
+    left = list(agents + workers)
+    deadline = time.monotonic() + 60
+    while left and time.monotonic() < deadline:
+        left = [p for p in left if _alive(p)]
+        time.sleep(0.2)
+    assert not left, [(p.pid, p.name()) for p in left]
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def die_then_kill_agent(i: int, died: str, killed: str) -> gymnasium.Env[Any, Any]:
+    """CartPole; env 1's worker exits in its 2nd step (once), and its replacement kills the
+    node's agent while the agent builds it (once): the agent goes in the middle of a restart."""
+    env = gymnasium.make("CartPole-v1")
+    if i != 1:
+        return env
+    if os.path.exists(died) and not os.path.exists(killed):
+        open(killed, "w").close()
+        for parent in psutil.Process().parents():
+            if "NodeAgent" in " ".join(parent.cmdline()):
+                parent.kill()
+        time.sleep(60)
+
+    class DieOnce(gymnasium.Wrapper[Any, Any, Any, Any]):
+        steps = 0
+
+        def step(self, action: Any) -> Any:
+            self.steps += 1
+            if self.steps == 2 and not os.path.exists(died):
+                open(died, "w").close()
+                os._exit(1)
+            return self.env.step(action)
+
+    return DieOnce(env)
+
+
+def test_an_agent_lost_during_a_restart_is_replaced_with_its_whole_node(
+    cluster: Cluster, tmp_path: Any
+) -> None:
+    """The agent dies while it rebuilds one of its workers: the pool does not fail on the
+    broken connection; a new agent builds the node, every env of it flagged restarted."""
+    died, killed = str(tmp_path / "died"), str(tmp_path / "killed")
+    fns = [functools.partial(die_then_kill_agent, i, died, killed) for i in range(NUM_ENVS)]
+    with envfleet.make(
+        fns, backend="ray", num_workers=3, nodes=all_nodes(cluster)[1:], on_error="restart"
+    ) as pool:
+        pool.reset(seed=0)
+        node = pool._transport._where[0][0]  # env 1 is worker 0's
+        pid = node.pid
+        held = [i for w in node.workers for i in pool._assignment[w]]
+        actions = np.ones(NUM_ENVS, dtype=np.int64)
+        restarted = np.zeros(NUM_ENVS, dtype=bool)
+        for _ in range(6):
+            _, _, _, truncations, infos = pool.step(actions)
+            if "envfleet/restarted" in infos:
+                now = infos["_envfleet/restarted"]
+                assert truncations[now].all()
+                restarted |= now
+        assert os.path.exists(killed)
+        assert np.flatnonzero(restarted).tolist() == held
+        assert node.pid != pid

@@ -93,6 +93,10 @@ class Transport(Protocol):
         """Hand ``commands[w]`` to each worker ``w`` at once: the whole-pool step, sent only
         when every worker owes nothing. Default: :meth:`submit` each."""
 
+    def submit_many(self, commands: Sequence[tuple[int, Command]]) -> None:
+        """Hand each ``(worker, command)`` pair over, in order (a reset, a call, an async step:
+        each prepared first). Default: :meth:`submit` each."""
+
     def wait(self, timeout: float | None, want: int = 1) -> Replies:
         """Replies that are in, in order per worker; block up to ``timeout`` for at least one.
 
@@ -140,6 +144,11 @@ class BaseTransport:
     def submit_all(self, commands: Sequence[Command]) -> None:
         submit = self.submit
         for worker, command in enumerate(commands):
+            submit(worker, command)
+
+    def submit_many(self, commands: Sequence[tuple[int, Command]]) -> None:
+        submit = self.submit
+        for worker, command in commands:
             submit(worker, command)
 
     def wait(self, timeout: float | None, want: int = 1) -> Replies:

@@ -27,6 +27,7 @@ import ray
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import TransportOptions, WorkerLost
 from envfleet.backends.channel import accept_pool
+from envfleet.backends.compression import Codec, codec
 from envfleet.backends.process import ProcessTransport
 from envfleet.buffers import ObjectRows
 from envfleet.errors import EnvError, EnvTimeoutError, WorkerDiedError
@@ -90,9 +91,12 @@ def portable(exc: EnvError) -> Portable:
     return ("raised", EnvFailure.capture(exc.env_index, exc.phase, cause), exc.worker)
 
 
-def rebuild(data: Portable, workers: Sequence[int], env_name: str) -> EnvError:
+def rebuild(data: Portable, workers: Sequence[int], env_name: str) -> Exception:
     """The error :func:`portable` describes, naming the pool's worker (``workers``: the pool's
-    index of each of the agent's workers)."""
+    index of each of the agent's workers); ``("missing", message)``: a module the node lacks,
+    an ``ImportError``."""
+    if data[0] == "missing":
+        return ImportError(data[1])
     if data[0] == "raised":
         _, failure, worker = data
         error: EnvError = failure.to_error(workers[worker], env_name)
@@ -118,12 +122,17 @@ class NodeAgent:
         self.local: ProcessTransport | None = None
         self._listener: socket.socket | None = None
         self._authkey = b""
+        self._codec: Codec | None = None
 
     def start(self, authkey: bytes) -> tuple[Portable | None, str, str, int, int]:
         """Start the node's workers and a listening socket on this node's address; return
         ``(error or None, node id, address, port, pid)``."""
         node = str(ray.get_runtime_context().get_node_id())
         host = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        try:
+            self._codec = codec(getattr(self.options.backend_options, "compress", None))
+        except ImportError as exc:  # lz4 on the pool's machine, not on this node
+            return ("missing", f"node {node} ({host}): {exc}"), node, host, 0, os.getpid()
         try:
             self.local = ProcessTransport(self.options)
             # A replacement agent: its envs start restarted (flagged, reseeded by their count).
@@ -151,7 +160,7 @@ class NodeAgent:
         sock.detach()
         try:
             with conn:
-                _Server(self.local, conn, len(self.options.assignment)).run()
+                _Server(self.local, conn, len(self.options.assignment), self._codec).run()
         finally:
             self.local.close(5.0)
 
@@ -159,12 +168,15 @@ class NodeAgent:
 class _Server:
     """The agent's loop: rounds in, the node's replies and rows out."""
 
-    def __init__(self, local: ProcessTransport, conn: Connection, workers: int) -> None:
+    def __init__(
+        self, local: ProcessTransport, conn: Connection, workers: int, codec: Codec | None
+    ) -> None:
         self.local = local
         self.conn = conn
         batch = local.batch
         self.batch = batch
         self.rows = wire.row_fields(batch)
+        self.codecs = wire.row_codecs(self.rows, codec)
         self.objects = isinstance(batch.observations, ObjectRows)
         self.actions = (
             wire.leaves(batch.actions) if not isinstance(batch.actions, ObjectRows) else []
@@ -222,6 +234,10 @@ class _Server:
             self.hold = self.owed == 0 and [w for w, _ in commands] == list(range(self.workers))
             self.submit(commands, view, at)
             return True
+        if tag == wire.MEMORY:  # answered at once, between the node's rounds
+            local = self.local
+            self.conn.send_bytes(wire.memory([local.memory(k) for k in range(self.workers)]))
+            return True
         # A kill, a restart, a close: nothing waits for the rest, and what is in goes first.
         self.hold = False
         if self.held:
@@ -276,7 +292,7 @@ class _Server:
             answered.append((command, reply))
         ids = wire.row_ids(answered)
         sel = wire.selection(ids)
-        rows = wire.pack(self.rows, sel)
+        rows = wire.pack(self.rows, sel, self.codecs)
         if general:
             if self.objects:
                 observations = self.batch.observations

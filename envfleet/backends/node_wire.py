@@ -13,12 +13,16 @@
     K + worker (2 bytes) ───────────────────────────► kill a hung local worker (reported lost)
     X + pickle((worker, restarts)) ─────────────────► rebuild one local worker; A + pickle(error)
     C ──────────────────────────────────────────────► close; A, then the agent's loop ends
+    M ──────────────────────────────────────────────► its workers' resident memory:
+      (worker_memory_limit)        ◄──── M + int64 bytes per local worker (-1: unknown)
 
 ``worker`` is the agent's own (local) worker index. Rows travel as the raw bytes of each field
 (observation leaves, rewards, terminations, truncations), for the envs of the round's
 :class:`~envfleet.protocol.EnvCommand` s in a canonical order both sides compute from the same
 commands (:func:`row_ids`); a step's actions travel the same way. Spaces that are not arrays
-(pickled path) carry their observations in the pickled part instead.
+(pickled path) carry their observations in the pickled part instead. With ``compress=``, the
+rows of each image field (:mod:`envfleet.backends.compression`) travel instead as one
+compressed block, its length (8 bytes) first.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from envfleet.backends.compression import Codec, compressible
 from envfleet.buffers import ObjectRows
 from envfleet.protocol import Command, EnvCommand, Reply, Step
 
@@ -42,8 +47,12 @@ RESTART = b"X"
 CLOSE = b"C"
 KILL = b"K"
 ACK = b"A"
+MEMORY = b"M"
 _LENGTH = struct.Struct("<Q")
 _COUNT = struct.Struct("<H")
+
+Codecs = Sequence[Codec | None] | None
+"""Per row field, the codec that compresses it (``None``: no field is compressed)."""
 
 
 def leaves(value: Any) -> list[np.ndarray]:
@@ -63,24 +72,66 @@ def selection(ids: np.ndarray) -> slice | np.ndarray:
     return ids
 
 
-def pack(fields: Sequence[np.ndarray], sel: slice | np.ndarray) -> list[bytes]:
-    """The bytes of rows ``sel`` of each array of ``fields``."""
-    return [np.ascontiguousarray(field[sel]).tobytes() for field in fields]
+def pack(
+    fields: Sequence[np.ndarray], sel: slice | np.ndarray, codecs: Codecs = None
+) -> list[bytes]:
+    """The bytes of rows ``sel`` of each array of ``fields``; a field with a codec in
+    ``codecs`` (see :func:`row_codecs`) as its compressed block, its length first (nothing when
+    there are no rows)."""
+    if not codecs:
+        return [np.ascontiguousarray(field[sel]).tobytes() for field in fields]
+    out = []
+    for field, codec in zip(fields, codecs, strict=True):
+        rows = np.ascontiguousarray(field[sel])
+        if codec is None:
+            out.append(rows.tobytes())
+        elif rows.shape[0]:
+            blob = codec.compress(rows.reshape(-1))
+            out += [_LENGTH.pack(len(blob)), blob]
+    return out
 
 
 def unpack(
-    fields: Sequence[np.ndarray], sel: slice | np.ndarray, n: int, data: Any, at: int
+    fields: Sequence[np.ndarray],
+    sel: slice | np.ndarray,
+    n: int,
+    data: Any,
+    at: int,
+    codecs: Codecs = None,
 ) -> int:
     """Write ``n`` rows from ``data`` (from offset ``at``) into rows ``sel`` of each of
-    ``fields``; return the offset after them."""
+    ``fields`` (compressed blocks, for the fields with a codec in ``codecs``, decompressed
+    straight into them where ``sel`` is a slice); return the offset after them."""
     if n == 0:
         return at
-    for field in fields:
+    for k, field in enumerate(fields):
         shape = field.shape[1:]
+        codec = codecs[k] if codecs else None
+        if codec is not None:
+            (size,) = _LENGTH.unpack_from(data, at)
+            at += _LENGTH.size
+            block = np.frombuffer(data, np.uint8, size, at)
+            at += size
+            if isinstance(sel, slice):
+                codec.decompress_into(block, field[sel])
+            else:
+                rows = np.empty((n, *shape), field.dtype)
+                codec.decompress_into(block, rows)
+                field[sel] = rows
+            continue
         count = n * math.prod(shape)
         field[sel] = np.frombuffer(data, field.dtype, count, at).reshape((n, *shape))
         at += count * field.itemsize
     return at
+
+
+def row_codecs(fields: Sequence[np.ndarray], codec: Codec | None) -> Codecs:
+    """Which of a round's row ``fields`` travel compressed with ``codec`` (the images: see
+    :func:`~envfleet.backends.compression.compressible`); ``None``: none."""
+    if codec is None:
+        return None
+    codecs = [codec if compressible(field) else None for field in fields]
+    return codecs if any(c is not None for c in codecs) else None
 
 
 def plain_workers(workers: Sequence[int]) -> bytes:
@@ -93,6 +144,17 @@ def read_plain_workers(data: Any) -> tuple[bytes, int]:
     (n,) = _COUNT.unpack_from(data, 1)
     end = 1 + _COUNT.size + 2 * n
     return bytes(data[1:end]), end
+
+
+def memory(used: Sequence[int | None]) -> bytes:
+    """An agent's answer to :data:`MEMORY`: the resident bytes of each of its workers."""
+    return MEMORY + np.array([-1 if u is None else u for u in used], dtype=np.int64).tobytes()
+
+
+def read_memory(data: Any) -> list[int | None]:
+    """The bytes of each worker in an answer to :data:`MEMORY` (``None``: unknown)."""
+    values = np.frombuffer(data, np.int64, offset=1).tolist()
+    return [None if v < 0 else int(v) for v in values]
 
 
 def header(tag: bytes, body: Any) -> bytes:

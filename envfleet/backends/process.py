@@ -23,10 +23,15 @@ the envs get every cycle (see ``bench/waiting.py`` for the measurement behind th
 worker that dies wakes the parent through its process sentinel (a reply it had half written is
 dropped); a worker whose parent dies sees EOF on its command pipe, is killed by the kernel
 (``PR_SET_PDEATHSIG``) or, failing both, is stopped by a watchdog thread.
+
+This module is the transport (submit, wait, restart, close over all the workers) and what runs
+in a worker; the pool's handle on one worker process (start it, read its replies, bury or stop
+it) is :class:`~envfleet.backends.worker_process.WorkerProcess`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -38,9 +43,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 import cloudpickle
@@ -48,7 +51,6 @@ import cloudpickle
 from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
 from envfleet.backends.channel import (
     REPEAT_BYTES,
-    FrameReader,
     PickledCommands,
     encode_reply,
     frame,
@@ -56,9 +58,9 @@ from envfleet.backends.channel import (
     write_all,
 )
 from envfleet.backends.lifeline import die_with_parent, sigint_held
-from envfleet.backends.outbox import Outbox
 from envfleet.backends.rows import Shipping, deliver
 from envfleet.backends.shm import batch_allocator
+from envfleet.backends.worker_process import WorkerProcess, describe_exit
 from envfleet.buffers import SharedBatch
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.guards import claim_base_exceptions
@@ -117,21 +119,6 @@ def _worker_main(
     serve_pipes(group, commands.fileno(), reply_fd, SPIN_SECONDS)
 
 
-@dataclass(eq=False)
-class _Worker:
-    """One worker process and the pool's ends of its pipes."""
-
-    proc: BaseProcess
-    ends: tuple[Connection, Connection]  # (command writer, reply reader)
-    command_fd: int
-    reply_fd: int
-    sentinel: int  # the process's sentinel (read on every wait)
-    outbox: Outbox  # commands its pipe had no room for yet
-    reader: FrameReader = field(default_factory=FrameReader)
-    last: Command | None = None  # the command it would repeat
-    alive: bool = True
-
-
 class ProcessTransport(BaseTransport):
     """One process per worker; the batch arrays live in shared memory."""
 
@@ -142,7 +129,7 @@ class ProcessTransport(BaseTransport):
             *spaces, batch_allocator(self._ctx, SharedBatch.nbytes(*spaces))
         )
         self.batch = self._shared.views()
-        self._workers: list[_Worker] = []
+        self._workers: list[WorkerProcess] = []
         self._writing: set[int] = set()  # workers whose outbox holds bytes (polled for room)
         self._closed = False
         self._poller = select.poll()
@@ -167,45 +154,18 @@ class ProcessTransport(BaseTransport):
 
     def _start(self, worker: int, restarts: dict[int, int]) -> None:
         assert self._shared is not None
-        command_r, command_w = self._ctx.Pipe(duplex=False)
-        reply_r, reply_w = self._ctx.Pipe(duplex=False)
-        proc = self._ctx.Process(  # type: ignore[attr-defined]
-            target=_worker_main,
-            name=f"envfleet-worker-{worker}",
-            args=(
-                worker,
-                command_r,
-                reply_w,
-                (command_w, reply_r),
+        slot = WorkerProcess.start(
+            self._ctx,
+            worker,
+            _worker_main,
+            (
                 self._options_blob,
                 self._shared,
                 os.getpid(),
                 restarts,
                 threading.current_thread() is threading.main_thread(),
             ),
-            daemon=True,
-        )
-        try:
-            proc.start()
-        except BaseException:
-            for end in (command_r, command_w, reply_r, reply_w):
-                end.close()
-            raise
-        command_r.close()
-        reply_w.close()  # so that the worker's death reads as EOF here
-        os.set_blocking(reply_r.fileno(), False)
-        # A write never blocks the pool: what does not fit waits in the worker's outbox, so a
-        # hung worker cannot hold up a submit beyond step_timeout (nor deadlock against a
-        # worker blocked writing a large reply).
-        command_fd = command_w.fileno()
-        os.set_blocking(command_fd, False)
-        slot = _Worker(
-            proc,
-            (command_w, reply_r),
-            command_fd,
-            reply_r.fileno(),
-            proc.sentinel,
-            Outbox(lambda data: os.write(command_fd, data), self._watcher(worker, command_fd)),
+            functools.partial(self._watcher, worker),
         )
         if worker < len(self._workers):
             self._workers[worker] = slot
@@ -246,48 +206,17 @@ class ProcessTransport(BaseTransport):
 
     def memory(self, worker: int) -> int | None:
         """Resident memory of ``worker``'s process in bytes (``None``: gone or unknown)."""
-        slot = self._workers[worker]
-        if not slot.alive:
-            return None
-        import psutil  # only worker_memory_limit asks: `make` alone does not import it
-
-        try:
-            return int(psutil.Process(slot.proc.pid).memory_info().rss)
-        except (psutil.Error, ValueError):
-            return None
+        return self._workers[worker].memory()
 
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
         old = self._workers[worker]
         if old.alive:  # replaced alive (recycled)
             self._poller.unregister(old.reply_fd)
             self._poller.unregister(old.sentinel)
-        old.alive = False
-        old.outbox.drop()
-        if old.proc.is_alive():
-            old.proc.kill()
-        old.proc.join(1.0)
-        for end in old.ends:
-            end.close()
-        old.proc.close()
+        old.discard()
         with sigint_held():
             self._start(worker, restarts)
         self._await_start([worker])
-
-    def _read(self, slot: _Worker, out: list[Reply | None]) -> bool:
-        """Read what the worker's reply pipe holds into ``out``; False at EOF (it is gone)."""
-        fd, reader = slot.reply_fd, slot.reader
-        while True:
-            try:
-                data = os.read(fd, 1 << 16)
-            except BlockingIOError:
-                return True
-            except OSError:
-                return False
-            if not data:
-                return False
-            reader.feed(data, out)
-            if len(data) < 1 << 16:
-                return True
 
     def _start_failed(self, kind: type[WorkerDiedError], worker: int, what: str) -> WorkerDiedError:
         """The error for ``worker`` that could not build its envs (``what`` happened)."""
@@ -325,14 +254,14 @@ class ProcessTransport(BaseTransport):
                         f"did not build its envs {list(options.assignment[worker])} "
                         f"within start_timeout={options.start_timeout:g}s; killed",
                     )
-                lost = not self._read(slot, got)
+                lost = not slot.read(got)
             if not got:
                 proc.join(1.0)
                 raise self._start_failed(
                     WorkerDiedError,
                     worker,
                     f"died while building its envs {list(options.assignment[worker])} "
-                    f"({_describe_exit(proc.exitcode)})",
+                    f"({describe_exit(proc.exitcode)})",
                 )
             reply = got[0]
             if reply is not None and reply.failures:
@@ -418,7 +347,7 @@ class ProcessTransport(BaseTransport):
                 continue
             died = slot.sentinel in ready
             if slot.reply_fd in ready or died:  # replies it sent before dying come first
-                if not self._read(slot, got):
+                if not slot.read(got):
                     died = True
                 if got:
                     for reply in got:
@@ -427,20 +356,12 @@ class ProcessTransport(BaseTransport):
                     replies.extend([(w, reply) for reply in got])
                     got.clear()
             if died:
-                proc = slot.proc
-                if proc.is_alive():  # EOF without an exit: give it a moment to finish dying
-                    proc.join(1.0)
-                    if proc.is_alive():
-                        proc.kill()
-                proc.join(1.0)
-                self._read(slot, got)  # what came between the first read and the exit
+                gone = slot.bury(got)  # with what it sent between the first read and its exit
                 replies.extend([(w, reply) for reply in got])
                 got.clear()
-                slot.alive = False
-                slot.outbox.drop()
                 self._poller.unregister(slot.reply_fd)
                 self._poller.unregister(slot.sentinel)
-                replies.append((w, WorkerLost(proc.exitcode, _describe_exit(proc.exitcode))))
+                replies.append((w, gone))
                 lost = True
         return lost
 
@@ -485,20 +406,7 @@ class ProcessTransport(BaseTransport):
                             pass
         finally:
             for slot in workers:
-                proc = slot.proc
-                if proc.is_alive():
-                    proc.terminate()
-                    proc.join(1.0)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join(1.0)
-                try:
-                    proc.close()
-                except ValueError:  # reaped by a wait of another thread (close() from a thread)
-                    pass
-                for end in slot.ends:
-                    end.close()
-                slot.alive = False
+                slot.stop()
             self._shared = None
 
     def _close_wake(self) -> None:
@@ -516,17 +424,6 @@ def _retry_eintr(poll: Any, ms: int | None) -> list[tuple[int, int]]:
             return poll(ms)  # type: ignore[no-any-return]
         except InterruptedError:  # pragma: no cover - PEP 475 retries already
             continue
-
-
-def _describe_exit(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "still running"
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode}"
 
 
 def open_transport(options: TransportOptions) -> ProcessTransport:

@@ -25,6 +25,7 @@ Ray is an optional extra (``pip install envfleet[ray]``): only this module and i
 
 from __future__ import annotations
 
+import functools
 import math
 import pickle
 import secrets
@@ -48,6 +49,7 @@ from envfleet.backends import node_memory, ray_session
 from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
 from envfleet.backends.channel import PickledCommands, connect_pool
 from envfleet.backends.node_memory import PoolMemory
+from envfleet.backends.node_placement import alive_nodes, has_room
 from envfleet.backends.outbox import Outbox
 from envfleet.backends.ray_actor import GroupActor, unpack
 from envfleet.backends.ray_options import RayOptions
@@ -55,11 +57,6 @@ from envfleet.backends.rows import deliver, row_bytes
 from envfleet.buffers import Batch, is_array_space, make_reader
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Close, Command, EnvCommand, EnvFailure, Reply, Step
-
-START_ATTEMPTS = 5
-START_BACKOFF = 0.5
-"""An actor that dies before it has built its envs is replaced, up to this many actors in all,
-``START_BACKOFF`` seconds later and twice as long each time (about 8 s in all)."""
 
 CHUNK_BYTES = 90 * 1024
 """Results of a step or reset expected to be larger travel in pieces of about this size (under
@@ -160,6 +157,11 @@ class RayTransport(BaseTransport):
             self._options, worker, restarts
         )
 
+    def _respawn(self, worker: int, restarts: dict[int, int]) -> Any:
+        """A new actor for ``worker`` (the last one died starting); its start call's ref."""
+        self._workers[worker].handle = self._spawn(worker, restarts)
+        return self._start_call(worker)
+
     def _start_call(self, worker: int) -> Any:
         where = self._memory.where if self._memory is not None else None
         return self._workers[worker].handle.start.remote(
@@ -170,40 +172,34 @@ class RayTransport(BaseTransport):
         """Wait until each of ``workers`` has built its envs; raise the first failure.
 
         An actor that dies before it has built them (its worker process or its node died, say
-        a node that Ray does not know dead yet) is replaced, up to ``START_ATTEMPTS`` times.
+        a node that Ray does not know dead yet) is replaced
+        (:func:`~envfleet.backends.ray_session.await_start`).
         """
         started = [(worker, self._start_call(worker)) for worker in workers]
         timeout = self._options.start_timeout  # placing the actor and building its envs
         deadline = time.monotonic() + timeout
         for worker, ref in started:
             slot = self._workers[worker]
-            delay = START_BACKOFF
-            for attempt in range(1, START_ATTEMPTS + 1):
-                try:
-                    reply: Reply
-                    address: str | None
-                    reply, slot.node, address, slot.pid = ray.get(
-                        ref, timeout=max(0.0, deadline - time.monotonic())
-                    )
-                    break
-                except GetTimeoutError as exc:
-                    self.kill(worker)
-                    raise self._start_failed(
-                        worker,
-                        f"did not start within start_timeout={timeout:g}s: its envs' "
-                        "constructor hangs, or no node has the resources it asks for "
-                        f"({self._resources})",
-                        EnvTimeoutError,
-                    ) from exc
-                except RayError as exc:
-                    if attempt == START_ATTEMPTS:
-                        raise self._start_failed(
-                            worker, f"died while building them ({attempt} actors in a row): {exc}"
-                        ) from exc
-                    time.sleep(delay)
-                    delay *= 2
-                    slot.handle = self._spawn(worker, restarts)
-                    ref = self._start_call(worker)
+            try:
+                reply: Reply
+                address: str | None
+                reply, slot.node, address, slot.pid = ray_session.await_start(
+                    ref, deadline, functools.partial(self._respawn, worker, restarts)
+                )
+            except GetTimeoutError as exc:
+                self.kill(worker)
+                raise self._start_failed(
+                    worker,
+                    f"did not start within start_timeout={timeout:g}s: its envs' "
+                    "constructor hangs, or no node has the resources it asks for "
+                    f"({self._resources})",
+                    EnvTimeoutError,
+                ) from exc
+            except RayError as exc:
+                attempts = ray_session.START_ATTEMPTS
+                raise self._start_failed(
+                    worker, f"died while building them ({attempts} actors in a row): {exc}"
+                ) from exc
             if reply.failures:
                 raise reply.failures[0].to_error(worker, self._options.spec.name)
             if address is not None:
@@ -488,8 +484,43 @@ def _task_failed(command: Command, exc: RayTaskError) -> Reply:
 
 def open_transport(options: TransportOptions) -> Any:
     extra = options.backend_options
-    if isinstance(extra, RayOptions) and extra.nodes is not None:
+    if not isinstance(extra, RayOptions):
+        extra = RayOptions()
+    if extra.nodes is None:  # the default: node sub-pools where the cluster has several nodes
+        connected = ray_session.connect(extra.address, dict(extra.ray_init_kwargs))
+        try:
+            return _open(options, spans_nodes(extra))
+        finally:
+            if connected:
+                ray_session.disconnect()  # the transport holds a connection of its own
+    return _open(options, extra.nodes is not False)
+
+
+def _open(options: TransportOptions, node_pools: bool) -> Any:
+    if node_pools:
         from envfleet.backends.nodes import NodeTransport  # one sub-pool per node
 
         return NodeTransport(options)
+    extra = options.backend_options
+    if isinstance(extra, RayOptions) and extra.compress is not None:
+        raise ValueError(
+            f"compress={extra.compress!r} compresses what node sub-pools send the pool, and "
+            "this pool runs one Ray actor per worker (nodes=False, or a Ray of one node): give "
+            "nodes='auto' or a list of Ray node ids"
+        )
     return RayTransport(options)
+
+
+def spans_nodes(extra: RayOptions) -> bool:
+    """Whether a pool that left ``nodes`` to us runs node sub-pools (see
+    :attr:`RayOptions.nodes`): this process is on a node of the cluster (not a Ray Client
+    connection, whose process cannot reach the nodes' agents), the actors' placement is ours,
+    and more than one alive node has CPUs and what ``worker_resources`` asks for."""
+    resources = dict(extra.worker_resources)
+    if not extra.ray_shared_memory or {"scheduling_strategy", "placement_group"} & set(resources):
+        return False
+    try:
+        ray.get_runtime_context().get_node_id()
+    except Exception:  # a Ray Client connection: this process is on no node of the cluster
+        return False
+    return sum(has_room(node, resources) for node in alive_nodes()) > 1

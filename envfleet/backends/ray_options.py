@@ -11,6 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+COMPRESS = ("lz4", "zlib")
+"""The values of ``compress=`` besides ``None`` (:mod:`envfleet.backends.compression`)."""
+
 
 @dataclass(frozen=True)
 class RayOptions:
@@ -32,21 +35,38 @@ class RayOptions:
     """Actors on this machine share the batch memory with the pool and take commands over a
     socket, without a Ray call per step (default ``True``); ``False`` makes every command a Ray
     call, as for actors on other nodes."""
-    nodes: str | Sequence[str] | None = None
-    """``None`` (default): one actor per worker. ``"auto"`` (every alive node with CPUs) or a
-    list of Ray node ids: one sub-pool per node (:mod:`envfleet.backends.nodes`): an agent on
-    each node runs its share of the workers (in proportion to its CPUs, in contiguous runs) as
-    local processes, and each command is one message per node."""
+    nodes: str | Sequence[str] | bool | None = None
+    """Node sub-pools (:mod:`envfleet.backends.nodes`): an agent on each node runs its share of
+    the workers (in proportion to its CPUs, in contiguous runs) as local processes, and each
+    command is one message per node. ``None`` (default): node sub-pools when the pool's process
+    is on a node of a cluster with more than one alive node that has CPUs (and the resources of
+    ``worker_resources``), unless ``worker_resources`` places the actors itself
+    (``scheduling_strategy``, ``placement_group``) or ``ray_shared_memory=False``; else one
+    actor per worker. ``"auto"`` (every such node) or a list of Ray node ids: node sub-pools
+    always. ``False``: one actor per worker always."""
+    compress: str | None = None
+    """Node sub-pools only: ``"lz4"`` (the ``lz4`` package, in the ``ray`` extra) or
+    ``"zlib"`` compresses the image observations (``uint8`` arrays of two or more dimensions a
+    row) each node sends the pool, losslessly; ``None`` (default): raw bytes
+    (:mod:`envfleet.backends.compression`)."""
 
     def __post_init__(self) -> None:
+        if self.compress is not None and self.compress not in COMPRESS:
+            raise ValueError(
+                f"compress must be one of {', '.join(map(repr, COMPRESS))} or None, "
+                f"got {self.compress!r}"
+            )
         # Copies: the caller's mappings may change after make() returns.
         object.__setattr__(self, "ray_init_kwargs", dict(self.ray_init_kwargs))
         object.__setattr__(self, "worker_resources", dict(self.worker_resources))
         object.__setattr__(self, "ray_shared_memory", self.ray_shared_memory is not False)
         nodes = self.nodes
-        if nodes is not None and nodes != "auto":
+        if nodes is True:
+            raise ValueError("nodes must be None, False, 'auto' or a list of Ray node ids")
+        if nodes is not None and nodes is not False and nodes != "auto":
             if isinstance(nodes, str) or not nodes or not all(isinstance(n, str) for n in nodes):
                 raise ValueError(
-                    f"nodes must be 'auto' or a non-empty list of Ray node ids, got {nodes!r}"
+                    "nodes must be None, False, 'auto' or a non-empty list of Ray node ids, "
+                    f"got {nodes!r}"
                 )
             object.__setattr__(self, "nodes", tuple(nodes))

@@ -19,18 +19,26 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import ray
 import ray._private.ray_constants as ray_constants
 import ray._private.worker as ray_worker
+from ray.exceptions import GetTimeoutError, RayError
 
 _lock = threading.Lock()
 _session: str | None = None  # the Ray connection envfleet made (see _session_id), if any
 _users = 0  # open transports on that connection
 _reaper: subprocess.Popen[bytes] | None = None  # ends the Ray envfleet started if we are killed
+
+START_ATTEMPTS = 5
+START_BACKOFF = 0.5
+"""An actor that dies before it has started (placed on a node that just died, which Ray may not
+know dead yet) is replaced, up to this many actors in all, ``START_BACKOFF`` seconds later and
+twice as long each time (about 8 s in all), see :func:`await_start`."""
 
 SOCKET_DIR_PREFIX = "envfleet-ray-"
 """A pool's socket directory in the temp dir is ``envfleet-ray-<pid of its process>-<random>``:
@@ -116,6 +124,32 @@ def make_socket_dir() -> str:
         except OSError:  # not ours to signal, or gone meanwhile
             continue
     return tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
+
+
+def await_start(ref: Any, deadline: float, replace: Callable[[], Any]) -> Any:
+    """The value of an actor's start call ``ref``, by ``deadline`` (``time.monotonic()``).
+
+    Should the actor die first, ``replace()`` starts another and returns its start call's ref,
+    up to :data:`START_ATTEMPTS` actors in all, with a growing pause between them.
+
+    Raises:
+        GetTimeoutError: ``deadline`` passed.
+        RayError: the last actor died too (the caller names the attempts,
+            :data:`START_ATTEMPTS`).
+    """
+    delay = START_BACKOFF
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            return ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except GetTimeoutError:
+            raise
+        except RayError:
+            if attempt == START_ATTEMPTS:
+                raise
+            time.sleep(delay)
+            delay *= 2
+            ref = replace()
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _session_id() -> str:

@@ -1,0 +1,209 @@
+"""One node's agent as the pool sees it: its connection, what it owes, and the rounds each way.
+
+:class:`NodeLink` turns a round of commands for the node's workers into one message
+(:meth:`NodeLink.round`) and one message from the agent into the replies it carries, writing
+the node's rows into the pool's batch on the way (:meth:`NodeLink.take`); the messages are
+:mod:`envfleet.backends.node_wire`'s. :class:`~envfleet.backends.nodes.NodeTransport` holds one
+link per node and does the waiting, the killing and the restarting.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from envfleet.backends import node_wire as wire
+from envfleet.backends.base import Replies, WorkerLost
+from envfleet.backends.channel import authenticated
+from envfleet.backends.rows import deliver
+from envfleet.buffers import Batch
+from envfleet.protocol import Command, Reply
+from envfleet.stats import NodeStats
+
+CONNECT_TIMEOUT = 30.0
+"""Seconds the pool gives an agent's socket to accept it and prove the key."""
+
+_Plain = tuple[list[int], list[Command], np.ndarray, "slice | np.ndarray"]
+
+
+@dataclass
+class NodeLink:
+    """One node's agent and what the pool owes it and is owed by it."""
+
+    index: int
+    node_id: str
+    workers: list[int]  # global worker indices, in order (the agent's 0, 1, ...)
+    agent: Any = None
+    conn: Connection | None = None
+    serving: Any = None
+    host: str = ""
+    pid: int = 0
+    alive: bool = False
+    lost: bool = False  # reported lost; waits for a restart
+    inflight: list[deque[Command]] = field(default_factory=list)
+    last: list[Command] | None = None  # the round the agent would repeat
+    actions: tuple[np.ndarray, slice | np.ndarray] | None = None
+    plain: dict[bytes, _Plain] = field(
+        default_factory=dict
+    )  # the rows of a plain answer, by the commands it answers (the same objects each step)
+    why: str = ""  # why it was lost
+    spawned: tuple[dict[int, int], bool] = ({}, False)  # the restarts and affinity it got
+    killing: dict[int, float] = field(default_factory=dict)  # local worker: agent's deadline
+    rebuilt: dict[int, dict[int, int]] = field(default_factory=dict)  # by a new agent
+    messages: int = 0  # sent to it
+    answers: int = 0  # received from it
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0  # message out to its answer in, summed
+    sent_at: float = 0.0
+    memory: list[int | None] = field(default_factory=list)  # per local worker, as last reported
+    measuring: bool = False  # asked for its workers' memory, not answered yet
+
+    def env_ids(self, assignment: Sequence[Sequence[int]]) -> tuple[int, ...]:
+        """The node's envs (global indices)."""
+        return tuple(i for w in self.workers for i in assignment[w])
+
+    def stats(self, assignment: Sequence[Sequence[int]]) -> NodeStats:
+        """The node's layout and traffic, for ``pool.stats().nodes``."""
+        return NodeStats(
+            node=self.node_id,
+            address=self.host,
+            workers=len(self.workers),
+            envs=len(self.env_ids(assignment)),
+            messages=self.messages,
+            answers=self.answers,
+            bytes_out=self.bytes_out,
+            bytes_in=self.bytes_in,
+            round_trip_ms=self.seconds / self.messages * 1e3 if self.messages else None,
+        )
+
+    def started(self) -> None:
+        """A new agent: nothing in flight, nothing to repeat."""
+        self.inflight = [deque() for _ in self.workers]
+        self.last = None
+        self.actions = None
+        self.killing = {}
+        self.memory = [None] * len(self.workers)
+        self.measuring = False
+
+    # -- out -----------------------------------------------------------------------------------
+
+    def round(
+        self, locals_: Sequence[int], commands: list[Command], actions: Sequence[np.ndarray]
+    ) -> bytes | None:
+        """Book ``commands`` (one per local worker of ``locals_``) in flight and return the one
+        message that carries them, with the rows of ``actions`` they need; ``None`` when the
+        agent is gone (its workers are reported lost on the next wait)."""
+        for local, command in zip(locals_, commands, strict=True):
+            self.inflight[local].append(command)
+        if not self.alive:
+            return None
+        last = self.last
+        repeat = last is not None and len(last) == len(commands)
+        if repeat:
+            assert last is not None
+            for a, b in zip(last, commands, strict=True):
+                if a is not b:
+                    repeat = False
+                    break
+        if repeat:
+            parts = [wire.REPEAT]
+        else:
+            parts = [wire.header(wire.SUBMIT, list(zip(locals_, commands, strict=True)))]
+            self.last = commands if len(locals_) == len(self.workers) else None
+            self.actions = None
+        if actions:
+            cached = self.actions
+            if cached is None or not repeat:
+                ids = wire.action_ids(commands)
+                cached = self.actions = (ids, wire.selection(ids))
+            parts += wire.pack(actions, cached[1])
+        message = b"".join(parts)
+        self.messages += 1
+        self.bytes_out += len(message)
+        self.sent_at = time.perf_counter()
+        return message
+
+    # -- in ------------------------------------------------------------------------------------
+
+    def take(
+        self,
+        data: bytes,
+        rows: Sequence[np.ndarray],
+        batch: Batch,
+        space: gymnasium.Space[Any],
+        restarts: np.ndarray,
+        codecs: wire.Codecs = None,
+    ) -> Replies:
+        """The replies one message from the agent carries (the pool's worker indices); its rows
+        are written into ``rows`` (the batch's arrays) first (decompressed by ``codecs``), and
+        each env restarted is counted in ``restarts``. An answer to :data:`~.node_wire.MEMORY`
+        carries none: its figures go to :attr:`memory`."""
+        if data[:1] == wire.MEMORY:
+            self.memory, self.measuring = wire.read_memory(data), False
+            return []
+        self.answers += 1
+        self.bytes_in += len(data)
+        self.seconds += time.perf_counter() - self.sent_at
+        tag = data[:1]
+        workers = self.workers
+        if tag == wire.PLAIN:
+            key, at = wire.read_plain_workers(data)
+            cached = self.plain.get(key)
+            if cached is None:
+                if len(self.plain) > 64:
+                    self.plain.clear()
+                order = np.frombuffer(key, np.uint16, offset=2).tolist()
+                cached = self.plain[key] = (order, [], np.empty(0, np.intp), slice(0, 0))
+            order, known, ids, sel = cached
+            inflight = self.inflight
+            commands = [inflight[k].popleft() for k in order]
+            if len(known) != len(commands) or any(
+                a is not b for a, b in zip(known, commands, strict=True)
+            ):
+                ids = wire.row_ids((c, None) for c in commands)
+                sel = wire.selection(ids)
+                self.plain[key] = (order, commands, ids, sel)
+            wire.unpack(rows, sel, ids.size, data, at, codecs)
+            return [(workers[k], None) for k in order]
+        if tag == wire.ACK:  # pragma: no cover - only in answer to a restart or close
+            return []
+        body, at = wire.read_header(data)
+        answered: list[tuple[Command, Reply | None]] = []
+        out: Replies = []
+        for local, reply in body:
+            if isinstance(reply, WorkerLost):
+                self.inflight[local].clear()
+                out.append((workers[local], reply))
+                continue
+            command = self.inflight[local].popleft()
+            answered.append((command, reply))
+            if reply is not None:
+                for failure in reply.restarts:
+                    if failure.env_index is not None:
+                        restarts[failure.env_index] += 1
+                if reply.rows is not None:  # pickled observations
+                    deliver(batch, space, reply)
+            out.append((workers[local], reply))
+        ids = wire.row_ids(answered)
+        wire.unpack(rows, wire.selection(ids), ids.size, data, at, codecs)
+        return out
+
+
+def connect_agent(host: str, port: int, authkey: bytes) -> Connection:
+    """A connection to an agent that proved it knows ``authkey`` (and to which we proved it)."""
+    sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except BaseException:
+        sock.close()
+        raise
+    return authenticated(sock, authkey, CONNECT_TIMEOUT)

@@ -1,0 +1,172 @@
+"""The pool's handle on one worker process of the process backend.
+
+A :class:`WorkerProcess` is the process and the pool's ends of its two one-way pipes: commands
+go out through its :class:`~envfleet.backends.outbox.Outbox` (never blocking the pool), replies
+come in through a non-blocking read framed by :class:`~envfleet.backends.channel.FrameReader`,
+and its end is seen through the process sentinel. It starts the process, reads what it sent,
+buries it once it is gone (keeping the replies it sent before dying) and stops it. What runs in
+the process and how the pool waits on many of them together is
+:mod:`envfleet.backends.process`'s business.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from envfleet.backends.base import WorkerLost
+from envfleet.backends.channel import FrameReader
+from envfleet.backends.outbox import Outbox
+from envfleet.protocol import Command, Reply
+
+READ_SIZE = 1 << 16
+"""Bytes asked of a reply pipe per read (a shorter read means the pipe is empty)."""
+
+
+@dataclass(eq=False)
+class WorkerProcess:
+    """One worker process and the pool's ends of its pipes."""
+
+    proc: BaseProcess
+    ends: tuple[Connection, Connection]  # (command writer, reply reader)
+    command_fd: int
+    reply_fd: int
+    sentinel: int  # the process's sentinel (read on every wait)
+    outbox: Outbox  # commands its pipe had no room for yet
+    reader: FrameReader = field(default_factory=FrameReader)
+    last: Command | None = None  # the command it would repeat
+    alive: bool = True
+
+    @classmethod
+    def start(
+        cls,
+        ctx: Any,
+        worker: int,
+        target: Callable[..., None],
+        args: tuple[Any, ...],
+        watcher: Callable[[int], Callable[[bool], None]],
+    ) -> WorkerProcess:
+        """Start process ``worker`` of context ``ctx`` running ``target(worker, command
+        reader, reply writer, (the pool's ends), *args)``.
+
+        ``watcher(command_fd)`` gives what the worker's outbox calls when bytes start or stop
+        waiting in it.
+        """
+        command_r, command_w = ctx.Pipe(duplex=False)
+        reply_r, reply_w = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=target,
+            name=f"envfleet-worker-{worker}",
+            args=(worker, command_r, reply_w, (command_w, reply_r), *args),
+            daemon=True,
+        )
+        try:
+            proc.start()
+        except BaseException:
+            for end in (command_r, command_w, reply_r, reply_w):
+                end.close()
+            raise
+        command_r.close()
+        reply_w.close()  # so that the worker's death reads as EOF here
+        os.set_blocking(reply_r.fileno(), False)
+        # A write never blocks the pool: what does not fit waits in the worker's outbox, so a
+        # hung worker cannot hold up a submit beyond step_timeout (nor deadlock against a
+        # worker blocked writing a large reply).
+        command_fd = command_w.fileno()
+        os.set_blocking(command_fd, False)
+        return cls(
+            proc,
+            (command_w, reply_r),
+            command_fd,
+            reply_r.fileno(),
+            proc.sentinel,
+            Outbox(lambda data: os.write(command_fd, data), watcher(command_fd)),
+        )
+
+    def read(self, out: list[Reply | None]) -> bool:
+        """Read what the reply pipe holds into ``out``; False at EOF (the worker is gone)."""
+        fd, reader = self.reply_fd, self.reader
+        while True:
+            try:
+                data = os.read(fd, READ_SIZE)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not data:
+                return False
+            reader.feed(data, out)
+            if len(data) < READ_SIZE:
+                return True
+
+    def bury(self, out: list[Reply | None]) -> WorkerLost:
+        """The worker is gone (or going): reap its process, read into ``out`` what it sent
+        before it exited, and say how it ended."""
+        proc = self.proc
+        if proc.is_alive():  # EOF without an exit: give it a moment to finish dying
+            proc.join(1.0)
+            if proc.is_alive():
+                proc.kill()
+        proc.join(1.0)
+        self.read(out)  # what came between the pool's last read and the exit
+        self.alive = False
+        self.outbox.drop()
+        return WorkerLost(proc.exitcode, describe_exit(proc.exitcode))
+
+    def discard(self) -> None:
+        """Kill the process (alive or not) and release it and its pipes: it is replaced."""
+        self.alive = False
+        self.outbox.drop()
+        proc = self.proc
+        if proc.is_alive():
+            proc.kill()
+        proc.join(1.0)
+        for end in self.ends:
+            end.close()
+        proc.close()
+
+    def stop(self) -> None:
+        """End the process if it has not ended by itself (terminate, then kill) and release it
+        and its pipes."""
+        proc = self.proc
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(1.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(1.0)
+        try:
+            proc.close()
+        except ValueError:  # reaped by a wait of another thread (close() from a thread)
+            pass
+        for end in self.ends:
+            end.close()
+        self.alive = False
+
+    def memory(self) -> int | None:
+        """Resident memory of the process in bytes (``None``: gone or unknown)."""
+        if not self.alive:
+            return None
+        import psutil  # only worker_memory_limit asks: `make` alone does not import it
+
+        try:
+            return int(psutil.Process(self.proc.pid).memory_info().rss)
+        except (psutil.Error, ValueError):
+            return None
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """How a process ended, in words (its exit code or the signal that killed it)."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"

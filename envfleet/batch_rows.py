@@ -1,0 +1,131 @@
+"""The rows one step command's envs own in the batch arrays, written at once.
+
+The hot path of :class:`~envfleet.group.EnvGroup` (issue 23): a group collects every env's
+``(obs, reward, terminated, truncated, info)`` and writes them here with one assignment per
+field, as ``SyncVectorEnv`` does. A step command names the same envs every step, so their rows
+(a slice when the env ids are consecutive) and a view of each field over them are made once and
+kept by the group; nothing is allocated per env but the env's own result::
+
+    results ─ zip ─► observations ── np.asarray, shape checked ─► rows (small rows, one copy)
+                                 └── row by row, no temporary ───► rows (frames)
+                     rewards, terminated, truncated ─────────────► one assignment each
+                     infos ──────────────────────────────────────► to the group (non-empty ones)
+
+A result that does not fit (another length than five, an observation of another shape) is
+reported, not written: the group then writes env by env, so that the failure names its env.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from envfleet.buffers import Batch
+
+SMALL_ROW_BYTES = 1024
+"""Observation rows up to this size are gathered into one array and written at once; larger
+ones (frames) are copied into their rows one by one, with no temporary array."""
+
+Written = tuple[bool, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]
+"""What :meth:`BatchRows.write` wrote: whether an episode ended, then the terminated and
+truncated flags and the infos, one per env."""
+
+
+def row_index(env_ids: Sequence[int]) -> slice | np.ndarray:
+    """Rows ``env_ids`` of a batch array: a slice when they are consecutive, in order."""
+    if not env_ids:
+        return slice(0, 0)
+    first = env_ids[0]
+    stop = first + len(env_ids)
+    if env_ids[-1] == stop - 1 and tuple(env_ids) == tuple(range(first, stop)):
+        return slice(first, stop)
+    return np.asarray(env_ids, dtype=np.intp)
+
+
+class _Scattered:
+    """Rows of an array picked by an index array (not a view): written through the array."""
+
+    def __init__(self, array: np.ndarray, index: np.ndarray) -> None:
+        self.array, self.index = array, index
+
+    def __setitem__(self, _: Any, value: Any) -> None:
+        self.array[self.index] = value
+
+    def fill(self, value: Any) -> None:
+        self.array[self.index] = value
+
+
+class BatchRows:
+    """The rows of ``env_ids`` in ``batch`` (their envs alongside), and what writes them.
+
+    Args:
+        batch: the arrays of the whole pool.
+        env_ids: global indices of the envs, in the order of their results.
+        envs: the envs themselves, in the same order.
+    """
+
+    def __init__(self, batch: Batch, env_ids: Sequence[int], envs: list[Any]) -> None:
+        self.env_ids = env_ids
+        self.envs = envs
+        self.index = index = row_index(env_ids)
+        obs = batch.observations
+        small = isinstance(obs, np.ndarray) and obs[:1].nbytes <= SMALL_ROW_BYTES
+        self.shape = (len(env_ids), *obs.shape[1:]) if small else None
+        """The shape the observations gather into; None: written row by row."""
+
+        def rows(array: np.ndarray) -> Any:
+            return array[index] if isinstance(index, slice) else _Scattered(array, index)
+
+        self._targets: tuple[Any, Any, Any, Any] = (
+            rows(obs) if small else None,
+            rows(batch.rewards),
+            rows(batch.terminations),
+            rows(batch.truncations),
+        )
+        self._actions = batch.actions[index] if isinstance(index, slice) else None
+        self._batch = batch
+
+    def actions(self) -> np.ndarray:
+        """The actions in these rows; a copy when each is an array (an env that keeps its
+        action must not see the next step's actions written over it)."""
+        actions: np.ndarray = (
+            self._batch.actions[self.index] if self._actions is None else self._actions
+        )
+        return actions.copy() if actions.ndim > 1 else actions
+
+    def write(self, results: list[Any], write_obs: Callable[[int, Any], None]) -> Written | None:
+        """Write one result per env with one assignment per field; None, when a result does
+        not fit, with the rows partly written (the caller writes them again, env by env).
+
+        ``write_obs(i, obs)`` writes one env's observation (frames, structured spaces)."""
+        n = len(results)
+        if not n:
+            return False, (), (), ()
+        observations_rows, rewards_rows, terminations_rows, truncations_rows = self._targets
+        try:
+            # One result of another length than five among the others: refused here (zip alone
+            # would cut the longer ones short).
+            if sum(map(len, results)) != 5 * n:
+                return None
+            observations, rewards, terminations, truncations, infos = zip(*results)  # noqa: B905
+            if self.shape is not None:
+                values = np.asarray(observations)
+                if values.dtype == object or values.shape != self.shape:
+                    return None
+                observations_rows[...] = values
+            else:
+                for i, obs in zip(self.env_ids, observations, strict=True):
+                    write_obs(i, obs)
+            rewards_rows[...] = rewards
+            # Episodes that go on (the common case): one scalar instead of a tuple per flag.
+            if terminations.count(False) == n and truncations.count(False) == n:
+                terminations_rows.fill(False)
+                truncations_rows.fill(False)
+                return False, terminations, truncations, infos
+            terminations_rows[...] = terminations
+            truncations_rows[...] = truncations
+        except Exception:
+            return None
+        return True, terminations, truncations, infos

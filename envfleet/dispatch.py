@@ -1,0 +1,191 @@
+"""Dispatch: the pool's side of the conversation with its workers.
+
+The face (:class:`~envfleet.Pool`) checks what the caller asks and says what to send; the
+dispatch turns it into commands per worker, sends them and takes the replies in::
+
+    face ──► submit_step / submit_reset / call ──► ledger (sent) ──► transport (to the workers)
+    face ◄── collect / first_ready ◄── pump ◄── recovery (take: ledger took; failed envs, lost
+                                                and hung workers) ◄── transport.wait (rows
+                                                already in the batch arrays)
+
+Every command of a call is serialised before the first is sent (a call that fails on the
+caller's side leaves the pool as it was), and every wait is bounded by recovery's timeout. The
+dispatch keeps no strong reference to the face, so that a pool dropped unclosed still closes
+itself at once (its ``__del__``) rather than when the garbage collector breaks a cycle: it holds
+the face's ``gather`` weakly and is told when the pool closes.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from envfleet.backends import Transport
+from envfleet.errors import ClosedPoolError
+from envfleet.ledger import Ledger
+from envfleet.protocol import Call, Command, Reset, SetAttr, Step
+from envfleet.recovery import Recovery
+
+
+class Dispatch:
+    """Sends a pool's commands to its workers and takes their replies in.
+
+    Args:
+        transport: the pool's transport.
+        ledger: the pool's ledger (told what is sent; what is in flight and ready).
+        recovery: the pool's recovery (takes each reply; the failure policy).
+        env_name: the env's name, for errors.
+        gather: a method of the face giving the results of ready envs as ``recv`` returns
+            them (put on a failure's error); held weakly.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        ledger: Ledger,
+        recovery: Recovery,
+        env_name: str,
+        gather: Callable[[np.ndarray], Any],
+    ) -> None:
+        self.closed = False
+        self._transport = transport
+        self._ledger = ledger
+        self._recovery = recovery
+        self._env_name = env_name
+        self._gather_method = weakref.WeakMethod(gather)
+        self._num_envs = ledger.num_envs
+
+    def close(self, timeout: float) -> None:
+        """Close the transport; a wait in another thread then raises ``ClosedPoolError``."""
+        self.closed = True
+        self._transport.close(timeout)
+
+    def _gather(self, env_ids: np.ndarray) -> Any:
+        gather = self._gather_method()
+        assert gather is not None  # the face is in use while its dispatch takes replies in
+        return gather(env_ids)
+
+    def recycle_over_limit(self) -> None:
+        """Replace the workers over ``worker_memory_limit`` (before a command is sent)."""
+        self._recovery.recycle_over_limit(self._gather, self.pump)
+
+    def submit_reset(
+        self, env_ids: np.ndarray, seeds: list[int | None], options: dict[str, Any] | None
+    ) -> None:
+        """Send a reset of ``env_ids`` with ``seeds`` (one per env) and ``options``."""
+        if self._recovery.worker_memory_limit is not None:
+            self.recycle_over_limit()
+        seed_of = dict(zip(env_ids.tolist(), seeds, strict=True))
+        self.submit_many(
+            [
+                (worker, Reset(ids, tuple(seed_of[i] for i in ids), options))
+                for worker, ids in self._ledger.by_worker(env_ids)
+            ]
+        )
+
+    def submit_step(self, env_ids: np.ndarray, carried: Sequence[dict[int, Any]] | None) -> None:
+        """Send a step of ``env_ids``: their actions are in the batch (``carried`` is
+        ``None``) or, per worker, in ``carried``, which its command carries.
+
+        A step of every env with its actions in the batch (the sync step) is a whole-pool step:
+        the ledger books it for all workers at once (:meth:`Ledger.sent_all`), so the pool's
+        thread spends next to nothing per worker beyond handing the command over.
+        """
+        if carried is not None or len(env_ids) != self._num_envs:
+            self.submit_many(
+                [
+                    (worker, Step(ids, carried[worker] if carried is not None else None))
+                    for worker, ids in self._ledger.by_worker(env_ids)
+                ]
+            )
+            return
+        step_all = self._ledger.step_all
+        if self._ledger.sent_all():
+            self._transport.submit_all(step_all)
+            return
+        submit = self._transport.submit
+        for worker, command in enumerate(step_all):
+            submit(worker, command)
+
+    def submit_many(self, commands: Sequence[tuple[int, Command]]) -> None:
+        """Submit ``(worker, command)`` pairs, each serialised before the first is sent."""
+        prepare = self._transport.prepare
+        for worker, command in commands:
+            prepare(worker, command)
+        sent = self._ledger.sent
+        for worker, command in commands:
+            sent(worker, command)
+        self._transport.submit_many(commands)  # a node sub-pool's in one message per node
+
+    def collect(self, env_ids: np.ndarray) -> None:
+        """Wait until every env of ``env_ids`` is ready and take them out of the FIFO."""
+        ledger = self._ledger
+        if len(env_ids) == self._num_envs:
+            while ledger.in_flight:
+                self.pump(block=True, want=ledger.replies_owed())
+        else:
+            while ledger.any_in_flight(env_ids):
+                self.pump(block=True)
+        ledger.collected(env_ids)
+
+    def first_ready(self, count: int) -> np.ndarray:
+        """Wait until ``count`` envs are ready and hand out the first ``count`` of the FIFO."""
+        ledger, pump = self._ledger, self.pump
+        while ledger.num_ready < count:
+            pump(block=True)
+        return ledger.handed_out(count)
+
+    def call(self, commands: Sequence[Call | SetAttr]) -> tuple[Any, ...]:
+        """Send ``commands`` (one per worker) and return one value per env."""
+        self.submit_many(list(enumerate(commands)))
+        ledger = self._ledger
+        while not ledger.answered(commands):
+            self.pump(block=True)
+        values: dict[int, Any] = {}
+        failures = []
+        for worker, command in enumerate(commands):
+            reply = ledger.answer(command)
+            values.update(reply.values or {})
+            failures += [(worker, f) for f in reply.failures]
+        if failures:
+            worker, failure = failures[0]
+            raise failure.to_error(worker, self._env_name)
+        return tuple(values.get(i) for i in range(self._num_envs))
+
+    def pump(self, block: bool, want: int = 1) -> None:
+        """Take in the replies that have arrived (waiting for at least one if ``block``).
+
+        ``want`` tells the transport how many replies are worth waking up for: a sync step waits
+        for every pending command anyway.
+        """
+        recovery, ledger = self._recovery, self._ledger
+        timeout = recovery.wait_timeout() if block else 0.0
+        first = None
+        try:
+            replies = self._transport.wait(timeout, want)
+        except Exception as exc:
+            if self.closed:  # by another thread while this one waited
+                raise ClosedPoolError(f"this pool of {self._env_name} was closed") from exc
+            raise
+        if self.closed:  # by another thread: the replies are of envs being closed
+            raise ClosedPoolError(f"this pool of {self._env_name} was closed while waiting")
+        if (
+            ledger.whole_step_out()
+            and len(replies) == ledger.num_workers
+            and all(reply is None for _, reply in replies)
+        ):
+            ledger.took_all_plain([worker for worker, _ in replies])
+            replies = []
+        for worker, reply in replies:
+            error = recovery.take(worker, reply)
+            first = first or error
+        if recovery.step_timeout is not None:
+            recovery.kill_hung()
+        if first is not None:
+            recovery.fail(first, self._gather)
+
+
+__all__ = ["Dispatch"]

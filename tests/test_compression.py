@@ -1,0 +1,78 @@
+"""The node wire's compressed rows (``compress=``), without a cluster: every codec, straight
+into the batch arrays or through a copy, consecutive rows or not, gives back the same bits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from envfleet.backends import node_wire as wire
+from envfleet.backends.compression import Codec, codec, compressible
+
+
+def fields(n: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Row fields as a node batch has them: an image, a float vector, rewards, flags."""
+    frames = np.zeros((n, 21, 16, 3), np.uint8)
+    frames[:, 5:9, 2:7] = rng.integers(0, 256, (n, 4, 5, 3))
+    return [
+        frames,
+        rng.normal(size=(n, 3)).astype(np.float32),
+        rng.normal(size=n),
+        rng.integers(0, 2, n).astype(bool),
+    ]
+
+
+@pytest.mark.parametrize("name", ["lz4", "zlib"])
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("sel", [slice(2, 6), np.array([0, 3, 5, 6])])
+def test_rows_round_trip(name: str, direct: bool, sel: Any, monkeypatch: Any) -> None:
+    rng = np.random.default_rng(0)
+    source = fields(8, rng)
+    squeeze = codec(name)
+    assert squeeze is not None
+    if not direct:  # as where the C library's call is not found
+        monkeypatch.setattr(type(squeeze), "_into", lambda self: None)
+    codecs = wire.row_codecs(source, squeeze)
+    assert codecs is not None and [c is not None for c in codecs] == [True, False, False, False]
+    data = b"X" + b"".join(wire.pack(source, sel, codecs)) + b"tail"
+    raw = sum(f[sel].nbytes for f in source)
+    assert len(data) < raw  # the frames were compressed
+    target = [np.zeros_like(f) for f in source]
+    end = wire.unpack(target, sel, len(source[0][sel]), data, 1, codecs)
+    assert data[end:] == b"tail"
+    for got, want in zip(target, source, strict=True):
+        np.testing.assert_array_equal(got[sel], want[sel])
+        rest = np.ones(len(want), bool)
+        rest[sel] = False
+        assert not got[rest].any()  # nothing written outside the rows
+
+
+def test_no_rows_send_nothing() -> None:
+    source = fields(4, np.random.default_rng(1))
+    codecs = wire.row_codecs(source, codec("lz4"))
+    data = b"".join(wire.pack(source, slice(0, 0), codecs))
+    assert wire.unpack(source, slice(0, 0), 0, b"X" + data, 1, codecs) == 1
+
+
+@pytest.mark.parametrize("name", ["lz4", "zlib"])
+def test_a_block_of_the_wrong_size_is_refused(name: str) -> None:
+    squeeze = codec(name)
+    assert squeeze is not None
+    block = np.frombuffer(squeeze.compress(bytes(100)), np.uint8)
+    with pytest.raises(ValueError, match="does not hold 120 bytes"):
+        squeeze.decompress_into(block, np.zeros(120, np.uint8))
+    with pytest.raises(ValueError, match="does not hold 80 bytes"):
+        squeeze.decompress_into(block, np.zeros(80, np.uint8))
+
+
+def test_only_images_are_compressed_and_names_are_checked() -> None:
+    assert compressible(np.zeros((4, 2, 2), np.uint8))
+    assert not compressible(np.zeros((4, 2), np.uint8))
+    assert not compressible(np.zeros((4, 2, 2), np.float32))
+    assert wire.row_codecs([np.zeros((4, 2), np.float32)], codec("zlib")) is None
+    assert codec(None) is None
+    with pytest.raises(ValueError, match="compress must be one of 'lz4', 'zlib' or None"):
+        codec("gzip")
+    assert isinstance(codec("zlib"), Codec)
