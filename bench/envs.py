@@ -61,17 +61,13 @@ class NoOpEnv(SleepEnv):
         return self._obs, 0.0, False, False, {}
 
 
-EnvRef = str | type[gymnasium.Env[Any, Any]]
-"""A registered Gymnasium id or an env class (both picklable by reference)."""
-
-
 @dataclass(frozen=True)
 class Target:
     """A throughput case: its name on the command line (``cartpole``), the env, how many
     copies, and the least ratio of envfleet process to the ceiling, if any."""
 
     name: str
-    env: EnvRef
+    env: str | type[gymnasium.Env[Any, Any]]  # picklable by reference
     num_envs: int
     target: float | None = None
 
@@ -187,10 +183,6 @@ def read_log(path: str) -> list[tuple[str, int, int, int, int]]:
 
 # -- the heavy-tailed env (bench/async_bench.py, bench/rollout.py) ------------------------------
 
-FAST_S = 0.0002
-SLOW_S = 0.005
-SLOW_P = 0.1
-
 
 class HeavyTailEnv(SleepEnv):
     """A :class:`SleepEnv` whose ``step`` sleeps ``fast_s`` (90%) or ``slow_s`` (10%): a heavy
@@ -198,7 +190,7 @@ class HeavyTailEnv(SleepEnv):
     its first reset, so that a seeded run sleeps the same sequence whatever backend steps it."""
 
     def __init__(
-        self, fast_s: float = FAST_S, slow_s: float = SLOW_S, slow_p: float = SLOW_P,
+        self, fast_s: float = 0.0002, slow_s: float = 0.005, slow_p: float = 0.1,
         max_steps: int = 500,
     ) -> None:  # fmt: skip
         super().__init__(fast_s, max_steps)

@@ -36,8 +36,6 @@ from envfleet.affinity import usable_cpus
 from envfleet.benchmark import CallRunner, Runner, Timing, Workload, cycle, sample_actions
 from envfleet.spec import EnvSpec
 
-DEFAULT_JSON = common.RESULTS / "ray.json"
-
 
 def _step_env(env: gymnasium.Env[Any, Any], action: Any) -> tuple[Any, float, bool, bool]:
     """One step, resetting an env whose episode ended (as the vector envs do)."""
@@ -119,7 +117,7 @@ RAY_TARGETS = {"cartpole": ("naive-ray", 5.0), "pong": ("envfleet-process", 0.8)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = common.script_parser(__doc__ or "", DEFAULT_JSON)
+    parser = common.script_parser(__doc__ or "", common.RESULTS / "ray.json")
     common.add_choice(parser, "--workloads", list(RAY_TARGETS))
     args = parser.parse_args(argv)
     timing = common.timing_from(args)

@@ -59,62 +59,32 @@ class RolloutWorkload:
     envfleet_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
-Contender = Callable[[RolloutWorkload, Policy, Timing], Runner]
+CONTENDERS = ("envfleet-sync", "envfleet-async", "envfleet-async-core", "gym-async", "sb3",
+              "envpool", "envpool-async")  # fmt: skip
+"""Every contender, in the order they are run and shown (one missing its library, or with no
+EnvPool env for the workload, shows as a failed row)."""
 
 
-def envfleet_contender(half: bool, spare_core: bool = False) -> Contender:
-    """envfleet's process backend, every env per step or (``half``) double-buffered;
-    ``spare_core``: a worker fewer than usable cores, one left for the policy. ``copy=False``:
-    a batch is the shared memory itself, zero copy into the policy."""
-
-    def open_(case: RolloutWorkload, policy: Policy, timing: Timing) -> Runner:
-        n = case.workload.num_envs
-        workers = max(1, min(len(usable_cpus()) - 1, n)) if spare_core else case.num_workers
+def open_contender(name: str, case: RolloutWorkload, policy: Policy, timing: Timing) -> Runner:
+    """Contender ``name`` on ``case``, driven by ``policy``. envfleet: the process backend with
+    ``copy=False`` (a batch is the shared memory itself: zero copy into the policy); ``async``:
+    double-buffered (``batch_size = num_envs / 2``); ``core``: a worker fewer than usable
+    cores, one left for the policy."""
+    n = case.workload.num_envs
+    half = max(1, n // 2) if name.endswith(("async", "core")) else None
+    if name.startswith("envfleet"):
+        workers = max(1, min(len(usable_cpus()) - 1, n)) if name.endswith("core") else None
         return benchmark.open_envfleet(
-            case.workload, timing, batch_size=max(1, n // 2) if half else None, policy=policy,
-            backend="process", num_workers=workers, copy=False, **case.envfleet_kwargs,
+            case.workload, timing, batch_size=half, policy=policy, backend="process",
+            num_workers=workers or case.num_workers, copy=False, **case.envfleet_kwargs,
         )  # fmt: skip
-
-    return open_
-
-
-def envpool_contender(half: bool) -> Contender:
-    def open_(case: RolloutWorkload, policy: Policy, timing: Timing) -> Runner:
-        batch = max(1, case.workload.num_envs // 2) if half else None
+    if name.startswith("envpool"):
         return benchmark.open_envpool(
-            case.workload, timing, task=case.envpool_task, batch_size=batch, policy=policy,
+            case.workload, timing, task=case.envpool_task, batch_size=half, policy=policy,
             **case.envpool_kwargs,
         )  # fmt: skip
-
-    return open_
-
-
-CONTENDERS: dict[str, Contender] = {
-    "envfleet-sync": envfleet_contender(half=False),
-    "envfleet-async": envfleet_contender(half=True),
-    "envfleet-async-core": envfleet_contender(half=True, spare_core=True),
-    "gym-async": lambda case, policy, timing: benchmark.open_gym_async(
-        case.workload, timing, policy
-    ),
-    "sb3": lambda case, policy, timing: benchmark.open_sb3(case.workload, timing, policy),
-    "envpool": envpool_contender(half=False),
-    "envpool-async": envpool_contender(half=True),
-}
-"""Every contender by name, in the order they are run and shown (one missing its library, or
-with no EnvPool env for the workload, shows as a failed row)."""
-
-
-class TimedPolicy:
-    """A policy and the seconds spent in it."""
-
-    def __init__(self, policy: Policy) -> None:
-        self.policy, self.seconds = policy, 0.0
-
-    def __call__(self, obs: Any) -> Any:
-        start = time.perf_counter()
-        actions = self.policy(obs)
-        self.seconds += time.perf_counter() - start
-        return actions
+    opener = benchmark.open_sb3 if name == "sb3" else benchmark.open_gym_async
+    return opener(case.workload, timing, policy)
 
 
 class PolicyRunner(Runner):
@@ -124,18 +94,25 @@ class PolicyRunner(Runner):
 
     def __init__(
         self, name: str, case: RolloutWorkload, _: Workload, timing: Timing,
-        clock: Callable[[], float] = time.perf_counter,
+        clock: Callable[[], float] = time.perf_counter, opener: Any = open_contender,
     ) -> None:  # fmt: skip
-        self.policy, self.clock = TimedPolicy(case.policy), clock
-        self.inner = CONTENDERS[name](case, self.policy, timing)
+        self.policy, self.clock, self.policy_s = case.policy, clock, 0.0
+        self.inner = opener(name, case, self.decide, timing)
         self.name, self.setup_s = name, self.inner.setup_s
         self.batch_share = (self.inner.info.get("batch_size") or 0) / case.workload.num_envs
         self.info = {**self.inner.info, "policy_waited": [], "envs_waited": []}
 
+    def decide(self, obs: Any) -> Any:
+        """The policy's actions, its time counted."""
+        start = self.clock()
+        actions = self.policy(obs)
+        self.policy_s += self.clock() - start
+        return actions
+
     def window(self, seconds: float) -> float:
-        spent, start = self.policy.seconds, self.clock()
+        spent, start = self.policy_s, self.clock()
         rate = self.inner.window(seconds)
-        wall, policy_s = self.clock() - start, self.policy.seconds - spent
+        wall, policy_s = self.clock() - start, self.policy_s - spent
         self.info["policy_waited"].append(1 - policy_s / wall)
         self.info["envs_waited"].append((self.batch_share or 1.0) * policy_s / wall)
         return rate

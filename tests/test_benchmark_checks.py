@@ -17,13 +17,11 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-import envfleet
 from bench.async_bench import layouts, own_sync
 from bench.common import Case, add_choice, measure_table, open_ideal, target
 from bench.envs import read_log
 from bench.ray_bench import BatchActor
 from bench.soak import SoakConfig, SoakRun, run_soak, soak_checks
-from bench.stats_overhead import RECORDING, StatsRunner, stats_disabled
 from bench.thread_bench import open_bare_threads, own_envs
 from envfleet.benchmark import (
     OK,
@@ -36,7 +34,6 @@ from envfleet.benchmark import (
     Workload,
     open_envfleet,
 )
-from envfleet.stats import StatsRecorder
 from tests.envs import FaultyEnv
 
 TIMING = Timing(seconds=0.05, warmup=0.02, rewarm=0.01, repeats=2)
@@ -104,36 +101,6 @@ def test_a_stalled_step_shows_in_the_soak_report(tmp_path: Path) -> None:
     assert report["restarts"] == [0, 0, 0, 0]
     # The step then ends: the hung workers are killed and their envs restarted.
     assert not stepping.is_alive() and run.lost == 4
-
-
-def test_stats_disabled_records_nothing_and_puts_the_recorder_back() -> None:
-    recording = {name: StatsRecorder.__dict__[name] for name in RECORDING}
-    with envfleet.make("CartPole-v1", 4, backend="serial", seed=0) as pool:
-        pool.reset(seed=0)
-        actions = np.zeros(4, dtype=np.int64)
-        with stats_disabled():
-            for _ in range(5):
-                pool.step(actions)
-        assert pool.stats().steps == 0
-        for _ in range(3):
-            pool.step(actions)
-        assert pool.stats().steps == 3 * 4
-    assert {name: StatsRecorder.__dict__[name] for name in RECORDING} == recording
-
-
-def test_stats_runners_record_only_on_their_own_side() -> None:
-    workload = Workload.of("CartPole-v1", 4)
-    on, off = (StatsRunner(side, workload, TIMING, backend="serial") for side in (True, False))
-    try:
-        recorded = off.pool.stats().steps  # its warm-up, outside any window
-        for runner in (on, off, on):
-            assert runner.window(0.02) > 0
-        assert off.pool.stats().steps == recorded  # its windows recorded nothing
-        assert on.pool.stats().steps == on.steps * 4  # warm-up and windows: every step
-        assert len(on.info["cpu_us"]) == 2 and all(us > 0 for us in on.info["cpu_us"])
-    finally:
-        on.close()
-        off.close()
 
 
 # -- threads --------------------------------------------------------------------------------

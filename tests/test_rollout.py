@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import envfleet
-from bench.rollout import CONTENDERS, PolicyRunner, RolloutWorkload
+from bench.rollout import PolicyRunner, RolloutWorkload
 from envfleet.benchmark import Runner, Timing, Workload, open_vector
 
 TIMING = Timing(seconds=0.05, warmup=0.0, rewarm=0.0, repeats=1, seed=7)
@@ -110,20 +110,25 @@ class FakeRunner(Runner):
         self.info = {"batch_size": batch} if batch else {}
 
     def window(self, seconds: float) -> float:
-        self.clock.now += 2.0
-        self.policy.seconds += 0.5
+        self.clock.now += 1.5
+        self.policy(None)
         return 100.0
 
 
 @pytest.mark.parametrize(("batch", "envs_waited"), [(8, 0.25), (4, 0.125), (None, 0.25)])
 def test_accounting_splits_wall_time_between_policy_and_envs(
-    batch: int | None, envs_waited: float, monkeypatch: pytest.MonkeyPatch
+    batch: int | None, envs_waited: float
 ) -> None:
     clock = FakeClock()
-    case = RolloutWorkload("fake", Workload.of("CartPole-v1", 8), _push)
-    contender = lambda case, policy, timing: FakeRunner(clock, policy, batch)  # noqa: E731
-    monkeypatch.setitem(CONTENDERS, "fake", contender)
-    runner = PolicyRunner("fake", case, case.workload, TIMING, clock=clock)
+
+    def policy(obs: Any) -> None:
+        clock.now += 0.5
+
+    case = RolloutWorkload("fake", Workload.of("CartPole-v1", 8), policy)
+    runner = PolicyRunner(
+        "fake", case, case.workload, TIMING, clock=clock,
+        opener=lambda name, case, decide, timing: FakeRunner(clock, decide, batch),
+    )  # fmt: skip
     assert runner.window(1.0) == runner.window(1.0) == 100.0
     # The policy took a quarter of the wall time: the caller waited for the envs the rest.
     assert runner.info["policy_waited"] == [0.75, 0.75]

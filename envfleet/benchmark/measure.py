@@ -36,10 +36,6 @@ KILL_GRACE = 10.0
 """Seconds a runner stopped for its start-up has to give up once its processes are killed."""
 
 
-def _descendants() -> dict[int, psutil.Process]:
-    return {p.pid: p for p in psutil.Process().children(recursive=True)}
-
-
 def open_bounded(
     name: str,
     opener: Callable[[Workload, Timing], Runner],
@@ -55,7 +51,7 @@ def open_bounded(
     limit = timing.startup_limit
     if limit is None:
         return opener(workload, timing)
-    before = set(_descendants())
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     outcome: dict[str, Any] = {}
 
     def target() -> None:
@@ -74,8 +70,9 @@ def open_bounded(
         return runner
     give_up = time.monotonic() + KILL_GRACE
     while thread.is_alive() and time.monotonic() < give_up:
-        started = [p for pid, p in _descendants().items() if pid not in before]
-        for process in started:
+        for process in psutil.Process().children(recursive=True):
+            if process.pid in before:
+                continue
             with contextlib.suppress(psutil.Error):
                 process.kill()
         thread.join(0.2)
