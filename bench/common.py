@@ -17,22 +17,10 @@ from typing import Any
 
 from rich.console import Console
 
-from envfleet.benchmark import (
-    CallRunner,
-    Column,
-    Report,
-    Runner,
-    Timing,
-    Workload,
-    machine_info,
-    open_loop,
-    report_notes,
-    report_table,
-    sweep,
-)
+from envfleet import benchmark
 from envfleet.cli.common import OutputCapture
 
-Opener = Callable[[Workload, Timing], Runner]
+Opener = Callable[[benchmark.Workload, benchmark.Timing], benchmark.Runner]
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -77,11 +65,11 @@ def measure_table(
     console: Console,
     title: str,
     cases: Sequence[Case],
-    workload: Workload,
-    timing: Timing,
+    workload: benchmark.Workload,
+    timing: benchmark.Timing,
     reference: str | None = None,
-    columns: Sequence[Column] = (),
-) -> Report:
+    columns: Sequence[benchmark.Column] = (),
+) -> benchmark.Report:
     """Measure ``cases`` side by side on ``workload`` (:func:`envfleet.benchmark.sweep`, forking
     rows opened first), print ``title`` and the engine's table (ratios to row ``reference``,
     and ``columns``) with its notes; a failed row prints its traceback."""
@@ -94,19 +82,19 @@ def measure_table(
 
     ordered = sorted(cases, key=lambda c: not c.forks)
     with progress(console, f"{title}: {len(cases)} runners") as hooks:
-        report = sweep(
+        report = benchmark.sweep(
             workload.spec, [workload.num_envs], [c.name for c in ordered], timing,
             on_error=failed, openers={c.name: c.open for c in cases}, **hooks,
         )  # fmt: skip
     report.runners = [c.name for c in cases]  # shown in the order given
     console.print(f"[bold]{title}[/bold]")
-    console.print(report_table(report, reference or "ceiling", columns))
-    for note in report_notes(report):
+    console.print(benchmark.report_table(report, reference or "ceiling", columns))
+    for note in benchmark.report_notes(report):
         console.print(f"[yellow]{note}[/yellow]")
     return report
 
 
-def rows(report: Report) -> dict[str, Any]:
+def rows(report: benchmark.Report) -> dict[str, Any]:
     """A one-count report's JSON, less the machine (written once per script)."""
     document = report.as_dict()
     document.pop("machine")
@@ -125,12 +113,12 @@ def target(
     return {"ratio": label, "value": value, "minimum": minimum, "met": met}
 
 
-def open_ideal(workload: Workload, timing: Timing) -> Runner:
+def open_ideal(workload: benchmark.Workload, timing: benchmark.Timing) -> benchmark.Runner:
     """One env stepped alone, counted ``num_envs`` times: ``num_envs / mean step time``, what
     stepping every env at once could reach."""
-    loop = open_loop(Workload(workload.spec, 1), timing)
+    loop = benchmark.open_loop(benchmark.Workload(workload.spec, 1), timing)
     n = workload.num_envs
-    return CallRunner("ideal", lambda: n * loop.advance(), loop.close, timing)  # type: ignore[attr-defined]
+    return benchmark.CallRunner("ideal", lambda: n * loop.advance(), loop.close, timing)  # type: ignore[attr-defined]
 
 
 # -- options, machine, JSON --------------------------------------------------------------------
@@ -150,11 +138,11 @@ def script_parser(doc: str, default_json: Path) -> argparse.ArgumentParser:
     return parser
 
 
-def timing_from(args: argparse.Namespace, full: tuple[float, int] = (3.0, 3)) -> Timing:
+def timing_from(args: argparse.Namespace, full: tuple[float, int] = (3.0, 3)) -> benchmark.Timing:
     """The :class:`Timing` of :func:`script_parser`'s options (``full``: the seconds and
     repeats without ``--quick``)."""
     seconds, repeats, warmup, rewarm = (0.5, 1, 0.3, 0.1) if args.quick else (*full, 1.0, 0.2)
-    return Timing(
+    return benchmark.Timing(
         seconds=args.seconds if args.seconds is not None else seconds,
         repeats=args.repeats if args.repeats is not None else repeats,
         warmup=args.warmup if args.warmup is not None else warmup,
@@ -183,7 +171,7 @@ def add_choice(parser: argparse.ArgumentParser, flag: str, choices: Sequence[str
 
 def print_machine(console: Console, packages: Sequence[str] = ()) -> dict[str, Any]:
     """Print a one-line summary of :func:`~envfleet.benchmark.machine_info`; return it."""
-    machine = machine_info(packages)
+    machine = benchmark.machine_info(packages)
     load = machine["load_average_at_start"]
     console.print(
         f"{machine['cpu_model']}, {machine['usable_cores']} usable cores, Python "

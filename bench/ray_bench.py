@@ -67,7 +67,6 @@ def _open_ray(name: str, workload: Workload, timing: Timing, num_actors: int) ->
     at once, each stepping its block of envs."""
     import ray
 
-    start = time.perf_counter()
     blocks = np.array_split(np.arange(workload.num_envs), num_actors)
     cls: Any = ray.remote(num_cpus=0)(BatchActor)
     actors = [cls.remote(workload.spec, (timing.seed + block).tolist()) for block in blocks]
@@ -90,8 +89,7 @@ def _open_ray(name: str, workload: Workload, timing: Timing, num_actors: int) ->
         ray.get([actor.step.remote(batch[b]) for actor, b in zip(actors, blocks, strict=True)])
 
     advance = cycle(step, actions, workload.num_envs)
-    setup_s = time.perf_counter() - start
-    return CallRunner(name, advance, close, timing, setup_s=setup_s, actors=len(actors))
+    return CallRunner(name, advance, close, timing, actors=len(actors))
 
 
 def open_naive_ray(workload: Workload, timing: Timing) -> Runner:

@@ -98,7 +98,7 @@ class PolicyRunner(Runner):
     ) -> None:  # fmt: skip
         self.policy, self.clock, self.policy_s = case.policy, clock, 0.0
         self.inner = opener(name, case, self.decide, timing)
-        self.name, self.setup_s = name, self.inner.setup_s
+        self.name, self.warmup_s = name, self.inner.warmup_s
         self.batch_share = (self.inner.info.get("batch_size") or 0) / case.workload.num_envs
         self.info = {**self.inner.info, "policy_waited": [], "envs_waited": []}
 

@@ -192,13 +192,15 @@ class Runner:
 
     Attributes:
         name: runner name.
-        setup_s: seconds it took to build and reset the envs.
+        setup_s: seconds it took to build and reset the envs (left 0, :func:`measure` times
+            its opener, less ``warmup_s``).
         info: runner-specific details for the results.
     """
 
     name: str
-    setup_s: float
     info: dict[str, Any]
+    setup_s: float = 0.0
+    warmup_s: float = 0.0
     settle_s: float = 0.0
     """Idle seconds after each of its windows (workers that spin on after their last command
     would otherwise eat into the next runner's window: PufferLib's, for one)."""
@@ -301,7 +303,6 @@ def open_vector(
     and ``send`` actions to the envs in it (``infos["env_id"]``). With a ``policy`` (a batch of
     observations to a batch of actions), its actions instead of samples: training's loop.
     """
-    start = time.perf_counter()
     vec = build()
     try:
         n = vec.num_envs
@@ -323,8 +324,7 @@ def open_vector(
                 vec.send(acts if policy is None else policy(obs), infos["env_id"])
 
             advance = cycle(recv_send, actions, batch)
-        setup_s = time.perf_counter() - start
     except BaseException:
         vec.close()
         raise
-    return CallRunner(name, advance, vec.close, timing, setup_s=setup_s, settle_s=settle_s, **info)
+    return CallRunner(name, advance, vec.close, timing, settle_s=settle_s, **info)

@@ -18,7 +18,6 @@ import psutil
 from envfleet.affinity import usable_cpus
 from envfleet.benchmark.base import (
     OK,
-    CallRunner,
     OtherLoad,
     Runner,
     RunResult,
@@ -133,7 +132,7 @@ def measure(
                 opener = openers[name] if openers and name in openers else RUNNERS[name].open
                 start = time.perf_counter()
                 opened[name] = runner = open_bounded(name, opener, workload, timing)
-                if isinstance(runner, CallRunner) and not runner.setup_s:  # not timed by it
+                if not runner.setup_s:  # not timed by the runner itself
                     runner.setup_s = time.perf_counter() - start - runner.warmup_s
             except StartupTimeout as exc:
                 failed[name] = Skipped(f"{exc}, skipped")

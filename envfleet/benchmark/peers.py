@@ -8,7 +8,6 @@ import contextlib
 import functools
 import importlib.metadata
 import io
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -164,7 +163,6 @@ def open_pufferlib(
 
     n = workload.num_envs
     workers, batch = num_workers or _puffer_workers(n), batch_size or n
-    start = time.perf_counter()
     # overwork: more workers than cores is allowed, the point of a comparison.
     vec = pufferlib.vector.make(
         functools.partial(puffer_env, workload.spec), backend=pufferlib.vector.Multiprocessing,
@@ -179,9 +177,8 @@ def open_pufferlib(
             vec.send(acts)
 
         advance = cycle(recv_send, actions, batch)
-        setup_s = time.perf_counter() - start
         return CallRunner(
-            "pufferlib", advance, vec.close, timing, setup_s=setup_s, settle_s=PUFFER_SETTLE_S,
+            "pufferlib", advance, vec.close, timing, settle_s=PUFFER_SETTLE_S,
             workers=workers, batch_size=batch,
             pufferlib=version("pufferlib-core") or version("pufferlib"),
         )  # fmt: skip

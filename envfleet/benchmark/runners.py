@@ -72,16 +72,14 @@ def _for_loop(
 
 def open_loop(workload: Workload, timing: Timing) -> Runner:
     """A Python for-loop over the envs in this process, resetting finished ones."""
-    start = time.perf_counter()
     sweep, actions, envs = _for_loop(workload, workload.num_envs, timing)
-    setup_s = time.perf_counter() - start
 
     def close() -> None:
         for env in envs:
             env.close()
 
     advance = cycle(sweep, actions, workload.num_envs)
-    return CallRunner(LOOP, advance, close, timing, setup_s=setup_s)
+    return CallRunner(LOOP, advance, close, timing)
 
 
 def _parallel_worker(
@@ -253,10 +251,8 @@ def open_envfleet(
 ) -> Runner:
     """``envfleet.make(workload, **make_kwargs)`` stepped whole, or by ``batch_size`` envs
     (``recv`` + ``send``), by ``policy`` if given; ``name``: default the backend's."""
-    start = time.perf_counter()
     pool = envfleet.make(workload.spec, workload.num_envs, batch_size=batch_size, **make_kwargs)
-    made_s = time.perf_counter() - start
-    runner = open_vector(
+    return open_vector(
         name or str(make_kwargs.get("backend", "process")),
         lambda: pool,
         timing,
@@ -266,8 +262,6 @@ def open_envfleet(
         batch_size=pool.batch_size,
         **make_kwargs,
     )
-    runner.setup_s += made_s
-    return runner
 
 
 def envfleet_opener(
