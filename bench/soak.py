@@ -54,36 +54,20 @@ MAX_EXAMPLES = 10
 
 @dataclass(frozen=True)
 class SoakConfig:
-    """What a soak runs.
+    """What a soak runs (each field is an option: ``--p-fail``, ``--kinds raise,exit``, ...)."""
 
-    Attributes:
-        steps: env-steps per pool.
-        p_fail: probability that an env step fails (in the faulty pool).
-        num_envs: envs per pool.
-        workers: worker processes per pool (at least 2: a dying worker must not be the only one).
-        step_timeout: seconds before a hung worker is killed (each hang costs this much).
-        hang_s: how long a hang sleeps.
-        kinds: failure kinds to inject, from :data:`bench.envs.KINDS`.
-        episode_steps: episode length (truncated).
-        work_us: busy work per env step, microseconds.
-        chunks: alternations between the pools.
-        seed: the pools' seed.
-        stall_s: a ``pool.step`` taking longer ends the run as stalled (default
-            ``max(60, 40 * step_timeout)``).
-    """
-
-    steps: int = 1_000_000
-    p_fail: float = 1e-4
-    num_envs: int = 64
-    workers: int = 2
-    step_timeout: float = 0.25
-    hang_s: float = 60.0
-    kinds: tuple[str, ...] = KINDS
-    episode_steps: int = 1000
-    work_us: float = 0.0
-    chunks: int = 10
-    seed: int = 0
-    stall_s: float | None = None
+    steps: int = 1_000_000  # env-steps per pool
+    p_fail: float = 1e-4  # probability that an env step fails (in the faulty pool)
+    num_envs: int = 64  # envs per pool
+    workers: int = 2  # worker processes per pool: at least 2, a dying one must not be the only
+    step_timeout: float = 0.25  # seconds before a hung worker is killed (each hang costs this)
+    hang_s: float = 60.0  # how long a hang sleeps
+    kinds: tuple[str, ...] = KINDS  # failure kinds to inject, from bench.envs.KINDS
+    episode_steps: int = 1000  # episode length (truncated)
+    work_us: float = 0.0  # busy work per env step, microseconds
+    chunks: int = 10  # alternations between the pools
+    seed: int = 0  # the pools' seed
+    stall_s: float | None = None  # a longer pool.step stalls the run (max(60, 40 x timeout))
 
     def __post_init__(self) -> None:
         if self.workers < 2:
