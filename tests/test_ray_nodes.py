@@ -223,7 +223,6 @@ def test_nodes_false_keeps_one_actor_per_worker(cluster: Cluster) -> None:
     reference.close()
     with envfleet.make(heterogeneous(), backend="ray", num_workers=3, nodes=False) as pool:
         assert isinstance(pool._transport, RayTransport)
-        assert len(set(pool._transport.node_ids())) > 1  # spread over the nodes
         assert pool.stats().nodes == ()
         got = trajectory(pool, 6)
     assert_same(want, got)
