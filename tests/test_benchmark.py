@@ -3,14 +3,13 @@ a script's cases, the sweep's progress and the plot's notes."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bench.common import Case, measure_cases, script_parser, timing_from
+from bench.common import script_parser, timing_from
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
 from envfleet.spec import EnvSpec
@@ -66,21 +65,20 @@ def _refuses(workload: benchmark.Workload, timing: benchmark.Timing) -> benchmar
     raise ValueError("not here")
 
 
-def test_cases_run_through_measure_in_their_order_with_their_failures() -> None:
-    cases = [
-        Case("calls", _call_runner),
-        Case("refuses", _refuses),
-        Case("loop", benchmark.open_loop, forks=True),
-        Case("calls again", functools.partial(_call_runner)),
-    ]
-    results = measure_cases(cases, benchmark.Workload.of(FaultyEnv, 2), TIMING)
-    assert list(results) == ["calls", "refuses", "loop", "calls again"]
+def test_a_scripts_runners_go_through_measure_beside_registered_ones() -> None:
+    openers = {"calls": _call_runner, "refuses": _refuses}
+    workload = benchmark.Workload.of(FaultyEnv, 2)
+    results = benchmark.measure(["calls", "refuses", "loop"], workload, TIMING, openers=openers)
+    assert list(results) == ["calls", "refuses", "loop"]
     assert results["refuses"] == "ValueError: not here"
     calls = results["calls"]
     assert isinstance(calls, benchmark.RunResult)
     assert calls.info == {"answer": 42} and len(calls.throughputs) == TIMING.repeats
-    assert calls.setup_s >= 0
-    assert all(isinstance(results[name], benchmark.RunResult) for name in ("loop", "calls again"))
+    assert calls.setup_s >= 0  # a runner that does not time its start-up: the engine does
+    assert isinstance(results["loop"], benchmark.RunResult)
+    report = benchmark.sweep(FaultyEnv, [2], ["calls", "loop"], TIMING, openers=openers)
+    assert report.status("calls") == benchmark.OK
+    assert "description" not in report.as_dict()["runners"]["calls"]
 
 
 def test_ale_vector_steps_the_frames_of_the_gymnasium_ale_env() -> None:

@@ -192,13 +192,15 @@ class Runner:
 
     Attributes:
         name: runner name.
-        setup_s: seconds it took to build and reset the envs.
+        setup_s: seconds it took to build and reset the envs (left 0, :func:`measure` times
+            its opener, less ``warmup_s``).
         info: runner-specific details for the results.
     """
 
     name: str
-    setup_s: float
     info: dict[str, Any]
+    setup_s: float = 0.0
+    warmup_s: float = 0.0
     settle_s: float = 0.0
     """Idle seconds after each of its windows (workers that spin on after their last command
     would otherwise eat into the next runner's window: PufferLib's, for one)."""
@@ -287,36 +289,42 @@ def open_vector(
     timing: Timing,
     *,
     batch: int | None = None,
-    reset: Callable[[Any], object] | None = None,
+    reset: Callable[[Any], Any] | None = None,
+    policy: Callable[[Any], Any] | None = None,
     settle_s: float = 0.0,
     **info: Any,
 ) -> Runner:
     """A runner over the vector env ``build()`` makes, closed on any failure.
 
     Synchronous (``batch`` ``None`` or every env): reset (``vec.reset(seed=...)``, or
-    ``reset(vec)``), then ``vec.step`` with stacked samples of its ``single_action_space`` (or
-    its ``action_space`` when it has none: SB3, EnvPool). By batch (EnvPool's API, which
-    envfleet's pool shares): ``async_reset``, then ``recv`` a batch and ``send`` actions to the
-    envs in it (``infos["env_id"]``).
+    ``reset(vec)``, which returns the observations), then ``vec.step`` with stacked samples of
+    its ``single_action_space`` (or its ``action_space`` when it has none: SB3, EnvPool). By
+    batch (EnvPool's API, which envfleet's pool shares): ``async_reset``, then ``recv`` a batch
+    and ``send`` actions to the envs in it (``infos["env_id"]``). With a ``policy`` (a batch of
+    observations to a batch of actions), its actions instead of samples: training's loop.
     """
-    start = time.perf_counter()
     vec = build()
     try:
         n = vec.num_envs
         space = getattr(vec, "single_action_space", None) or vec.action_space
         actions = sample_actions(space, batch or n, timing)
         if batch is None or batch == n:
-            (reset or (lambda v: v.reset(seed=timing.seed)))(vec)
-            advance = cycle(vec.step, actions, n)
+            first = (reset or (lambda v: v.reset(seed=timing.seed)))(vec)
+            obs = [first[0] if isinstance(first, tuple) else first]
+
+            def step(acts: Any) -> None:
+                obs[0] = vec.step(acts if policy is None else policy(obs[0]))[0]
+
+            advance = cycle(step, actions, n)
         else:
             (reset or (lambda v: v.async_reset(seed=timing.seed)))(vec)
 
             def recv_send(acts: Any) -> None:
-                vec.send(acts, vec.recv()[4]["env_id"])
+                obs, *_, infos = vec.recv()
+                vec.send(acts if policy is None else policy(obs), infos["env_id"])
 
             advance = cycle(recv_send, actions, batch)
-        setup_s = time.perf_counter() - start
     except BaseException:
         vec.close()
         raise
-    return CallRunner(name, advance, vec.close, timing, setup_s=setup_s, settle_s=settle_s, **info)
+    return CallRunner(name, advance, vec.close, timing, settle_s=settle_s, **info)

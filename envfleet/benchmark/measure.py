@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import importlib.metadata
 import os
 import platform
 import threading
@@ -18,6 +17,7 @@ import psutil
 
 from envfleet.affinity import usable_cpus
 from envfleet.benchmark.base import (
+    OK,
     OtherLoad,
     Runner,
     RunResult,
@@ -26,16 +26,13 @@ from envfleet.benchmark.base import (
     Timing,
     Workload,
 )
-from envfleet.benchmark.registry import RUNNERS, availability
+from envfleet.benchmark.peers import version
+from envfleet.benchmark.registry import RUNNERS, Availability, availability
 from envfleet.benchmark.report import Report
 from envfleet.spec import EnvSpec
 
 KILL_GRACE = 10.0
 """Seconds a runner stopped for its start-up has to give up once its processes are killed."""
-
-
-def _descendants() -> dict[int, psutil.Process]:
-    return {p.pid: p for p in psutil.Process().children(recursive=True)}
 
 
 def open_bounded(
@@ -53,7 +50,7 @@ def open_bounded(
     limit = timing.startup_limit
     if limit is None:
         return opener(workload, timing)
-    before = set(_descendants())
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     outcome: dict[str, Any] = {}
 
     def target() -> None:
@@ -72,8 +69,9 @@ def open_bounded(
         return runner
     give_up = time.monotonic() + KILL_GRACE
     while thread.is_alive() and time.monotonic() < give_up:
-        started = [p for pid, p in _descendants().items() if pid not in before]
-        for process in started:
+        for process in psutil.Process().children(recursive=True):
+            if process.pid in before:
+                continue
             with contextlib.suppress(psutil.Error):
                 process.kill()
         thread.join(0.2)
@@ -104,7 +102,8 @@ def measure(
         progress: called with a short description of what starts next (each opening and
             each window).
         openers: runners of a script's own (a layout, a variant), by name, besides
-            :data:`RUNNERS`; a name here wins.
+            :data:`RUNNERS`; a name here wins. A :class:`CallRunner` that does not time its
+            own start-up is given the time its opener took, less the warm-up.
         on_stage: called as each runner starts opening (one line per stage, for logs).
 
     Returns:
@@ -131,7 +130,10 @@ def measure(
                 on_stage(text)
             try:
                 opener = openers[name] if openers and name in openers else RUNNERS[name].open
-                opened[name] = open_bounded(name, opener, workload, timing)
+                start = time.perf_counter()
+                opened[name] = runner = open_bounded(name, opener, workload, timing)
+                if not runner.setup_s:  # not timed by the runner itself
+                    runner.setup_s = time.perf_counter() - start - runner.warmup_s
             except StartupTimeout as exc:
                 failed[name] = Skipped(f"{exc}, skipped")
             except Exception as exc:
@@ -171,13 +173,6 @@ def measure(
     return results
 
 
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -214,7 +209,7 @@ def machine_info(packages: Sequence[str] = ()) -> dict[str, Any]:
         "cpu_model": _cpu_model(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "versions": {p: _version(p) for p in dict.fromkeys((*PACKAGES, *packages))},
+        "versions": {p: version(p) for p in dict.fromkeys((*PACKAGES, *packages))},
         "load_average_at_start": load,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -280,6 +275,7 @@ def sweep(
     on_error: Callable[[str, int, BaseException], object] | None = None,
     progress: Callable[[str], object] | None = None,
     on_stage: Callable[[str], object] | None = None,
+    openers: Mapping[str, Callable[[Workload, Timing], Runner]] | None = None,
 ) -> Report:
     """Measure the available runners of ``names`` at each env count of ``num_envs``.
 
@@ -293,12 +289,13 @@ def sweep(
     Args:
         env: an id, env class, factory or :class:`EnvSpec`, as :func:`envfleet.make` takes.
         num_envs: env counts, measured in this order.
-        names: keys of :data:`RUNNERS`.
+        names: keys of :data:`RUNNERS` or of ``openers``.
         timing: window length, warm-up and repeats.
         on_error: called with the runner name, env count and exception when a runner fails.
         progress: called with a short description of what starts next, led by the share of
             the sweep done and the time left at the pace so far (``[40%, ETA 0:12]``).
         on_stage: the same, once per runner and env count (one line per stage, for logs).
+        openers: a script's own runners, as :func:`measure` takes them (always available).
     """
     spec = env if isinstance(env, EnvSpec) else EnvSpec.from_user(env)
     report = Report(
@@ -306,7 +303,10 @@ def sweep(
         num_envs=list(num_envs),
         runners=list(names),
         timing=timing,
-        availability={name: availability(name, spec) for name in names},
+        availability={
+            name: Availability(OK) if openers and name in openers else availability(name, spec)
+            for name in names
+        },
         machine=machine_info(),
     )
     start = time.perf_counter()
@@ -341,6 +341,7 @@ def sweep(
                 timing,
                 on_error=failed,
                 progress=counted,
+                openers=openers,
                 on_stage=staged,
             )
             results.update(expected)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,10 +96,9 @@ class Report:
         """Plain types, for JSON."""
         runners: dict[str, Any] = {}
         for name in self.runners:
-            entry: dict[str, Any] = {
-                "status": self.status(name),
-                "description": RUNNERS[name].description,
-            }
+            entry: dict[str, Any] = {"status": self.status(name)}
+            if name in RUNNERS:
+                entry["description"] = RUNNERS[name].description
             if not self.availability[name].ok:
                 entry["reason"] = self.availability[name].reason
                 runners[name] = entry
@@ -150,33 +150,47 @@ def _fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def report_table(report: Report) -> Table:
-    """One row per measured runner; per env count, steps/s and the ratio to the ceiling."""
-    timing = report.timing
-    title = f"{report.env}: env-steps/s, median of {timing.repeats} x {timing.seconds:g} s"
-    if report.interrupted:
-        title += " (interrupted)"
+Column = tuple[str, Callable[["Report", str, int], str]]
+"""A column of a script's own: its header, and its cell for a runner's result at an env count
+(``cell(report, name, num_envs)``, called where that result was measured)."""
+
+
+def _table(
+    report: Report, title: str, headers: Sequence[str], cells: Callable[[str, int, Any], list[str]]
+) -> Table:
+    """One row per measured runner; per env count, ``n envs`` and ``headers`` columns, whose
+    cells are ``cells(name, n, result)``."""
     table = Table(title=title, title_justify="left", min_width=len(title) + 2)
     table.add_column("runner", no_wrap=True)
-    with_ceiling = CEILING in report.measured
     for n in report.num_envs:
-        table.add_column(f"{n} envs", justify="right")
-        if with_ceiling:
-            table.add_column("/ceiling", justify="right")
+        for header in (f"{n} envs", *headers):
+            table.add_column(header, justify="right")
     for name in report.measured:
-        cells = [name]
+        row = [name]
         for n in report.num_envs:
-            result = report.results.get(name, {}).get(n)
-            if isinstance(result, str):
-                cells.append("[red]failed[/red]")
-            elif isinstance(result, Skipped):
-                cells.append("skipped")
-            else:
-                cells.append(_fmt_rate(report.rate(name, n)))
-            if with_ceiling:
-                cells.append(_fmt_ratio(report.ratio(name, n)))
-        table.add_row(*cells)
+            row += cells(name, n, report.results.get(name, {}).get(n))
+        table.add_row(*row)
     return table
+
+
+def report_table(report: Report, reference: str = CEILING, columns: Sequence[Column] = ()) -> Table:
+    """One row per measured runner; per env count, steps/s, the ratio to ``reference`` (when
+    it was measured) and ``columns``."""
+    timing = report.timing
+    title = f"{report.env}: env-steps/s, median of {timing.repeats} x {timing.seconds:g} s"
+    title += " (interrupted)" if report.interrupted else ""
+    ratio = [f"/{reference}"] if reference in report.measured else []
+
+    def cells(name: str, n: int, result: Any) -> list[str]:
+        if isinstance(result, str | Skipped):
+            row = ["[red]failed[/red]" if isinstance(result, str) else "skipped"]
+        else:
+            row = [_fmt_rate(report.rate(name, n))]
+        row += [_fmt_ratio(report.ratio(name, n, reference))] if ratio else []
+        measured = isinstance(result, RunResult)
+        return row + [cell(report, name, n) if measured else "-" for _, cell in columns]
+
+    return _table(report, title, ratio + [header for header, _ in columns], cells)
 
 
 def startup_table(report: Report) -> Table:
@@ -184,24 +198,14 @@ def startup_table(report: Report) -> Table:
     reset its envs), ``>N`` where it was stopped at the limit of ``N`` seconds."""
     limit = report.timing.startup_limit
     title = "start-up, seconds to build and reset the envs"
-    if limit is not None:
-        title += f" (limit {limit:g} s)"
-    table = Table(title=title, title_justify="left", min_width=len(title) + 2)
-    table.add_column("runner", no_wrap=True)
-    for n in report.num_envs:
-        table.add_column(f"{n} envs", justify="right")
-    for name in report.measured:
-        cells = [name]
-        for n in report.num_envs:
-            result = report.results.get(name, {}).get(n)
-            if isinstance(result, RunResult):
-                cells.append(f"{result.setup_s:.2f}")
-            elif isinstance(result, Skipped) and limit is not None:
-                cells.append(f">{limit:g}")
-            else:
-                cells.append("-")
-        table.add_row(*cells)
-    return table
+    title += f" (limit {limit:g} s)" if limit is not None else ""
+
+    def cells(name: str, n: int, result: Any) -> list[str]:
+        if isinstance(result, RunResult):
+            return [f"{result.setup_s:.2f}"]
+        return [f">{limit:g}" if isinstance(result, Skipped) and limit is not None else "-"]
+
+    return _table(report, title, [], cells)
 
 
 def report_notes(report: Report) -> list[str]:

@@ -72,16 +72,14 @@ def _for_loop(
 
 def open_loop(workload: Workload, timing: Timing) -> Runner:
     """A Python for-loop over the envs in this process, resetting finished ones."""
-    start = time.perf_counter()
     sweep, actions, envs = _for_loop(workload, workload.num_envs, timing)
-    setup_s = time.perf_counter() - start
 
     def close() -> None:
         for env in envs:
             env.close()
 
     advance = cycle(sweep, actions, workload.num_envs)
-    return CallRunner(LOOP, advance, close, timing, setup_s=setup_s)
+    return CallRunner(LOOP, advance, close, timing)
 
 
 def _parallel_worker(
@@ -216,25 +214,30 @@ def _ceiling_step(
 
 
 class CeilingRunner(ParallelRunner):
-    """The envs split over one process per usable core, never communicating; throughputs summed.
+    """The envs split over ``workers`` processes (default: one per usable core), or threads,
+    never communicating; throughputs summed.
 
-    Each process runs the for-loop on its share; the parent only starts each window (a barrier)
-    and adds up what the processes measured inside it.
+    Each worker runs the for-loop on its share; the parent only starts each window (a barrier)
+    and adds up what the workers measured inside it.
     """
 
-    def __init__(self, workload: Workload, timing: Timing) -> None:
-        num_procs = min(len(usable_cpus()), workload.num_envs)
-        counts = [len(ids) for ids in np.array_split(np.arange(workload.num_envs), num_procs)]
+    def __init__(
+        self,
+        workload: Workload,
+        timing: Timing,
+        workers: int | None = None,
+        *,
+        threads: bool = False,
+        name: str = CEILING,
+    ) -> None:
+        count = min(workers or len(usable_cpus()), workload.num_envs)
+        counts = [len(ids) for ids in np.array_split(np.arange(workload.num_envs), count)]
         firsts = np.cumsum([0, *counts[:-1]]).tolist()
         make_step = functools.partial(_ceiling_step, workload, counts, firsts, timing)
-        super().__init__(
-            CEILING, make_step, num_procs, timing, processes=num_procs, envs_per_process=counts
-        )
-
-
-def open_ceiling(workload: Workload, timing: Timing) -> Runner:
-    """See :class:`CeilingRunner`."""
-    return CeilingRunner(workload, timing)
+        info: dict[str, Any] = {"processes": count, "envs_per_process": counts}
+        if threads:
+            info = {"thread_count": count, "envs_per_thread": counts}
+        super().__init__(name, make_step, count, timing, threads=threads, **info)
 
 
 def open_envfleet(
@@ -243,24 +246,22 @@ def open_envfleet(
     *,
     name: str | None = None,
     batch_size: int | None = None,
+    policy: Callable[[Any], Any] | None = None,
     **make_kwargs: Any,
 ) -> Runner:
     """``envfleet.make(workload, **make_kwargs)`` stepped whole, or by ``batch_size`` envs
-    (``recv`` + ``send``); ``name``: default the backend's."""
-    start = time.perf_counter()
+    (``recv`` + ``send``), by ``policy`` if given; ``name``: default the backend's."""
     pool = envfleet.make(workload.spec, workload.num_envs, batch_size=batch_size, **make_kwargs)
-    made_s = time.perf_counter() - start
-    runner = open_vector(
+    return open_vector(
         name or str(make_kwargs.get("backend", "process")),
         lambda: pool,
         timing,
         batch=batch_size,
+        policy=policy,
         workers=pool.num_workers,
         batch_size=pool.batch_size,
         **make_kwargs,
     )
-    runner.setup_s += made_s
-    return runner
 
 
 def envfleet_opener(
@@ -277,12 +278,15 @@ def open_gym_sync(workload: Workload, timing: Timing) -> Runner:
     return open_vector("gym-sync", lambda: SyncVectorEnv(fns), timing)
 
 
-def open_gym_async(workload: Workload, timing: Timing) -> Runner:
+def open_gym_async(
+    workload: Workload, timing: Timing, policy: Callable[[Any], Any] | None = None
+) -> Runner:
     """Gymnasium's ``AsyncVectorEnv(shared_memory=True)``: one process per env."""
     fns = [workload.factory()] * workload.num_envs
     return open_vector(
         "gym-async",
         lambda: AsyncVectorEnv(fns, shared_memory=True),
         timing,
+        policy=policy,
         processes=workload.num_envs,
     )
