@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import multiprocessing
-import multiprocessing.queues
 import queue
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -82,73 +79,50 @@ def open_loop(workload: Workload, timing: Timing) -> Runner:
     return CallRunner(LOOP, advance, close, timing)
 
 
-def _parallel_worker(
-    make_step: Callable[[int], Callable[[], int]],
-    index: int,
-    rewarm: float,
-    go: Any,
-    seconds: Any,
-    results: Any,
-) -> None:
-    """Build worker ``index``'s step; at each ``go``, time a window of ``seconds.value`` (<= 0:
-    stop)."""
+def _ceiling_worker(
+    workload: Workload, counts: list[int], firsts: list[int], timing: Timing, index: int,
+    go: Any, seconds: Any, results: Any,
+) -> None:  # fmt: skip
+    """Build process ``index``'s share of the envs (``counts[index]`` of them); at each ``go``,
+    time a window of ``seconds.value`` of for-loop sweeps over them (<= 0: stop)."""
     try:
-        step = make_step(index)
+        sweep, actions, _ = _for_loop(workload, counts[index], timing, firsts[index])
+        step = cycle(sweep, actions, counts[index])
         results.put((index, "ready", None))
         while True:
             go.wait(CEILING_TIMEOUT)
             window = seconds.value
             if window <= 0:
                 break
-            time_calls(step, rewarm)
+            time_calls(step, timing.rewarm)
             results.put((index, time_calls(step, window), None))
     except BaseException as exc:
         results.put((index, None, f"{type(exc).__name__}: {exc}"))
         go.abort()
 
 
-class _Seconds:
-    value = 0.0
+class CeilingRunner(Runner):
+    """The envs split over one process per usable core, never communicating; throughputs summed.
 
-
-class ParallelRunner(Runner):
-    """``count`` processes (or threads) that each step on their own, never communicating.
-
-    Worker ``i`` calls ``make_step(i)`` once (it builds what it steps; it must pickle for
-    processes) and then, in each window, calls the step it returned as often as it can; each
-    call returns the env-steps it made. The parent only starts each window (a barrier) and adds
-    up what the workers measured inside it.
+    Each process runs the for-loop on its share; the parent only starts each window (a barrier)
+    and adds up what the processes measured inside it.
     """
 
-    def __init__(
-        self,
-        name: str,
-        make_step: Callable[[int], Callable[[], int]],
-        count: int,
-        timing: Timing,
-        *,
-        threads: bool = False,
-        **info: Any,
-    ) -> None:
-        self.name, self.info = name, info
+    def __init__(self, workload: Workload, timing: Timing) -> None:
+        count = min(len(usable_cpus()), workload.num_envs)
+        counts = [len(ids) for ids in np.array_split(np.arange(workload.num_envs), count)]
+        firsts = np.cumsum([0, *counts[:-1]]).tolist()
+        self.name, self.info = CEILING, {"processes": count, "envs_per_process": counts}
         ctx = multiprocessing.get_context()
-        if threads:
-            self._go: Any = threading.Barrier(count + 1)
-            self._seconds: Any = _Seconds()
-            self._results: Any = queue.SimpleQueue()
-            start_worker: Any = functools.partial(threading.Thread, daemon=True)
-        else:
-            self._go, self._seconds, self._results = (
-                ctx.Barrier(count + 1),
-                ctx.Value("d", 0.0),
-                ctx.Queue(),
-            )
-            start_worker = functools.partial(ctx.Process, daemon=True)  # type: ignore[attr-defined]
-        args = (self._go, self._seconds, self._results)
+        self._go, self._seconds, self._results = ctx.Barrier(count + 1), ctx.Value("d"), ctx.Queue()
+        args = (workload, counts, firsts, timing)
         self._workers = [
-            start_worker(target=_parallel_worker, args=(make_step, i, timing.rewarm, *args))
+            ctx.Process(  # type: ignore[attr-defined]
+                target=_ceiling_worker, args=(*args, i, self._go, self._seconds, self._results),
+                daemon=True,
+            )
             for i in range(count)
-        ]
+        ]  # fmt: skip
         start = time.perf_counter()
         for worker in self._workers:
             worker.start()
@@ -190,54 +164,11 @@ class ParallelRunner(Runner):
             pass  # broken by a failed worker: processes are terminated below
         for worker in self._workers:
             worker.join(timeout=10.0)
-            if isinstance(worker, multiprocessing.process.BaseProcess) and worker.is_alive():
+            if worker.is_alive():
                 worker.terminate()
                 worker.join()
-        if isinstance(self._results, multiprocessing.queues.Queue):
-            self._results.close()
-            self._results.join_thread()
-
-
-def _ceiling_step(
-    workload: Workload, counts: list[int], firsts: list[int], timing: Timing, index: int
-) -> Callable[[], int]:
-    """A ceiling process's step: a sweep over its share of the envs (``counts[index]`` of them)."""
-    sweep, actions, _ = _for_loop(workload, counts[index], timing, firsts[index])
-    following = itertools.cycle(actions).__next__
-    count = counts[index]
-
-    def step() -> int:
-        sweep(following())
-        return count
-
-    return step
-
-
-class CeilingRunner(ParallelRunner):
-    """The envs split over ``workers`` processes (default: one per usable core), or threads,
-    never communicating; throughputs summed.
-
-    Each worker runs the for-loop on its share; the parent only starts each window (a barrier)
-    and adds up what the workers measured inside it.
-    """
-
-    def __init__(
-        self,
-        workload: Workload,
-        timing: Timing,
-        workers: int | None = None,
-        *,
-        threads: bool = False,
-        name: str = CEILING,
-    ) -> None:
-        count = min(workers or len(usable_cpus()), workload.num_envs)
-        counts = [len(ids) for ids in np.array_split(np.arange(workload.num_envs), count)]
-        firsts = np.cumsum([0, *counts[:-1]]).tolist()
-        make_step = functools.partial(_ceiling_step, workload, counts, firsts, timing)
-        info: dict[str, Any] = {"processes": count, "envs_per_process": counts}
-        if threads:
-            info = {"thread_count": count, "envs_per_thread": counts}
-        super().__init__(name, make_step, count, timing, threads=threads, **info)
+        self._results.close()
+        self._results.join_thread()
 
 
 def open_envfleet(
