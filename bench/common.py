@@ -20,7 +20,6 @@ from rich.console import Console
 from envfleet import benchmark
 from envfleet.cli.common import OutputCapture
 
-Opener = Callable[[benchmark.Workload, benchmark.Timing], benchmark.Runner]
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -31,7 +30,7 @@ class Case:
     process (forking a process full of threads is asking for trouble)."""
 
     name: str
-    open: Opener
+    open: Callable[[benchmark.Workload, benchmark.Timing], benchmark.Runner]
     forks: bool = False
 
 

@@ -81,9 +81,6 @@ TARGETS: dict[str, Target] = {
 KINDS = ("raise", "exit", "hang")
 """Failure kinds: raise an exception, ``os._exit`` the worker, sleep far past the timeout."""
 
-EXIT_CODE = 13
-"""Exit code of a worker that an injected ``exit`` ended."""
-
 # Observation columns.
 ENV_INDEX = 0  # the env's index in the pool, from its last action (-1 before the first step)
 POOL_STEP = 1  # the pool step id of the action that produced this result (-1 after a reset)
@@ -166,7 +163,7 @@ class SoakEnv(gymnasium.Env[np.ndarray, np.ndarray]):
                 f"injected failure: env {int(obs[ENV_INDEX])} at pool step {int(obs[POOL_STEP])}"
             )
         if kind == "exit":
-            os._exit(EXIT_CODE)
+            os._exit(13)  # the exit code of a worker an injected ``exit`` ended
         time.sleep(self.hang_s)
 
 

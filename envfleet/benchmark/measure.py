@@ -16,16 +16,7 @@ from typing import Any
 import psutil
 
 from envfleet.affinity import usable_cpus
-from envfleet.benchmark.base import (
-    OK,
-    OtherLoad,
-    Runner,
-    RunResult,
-    Skipped,
-    StartupTimeout,
-    Timing,
-    Workload,
-)
+from envfleet.benchmark import base
 from envfleet.benchmark.peers import version
 from envfleet.benchmark.registry import RUNNERS, Availability, availability
 from envfleet.benchmark.report import Report
@@ -37,10 +28,10 @@ KILL_GRACE = 10.0
 
 def open_bounded(
     name: str,
-    opener: Callable[[Workload, Timing], Runner],
-    workload: Workload,
-    timing: Timing,
-) -> Runner:
+    opener: Callable[[base.Workload, base.Timing], base.Runner],
+    workload: base.Workload,
+    timing: base.Timing,
+) -> base.Runner:
     """``opener(workload, timing)``, stopped after :attr:`Timing.startup_limit` seconds.
 
     The runner opens in a thread. When the limit passes first, the processes started since
@@ -65,7 +56,7 @@ def open_bounded(
     if not thread.is_alive():
         if "error" in outcome:
             raise outcome["error"]
-        runner: Runner = outcome["runner"]
+        runner: base.Runner = outcome["runner"]
         return runner
     give_up = time.monotonic() + KILL_GRACE
     while thread.is_alive() and time.monotonic() < give_up:
@@ -78,19 +69,19 @@ def open_bounded(
     if "runner" in outcome:
         with contextlib.suppress(Exception):
             outcome["runner"].close()
-    raise StartupTimeout(f"start-up over {limit:g} s")
+    raise base.StartupTimeout(f"start-up over {limit:g} s")
 
 
 def measure(
     names: Sequence[str],
-    workload: Workload,
-    timing: Timing,
+    workload: base.Workload,
+    timing: base.Timing,
     *,
     on_error: Callable[[str, BaseException], object] | None = None,
     progress: Callable[[str], object] | None = None,
-    openers: Mapping[str, Callable[[Workload, Timing], Runner]] | None = None,
+    openers: Mapping[str, Callable[[base.Workload, base.Timing], base.Runner]] | None = None,
     on_stage: Callable[[str], object] | None = None,
-) -> dict[str, RunResult | str | Skipped]:
+) -> dict[str, base.RunResult | str | base.Skipped]:
     """Open the runners ``names`` on ``workload`` and time their windows, interleaved.
 
     Args:
@@ -110,8 +101,8 @@ def measure(
         For each name, its :class:`RunResult`; if it failed, ``"Type: message"``; if it took
         longer than :attr:`Timing.startup_limit` to open, :class:`Skipped`.
     """
-    opened: dict[str, Runner] = {}
-    failed: dict[str, str | Skipped] = {}
+    opened: dict[str, base.Runner] = {}
+    failed: dict[str, str | base.Skipped] = {}
     windows: dict[str, list[float]] = {name: [] for name in names}
     loads: dict[str, list[float]] = {name: [] for name in names}
     where = f"{workload.label} x {workload.num_envs}"
@@ -134,8 +125,8 @@ def measure(
                 opened[name] = runner = open_bounded(name, opener, workload, timing)
                 if not runner.setup_s:  # not timed by the runner itself
                     runner.setup_s = time.perf_counter() - start - runner.warmup_s
-            except StartupTimeout as exc:
-                failed[name] = Skipped(f"{exc}, skipped")
+            except base.StartupTimeout as exc:
+                failed[name] = base.Skipped(f"{exc}, skipped")
             except Exception as exc:
                 fail(name, exc)
         order = list(opened)
@@ -152,7 +143,7 @@ def measure(
                         f"window {repeat + 1}/{timing.repeats}"
                     )
                 try:
-                    with OtherLoad() as load:
+                    with base.OtherLoad() as load:
                         windows[name].append(runner.window(timing.seconds))
                     loads[name].append(load.cores)
                     time.sleep(runner.settle_s)
@@ -163,13 +154,15 @@ def measure(
         for runner in opened.values():
             with contextlib.suppress(Exception):
                 runner.close()
-    results: dict[str, RunResult | str | Skipped] = {}
+    results: dict[str, base.RunResult | str | base.Skipped] = {}
     for name in names:
         if name in failed:
             results[name] = failed[name]
         else:
             runner = opened[name]
-            results[name] = RunResult(name, windows[name], runner.setup_s, runner.info, loads[name])
+            results[name] = base.RunResult(
+                name, windows[name], runner.setup_s, runner.info, loads[name]
+            )
     return results
 
 
@@ -184,16 +177,8 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-PACKAGES = (
-    "envfleet",
-    "gymnasium",
-    "numpy",
-    "cloudpickle",
-    "ale-py",
-    "stable-baselines3",
-    "envpool",
-    "pufferlib",
-)
+PACKAGES = ("envfleet", "gymnasium", "numpy", "cloudpickle", "ale-py", "stable-baselines3",
+            "envpool", "pufferlib")  # fmt: skip
 
 
 def machine_info(packages: Sequence[str] = ()) -> dict[str, Any]:
@@ -270,12 +255,12 @@ def sweep(
     env: Any,
     num_envs: Sequence[int],
     names: Sequence[str],
-    timing: Timing,
+    timing: base.Timing,
     *,
     on_error: Callable[[str, int, BaseException], object] | None = None,
     progress: Callable[[str], object] | None = None,
     on_stage: Callable[[str], object] | None = None,
-    openers: Mapping[str, Callable[[Workload, Timing], Runner]] | None = None,
+    openers: Mapping[str, Callable[[base.Workload, base.Timing], base.Runner]] | None = None,
 ) -> Report:
     """Measure the available runners of ``names`` at each env count of ``num_envs``.
 
@@ -304,14 +289,14 @@ def sweep(
         runners=list(names),
         timing=timing,
         availability={
-            name: Availability(OK) if openers and name in openers else availability(name, spec)
+            name: Availability(base.OK) if openers and name in openers else availability(name, spec)
             for name in names
         },
         machine=machine_info(),
     )
     start = time.perf_counter()
     eta = _Eta(len(num_envs) * len(report.measured) * (1 + timing.repeats))
-    too_slow: dict[str, Skipped] = {}  # start-up grows with num_envs: not tried again
+    too_slow: dict[str, base.Skipped] = {}  # start-up grows with num_envs: not tried again
     started: dict[str, tuple[int, float]] = {}  # the latest env count and start-up measured
     try:
         for count, n in enumerate(num_envs):
@@ -321,7 +306,7 @@ def sweep(
                     on_error(name, n, exc)
 
             expected = {
-                name: Skipped(
+                name: base.Skipped(
                     f"start-up over {timing.startup_limit:g} s expected "
                     f"({setup_s:.1f} s at {m} envs), skipped"
                 )
@@ -337,7 +322,7 @@ def sweep(
             counted, staged = eta.hooks(progress, on_stage, at)
             results = measure(
                 names_now,
-                Workload(spec, n),
+                base.Workload(spec, n),
                 timing,
                 on_error=failed,
                 progress=counted,
@@ -347,11 +332,11 @@ def sweep(
             results.update(expected)
             for name in report.measured:
                 result = results[name] if name in results else too_slow[name]
-                if isinstance(result, RunResult):
+                if isinstance(result, base.RunResult):
                     started[name] = (n, result.setup_s)
                 report.results.setdefault(name, {})[n] = result
-                if isinstance(result, Skipped) and name not in too_slow:
-                    too_slow[name] = Skipped(result.reason.replace(", ", f" at {n} envs, ", 1))
+                if isinstance(result, base.Skipped) and name not in too_slow:
+                    too_slow[name] = base.Skipped(result.reason.replace(", ", f" at {n} envs, ", 1))
     except KeyboardInterrupt:
         report.interrupted = True
     report.seconds = time.perf_counter() - start

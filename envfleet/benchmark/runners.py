@@ -18,17 +18,7 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
 import envfleet
 from envfleet.affinity import usable_cpus
-from envfleet.benchmark.base import (
-    CEILING,
-    LOOP,
-    CallRunner,
-    Runner,
-    Timing,
-    Workload,
-    cycle,
-    open_vector,
-    time_calls,
-)
+from envfleet.benchmark import base
 
 CEILING_TIMEOUT = 600.0
 """Seconds the ceiling's processes and their parent wait for each other before giving up."""
@@ -39,7 +29,7 @@ def _to_python(space: spaces.Space[Any], action: Any) -> Any:
 
 
 def _for_loop(
-    workload: Workload, count: int, timing: Timing, first_index: int = 0
+    workload: base.Workload, count: int, timing: base.Timing, first_index: int = 0
 ) -> tuple[Callable[[Any], object], list[list[Any]], list[gymnasium.Env[Any, Any]]]:
     """Build and reset ``count`` envs; return a sweep over them, its actions and the envs."""
     envs: list[gymnasium.Env[Any, Any]] = []
@@ -67,7 +57,7 @@ def _for_loop(
     return sweep, actions, envs
 
 
-def open_loop(workload: Workload, timing: Timing) -> Runner:
+def open_loop(workload: base.Workload, timing: base.Timing) -> base.Runner:
     """A Python for-loop over the envs in this process, resetting finished ones."""
     sweep, actions, envs = _for_loop(workload, workload.num_envs, timing)
 
@@ -75,44 +65,44 @@ def open_loop(workload: Workload, timing: Timing) -> Runner:
         for env in envs:
             env.close()
 
-    advance = cycle(sweep, actions, workload.num_envs)
-    return CallRunner(LOOP, advance, close, timing)
+    advance = base.cycle(sweep, actions, workload.num_envs)
+    return base.CallRunner(base.LOOP, advance, close, timing)
 
 
 def _ceiling_worker(
-    workload: Workload, counts: list[int], firsts: list[int], timing: Timing, index: int,
+    workload: base.Workload, counts: list[int], firsts: list[int], timing: base.Timing, index: int,
     go: Any, seconds: Any, results: Any,
 ) -> None:  # fmt: skip
     """Build process ``index``'s share of the envs (``counts[index]`` of them); at each ``go``,
     time a window of ``seconds.value`` of for-loop sweeps over them (<= 0: stop)."""
     try:
         sweep, actions, _ = _for_loop(workload, counts[index], timing, firsts[index])
-        step = cycle(sweep, actions, counts[index])
+        step = base.cycle(sweep, actions, counts[index])
         results.put((index, "ready", None))
         while True:
             go.wait(CEILING_TIMEOUT)
             window = seconds.value
             if window <= 0:
                 break
-            time_calls(step, timing.rewarm)
-            results.put((index, time_calls(step, window), None))
+            base.time_calls(step, timing.rewarm)
+            results.put((index, base.time_calls(step, window), None))
     except BaseException as exc:
         results.put((index, None, f"{type(exc).__name__}: {exc}"))
         go.abort()
 
 
-class CeilingRunner(Runner):
+class CeilingRunner(base.Runner):
     """The envs split over one process per usable core, never communicating; throughputs summed.
 
     Each process runs the for-loop on its share; the parent only starts each window (a barrier)
     and adds up what the processes measured inside it.
     """
 
-    def __init__(self, workload: Workload, timing: Timing) -> None:
+    def __init__(self, workload: base.Workload, timing: base.Timing) -> None:
         count = min(len(usable_cpus()), workload.num_envs)
         counts = [len(ids) for ids in np.array_split(np.arange(workload.num_envs), count)]
         firsts = np.cumsum([0, *counts[:-1]]).tolist()
-        self.name, self.info = CEILING, {"processes": count, "envs_per_process": counts}
+        self.name, self.info = base.CEILING, {"processes": count, "envs_per_process": counts}
         ctx = multiprocessing.get_context()
         self._go, self._seconds, self._results = ctx.Barrier(count + 1), ctx.Value("d"), ctx.Queue()
         args = (workload, counts, firsts, timing)
@@ -172,18 +162,13 @@ class CeilingRunner(Runner):
 
 
 def open_envfleet(
-    workload: Workload,
-    timing: Timing,
-    *,
-    name: str | None = None,
-    batch_size: int | None = None,
-    policy: Callable[[Any], Any] | None = None,
-    **make_kwargs: Any,
-) -> Runner:
+    workload: base.Workload, timing: base.Timing, *, name: str | None = None,
+    batch_size: int | None = None, policy: Callable[[Any], Any] | None = None, **make_kwargs: Any,
+) -> base.Runner:  # fmt: skip
     """``envfleet.make(workload, **make_kwargs)`` stepped whole, or by ``batch_size`` envs
     (``recv`` + ``send``), by ``policy`` if given; ``name``: default the backend's."""
     pool = envfleet.make(workload.spec, workload.num_envs, batch_size=batch_size, **make_kwargs)
-    return open_vector(
+    return base.open_vector(
         name or str(make_kwargs.get("backend", "process")),
         lambda: pool,
         timing,
@@ -197,24 +182,24 @@ def open_envfleet(
 
 def envfleet_opener(
     backend: str, name: str | None = None, **make_kwargs: Any
-) -> Callable[[Workload, Timing], Runner]:
+) -> Callable[[base.Workload, base.Timing], base.Runner]:
     """An opener of :func:`open_envfleet` on ``backend`` (default workers unless
     ``make_kwargs`` say otherwise)."""
     return functools.partial(open_envfleet, name=name or backend, backend=backend, **make_kwargs)
 
 
-def open_gym_sync(workload: Workload, timing: Timing) -> Runner:
+def open_gym_sync(workload: base.Workload, timing: base.Timing) -> base.Runner:
     """Gymnasium's ``SyncVectorEnv``."""
     fns = [workload.factory()] * workload.num_envs
-    return open_vector("gym-sync", lambda: SyncVectorEnv(fns), timing)
+    return base.open_vector("gym-sync", lambda: SyncVectorEnv(fns), timing)
 
 
 def open_gym_async(
-    workload: Workload, timing: Timing, policy: Callable[[Any], Any] | None = None
-) -> Runner:
+    workload: base.Workload, timing: base.Timing, policy: Callable[[Any], Any] | None = None
+) -> base.Runner:
     """Gymnasium's ``AsyncVectorEnv(shared_memory=True)``: one process per env."""
     fns = [workload.factory()] * workload.num_envs
-    return open_vector(
+    return base.open_vector(
         "gym-async",
         lambda: AsyncVectorEnv(fns, shared_memory=True),
         timing,
