@@ -182,7 +182,9 @@ class NodeTransport(BaseTransport):
         not yet, or gone); a call asks the node for fresh figures when it answered the last
         ask, so a later check of ``worker_memory_limit`` sees them, without a wait here."""
         node, local = self._where[worker]
-        if node.alive and not node.measuring and node.conn is not None:
+        if not node.alive:
+            return None  # its figures are the gone agent's
+        if not node.measuring and node.conn is not None:
             try:
                 node.conn.send_bytes(wire.MEMORY)
             except OSError:
