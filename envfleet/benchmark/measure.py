@@ -26,11 +26,12 @@ KILL_GRACE = 10.0
 """Seconds a runner stopped for its start-up has to give up once its processes are killed."""
 
 
+Opener = Callable[[base.Workload, base.Timing], base.Runner]
+Hook = Callable[[str], object] | None
+
+
 def open_bounded(
-    name: str,
-    opener: Callable[[base.Workload, base.Timing], base.Runner],
-    workload: base.Workload,
-    timing: base.Timing,
+    name: str, opener: Opener, workload: base.Workload, timing: base.Timing
 ) -> base.Runner:
     """``opener(workload, timing)``, stopped after :attr:`Timing.startup_limit` seconds.
 
@@ -73,15 +74,10 @@ def open_bounded(
 
 
 def measure(
-    names: Sequence[str],
-    workload: base.Workload,
-    timing: base.Timing,
-    *,
-    on_error: Callable[[str, BaseException], object] | None = None,
-    progress: Callable[[str], object] | None = None,
-    openers: Mapping[str, Callable[[base.Workload, base.Timing], base.Runner]] | None = None,
-    on_stage: Callable[[str], object] | None = None,
-) -> dict[str, base.RunResult | str | base.Skipped]:
+    names: Sequence[str], workload: base.Workload, timing: base.Timing, *,
+    on_error: Callable[[str, BaseException], object] | None = None, progress: Hook = None,
+    openers: Mapping[str, Opener] | None = None, on_stage: Hook = None,
+) -> dict[str, base.RunResult | str | base.Skipped]:  # fmt: skip
     """Open the runners ``names`` on ``workload`` and time their windows, interleaved.
 
     Args:
@@ -222,9 +218,8 @@ class _Eta:
         self.total, self.done, self.start = total, -1, time.perf_counter()
 
     def hooks(
-        self, progress: Callable[[str], object] | None, on_stage: Callable[[str], object] | None,
-        at: str,
-    ) -> tuple[Callable[[str], object], Callable[[str], object]]:  # fmt: skip
+        self, progress: Hook, on_stage: Hook, at: str
+    ) -> tuple[Callable[[str], object], Callable[[str], object]]:
         """``measure``'s hooks: every unit counted, shown to ``progress`` and ``on_stage``."""
 
         def line(text: str) -> str:
@@ -252,16 +247,10 @@ def _clock(seconds: float) -> str:
 
 
 def sweep(
-    env: Any,
-    num_envs: Sequence[int],
-    names: Sequence[str],
-    timing: base.Timing,
-    *,
-    on_error: Callable[[str, int, BaseException], object] | None = None,
-    progress: Callable[[str], object] | None = None,
-    on_stage: Callable[[str], object] | None = None,
-    openers: Mapping[str, Callable[[base.Workload, base.Timing], base.Runner]] | None = None,
-) -> Report:
+    env: Any, num_envs: Sequence[int], names: Sequence[str], timing: base.Timing, *,
+    on_error: Callable[[str, int, BaseException], object] | None = None, progress: Hook = None,
+    on_stage: Hook = None, openers: Mapping[str, Opener] | None = None,
+) -> Report:  # fmt: skip
     """Measure the available runners of ``names`` at each env count of ``num_envs``.
 
     Runners that are not installed, or cannot run the env, are skipped (see
