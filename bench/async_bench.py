@@ -61,15 +61,9 @@ def open_envpool(workload: Workload, timing: Timing, **kw: Any) -> benchmark.Run
 
 
 ENVFLEET, PUFFER = open_envfleet, benchmark.open_pufferlib
-ENVPOOL_PONG_AS_ALE = {
-    "img_height": 210,
-    "img_width": 160,
-    "gray_scale": False,
-    "stack_num": 1,
-    "repeat_action_probability": 0.25,
-    "noop_max": 1,
-    "use_fire_reset": False,
-}
+ENVPOOL_PONG_AS_ALE = dict(img_height=210, img_width=160, gray_scale=False, stack_num=1,
+                           repeat_action_probability=0.25, noop_max=1,
+                           use_fire_reset=False)  # fmt: skip
 """EnvPool's Pong-v5 configured like Gymnasium's ALE/Pong-v5 (EnvPool still max-pools frames)."""
 PROCESS = {"backend": "process"}
 SCENARIOS: dict[str, tuple[str, Any, int, list[Case]]] = {

@@ -20,7 +20,6 @@ from rich.console import Console
 from envfleet import benchmark
 from envfleet.cli.common import OutputCapture
 
-Opener = Callable[[benchmark.Workload, benchmark.Timing], benchmark.Runner]
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -31,7 +30,7 @@ class Case:
     process (forking a process full of threads is asking for trouble)."""
 
     name: str
-    open: Opener
+    open: Callable[[benchmark.Workload, benchmark.Timing], benchmark.Runner]
     forks: bool = False
 
 
@@ -62,14 +61,10 @@ def progress(console: Console, title: str) -> Iterator[dict[str, Callable[[str],
 
 
 def measure_table(
-    console: Console,
-    title: str,
-    cases: Sequence[Case],
-    workload: benchmark.Workload,
-    timing: benchmark.Timing,
-    reference: str | None = None,
+    console: Console, title: str, cases: Sequence[Case], workload: benchmark.Workload,
+    timing: benchmark.Timing, reference: str | None = None,
     columns: Sequence[benchmark.Column] = (),
-) -> benchmark.Report:
+) -> benchmark.Report:  # fmt: skip
     """Measure ``cases`` side by side on ``workload`` (:func:`envfleet.benchmark.sweep`, forking
     rows opened first), print ``title`` and the engine's table (ratios to row ``reference``,
     and ``columns``) with its notes; a failed row prints its traceback."""

@@ -18,11 +18,8 @@ from gymnasium import spaces
 
 class SleepEnv(gymnasium.Env[np.ndarray, int]):
     """An env whose ``step`` sleeps (1 ms by default): the stand-in for a simulator that waits.
-
-    Observations are ``Box(-inf, inf, (4,), float32)``: the step count, the action, the last
-    sleep (ms) and 0; actions ``Discrete(2)``; every episode is truncated after ``max_steps``
-    steps with reward 1 per step.
-    """
+    Observations: the step count, the action, the last sleep (ms) and 0 (float32); actions
+    ``Discrete(2)``; reward 1 a step; truncated after ``max_steps`` steps."""
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
@@ -83,9 +80,6 @@ TARGETS: dict[str, Target] = {
 
 KINDS = ("raise", "exit", "hang")
 """Failure kinds: raise an exception, ``os._exit`` the worker, sleep far past the timeout."""
-
-EXIT_CODE = 13
-"""Exit code of a worker that an injected ``exit`` ended."""
 
 # Observation columns.
 ENV_INDEX = 0  # the env's index in the pool, from its last action (-1 before the first step)
@@ -169,7 +163,7 @@ class SoakEnv(gymnasium.Env[np.ndarray, np.ndarray]):
                 f"injected failure: env {int(obs[ENV_INDEX])} at pool step {int(obs[POOL_STEP])}"
             )
         if kind == "exit":
-            os._exit(EXIT_CODE)
+            os._exit(13)  # the exit code of a worker an injected ``exit`` ended
         time.sleep(self.hang_s)
 
 
@@ -204,19 +198,12 @@ class HeavyTailEnv(SleepEnv):
 
 PONG = "ALE/Pong-v5"
 
-ENVPOOL_PONG: dict[str, Any] = {
-    "episodic_life": False,
-    "reward_clip": False,
-    "stack_num": 4,
-    "img_height": 84,
-    "img_width": 84,
-    "frame_skip": 4,
-    "noop_max": 30,
-    "repeat_action_probability": 0.25,  # ALE v5's sticky actions
-    "max_episode_steps": 27_000,  # 108,000 frames, as ALE v5
-}
+ENVPOOL_PONG: dict[str, Any] = dict(episodic_life=False, reward_clip=False, stack_num=4,
+    img_height=84, img_width=84, frame_skip=4, noop_max=30, repeat_action_probability=0.25,
+    max_episode_steps=27_000)  # fmt: skip
 """EnvPool's Pong configured as :func:`make_pong`: 84x84 grey, frame skip 4, 4 frames stacked,
-up to 30 no-ops at reset, sticky actions, no life-loss episodes, rewards unclipped."""
+up to 30 no-ops at reset, ALE v5's sticky actions and 108,000 frames an episode, no life-loss
+episodes, rewards unclipped."""
 
 
 def make_pong() -> gymnasium.Env[Any, Any]:

@@ -37,14 +37,6 @@ from envfleet.benchmark import CallRunner, Runner, Timing, Workload, cycle, samp
 from envfleet.spec import EnvSpec
 
 
-def _step_env(env: gymnasium.Env[Any, Any], action: Any) -> tuple[Any, float, bool, bool]:
-    """One step, resetting an env whose episode ended (as the vector envs do)."""
-    obs, reward, terminated, truncated, _ = env.step(action)
-    if terminated or truncated:
-        obs, _ = env.reset()
-    return obs, float(reward), bool(terminated), bool(truncated)
-
-
 class BatchActor:
     """Several envs (or one: the naive pattern) per actor, stepped in one call."""
 
@@ -57,8 +49,11 @@ class BatchActor:
         return True
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        results = [_step_env(env, a) for env, a in zip(self.envs, actions.tolist(), strict=True)]
-        obs, rewards, terminated, truncated = zip(*results, strict=True)
+        """Every env one step, each reset when its episode ends (as the vector envs do)."""
+        results = [env.step(a) for env, a in zip(self.envs, actions.tolist(), strict=True)]
+        obs = [o if not (t or u) else env.reset()[0]
+               for env, (o, _, t, u, _) in zip(self.envs, results, strict=True)]  # fmt: skip
+        _, rewards, terminated, truncated, _ = zip(*results, strict=True)
         return np.stack(obs), np.array(rewards), np.array(terminated), np.array(truncated)
 
 

@@ -87,19 +87,12 @@ class SoakRun:
             for ids in np.array_split(np.arange(args.num_envs), args.workers)
         ]
         self.worker_of = {i: w for w, ids in enumerate(self.assignment) for i in ids}
+        env: dict[str, Any] = dict(p_fail=p_fail, kinds=tuple(args.kinds), hang_s=args.hang_s)
+        env.update(log_path=self.log_path, max_steps=args.episode_steps, work_us=args.work_us)
         self.pool = envfleet.make(
-            SoakEnv,
-            args.num_envs,
-            backend="process",
-            num_workers=args.workers,
-            seed=args.seed,
-            on_error="restart",
-            step_timeout=args.step_timeout,
-            max_restarts=10**9,
-            context="fork",
-            env_kwargs={"p_fail": p_fail, "kinds": tuple(args.kinds), "hang_s": args.hang_s,
-                        "max_steps": args.episode_steps, "log_path": self.log_path,
-                        "work_us": args.work_us},
+            SoakEnv, args.num_envs, backend="process", num_workers=args.workers, seed=args.seed,
+            on_error="restart", step_timeout=args.step_timeout, max_restarts=10**9, context="fork",
+            env_kwargs=env,
         )  # fmt: skip
         obs, _ = self.pool.reset()
         n = self.num_envs
@@ -403,19 +396,13 @@ def run_soak(args: SoakConfig, json_path: Path) -> int:
         print(f"  [{'ok' if ok else 'FAILED'}] {name}")
     wall = time.perf_counter() - started
     print(f"wall time {wall:.1f} s")
+    config = {**asdict(args), "steps_per_pool": pool_steps * args.num_envs, "chunks": chunks}
     report = {
-        "machine": machine,
-        "config": {**asdict(args), "steps_per_pool": pool_steps * args.num_envs, "chunks": chunks},
+        "machine": machine, "config": config, "faulty": faulty, "fault_free": clean,
         "obs_columns": ["env_index", "pool_step", "calls", "episode_step", "episodes"],
-        "faulty": faulty,
-        "fault_free": clean,
-        "ratio_faulty_over_fault_free": ratio,
-        "target": TARGET,
-        "meets_target": ratio >= TARGET,
-        "checks": checks,
-        "all_checks_passed": all(checks.values()),
-        "wall_seconds": wall,
-    }
+        "ratio_faulty_over_fault_free": ratio, "target": TARGET, "meets_target": ratio >= TARGET,
+        "checks": checks, "all_checks_passed": all(checks.values()), "wall_seconds": wall,
+    }  # fmt: skip
     save_json(json_path, report)
     return 0 if all(checks.values()) else 1
 

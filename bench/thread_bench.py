@@ -6,9 +6,8 @@
   and on one core), envfleet process (2 workers, x 16 threads, ``cpu_affinity="spread"``),
   Gymnasium ``AsyncVectorEnv``. Target: envfleet thread >= 0.8 of the ideal.
 - ``pong``: ``ALE/Pong-v5`` x 8: for-loop, envfleet thread and process layouts, Gymnasium
-  ``AsyncVectorEnv``, ale-py's C++ ``AtariVectorEnv``, and two threads, then two processes,
-  each stepping an env of its own (threads that scale like processes: ale-py releases the GIL).
-  Target: envfleet thread >= 1.6x the for-loop.
+  ``AsyncVectorEnv``, ale-py's C++ ``AtariVectorEnv``. Target: envfleet thread >= 1.6x the
+  for-loop (which it can reach only if ale-py releases the GIL while it emulates).
 
 Usage::
 
@@ -34,7 +33,7 @@ from bench import common
 from bench.common import Case
 from bench.envs import SleepEnv
 from envfleet import benchmark
-from envfleet.benchmark import CallRunner, CeilingRunner, Runner, Timing, Workload, open_envfleet
+from envfleet.benchmark import CallRunner, Runner, Timing, Workload, open_envfleet
 
 
 def open_bare_threads(workload: Workload, timing: Timing, cpus: list[int] | None = None) -> Runner:
@@ -87,12 +86,6 @@ def open_bare_threads(workload: Workload, timing: Timing, cpus: list[int] | None
     return CallRunner("bare threads", advance, close, timing, threads=num_envs, cpus=cpus)
 
 
-def own_envs(count: int, threads: bool, workload: Workload, timing: Timing) -> Runner:
-    """``count`` threads or processes, each stepping an env of its own; rates summed."""
-    name = f"{count} {'threads' if threads else 'processes'}, an env each"
-    return CeilingRunner(Workload(workload.spec, count), timing, count, threads=threads, name=name)
-
-
 def one_core() -> list[int]:
     """The core the pinned rows pack their env threads on: the last usable one."""
     return [max(os.sched_getaffinity(0))]
@@ -126,8 +119,6 @@ PONG_CASES = [
     Case("envfleet process 2w x4t", envfleet(**TWO, threads_per_worker=4), forks=True),
     Case("gym AsyncVectorEnv", benchmark.open_gym_async, forks=True),
     Case("ale AtariVectorEnv", benchmark.open_ale_vector),
-    Case("2 threads, an env each", functools.partial(own_envs, 2, True)),
-    Case("2 processes, an env each", functools.partial(own_envs, 2, False), forks=True),
 ]
 PARTS = {  # title, cases, workload, reference row, target: (row, least ratio)
     "sleep": ("SleepEnv (1 ms) x 32", SLEEP_CASES, Workload.of(SleepEnv, 32), IDEAL, 0.8),

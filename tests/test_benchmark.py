@@ -1,9 +1,8 @@
-"""The benchmark engine's own runners (the bare pool, the parallel runner, ale-py's vector env),
+"""The benchmark engine's own runners (the bare pool, the ceiling, ale-py's vector env),
 a script's cases, the sweep's progress and the plot's notes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -36,25 +35,17 @@ def test_bare_pool_worker_that_cannot_build_is_an_error() -> None:
         benchmark.open_bare_pool(benchmark.Workload.of(_broken, 2), TIMING, num_workers=2)
 
 
-def _counter(index: int) -> Callable[[], int]:
-    return lambda: index + 1  # worker i makes i + 1 env-steps a call
-
-
-def _failing(index: int) -> Callable[[], int]:
-    if index == 1:
-        raise KeyError("worker 1 cannot start")
-    return lambda: 1
-
-
-@pytest.mark.parametrize("threads", [True, False], ids=["threads", "processes"])
-def test_parallel_runner_sums_its_workers_and_reports_a_failure(threads: bool) -> None:
-    runner = benchmark.ParallelRunner("par", _counter, 2, TIMING, threads=threads)
+def test_ceiling_splits_the_envs_over_processes_and_reports_a_failure() -> None:
+    workload = benchmark.Workload.of(FaultyEnv, 3)
+    runner = benchmark.CeilingRunner(workload, TIMING)
     try:
         assert runner.window(0.05) > 0
     finally:
         runner.close()
-    with pytest.raises(RuntimeError, match="par worker failed: KeyError"):
-        benchmark.ParallelRunner("par", _failing, 2, TIMING, threads=threads)
+    processes = min(len(usable_cpus()), 3)
+    assert runner.info["processes"] == processes and sum(runner.info["envs_per_process"]) == 3
+    with pytest.raises(RuntimeError, match="ceiling worker failed: OSError: no simulator here"):
+        benchmark.CeilingRunner(benchmark.Workload.of(_broken, 2), TIMING)
 
 
 def _call_runner(workload: benchmark.Workload, timing: benchmark.Timing) -> benchmark.Runner:

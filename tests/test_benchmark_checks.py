@@ -22,7 +22,7 @@ from bench.common import Case, add_choice, measure_table, open_ideal, target
 from bench.envs import read_log
 from bench.ray_bench import BatchActor
 from bench.soak import SoakConfig, SoakRun, run_soak, soak_checks
-from bench.thread_bench import open_bare_threads, own_envs
+from bench.thread_bench import open_bare_threads
 from envfleet.benchmark import (
     OK,
     Availability,
@@ -127,22 +127,6 @@ def test_bare_threads_make_one_env_step_per_env_off_the_callers_thread() -> None
             assert all(thread != env for env, thread in last)
     finally:
         runner.close()
-
-
-@pytest.mark.parametrize("threads", [True, False], ids=["threads", "processes"])
-def test_own_envs_step_an_env_each_and_sum_their_workers(threads: bool) -> None:
-    runner = own_envs(2, threads, Workload.of(FaultyEnv, 8), TIMING)
-    try:
-        assert runner.window(0.05) > 0
-    finally:
-        runner.close()
-    mode = "threads" if threads else "processes"
-    assert runner.name == f"2 {mode}, an env each"
-    counts = ("thread_count", "envs_per_thread") if threads else ("processes", "envs_per_process")
-    assert runner.info == dict(zip(counts, (2, [1, 1]), strict=True))
-
-
-# -- what the scripts share ------------------------------------------------------------------
 
 
 def test_layouts_pair_each_async_row_with_its_sync_row() -> None:

@@ -202,7 +202,9 @@ class NodeTransport(BaseTransport):
         if node is None:  # on the pool's own node: its actor's, read here
             assert self._here is not None
             return self._here.memory(local)
-        if node.alive and not node.measuring and node.conn is not None:
+        if not node.alive:
+            return None  # its figures are the gone agent's
+        if not node.measuring and node.conn is not None:
             try:
                 node.conn.send_bytes(wire.MEMORY)
             except OSError:

@@ -41,6 +41,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import cloudpickle
+import psutil
 import ray
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
@@ -245,8 +246,6 @@ class RayTransport(BaseTransport):
         pid = slot.pid
         if pid is None or self._pool_node is None or slot.node != self._pool_node:
             return None
-        import psutil  # only worker_memory_limit asks
-
         try:
             return int(psutil.Process(pid).memory_info().rss)
         except (psutil.Error, ValueError):
@@ -451,6 +450,7 @@ class RayTransport(BaseTransport):
                 pass
         # A socket actor's serve call returns once it has closed its envs (or it died).
         closing += [slot.serving for slot in self._workers if slot.conn is not None]
+        local = self._local_processes()
         try:
             if closing:
                 ray.wait(closing, num_returns=len(closing), timeout=timeout)
@@ -462,6 +462,33 @@ class RayTransport(BaseTransport):
                     ray.kill(slot.handle, no_restart=True)
                 except Exception:
                     pass
+            _bury(local, timeout)
+
+    def _local_processes(self) -> list[psutil.Process]:
+        """The processes of the actors on this machine (taken before they are killed, so a
+        reused pid is never mistaken for one of them)."""
+        processes = []
+        here = self._pool_node
+        for slot in self._workers:
+            if slot.pid is not None and here is not None and slot.node == here:
+                try:
+                    processes.append(psutil.Process(slot.pid))
+                except psutil.Error:
+                    pass  # already gone
+        return processes
+
+
+def _bury(processes: list[psutil.Process], timeout: float) -> None:
+    """Wait up to ``timeout`` for killed actors' processes on this machine to end, then end
+    those still there: ``ray.kill`` only asks Ray, whose daemons may take seconds to act on a
+    busy machine, and ``close()`` returns once nothing of the pool runs here."""
+    try:
+        _, alive = psutil.wait_procs(processes, timeout=timeout)
+        for process in alive:
+            process.kill()
+        psutil.wait_procs(alive, timeout=timeout)
+    except psutil.Error:
+        pass
 
 
 def _message(data: bytes) -> bytes:

@@ -54,7 +54,6 @@ from envfleet.benchmark.report import startup_table as startup_table
 from envfleet.benchmark.report import write_json as write_json
 from envfleet.benchmark.report import write_plot as write_plot
 from envfleet.benchmark.runners import CeilingRunner as CeilingRunner
-from envfleet.benchmark.runners import ParallelRunner as ParallelRunner
 from envfleet.benchmark.runners import envfleet_opener as envfleet_opener
 from envfleet.benchmark.runners import open_envfleet as open_envfleet
 from envfleet.benchmark.runners import open_gym_async as open_gym_async

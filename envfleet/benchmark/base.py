@@ -60,14 +60,8 @@ class Timing:
         cls, seconds: float, repeats: int, seed: int = 0, startup_limit: float | None = None
     ) -> Timing:
         """Windows of ``seconds``, with warm-ups in proportion when windows are short."""
-        return cls(
-            seconds=seconds,
-            warmup=min(0.5, seconds),
-            rewarm=min(0.2, seconds / 5),
-            repeats=repeats,
-            seed=seed,
-            startup_limit=startup_limit,
-        )
+        warmup, rewarm = min(0.5, seconds), min(0.2, seconds / 5)
+        return cls(seconds, warmup, rewarm, repeats, seed, startup_limit=startup_limit)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -242,16 +236,9 @@ class CallRunner(Runner):
     Warms up for ``timing.warmup`` seconds when opened; closes on a failure meanwhile."""
 
     def __init__(
-        self,
-        name: str,
-        advance: Callable[[], int],
-        close: Callable[[], object],
-        timing: Timing,
-        *,
-        setup_s: float = 0.0,
-        settle_s: float = 0.0,
-        **info: Any,
-    ) -> None:
+        self, name: str, advance: Callable[[], int], close: Callable[[], object], timing: Timing,
+        *, setup_s: float = 0.0, settle_s: float = 0.0, **info: Any,
+    ) -> None:  # fmt: skip
         self.name, self.setup_s, self.settle_s, self.info = name, setup_s, settle_s, info
         self.advance, self._close, self._rewarm = advance, close, timing.rewarm
         start = time.perf_counter()
@@ -284,16 +271,10 @@ def sample_actions(space: gymnasium.Space[Any], batch: int | None, timing: Timin
 
 
 def open_vector(
-    name: str,
-    build: Callable[[], Any],
-    timing: Timing,
-    *,
-    batch: int | None = None,
-    reset: Callable[[Any], Any] | None = None,
-    policy: Callable[[Any], Any] | None = None,
-    settle_s: float = 0.0,
-    **info: Any,
-) -> Runner:
+    name: str, build: Callable[[], Any], timing: Timing, *, batch: int | None = None,
+    reset: Callable[[Any], Any] | None = None, policy: Callable[[Any], Any] | None = None,
+    settle_s: float = 0.0, **info: Any,
+) -> Runner:  # fmt: skip
     """A runner over the vector env ``build()`` makes, closed on any failure.
 
     Synchronous (``batch`` ``None`` or every env): reset (``vec.reset(seed=...)``, or

@@ -96,14 +96,9 @@ class QuietEnvPool:
 
 
 def open_envpool(
-    workload: Workload,
-    timing: Timing,
-    *,
-    task: str | None = None,
-    batch_size: int | None = None,
-    policy: Callable[[Any], Any] | None = None,
-    **options: Any,
-) -> Runner:
+    workload: Workload, timing: Timing, *, task: str | None = None, batch_size: int | None = None,
+    policy: Callable[[Any], Any] | None = None, **options: Any,
+) -> Runner:  # fmt: skip
     """EnvPool's own implementation of the id (or of ``task``, with ``options``): stepped
     whole, or by ``batch_size`` envs, by ``policy`` if given; its default thread count unless
     ``options`` say."""
@@ -150,12 +145,9 @@ PUFFER_SETTLE_S = 0.7
 
 
 def open_pufferlib(
-    workload: Workload,
-    timing: Timing,
-    *,
-    num_workers: int | None = None,
+    workload: Workload, timing: Timing, *, num_workers: int | None = None,
     batch_size: int | None = None,
-) -> Runner:
+) -> Runner:  # fmt: skip
     """PufferLib's ``Multiprocessing`` vector env over ``GymnasiumPufferEnv``-wrapped envs
     (``recv`` + ``send``; every env per call unless ``batch_size``)."""
     with quiet():  # the old ``gym`` it imports prints a notice

@@ -13,18 +13,7 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from envfleet.benchmark.base import (
-    CEILING,
-    FAILED,
-    LOOP,
-    NOT_INSTALLED,
-    OK,
-    PARTIAL,
-    SKIPPED,
-    RunResult,
-    Skipped,
-    Timing,
-)
+from envfleet.benchmark import base
 from envfleet.benchmark.registry import RUNNERS, Availability
 
 
@@ -48,9 +37,9 @@ class Report:
     env: str
     num_envs: list[int]
     runners: list[str]
-    timing: Timing
+    timing: base.Timing
     availability: dict[str, Availability]
-    results: dict[str, dict[int, RunResult | str | Skipped]] = field(default_factory=dict)
+    results: dict[str, dict[int, base.RunResult | str | base.Skipped]] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     interrupted: bool = False
@@ -63,9 +52,9 @@ class Report:
     def rate(self, name: str, num_envs: int) -> float | None:
         """Median env-steps/s of ``name`` at ``num_envs``, if it was measured."""
         result = self.results.get(name, {}).get(num_envs)
-        return result.median if isinstance(result, RunResult) else None
+        return result.median if isinstance(result, base.RunResult) else None
 
-    def ratio(self, name: str, num_envs: int, reference: str = CEILING) -> float | None:
+    def ratio(self, name: str, num_envs: int, reference: str = base.CEILING) -> float | None:
         value, base = self.rate(name, num_envs), self.rate(reference, num_envs)
         if value is None or not base:
             return None
@@ -86,11 +75,11 @@ class Report:
         points = list(self.results.get(name, {}).values())
         failed = [isinstance(r, str) for r in points]
         if failed and all(failed):
-            return FAILED
-        skipped = [isinstance(r, Skipped) for r in points]
+            return base.FAILED
+        skipped = [isinstance(r, base.Skipped) for r in points]
         if skipped and all(skipped):
-            return SKIPPED
-        return PARTIAL if any(failed) or any(skipped) else OK
+            return base.SKIPPED
+        return base.PARTIAL if any(failed) or any(skipped) else base.OK
 
     def as_dict(self) -> dict[str, Any]:
         """Plain types, for JSON."""
@@ -108,21 +97,16 @@ class Report:
                 if isinstance(result, str):
                     points.append({"num_envs": n, "error": result})
                     continue
-                if isinstance(result, Skipped):
+                if isinstance(result, base.Skipped):
                     points.append({"num_envs": n, "skipped": result.reason})
                     continue
-                points.append(
-                    {
-                        "num_envs": n,
-                        "steps_per_s": result.median,
-                        "ratio_to_ceiling": self.ratio(name, n, CEILING),
-                        "ratio_to_loop": self.ratio(name, n, LOOP),
-                        "windows": result.throughputs,
-                        "setup_s": result.setup_s,
-                        "other_load_cores": result.other_load,
-                        **({"info": result.info} if result.info else {}),
-                    }
-                )
+                points.append({
+                    "num_envs": n, "steps_per_s": result.median,
+                    "ratio_to_ceiling": self.ratio(name, n, base.CEILING),
+                    "ratio_to_loop": self.ratio(name, n, base.LOOP), "windows": result.throughputs,
+                    "setup_s": result.setup_s, "other_load_cores": result.other_load,
+                    **({"info": result.info} if result.info else {}),
+                })  # fmt: skip
             entry["results"] = points
             runners[name] = entry
         return {
@@ -130,7 +114,7 @@ class Report:
             "num_envs": self.num_envs,
             "runners": runners,
             "not_installed": [
-                n for n in self.runners if self.availability[n].status == NOT_INSTALLED
+                n for n in self.runners if self.availability[n].status == base.NOT_INSTALLED
             ],
             "timing": self.timing.as_dict(),
             "machine": self.machine,
@@ -173,7 +157,9 @@ def _table(
     return table
 
 
-def report_table(report: Report, reference: str = CEILING, columns: Sequence[Column] = ()) -> Table:
+def report_table(
+    report: Report, reference: str = base.CEILING, columns: Sequence[Column] = ()
+) -> Table:
     """One row per measured runner; per env count, steps/s, the ratio to ``reference`` (when
     it was measured) and ``columns``."""
     timing = report.timing
@@ -182,12 +168,12 @@ def report_table(report: Report, reference: str = CEILING, columns: Sequence[Col
     ratio = [f"/{reference}"] if reference in report.measured else []
 
     def cells(name: str, n: int, result: Any) -> list[str]:
-        if isinstance(result, str | Skipped):
+        if isinstance(result, str | base.Skipped):
             row = ["[red]failed[/red]" if isinstance(result, str) else "skipped"]
         else:
             row = [_fmt_rate(report.rate(name, n))]
         row += [_fmt_ratio(report.ratio(name, n, reference))] if ratio else []
-        measured = isinstance(result, RunResult)
+        measured = isinstance(result, base.RunResult)
         return row + [cell(report, name, n) if measured else "-" for _, cell in columns]
 
     return _table(report, title, ratio + [header for header, _ in columns], cells)
@@ -201,9 +187,9 @@ def startup_table(report: Report) -> Table:
     title += f" (limit {limit:g} s)" if limit is not None else ""
 
     def cells(name: str, n: int, result: Any) -> list[str]:
-        if isinstance(result, RunResult):
+        if isinstance(result, base.RunResult):
             return [f"{result.setup_s:.2f}"]
-        return [f">{limit:g}" if isinstance(result, Skipped) and limit is not None else "-"]
+        return [f">{limit:g}" if isinstance(result, base.Skipped) and limit is not None else "-"]
 
     return _table(report, title, [], cells)
 
@@ -215,7 +201,7 @@ def report_notes(report: Report) -> list[str]:
         c
         for points in report.results.values()
         for r in points.values()
-        if isinstance(r, RunResult)
+        if isinstance(r, base.RunResult)
         for c in r.other_load
     ]
     if loads and max(loads) > 0.1:
@@ -226,7 +212,7 @@ def report_notes(report: Report) -> list[str]:
     if "envpool" in report.measured:
         notes.append("envpool steps its own implementation of the env, not Gymnasium's")
     for name, points in report.results.items():
-        skipped = [(n, r) for n, r in points.items() if isinstance(r, Skipped)]
+        skipped = [(n, r) for n, r in points.items() if isinstance(r, base.Skipped)]
         if skipped:
             first_n, first = skipped[0]
             counts = ", ".join(str(n) for n, _ in skipped)
@@ -242,7 +228,7 @@ def plot_label(report: Report, name: str) -> str:
     results = report.results.get(name, {})
     gaps = [
         f"{how} at {', '.join(at)}"
-        for how, kind in (("skipped", Skipped), ("failed", str))
+        for how, kind in (("skipped", base.Skipped), ("failed", str))
         if (at := [str(n) for n, r in results.items() if isinstance(r, kind)])
     ]
     return f"{name} ({'; '.join(gaps)})" if gaps else name
@@ -260,7 +246,9 @@ def write_plot(report: Report, path: Path) -> None:
     for name in report.measured:
         points = [(n, rate) for n in report.num_envs if (rate := report.rate(name, n)) is not None]
         label = plot_label(report, name)
-        style: dict[str, Any] = {"linestyle": "--", "color": "black"} if name == CEILING else {}
+        style: dict[str, Any] = (
+            {"linestyle": "--", "color": "black"} if name == base.CEILING else {}
+        )
         ax.plot([n for n, _ in points], [r for _, r in points], marker="o", label=label, **style)
     if len(report.num_envs) > 1 and min(report.num_envs) > 0:
         spread = max(report.num_envs) / min(report.num_envs)
