@@ -356,13 +356,16 @@ def main(argv: list[str] | None = None) -> int:
         # The pool's own node (the head) in the layout: its workers on the pool's memory (the
         # default), or behind an agent like the other nodes' (ray_shared_memory=False).
         three = [cluster.head_node.node_id, *workers[:2]]
-        for shared in (True, False):
-            with envfleet.make(
-                noop, 64, num_workers=6, nodes=three, ray_shared_memory=shared, **common
-            ) as pool:
-                where = "on its memory" if shared else "behind an agent"
-                label = f"node pools, pool's node {where} + 2 nodes"
-                rows.append(row(label, 64, *measure(pool, steps, args.repeats), nodes=3))
+        for label, envs in (("16 B", 64), ("210x160x3", 24)):
+            env = functools.partial(ShapedNoOp, *SHAPES[label])
+            for shared in (True, False):
+                with envfleet.make(
+                    env, envs, num_workers=6, nodes=three, ray_shared_memory=shared, **common
+                ) as pool:
+                    where = "on its memory" if shared else "behind an agent"
+                    name = f"node pools, pool's node {where} + 2 nodes, obs {label}"
+                    timing = measure(pool, steps if envs == 64 else steps // 4, args.repeats)
+                    rows.append(row(name, envs, *timing, nodes=3))
         for label, (shape, dtype) in SHAPES.items():
             if label == "16 B":
                 continue
