@@ -10,6 +10,8 @@ the pool's caller) and the wall time, for
   "Ray calls carrying a node's batch" data plane);
 - ``node pools``: one agent per node running the node's workers as local processes, one message
   per node per step over the authenticated socket (``nodes=[...]``);
+- ``node pools, pool's node ...``: the same with the pool's own node (the head) in the layout,
+  its workers on the pool's memory (the default) or behind an agent like the others;
 - ``process``: the process backend on one machine, the reference;
 
 against nodes (1, 2, 4), workers and observation size (16 bytes, 84x84x4 and 210x160x3
@@ -114,7 +116,8 @@ def pong_frames(count: int) -> np.ndarray:
 
 def codec_costs(frames: np.ndarray, block: int, repeats: int) -> dict[str, tuple[float, ...]]:
     """Per codec: bytes a frame, encode and decode microseconds a frame (best of ``repeats``),
-    on blocks of ``block`` consecutive frames decoded straight into a batch array."""
+    on blocks of ``block`` consecutive frames decoded straight into a batch array, and decoded
+    into a new buffer then copied (the Python call's way, the fallback)."""
     from envfleet.backends.compression import codec
 
     out = {}
@@ -123,7 +126,7 @@ def codec_costs(frames: np.ndarray, block: int, repeats: int) -> dict[str, tuple
     for name in ("zlib", "lz4"):
         squeeze = codec(name)
         assert squeeze is not None
-        encode = decode = float("inf")
+        encode = decode = copied = float("inf")
         for _ in range(repeats):
             start = time.perf_counter()
             packed = [squeeze.compress(b.reshape(-1)) for b in blocks]
@@ -132,9 +135,14 @@ def codec_costs(frames: np.ndarray, block: int, repeats: int) -> dict[str, tuple
             for data in packed:
                 squeeze.decompress_into(np.frombuffer(data, np.uint8), target[block:])
             decode = min(decode, time.perf_counter() - start)
+            start = time.perf_counter()
+            for data in packed:
+                raw = squeeze.decompress(np.frombuffer(data, np.uint8), target[block:].nbytes)
+                target[block:] = np.frombuffer(raw, np.uint8).reshape(target[block:].shape)
+            copied = min(copied, time.perf_counter() - start)
         assert (target[block:] == blocks[-1]).all()
         n = len(blocks) * block
-        out[name] = (sum(map(len, packed)) / n, encode * 1e6 / n, decode * 1e6 / n)
+        out[name] = (sum(map(len, packed)) / n, *(t * 1e6 / n for t in (encode, decode, copied)))
     return out
 
 
@@ -144,10 +152,11 @@ def compress_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str
     raw = frames[0].nbytes
     print(f"\nPong frames {frames.shape[1:]} uint8: {raw} bytes each", flush=True)
     costs = codec_costs(frames, 8, repeats)
-    for name, (size, encode, decode) in costs.items():
+    for name, (size, encode, decode, copied) in costs.items():
         print(
             f"  {name:<5} {size:8.0f} bytes/frame ({raw / size:5.0f}x smaller)  "
-            f"encode {encode:6.1f} us/frame  decode into the batch {decode:6.1f} us/frame",
+            f"encode {encode:6.1f} us/frame  decode into the batch {decode:6.1f} us/frame "
+            f"(into a new buffer, then copied: {copied:6.1f})",
             flush=True,
         )
     rows = []
@@ -344,6 +353,16 @@ def main(argv: list[str] | None = None) -> int:
                     nodes=2,
                 )
             )
+        # The pool's own node (the head) in the layout: its workers on the pool's memory (the
+        # default), or behind an agent like the other nodes' (ray_shared_memory=False).
+        three = [cluster.head_node.node_id, *workers[:2]]
+        for shared in (True, False):
+            with envfleet.make(
+                noop, 64, num_workers=6, nodes=three, ray_shared_memory=shared, **common
+            ) as pool:
+                where = "on its memory" if shared else "behind an agent"
+                label = f"node pools, pool's node {where} + 2 nodes"
+                rows.append(row(label, 64, *measure(pool, steps, args.repeats), nodes=3))
         for label, (shape, dtype) in SHAPES.items():
             if label == "16 B":
                 continue

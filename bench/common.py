@@ -1,67 +1,37 @@
-"""What the ``bench/`` scripts share: their own rows (:class:`Case`) measured side by side by
-:func:`envfleet.benchmark.measure` and shown as one table, the options every script takes, its
-console and log, and the ideal row.
-
-A script lists its workloads and cases (a layout of workers, an async batch size, a peer
-configured some way: a name and an opener with a registered runner's signature) and calls
-:func:`measure_table`; :func:`session` gives it a console on the real stdout while what
-libraries, envs and worker processes print goes to a log next to its JSON, as ``envfleet
-bench`` does.
+"""What the ``bench/`` scripts share: their rows (:class:`Case`) measured and tabulated by
+:mod:`envfleet.benchmark` (:func:`measure_table`), the options every script takes, a console
+whose libraries' output goes to a log, and the ideal row.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import os
-import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from rich.console import Console
-from rich.table import Table
 
-from envfleet.benchmark import (
-    CallRunner,
-    Runner,
-    RunResult,
-    Timing,
-    Workload,
-    machine_info,
-    time_calls,
-)
-from envfleet.benchmark import measure as measure_runners
+from envfleet import benchmark
 from envfleet.cli.common import OutputCapture
 
-Opener = Callable[[Workload, Timing], Runner]
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @dataclass(frozen=True)
 class Case:
-    """One row of a script's table.
-
-    Attributes:
-        name: row name (and the runner's name in the results).
-        open: builds, resets and warms up the runner on the table's workload.
-        forks: the runner starts processes; such runners are opened before those that start
-            threads in this process (forking a process full of threads is asking for trouble).
-        sync_of: for an async row, the name of the sync row with the same layout.
-    """
+    """One row of a script's table: a name and an opener with a registered runner's signature;
+    ``forks``: it starts processes, so it is opened before the rows that start threads in this
+    process (forking a process full of threads is asking for trouble)."""
 
     name: str
-    open: Opener
+    open: Callable[[benchmark.Workload, benchmark.Timing], benchmark.Runner]
     forks: bool = False
-    sync_of: str | None = None
-
-
-# -- the console, the log, progress ------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -82,8 +52,7 @@ def session(json_path: Path, width: int = 120) -> Iterator[Console]:
 
 @contextlib.contextmanager
 def progress(console: Console, title: str) -> Iterator[dict[str, Callable[[str], object]]]:
-    """:func:`~envfleet.benchmark.measure`'s progress hooks: a live line on a terminal, else a
-    line per runner as it starts."""
+    """The engine's progress hooks: a live line on a terminal, else a line per runner."""
     if console.is_terminal:
         with console.status(title) as status:
             yield {"progress": lambda text: status.update(f"{title}: {text}")}
@@ -91,158 +60,40 @@ def progress(console: Console, title: str) -> Iterator[dict[str, Callable[[str],
         yield {"on_stage": lambda text: console.print(text, markup=False, highlight=False)}
 
 
-# -- measuring and tabulating ------------------------------------------------------------------
+def measure_table(
+    console: Console, title: str, cases: Sequence[Case], workload: benchmark.Workload,
+    timing: benchmark.Timing, reference: str | None = None,
+    columns: Sequence[benchmark.Column] = (),
+) -> benchmark.Report:  # fmt: skip
+    """Measure ``cases`` side by side on ``workload`` (:func:`envfleet.benchmark.sweep`, forking
+    rows opened first), print ``title`` and the engine's table (ratios to row ``reference``,
+    and ``columns``) with its notes; a failed row prints its traceback."""
 
-
-def measure_cases(
-    cases: Sequence[Case],
-    workload: Workload,
-    timing: Timing,
-    console: Console | None = None,
-    **hooks: Callable[[str], object],
-) -> dict[str, RunResult | str]:
-    """Open every case (forking ones first), then time their windows interleaved.
-
-    Returns:
-        For each case name, its :class:`RunResult` or, if it failed (or was slower to start
-        than the timing allows), ``"Type: message"`` (printed, with its traceback, on
-        ``console``).
-    """
-
-    def failed(name: str, exc: BaseException) -> None:
-        if console is None:
-            return
+    def failed(name: str, _n: int, exc: BaseException) -> None:
         console.print(f"[red]{name} failed[/red]: {type(exc).__name__}: {str(exc)[:300]}")
         if not isinstance(exc, ImportError):
             text = "".join(traceback.format_exception(exc))
             console.print(text[-2000:], markup=False, highlight=False)
 
-    def timed(opener: Opener) -> Opener:
-        def open_timed(workload: Workload, timing: Timing) -> Runner:
-            start = time.perf_counter()
-            runner = opener(workload, timing)
-            if isinstance(runner, CallRunner) and not runner.setup_s:  # building and resetting
-                runner.setup_s = time.perf_counter() - start - runner.warmup_s
-            return runner
-
-        return open_timed
-
-    ordered = [c.name for c in sorted(cases, key=lambda c: not c.forks)]  # forking ones first
-    openers = {case.name: timed(case.open) for case in cases}
-    results = measure_runners(ordered, workload, timing, on_error=failed, openers=openers, **hooks)
-    return {c.name: r if isinstance(r, RunResult | str) else str(r) for c in cases
-            for r in [results[c.name]]}  # fmt: skip
-
-
-def ratio(value: float | None, base: float | None) -> float | None:
-    return None if value is None or not base else value / base
-
-
-def fmt(value: float | None, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def median_of(results: dict[str, RunResult | str], name: str | None) -> float | None:
-    result = results.get(name) if name is not None else None
-    return result.median if isinstance(result, RunResult) else None
-
-
-Column = tuple[str, Callable[[str, RunResult], str]]
-"""A ratio column: header, and the cell for a row that did not fail."""
-
-
-def versus(header: str, base: float | None) -> Column:
-    """A column of each row's median over ``base`` (``-`` when either is missing)."""
-    return header, lambda _name, result: fmt(ratio(result.median, base))
-
-
-def results_table(
-    console: Console,
-    title: str,
-    names: Sequence[str],
-    results: dict[str, RunResult | str],
-    columns: Sequence[Column] = (),
-) -> dict[str, Any]:
-    """Print one row per name (steps/s, ``columns``, setup, windows, other load); its JSON."""
-    table = Table(title=title, title_justify="left")
-    table.add_column("runner", no_wrap=True)
-    for header in ("steps/s", *(h for h, _ in columns), "setup s", "windows", "other load"):
-        table.add_column(header, justify="right")
-    out: dict[str, Any] = {}
-    for name in names:
-        result = results[name]
-        if isinstance(result, str):
-            table.add_row(name, "[red]failed[/red]", *["-"] * len(columns), "-", result[:70], "-")
-            out[name] = {"error": result}
-            continue
-        table.add_row(
-            name,
-            f"{result.median:,.0f}",
-            *(cell(name, result) for _, cell in columns),
-            f"{result.setup_s:.1f}",
-            " ".join(f"{w:,.0f}" for w in result.throughputs),
-            " ".join(f"{c:.2f}" for c in result.other_load),
-        )
-        out[name] = {
-            "steps_per_s": result.median,
-            "windows": result.throughputs,
-            "setup_s": result.setup_s,
-            "other_load_cores": result.other_load,
-            **result.info,
-        }
-    console.print(table)
-    loads = [c for r in results.values() if isinstance(r, RunResult) for c in r.other_load]
-    if loads and max(loads) > 0.2:
-        console.print(
-            f"[yellow]other processes kept up to {max(loads):.2f} cores busy during the windows "
-            "('other load'): these numbers are skewed; compare ratios within a round[/yellow]"
-        )
-    return out
-
-
-@dataclass(frozen=True)
-class Versus:
-    """A ratio column: each row's median over row ``row``'s, headed ``header`` and, if ``key``
-    is given, added to each row's JSON under ``key``."""
-
-    header: str
-    row: str
-    key: str | None = None
-
-
-def add_ratios(rows: dict[str, Any], key: str, base: float | None) -> None:
-    """Add ``key``: steps/s over ``base`` to every measured row of a results table's JSON."""
-    for row in rows.values():
-        if "steps_per_s" in row:
-            row[key] = ratio(row["steps_per_s"], base)
-
-
-def measure_table(
-    console: Console,
-    title: str,
-    cases: Sequence[Case],
-    workload: Workload,
-    timing: Timing,
-    columns: Sequence[Versus | Column] = (),
-) -> tuple[dict[str, RunResult | str], dict[str, Any]]:
-    """Measure ``cases`` on ``workload`` (with progress) and print their table, titled
-    ``title`` and the timing, with a ratio column per :class:`Versus` (or ready-made column);
-    the results and the table's JSON."""
+    ordered = sorted(cases, key=lambda c: not c.forks)
     with progress(console, f"{title}: {len(cases)} runners") as hooks:
-        results = measure_cases(cases, workload, timing, console, **hooks)
-    bases = [(c, median_of(results, c.row)) for c in columns if isinstance(c, Versus)]
-    rows = results_table(
-        console,
-        f"{title} ({timing.repeats} x {timing.seconds:g} s, median)",
-        [c.name for c in cases],
-        results,
-        [versus(c.header, median_of(results, c.row)) if isinstance(c, Versus) else c
-         for c in columns],
-    )  # fmt: skip
-    for column, base in bases:
-        if column.key is not None:
-            add_ratios(rows, column.key, base)
-    return results, rows
+        report = benchmark.sweep(
+            workload.spec, [workload.num_envs], [c.name for c in ordered], timing,
+            on_error=failed, openers={c.name: c.open for c in cases}, **hooks,
+        )  # fmt: skip
+    report.runners = [c.name for c in cases]  # shown in the order given
+    console.print(f"[bold]{title}[/bold]")
+    console.print(benchmark.report_table(report, reference or "ceiling", columns))
+    for note in benchmark.report_notes(report):
+        console.print(f"[yellow]{note}[/yellow]")
+    return report
+
+
+def rows(report: benchmark.Report) -> dict[str, Any]:
+    """A one-count report's JSON, less the machine (written once per script)."""
+    document = report.as_dict()
+    document.pop("machine")
+    return document
 
 
 def target(
@@ -252,72 +103,17 @@ def target(
     when ``value`` was not measured)."""
     met = None if value is None else value >= minimum
     mark = {None: "", True: " [green]met[/green]", False: " [red]missed[/red]"}[met]
-    console.print(f"[bold]{label} = {fmt(value)}[/bold] (target >= {minimum:g}){mark}{end}")
+    shown = "-" if value is None else f"{value:.2f}"
+    console.print(f"[bold]{label} = {shown}[/bold] (target >= {minimum:g}){mark}{end}")
     return {"ratio": label, "value": value, "minimum": minimum, "met": met}
 
 
-# -- async layouts and the ideal row -----------------------------------------------------------
-
-
-def layouts(
-    prefix: str, batches: Sequence[int], opener: Callable[..., Runner], *, forks: bool, **kw: Any
-) -> list[Case]:
-    """A sync row (``prefix sync``) and one async row per batch size (``prefix B=8``, opened
-    with ``batch_size=8``, its :attr:`~Case.sync_of` the sync row), for one runner layout."""
-    sync = f"{prefix} sync"
-    cases = [Case(sync, functools.partial(opener, **kw), forks=forks)]
-    for b in batches:
-        opens = functools.partial(opener, batch_size=b, **kw)
-        cases.append(Case(f"{prefix} B={b}", opens, forks=forks, sync_of=sync))
-    return cases
-
-
-def own_sync_column(cases: Sequence[Case], results: dict[str, RunResult | str]) -> Column:
-    """``vs own sync``: an async row over its :attr:`~Case.sync_of` row (a sync row: 1.00)."""
-    sync_of = {c.name: c.sync_of or c.name for c in cases}
-
-    def cell(name: str, result: RunResult) -> str:
-        if sync_of[name] == name:
-            return "1.00" if name.endswith(" sync") else "-"
-        return fmt(ratio(result.median, median_of(results, sync_of[name])))
-
-    return "vs own sync", cell
-
-
-class IdealRunner(CallRunner):
-    """One env stepped alone, counted ``num_envs`` times: ``num_envs / mean step time``.
-
-    Its info also gets the sync ideal: ``num_envs / mean of the slowest of num_envs`` steps
-    (bootstrapped from the step times of the last window), and the mean step in ms.
-    """
-
-    def __init__(self, workload: Workload, timing: Timing) -> None:
-        env = workload.spec.build()
-        env.reset(seed=timing.seed)
-        n = workload.num_envs
-        self.durations: list[float] = []
-
-        def advance() -> int:
-            start = time.perf_counter()
-            _, _, terminated, truncated, _ = env.step(0)
-            self.durations.append(time.perf_counter() - start)
-            if terminated or truncated:
-                env.reset()
-            return n
-
-        super().__init__("ideal", advance, env.close, timing, num_envs=n)
-
-    def window(self, seconds: float) -> float:
-        time_calls(self.advance, self._rewarm)
-        self.durations.clear()  # the timed window's steps alone: rate <= num_envs / mean step
-        rate = time_calls(self.advance, seconds)
-        d = np.array(self.durations[-100_000:])
-        if len(d) >= 10:
-            n = self.info["num_envs"]
-            slowest = d[np.random.default_rng(0).integers(0, len(d), size=(2000, n))].max(axis=1)
-            self.info["mean_step_ms"] = float(d.mean() * 1e3)
-            self.info["ideal_sync_steps_per_s"] = float(n / slowest.mean())
-        return rate
+def open_ideal(workload: benchmark.Workload, timing: benchmark.Timing) -> benchmark.Runner:
+    """One env stepped alone, counted ``num_envs`` times: ``num_envs / mean step time``, what
+    stepping every env at once could reach."""
+    loop = benchmark.open_loop(benchmark.Workload(workload.spec, 1), timing)
+    n = workload.num_envs
+    return benchmark.CallRunner("ideal", lambda: n * loop.advance(), loop.close, timing)  # type: ignore[attr-defined]
 
 
 # -- options, machine, JSON --------------------------------------------------------------------
@@ -337,11 +133,11 @@ def script_parser(doc: str, default_json: Path) -> argparse.ArgumentParser:
     return parser
 
 
-def timing_from(args: argparse.Namespace, full: tuple[float, int] = (3.0, 3)) -> Timing:
+def timing_from(args: argparse.Namespace, full: tuple[float, int] = (3.0, 3)) -> benchmark.Timing:
     """The :class:`Timing` of :func:`script_parser`'s options (``full``: the seconds and
     repeats without ``--quick``)."""
     seconds, repeats, warmup, rewarm = (0.5, 1, 0.3, 0.1) if args.quick else (*full, 1.0, 0.2)
-    return Timing(
+    return benchmark.Timing(
         seconds=args.seconds if args.seconds is not None else seconds,
         repeats=args.repeats if args.repeats is not None else repeats,
         warmup=args.warmup if args.warmup is not None else warmup,
@@ -370,7 +166,7 @@ def add_choice(parser: argparse.ArgumentParser, flag: str, choices: Sequence[str
 
 def print_machine(console: Console, packages: Sequence[str] = ()) -> dict[str, Any]:
     """Print a one-line summary of :func:`~envfleet.benchmark.machine_info`; return it."""
-    machine = machine_info(packages)
+    machine = benchmark.machine_info(packages)
     load = machine["load_average_at_start"]
     console.print(
         f"{machine['cpu_model']}, {machine['usable_cores']} usable cores, Python "

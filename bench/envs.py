@@ -18,11 +18,8 @@ from gymnasium import spaces
 
 class SleepEnv(gymnasium.Env[np.ndarray, int]):
     """An env whose ``step`` sleeps (1 ms by default): the stand-in for a simulator that waits.
-
-    Observations are ``Box(-inf, inf, (4,), float32)``: the step count, the action, the last
-    sleep (ms) and 0; actions ``Discrete(2)``; every episode is truncated after ``max_steps``
-    steps with reward 1 per step.
-    """
+    Observations: the step count, the action, the last sleep (ms) and 0 (float32); actions
+    ``Discrete(2)``; reward 1 a step; truncated after ``max_steps`` steps."""
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
@@ -53,46 +50,21 @@ class SleepEnv(gymnasium.Env[np.ndarray, int]):
         return self._obs.copy(), 1.0, False, self._t >= self.max_steps, {}
 
 
-class NoOpEnv(gymnasium.Env[np.ndarray, int]):
+class NoOpEnv(SleepEnv):
     """An env whose ``step`` does nothing: a constant observation, never done (the fixed cost
     of a step is all that is left to measure)."""
-
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
-
-    def __init__(self) -> None:
-        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float32)
-        self.action_space = spaces.Discrete(2)
-        self._obs = np.zeros(4, dtype=np.float32)
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        super().reset(seed=seed)
-        return self._obs, {}
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         return self._obs, 0.0, False, False, {}
 
 
-EnvRef = str | type[gymnasium.Env[Any, Any]]
-"""A registered Gymnasium id or an env class (both picklable by reference)."""
-
-
 @dataclass(frozen=True)
 class Target:
-    """A throughput case with a bar to clear: which env, how many copies, and the least ratio
-    of envfleet process to the independent-processes ceiling (the engine's
-    :class:`envfleet.benchmark.Workload` is the env and count alone).
-
-    Attributes:
-        name: short name used on the command line (``cartpole``).
-        env: registered id or env class.
-        num_envs: number of envs stepped together.
-        target: minimum envfleet-process / independent-processes-ceiling ratio, if any.
-    """
+    """A throughput case: its name on the command line (``cartpole``), the env, how many
+    copies, and the least ratio of envfleet process to the ceiling, if any."""
 
     name: str
-    env: EnvRef
+    env: str | type[gymnasium.Env[Any, Any]]  # picklable by reference
     num_envs: int
     target: float | None = None
 
@@ -108,9 +80,6 @@ TARGETS: dict[str, Target] = {
 
 KINDS = ("raise", "exit", "hang")
 """Failure kinds: raise an exception, ``os._exit`` the worker, sleep far past the timeout."""
-
-EXIT_CODE = 13
-"""Exit code of a worker that an injected ``exit`` ended."""
 
 # Observation columns.
 ENV_INDEX = 0  # the env's index in the pool, from its last action (-1 before the first step)
@@ -130,41 +99,27 @@ class SoakEnv(gymnasium.Env[np.ndarray, np.ndarray]):
 
     The action is ``[env index, pool step id]`` (float64), which the env echoes in its
     observation, so that the driver can tell which step of which env each result belongs to.
-    Whether a step fails, and how, is drawn from an RNG seeded by the ``seed`` of the env's reset
-    (the pool's ``seed + i`` first, then the seed envfleet derives for each restart), so a seeded
-    run injects the same failures every time. Each failure is logged, one line, to ``log_path``
-    (appended and closed before it strikes) for the driver to reconcile.
-
-    Args:
-        p_fail: probability that a step fails.
-        kinds: failure kinds to choose from, uniformly.
-        hang_s: how long a ``hang`` sleeps (the pool's ``step_timeout`` should kill it first).
-        max_steps: episode length (truncated).
-        log_path: file to append failure lines to (``kind env pool_step pid calls``).
-        work_us: microseconds of busy work per step (0: the step costs only its bookkeeping),
-            to see how the cost of failures weighs against envs that cost something.
+    Whether a step fails, and how (one of ``kinds``, uniformly; a ``hang`` sleeps ``hang_s``), is
+    drawn from an RNG seeded by the env's reset (the pool's ``seed + i``, then the seed of each
+    restart): a seeded run injects the same failures every time. Each failure is appended, one
+    line (``kind env pool_step pid calls``), to ``log_path`` before it strikes, for the driver
+    to reconcile. ``work_us``: busy work per step, so that the cost of failures can be weighed
+    against envs that cost something.
     """
 
     metadata = {"render_modes": []}
 
     def __init__(
-        self,
-        p_fail: float = 1e-4,
-        kinds: tuple[str, ...] = KINDS,
-        hang_s: float = 60.0,
-        max_steps: int = 1000,
-        log_path: str | None = None,
-        work_us: float = 0.0,
-    ) -> None:
+        self, p_fail: float = 1e-4, kinds: tuple[str, ...] = KINDS, hang_s: float = 60.0,
+        max_steps: int = 1000, log_path: str | None = None, work_us: float = 0.0,
+    ) -> None:  # fmt: skip
         unknown = set(kinds) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown failure kinds {sorted(unknown)}: choose from {KINDS}")
         self.observation_space = spaces.Box(-1.0, np.inf, shape=(OBS_SIZE,), dtype=np.float64)
         self.action_space = spaces.Box(0.0, 2.0**52, shape=(2,), dtype=np.float64)
         self.p_fail, self.kinds, self.hang_s = p_fail, tuple(kinds), hang_s
-        self.max_steps = max_steps
-        self.log_path = log_path
-        self.work_s = work_us * 1e-6
+        self.max_steps, self.log_path, self.work_s = max_steps, log_path, work_us * 1e-6
         self._rng = np.random.default_rng()
         self._obs = np.full(OBS_SIZE, -1.0)
         self._obs[CALLS] = self._obs[EPISODE_STEP] = self._obs[EPISODES] = 0.0
@@ -176,9 +131,8 @@ class SoakEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         if seed is not None:
             self._rng = np.random.default_rng(seed)
         obs = self._obs
-        obs[POOL_STEP] = -1.0
+        obs[POOL_STEP], obs[EPISODE_STEP] = -1.0, 0.0
         obs[CALLS] += 1
-        obs[EPISODE_STEP] = 0.0
         obs[EPISODES] += 1
         return obs.copy(), {}
 
@@ -209,7 +163,7 @@ class SoakEnv(gymnasium.Env[np.ndarray, np.ndarray]):
                 f"injected failure: env {int(obs[ENV_INDEX])} at pool step {int(obs[POOL_STEP])}"
             )
         if kind == "exit":
-            os._exit(EXIT_CODE)
+            os._exit(13)  # the exit code of a worker an injected ``exit`` ended
         time.sleep(self.hang_s)
 
 
@@ -217,19 +171,11 @@ def read_log(path: str) -> list[tuple[str, int, int, int, int]]:
     """The failures a :class:`SoakEnv` logged: ``(kind, env, pool_step, pid, calls)``."""
     if not os.path.exists(path):
         return []
-    events = []
     with open(path) as log:
-        for line in log:
-            kind, env, step, pid, calls = line.split()
-            events.append((kind, int(env), int(step), int(pid), int(calls)))
-    return events
+        return [(k, int(e), int(s), int(p), int(c)) for k, e, s, p, c in map(str.split, log)]
 
 
 # -- the heavy-tailed env (bench/async_bench.py, bench/rollout.py) ------------------------------
-
-FAST_S = 0.0002
-SLOW_S = 0.005
-SLOW_P = 0.1
 
 
 class HeavyTailEnv(SleepEnv):
@@ -238,7 +184,7 @@ class HeavyTailEnv(SleepEnv):
     its first reset, so that a seeded run sleeps the same sequence whatever backend steps it."""
 
     def __init__(
-        self, fast_s: float = FAST_S, slow_s: float = SLOW_S, slow_p: float = SLOW_P,
+        self, fast_s: float = 0.0002, slow_s: float = 0.005, slow_p: float = 0.1,
         max_steps: int = 500,
     ) -> None:  # fmt: skip
         super().__init__(fast_s, max_steps)
@@ -248,30 +194,16 @@ class HeavyTailEnv(SleepEnv):
         return self.slow_s if self.np_random.random() < self.slow_p else self.sleep_s
 
 
-def expected_step_s(
-    fast_s: float = FAST_S, slow_s: float = SLOW_S, slow_p: float = SLOW_P
-) -> float:
-    """Mean requested sleep of a :class:`HeavyTailEnv` step (``time.sleep`` oversleeps this)."""
-    return (1 - slow_p) * fast_s + slow_p * slow_s
-
-
 # -- Pong as bench/rollout.py steps it ------------------------------------------------------------
 
 PONG = "ALE/Pong-v5"
 
-ENVPOOL_PONG: dict[str, Any] = {
-    "episodic_life": False,
-    "reward_clip": False,
-    "stack_num": 4,
-    "img_height": 84,
-    "img_width": 84,
-    "frame_skip": 4,
-    "noop_max": 30,
-    "repeat_action_probability": 0.25,  # ALE v5's sticky actions
-    "max_episode_steps": 27_000,  # 108,000 frames, as ALE v5
-}
+ENVPOOL_PONG: dict[str, Any] = dict(episodic_life=False, reward_clip=False, stack_num=4,
+    img_height=84, img_width=84, frame_skip=4, noop_max=30, repeat_action_probability=0.25,
+    max_episode_steps=27_000)  # fmt: skip
 """EnvPool's Pong configured as :func:`make_pong`: 84x84 grey, frame skip 4, 4 frames stacked,
-up to 30 no-ops at reset, sticky actions, no life-loss episodes, rewards unclipped."""
+up to 30 no-ops at reset, ALE v5's sticky actions and 108,000 frames an episode, no life-loss
+episodes, rewards unclipped."""
 
 
 def make_pong() -> gymnasium.Env[Any, Any]:

@@ -1,21 +1,11 @@
 """The ray backend against plain Ray patterns and the process backend, side by side in one run.
 
-Runners (random actions, after warm-up; timed windows interleaved across runners so that a
-change in the machine's load hits them all; the median window is reported):
-
-- ``naive-ray``, ``batched-ray``: plain Ray patterns (below):
-  one actor per env and a call per env step; the envs split by hand over one actor per usable
-  core, a call per actor stepping all of its envs (what envfleet's ray backend automates);
-- ``envfleet-ray``: ``envfleet.make(..., backend="ray")`` joining the Ray this script started
-  (its actors are on this machine: they share the batch memory and take commands over a socket);
-- ``envfleet-ray-calls``: the same with ``ray_shared_memory=False``: a Ray call per command, the
-  path actors on other machines of a cluster take;
-- ``envfleet-process``: ``envfleet.make(..., backend="process")``, the reference.
-
-Workloads: CartPole-v1 x 64 and ALE/Pong-v5 x 8. Targets: envfleet-ray at least 0.8x
-envfleet-process on Pong, and at least 5x naive-ray on CartPole. Ray's start-up (``ray.init``
-of a local Ray) is timed apart from everything else. Prints a table per workload and writes
-every number, with machine info, to ``bench/results/ray.json``.
+Rows: ``naive-ray`` (an actor per env, a call per env step), ``batched-ray`` (the envs split by
+hand over an actor per usable core, a call per actor per step: what the ray backend automates),
+``envfleet-ray`` (its actors on this machine share the batch memory), ``envfleet-ray-calls``
+(``ray_shared_memory=False``: a Ray call per command, as actors on other nodes) and
+``envfleet-process``. Workloads: CartPole-v1 x 64 (target: envfleet-ray >= 5x naive-ray) and
+ALE/Pong-v5 x 8 (envfleet-ray >= 0.8x envfleet-process). Ray's start-up is timed apart.
 
 Usage (from the repository root, so that Ray's workers can import ``bench``)::
 
@@ -32,46 +22,19 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import argparse
-import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium
 import numpy as np
-from rich.console import Console
 
-from bench import envs
-from bench.common import (
-    RESULTS,
-    Case,
-    Versus,
-    add_choice,
-    measure_table,
-    median_of,
-    print_machine,
-    ratio,
-    save_json,
-    script_parser,
-    session,
-    target,
-    timing_from,
-)
+from bench import common, envs
+from bench.common import Case
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
 from envfleet.benchmark import CallRunner, Runner, Timing, Workload, cycle, sample_actions
 from envfleet.spec import EnvSpec
-
-DEFAULT_JSON = RESULTS / "ray.json"
-
-
-def _step_env(env: gymnasium.Env[Any, Any], action: Any) -> tuple[Any, float, bool, bool]:
-    """One step, resetting an env whose episode ended (as the vector envs do)."""
-    obs, reward, terminated, truncated, _ = env.step(action)
-    if terminated or truncated:
-        obs, _ = env.reset()
-    return obs, float(reward), bool(terminated), bool(truncated)
 
 
 class BatchActor:
@@ -86,8 +49,11 @@ class BatchActor:
         return True
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        results = [_step_env(env, a) for env, a in zip(self.envs, actions.tolist(), strict=True)]
-        obs, rewards, terminated, truncated = zip(*results, strict=True)
+        """Every env one step, each reset when its episode ends (as the vector envs do)."""
+        results = [env.step(a) for env, a in zip(self.envs, actions.tolist(), strict=True)]
+        obs = [o if not (t or u) else env.reset()[0]
+               for env, (o, _, t, u, _) in zip(self.envs, results, strict=True)]  # fmt: skip
+        _, rewards, terminated, truncated, _ = zip(*results, strict=True)
         return np.stack(obs), np.array(rewards), np.array(terminated), np.array(truncated)
 
 
@@ -96,7 +62,6 @@ def _open_ray(name: str, workload: Workload, timing: Timing, num_actors: int) ->
     at once, each stepping its block of envs."""
     import ray
 
-    start = time.perf_counter()
     blocks = np.array_split(np.arange(workload.num_envs), num_actors)
     cls: Any = ray.remote(num_cpus=0)(BatchActor)
     actors = [cls.remote(workload.spec, (timing.seed + block).tolist()) for block in blocks]
@@ -119,8 +84,7 @@ def _open_ray(name: str, workload: Workload, timing: Timing, num_actors: int) ->
         ray.get([actor.step.remote(batch[b]) for actor, b in zip(actors, blocks, strict=True)])
 
     advance = cycle(step, actions, workload.num_envs)
-    setup_s = time.perf_counter() - start
-    return CallRunner(name, advance, close, timing, setup_s=setup_s, actors=len(actors))
+    return CallRunner(name, advance, close, timing, actors=len(actors))
 
 
 def open_naive_ray(workload: Workload, timing: Timing) -> Runner:
@@ -133,90 +97,48 @@ def open_batched_ray(workload: Workload, timing: Timing) -> Runner:
     return _open_ray("batched-ray", workload, timing, min(len(usable_cpus()), workload.num_envs))
 
 
-BENCH_WORKLOADS = ("cartpole", "pong")
-
-
-RUNNERS: dict[str, Callable[[Workload, Timing], Runner]] = {
-    "naive-ray": open_naive_ray,
-    "batched-ray": open_batched_ray,
-    "envfleet-ray": benchmark.envfleet_opener("ray", "envfleet-ray", ray_shared_memory=True),
-    "envfleet-ray-calls": benchmark.envfleet_opener(
-        "ray", "envfleet-ray-calls", ray_shared_memory=False
-    ),
-    "envfleet-process": benchmark.RUNNERS["process"].open,
-}
-"""Every runner by name, in the order they are opened and shown."""
-
-RAY_TARGETS = {
-    "cartpole": ("envfleet-ray", "naive-ray", 5.0),
-    "pong": ("envfleet-ray", "envfleet-process", 0.8),
-}
-"""Per workload: (runner, baseline, the least ratio of their throughputs that meets it)."""
-
-
-def run(name: str, timing: Timing, console: Console) -> dict[str, Any]:
-    """Measure every runner on the workload ``name``, print its table; its JSON entry."""
-    case = envs.TARGETS[name]
-    workload = Workload.of(case.env, case.num_envs)
-    subject, baseline, minimum = RAY_TARGETS[name]
-    cases = [Case(runner, opener) for runner, opener in RUNNERS.items()]
-    title = f"{workload.label} x {workload.num_envs} (env-steps/s)"
-    columns = [Versus(f"vs {baseline}", baseline)]
-    results, rows = measure_table(console, title, cases, workload, timing, columns)
-    base = median_of(results, baseline)
-    value = ratio(median_of(results, subject), base)
-    met = target(console, f"{subject} / {baseline}", value, minimum)
-    return {"env": workload.label, "num_envs": workload.num_envs, "runners": rows, "target": met}
+CASES = [
+    Case("naive-ray", open_naive_ray),
+    Case("batched-ray", open_batched_ray),
+    Case("envfleet-ray", benchmark.envfleet_opener("ray", "envfleet-ray", ray_shared_memory=True)),
+    Case("envfleet-ray-calls",
+         benchmark.envfleet_opener("ray", "envfleet-ray-calls", ray_shared_memory=False)),
+    Case("envfleet-process", benchmark.RUNNERS["process"].open),
+]  # fmt: skip
+RAY_TARGETS = {"cartpole": ("naive-ray", 5.0), "pong": ("envfleet-process", 0.8)}
+"""Per workload: the baseline, and the least ratio of envfleet-ray to it that meets the target."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = script_parser(__doc__ or "", DEFAULT_JSON)
-    add_choice(parser, "--workloads", BENCH_WORKLOADS)
-    parser.add_argument(
-        "--ray-system-config",
-        type=json.loads,
-        default=None,
-        metavar="JSON",
-        help="ray.init(_system_config=...) of the local Ray, e.g. "
-        '\'{"worker_niceness": 0, "max_direct_call_object_size": 4194304}\' (Ray runs its '
-        "workers at nice 15 and sends results over 100 KB through its object store)",
-    )
+    parser = common.script_parser(__doc__ or "", common.RESULTS / "ray.json")
+    common.add_choice(parser, "--workloads", list(RAY_TARGETS))
     args = parser.parse_args(argv)
-    timing = timing_from(args)
-    with session(args.json) as console:  # Ray's warnings go to the log, not the screen
-        output = run_all(args, timing, console)
-    save_json(args.json, output, console)
-    return 0
-
-
-def run_all(args: argparse.Namespace, timing: Timing, console: Console) -> dict[str, Any]:
+    timing = common.timing_from(args)
     import ray
 
-    machine = print_machine(console, ("ray", "ale-py"))
-    if ray.is_initialized():
-        raise SystemExit("run this with no Ray connected: it times Ray's start-up")
-    start = time.perf_counter()
-    # address="local": a Ray of its own, never a cluster someone else started on this machine.
-    tuning = {"_system_config": args.ray_system_config} if args.ray_system_config else {}
-    with console.status("starting Ray ..."):
-        ray.init(address="local", include_dashboard=False, log_to_driver=False, **tuning)
-    ray_startup_s = time.perf_counter() - start
-    console.print(
-        f"Ray start-up (ray.init of a local Ray): {ray_startup_s:.2f} s"
-        + (f"; _system_config={args.ray_system_config}" if args.ray_system_config else "")
-        + "\n"
-    )
-    try:
-        entries = {name: run(name, timing, console) for name in args.workloads}
-    finally:
-        ray.shutdown()
-    return {
-        "machine": machine,
-        "timing": timing.as_dict(),
-        "ray_startup_s": ray_startup_s,
-        "ray_system_config": args.ray_system_config or {},
-        "workloads": entries,
-    }
+    with common.session(args.json) as console:  # Ray's warnings go to the log, not the screen
+        output: dict[str, Any] = {"machine": common.print_machine(console, ("ray", "ale-py"))}
+        if ray.is_initialized():
+            raise SystemExit("run this with no Ray connected: it times Ray's start-up")
+        start = time.perf_counter()
+        # address="local": a Ray of its own, never a cluster someone else started here.
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)
+        output["ray_startup_s"] = time.perf_counter() - start
+        console.print(f"Ray start-up (ray.init of a local Ray): {output['ray_startup_s']:.2f} s")
+        try:
+            for name in args.workloads:
+                case = envs.TARGETS[name]
+                workload = Workload.of(case.env, case.num_envs)
+                title = f"{workload.label} x {workload.num_envs} (env-steps/s)"
+                baseline, minimum = RAY_TARGETS[name]
+                report = common.measure_table(console, title, CASES, workload, timing, baseline)
+                value = report.ratio("envfleet-ray", case.num_envs, baseline)
+                check = common.target(console, f"envfleet-ray / {baseline}", value, minimum)
+                output[name] = {**common.rows(report), "target": check}
+        finally:
+            ray.shutdown()
+    common.save_json(args.json, output, console)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,23 +1,15 @@
 """Fault tolerance soak: envs that raise, exit or hang at random; every step accounted for.
 
-Two pools of :class:`bench.envs.SoakEnv` side by side in one process, in alternating chunks (so
-that load from elsewhere hits both alike): one whose envs fail with probability ``--p-fail`` per
-step (raise an exception, ``os._exit`` their worker, or hang until ``step_timeout`` kills it,
-chosen uniformly) and a fault-free one, both with ``on_error="restart"``. :class:`SoakRun`
-checks each result as it comes:
-
-- every result is either delivered or flagged ``infos["envfleet/restarted"]`` (lost), and
-  ``delivered + lost == requested``; ``lost == sum(pool.restarts)``;
-- a delivered result is the next call of its env instance (its counter advanced by exactly 1,
-  the action's step id echoed; after an episode end or a restart, a reset): no step silently
-  lost, repeated or given to the wrong env;
-- a flagged result has reward 0, ``truncated``, and the env's last observation (or, for an env
-  of a dead or hung worker that finished its step before the failure, that step's);
-- the flagged envs of each step are exactly those the injected failures account for.
-
-It prints failures injected, restarts made and steps/s against the fault-free pool (target: at
-least 0.9x). Exit status: 0 when every check holds, 1 when one fails, 2 when a ``pool.step``
-stalls for ``--stall-s`` (a watchdog prints the pool's state, :meth:`envfleet.Pool.describe`).
+Two pools of :class:`bench.envs.SoakEnv` stepped in alternating chunks, both with
+``on_error="restart"``: one whose envs fail with probability ``--p-fail`` per step (raise,
+``os._exit`` the worker, or hang until ``step_timeout``), and a fault-free one. Every result is
+checked as it comes (:func:`soak_checks`): delivered or flagged ``infos["envfleet/restarted"]``
+(``delivered + lost == requested``, ``lost == sum(pool.restarts)``); a delivered result is the
+next call of its env (no step lost, repeated or given to another env); a flagged one is
+truncated, with reward 0 and the env's last observation; the flagged envs of each step are those
+the injected failures account for. Target: the faulty pool at least 0.9x the fault-free one.
+Exit status 0 when every check holds, 1 when one fails, 2 when a ``pool.step`` stalls for
+``--stall-s`` (a watchdog prints :meth:`envfleet.Pool.describe`).
 
 Usage::
 
@@ -49,11 +41,11 @@ from typing import Any
 
 import numpy as np
 import psutil
+from rich.console import Console
 
 import envfleet
-from bench.common import RESULTS, fmt, save_json
+from bench.common import RESULTS, print_machine, save_json
 from bench.envs import CALLS, ENV_INDEX, EPISODE_STEP, KINDS, POOL_STEP, SoakEnv, read_log
-from envfleet.benchmark import machine_info
 
 RESTARTED = "envfleet/restarted"
 MAX_EXAMPLES = 10
@@ -62,38 +54,20 @@ MAX_EXAMPLES = 10
 
 @dataclass(frozen=True)
 class SoakConfig:
-    """What a soak runs.
+    """What a soak runs (each field is an option: ``--p-fail``, ``--kinds raise,exit``, ...)."""
 
-    Attributes:
-        steps: env-steps per pool.
-        p_fail: probability that an env step fails (in the faulty pool).
-        num_envs: envs per pool.
-        workers: worker processes per pool (at least 2: a dying worker must not be the only one).
-        step_timeout: seconds before a hung worker is killed (each hang costs this much).
-        hang_s: how long a hang sleeps.
-        kinds: failure kinds to inject, from :data:`bench.envs.KINDS`.
-        episode_steps: episode length (truncated).
-        work_us: busy work per env step, microseconds.
-        chunks: alternations between the pools.
-        seed: the pools' seed.
-        baseline: also run the fault-free pool.
-        stall_s: a ``pool.step`` taking longer ends the run as stalled (default
-            ``max(60, 40 * step_timeout)``).
-    """
-
-    steps: int = 1_000_000
-    p_fail: float = 1e-4
-    num_envs: int = 64
-    workers: int = 2
-    step_timeout: float = 0.25
-    hang_s: float = 60.0
-    kinds: tuple[str, ...] = KINDS
-    episode_steps: int = 1000
-    work_us: float = 0.0
-    chunks: int = 10
-    seed: int = 0
-    baseline: bool = True
-    stall_s: float | None = None
+    steps: int = 1_000_000  # env-steps per pool
+    p_fail: float = 1e-4  # probability that an env step fails (in the faulty pool)
+    num_envs: int = 64  # envs per pool
+    workers: int = 2  # worker processes per pool: at least 2, a dying one must not be the only
+    step_timeout: float = 0.25  # seconds before a hung worker is killed (each hang costs this)
+    hang_s: float = 60.0  # how long a hang sleeps
+    kinds: tuple[str, ...] = KINDS  # failure kinds to inject, from bench.envs.KINDS
+    episode_steps: int = 1000  # episode length (truncated)
+    work_us: float = 0.0  # busy work per env step, microseconds
+    chunks: int = 10  # alternations between the pools
+    seed: int = 0  # the pools' seed
+    stall_s: float | None = None  # a longer pool.step stalls the run (max(60, 40 x timeout))
 
     def __post_init__(self) -> None:
         if self.workers < 2:
@@ -113,19 +87,12 @@ class SoakRun:
             for ids in np.array_split(np.arange(args.num_envs), args.workers)
         ]
         self.worker_of = {i: w for w, ids in enumerate(self.assignment) for i in ids}
+        env: dict[str, Any] = dict(p_fail=p_fail, kinds=tuple(args.kinds), hang_s=args.hang_s)
+        env.update(log_path=self.log_path, max_steps=args.episode_steps, work_us=args.work_us)
         self.pool = envfleet.make(
-            SoakEnv,
-            args.num_envs,
-            backend="process",
-            num_workers=args.workers,
-            seed=args.seed,
-            on_error="restart",
-            step_timeout=args.step_timeout,
-            max_restarts=10**9,
-            context="fork",
-            env_kwargs={"p_fail": p_fail, "kinds": tuple(args.kinds), "hang_s": args.hang_s,
-                        "max_steps": args.episode_steps, "log_path": self.log_path,
-                        "work_us": args.work_us},
+            SoakEnv, args.num_envs, backend="process", num_workers=args.workers, seed=args.seed,
+            on_error="restart", step_timeout=args.step_timeout, max_restarts=10**9, context="fork",
+            env_kwargs=env,
         )  # fmt: skip
         obs, _ = self.pool.reset()
         n = self.num_envs
@@ -160,24 +127,16 @@ class SoakRun:
             actions[:, 1] = s
             start = time.perf_counter()
             self.stepping_since = start
-            obs, rewards, terminations, truncations, infos = pool.step(actions)
+            result = pool.step(actions)
             self.stepping_since = None
             seconds = time.perf_counter() - start
             times.append(seconds)
             self.step_seconds += seconds
-            self._check(s, obs, rewards, terminations, truncations, infos, seconds)
+            self._check(s, result, seconds)
             self.step_id = s + 1
 
-    def _check(
-        self,
-        s: int,
-        obs: np.ndarray,
-        rewards: np.ndarray,
-        terminations: np.ndarray,
-        truncations: np.ndarray,
-        infos: dict[str, Any],
-        seconds: float,
-    ) -> None:
+    def _check(self, s: int, result: tuple[Any, ...], seconds: float) -> None:
+        obs, rewards, terminations, truncations, infos = result
         n, last = self.num_envs, self.last
         self.requested += n
         mask = infos.get(f"_{RESTARTED}")
@@ -228,16 +187,9 @@ class SoakRun:
         if bad.any():
             self.anomaly_count += int(bad.sum())
             for i in np.flatnonzero(bad)[: MAX_EXAMPLES - len(self.anomalies)].tolist():
-                self.anomalies.append(
-                    {
-                        "step": s,
-                        "env": i,
-                        "expected": "reset" if resets[i] else "step",
-                        "last": last[i].tolist(),
-                        "got": obs[i].tolist(),
-                        "reward": float(rewards[i]),
-                    }
-                )
+                example = {"step": s, "env": i, "expected": "reset" if resets[i] else "step"}
+                example.update(last=last[i].tolist(), got=obs[i].tolist(), reward=float(rewards[i]))
+                self.anomalies.append(example)
         self.env_counted += int((obs[kept, CALLS] - calls_before[kept]).sum())
         last[kept] = obs[kept]
         self.fresh = flagged
@@ -364,23 +316,22 @@ def soak_checks(faulty: dict[str, Any], clean: dict[str, Any]) -> dict[str, bool
     """The accounting checks; every one must hold."""
     out = {}
     for label, run in (("faulty", faulty), ("fault_free", clean)):
-        out[f"{label}: delivered + lost == requested"] = (
-            run["delivered"] + run["lost_flagged"] == run["requested"]
-        )
-        out[f"{label}: lost == restarts made"] = run["lost_flagged"] == run["restarts_made"]
-        out[f"{label}: every delivered result is the next call of its env"] = (
-            run["anomalies"] == 0 and run["counted_by_envs"] == run["delivered"]
-        )
-        out[f"{label}: flagged results are truncated with reward 0"] = (
-            run["flagged_field_errors"] == 0
-        )
-        out[f"{label}: flagged results carry the env's last observation"] = (
-            run["flagged_obs_not_last"] == 0
-        )
-        out[f"{label}: flagged envs == those the injected failures account for"] = (
-            run["steps_with_unexplained_flags"] == 0 and run["steps_with_missing_flags"] == 0
-        )
-        out[f"{label}: first reset"] = run["first_reset_ok"]
+        for check, ok in {
+            "delivered + lost == requested": (
+                run["delivered"] + run["lost_flagged"] == run["requested"]
+            ),
+            "lost == restarts made": run["lost_flagged"] == run["restarts_made"],
+            "every delivered result is the next call of its env": (
+                run["anomalies"] == 0 and run["counted_by_envs"] == run["delivered"]
+            ),
+            "flagged results are truncated with reward 0": run["flagged_field_errors"] == 0,
+            "flagged results carry the env's last observation": run["flagged_obs_not_last"] == 0,
+            "flagged envs == those the injected failures account for": (
+                run["steps_with_unexplained_flags"] == 0 and run["steps_with_missing_flags"] == 0
+            ),
+            "first reset": run["first_reset_ok"],
+        }.items():
+            out[f"{label}: {check}"] = ok
     out["fault_free: nothing flagged"] = clean["lost_flagged"] == 0
     return out
 
@@ -388,13 +339,11 @@ def soak_checks(faulty: dict[str, Any], clean: dict[str, Any]) -> dict[str, bool
 def run_soak(args: SoakConfig, json_path: Path) -> int:
     """Run the soak, print what it found, write it to ``json_path``; 0 when every check held,
     1 when one failed (2, from the watchdog, when a step stalled)."""
-    machine = machine_info(("ale-py",))
+    machine = print_machine(Console(highlight=False))
     pool_steps = math.ceil(args.steps / args.num_envs)
     chunks = max(1, min(args.chunks, pool_steps))
     sizes = [len(c) for c in np.array_split(np.arange(pool_steps), chunks)]
     print(
-        f"{machine['cpu_model']}, {machine['usable_cores']} usable cores, load average "
-        f"{machine['load_average_at_start'][0]:.2f}\n"
         f"{args.num_envs} envs over {args.workers} workers, {pool_steps * args.num_envs:,} steps "
         f"per pool in {chunks} alternating chunks; p_fail={args.p_fail:g} per step "
         f"({', '.join(args.kinds)}), step_timeout={args.step_timeout:g} s, on_error=restart"
@@ -405,14 +354,10 @@ def run_soak(args: SoakConfig, json_path: Path) -> int:
         try:
             stall_s = args.stall_s or max(60.0, 40 * args.step_timeout)
             start_watchdog(runs, stall_s, {"machine": machine, "args": asdict(args)}, json_path)
-            runs["faulty"] = SoakRun("faulty", args.p_fail, args, log_dir)
-            if args.baseline:
-                runs["fault_free"] = SoakRun("fault_free", 0.0, args, log_dir)
+            for name, p_fail in (("faulty", args.p_fail), ("fault_free", 0.0)):
+                runs[name] = SoakRun(name, p_fail, args, log_dir)
             for k, size in enumerate(sizes):
-                order = list(runs.values())
-                if k % 2:
-                    order.reverse()
-                for run in order:
+                for run in list(runs.values())[:: -1 if k % 2 else 1]:
                     run.advance(size)
                 rates = "  ".join(
                     f"{run.name} {run.requested / max(run.step_seconds, 1e-9):,.0f} steps/s "
@@ -424,10 +369,8 @@ def run_soak(args: SoakConfig, json_path: Path) -> int:
         finally:
             for run in runs.values():
                 run.close()
-    wall = time.perf_counter() - started
-    faulty, clean = summaries["faulty"], summaries.get("fault_free")
-    checks = soak_checks(faulty, clean) if clean else {}
-    print()
+    faulty, clean = summaries["faulty"], summaries["fault_free"]
+    checks = soak_checks(faulty, clean)
     for name, got in summaries.items():
         print(
             f"{name}: requested {got['requested']:,} = delivered {got['delivered']:,} "
@@ -442,31 +385,24 @@ def run_soak(args: SoakConfig, json_path: Path) -> int:
         f"failures injected: {faulty['failures_injected']} ({kinds}); envs restarted: "
         f"{faulty['restarts_made']}; median extra time of a step with one failure: {costs}"
     )
-    ratio = faulty["steps_per_s"] / clean["steps_per_s"] if clean else None
-    if ratio is not None:
-        without = faulty["seconds_stepping"] - faulty["hang_seconds_expected"]
-        no_hangs = faulty["requested"] / without / clean["steps_per_s"] if without > 0 else None
-        print(
-            f"faulty / fault-free steps/s = {ratio:.3f} (target >= {TARGET}) "
-            f"{'met' if ratio >= TARGET else 'missed'}; without the hang waits: "
-            f"{fmt(no_hangs, '.3f')}"
-        )
+    ratio = faulty["steps_per_s"] / clean["steps_per_s"]
+    without = faulty["seconds_stepping"] - faulty["hang_seconds_expected"]
+    no_hangs = faulty["requested"] / without / clean["steps_per_s"] if without > 0 else math.nan
+    print(
+        f"faulty / fault-free steps/s = {ratio:.3f} (target >= {TARGET}) "
+        f"{'met' if ratio >= TARGET else 'missed'}; without the hang waits: {no_hangs:.3f}"
+    )
     for name, ok in checks.items():
         print(f"  [{'ok' if ok else 'FAILED'}] {name}")
+    wall = time.perf_counter() - started
     print(f"wall time {wall:.1f} s")
+    config = {**asdict(args), "steps_per_pool": pool_steps * args.num_envs, "chunks": chunks}
     report = {
-        "machine": machine,
-        "config": {**asdict(args), "steps_per_pool": pool_steps * args.num_envs, "chunks": chunks},
+        "machine": machine, "config": config, "faulty": faulty, "fault_free": clean,
         "obs_columns": ["env_index", "pool_step", "calls", "episode_step", "episodes"],
-        "faulty": faulty,
-        "fault_free": clean,
-        "ratio_faulty_over_fault_free": ratio,
-        "target": TARGET,
-        "meets_target": None if ratio is None else ratio >= TARGET,
-        "checks": checks,
-        "all_checks_passed": all(checks.values()),
-        "wall_seconds": wall,
-    }
+        "ratio_faulty_over_fault_free": ratio, "target": TARGET, "meets_target": ratio >= TARGET,
+        "checks": checks, "all_checks_passed": all(checks.values()), "wall_seconds": wall,
+    }  # fmt: skip
     save_json(json_path, report)
     return 0 if all(checks.values()) else 1
 
@@ -475,35 +411,27 @@ QUICK = {"steps": 50_000, "p_fail": 1e-3, "chunks": 4}
 """``--quick``: fewer steps, and failures frequent enough to happen in them."""
 
 
-def parse_args(argv: list[str] | None) -> tuple[SoakConfig, Path]:
+def main(argv: list[str] | None = None) -> int:
     """An option per :class:`SoakConfig` field (``--p-fail``, ``--kinds raise,exit``, ...)."""
     parser = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     for f in dataclasses.fields(SoakConfig):
-        flag = "--" + f.name.replace("_", "-")
+        kind = float if f.name == "stall_s" else type(f.default)
         if f.name == "kinds":
-            parser.add_argument(flag, type=lambda v: tuple(k for k in v.split(",") if k))
-        elif f.name == "baseline":
-            parser.add_argument("--no-baseline", dest="baseline", action="store_false")
-        else:
-            kind = float if f.name == "stall_s" else type(f.default)
-            parser.add_argument(flag, type=kind, help=f"default {f.default}")
+            kind = lambda v: tuple(k for k in v.split(",") if k)  # noqa: E731
+        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, help=f"default {f.default}")
     parser.add_argument("--json", type=Path, default=RESULTS / "soak.json")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK}")
     args = vars(parser.parse_args(argv))
     path, quick = args.pop("json"), args.pop("quick")
-    given = {k: v for k, v in args.items() if v is not None and not (k == "baseline" and v)}
+    given = {k: v for k, v in args.items() if v is not None}
     try:
-        return SoakConfig(**{**(QUICK if quick else {}), **given}), path
+        config = SoakConfig(**{**(QUICK if quick else {}), **given})
     except ValueError as exc:
         parser.error(str(exc))
-
-
-def main(argv: list[str] | None = None) -> int:
-    config, json_path = parse_args(argv)
-    return run_soak(config, json_path)
+    return run_soak(config, path)
 
 
 if __name__ == "__main__":

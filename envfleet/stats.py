@@ -51,6 +51,11 @@ class NodeStats:
     bytes_in: int
     round_trip_ms: float | None
     """Mean time from a message to the node until its answer (``None``: none yet)."""
+    shared_memory: bool = False
+    """The pool's own node: its workers (one Ray actor each) write their rows in the pool's
+    memory and take each command over a local socket, without an agent; ``messages`` and
+    ``answers`` count one per worker per command, nothing is copied (``bytes_*`` are 0) and
+    ``round_trip_ms`` is ``None``."""
 
 
 def node_layout(nodes: Sequence[NodeStats]) -> str:

@@ -1,16 +1,14 @@
-"""The benchmark engine's own runners (the bare pool, the parallel runner, ale-py's vector env),
+"""The benchmark engine's own runners (the bare pool, the ceiling, ale-py's vector env),
 a script's cases, the sweep's progress and the plot's notes."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bench.common import Case, measure_cases, script_parser, timing_from
+from bench.common import script_parser, timing_from
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
 from envfleet.spec import EnvSpec
@@ -37,25 +35,17 @@ def test_bare_pool_worker_that_cannot_build_is_an_error() -> None:
         benchmark.open_bare_pool(benchmark.Workload.of(_broken, 2), TIMING, num_workers=2)
 
 
-def _counter(index: int) -> Callable[[], int]:
-    return lambda: index + 1  # worker i makes i + 1 env-steps a call
-
-
-def _failing(index: int) -> Callable[[], int]:
-    if index == 1:
-        raise KeyError("worker 1 cannot start")
-    return lambda: 1
-
-
-@pytest.mark.parametrize("threads", [True, False], ids=["threads", "processes"])
-def test_parallel_runner_sums_its_workers_and_reports_a_failure(threads: bool) -> None:
-    runner = benchmark.ParallelRunner("par", _counter, 2, TIMING, threads=threads)
+def test_ceiling_splits_the_envs_over_processes_and_reports_a_failure() -> None:
+    workload = benchmark.Workload.of(FaultyEnv, 3)
+    runner = benchmark.CeilingRunner(workload, TIMING)
     try:
         assert runner.window(0.05) > 0
     finally:
         runner.close()
-    with pytest.raises(RuntimeError, match="par worker failed: KeyError"):
-        benchmark.ParallelRunner("par", _failing, 2, TIMING, threads=threads)
+    processes = min(len(usable_cpus()), 3)
+    assert runner.info["processes"] == processes and sum(runner.info["envs_per_process"]) == 3
+    with pytest.raises(RuntimeError, match="ceiling worker failed: OSError: no simulator here"):
+        benchmark.CeilingRunner(benchmark.Workload.of(_broken, 2), TIMING)
 
 
 def _call_runner(workload: benchmark.Workload, timing: benchmark.Timing) -> benchmark.Runner:
@@ -66,21 +56,20 @@ def _refuses(workload: benchmark.Workload, timing: benchmark.Timing) -> benchmar
     raise ValueError("not here")
 
 
-def test_cases_run_through_measure_in_their_order_with_their_failures() -> None:
-    cases = [
-        Case("calls", _call_runner),
-        Case("refuses", _refuses),
-        Case("loop", benchmark.open_loop, forks=True),
-        Case("calls again", functools.partial(_call_runner)),
-    ]
-    results = measure_cases(cases, benchmark.Workload.of(FaultyEnv, 2), TIMING)
-    assert list(results) == ["calls", "refuses", "loop", "calls again"]
+def test_a_scripts_runners_go_through_measure_beside_registered_ones() -> None:
+    openers = {"calls": _call_runner, "refuses": _refuses}
+    workload = benchmark.Workload.of(FaultyEnv, 2)
+    results = benchmark.measure(["calls", "refuses", "loop"], workload, TIMING, openers=openers)
+    assert list(results) == ["calls", "refuses", "loop"]
     assert results["refuses"] == "ValueError: not here"
     calls = results["calls"]
     assert isinstance(calls, benchmark.RunResult)
     assert calls.info == {"answer": 42} and len(calls.throughputs) == TIMING.repeats
-    assert calls.setup_s >= 0
-    assert all(isinstance(results[name], benchmark.RunResult) for name in ("loop", "calls again"))
+    assert calls.setup_s >= 0  # a runner that does not time its start-up: the engine does
+    assert isinstance(results["loop"], benchmark.RunResult)
+    report = benchmark.sweep(FaultyEnv, [2], ["calls", "loop"], TIMING, openers=openers)
+    assert report.status("calls") == benchmark.OK
+    assert "description" not in report.as_dict()["runners"]["calls"]
 
 
 def test_ale_vector_steps_the_frames_of_the_gymnasium_ale_env() -> None:

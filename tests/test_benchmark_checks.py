@@ -17,41 +17,26 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-import envfleet
-from bench.common import (
-    Case,
-    IdealRunner,
-    Versus,
-    add_choice,
-    add_ratios,
-    layouts,
-    measure_cases,
-    measure_table,
-    own_sync_column,
-    target,
-)
+from bench.async_bench import layouts, own_sync
+from bench.common import Case, add_choice, measure_table, open_ideal, target
 from bench.envs import read_log
 from bench.ray_bench import BatchActor
 from bench.soak import SoakConfig, SoakRun, run_soak, soak_checks
-from bench.stats_overhead import RECORDING, StatsSetup, stats_disabled, stats_overhead
-from bench.thread_bench import (
-    HOLDS,
-    REFERENCES,
-    RELEASES,
-    main_thread_progress,
-    open_bare_threads,
-    scaling_cases,
-    scaling_verdict,
+from bench.thread_bench import open_bare_threads
+from envfleet.benchmark import (
+    OK,
+    Availability,
+    CallRunner,
+    Report,
+    Runner,
+    RunResult,
+    Timing,
+    Workload,
+    open_envfleet,
 )
-from envfleet.benchmark import CallRunner, Runner, RunResult, Timing, Workload, open_envfleet
-from envfleet.stats import StatsRecorder
 from tests.envs import FaultyEnv
 
 TIMING = Timing(seconds=0.05, warmup=0.02, rewarm=0.01, repeats=2)
-
-
-def _counting(index: int) -> Callable[[], int]:
-    return lambda: 1
 
 
 SMALL_SOAK = SoakConfig(
@@ -118,58 +103,7 @@ def test_a_stalled_step_shows_in_the_soak_report(tmp_path: Path) -> None:
     assert not stepping.is_alive() and run.lost == 4
 
 
-def test_stats_disabled_records_nothing_and_puts_the_recorder_back() -> None:
-    recording = {name: StatsRecorder.__dict__[name] for name in RECORDING}
-    with envfleet.make("CartPole-v1", 4, backend="serial", seed=0) as pool:
-        pool.reset(seed=0)
-        actions = np.zeros(4, dtype=np.int64)
-        with stats_disabled():
-            for _ in range(5):
-                pool.step(actions)
-        assert pool.stats().steps == 0
-        for _ in range(3):
-            pool.step(actions)
-        assert pool.stats().steps == 3 * 4
-    assert {name: StatsRecorder.__dict__[name] for name in RECORDING} == recording
-
-
-def test_stats_overhead_pairs_its_windows_and_counts_only_the_recorded_side() -> None:
-    setup = StatsSetup(num_envs=4, backend="serial", seconds=0.02, rewarm=0.01, repeats=3)
-    report = stats_overhead(setup)
-    assert len(report["steps_per_s"]["stats_on"]) == len(report["steps_per_s"]["stats_off"]) == 3
-    assert len(report["throughput_overhead_percent_pairs"]) == 3
-    assert all(rate > 0 for side in report["steps_per_s"].values() for rate in side)
-    # The warm-up and the windows with stats on, nothing else, reached the pool's statistics.
-    assert report["steps_recorded_by_the_pool"] == report["steps_recorded_with_stats_on"]
-    assert report["recording_us_per_vector_step"]["alone"] >= 0.0
-
-
-# -- threads and the GIL ---------------------------------------------------------------------
-
-
-def test_gil_probe_tells_a_call_that_holds_the_gil_from_one_that_releases_it() -> None:
-    # A C loop that never lets go (sum over a range) against time.sleep: the main loop gets
-    # only the gaps between calls in the first case, the whole time in the second.
-    # Best of alternating windows: other load only ever slows a window down.
-    holds, releases = REFERENCES[HOLDS](), REFERENCES[RELEASES]()
-    rates = [
-        (main_thread_progress(holds, 0.1), main_thread_progress(releases, 0.1)) for _ in "abcd"
-    ]
-    assert max(h for h, _ in rates) < 0.7 * max(r for _, r in rates)
-
-
-@pytest.mark.parametrize(
-    ("threads", "processes", "reading"),
-    [
-        (None, 1.9, "not measured"),
-        (1.9, 1.1, "scaling inconclusive"),
-        (1.8, 1.9, "threads scale like processes"),
-        (1.0, 1.9, "threads do not scale"),
-        (1.3, 1.9, "threads scale partly"),
-    ],
-)
-def test_scaling_verdict(threads: float | None, processes: float, reading: str) -> None:
-    assert scaling_verdict(threads, processes).startswith(reading)
+# -- threads --------------------------------------------------------------------------------
 
 
 STEPPED: list[tuple[int, int]] = []
@@ -195,38 +129,24 @@ def test_bare_threads_make_one_env_step_per_env_off_the_callers_thread() -> None
         runner.close()
 
 
-def test_scaling_cases_sum_their_workers() -> None:
-    cases = scaling_cases("count", _counting)
-    assert [c.name for c in cases] == ["count: 1 thread", "count: 2 threads", "count: 2 processes"]
-    assert [c.forks for c in cases] == [False, False, True]
-    results = measure_cases(cases[:2], Workload.of("CartPole-v1", 1), TIMING)
-    assert all(isinstance(r, RunResult) and r.median > 0 for r in results.values())
-    assert results["count: 2 threads"].info == {"mode": "thread"}  # type: ignore[union-attr]
-
-
-# -- what the scripts share ------------------------------------------------------------------
-
-
 def test_layouts_pair_each_async_row_with_its_sync_row() -> None:
-    cases = layouts("pool", (8, 4), _opener, forks=True, backend="thread")
-    assert [(c.name, c.sync_of, c.forks) for c in cases] == [
-        ("pool sync", None, True),
-        ("pool B=8", "pool sync", True),
-        ("pool B=4", "pool sync", True),
+    cases = layouts("pool", (8, 4), _opener, backend="process")
+    assert [(c.name, c.forks) for c in cases] == [
+        ("pool sync", True),
+        ("pool B=8", True),
+        ("pool B=4", True),
     ]
-    assert cases[1].open.keywords == {"batch_size": 8, "backend": "thread"}  # type: ignore[attr-defined]
-    results: dict[str, RunResult | str] = {
-        "pool sync": RunResult("pool sync", [100.0], 0.0),
-        "pool B=8": RunResult("pool B=8", [150.0, 250.0, 200.0], 0.0),
-        "pool B=4": "RuntimeError: no",
+    assert cases[1].open.keywords == {"batch_size": 8, "backend": "process"}  # type: ignore[attr-defined]
+    assert not any(c.forks for c in layouts("pool", (8,), _opener, backend="thread"))
+    ok = {name: Availability(OK) for name in ("pool sync", "pool B=8", "pool B=4")}
+    report = Report("env", [4], list(ok), TIMING, ok)
+    report.results = {
+        "pool sync": {4: RunResult("pool sync", [100.0], 0.0)},
+        "pool B=8": {4: RunResult("pool B=8", [150.0, 250.0, 200.0], 0.0)},
+        "pool B=4": {4: "RuntimeError: no"},
     }
-    header, cell = own_sync_column(cases, results)
-    assert header == "vs own sync"
-    assert cell("pool sync", results["pool sync"]) == "1.00"  # type: ignore[arg-type]
-    assert cell("pool B=8", results["pool B=8"]) == "2.00"  # type: ignore[arg-type]
-    rows: dict[str, Any] = {"pool sync": {"steps_per_s": 100.0}, "pool B=4": {"error": "no"}}
-    add_ratios(rows, "over", 50.0)
-    assert rows == {"pool sync": {"steps_per_s": 100.0, "over": 2.0}, "pool B=4": {"error": "no"}}
+    assert own_sync(report, "pool B=8", 4) == "2.00"
+    assert own_sync(report, "pool sync", 4) == own_sync(report, "pool B=4", 4) == "-"
 
 
 def _opener(workload: Workload, timing: Timing, **kw: Any) -> Runner:
@@ -246,18 +166,17 @@ def test_target_and_choices() -> None:
         parser.parse_args(["--parts", "sleep,nap"])
 
 
-def test_ideal_runner_bounds_the_sync_ideal_by_the_mean_step() -> None:
-    runner = IdealRunner(Workload.of(functools.partial(FaultyEnv, sleep=0.001), 8), TIMING)
+def test_the_ideal_steps_one_env_alone_and_counts_it_num_envs_times() -> None:
+    STEPPED.clear()
+    runner = open_ideal(Workload.of(functools.partial(FaultyEnv, step_hook=_record), 8), TIMING)
     try:
-        rate = runner.window(0.1)
+        envs = {env for env, _ in STEPPED}  # the warm-up's
+        before = len(STEPPED)
+        assert runner.advance() == 8  # type: ignore[attr-defined]
+        assert len(STEPPED) == before + 1 and {env for env, _ in STEPPED} == envs
+        assert len(envs) == 1
     finally:
         runner.close()
-    mean_s = runner.info["mean_step_ms"] / 1e3
-    assert mean_s >= 0.001
-    # The mean is the timed window's: its steps fit in the window, with the clock around them.
-    assert rate <= 8 / mean_s * (1 + 1e-9)
-    # The slowest of 8 steps is, on average, no faster than the mean step.
-    assert runner.info["ideal_sync_steps_per_s"] <= 8 / mean_s * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("batch_size", [None, 2])
@@ -303,27 +222,26 @@ def _refuses(workload: Workload, timing: Timing) -> Runner:
     raise RuntimeError("no runner here")
 
 
-def test_measure_table_adds_its_ratio_columns_to_the_json() -> None:
-    cases = [Case("one", _steady(1)), Case("three", _steady(3)), Case("broken", _refuses)]
+def test_measure_table_shows_the_rows_in_order_with_their_ratios_and_failures() -> None:
+    opened: list[str] = []
+
+    def noting(name: str, opener: Any) -> Any:
+        return lambda w, t: opened.append(name) or opener(w, t)
+
+    cases = [
+        Case("one", noting("one", _steady(1))),
+        Case("three", noting("three", _steady(3)), forks=True),
+        Case("broken", noting("broken", _refuses)),
+    ]
     out = io.StringIO()
     console = Console(file=out, width=200)
-    columns = [Versus("vs one", "one", "ratio_to_one"), Versus("vs none", "absent")]
-    results, rows = measure_table(console, "t", cases, Workload.of(FaultyEnv, 1), TIMING, columns)
-    assert set(results) == set(rows) == {"one", "three", "broken"}
-    assert rows["one"]["ratio_to_one"] == 1.0
-    assert 1.2 < rows["three"]["ratio_to_one"] < 8.0  # 3 steps a call, the same sleep: about 3
-    assert rows["broken"] == {"error": "RuntimeError: no runner here"}
-    assert "vs none" in out.getvalue()
-
-
-def test_waiting_sets_the_spin_of_workers_that_do_not_inherit_it() -> None:
-    # Under spawn a worker imports the process backend afresh: a setting made in this process
-    # alone would not reach it. Each worker sets its own while it builds its envs.
-    from bench.waiting import SpinSetting
-
-    factory = functools.partial(SpinSetting, Workload.of(FaultyEnv, 1).spec, 0.002)
-    with envfleet.make(factory, 2, backend="process", num_workers=2, context="spawn") as pool:
-        assert pool.get_attr("worker_spin_seconds") == (0.002, 0.002)
-    from envfleet.backends import process
-
-    assert process.SPIN_SECONDS == 0.0  # this process's own is untouched
+    report = measure_table(console, "t", cases, Workload.of(FaultyEnv, 1), TIMING, "one")
+    assert opened == ["three", "one", "broken"]  # rows that fork are opened first
+    assert report.runners == ["one", "three", "broken"]  # and shown in the order given
+    assert report.ratio("one", 1, "one") == 1.0
+    assert 1.2 < report.ratio("three", 1, "one") < 8.0  # type: ignore[operator]
+    assert report.results["broken"][1] == "RuntimeError: no runner here"
+    setup = report.results["one"][1]
+    assert isinstance(setup, RunResult) and setup.setup_s >= 0  # timed by the engine
+    text = out.getvalue()
+    assert "/one" in text and "failed" in text and "broken failed" in text

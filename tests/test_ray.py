@@ -218,6 +218,20 @@ def test_pool_leaves_a_ray_it_joined_running(ray_session: None) -> None:
     assert wait_for_actors_to_exit() == [], "close() left envfleet's actors running"
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_close_returns_once_the_actors_processes_here_have_ended(
+    ray_session: None, path: str
+) -> None:
+    """``ray.kill`` only asks Ray, whose daemons can take seconds on a busy machine: close()
+    waits for the actors' processes on this machine (and ends those still there), so nothing of
+    the pool runs here once it returns."""
+    pool = make_ray("CartPole-v1", path, seed=0)
+    pool.reset()
+    assert len(envfleet_actor_pids()) == NUM_WORKERS
+    pool.close()
+    assert envfleet_actor_pids() == [], "actors still running as close() returned"
+
+
 def test_cli_address_auto_says_which_cluster_it_joined(ray_session: None) -> None:
     """``envfleet run --address auto`` names the cluster it found before it runs: its address,
     nodes and CPUs. The cluster is this module's private Ray, named by ``RAY_ADDRESS`` (as Ray's

@@ -160,22 +160,61 @@ def test_default_on_a_cluster_is_one_sub_pool_per_node_one_message_each(cluster:
     reference = SyncVectorEnv(heterogeneous())
     want = trajectory(reference, 20)
     with envfleet.make(heterogeneous(), backend="ray", num_workers=6) as pool:
-        assert isinstance(pool._transport, NodeTransport)
+        transport = pool._transport
+        assert isinstance(transport, NodeTransport)
         nodes = pool.stats().nodes
         assert sorted(n.node for n in nodes) == sorted(all_nodes(cluster))
         assert [n.workers for n in nodes] == [2, 2, 2]
+        # The pool's own node (the head): its workers are actors on the pool's memory.
+        assert nodes[0].node == cluster.head_node.node_id and nodes[0].shared_memory
+        here = transport._here
+        assert here is not None and here.transport.same_machine() == [True, True]
         got = trajectory(pool, 20)
-        assert [n.messages for n in pool.stats().nodes] == [21] * 3  # a reset and 20 steps
+        # A reset and 20 steps: one message per node each, one per worker on the pool's node.
+        assert [n.messages for n in pool.stats().nodes] == [42, 21, 21]
         assert pool.call("get_wrapper_attr", "np_random_seed") == reference.call(
             "get_wrapper_attr", "np_random_seed"
         )
         pool.set_attr("marker", list(range(NUM_ENVS)))
         assert pool.get_attr("marker") == tuple(range(NUM_ENVS))
-        assert [n.messages for n in pool.stats().nodes] == [24] * 3
+        assert [n.messages for n in pool.stats().nodes] == [48, 24, 24]
         pool.reset(seed=1, options={"reset_mask": np.arange(NUM_ENVS) % 2 == 0})
-        assert [n.messages for n in pool.stats().nodes] == [25] * 3
+        assert [n.messages for n in pool.stats().nodes] == [49, 25, 25]
     reference.close()
     assert_same(want, got)
+
+
+def test_a_lost_worker_on_the_pools_own_node_restarts_alone(cluster: Cluster) -> None:
+    """A worker on the pool's node (an actor on its memory) is killed: only its envs restart,
+    the agents of the other nodes go on untouched, and the run goes on."""
+    with envfleet.make(
+        "CartPole-v1", NUM_ENVS, backend="ray", num_workers=3, seed=0, on_error="restart"
+    ) as pool:
+        transport = pool._transport
+        assert isinstance(transport, NodeTransport) and transport._here is not None
+        (worker,) = transport._here.workers
+        lost = np.isin(np.arange(NUM_ENVS), pool._assignment[worker])
+        pids = [node.pid for node in transport._nodes]
+        actions = np.ones(NUM_ENVS, dtype=np.int64)
+        pool.reset()
+        pool.step(actions)
+        pid = transport._here.transport._workers[0].pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        restarted = np.zeros(NUM_ENVS, dtype=bool)
+        for _ in range(20):
+            _, rewards, _, truncations, infos = pool.step(actions)
+            if "envfleet/restarted" in infos:
+                now = infos["_envfleet/restarted"]
+                assert truncations[now].all() and (rewards[now] == 0).all()
+                restarted |= now
+            if restarted.any():
+                break
+        assert (restarted == lost).all(), f"restarted {restarted}, expected {lost}"
+        assert [node.pid for node in transport._nodes] == pids, "an agent was replaced"
+        assert transport._here.transport.same_machine() == [True]
+        for _ in range(3):
+            pool.step(actions)
 
 
 def test_nodes_false_keeps_one_actor_per_worker(cluster: Cluster) -> None:
@@ -184,7 +223,6 @@ def test_nodes_false_keeps_one_actor_per_worker(cluster: Cluster) -> None:
     reference.close()
     with envfleet.make(heterogeneous(), backend="ray", num_workers=3, nodes=False) as pool:
         assert isinstance(pool._transport, RayTransport)
-        assert len(set(pool._transport.node_ids())) > 1  # spread over the nodes
         assert pool.stats().nodes == ()
         got = trajectory(pool, 6)
     assert_same(want, got)
@@ -257,27 +295,31 @@ def test_repr_stats_and_one_message_per_node(cluster: Cluster) -> None:
     ) as pool:
         transport = pool._transport
         assert isinstance(transport, NodeTransport)
-        layout = [(n.node_id, n.host, n.workers) for n in transport._nodes]
-        assert sorted(n[0] for n in layout) == sorted(all_nodes(cluster))
-        assert sorted(w for n in layout for w in n[2]) == [0, 1, 2]
+        layout = [(n.node_id, n.host, len(n.workers)) for n in transport._nodes]
+        assert sorted(n[0] for n in layout) == sorted(n.node_id for n in cluster.worker_nodes)
         pool.reset()
         before = [n.messages for n in pool.stats().nodes]
         for _ in range(10):
             pool.step(np.ones(NUM_ENVS, dtype=np.int64))
         after = [n.messages for n in pool.stats().nodes]
-        assert [b - a for a, b in zip(before, after, strict=True)] == [10] * len(layout)
         assert "envs/" in repr(transport)
         # The layout and each node's traffic reach the pool's own stats() and repr().
-        nodes = pool.stats().nodes
-        assert [(n.node, n.address, n.workers) for n in nodes] == [
-            (node_id, host, len(workers)) for node_id, host, workers in layout
-        ]
-        assert sum(n.envs for n in nodes) == NUM_ENVS
+        here, *nodes = pool.stats().nodes
+        # The pool's own node: one actor per worker on the pool's memory, no agent, no copy.
+        assert here.node == cluster.head_node.node_id and here.shared_memory
+        assert here.bytes_in == here.bytes_out == 0 and here.round_trip_ms is None
+        assert after[0] - before[0] == 10 * here.workers  # one per worker per step
+        assert [b - a for a, b in zip(before[1:], after[1:], strict=True)] == [10] * len(layout)
+        assert [(n.node, n.address, n.workers) for n in nodes] == layout
+        assert here.workers + sum(n.workers for n in nodes) == 3
+        assert here.envs + sum(n.envs for n in nodes) == NUM_ENVS
         row = 4 * 4 + 8 + 1 + 1  # a CartPole observation, reward, both flags
         for node in nodes:
+            assert not node.shared_memory
             assert node.messages >= 11 and node.answers >= 11  # the reset and ten steps
             assert node.bytes_in >= 10 * node.envs * row and node.bytes_out > 0
             assert node.round_trip_ms is not None and node.round_trip_ms > 0
+        for node in (here, *nodes):
             assert f"{node.node[:8]} {node.envs} envs/{node.workers} workers" in repr(pool)
         assert pool.stats().as_dict()["nodes"][0]["envs"] == nodes[0].envs  # plain, for JSON
     assert "nodes=" not in repr(pool)  # closed: no layout to ask for
@@ -594,7 +636,9 @@ def test_compressed_frames_are_bit_identical(cluster: Cluster, compress: str | N
         fns, backend="ray", num_workers=3, nodes=all_nodes(cluster), compress=compress
     ) as pool:
         got = trajectory(pool, 20)
-        received = sum(n.bytes_in for n in pool.stats().nodes)
+        nodes = pool.stats().nodes
+        received = sum(n.bytes_in for n in nodes)
+        sent = sum(n.envs for n in nodes if not n.shared_memory)  # the pool's own: no copy
     for k, (x, y) in enumerate(zip(want, got, strict=True)):
         if isinstance(x, dict):
             for key in x:
@@ -602,7 +646,8 @@ def test_compressed_frames_are_bit_identical(cluster: Cluster, compress: str | N
                 assert x[key].dtype == y[key].dtype
         else:
             np.testing.assert_array_equal(x, y, err_msg=f"item {k}")
-    frames = 21 * NUM_ENVS * 24 * 32 * 3  # the reset and 20 steps
+    frames = 21 * sent * 24 * 32 * 3  # the reset and 20 steps
+    assert sent == 4  # the two nodes besides the pool's own
     if compress is None:
         assert received > frames
     else:
@@ -687,6 +732,7 @@ ray.init(address=sys.argv[1], log_to_driver=False)
 pool = envfleet.make("CartPole-v1", 6, backend="ray", num_workers=3, nodes="auto", seed=0)
 pool.reset()
 print(*(node.pid for node in pool._transport._nodes), flush=True)
+print(*(actor.pid for actor in pool._transport._here.transport._workers), flush=True)
 while True:
     pool.step(np.ones(6, dtype=np.int64))
     time.sleep(0.01)
@@ -695,8 +741,9 @@ while True:
 
 def test_nothing_is_left_on_any_node_when_the_driver_is_killed(cluster: Cluster) -> None:
     """A driver (another process, joined to the cluster) steps a pool of three nodes and is
-    killed (SIGKILL: no close()); every node's agent and every worker process of each is gone
-    within a bound (Ray ends the actors of a dead driver; their workers follow them)."""
+    killed (SIGKILL: no close()); every node's agent and every worker process of each, and the
+    actor of the driver's own node, are gone within a bound (Ray ends the actors of a dead
+    driver; the agents' workers follow them)."""
     driver = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(DRIVER), cluster.address],
         stdout=subprocess.PIPE,
@@ -706,13 +753,15 @@ def test_nothing_is_left_on_any_node_when_the_driver_is_killed(cluster: Cluster)
         assert driver.stdout is not None
         line = driver.stdout.readline()
         agents = [psutil.Process(int(pid)) for pid in line.split()]
-        assert len(agents) == 3, line
+        assert len(agents) == 2, line  # the pool's own node has none: its worker is an actor
+        actors = [psutil.Process(int(pid)) for pid in driver.stdout.readline().split()]
+        assert len(actors) == 1
         workers = [w for agent in agents for w in agent.children(recursive=True)]
-        assert len(workers) >= 3  # the three workers (and each agent's fork server)
+        assert len(workers) >= 2  # the agents' two workers (and each agent's fork server)
     finally:
         driver.kill()
         driver.wait(30)
-    left = list(agents + workers)
+    left = list(agents + actors + workers)
     deadline = time.monotonic() + 60
     while left and time.monotonic() < deadline:
         left = [p for p in left if _alive(p)]

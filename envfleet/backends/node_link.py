@@ -19,12 +19,14 @@ from typing import Any
 
 import gymnasium
 import numpy as np
+import ray
 
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import Replies, WorkerLost
 from envfleet.backends.channel import authenticated
 from envfleet.backends.rows import deliver
 from envfleet.buffers import Batch
+from envfleet.errors import Phase, WorkerDiedError
 from envfleet.protocol import Command, Reply
 from envfleet.stats import NodeStats
 
@@ -84,6 +86,40 @@ class NodeLink:
             bytes_in=self.bytes_in,
             round_trip_ms=self.seconds / self.messages * 1e3 if self.messages else None,
         )
+
+    def start_failed(
+        self,
+        assignment: Sequence[Sequence[int]],
+        why: str,
+        kind: type[WorkerDiedError] = WorkerDiedError,
+    ) -> WorkerDiedError:
+        """The error of an agent that could not start its workers, naming the node and envs."""
+        ids = self.env_ids(assignment)
+        return kind(
+            f"the agent of node {self.node_id} (workers {self.workers}, envs {list(ids)}) {why}",
+            env_index=None,
+            phase=Phase.MAKE,
+            worker=self.workers[0],
+            env_ids=ids,
+        )
+
+    def lost_replies(self, but: int | None = None) -> Replies:
+        """The agent is gone: each of its workers (but the local worker ``but``) lost."""
+        self.lost = True
+        reason = f"the agent of node {self.node_id} ({self.host}) is gone: {self.why}"
+        out: Replies = []
+        for k, worker in enumerate(self.workers):
+            self.inflight[k].clear()
+            if k != but:
+                out.append((worker, WorkerLost(None, reason)))
+        return out
+
+    def kill_agent(self) -> None:
+        if self.agent is not None:
+            try:
+                ray.kill(self.agent, no_restart=True)
+            except Exception:
+                pass
 
     def started(self) -> None:
         """A new agent: nothing in flight, nothing to repeat."""

@@ -11,6 +11,9 @@ from typing import Any
 
 import ray
 
+from envfleet.backends.ray_options import RayOptions
+from envfleet.backends.ray_session import pool_node
+
 
 def _cpus(node: dict[str, Any]) -> float:
     return float(node.get("Resources", {}).get("CPU", 0.0))
@@ -74,3 +77,16 @@ def choose_nodes(
     if unknown:
         raise ValueError(f"nodes {unknown} are not alive nodes of this Ray cluster")
     return [(n, alive[n]) for n in wanted]
+
+
+def spans_nodes(extra: RayOptions) -> bool:
+    """Whether a pool that left ``nodes`` to us runs node sub-pools (see
+    :attr:`RayOptions.nodes`): this process is on a node of the cluster (not a Ray Client
+    connection, whose process cannot reach the nodes' agents), the actors' placement is ours,
+    and more than one alive node has CPUs and what ``worker_resources`` asks for."""
+    resources = dict(extra.worker_resources)
+    if not extra.ray_shared_memory or {"scheduling_strategy", "placement_group"} & set(resources):
+        return False
+    if pool_node() is None:  # a Ray Client connection: this process is on no node
+        return False
+    return sum(has_room(node, resources) for node in alive_nodes()) > 1

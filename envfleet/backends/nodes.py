@@ -47,13 +47,20 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from envfleet.backends import compression
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import BaseTransport, Replies, TransportOptions, WorkerLost
+from envfleet.backends.driver_node import DriverNode, shared_node
 from envfleet.backends.node_agent import NodeAgent, node_options, rebuild
 from envfleet.backends.node_link import NodeLink, connect_agent
 from envfleet.backends.node_placement import choose_nodes, place
 from envfleet.backends.ray_options import RayOptions
-from envfleet.backends.ray_session import START_ATTEMPTS, await_start, connect, disconnect
+from envfleet.backends.ray_session import (
+    START_ATTEMPTS,
+    await_start,
+    connect,
+    disconnect,
+    forked,
+)
 from envfleet.buffers import Batch, ObjectRows
-from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
+from envfleet.errors import EnvTimeoutError
 from envfleet.protocol import Command
 from envfleet.stats import NodeStats
 
@@ -71,25 +78,20 @@ class NodeTransport(BaseTransport):
             extra = RayOptions()
         self._options = options
         self._closed = False
-        self._connected = False
-        self.batch = Batch.local(options.observation_space, options.action_space, options.num_envs)
-        self._rows = wire.row_fields(self.batch)
-        self._codecs = wire.row_codecs(self._rows, compression.codec(extra.compress))
-        if extra.compress is not None and self._codecs is None:
+        codec = compression.codec(extra.compress)
+        probe = Batch.local(options.observation_space, options.action_space, 1)
+        if extra.compress is not None and wire.row_codecs(wire.row_fields(probe), codec) is None:
             raise ValueError(
                 f"compress={extra.compress!r} compresses image observations (uint8 arrays of "
                 f"two or more dimensions a row); {options.observation_space} has none"
             )
         self._connected = connect(extra.address, dict(extra.ray_init_kwargs))
-        self._actions = (
-            wire.leaves(self.batch.actions)
-            if not isinstance(self.batch.actions, ObjectRows)
-            else []
-        )
         self._space = options.observation_space
         self._authkey = secrets.token_bytes(32)
         self._nodes: list[NodeLink] = []
-        self._where: list[tuple[NodeLink, int]] = []  # per global worker: its node, local index
+        self._here: DriverNode | None = None  # the pool's workers on its own node
+        # Per global worker: its node's link (None: on the pool's own node) and its index there.
+        self._where: list[tuple[NodeLink | None, int]] = []
         self._poller = select.poll()
         self._by_fd: dict[int, NodeLink] = {}
         self._queued: Replies = []
@@ -98,16 +100,38 @@ class NodeTransport(BaseTransport):
             wanted = extra.nodes if isinstance(extra.nodes, (str, tuple)) else "auto"
             chosen = choose_nodes(wanted, dict(extra.worker_resources))
             runs = place(chosen, len(options.assignment))
+            where: dict[int, tuple[NodeLink | None, int]] = {}
+            here, here_workers = shared_node(extra), []
             for (node_id, _), workers in zip(chosen, runs, strict=True):
-                if workers:
+                if node_id == here:
+                    here_workers = workers
+                    where.update((w, (None, k)) for k, w in enumerate(workers))
+                elif workers:
                     node = NodeLink(len(self._nodes), node_id, workers)
                     self._nodes.append(node)
-            self._where = [(n, k) for n in self._nodes for k in range(len(n.workers))]
+                    where.update((w, (node, k)) for k, w in enumerate(workers))
+            self._where = [where[w] for w in range(len(options.assignment))]
             self._agent_cls = ray.remote(NodeAgent)
             self._resources = {k: v for k, v in extra.worker_resources.items()}
             self._resources.setdefault("num_cpus", 0)
             for node in self._nodes:
                 self._spawn(node, {}, soft=False)
+            if here_workers:  # its actors start while the agents do
+                assert here is not None
+                self._here = DriverNode(options, here_workers, here, extra, self._poller)
+                self._here.host = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+            self.batch = (
+                self._here.batch
+                if self._here is not None
+                else Batch.local(options.observation_space, options.action_space, options.num_envs)
+            )
+            self._rows = wire.row_fields(self.batch)
+            self._codecs = wire.row_codecs(self._rows, codec)
+            self._actions = (
+                wire.leaves(self.batch.actions)
+                if not isinstance(self.batch.actions, ObjectRows)
+                else []
+            )
             self._await(self._nodes)
         except BaseException:
             self.close(1.0)
@@ -141,39 +165,32 @@ class NodeTransport(BaseTransport):
                     ref, deadline, functools.partial(self._respawn, node)
                 )
             except GetTimeoutError as exc:
-                self._kill_agent(node)
-                raise self._start_failed(
-                    node, f"did not start within start_timeout={timeout:g}s", EnvTimeoutError
+                node.kill_agent()
+                raise node.start_failed(
+                    self._options.assignment,
+                    f"did not start within start_timeout={timeout:g}s",
+                    EnvTimeoutError,
                 ) from exc
             except RayError as exc:
-                raise self._start_failed(
-                    node, f"died while starting ({START_ATTEMPTS} agents in a row): {exc}"
+                raise node.start_failed(
+                    self._options.assignment,
+                    f"died while starting ({START_ATTEMPTS} agents in a row): {exc}",
                 ) from exc
             if error is not None:
-                self._kill_agent(node)
+                node.kill_agent()
                 raise rebuild(error, node.workers, self._options.spec.name)
             node.node_id, node.host, node.pid = node_id, host, pid
             node.serving = node.agent.serve.remote()
             try:
                 node.conn = connect_agent(host, port, self._authkey)
             except (OSError, EOFError, AuthenticationError) as exc:
-                self._kill_agent(node)
-                raise self._start_failed(node, f"could not be reached at {host}:{port}") from exc
+                node.kill_agent()
+                raise node.start_failed(
+                    self._options.assignment, f"could not be reached at {host}:{port}"
+                ) from exc
             node.alive, node.lost = True, False
             self._by_fd[node.conn.fileno()] = node
             self._poller.register(node.conn.fileno(), select.POLLIN)
-
-    def _start_failed(
-        self, node: NodeLink, why: str, kind: type[WorkerDiedError] = WorkerDiedError
-    ) -> WorkerDiedError:
-        ids = node.env_ids(self._options.assignment)
-        return kind(
-            f"the agent of node {node.node_id} (workers {node.workers}, envs {list(ids)}) {why}",
-            env_index=None,
-            phase=Phase.MAKE,
-            worker=node.workers[0],
-            env_ids=ids,
-        )
 
     # -- what the pool sees --------------------------------------------------------------------
 
@@ -182,7 +199,12 @@ class NodeTransport(BaseTransport):
         not yet, or gone); a call asks the node for fresh figures when it answered the last
         ask, so a later check of ``worker_memory_limit`` sees them, without a wait here."""
         node, local = self._where[worker]
-        if node.alive and not node.measuring and node.conn is not None:
+        if node is None:  # on the pool's own node: its actor's, read here
+            assert self._here is not None
+            return self._here.memory(local)
+        if not node.alive:
+            return None  # its figures are the gone agent's
+        if not node.measuring and node.conn is not None:
             try:
                 node.conn.send_bytes(wire.MEMORY)
             except OSError:
@@ -193,10 +215,21 @@ class NodeTransport(BaseTransport):
 
     def node_ids(self) -> list[str]:
         """The Ray node of each worker."""
-        return [node.node_id for node, _ in self._where]
+        here = "" if self._here is None else self._here.node_id
+        return [here if node is None else node.node_id for node, _ in self._where]
 
     def nodes(self) -> tuple[NodeStats, ...]:
-        return tuple(node.stats(self._options.assignment) for node in self._nodes)
+        """Per node (the pool's own first, where it runs workers): layout and traffic."""
+        local = () if self._here is None else (self._here.stats(),)
+        return local + tuple(node.stats(self._options.assignment) for node in self._nodes)
+
+    def forked(self) -> None:
+        """In a forked child: the agents, the actors and the Ray are the parent's."""
+        self._closed = True
+        if self._here is not None:
+            self._here.forked()  # forgets the Ray connection too
+        else:
+            forked()
 
     def __repr__(self) -> str:
         parts = [f"{n.node[:8]}: {n.envs} envs/{n.workers} workers" for n in self.nodes()]
@@ -206,14 +239,20 @@ class NodeTransport(BaseTransport):
 
     def prepare(self, worker: int, command: Command) -> None:
         """Pickle ``command`` now: what cannot travel fails before anything changes."""
-        pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
+        node, local = self._where[worker]
+        if node is None and self._here is not None:
+            self._here.prepare(local, command)
+        else:
+            pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
 
     def submit(self, worker: int, command: Command) -> None:
-        node, local = self._where[worker]
-        self._send_round(node, [local], [command])
+        self.submit_many([(worker, command)])
 
     def submit_all(self, commands: Sequence[Command]) -> None:
         """A command for every worker: one message per node."""
+        if self._here is not None:
+            for local, worker in enumerate(self._here.workers):
+                self._here.submit(local, commands[worker])
         for node in self._nodes:
             self._send_round(node, range(len(node.workers)), [commands[w] for w in node.workers])
 
@@ -222,6 +261,10 @@ class NodeTransport(BaseTransport):
         rounds: dict[int, tuple[NodeLink, list[int], list[Command]]] = {}
         for worker, command in commands:
             node, local = self._where[worker]
+            if node is None:
+                assert self._here is not None
+                self._here.submit(local, command)
+                continue
             _, locals_, sent = rounds.setdefault(node.index, (node, [], []))
             locals_.append(local)
             sent.append(command)
@@ -244,22 +287,33 @@ class NodeTransport(BaseTransport):
         replies, self._queued = self._queued, []
         for node in self._nodes:
             if not node.alive and not node.lost:
-                self._report_lost(node, replies)
+                replies += node.lost_replies()
         if replies:
             return replies
         deadline = None if timeout is None else time.monotonic() + timeout
         ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+        here = self._here
         while True:
-            events = self._poller.poll(ms)
+            # A command to the pool's own node may be answered with no socket event (a Ray
+            # call): look every millisecond then.
+            busy = here is not None and here.busy()
+            events = self._poller.poll(min(ms, 1) if busy and ms is not None else 1 if busy else ms)
+            local = busy
             for fd, _ in events:
                 ready = self._by_fd.get(fd)
-                if ready is not None and ready.alive:
-                    self._read(ready, replies)
+                if ready is not None:
+                    if ready.alive:
+                        self._read(ready, replies)
+                elif here is not None and here.owns(fd):
+                    local = True
+            if local:
+                assert here is not None
+                replies += here.wait()
             for node in self._nodes:
                 if node.killing and node.alive:
                     self._check_kills(node, replies)
                 if not node.alive and not node.lost:
-                    self._report_lost(node, replies)
+                    replies += node.lost_replies()
             if len(replies) >= want or timeout == 0:
                 return replies
             if any(isinstance(r, WorkerLost) or (r is not None and r.failures) for _, r in replies):
@@ -301,16 +355,7 @@ class NodeTransport(BaseTransport):
             self._by_fd.pop(fd, None)
             node.conn.close()
             node.conn = None
-        self._kill_agent(node)
-
-    def _report_lost(self, node: NodeLink, replies: Replies, but: int | None = None) -> None:
-        """Report each of ``node``'s workers lost (but its local worker ``but``)."""
-        node.lost = True
-        reason = f"the agent of node {node.node_id} ({node.host}) is gone: {node.why}"
-        for k, worker in enumerate(node.workers):
-            node.inflight[k].clear()
-            if k != but:
-                replies.append((worker, WorkerLost(None, reason)))
+        node.kill_agent()
 
     # -- killing and restarting ----------------------------------------------------------------
 
@@ -319,6 +364,10 @@ class NodeTransport(BaseTransport):
         within :data:`KILL_GRACE` (the agent hangs too), the agent is killed: its whole node is
         lost."""
         node, local = self._where[worker]
+        if node is None:
+            assert self._here is not None
+            self._here.kill(local)
+            return
         if not node.alive:
             return
         try:
@@ -337,15 +386,12 @@ class NodeTransport(BaseTransport):
         if node.killing and time.monotonic() > min(node.killing.values()):
             self._lose(node, f"killed: it did not stop a hung worker within {KILL_GRACE:g}s")
 
-    def _kill_agent(self, node: NodeLink) -> None:
-        if node.agent is not None:
-            try:
-                ray.kill(node.agent, no_restart=True)
-            except Exception:
-                pass
-
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
         node, local = self._where[worker]
+        if node is None:
+            assert self._here is not None
+            self._here.restart(local, restarts)
+            return
         for i, count in restarts.items():
             self._restarts[i] = count
         if not node.alive:
@@ -376,7 +422,7 @@ class NodeTransport(BaseTransport):
             # The agent went while it replaced its worker (its node was removed: the worker
             # died first): its other workers are lost too, and a new agent builds the node.
             self._lose(node, "its connection broke during a restart")
-            self._report_lost(node, self._queued, but=local)
+            self._queued += node.lost_replies(but=local)
             self.restart(worker, restarts)
             return
         node.memory[local] = None  # the old process's figure
@@ -389,7 +435,9 @@ class NodeTransport(BaseTransport):
             assert node.conn is not None
             if not node.conn.poll(self._options.start_timeout):
                 self._lose(node, "did not answer a restart within start_timeout")
-                raise self._start_failed(node, "did not answer a restart", EnvTimeoutError)
+                raise node.start_failed(
+                    self._options.assignment, "did not answer a restart", EnvTimeoutError
+                )
             data = node.conn.recv_bytes()
             if data[:1] == wire.ACK:
                 body, _ = wire.read_header(data)
@@ -420,6 +468,8 @@ class NodeTransport(BaseTransport):
                     )
                 except Exception:
                     pass
+            if self._here is not None:
+                self._here.close(max(0.0, deadline - time.monotonic()))
         finally:
             for node in self._nodes:
                 if node.conn is not None:
@@ -427,7 +477,9 @@ class NodeTransport(BaseTransport):
                     node.conn = None
                 node.alive = False
                 if ray.is_initialized():
-                    self._kill_agent(node)
+                    node.kill_agent()
+            if self._here is not None:
+                self._here.close(0.0)  # idempotent; after a failure above
             if self._connected:
                 self._connected = False
                 disconnect()

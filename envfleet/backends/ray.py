@@ -4,23 +4,22 @@ The naive pattern (an actor per env, a remote call per env step) pays Ray's per-
 every env step; here one ``run.remote(Step(ids))`` steps all of an actor's envs and returns
 their rows packed in arrays, calls stay in flight on every actor at once, and ``ray.wait``
 hands back whichever actors finish first (the async mode). Results larger than Ray returns
-inline (images) travel in pieces that it does (the actor's side is in
-:mod:`~envfleet.backends.ray_actor`). A dead actor or
-node surfaces as a :class:`~envfleet.backends.base.WorkerLost`, like a dead process; an actor
-that dies before it has built its envs (placed on a node that just died) is replaced.
+inline (images) travel in pieces that it does (the actor's side is
+:mod:`~envfleet.backends.ray_actor`). A dead actor or node surfaces as a
+:class:`~envfleet.backends.base.WorkerLost`, like a dead process; an actor that dies before it
+has built its envs (placed on a node that just died) is replaced.
 
 Actors on the pool's own machine skip Ray's per-call path altogether: the batch arrays live in
 memory they map too (:mod:`~envfleet.backends.node_memory`) and commands and replies go over a
 Unix socket, through the loop the process backend's workers run
 (:func:`~envfleet.backends.channel.serve_connection`). Ray then only places, starts, watches
 and kills them; on one machine that makes the ray backend about as fast as the process backend.
-Actors on other machines get each command as a Ray call, their actions carried in it.
+Actors on other machines get each command as a Ray call, their actions carried in it. A pool
+on a cluster runs one sub-pool per node instead (:func:`open_transport`, nodes.py).
 
 Which Ray a pool runs on, and when that Ray is let go of, is
-:mod:`~envfleet.backends.ray_session`'s business.
-
-Ray is an optional extra (``pip install envfleet[ray]``): only this module and its actor's
-(:mod:`~envfleet.backends.ray_actor`) import it.
+:mod:`~envfleet.backends.ray_session`'s business. Ray is an optional extra (``pip install
+envfleet[ray]``): only the backends' Ray modules import it.
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import cloudpickle
+import psutil
 import ray
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
@@ -49,7 +49,7 @@ from envfleet.backends import node_memory, ray_session
 from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
 from envfleet.backends.channel import PickledCommands, connect_pool
 from envfleet.backends.node_memory import PoolMemory
-from envfleet.backends.node_placement import alive_nodes, has_room
+from envfleet.backends.node_placement import spans_nodes
 from envfleet.backends.outbox import Outbox
 from envfleet.backends.ray_actor import GroupActor, unpack
 from envfleet.backends.ray_options import RayOptions
@@ -133,11 +133,7 @@ class RayTransport(BaseTransport):
         self._row_bytes = row_bytes(self.batch, options.num_envs)
         self._space = options.observation_space
         self._closed = False
-        self._pool_node: str | None
-        try:
-            self._pool_node = str(ray.get_runtime_context().get_node_id())
-        except Exception:  # a Ray Client connection: this process is on no node of the cluster
-            self._pool_node = None
+        self._pool_node = ray_session.pool_node()
         try:
             self._actor_cls = ray.remote(GroupActor)
             resources = dict(extra.worker_resources)
@@ -169,12 +165,8 @@ class RayTransport(BaseTransport):
         )
 
     def _await_start(self, workers: Iterable[int], restarts: dict[int, int]) -> None:
-        """Wait until each of ``workers`` has built its envs; raise the first failure.
-
-        An actor that dies before it has built them (its worker process or its node died, say
-        a node that Ray does not know dead yet) is replaced
-        (:func:`~envfleet.backends.ray_session.await_start`).
-        """
+        """Wait until each of ``workers`` has built its envs; raise the first failure. An actor
+        that dies first (its node died) is replaced (:func:`ray_session.await_start`)."""
         started = [(worker, self._start_call(worker)) for worker in workers]
         timeout = self._options.start_timeout  # placing the actor and building its envs
         deadline = time.monotonic() + timeout
@@ -254,8 +246,6 @@ class RayTransport(BaseTransport):
         pid = slot.pid
         if pid is None or self._pool_node is None or slot.node != self._pool_node:
             return None
-        import psutil  # only worker_memory_limit asks
-
         try:
             return int(psutil.Process(pid).memory_info().rss)
         except (psutil.Error, ValueError):
@@ -268,6 +258,14 @@ class RayTransport(BaseTransport):
     def same_machine(self) -> list[bool]:
         """Whether each actor is served over a socket (on this machine) or by Ray calls."""
         return [slot.conn is not None for slot in self._workers]
+
+    def sockets(self) -> list[int]:
+        """The actors' sockets, for a pool that polls them with its own (driver_node.py)."""
+        return [slot.conn.fileno() for slot in self._workers if slot.conn is not None]
+
+    def busy(self) -> bool:
+        """Whether a reply may come with no event on :meth:`sockets` (Ray calls, full sockets)."""
+        return bool(self._writing) or any(slot.refs for slot in self._workers)
 
     def prepare(self, worker: int, command: Command) -> None:
         """Serialise ``command`` now: what cannot travel fails before anything changes."""
@@ -452,6 +450,7 @@ class RayTransport(BaseTransport):
                 pass
         # A socket actor's serve call returns once it has closed its envs (or it died).
         closing += [slot.serving for slot in self._workers if slot.conn is not None]
+        local = self._local_processes()
         try:
             if closing:
                 ray.wait(closing, num_returns=len(closing), timeout=timeout)
@@ -463,6 +462,33 @@ class RayTransport(BaseTransport):
                     ray.kill(slot.handle, no_restart=True)
                 except Exception:
                     pass
+            _bury(local, timeout)
+
+    def _local_processes(self) -> list[psutil.Process]:
+        """The processes of the actors on this machine (taken before they are killed, so a
+        reused pid is never mistaken for one of them)."""
+        processes = []
+        here = self._pool_node
+        for slot in self._workers:
+            if slot.pid is not None and here is not None and slot.node == here:
+                try:
+                    processes.append(psutil.Process(slot.pid))
+                except psutil.Error:
+                    pass  # already gone
+        return processes
+
+
+def _bury(processes: list[psutil.Process], timeout: float) -> None:
+    """Wait up to ``timeout`` for killed actors' processes on this machine to end, then end
+    those still there: ``ray.kill`` only asks Ray, whose daemons may take seconds to act on a
+    busy machine, and ``close()`` returns once nothing of the pool runs here."""
+    try:
+        _, alive = psutil.wait_procs(processes, timeout=timeout)
+        for process in alive:
+            process.kill()
+        psutil.wait_procs(alive, timeout=timeout)
+    except psutil.Error:
+        pass
 
 
 def _message(data: bytes) -> bytes:
@@ -484,43 +510,18 @@ def _task_failed(command: Command, exc: RayTaskError) -> Reply:
 
 def open_transport(options: TransportOptions) -> Any:
     extra = options.backend_options
-    if not isinstance(extra, RayOptions):
-        extra = RayOptions()
-    if extra.nodes is None:  # the default: node sub-pools where the cluster has several nodes
-        connected = ray_session.connect(extra.address, dict(extra.ray_init_kwargs))
-        try:
-            return _open(options, spans_nodes(extra))
-        finally:
-            if connected:
-                ray_session.disconnect()  # the transport holds a connection of its own
-    return _open(options, extra.nodes is not False)
-
-
-def _open(options: TransportOptions, node_pools: bool) -> Any:
-    if node_pools:
+    extra = extra if isinstance(extra, RayOptions) else RayOptions()
+    if extra.nodes is False:  # its options were checked for that (RayOptions.check_per_worker)
+        return RayTransport(options)
+    # Held while the transport starts (it connects too): a private Ray is started once.
+    connected = ray_session.connect(extra.address, dict(extra.ray_init_kwargs))
+    try:
+        if extra.nodes is None and not spans_nodes(extra):
+            extra.check_per_worker()
+            return RayTransport(options)
         from envfleet.backends.nodes import NodeTransport  # one sub-pool per node
 
         return NodeTransport(options)
-    extra = options.backend_options
-    if isinstance(extra, RayOptions) and extra.compress is not None:
-        raise ValueError(
-            f"compress={extra.compress!r} compresses what node sub-pools send the pool, and "
-            "this pool runs one Ray actor per worker (nodes=False, or a Ray of one node): give "
-            "nodes='auto' or a list of Ray node ids"
-        )
-    return RayTransport(options)
-
-
-def spans_nodes(extra: RayOptions) -> bool:
-    """Whether a pool that left ``nodes`` to us runs node sub-pools (see
-    :attr:`RayOptions.nodes`): this process is on a node of the cluster (not a Ray Client
-    connection, whose process cannot reach the nodes' agents), the actors' placement is ours,
-    and more than one alive node has CPUs and what ``worker_resources`` asks for."""
-    resources = dict(extra.worker_resources)
-    if not extra.ray_shared_memory or {"scheduling_strategy", "placement_group"} & set(resources):
-        return False
-    try:
-        ray.get_runtime_context().get_node_id()
-    except Exception:  # a Ray Client connection: this process is on no node of the cluster
-        return False
-    return sum(has_room(node, resources) for node in alive_nodes()) > 1
+    finally:
+        if connected:
+            ray_session.disconnect()

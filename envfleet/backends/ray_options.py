@@ -38,12 +38,13 @@ class RayOptions:
     nodes: str | Sequence[str] | bool | None = None
     """Node sub-pools (:mod:`envfleet.backends.nodes`): an agent on each node runs its share of
     the workers (in proportion to its CPUs, in contiguous runs) as local processes, and each
-    command is one message per node. ``None`` (default): node sub-pools when the pool's process
-    is on a node of a cluster with more than one alive node that has CPUs (and the resources of
-    ``worker_resources``), unless ``worker_resources`` places the actors itself
-    (``scheduling_strategy``, ``placement_group``) or ``ray_shared_memory=False``; else one
-    actor per worker. ``"auto"`` (every such node) or a list of Ray node ids: node sub-pools
-    always. ``False``: one actor per worker always."""
+    command is one message per node; the pool's own node runs its share as actors on the pool's
+    memory (with ``ray_shared_memory=False``, an agent too). ``None`` (default): node sub-pools
+    when the pool's process is on a node of a cluster with more than one alive node that has
+    CPUs (and the resources of ``worker_resources``), unless ``worker_resources`` places the
+    actors itself (``scheduling_strategy``, ``placement_group``) or ``ray_shared_memory=False``;
+    else one actor per worker. ``"auto"`` (every such node) or a list of Ray node ids: node
+    sub-pools always. ``False``: one actor per worker always."""
     compress: str | None = None
     """Node sub-pools only: ``"lz4"`` (the ``lz4`` package, in the ``ray`` extra) or
     ``"zlib"`` compresses the image observations (``uint8`` arrays of two or more dimensions a
@@ -56,6 +57,8 @@ class RayOptions:
                 f"compress must be one of {', '.join(map(repr, COMPRESS))} or None, "
                 f"got {self.compress!r}"
             )
+        if self.nodes is False:
+            self.check_per_worker()
         # Copies: the caller's mappings may change after make() returns.
         object.__setattr__(self, "ray_init_kwargs", dict(self.ray_init_kwargs))
         object.__setattr__(self, "worker_resources", dict(self.worker_resources))
@@ -70,3 +73,12 @@ class RayOptions:
                     f"got {nodes!r}"
                 )
             object.__setattr__(self, "nodes", tuple(nodes))
+
+    def check_per_worker(self) -> None:
+        """Raise ``ValueError`` for what a pool of one actor per worker cannot do."""
+        if self.compress is not None:
+            raise ValueError(
+                f"compress={self.compress!r} compresses what node sub-pools send the pool, and "
+                "this pool runs one Ray actor per worker (nodes=False, or a Ray of one node): "
+                "give nodes='auto' or a list of Ray node ids"
+            )

@@ -152,6 +152,14 @@ def await_start(ref: Any, deadline: float, replace: Callable[[], Any]) -> Any:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def pool_node() -> str | None:
+    """The Ray node this process runs on; ``None`` over a Ray Client connection (on none)."""
+    try:
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception:  # a Ray Client connection may not say
+        return None
+
+
 def _session_id() -> str:
     """What identifies the Ray this process is connected to (its GCS address)."""
     try:

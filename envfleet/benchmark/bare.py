@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import time
 from typing import Any
 
 import numpy as np
@@ -110,15 +109,11 @@ class BarePool:
 
 def open_bare_pool(workload: Workload, timing: Timing, num_workers: int | None = None) -> Runner:
     """See :class:`BarePool` (``num_workers``: default as the process backend's)."""
-    start = time.perf_counter()
     pool = BarePool(workload, timing, num_workers)
-    setup_s = time.perf_counter() - start
     n = workload.num_envs
 
     def step() -> int:
         pool.step()
         return n
 
-    return CallRunner(
-        BARE_POOL, step, pool.close, timing, setup_s=setup_s, workers=pool.num_workers
-    )
+    return CallRunner(BARE_POOL, step, pool.close, timing, workers=pool.num_workers)

@@ -60,14 +60,8 @@ class Timing:
         cls, seconds: float, repeats: int, seed: int = 0, startup_limit: float | None = None
     ) -> Timing:
         """Windows of ``seconds``, with warm-ups in proportion when windows are short."""
-        return cls(
-            seconds=seconds,
-            warmup=min(0.5, seconds),
-            rewarm=min(0.2, seconds / 5),
-            repeats=repeats,
-            seed=seed,
-            startup_limit=startup_limit,
-        )
+        warmup, rewarm = min(0.5, seconds), min(0.2, seconds / 5)
+        return cls(seconds, warmup, rewarm, repeats, seed, startup_limit=startup_limit)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -192,13 +186,15 @@ class Runner:
 
     Attributes:
         name: runner name.
-        setup_s: seconds it took to build and reset the envs.
+        setup_s: seconds it took to build and reset the envs (left 0, :func:`measure` times
+            its opener, less ``warmup_s``).
         info: runner-specific details for the results.
     """
 
     name: str
-    setup_s: float
     info: dict[str, Any]
+    setup_s: float = 0.0
+    warmup_s: float = 0.0
     settle_s: float = 0.0
     """Idle seconds after each of its windows (workers that spin on after their last command
     would otherwise eat into the next runner's window: PufferLib's, for one)."""
@@ -240,16 +236,9 @@ class CallRunner(Runner):
     Warms up for ``timing.warmup`` seconds when opened; closes on a failure meanwhile."""
 
     def __init__(
-        self,
-        name: str,
-        advance: Callable[[], int],
-        close: Callable[[], object],
-        timing: Timing,
-        *,
-        setup_s: float = 0.0,
-        settle_s: float = 0.0,
-        **info: Any,
-    ) -> None:
+        self, name: str, advance: Callable[[], int], close: Callable[[], object], timing: Timing,
+        *, setup_s: float = 0.0, settle_s: float = 0.0, **info: Any,
+    ) -> None:  # fmt: skip
         self.name, self.setup_s, self.settle_s, self.info = name, setup_s, settle_s, info
         self.advance, self._close, self._rewarm = advance, close, timing.rewarm
         start = time.perf_counter()
@@ -282,41 +271,41 @@ def sample_actions(space: gymnasium.Space[Any], batch: int | None, timing: Timin
 
 
 def open_vector(
-    name: str,
-    build: Callable[[], Any],
-    timing: Timing,
-    *,
-    batch: int | None = None,
-    reset: Callable[[Any], object] | None = None,
-    settle_s: float = 0.0,
-    **info: Any,
-) -> Runner:
+    name: str, build: Callable[[], Any], timing: Timing, *, batch: int | None = None,
+    reset: Callable[[Any], Any] | None = None, policy: Callable[[Any], Any] | None = None,
+    settle_s: float = 0.0, **info: Any,
+) -> Runner:  # fmt: skip
     """A runner over the vector env ``build()`` makes, closed on any failure.
 
     Synchronous (``batch`` ``None`` or every env): reset (``vec.reset(seed=...)``, or
-    ``reset(vec)``), then ``vec.step`` with stacked samples of its ``single_action_space`` (or
-    its ``action_space`` when it has none: SB3, EnvPool). By batch (EnvPool's API, which
-    envfleet's pool shares): ``async_reset``, then ``recv`` a batch and ``send`` actions to the
-    envs in it (``infos["env_id"]``).
+    ``reset(vec)``, which returns the observations), then ``vec.step`` with stacked samples of
+    its ``single_action_space`` (or its ``action_space`` when it has none: SB3, EnvPool). By
+    batch (EnvPool's API, which envfleet's pool shares): ``async_reset``, then ``recv`` a batch
+    and ``send`` actions to the envs in it (``infos["env_id"]``). With a ``policy`` (a batch of
+    observations to a batch of actions), its actions instead of samples: training's loop.
     """
-    start = time.perf_counter()
     vec = build()
     try:
         n = vec.num_envs
         space = getattr(vec, "single_action_space", None) or vec.action_space
         actions = sample_actions(space, batch or n, timing)
         if batch is None or batch == n:
-            (reset or (lambda v: v.reset(seed=timing.seed)))(vec)
-            advance = cycle(vec.step, actions, n)
+            first = (reset or (lambda v: v.reset(seed=timing.seed)))(vec)
+            obs = [first[0] if isinstance(first, tuple) else first]
+
+            def step(acts: Any) -> None:
+                obs[0] = vec.step(acts if policy is None else policy(obs[0]))[0]
+
+            advance = cycle(step, actions, n)
         else:
             (reset or (lambda v: v.async_reset(seed=timing.seed)))(vec)
 
             def recv_send(acts: Any) -> None:
-                vec.send(acts, vec.recv()[4]["env_id"])
+                obs, *_, infos = vec.recv()
+                vec.send(acts if policy is None else policy(obs), infos["env_id"])
 
             advance = cycle(recv_send, actions, batch)
-        setup_s = time.perf_counter() - start
     except BaseException:
         vec.close()
         raise
-    return CallRunner(name, advance, vec.close, timing, setup_s=setup_s, settle_s=settle_s, **info)
+    return CallRunner(name, advance, vec.close, timing, settle_s=settle_s, **info)

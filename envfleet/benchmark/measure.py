@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import importlib.metadata
 import os
 import platform
 import threading
@@ -17,16 +16,9 @@ from typing import Any
 import psutil
 
 from envfleet.affinity import usable_cpus
-from envfleet.benchmark.base import (
-    OtherLoad,
-    Runner,
-    RunResult,
-    Skipped,
-    StartupTimeout,
-    Timing,
-    Workload,
-)
-from envfleet.benchmark.registry import RUNNERS, availability
+from envfleet.benchmark import base
+from envfleet.benchmark.peers import version
+from envfleet.benchmark.registry import RUNNERS, Availability, availability
 from envfleet.benchmark.report import Report
 from envfleet.spec import EnvSpec
 
@@ -34,16 +26,13 @@ KILL_GRACE = 10.0
 """Seconds a runner stopped for its start-up has to give up once its processes are killed."""
 
 
-def _descendants() -> dict[int, psutil.Process]:
-    return {p.pid: p for p in psutil.Process().children(recursive=True)}
+Opener = Callable[[base.Workload, base.Timing], base.Runner]
+Hook = Callable[[str], object] | None
 
 
 def open_bounded(
-    name: str,
-    opener: Callable[[Workload, Timing], Runner],
-    workload: Workload,
-    timing: Timing,
-) -> Runner:
+    name: str, opener: Opener, workload: base.Workload, timing: base.Timing
+) -> base.Runner:
     """``opener(workload, timing)``, stopped after :attr:`Timing.startup_limit` seconds.
 
     The runner opens in a thread. When the limit passes first, the processes started since
@@ -53,7 +42,7 @@ def open_bounded(
     limit = timing.startup_limit
     if limit is None:
         return opener(workload, timing)
-    before = set(_descendants())
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     outcome: dict[str, Any] = {}
 
     def target() -> None:
@@ -68,31 +57,27 @@ def open_bounded(
     if not thread.is_alive():
         if "error" in outcome:
             raise outcome["error"]
-        runner: Runner = outcome["runner"]
+        runner: base.Runner = outcome["runner"]
         return runner
     give_up = time.monotonic() + KILL_GRACE
     while thread.is_alive() and time.monotonic() < give_up:
-        started = [p for pid, p in _descendants().items() if pid not in before]
-        for process in started:
+        for process in psutil.Process().children(recursive=True):
+            if process.pid in before:
+                continue
             with contextlib.suppress(psutil.Error):
                 process.kill()
         thread.join(0.2)
     if "runner" in outcome:
         with contextlib.suppress(Exception):
             outcome["runner"].close()
-    raise StartupTimeout(f"start-up over {limit:g} s")
+    raise base.StartupTimeout(f"start-up over {limit:g} s")
 
 
 def measure(
-    names: Sequence[str],
-    workload: Workload,
-    timing: Timing,
-    *,
-    on_error: Callable[[str, BaseException], object] | None = None,
-    progress: Callable[[str], object] | None = None,
-    openers: Mapping[str, Callable[[Workload, Timing], Runner]] | None = None,
-    on_stage: Callable[[str], object] | None = None,
-) -> dict[str, RunResult | str | Skipped]:
+    names: Sequence[str], workload: base.Workload, timing: base.Timing, *,
+    on_error: Callable[[str, BaseException], object] | None = None, progress: Hook = None,
+    openers: Mapping[str, Opener] | None = None, on_stage: Hook = None,
+) -> dict[str, base.RunResult | str | base.Skipped]:  # fmt: skip
     """Open the runners ``names`` on ``workload`` and time their windows, interleaved.
 
     Args:
@@ -104,15 +89,16 @@ def measure(
         progress: called with a short description of what starts next (each opening and
             each window).
         openers: runners of a script's own (a layout, a variant), by name, besides
-            :data:`RUNNERS`; a name here wins.
+            :data:`RUNNERS`; a name here wins. A :class:`CallRunner` that does not time its
+            own start-up is given the time its opener took, less the warm-up.
         on_stage: called as each runner starts opening (one line per stage, for logs).
 
     Returns:
         For each name, its :class:`RunResult`; if it failed, ``"Type: message"``; if it took
         longer than :attr:`Timing.startup_limit` to open, :class:`Skipped`.
     """
-    opened: dict[str, Runner] = {}
-    failed: dict[str, str | Skipped] = {}
+    opened: dict[str, base.Runner] = {}
+    failed: dict[str, str | base.Skipped] = {}
     windows: dict[str, list[float]] = {name: [] for name in names}
     loads: dict[str, list[float]] = {name: [] for name in names}
     where = f"{workload.label} x {workload.num_envs}"
@@ -131,9 +117,12 @@ def measure(
                 on_stage(text)
             try:
                 opener = openers[name] if openers and name in openers else RUNNERS[name].open
-                opened[name] = open_bounded(name, opener, workload, timing)
-            except StartupTimeout as exc:
-                failed[name] = Skipped(f"{exc}, skipped")
+                start = time.perf_counter()
+                opened[name] = runner = open_bounded(name, opener, workload, timing)
+                if not runner.setup_s:  # not timed by the runner itself
+                    runner.setup_s = time.perf_counter() - start - runner.warmup_s
+            except base.StartupTimeout as exc:
+                failed[name] = base.Skipped(f"{exc}, skipped")
             except Exception as exc:
                 fail(name, exc)
         order = list(opened)
@@ -150,7 +139,7 @@ def measure(
                         f"window {repeat + 1}/{timing.repeats}"
                     )
                 try:
-                    with OtherLoad() as load:
+                    with base.OtherLoad() as load:
                         windows[name].append(runner.window(timing.seconds))
                     loads[name].append(load.cores)
                     time.sleep(runner.settle_s)
@@ -161,21 +150,16 @@ def measure(
         for runner in opened.values():
             with contextlib.suppress(Exception):
                 runner.close()
-    results: dict[str, RunResult | str | Skipped] = {}
+    results: dict[str, base.RunResult | str | base.Skipped] = {}
     for name in names:
         if name in failed:
             results[name] = failed[name]
         else:
             runner = opened[name]
-            results[name] = RunResult(name, windows[name], runner.setup_s, runner.info, loads[name])
+            results[name] = base.RunResult(
+                name, windows[name], runner.setup_s, runner.info, loads[name]
+            )
     return results
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _cpu_model() -> str:
@@ -189,16 +173,8 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-PACKAGES = (
-    "envfleet",
-    "gymnasium",
-    "numpy",
-    "cloudpickle",
-    "ale-py",
-    "stable-baselines3",
-    "envpool",
-    "pufferlib",
-)
+PACKAGES = ("envfleet", "gymnasium", "numpy", "cloudpickle", "ale-py", "stable-baselines3",
+            "envpool", "pufferlib")  # fmt: skip
 
 
 def machine_info(packages: Sequence[str] = ()) -> dict[str, Any]:
@@ -214,7 +190,7 @@ def machine_info(packages: Sequence[str] = ()) -> dict[str, Any]:
         "cpu_model": _cpu_model(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "versions": {p: _version(p) for p in dict.fromkeys((*PACKAGES, *packages))},
+        "versions": {p: version(p) for p in dict.fromkeys((*PACKAGES, *packages))},
         "load_average_at_start": load,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -242,9 +218,8 @@ class _Eta:
         self.total, self.done, self.start = total, -1, time.perf_counter()
 
     def hooks(
-        self, progress: Callable[[str], object] | None, on_stage: Callable[[str], object] | None,
-        at: str,
-    ) -> tuple[Callable[[str], object], Callable[[str], object]]:  # fmt: skip
+        self, progress: Hook, on_stage: Hook, at: str
+    ) -> tuple[Callable[[str], object], Callable[[str], object]]:
         """``measure``'s hooks: every unit counted, shown to ``progress`` and ``on_stage``."""
 
         def line(text: str) -> str:
@@ -272,15 +247,10 @@ def _clock(seconds: float) -> str:
 
 
 def sweep(
-    env: Any,
-    num_envs: Sequence[int],
-    names: Sequence[str],
-    timing: Timing,
-    *,
-    on_error: Callable[[str, int, BaseException], object] | None = None,
-    progress: Callable[[str], object] | None = None,
-    on_stage: Callable[[str], object] | None = None,
-) -> Report:
+    env: Any, num_envs: Sequence[int], names: Sequence[str], timing: base.Timing, *,
+    on_error: Callable[[str, int, BaseException], object] | None = None, progress: Hook = None,
+    on_stage: Hook = None, openers: Mapping[str, Opener] | None = None,
+) -> Report:  # fmt: skip
     """Measure the available runners of ``names`` at each env count of ``num_envs``.
 
     Runners that are not installed, or cannot run the env, are skipped (see
@@ -293,12 +263,13 @@ def sweep(
     Args:
         env: an id, env class, factory or :class:`EnvSpec`, as :func:`envfleet.make` takes.
         num_envs: env counts, measured in this order.
-        names: keys of :data:`RUNNERS`.
+        names: keys of :data:`RUNNERS` or of ``openers``.
         timing: window length, warm-up and repeats.
         on_error: called with the runner name, env count and exception when a runner fails.
         progress: called with a short description of what starts next, led by the share of
             the sweep done and the time left at the pace so far (``[40%, ETA 0:12]``).
         on_stage: the same, once per runner and env count (one line per stage, for logs).
+        openers: a script's own runners, as :func:`measure` takes them (always available).
     """
     spec = env if isinstance(env, EnvSpec) else EnvSpec.from_user(env)
     report = Report(
@@ -306,12 +277,15 @@ def sweep(
         num_envs=list(num_envs),
         runners=list(names),
         timing=timing,
-        availability={name: availability(name, spec) for name in names},
+        availability={
+            name: Availability(base.OK) if openers and name in openers else availability(name, spec)
+            for name in names
+        },
         machine=machine_info(),
     )
     start = time.perf_counter()
     eta = _Eta(len(num_envs) * len(report.measured) * (1 + timing.repeats))
-    too_slow: dict[str, Skipped] = {}  # start-up grows with num_envs: not tried again
+    too_slow: dict[str, base.Skipped] = {}  # start-up grows with num_envs: not tried again
     started: dict[str, tuple[int, float]] = {}  # the latest env count and start-up measured
     try:
         for count, n in enumerate(num_envs):
@@ -321,7 +295,7 @@ def sweep(
                     on_error(name, n, exc)
 
             expected = {
-                name: Skipped(
+                name: base.Skipped(
                     f"start-up over {timing.startup_limit:g} s expected "
                     f"({setup_s:.1f} s at {m} envs), skipped"
                 )
@@ -337,20 +311,21 @@ def sweep(
             counted, staged = eta.hooks(progress, on_stage, at)
             results = measure(
                 names_now,
-                Workload(spec, n),
+                base.Workload(spec, n),
                 timing,
                 on_error=failed,
                 progress=counted,
+                openers=openers,
                 on_stage=staged,
             )
             results.update(expected)
             for name in report.measured:
                 result = results[name] if name in results else too_slow[name]
-                if isinstance(result, RunResult):
+                if isinstance(result, base.RunResult):
                     started[name] = (n, result.setup_s)
                 report.results.setdefault(name, {})[n] = result
-                if isinstance(result, Skipped) and name not in too_slow:
-                    too_slow[name] = Skipped(result.reason.replace(", ", f" at {n} envs, ", 1))
+                if isinstance(result, base.Skipped) and name not in too_slow:
+                    too_slow[name] = base.Skipped(result.reason.replace(", ", f" at {n} envs, ", 1))
     except KeyboardInterrupt:
         report.interrupted = True
     report.seconds = time.perf_counter() - start

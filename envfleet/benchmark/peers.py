@@ -8,8 +8,7 @@ import contextlib
 import functools
 import importlib.metadata
 import io
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium
@@ -22,7 +21,7 @@ from envfleet.spec import EnvSpec
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """Swallow what an import prints (the legacy ``gym`` package prints a notice on import)."""
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         yield
@@ -36,18 +35,21 @@ def version(package: str) -> str | None:
         return None
 
 
-def open_sb3(workload: Workload, timing: Timing) -> Runner:
+def open_sb3(
+    workload: Workload, timing: Timing, policy: Callable[[Any], Any] | None = None
+) -> Runner:
     """Stable-Baselines3's ``SubprocVecEnv``: one process per env (its default start method)."""
-    with _quiet():
+    with quiet():
         from stable_baselines3.common.vec_env import SubprocVecEnv
 
-    def reset(vec: Any) -> None:
+    def reset(vec: Any) -> Any:
         vec.seed(timing.seed)
-        vec.reset()
+        return vec.reset()
 
     n = workload.num_envs
     fns = [workload.factory()] * n
-    return open_vector("sb3", lambda: SubprocVecEnv(fns), timing, reset=reset, processes=n)
+    build = functools.partial(SubprocVecEnv, fns)
+    return open_vector("sb3", build, timing, reset=reset, policy=policy, processes=n)
 
 
 def envpool_id(spec: EnvSpec) -> str | None:
@@ -63,7 +65,7 @@ def envpool_id(spec: EnvSpec) -> str | None:
     return None
 
 
-def _envpool_check(spec: EnvSpec) -> str | None:
+def envpool_check(spec: EnvSpec) -> str | None:
     return None if envpool_id(spec) is not None else f"EnvPool does not ship {spec.name}"
 
 
@@ -94,15 +96,12 @@ class QuietEnvPool:
 
 
 def open_envpool(
-    workload: Workload,
-    timing: Timing,
-    *,
-    task: str | None = None,
-    batch_size: int | None = None,
-    **options: Any,
-) -> Runner:
+    workload: Workload, timing: Timing, *, task: str | None = None, batch_size: int | None = None,
+    policy: Callable[[Any], Any] | None = None, **options: Any,
+) -> Runner:  # fmt: skip
     """EnvPool's own implementation of the id (or of ``task``, with ``options``): stepped
-    whole, or by ``batch_size`` envs; its default thread count unless ``options`` say."""
+    whole, or by ``batch_size`` envs, by ``policy`` if given; its default thread count unless
+    ``options`` say."""
     shipped = task or envpool_id(workload.spec)
     if shipped is None:
         raise ValueError(f"EnvPool does not ship {workload.label}")
@@ -114,6 +113,7 @@ def open_envpool(
         timing,
         batch=batch_size,
         reset=lambda vec: vec.reset() if batch_size in (None, n) else vec.async_reset(),
+        policy=policy,
         envpool_id=shipped,
         **batch,
         **options,
@@ -145,29 +145,21 @@ PUFFER_SETTLE_S = 0.7
 
 
 def open_pufferlib(
-    workload: Workload,
-    timing: Timing,
-    *,
-    num_workers: int | None = None,
+    workload: Workload, timing: Timing, *, num_workers: int | None = None,
     batch_size: int | None = None,
-) -> Runner:
+) -> Runner:  # fmt: skip
     """PufferLib's ``Multiprocessing`` vector env over ``GymnasiumPufferEnv``-wrapped envs
     (``recv`` + ``send``; every env per call unless ``batch_size``)."""
-    with _quiet():  # the old ``gym`` it imports prints a notice
+    with quiet():  # the old ``gym`` it imports prints a notice
         import pufferlib.vector
 
     n = workload.num_envs
-    workers = num_workers or _puffer_workers(n)
-    batch = batch_size or n
-    start = time.perf_counter()
+    workers, batch = num_workers or _puffer_workers(n), batch_size or n
+    # overwork: more workers than cores is allowed, the point of a comparison.
     vec = pufferlib.vector.make(
-        functools.partial(puffer_env, workload.spec),
-        backend=pufferlib.vector.Multiprocessing,
-        num_envs=n,
-        num_workers=workers,
-        batch_size=batch,
-        overwork=True,  # allowed: more workers than cores is the point of a comparison
-    )
+        functools.partial(puffer_env, workload.spec), backend=pufferlib.vector.Multiprocessing,
+        num_envs=n, num_workers=workers, batch_size=batch, overwork=True,
+    )  # fmt: skip
     try:
         actions = _sample(vec.single_action_space, batch, timing)
         vec.async_reset(timing.seed)
@@ -177,9 +169,8 @@ def open_pufferlib(
             vec.send(acts)
 
         advance = cycle(recv_send, actions, batch)
-        setup_s = time.perf_counter() - start
         return CallRunner(
-            "pufferlib", advance, vec.close, timing, setup_s=setup_s, settle_s=PUFFER_SETTLE_S,
+            "pufferlib", advance, vec.close, timing, settle_s=PUFFER_SETTLE_S,
             workers=workers, batch_size=batch,
             pufferlib=version("pufferlib-core") or version("pufferlib"),
         )  # fmt: skip
@@ -188,16 +179,8 @@ def open_pufferlib(
         raise
 
 
-AS_ALE_V5 = {
-    "stack_num": 1,
-    "img_height": 210,
-    "img_width": 160,
-    "grayscale": False,
-    "maxpool": False,
-    "noop_max": 0,
-    "reward_clipping": False,
-    "use_fire_reset": False,
-}
+AS_ALE_V5 = dict(stack_num=1, img_height=210, img_width=160, grayscale=False, maxpool=False,
+                 noop_max=0, reward_clipping=False, use_fire_reset=False)  # fmt: skip
 """``AtariVectorEnv`` options that give ``gymnasium.make("ALE/...-v5")``'s observations: raw
 210x160 RGB frames, no stack, pooling, no-ops, clipping or fire at reset (frame skip, sticky
 actions and episode length come from the id's registration)."""
@@ -226,28 +209,22 @@ def ale_vector_options(spec: EnvSpec) -> dict[str, Any] | None:
     }
 
 
-def _ale_vector_check(spec: EnvSpec) -> str | None:
+def ale_vector_check(spec: EnvSpec) -> str | None:
     if ale_vector_options(spec) is None:
         return f"{spec.name} is not an ALE id with RGB frames and a fixed frame skip"
     return None
 
 
-def open_ale_vector(workload: Workload, timing: Timing, **overrides: Any) -> Runner:
+def open_ale_vector(workload: Workload, timing: Timing) -> Runner:
     """ale-py's C++ ``AtariVectorEnv`` (one thread per usable core), configured by
-    :func:`ale_vector_options` to step the same frames as the id (less ``overrides``)."""
+    :func:`ale_vector_options` to step the same frames as the id."""
     from ale_py.vector_env import AtariVectorEnv
 
     options = ale_vector_options(workload.spec)
     if options is None:
-        raise ValueError(str(_ale_vector_check(workload.spec)))
-    options.update(overrides)
-    game = options.pop("game")
-    threads = len(usable_cpus())
-    return open_vector(
-        "ale-vector",
-        lambda: AtariVectorEnv(game, workload.num_envs, num_threads=threads, **options),
-        timing,
-        threads=threads,
-        ale_py=version("ale-py"),
-        **overrides,
+        raise ValueError(str(ale_vector_check(workload.spec)))
+    game, threads = options.pop("game"), len(usable_cpus())
+    build = functools.partial(
+        AtariVectorEnv, game, workload.num_envs, num_threads=threads, **options
     )
+    return open_vector("ale-vector", build, timing, threads=threads, ale_py=version("ale-py"))

@@ -7,34 +7,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from envfleet.benchmark.bare import BARE_POOL, open_bare_pool
-from envfleet.benchmark.base import (
-    CEILING,
-    LOOP,
-    NOT_INSTALLED,
-    OK,
-    UNAVAILABLE,
-    UNSUPPORTED,
-    Runner,
-    Timing,
-    Workload,
-)
-from envfleet.benchmark.peers import (
-    _ale_vector_check,
-    _envpool_check,
-    _quiet,
-    open_ale_vector,
-    open_envpool,
-    open_pufferlib,
-    open_sb3,
-)
-from envfleet.benchmark.runners import (
-    envfleet_opener,
-    open_ceiling,
-    open_gym_async,
-    open_gym_sync,
-    open_loop,
-)
+from envfleet.benchmark import bare, base, peers, runners
 from envfleet.spec import EnvSpec
 
 
@@ -53,7 +26,7 @@ class RunnerKind:
 
     name: str
     description: str
-    open: Callable[[Workload, Timing], Runner]
+    open: Callable[[base.Workload, base.Timing], base.Runner]
     module: str | None = None
     check: Callable[[EnvSpec], str | None] | None = None
     extra: str | None = None
@@ -62,39 +35,32 @@ class RunnerKind:
 RUNNERS: dict[str, RunnerKind] = {
     kind.name: kind
     for kind in (
-        RunnerKind(LOOP, "Python for-loop over the envs in this process", open_loop),
-        RunnerKind(CEILING, "one independent process per core, throughputs summed", open_ceiling),
-        RunnerKind(BARE_POOL, "one byte in, a loop over the envs, one byte out", open_bare_pool),
-        RunnerKind("serial", "envfleet, serial backend", envfleet_opener("serial")),
-        RunnerKind("process", "envfleet, process backend", envfleet_opener("process")),
-        RunnerKind("thread", "envfleet, thread backend", envfleet_opener("thread")),
-        RunnerKind("gym-sync", "Gymnasium SyncVectorEnv", open_gym_sync),
-        RunnerKind("gym-async", "Gymnasium AsyncVectorEnv (shared memory)", open_gym_async),
-        RunnerKind(
-            "sb3", "Stable-Baselines3 SubprocVecEnv", open_sb3, "stable_baselines3", extra="sb3"
-        ),
-        RunnerKind("envpool", "EnvPool", open_envpool, "envpool", _envpool_check, "peers"),
-        RunnerKind(
-            "pufferlib",
-            "PufferLib Multiprocessing",
-            open_pufferlib,
-            "pufferlib.vector",
-            extra="peers",
-        ),
-        RunnerKind(
-            "ale-vector",
-            "ale-py AtariVectorEnv (C++ threads, the id's frames and frame skip)",
-            open_ale_vector,
-            "ale_py.vector_env",
-            _ale_vector_check,
-            "atari",
-        ),
+        RunnerKind(base.LOOP, "Python for-loop over the envs in this process", runners.open_loop),
+        RunnerKind(base.CEILING, "one independent process per core, throughputs summed",
+                   runners.CeilingRunner),
+        RunnerKind(bare.BARE_POOL, "one byte in, a loop over the envs, one byte out",
+                   bare.open_bare_pool),
+        RunnerKind("serial", "envfleet, serial backend", runners.envfleet_opener("serial")),
+        RunnerKind("process", "envfleet, process backend", runners.envfleet_opener("process")),
+        RunnerKind("thread", "envfleet, thread backend", runners.envfleet_opener("thread")),
+        RunnerKind("gym-sync", "Gymnasium SyncVectorEnv", runners.open_gym_sync),
+        RunnerKind("gym-async", "Gymnasium AsyncVectorEnv (shared memory)",
+                   runners.open_gym_async),
+        RunnerKind("sb3", "Stable-Baselines3 SubprocVecEnv", peers.open_sb3, "stable_baselines3",
+                   extra="sb3"),
+        RunnerKind("envpool", "EnvPool", peers.open_envpool, "envpool", peers.envpool_check,
+                   "peers"),
+        RunnerKind("pufferlib", "PufferLib Multiprocessing", peers.open_pufferlib,
+                   "pufferlib.vector", extra="peers"),
+        RunnerKind("ale-vector", "ale-py AtariVectorEnv (C++ threads, the id's frames and frame "
+                   "skip)", peers.open_ale_vector, "ale_py.vector_env", peers.ale_vector_check,
+                   "atari"),
     )
-}
+}  # fmt: skip
 """Every runner by name, in the order they are run and shown."""
 
 ALIASES = {
-    "for-loop": LOOP,
+    "for-loop": base.LOOP,
     "envfleet-serial": "serial",
     "envfleet-process": "process",
     "envfleet-thread": "thread",
@@ -127,12 +93,12 @@ def parse_runners(text: str) -> list[str]:
 class Availability:
     """Whether a runner can run an env here, and why not."""
 
-    status: str  # OK, NOT_INSTALLED, UNAVAILABLE or UNSUPPORTED
+    status: str  # OK, NOT_INSTALLED, UNAVAILABLE or UNSUPPORTED (base)
     reason: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.status == OK
+        return self.status == base.OK
 
 
 def availability(name: str, spec: EnvSpec) -> Availability:
@@ -140,23 +106,23 @@ def availability(name: str, spec: EnvSpec) -> Availability:
     kind = RUNNERS[name]
     if kind.module is not None:
         try:
-            with _quiet():
+            with peers.quiet():
                 importlib.import_module(kind.module)
         except ModuleNotFoundError as exc:
             root = kind.module.split(".")[0]
             if exc.name is not None and (exc.name == root or kind.module.startswith(exc.name)):
                 install = f": pip install 'envfleet[{kind.extra}]'" if kind.extra else ""
-                return Availability(NOT_INSTALLED, f"{root} is not installed{install}")
-            return Availability(UNAVAILABLE, f"importing {kind.module} failed: {exc}")
+                return Availability(base.NOT_INSTALLED, f"{root} is not installed{install}")
+            return Availability(base.UNAVAILABLE, f"importing {kind.module} failed: {exc}")
         except Exception as exc:
             return Availability(
-                UNAVAILABLE, f"importing {kind.module} failed: {type(exc).__name__}: {exc}"
+                base.UNAVAILABLE, f"importing {kind.module} failed: {type(exc).__name__}: {exc}"
             )
     if kind.check is not None:
         try:
             reason = kind.check(spec)
         except Exception as exc:
-            return Availability(UNAVAILABLE, f"{type(exc).__name__}: {exc}")
+            return Availability(base.UNAVAILABLE, f"{type(exc).__name__}: {exc}")
         if reason is not None:
-            return Availability(UNSUPPORTED, reason)
-    return Availability(OK)
+            return Availability(base.UNSUPPORTED, reason)
+    return Availability(base.OK)

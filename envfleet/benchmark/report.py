@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,18 +13,7 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from envfleet.benchmark.base import (
-    CEILING,
-    FAILED,
-    LOOP,
-    NOT_INSTALLED,
-    OK,
-    PARTIAL,
-    SKIPPED,
-    RunResult,
-    Skipped,
-    Timing,
-)
+from envfleet.benchmark import base
 from envfleet.benchmark.registry import RUNNERS, Availability
 
 
@@ -47,9 +37,9 @@ class Report:
     env: str
     num_envs: list[int]
     runners: list[str]
-    timing: Timing
+    timing: base.Timing
     availability: dict[str, Availability]
-    results: dict[str, dict[int, RunResult | str | Skipped]] = field(default_factory=dict)
+    results: dict[str, dict[int, base.RunResult | str | base.Skipped]] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     interrupted: bool = False
@@ -62,9 +52,9 @@ class Report:
     def rate(self, name: str, num_envs: int) -> float | None:
         """Median env-steps/s of ``name`` at ``num_envs``, if it was measured."""
         result = self.results.get(name, {}).get(num_envs)
-        return result.median if isinstance(result, RunResult) else None
+        return result.median if isinstance(result, base.RunResult) else None
 
-    def ratio(self, name: str, num_envs: int, reference: str = CEILING) -> float | None:
+    def ratio(self, name: str, num_envs: int, reference: str = base.CEILING) -> float | None:
         value, base = self.rate(name, num_envs), self.rate(reference, num_envs)
         if value is None or not base:
             return None
@@ -85,20 +75,19 @@ class Report:
         points = list(self.results.get(name, {}).values())
         failed = [isinstance(r, str) for r in points]
         if failed and all(failed):
-            return FAILED
-        skipped = [isinstance(r, Skipped) for r in points]
+            return base.FAILED
+        skipped = [isinstance(r, base.Skipped) for r in points]
         if skipped and all(skipped):
-            return SKIPPED
-        return PARTIAL if any(failed) or any(skipped) else OK
+            return base.SKIPPED
+        return base.PARTIAL if any(failed) or any(skipped) else base.OK
 
     def as_dict(self) -> dict[str, Any]:
         """Plain types, for JSON."""
         runners: dict[str, Any] = {}
         for name in self.runners:
-            entry: dict[str, Any] = {
-                "status": self.status(name),
-                "description": RUNNERS[name].description,
-            }
+            entry: dict[str, Any] = {"status": self.status(name)}
+            if name in RUNNERS:
+                entry["description"] = RUNNERS[name].description
             if not self.availability[name].ok:
                 entry["reason"] = self.availability[name].reason
                 runners[name] = entry
@@ -108,21 +97,16 @@ class Report:
                 if isinstance(result, str):
                     points.append({"num_envs": n, "error": result})
                     continue
-                if isinstance(result, Skipped):
+                if isinstance(result, base.Skipped):
                     points.append({"num_envs": n, "skipped": result.reason})
                     continue
-                points.append(
-                    {
-                        "num_envs": n,
-                        "steps_per_s": result.median,
-                        "ratio_to_ceiling": self.ratio(name, n, CEILING),
-                        "ratio_to_loop": self.ratio(name, n, LOOP),
-                        "windows": result.throughputs,
-                        "setup_s": result.setup_s,
-                        "other_load_cores": result.other_load,
-                        **({"info": result.info} if result.info else {}),
-                    }
-                )
+                points.append({
+                    "num_envs": n, "steps_per_s": result.median,
+                    "ratio_to_ceiling": self.ratio(name, n, base.CEILING),
+                    "ratio_to_loop": self.ratio(name, n, base.LOOP), "windows": result.throughputs,
+                    "setup_s": result.setup_s, "other_load_cores": result.other_load,
+                    **({"info": result.info} if result.info else {}),
+                })  # fmt: skip
             entry["results"] = points
             runners[name] = entry
         return {
@@ -130,7 +114,7 @@ class Report:
             "num_envs": self.num_envs,
             "runners": runners,
             "not_installed": [
-                n for n in self.runners if self.availability[n].status == NOT_INSTALLED
+                n for n in self.runners if self.availability[n].status == base.NOT_INSTALLED
             ],
             "timing": self.timing.as_dict(),
             "machine": self.machine,
@@ -150,33 +134,49 @@ def _fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def report_table(report: Report) -> Table:
-    """One row per measured runner; per env count, steps/s and the ratio to the ceiling."""
-    timing = report.timing
-    title = f"{report.env}: env-steps/s, median of {timing.repeats} x {timing.seconds:g} s"
-    if report.interrupted:
-        title += " (interrupted)"
+Column = tuple[str, Callable[["Report", str, int], str]]
+"""A column of a script's own: its header, and its cell for a runner's result at an env count
+(``cell(report, name, num_envs)``, called where that result was measured)."""
+
+
+def _table(
+    report: Report, title: str, headers: Sequence[str], cells: Callable[[str, int, Any], list[str]]
+) -> Table:
+    """One row per measured runner; per env count, ``n envs`` and ``headers`` columns, whose
+    cells are ``cells(name, n, result)``."""
     table = Table(title=title, title_justify="left", min_width=len(title) + 2)
     table.add_column("runner", no_wrap=True)
-    with_ceiling = CEILING in report.measured
     for n in report.num_envs:
-        table.add_column(f"{n} envs", justify="right")
-        if with_ceiling:
-            table.add_column("/ceiling", justify="right")
+        for header in (f"{n} envs", *headers):
+            table.add_column(header, justify="right")
     for name in report.measured:
-        cells = [name]
+        row = [name]
         for n in report.num_envs:
-            result = report.results.get(name, {}).get(n)
-            if isinstance(result, str):
-                cells.append("[red]failed[/red]")
-            elif isinstance(result, Skipped):
-                cells.append("skipped")
-            else:
-                cells.append(_fmt_rate(report.rate(name, n)))
-            if with_ceiling:
-                cells.append(_fmt_ratio(report.ratio(name, n)))
-        table.add_row(*cells)
+            row += cells(name, n, report.results.get(name, {}).get(n))
+        table.add_row(*row)
     return table
+
+
+def report_table(
+    report: Report, reference: str = base.CEILING, columns: Sequence[Column] = ()
+) -> Table:
+    """One row per measured runner; per env count, steps/s, the ratio to ``reference`` (when
+    it was measured) and ``columns``."""
+    timing = report.timing
+    title = f"{report.env}: env-steps/s, median of {timing.repeats} x {timing.seconds:g} s"
+    title += " (interrupted)" if report.interrupted else ""
+    ratio = [f"/{reference}"] if reference in report.measured else []
+
+    def cells(name: str, n: int, result: Any) -> list[str]:
+        if isinstance(result, str | base.Skipped):
+            row = ["[red]failed[/red]" if isinstance(result, str) else "skipped"]
+        else:
+            row = [_fmt_rate(report.rate(name, n))]
+        row += [_fmt_ratio(report.ratio(name, n, reference))] if ratio else []
+        measured = isinstance(result, base.RunResult)
+        return row + [cell(report, name, n) if measured else "-" for _, cell in columns]
+
+    return _table(report, title, ratio + [header for header, _ in columns], cells)
 
 
 def startup_table(report: Report) -> Table:
@@ -184,24 +184,14 @@ def startup_table(report: Report) -> Table:
     reset its envs), ``>N`` where it was stopped at the limit of ``N`` seconds."""
     limit = report.timing.startup_limit
     title = "start-up, seconds to build and reset the envs"
-    if limit is not None:
-        title += f" (limit {limit:g} s)"
-    table = Table(title=title, title_justify="left", min_width=len(title) + 2)
-    table.add_column("runner", no_wrap=True)
-    for n in report.num_envs:
-        table.add_column(f"{n} envs", justify="right")
-    for name in report.measured:
-        cells = [name]
-        for n in report.num_envs:
-            result = report.results.get(name, {}).get(n)
-            if isinstance(result, RunResult):
-                cells.append(f"{result.setup_s:.2f}")
-            elif isinstance(result, Skipped) and limit is not None:
-                cells.append(f">{limit:g}")
-            else:
-                cells.append("-")
-        table.add_row(*cells)
-    return table
+    title += f" (limit {limit:g} s)" if limit is not None else ""
+
+    def cells(name: str, n: int, result: Any) -> list[str]:
+        if isinstance(result, base.RunResult):
+            return [f"{result.setup_s:.2f}"]
+        return [f">{limit:g}" if isinstance(result, base.Skipped) and limit is not None else "-"]
+
+    return _table(report, title, [], cells)
 
 
 def report_notes(report: Report) -> list[str]:
@@ -211,7 +201,7 @@ def report_notes(report: Report) -> list[str]:
         c
         for points in report.results.values()
         for r in points.values()
-        if isinstance(r, RunResult)
+        if isinstance(r, base.RunResult)
         for c in r.other_load
     ]
     if loads and max(loads) > 0.1:
@@ -222,7 +212,7 @@ def report_notes(report: Report) -> list[str]:
     if "envpool" in report.measured:
         notes.append("envpool steps its own implementation of the env, not Gymnasium's")
     for name, points in report.results.items():
-        skipped = [(n, r) for n, r in points.items() if isinstance(r, Skipped)]
+        skipped = [(n, r) for n, r in points.items() if isinstance(r, base.Skipped)]
         if skipped:
             first_n, first = skipped[0]
             counts = ", ".join(str(n) for n, _ in skipped)
@@ -238,7 +228,7 @@ def plot_label(report: Report, name: str) -> str:
     results = report.results.get(name, {})
     gaps = [
         f"{how} at {', '.join(at)}"
-        for how, kind in (("skipped", Skipped), ("failed", str))
+        for how, kind in (("skipped", base.Skipped), ("failed", str))
         if (at := [str(n) for n, r in results.items() if isinstance(r, kind)])
     ]
     return f"{name} ({'; '.join(gaps)})" if gaps else name
@@ -256,7 +246,9 @@ def write_plot(report: Report, path: Path) -> None:
     for name in report.measured:
         points = [(n, rate) for n in report.num_envs if (rate := report.rate(name, n)) is not None]
         label = plot_label(report, name)
-        style: dict[str, Any] = {"linestyle": "--", "color": "black"} if name == CEILING else {}
+        style: dict[str, Any] = (
+            {"linestyle": "--", "color": "black"} if name == base.CEILING else {}
+        )
         ax.plot([n for n, _ in points], [r for _, r in points], marker="o", label=label, **style)
     if len(report.num_envs) > 1 and min(report.num_envs) > 0:
         spread = max(report.num_envs) / min(report.num_envs)

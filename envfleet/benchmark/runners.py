@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import multiprocessing
-import multiprocessing.queues
 import queue
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,17 +18,7 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
 import envfleet
 from envfleet.affinity import usable_cpus
-from envfleet.benchmark.base import (
-    CEILING,
-    LOOP,
-    CallRunner,
-    Runner,
-    Timing,
-    Workload,
-    cycle,
-    open_vector,
-    time_calls,
-)
+from envfleet.benchmark import base
 
 CEILING_TIMEOUT = 600.0
 """Seconds the ceiling's processes and their parent wait for each other before giving up."""
@@ -42,7 +29,7 @@ def _to_python(space: spaces.Space[Any], action: Any) -> Any:
 
 
 def _for_loop(
-    workload: Workload, count: int, timing: Timing, first_index: int = 0
+    workload: base.Workload, count: int, timing: base.Timing, first_index: int = 0
 ) -> tuple[Callable[[Any], object], list[list[Any]], list[gymnasium.Env[Any, Any]]]:
     """Build and reset ``count`` envs; return a sweep over them, its actions and the envs."""
     envs: list[gymnasium.Env[Any, Any]] = []
@@ -70,87 +57,62 @@ def _for_loop(
     return sweep, actions, envs
 
 
-def open_loop(workload: Workload, timing: Timing) -> Runner:
+def open_loop(workload: base.Workload, timing: base.Timing) -> base.Runner:
     """A Python for-loop over the envs in this process, resetting finished ones."""
-    start = time.perf_counter()
     sweep, actions, envs = _for_loop(workload, workload.num_envs, timing)
-    setup_s = time.perf_counter() - start
 
     def close() -> None:
         for env in envs:
             env.close()
 
-    advance = cycle(sweep, actions, workload.num_envs)
-    return CallRunner(LOOP, advance, close, timing, setup_s=setup_s)
+    advance = base.cycle(sweep, actions, workload.num_envs)
+    return base.CallRunner(base.LOOP, advance, close, timing)
 
 
-def _parallel_worker(
-    make_step: Callable[[int], Callable[[], int]],
-    index: int,
-    rewarm: float,
-    go: Any,
-    seconds: Any,
-    results: Any,
-) -> None:
-    """Build worker ``index``'s step; at each ``go``, time a window of ``seconds.value`` (<= 0:
-    stop)."""
+def _ceiling_worker(
+    workload: base.Workload, counts: list[int], firsts: list[int], timing: base.Timing, index: int,
+    go: Any, seconds: Any, results: Any,
+) -> None:  # fmt: skip
+    """Build process ``index``'s share of the envs (``counts[index]`` of them); at each ``go``,
+    time a window of ``seconds.value`` of for-loop sweeps over them (<= 0: stop)."""
     try:
-        step = make_step(index)
+        sweep, actions, _ = _for_loop(workload, counts[index], timing, firsts[index])
+        step = base.cycle(sweep, actions, counts[index])
         results.put((index, "ready", None))
         while True:
             go.wait(CEILING_TIMEOUT)
             window = seconds.value
             if window <= 0:
                 break
-            time_calls(step, rewarm)
-            results.put((index, time_calls(step, window), None))
+            base.time_calls(step, timing.rewarm)
+            results.put((index, base.time_calls(step, window), None))
     except BaseException as exc:
         results.put((index, None, f"{type(exc).__name__}: {exc}"))
         go.abort()
 
 
-class _Seconds:
-    value = 0.0
+class CeilingRunner(base.Runner):
+    """The envs split over one process per usable core, never communicating; throughputs summed.
 
-
-class ParallelRunner(Runner):
-    """``count`` processes (or threads) that each step on their own, never communicating.
-
-    Worker ``i`` calls ``make_step(i)`` once (it builds what it steps; it must pickle for
-    processes) and then, in each window, calls the step it returned as often as it can; each
-    call returns the env-steps it made. The parent only starts each window (a barrier) and adds
-    up what the workers measured inside it.
+    Each process runs the for-loop on its share; the parent only starts each window (a barrier)
+    and adds up what the processes measured inside it.
     """
 
-    def __init__(
-        self,
-        name: str,
-        make_step: Callable[[int], Callable[[], int]],
-        count: int,
-        timing: Timing,
-        *,
-        threads: bool = False,
-        **info: Any,
-    ) -> None:
-        self.name, self.info = name, info
+    def __init__(self, workload: base.Workload, timing: base.Timing) -> None:
+        count = min(len(usable_cpus()), workload.num_envs)
+        counts = [len(ids) for ids in np.array_split(np.arange(workload.num_envs), count)]
+        firsts = np.cumsum([0, *counts[:-1]]).tolist()
+        self.name, self.info = base.CEILING, {"processes": count, "envs_per_process": counts}
         ctx = multiprocessing.get_context()
-        if threads:
-            self._go: Any = threading.Barrier(count + 1)
-            self._seconds: Any = _Seconds()
-            self._results: Any = queue.SimpleQueue()
-            start_worker: Any = functools.partial(threading.Thread, daemon=True)
-        else:
-            self._go, self._seconds, self._results = (
-                ctx.Barrier(count + 1),
-                ctx.Value("d", 0.0),
-                ctx.Queue(),
-            )
-            start_worker = functools.partial(ctx.Process, daemon=True)  # type: ignore[attr-defined]
-        args = (self._go, self._seconds, self._results)
+        self._go, self._seconds, self._results = ctx.Barrier(count + 1), ctx.Value("d"), ctx.Queue()
+        args = (workload, counts, firsts, timing)
         self._workers = [
-            start_worker(target=_parallel_worker, args=(make_step, i, timing.rewarm, *args))
+            ctx.Process(  # type: ignore[attr-defined]
+                target=_ceiling_worker, args=(*args, i, self._go, self._seconds, self._results),
+                daemon=True,
+            )
             for i in range(count)
-        ]
+        ]  # fmt: skip
         start = time.perf_counter()
         for worker in self._workers:
             worker.start()
@@ -192,97 +154,55 @@ class ParallelRunner(Runner):
             pass  # broken by a failed worker: processes are terminated below
         for worker in self._workers:
             worker.join(timeout=10.0)
-            if isinstance(worker, multiprocessing.process.BaseProcess) and worker.is_alive():
+            if worker.is_alive():
                 worker.terminate()
                 worker.join()
-        if isinstance(self._results, multiprocessing.queues.Queue):
-            self._results.close()
-            self._results.join_thread()
-
-
-def _ceiling_step(
-    workload: Workload, counts: list[int], firsts: list[int], timing: Timing, index: int
-) -> Callable[[], int]:
-    """A ceiling process's step: a sweep over its share of the envs (``counts[index]`` of them)."""
-    sweep, actions, _ = _for_loop(workload, counts[index], timing, firsts[index])
-    following = itertools.cycle(actions).__next__
-    count = counts[index]
-
-    def step() -> int:
-        sweep(following())
-        return count
-
-    return step
-
-
-class CeilingRunner(ParallelRunner):
-    """The envs split over one process per usable core, never communicating; throughputs summed.
-
-    Each process runs the for-loop on its share; the parent only starts each window (a barrier)
-    and adds up what the processes measured inside it.
-    """
-
-    def __init__(self, workload: Workload, timing: Timing) -> None:
-        num_procs = min(len(usable_cpus()), workload.num_envs)
-        counts = [len(ids) for ids in np.array_split(np.arange(workload.num_envs), num_procs)]
-        firsts = np.cumsum([0, *counts[:-1]]).tolist()
-        make_step = functools.partial(_ceiling_step, workload, counts, firsts, timing)
-        super().__init__(
-            CEILING, make_step, num_procs, timing, processes=num_procs, envs_per_process=counts
-        )
-
-
-def open_ceiling(workload: Workload, timing: Timing) -> Runner:
-    """See :class:`CeilingRunner`."""
-    return CeilingRunner(workload, timing)
+        self._results.close()
+        self._results.join_thread()
 
 
 def open_envfleet(
-    workload: Workload,
-    timing: Timing,
-    *,
-    name: str | None = None,
-    batch_size: int | None = None,
-    **make_kwargs: Any,
-) -> Runner:
+    workload: base.Workload, timing: base.Timing, *, name: str | None = None,
+    batch_size: int | None = None, policy: Callable[[Any], Any] | None = None, **make_kwargs: Any,
+) -> base.Runner:  # fmt: skip
     """``envfleet.make(workload, **make_kwargs)`` stepped whole, or by ``batch_size`` envs
-    (``recv`` + ``send``); ``name``: default the backend's."""
-    start = time.perf_counter()
+    (``recv`` + ``send``), by ``policy`` if given; ``name``: default the backend's."""
     pool = envfleet.make(workload.spec, workload.num_envs, batch_size=batch_size, **make_kwargs)
-    made_s = time.perf_counter() - start
-    runner = open_vector(
+    return base.open_vector(
         name or str(make_kwargs.get("backend", "process")),
         lambda: pool,
         timing,
         batch=batch_size,
+        policy=policy,
         workers=pool.num_workers,
         batch_size=pool.batch_size,
         **make_kwargs,
     )
-    runner.setup_s += made_s
-    return runner
 
 
 def envfleet_opener(
     backend: str, name: str | None = None, **make_kwargs: Any
-) -> Callable[[Workload, Timing], Runner]:
+) -> Callable[[base.Workload, base.Timing], base.Runner]:
     """An opener of :func:`open_envfleet` on ``backend`` (default workers unless
     ``make_kwargs`` say otherwise)."""
     return functools.partial(open_envfleet, name=name or backend, backend=backend, **make_kwargs)
 
 
-def open_gym_sync(workload: Workload, timing: Timing) -> Runner:
+def open_gym_sync(workload: base.Workload, timing: base.Timing) -> base.Runner:
     """Gymnasium's ``SyncVectorEnv``."""
     fns = [workload.factory()] * workload.num_envs
-    return open_vector("gym-sync", lambda: SyncVectorEnv(fns), timing)
+    return base.open_vector("gym-sync", lambda: SyncVectorEnv(fns), timing)
 
 
-def open_gym_async(workload: Workload, timing: Timing) -> Runner:
+def open_gym_async(
+    workload: base.Workload, timing: base.Timing, policy: Callable[[Any], Any] | None = None
+) -> base.Runner:
     """Gymnasium's ``AsyncVectorEnv(shared_memory=True)``: one process per env."""
     fns = [workload.factory()] * workload.num_envs
-    return open_vector(
+    return base.open_vector(
         "gym-async",
         lambda: AsyncVectorEnv(fns, shared_memory=True),
         timing,
+        policy=policy,
         processes=workload.num_envs,
     )
