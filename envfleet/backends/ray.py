@@ -31,13 +31,9 @@ import secrets
 import select
 import shutil
 import socket
-import struct
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Connection
 from typing import Any
 
 import cloudpickle
@@ -54,6 +50,7 @@ from envfleet.backends.outbox import Outbox
 from envfleet.backends.ray_actor import GroupActor, unpack
 from envfleet.backends.ray_options import RayOptions
 from envfleet.backends.rows import deliver, row_bytes
+from envfleet.backends.worker_actor import ActorSlot, close_actors, message
 from envfleet.buffers import Batch, is_array_space, make_reader
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Close, Command, EnvCommand, EnvFailure, Reply, Step
@@ -66,26 +63,6 @@ Ray's 100 KiB limit for results returned inline), see
 MIXED_WAIT_SLICE = 0.001
 """With commands in flight both on same-machine actors (sockets) and on others (Ray calls), the
 pool waits on each kind in turn this many seconds at a time."""
-
-
-@dataclass(eq=False)
-class _Actor:
-    """One worker's actor, and how the pool talks to it."""
-
-    handle: Any = None
-    node: str = ""  # the Ray node it runs on
-    pid: int | None = None  # its process
-    # Ray calls in flight: (result refs, command), oldest first; the refs are the pieces of one
-    # result (one ref unless the result travels in pieces).
-    refs: deque[tuple[list[Any], Command]] = field(default_factory=deque)
-    # On this machine: its socket, the call that serves it, the replies it owes on it, and the
-    # bytes of commands the socket had no room for yet (written as it drains, within wait(): a
-    # large command to an actor hung in a step cannot hold the pool up past step_timeout).
-    conn: Connection | None = None
-    sock: socket.socket | None = None  # the same socket, to send without blocking
-    serving: Any = None
-    owed: int = 0
-    outbox: Outbox | None = None
 
 
 class RayTransport(BaseTransport):
@@ -121,7 +98,7 @@ class RayTransport(BaseTransport):
             else None
         )
         workers = len(options.assignment)
-        self._workers = [_Actor() for _ in range(workers)]
+        self._workers = [ActorSlot() for _ in range(workers)]
         self._writing: set[int] = set()  # workers whose outbox holds bytes
         self._poller = select.poll()
         self._pickled = PickledCommands()
@@ -278,7 +255,7 @@ class RayTransport(BaseTransport):
         slot = self._workers[worker]
         if slot.outbox is not None:
             slot.owed += 1
-            slot.outbox.send(_message(self._pickled.dumps(command)))
+            slot.outbox.send(message(self._pickled.dumps(command)))
             return
         if isinstance(command, Step) and command.actions is None and self._read_action:
             # The pool wrote the actions to the batch, which this actor does not see.
@@ -436,67 +413,9 @@ class RayTransport(BaseTransport):
             ray_session.disconnect()
 
     def _close_actors(self, timeout: float) -> None:
-        """Ask each actor to close its envs, wait up to ``timeout``, then kill them all."""
-        closing = []
-        for slot in self._workers:
-            if slot.outbox is not None:
-                slot.outbox.flush()
-                # Without blocking: an actor that cannot take it is killed below all the same.
-                slot.outbox.send(_message(self._pickled.dumps(Close())))
-                continue
-            try:
-                closing.append(slot.handle.run.remote(Close()))
-            except Exception:
-                pass
-        # A socket actor's serve call returns once it has closed its envs (or it died).
-        closing += [slot.serving for slot in self._workers if slot.conn is not None]
-        local = self._local_processes()
-        try:
-            if closing:
-                ray.wait(closing, num_returns=len(closing), timeout=timeout)
-        except Exception:
-            pass  # a dead actor or node: killed below all the same
-        finally:  # a Ctrl-C in the wait too
-            for slot in self._workers:
-                try:
-                    ray.kill(slot.handle, no_restart=True)
-                except Exception:
-                    pass
-            _bury(local, timeout)
-
-    def _local_processes(self) -> list[psutil.Process]:
-        """The processes of the actors on this machine (taken before they are killed, so a
-        reused pid is never mistaken for one of them)."""
-        processes = []
-        here = self._pool_node
-        for slot in self._workers:
-            if slot.pid is not None and here is not None and slot.node == here:
-                try:
-                    processes.append(psutil.Process(slot.pid))
-                except psutil.Error:
-                    pass  # already gone
-        return processes
-
-
-def _bury(processes: list[psutil.Process], timeout: float) -> None:
-    """Wait up to ``timeout`` for killed actors' processes on this machine to end, then end
-    those still there: ``ray.kill`` only asks Ray, whose daemons may take seconds to act on a
-    busy machine, and ``close()`` returns once nothing of the pool runs here."""
-    try:
-        _, alive = psutil.wait_procs(processes, timeout=timeout)
-        for process in alive:
-            process.kill()
-        psutil.wait_procs(alive, timeout=timeout)
-    except psutil.Error:
-        pass
-
-
-def _message(data: bytes) -> bytes:
-    """``data`` framed as ``multiprocessing.connection.Connection.send_bytes`` frames it (the
-    actor reads it with ``recv``)."""
-    if len(data) > 0x7FFFFFFF:
-        return struct.pack("!i", -1) + struct.pack("!Q", len(data)) + data
-    return struct.pack("!i", len(data)) + data
+        """Ask each actor to close its envs, wait up to ``timeout``, then kill them all (and
+        see that those on this machine have ended)."""
+        close_actors(self._workers, self._pickled.dumps(Close()), timeout, self._pool_node)
 
 
 def _task_failed(command: Command, exc: RayTaskError) -> Reply:
