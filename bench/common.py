@@ -61,10 +61,14 @@ def progress(console: Console, title: str) -> Iterator[dict[str, Callable[[str],
 
 
 def measure_table(
-    console: Console, title: str, cases: Sequence[Case], workload: benchmark.Workload,
-    timing: benchmark.Timing, reference: str | None = None,
+    console: Console,
+    title: str,
+    cases: Sequence[Case],
+    workload: benchmark.Workload,
+    timing: benchmark.Timing,
+    reference: str | None = None,
     columns: Sequence[benchmark.Column] = (),
-) -> benchmark.Report:  # fmt: skip
+) -> benchmark.Report:
     """Measure ``cases`` side by side on ``workload`` (:func:`envfleet.benchmark.sweep`, forking
     rows opened first), print ``title`` and the engine's table (ratios to row ``reference``,
     and ``columns``) with its notes; a failed row prints its traceback."""
@@ -78,9 +82,14 @@ def measure_table(
     ordered = sorted(cases, key=lambda c: not c.forks)
     with progress(console, f"{title}: {len(cases)} runners") as hooks:
         report = benchmark.sweep(
-            workload.spec, [workload.num_envs], [c.name for c in ordered], timing,
-            on_error=failed, openers={c.name: c.open for c in cases}, **hooks,
-        )  # fmt: skip
+            workload.spec,
+            [workload.num_envs],
+            [c.name for c in ordered],
+            timing,
+            on_error=failed,
+            openers={c.name: c.open for c in cases},
+            **hooks,
+        )
     report.runners = [c.name for c in cases]  # shown in the order given
     console.print(f"[bold]{title}[/bold]")
     console.print(benchmark.report_table(report, reference or "ceiling", columns))

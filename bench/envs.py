@@ -110,9 +110,14 @@ class SoakEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     metadata = {"render_modes": []}
 
     def __init__(
-        self, p_fail: float = 1e-4, kinds: tuple[str, ...] = KINDS, hang_s: float = 60.0,
-        max_steps: int = 1000, log_path: str | None = None, work_us: float = 0.0,
-    ) -> None:  # fmt: skip
+        self,
+        p_fail: float = 1e-4,
+        kinds: tuple[str, ...] = KINDS,
+        hang_s: float = 60.0,
+        max_steps: int = 1000,
+        log_path: str | None = None,
+        work_us: float = 0.0,
+    ) -> None:
         unknown = set(kinds) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown failure kinds {sorted(unknown)}: choose from {KINDS}")
@@ -184,9 +189,12 @@ class HeavyTailEnv(SleepEnv):
     its first reset, so that a seeded run sleeps the same sequence whatever backend steps it."""
 
     def __init__(
-        self, fast_s: float = 0.0002, slow_s: float = 0.005, slow_p: float = 0.1,
+        self,
+        fast_s: float = 0.0002,
+        slow_s: float = 0.005,
+        slow_p: float = 0.1,
         max_steps: int = 500,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(fast_s, max_steps)
         self.slow_s, self.slow_p = slow_s, slow_p
 
@@ -198,9 +206,17 @@ class HeavyTailEnv(SleepEnv):
 
 PONG = "ALE/Pong-v5"
 
-ENVPOOL_PONG: dict[str, Any] = dict(episodic_life=False, reward_clip=False, stack_num=4,
-    img_height=84, img_width=84, frame_skip=4, noop_max=30, repeat_action_probability=0.25,
-    max_episode_steps=27_000)  # fmt: skip
+ENVPOOL_PONG: dict[str, Any] = dict(
+    episodic_life=False,
+    reward_clip=False,
+    stack_num=4,
+    img_height=84,
+    img_width=84,
+    frame_skip=4,
+    noop_max=30,
+    repeat_action_probability=0.25,
+    max_episode_steps=27_000,
+)
 """EnvPool's Pong configured as :func:`make_pong`: 84x84 grey, frame skip 4, 4 frames stacked,
 up to 30 no-ops at reset, ALE v5's sticky actions and 108,000 frames an episode, no life-loss
 episodes, rewards unclipped."""

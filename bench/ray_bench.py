@@ -51,8 +51,10 @@ class BatchActor:
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Every env one step, each reset when its episode ends (as the vector envs do)."""
         results = [env.step(a) for env, a in zip(self.envs, actions.tolist(), strict=True)]
-        obs = [o if not (t or u) else env.reset()[0]
-               for env, (o, _, t, u, _) in zip(self.envs, results, strict=True)]  # fmt: skip
+        obs = [
+            o if not (t or u) else env.reset()[0]
+            for env, (o, _, t, u, _) in zip(self.envs, results, strict=True)
+        ]
         _, rewards, terminated, truncated, _ = zip(*results, strict=True)
         return np.stack(obs), np.array(rewards), np.array(terminated), np.array(truncated)
 
@@ -101,10 +103,12 @@ CASES = [
     Case("naive-ray", open_naive_ray),
     Case("batched-ray", open_batched_ray),
     Case("envfleet-ray", benchmark.envfleet_opener("ray", "envfleet-ray", ray_shared_memory=True)),
-    Case("envfleet-ray-calls",
-         benchmark.envfleet_opener("ray", "envfleet-ray-calls", ray_shared_memory=False)),
+    Case(
+        "envfleet-ray-calls",
+        benchmark.envfleet_opener("ray", "envfleet-ray-calls", ray_shared_memory=False),
+    ),
     Case("envfleet-process", benchmark.RUNNERS["process"].open),
-]  # fmt: skip
+]
 RAY_TARGETS = {"cartpole": ("naive-ray", 5.0), "pong": ("envfleet-process", 0.8)}
 """Per workload: the baseline, and the least ratio of envfleet-ray to it that meets the target."""
 

@@ -59,8 +59,15 @@ class RolloutWorkload:
     envfleet_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
-CONTENDERS = ("envfleet-sync", "envfleet-async", "envfleet-async-core", "gym-async", "sb3",
-              "envpool", "envpool-async")  # fmt: skip
+CONTENDERS = (
+    "envfleet-sync",
+    "envfleet-async",
+    "envfleet-async-core",
+    "gym-async",
+    "sb3",
+    "envpool",
+    "envpool-async",
+)
 """Every contender, in the order they are run and shown (one missing its library, or with no
 EnvPool env for the workload, shows as a failed row)."""
 
@@ -75,14 +82,24 @@ def open_contender(name: str, case: RolloutWorkload, policy: Policy, timing: Tim
     if name.startswith("envfleet"):
         workers = max(1, min(len(usable_cpus()) - 1, n)) if name.endswith("core") else None
         return benchmark.open_envfleet(
-            case.workload, timing, batch_size=half, policy=policy, backend="process",
-            num_workers=workers or case.num_workers, copy=False, **case.envfleet_kwargs,
-        )  # fmt: skip
+            case.workload,
+            timing,
+            batch_size=half,
+            policy=policy,
+            backend="process",
+            num_workers=workers or case.num_workers,
+            copy=False,
+            **case.envfleet_kwargs,
+        )
     if name.startswith("envpool"):
         return benchmark.open_envpool(
-            case.workload, timing, task=case.envpool_task, batch_size=half, policy=policy,
+            case.workload,
+            timing,
+            task=case.envpool_task,
+            batch_size=half,
+            policy=policy,
             **case.envpool_kwargs,
-        )  # fmt: skip
+        )
     opener = benchmark.open_sb3 if name == "sb3" else benchmark.open_gym_async
     return opener(case.workload, timing, policy)
 
@@ -93,9 +110,14 @@ class PolicyRunner(Runner):
     waited for the policy (``envs_waited``: a batch's envs wait while it decides for them)."""
 
     def __init__(
-        self, name: str, case: RolloutWorkload, _: Workload, timing: Timing,
-        clock: Callable[[], float] = time.perf_counter, opener: Any = open_contender,
-    ) -> None:  # fmt: skip
+        self,
+        name: str,
+        case: RolloutWorkload,
+        _: Workload,
+        timing: Timing,
+        clock: Callable[[], float] = time.perf_counter,
+        opener: Any = open_contender,
+    ) -> None:
         self.policy, self.clock, self.policy_s = case.policy, clock, 0.0
         self.inner = opener(name, case, self.decide, timing)
         self.name, self.warmup_s = name, self.inner.warmup_s
@@ -160,10 +182,13 @@ WORKLOADS: dict[str, Callable[[], RolloutWorkload]] = {
     # The env mostly sleeps: 8 workers of 4 threads, so that a batch is not held back by the
     # slowest of many envs (a worker replies when all the envs it was sent are done).
     "heavy": lambda: RolloutWorkload(
-        "heavy", Workload.of(HeavyTailEnv, 32), mlp_actor(), num_workers=8,
+        "heavy",
+        Workload.of(HeavyTailEnv, 32),
+        mlp_actor(),
+        num_workers=8,
         envfleet_kwargs={"threads_per_worker": 4},
     ),
-}  # fmt: skip
+}
 SYNC_TARGETS = {("envfleet-async", "envfleet-sync"): 1.5}
 PEER_TARGETS = {("best envfleet", "gym-async"): 1.5, ("best envfleet", "sb3"): 1.5}
 TARGETS = {  # (numerator, denominator) -> target ratio, per workload

@@ -90,10 +90,17 @@ class SoakRun:
         env: dict[str, Any] = dict(p_fail=p_fail, kinds=tuple(args.kinds), hang_s=args.hang_s)
         env.update(log_path=self.log_path, max_steps=args.episode_steps, work_us=args.work_us)
         self.pool = envfleet.make(
-            SoakEnv, args.num_envs, backend="process", num_workers=args.workers, seed=args.seed,
-            on_error="restart", step_timeout=args.step_timeout, max_restarts=10**9, context="fork",
+            SoakEnv,
+            args.num_envs,
+            backend="process",
+            num_workers=args.workers,
+            seed=args.seed,
+            on_error="restart",
+            step_timeout=args.step_timeout,
+            max_restarts=10**9,
+            context="fork",
             env_kwargs=env,
-        )  # fmt: skip
+        )
         obs, _ = self.pool.reset()
         n = self.num_envs
         self.index = np.arange(n, dtype=np.float64)
@@ -202,10 +209,16 @@ class SoakRun:
         for kind, env, step, _pid, _calls in events:
             ids = {env} if kind == "raise" else set(self.assignment[self.worker_of[env]])
             expected[step] |= ids
-        unexplained = {s: sorted(ids - expected[s]) for s, ids in self.flags.items()
-                       if ids - expected.get(s, set())}  # fmt: skip
-        missing = {s: sorted(ids - self.flags.get(s, set())) for s, ids in expected.items()
-                   if ids - self.flags.get(s, set())}  # fmt: skip
+        unexplained = {
+            s: sorted(ids - expected[s])
+            for s, ids in self.flags.items()
+            if ids - expected.get(s, set())
+        }
+        missing = {
+            s: sorted(ids - self.flags.get(s, set()))
+            for s, ids in expected.items()
+            if ids - self.flags.get(s, set())
+        }
         kinds = collections.Counter(kind for kind, *_ in events)
         return {
             "failures_injected": len(events),
@@ -398,11 +411,18 @@ def run_soak(args: SoakConfig, json_path: Path) -> int:
     print(f"wall time {wall:.1f} s")
     config = {**asdict(args), "steps_per_pool": pool_steps * args.num_envs, "chunks": chunks}
     report = {
-        "machine": machine, "config": config, "faulty": faulty, "fault_free": clean,
+        "machine": machine,
+        "config": config,
+        "faulty": faulty,
+        "fault_free": clean,
         "obs_columns": ["env_index", "pool_step", "calls", "episode_step", "episodes"],
-        "ratio_faulty_over_fault_free": ratio, "target": TARGET, "meets_target": ratio >= TARGET,
-        "checks": checks, "all_checks_passed": all(checks.values()), "wall_seconds": wall,
-    }  # fmt: skip
+        "ratio_faulty_over_fault_free": ratio,
+        "target": TARGET,
+        "meets_target": ratio >= TARGET,
+        "checks": checks,
+        "all_checks_passed": all(checks.values()),
+        "wall_seconds": wall,
+    }
     save_json(json_path, report)
     return 0 if all(checks.values()) else 1
 

@@ -103,14 +103,19 @@ SLEEP_CASES = [
     Case("bare threads", open_bare_threads),
     Case("bare threads, pinned to 1 core", lambda w, t: open_bare_threads(w, t, one_core())),
     Case("envfleet thread", envfleet(backend="thread")),
-    Case("envfleet thread, pinned to 1 core", lambda w, t: open_envfleet(
-        w, t, backend="thread", cpu_affinity=one_core())),
+    Case(
+        "envfleet thread, pinned to 1 core",
+        lambda w, t: open_envfleet(w, t, backend="thread", cpu_affinity=one_core()),
+    ),
     Case("envfleet process 2w", envfleet(**TWO), forks=True),
     Case("envfleet process 2w x16t", envfleet(**TWO, threads_per_worker=16), forks=True),
-    Case("envfleet process 2w x16t, spread",
-         envfleet(**TWO, threads_per_worker=16, cpu_affinity="spread"), forks=True),
+    Case(
+        "envfleet process 2w x16t, spread",
+        envfleet(**TWO, threads_per_worker=16, cpu_affinity="spread"),
+        forks=True,
+    ),
     Case("gym AsyncVectorEnv", benchmark.open_gym_async, forks=True),
-]  # fmt: skip
+]
 PONG_CASES = [
     Case(LOOP, benchmark.open_loop),
     Case("envfleet thread", envfleet(backend="thread")),
@@ -122,9 +127,14 @@ PONG_CASES = [
 ]
 PARTS = {  # title, cases, workload, reference row, target: (row, least ratio)
     "sleep": ("SleepEnv (1 ms) x 32", SLEEP_CASES, Workload.of(SleepEnv, 32), IDEAL, 0.8),
-    "pong": ("ALE/Pong-v5 x 8 (agent steps/s)", PONG_CASES, Workload.of("ALE/Pong-v5", 8),
-             LOOP, 1.6),
-}  # fmt: skip
+    "pong": (
+        "ALE/Pong-v5 x 8 (agent steps/s)",
+        PONG_CASES,
+        Workload.of("ALE/Pong-v5", 8),
+        LOOP,
+        1.6,
+    ),
+}
 
 
 def main(argv: list[str] | None = None) -> int:

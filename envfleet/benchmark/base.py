@@ -236,9 +236,16 @@ class CallRunner(Runner):
     Warms up for ``timing.warmup`` seconds when opened; closes on a failure meanwhile."""
 
     def __init__(
-        self, name: str, advance: Callable[[], int], close: Callable[[], object], timing: Timing,
-        *, setup_s: float = 0.0, settle_s: float = 0.0, **info: Any,
-    ) -> None:  # fmt: skip
+        self,
+        name: str,
+        advance: Callable[[], int],
+        close: Callable[[], object],
+        timing: Timing,
+        *,
+        setup_s: float = 0.0,
+        settle_s: float = 0.0,
+        **info: Any,
+    ) -> None:
         self.name, self.setup_s, self.settle_s, self.info = name, setup_s, settle_s, info
         self.advance, self._close, self._rewarm = advance, close, timing.rewarm
         start = time.perf_counter()
@@ -271,10 +278,16 @@ def sample_actions(space: gymnasium.Space[Any], batch: int | None, timing: Timin
 
 
 def open_vector(
-    name: str, build: Callable[[], Any], timing: Timing, *, batch: int | None = None,
-    reset: Callable[[Any], Any] | None = None, policy: Callable[[Any], Any] | None = None,
-    settle_s: float = 0.0, **info: Any,
-) -> Runner:  # fmt: skip
+    name: str,
+    build: Callable[[], Any],
+    timing: Timing,
+    *,
+    batch: int | None = None,
+    reset: Callable[[Any], Any] | None = None,
+    policy: Callable[[Any], Any] | None = None,
+    settle_s: float = 0.0,
+    **info: Any,
+) -> Runner:
     """A runner over the vector env ``build()`` makes, closed on any failure.
 
     Synchronous (``batch`` ``None`` or every env): reset (``vec.reset(seed=...)``, or

@@ -74,10 +74,15 @@ def open_bounded(
 
 
 def measure(
-    names: Sequence[str], workload: base.Workload, timing: base.Timing, *,
-    on_error: Callable[[str, BaseException], object] | None = None, progress: Hook = None,
-    openers: Mapping[str, Opener] | None = None, on_stage: Hook = None,
-) -> dict[str, base.RunResult | str | base.Skipped]:  # fmt: skip
+    names: Sequence[str],
+    workload: base.Workload,
+    timing: base.Timing,
+    *,
+    on_error: Callable[[str, BaseException], object] | None = None,
+    progress: Hook = None,
+    openers: Mapping[str, Opener] | None = None,
+    on_stage: Hook = None,
+) -> dict[str, base.RunResult | str | base.Skipped]:
     """Open the runners ``names`` on ``workload`` and time their windows, interleaved.
 
     Args:
@@ -173,8 +178,16 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-PACKAGES = ("envfleet", "gymnasium", "numpy", "cloudpickle", "ale-py", "stable-baselines3",
-            "envpool", "pufferlib")  # fmt: skip
+PACKAGES = (
+    "envfleet",
+    "gymnasium",
+    "numpy",
+    "cloudpickle",
+    "ale-py",
+    "stable-baselines3",
+    "envpool",
+    "pufferlib",
+)
 
 
 def machine_info(packages: Sequence[str] = ()) -> dict[str, Any]:
@@ -247,10 +260,16 @@ def _clock(seconds: float) -> str:
 
 
 def sweep(
-    env: Any, num_envs: Sequence[int], names: Sequence[str], timing: base.Timing, *,
-    on_error: Callable[[str, int, BaseException], object] | None = None, progress: Hook = None,
-    on_stage: Hook = None, openers: Mapping[str, Opener] | None = None,
-) -> Report:  # fmt: skip
+    env: Any,
+    num_envs: Sequence[int],
+    names: Sequence[str],
+    timing: base.Timing,
+    *,
+    on_error: Callable[[str, int, BaseException], object] | None = None,
+    progress: Hook = None,
+    on_stage: Hook = None,
+    openers: Mapping[str, Opener] | None = None,
+) -> Report:
     """Measure the available runners of ``names`` at each env count of ``num_envs``.
 
     Runners that are not installed, or cannot run the env, are skipped (see

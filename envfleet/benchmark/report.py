@@ -100,13 +100,18 @@ class Report:
                 if isinstance(result, base.Skipped):
                     points.append({"num_envs": n, "skipped": result.reason})
                     continue
-                points.append({
-                    "num_envs": n, "steps_per_s": result.median,
-                    "ratio_to_ceiling": self.ratio(name, n, base.CEILING),
-                    "ratio_to_loop": self.ratio(name, n, base.LOOP), "windows": result.throughputs,
-                    "setup_s": result.setup_s, "other_load_cores": result.other_load,
-                    **({"info": result.info} if result.info else {}),
-                })  # fmt: skip
+                points.append(
+                    {
+                        "num_envs": n,
+                        "steps_per_s": result.median,
+                        "ratio_to_ceiling": self.ratio(name, n, base.CEILING),
+                        "ratio_to_loop": self.ratio(name, n, base.LOOP),
+                        "windows": result.throughputs,
+                        "setup_s": result.setup_s,
+                        "other_load_cores": result.other_load,
+                        **({"info": result.info} if result.info else {}),
+                    }
+                )
             entry["results"] = points
             runners[name] = entry
         return {

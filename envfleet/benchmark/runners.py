@@ -70,9 +70,15 @@ def open_loop(workload: base.Workload, timing: base.Timing) -> base.Runner:
 
 
 def _ceiling_worker(
-    workload: base.Workload, counts: list[int], firsts: list[int], timing: base.Timing, index: int,
-    go: Any, seconds: Any, results: Any,
-) -> None:  # fmt: skip
+    workload: base.Workload,
+    counts: list[int],
+    firsts: list[int],
+    timing: base.Timing,
+    index: int,
+    go: Any,
+    seconds: Any,
+    results: Any,
+) -> None:
     """Build process ``index``'s share of the envs (``counts[index]`` of them); at each ``go``,
     time a window of ``seconds.value`` of for-loop sweeps over them (<= 0: stop)."""
     try:
@@ -108,11 +114,12 @@ class CeilingRunner(base.Runner):
         args = (workload, counts, firsts, timing)
         self._workers = [
             ctx.Process(  # type: ignore[attr-defined]
-                target=_ceiling_worker, args=(*args, i, self._go, self._seconds, self._results),
+                target=_ceiling_worker,
+                args=(*args, i, self._go, self._seconds, self._results),
                 daemon=True,
             )
             for i in range(count)
-        ]  # fmt: skip
+        ]
         start = time.perf_counter()
         for worker in self._workers:
             worker.start()
@@ -162,9 +169,14 @@ class CeilingRunner(base.Runner):
 
 
 def open_envfleet(
-    workload: base.Workload, timing: base.Timing, *, name: str | None = None,
-    batch_size: int | None = None, policy: Callable[[Any], Any] | None = None, **make_kwargs: Any,
-) -> base.Runner:  # fmt: skip
+    workload: base.Workload,
+    timing: base.Timing,
+    *,
+    name: str | None = None,
+    batch_size: int | None = None,
+    policy: Callable[[Any], Any] | None = None,
+    **make_kwargs: Any,
+) -> base.Runner:
     """``envfleet.make(workload, **make_kwargs)`` stepped whole, or by ``batch_size`` envs
     (``recv`` + ``send``), by ``policy`` if given; ``name``: default the backend's."""
     pool = envfleet.make(workload.spec, workload.num_envs, batch_size=batch_size, **make_kwargs)
