@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import functools
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import gymnasium
@@ -171,7 +172,7 @@ def compress_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str
                 pool.step(np.zeros(16, dtype=np.int64))
             received = sum(n.bytes_in for n in pool.stats().nodes) - before
             label = f"node pools, 2 nodes, Pong frames, compress={compress}"
-            r = row(label, 16, *timing, compress=compress)
+            r = row(label, 16, *timing)
             r["wire bytes/frame"] = received / (10 * 16)  # rewards and flags included
             print(f"{'':44} {r['wire bytes/frame']:.0f} wire bytes/frame", flush=True)
             rows.append(r)
@@ -229,22 +230,17 @@ def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, A
             group.foreach_env_runner(sample, local_env_runner=False)  # warm up
             best = (float("inf"), float("inf"), float("inf"), 0)
             for _ in range(repeats):
-                wall, cpu, own = time.perf_counter(), time.process_time(), time.thread_time()
-                done = 0
-                for _ in range(rounds):
-                    done += sum(group.foreach_env_runner(sample, local_env_runner=False))
-                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-                own = time.thread_time() - own
-                best = min(best, (wall, cpu, own, done), key=lambda b: b[1] / max(b[3], 1))
+                count = [0]
+
+                def once(count: list[int] = count, sample: Any = sample) -> None:
+                    count[0] += sum(group.foreach_env_runner(sample, local_env_runner=False))
+
+                wall, cpu, own = timed(once, rounds)
+                best = min(best, (wall, cpu, own, count[0]), key=lambda b: b[1] / max(b[3], 1))
             wall, cpu, own, done = best
             scale = 64e3 / done  # ms per 64 env-steps: a vector step of the pool's rows
-            r = row(
-                f"RLlib EnvRunnerGroup, 2 runners, fragment {fragment}",
-                64,
-                wall * scale,
-                cpu * scale,
-                own * scale,
-            )
+            label = f"RLlib EnvRunnerGroup, 2 runners, fragment {fragment}"
+            r = row(label, 64, wall * scale, cpu * scale, own * scale)
             r["env-steps per driver CPU-s"] = done / cpu if cpu else float("inf")
             print(
                 f"{'':44} {r['env-steps per driver CPU-s']:,.0f} env-steps per driver "
@@ -265,22 +261,22 @@ def measure(pool: envfleet.Pool, steps: int, repeats: int) -> tuple[float, float
     pool.reset(seed=0)
     for _ in range(max(5, steps // 10)):
         pool.step(actions)
-    best = (float("inf"), float("inf"), float("inf"))
-    for _ in range(repeats):
-        wall, cpu, own = time.perf_counter(), time.process_time(), time.thread_time()
-        for _ in range(steps):
-            pool.step(actions)
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        own = time.thread_time() - own
-        best = min(best, (wall * 1e3 / steps, cpu * 1e3 / steps, own * 1e3 / steps))
-    return best
+    runs = [timed(lambda: pool.step(actions), steps) for _ in range(repeats)]
+    return min(tuple(t * 1e3 / steps for t in run) for run in runs)  # type: ignore[return-value]
 
 
-def row(name: str, envs: int, wall: float, cpu: float, own: float, **extra: Any) -> dict[str, Any]:
+def timed(call: Callable[[], object], rounds: int) -> list[float]:
+    """Seconds ``rounds`` calls of ``call`` take: wall, driver CPU and the caller's thread CPU."""
+    clocks = (time.perf_counter, time.process_time, time.thread_time)
+    start = [clock() for clock in clocks]
+    for _ in range(rounds):
+        call()
+    return [clock() - s for clock, s in zip(clocks, start, strict=True)]
+
+
+def row(name: str, envs: int, wall: float, cpu: float, own: float) -> dict[str, Any]:
     result = {"row": name, "envs": envs, "ms/step": wall, "driver CPU ms/step": cpu}
-    result["thread CPU ms/step"] = own
-    result["env-steps/s"] = envs / wall * 1e3
-    result.update(extra)
+    result.update({"thread CPU ms/step": own, "env-steps/s": envs / wall * 1e3})
     print(
         f"{name:<44} envs={envs:<4} {wall:8.3f} ms/step  driver CPU {cpu:7.3f} ms/step "
         f"(its thread {own:7.3f})  {result['env-steps/s']:10.0f} env-steps/s",
@@ -314,99 +310,65 @@ def main(argv: list[str] | None = None) -> int:
             if args.rllib:
                 rllib_rows(workers, steps, args.repeats)
             return 0
-        rows = []
         noop = functools.partial(ShapedNoOp, (4,), np.float32)
-        common: dict[str, Any] = {"backend": "ray", "seed": 0}
-        with envfleet.make(noop, 64, backend="process", num_workers=2, seed=0) as pool:
-            rows.append(
-                row("process, 1 machine, 2 workers", 64, *measure(pool, steps, args.repeats))
-            )
-        for n in (1, 2, 4):
-            with envfleet.make(noop, 64, num_workers=2 * n, nodes=workers[:n], **common) as pool:
-                rows.append(
-                    row(
-                        f"node pools, {n} node(s) x 2 workers",
-                        64,
-                        *measure(pool, steps, args.repeats),
-                        nodes=n,
-                    )
-                )
-        for w in (2, 8):
-            with envfleet.make(
+        sleepy = functools.partial(ShapedNoOp, (4,), np.float32, 0.01)
+
+        def pools(n: int, w: int, **more: Any) -> dict[str, Any]:  # node pools on n nodes
+            return {"nodes": workers[:n], "num_workers": w, **more}
+
+        def actors(w: int) -> dict[str, Any]:  # one actor per worker on the 2 "pair" nodes
+            return {
+                "nodes": False,
+                "num_workers": w,
+                "worker_resources": {"resources": {"pair": 1}},
+            }
+
+        cases: list[tuple[str, Any, int, int, dict[str, Any]]] = [
+            (
+                "process, 1 machine, 2 workers",
                 noop,
                 64,
-                num_workers=w,
-                worker_resources={"resources": {"pair": 1}},
-                nodes=False,
-                **common,
-            ) as pool:
-                label = (
-                    "per-actor, 1/node (Ray call per node)" if w == 2 else "per-actor, 8 on 2 nodes"
-                )
-                rows.append(row(label, 64, *measure(pool, steps, args.repeats), nodes=2))
-        with envfleet.make(noop, 64, num_workers=8, nodes=workers[:2], **common) as pool:
-            rows.append(
-                row(
-                    "node pools, 8 workers on 2 nodes",
-                    64,
-                    *measure(pool, steps, args.repeats),
-                    nodes=2,
-                )
-            )
+                steps,
+                {"backend": "process", "num_workers": 2},
+            ),
+            *(
+                (f"node pools, {n} node(s) x 2 workers", noop, 64, steps, pools(n, 2 * n))
+                for n in (1, 2, 4)
+            ),
+            ("per-actor, 1/node (Ray call per node)", noop, 64, steps, actors(2)),
+            ("per-actor, 8 on 2 nodes", noop, 64, steps, actors(8)),
+            ("node pools, 8 workers on 2 nodes", noop, 64, steps, pools(2, 8)),
+        ]
         # The pool's own node (the head) in the layout: its workers on the pool's memory (the
         # default), or behind an agent like the other nodes' (ray_shared_memory=False).
         three = [cluster.head_node.node_id, *workers[:2]]
-        for shared in (True, False):
-            with envfleet.make(
-                noop, 64, num_workers=6, nodes=three, ray_shared_memory=shared, **common
-            ) as pool:
-                where = "on its memory" if shared else "behind an agent"
-                label = f"node pools, pool's node {where} + 2 nodes"
-                rows.append(row(label, 64, *measure(pool, steps, args.repeats), nodes=3))
-        for label, (shape, dtype) in SHAPES.items():
-            if label == "16 B":
-                continue
+        for shared, where in ((True, "on its memory"), (False, "behind an agent")):
+            make = {"nodes": three, "num_workers": 6, "ray_shared_memory": shared}
+            cases.append((f"node pools, pool's node {where} + 2 nodes", noop, 64, steps, make))
+        for label, (shape, dtype) in list(SHAPES.items())[1:]:
             env = functools.partial(ShapedNoOp, shape, dtype)
-            with envfleet.make(env, 16, num_workers=4, nodes=workers[:2], **common) as pool:
-                rows.append(
-                    row(
-                        f"node pools, 2 nodes, obs {label}",
-                        16,
-                        *measure(pool, steps // 4, args.repeats),
-                    )
-                )
-            with envfleet.make(
-                env,
-                16,
-                num_workers=2,
-                worker_resources={"resources": {"pair": 1}},
-                nodes=False,
-                **common,
-            ) as pool:
-                rows.append(
-                    row(
-                        f"per-actor 1/node, 2 nodes, obs {label}",
-                        16,
-                        *measure(pool, steps // 4, args.repeats),
-                    )
-                )
-        sleepy = functools.partial(ShapedNoOp, (4,), np.float32, 0.01)
-        base = None
+            cases.append((f"node pools, 2 nodes, obs {label}", env, 16, steps // 4, pools(2, 4)))
+            cases.append(
+                (f"per-actor 1/node, 2 nodes, obs {label}", env, 16, steps // 4, actors(2))
+            )
         for n in (1, 2, 4):
-            with envfleet.make(
-                sleepy, 32 * n, num_workers=n, threads_per_worker=32, nodes=workers[:n], **common
-            ) as pool:
-                timing = measure(pool, max(20, steps // 10), args.repeats)
-                r = row(f"sleep 10 ms, {n} node(s) x 32 envs", 32 * n, *timing)
-                base = base or r["env-steps/s"]
-                r["vs one node"] = r["env-steps/s"] / base
-                print(f"{'':44} {r['vs one node']:.2f}x one node (target >= {0.8 * n:.1f}x)")
-                rows.append(r)
+            make = pools(n, n, threads_per_worker=32)
+            cases.append(
+                (f"sleep 10 ms, {n} node(s) x 32 envs", sleepy, 32 * n, max(20, steps // 10), make)
+            )
+        rows: list[dict[str, Any]] = []
+        for label, env, envs, count, make in cases:
+            with envfleet.make(env, envs, seed=0, **{"backend": "ray", **make}) as pool:
+                rows.append(row(label, envs, *measure(pool, count, args.repeats)))
+        sleeps = [r for r in rows if r["row"].startswith("sleep")]
+        for n, r in zip((1, 2, 4), sleeps, strict=True):  # N nodes against one
+            r["vs one node"] = r["env-steps/s"] / sleeps[0]["env-steps/s"]
+            print(f"{r['row']:<44} {r['vs one node']:.2f}x one node (target >= {0.8 * n:.1f}x)")
         one = next(r for r in rows if r["row"].startswith("node pools, 1 node"))
         four = next(r for r in rows if r["row"].startswith("node pools, 4 node"))
         for key in ("driver CPU ms/step", "thread CPU ms/step"):
-            per_node = (four[key] - one[key]) / 3
-            print(f"\n{key[:-8]} per extra node per step: {per_node * 1e3:.0f} us (target <= 100)")
+            extra = (four[key] - one[key]) / 3
+            print(f"\n{key[:-8]} per extra node per step: {extra * 1e3:.0f} us (target <= 100)")
         rows += compress_rows(workers, steps // 4, args.repeats)
         rows += rllib_rows(workers, steps, args.repeats)
         process = rows[0]["env-steps/s"]
