@@ -63,15 +63,16 @@ def progress(console: Console, title: str) -> Iterator[dict[str, Callable[[str],
 def measure_table(
     console: Console,
     title: str,
-    cases: Sequence[Case],
+    cases: Sequence[Case | str],
     workload: benchmark.Workload,
     timing: benchmark.Timing,
     reference: str | None = None,
     columns: Sequence[benchmark.Column] = (),
 ) -> benchmark.Report:
-    """Measure ``cases`` side by side on ``workload`` (:func:`envfleet.benchmark.sweep`, forking
-    rows opened first), print ``title`` and the engine's table (ratios to row ``reference``,
-    and ``columns``) with its notes; a failed row prints its traceback."""
+    """Measure ``cases`` (or the registry's runners, by name) side by side on ``workload``
+    (:func:`envfleet.benchmark.sweep`, forking rows opened first), print ``title`` and the
+    engine's table (ratios to row ``reference``, and ``columns``) with its notes; a failed row
+    prints its traceback."""
 
     def failed(name: str, _n: int, exc: BaseException) -> None:
         console.print(f"[red]{name} failed[/red]: {type(exc).__name__}: {str(exc)[:300]}")
@@ -79,18 +80,20 @@ def measure_table(
             text = "".join(traceback.format_exception(exc))
             console.print(text[-2000:], markup=False, highlight=False)
 
-    ordered = sorted(cases, key=lambda c: not c.forks)
+    own = {c.name: c for c in cases if isinstance(c, Case)}
+    names = [c if isinstance(c, str) else c.name for c in cases]
+    ordered = sorted(names, key=lambda name: not (name in own and own[name].forks))
     with progress(console, f"{title}: {len(cases)} runners") as hooks:
         report = benchmark.sweep(
             workload.spec,
             [workload.num_envs],
-            [c.name for c in ordered],
+            ordered,
             timing,
             on_error=failed,
-            openers={c.name: c.open for c in cases},
+            openers={name: c.open for name, c in own.items()},
             **hooks,
         )
-    report.runners = [c.name for c in cases]  # shown in the order given
+    report.runners = names  # shown in the order given
     console.print(f"[bold]{title}[/bold]")
     console.print(benchmark.report_table(report, reference or "ceiling", columns))
     for note in benchmark.report_notes(report):
