@@ -60,8 +60,14 @@ def open_envpool(workload: Workload, timing: Timing, **kw: Any) -> benchmark.Run
     return benchmark.open_envpool(workload, timing, num_threads=len(usable_cpus()), **kw)
 
 
+def process(workers: int = 0, threads: int = 0) -> dict[str, Any]:
+    """envfleet's process backend, ``workers`` x ``threads`` where given (else its defaults)."""
+    given = {"num_workers": workers, "threads_per_worker": threads}
+    return {"backend": "process", **{key: value for key, value in given.items() if value}}
+
+
 ENVFLEET, PUFFER = open_envfleet, benchmark.open_pufferlib
-ENVPOOL_PONG_AS_ALE = dict(
+AS_ALE = dict(
     img_height=210,
     img_width=160,
     gray_scale=False,
@@ -71,7 +77,6 @@ ENVPOOL_PONG_AS_ALE = dict(
     use_fire_reset=False,
 )
 """EnvPool's Pong-v5 configured like Gymnasium's ALE/Pong-v5 (EnvPool still max-pools frames)."""
-PROCESS = {"backend": "process"}
 SCENARIOS: dict[str, tuple[str, Any, int, list[Case]]] = {
     "heavytail": (
         "HeavyTailEnv x 32 (90% 0.2 ms, 10% 5 ms sleep)",
@@ -81,24 +86,10 @@ SCENARIOS: dict[str, tuple[str, Any, int, list[Case]]] = {
             Case("ideal (32 x 1 env)", common.open_ideal),
             Case("for-loop", benchmark.open_loop),
             *layouts("envfleet thread", (16, 8), ENVFLEET, backend="thread"),
-            *layouts("envfleet process defaults", (16, 8), ENVFLEET, **PROCESS),
-            *layouts("envfleet process 4w", (16, 8), ENVFLEET, **PROCESS, num_workers=4),
-            *layouts(
-                "envfleet process 4w x8t",
-                (16, 8),
-                ENVFLEET,
-                **PROCESS,
-                num_workers=4,
-                threads_per_worker=8,
-            ),
-            *layouts(
-                "envfleet process 8w x4t",
-                (16, 8),
-                ENVFLEET,
-                **PROCESS,
-                num_workers=8,
-                threads_per_worker=4,
-            ),
+            *layouts("envfleet process defaults", (16, 8), ENVFLEET, **process()),
+            *layouts("envfleet process 4w", (16, 8), ENVFLEET, **process(4)),
+            *layouts("envfleet process 4w x8t", (16, 8), ENVFLEET, **process(4, 8)),
+            *layouts("envfleet process 8w x4t", (16, 8), ENVFLEET, **process(8, 4)),
             *layouts("pufferlib mp 4w", (16, 8), PUFFER, num_workers=4),
         ],
     ),
@@ -107,7 +98,7 @@ SCENARIOS: dict[str, tuple[str, Any, int, list[Case]]] = {
         "CartPole-v1",
         64,
         [
-            *layouts("envfleet process 2w", (32,), ENVFLEET, **PROCESS, num_workers=2),
+            *layouts("envfleet process 2w", (32,), ENVFLEET, **process(2)),
             *layouts("envpool", (32,), open_envpool, task="CartPole-v1"),
             *layouts("pufferlib mp 2w", (32,), PUFFER, num_workers=2),
         ],
@@ -117,16 +108,10 @@ SCENARIOS: dict[str, tuple[str, Any, int, list[Case]]] = {
         "ALE/Pong-v5",
         8,
         [
-            *layouts("envfleet process 2w", (4,), ENVFLEET, **PROCESS, num_workers=2),
+            *layouts("envfleet process 2w", (4,), ENVFLEET, **process(2)),
             *layouts("envfleet thread", (4,), ENVFLEET, backend="thread"),
             *layouts("envpool (84x84 grey x4)", (4,), open_envpool, task="Pong-v5"),
-            *layouts(
-                "envpool (as ALE/Pong-v5)",
-                (4,),
-                open_envpool,
-                task="Pong-v5",
-                **ENVPOOL_PONG_AS_ALE,
-            ),
+            *layouts("envpool (as ALE/Pong-v5)", (4,), open_envpool, task="Pong-v5", **AS_ALE),
             *layouts("pufferlib mp 2w", (4,), PUFFER, num_workers=2),
         ],
     ),
