@@ -113,14 +113,12 @@ class SoakRun:
         self.stepping_since: float | None = None
         self.step_seconds = 0.0
         self.step_times: list[float] = []
-        self.requested = self.delivered = self.lost = 0
-        self.env_counted = 0
+        self.requested = self.delivered = self.lost = self.env_counted = 0
         self.flags: dict[int, set[int]] = {}
         self.flag_steps: list[tuple[int, float, int]] = []  # (step, seconds, envs flagged)
         self.obs_mismatches: list[dict[str, Any]] = []
-        self.flag_field_errors = 0
         self.anomalies: list[dict[str, Any]] = []
-        self.anomaly_count = 0
+        self.flag_field_errors = self.anomaly_count = 0
         self.first_reset_ok = bool(
             (obs[:, CALLS] == 1).all()
             and (obs[:, POOL_STEP] == -1).all()
@@ -132,8 +130,7 @@ class SoakRun:
         for _ in range(count):
             s = self.step_id
             actions[:, 1] = s
-            start = time.perf_counter()
-            self.stepping_since = start
+            self.stepping_since = start = time.perf_counter()
             result = pool.step(actions)
             self.stepping_since = None
             seconds = time.perf_counter() - start
@@ -146,12 +143,8 @@ class SoakRun:
         obs, rewards, terminations, truncations, infos = result
         n, last = self.num_envs, self.last
         self.requested += n
-        mask = infos.get(f"_{RESTARTED}")
-        flagged = (
-            np.zeros(n, dtype=np.bool_)
-            if mask is None
-            else np.asarray(mask, dtype=np.bool_) & np.asarray(infos[RESTARTED], dtype=np.bool_)
-        )
+        none = np.zeros(n, dtype=np.bool_)
+        flagged = infos.get(f"_{RESTARTED}", none) & np.asarray(infos.get(RESTARTED, none), bool)
         kept = ~flagged
         lost = int(flagged.sum())
         self.lost += lost
@@ -209,16 +202,11 @@ class SoakRun:
         for kind, env, step, _pid, _calls in events:
             ids = {env} if kind == "raise" else set(self.assignment[self.worker_of[env]])
             expected[step] |= ids
-        unexplained = {
-            s: sorted(ids - expected[s])
-            for s, ids in self.flags.items()
-            if ids - expected.get(s, set())
-        }
-        missing = {
-            s: sorted(ids - self.flags.get(s, set()))
-            for s, ids in expected.items()
-            if ids - self.flags.get(s, set())
-        }
+
+        def beyond(got: dict[int, set[int]], other: dict[int, set[int]]) -> dict[int, list[int]]:
+            return {s: sorted(d) for s, ids in got.items() if (d := ids - other.get(s, set()))}
+
+        unexplained, missing = beyond(self.flags, expected), beyond(expected, self.flags)
         kinds = collections.Counter(kind for kind, *_ in events)
         return {
             "failures_injected": len(events),
