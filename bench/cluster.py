@@ -1,29 +1,15 @@
 """The ray backend across nodes, side by side on a fake cluster (``ray.cluster_utils.Cluster``).
 
 One run, one cluster (a head and 4 worker nodes, all on this machine), every row measured in
-turn: the driver's CPU time per vector step (``time.process_time`` of this process, which is
-the pool's caller) and the wall time, for
-
-- ``per-actor``: today's path, one Ray actor per worker on the other nodes, one Ray call per
-  worker per step (``nodes=False``);
-- ``per-actor, 1/node``: one actor per node, so one Ray call carries a node's whole batch (the
-  "Ray calls carrying a node's batch" data plane);
-- ``node pools``: one agent per node running the node's workers as local processes, one message
-  per node per step over the authenticated socket (``nodes=[...]``);
-- ``node pools, pool's node ...``: the same with the pool's own node (the head) in the layout,
-  its workers on the pool's memory (the default) or behind an agent like the others;
-- ``process``: the process backend on one machine, the reference;
-
-against nodes (1, 2, 4), workers and observation size (16 bytes, 84x84x4 and 210x160x3
-uint8), and the throughput of envs that sleep 10 ms a step (on threads, so the two cores here
-are not the limit) with N nodes against one; and ``compress=`` (none, ``"zlib"``, ``"lz4"``) on
-real Pong frames (210x160x3 uint8 recorded from ALE Pong, replayed by the envs): the bytes a
-frame costs on the wire, the encode and decode cost of a frame (on blocks of 8 frames, as a
-node sends them, decoded straight into a batch array) and the pool's step with each; and RLlib's
-``EnvRunnerGroup`` sampling random actions from the same no-op envs on the same nodes (when
-``ray.rllib`` imports: ``pip install 'envfleet[peers]'``), in env-steps per driver CPU-second
-against the node pools'. ``--quick`` runs fewer steps; ``--compress`` runs the Pong rows alone,
-``--rllib`` the RLlib comparison alone.
+turn: the driver's CPU time per vector step (``time.process_time`` of the pool's process) and the
+wall time, for one Ray actor per worker (``per-actor``: ``nodes=False``; ``1/node``: one Ray call
+carries a node's batch), node pools (``nodes=[...]``: an agent per node, one message per node per
+step; with the pool's own node in the layout too) and the process backend on one machine, against
+nodes, workers, observation size and envs that sleep 10 ms a step; ``compress=`` on real Pong
+frames (wire bytes, encode and decode cost of a frame, the pool's step); and RLlib's
+``EnvRunnerGroup`` on the same nodes, in env-steps per driver CPU-second (when ``ray.rllib``
+imports). docs/cluster.md reads the figures. ``--quick``: fewer steps; ``--compress``: the Pong
+rows alone; ``--rllib``: the RLlib comparison alone.
 
     PYTHONPATH=. python bench/cluster.py --quick
 """

@@ -30,6 +30,10 @@ Opener = Callable[[base.Workload, base.Timing], base.Runner]
 Hook = Callable[[str], object] | None
 
 
+def _quiet(_text: str) -> None:
+    """A hook left unset."""
+
+
 def open_bounded(
     name: str, opener: Opener, workload: base.Workload, timing: base.Timing
 ) -> base.Runner:
@@ -102,6 +106,7 @@ def measure(
         For each name, its :class:`RunResult`; if it failed, ``"Type: message"``; if it took
         longer than :attr:`Timing.startup_limit` to open, :class:`Skipped`.
     """
+    progress, on_stage = progress or _quiet, on_stage or _quiet
     opened: dict[str, base.Runner] = {}
     failed: dict[str, str | base.Skipped] = {}
     windows: dict[str, list[float]] = {name: [] for name in names}
@@ -116,10 +121,8 @@ def measure(
     try:
         for k, name in enumerate(names):
             text = f"{where}: starting {name} ({k + 1} of {len(names)})"
-            if progress is not None:
-                progress(text)
-            if on_stage is not None:
-                on_stage(text)
+            progress(text)
+            on_stage(text)
             try:
                 opener = openers[name] if openers and name in openers else RUNNERS[name].open
                 start = time.perf_counter()
@@ -137,12 +140,10 @@ def measure(
                 if name not in opened:  # failed in an earlier round
                     continue
                 runner = opened[name]
-                if progress is not None:
-                    k = names.index(name) + 1
-                    progress(
-                        f"{where}: {name} ({k} of {len(names)}), "
-                        f"window {repeat + 1}/{timing.repeats}"
-                    )
+                k = names.index(name) + 1
+                progress(
+                    f"{where}: {name} ({k} of {len(names)}), window {repeat + 1}/{timing.repeats}"
+                )
                 try:
                     with base.OtherLoad() as load:
                         windows[name].append(runner.window(timing.seconds))
@@ -155,16 +156,14 @@ def measure(
         for runner in opened.values():
             with contextlib.suppress(Exception):
                 runner.close()
-    results: dict[str, base.RunResult | str | base.Skipped] = {}
-    for name in names:
-        if name in failed:
-            results[name] = failed[name]
-        else:
-            runner = opened[name]
-            results[name] = base.RunResult(
-                name, windows[name], runner.setup_s, runner.info, loads[name]
-            )
-    return results
+    return {
+        name: failed[name]
+        if name in failed
+        else base.RunResult(
+            name, windows[name], opened[name].setup_s, opened[name].info, loads[name]
+        )
+        for name in names
+    }
 
 
 def _cpu_model() -> str:
@@ -244,12 +243,10 @@ class _Eta:
 
         def counted(text: str) -> None:
             self.done += 1
-            if progress is not None:
-                progress(line(text))
+            (progress or _quiet)(line(text))
 
         def staged(text: str) -> None:
-            if on_stage is not None:
-                on_stage(line(text))
+            (on_stage or _quiet)(line(text))
 
         return counted, staged
 
