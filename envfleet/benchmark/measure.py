@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import os
 import platform
 import threading
@@ -229,26 +230,24 @@ class _Eta:
     def __init__(self, total: int) -> None:
         self.total, self.done, self.start = total, -1, time.perf_counter()
 
-    def hooks(
-        self, progress: Hook, on_stage: Hook, at: str
-    ) -> tuple[Callable[[str], object], Callable[[str], object]]:
-        """``measure``'s hooks: every unit counted, shown to ``progress`` and ``on_stage``."""
+    def show(self, hook: Hook, at: str, text: str) -> None:
+        """``text`` (``where: what``) to ``hook``, led by the share done and the time left."""
+        share = max(0.0, min(1.0, self.done / max(1, self.total)))
+        elapsed = time.perf_counter() - self.start
+        left = f", ETA {_clock(elapsed / share * (1 - share))}" if share > 0 else ""
+        where, _, what = text.partition(": ")
+        (hook or _quiet)(f"[{share:.0%}{left}] {where}{at}: {what}")
 
-        def line(text: str) -> str:
-            share = max(0.0, min(1.0, self.done / max(1, self.total)))
-            elapsed = time.perf_counter() - self.start
-            left = f", ETA {_clock(elapsed / share * (1 - share))}" if share > 0 else ""
-            where, _, what = text.partition(": ")
-            return f"[{share:.0%}{left}] {where}{at}: {what}"
+    def count(self, hook: Hook, at: str, text: str) -> None:
+        """:meth:`show`, one more unit started."""
+        self.done += 1
+        self.show(hook, at, text)
 
-        def counted(text: str) -> None:
-            self.done += 1
-            (progress or _quiet)(line(text))
 
-        def staged(text: str) -> None:
-            (on_stage or _quiet)(line(text))
-
-        return counted, staged
+def _at(
+    on_error: Callable[[str, int, BaseException], object], n: int, name: str, exc: BaseException
+) -> None:
+    on_error(name, n, exc)
 
 
 def _clock(seconds: float) -> str:
@@ -305,11 +304,6 @@ def sweep(
     started: dict[str, tuple[int, float]] = {}  # the latest env count and start-up measured
     try:
         for count, n in enumerate(num_envs):
-
-            def failed(name: str, exc: BaseException, n: int = n) -> None:
-                if on_error is not None:
-                    on_error(name, n, exc)
-
             expected = {
                 name: base.Skipped(
                     f"start-up over {timing.startup_limit:g} s expected "
@@ -324,15 +318,14 @@ def sweep(
             ]
             eta.total -= (len(report.measured) - len(names_now)) * (1 + timing.repeats)
             at = f" ({count + 1} of {len(num_envs)})" if len(num_envs) > 1 else ""
-            counted, staged = eta.hooks(progress, on_stage, at)
             results = measure(
                 names_now,
                 base.Workload(spec, n),
                 timing,
-                on_error=failed,
-                progress=counted,
+                on_error=None if on_error is None else functools.partial(_at, on_error, n),
+                progress=functools.partial(eta.count, progress, at),
                 openers=openers,
-                on_stage=staged,
+                on_stage=functools.partial(eta.show, on_stage, at),
             )
             results.update(expected)
             for name in report.measured:
