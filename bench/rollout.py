@@ -218,12 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     timing = common.timing_from(args, full=(1.0, 3))
     with common.session(args.json) as console:
-        report: dict[str, Any] = {
-            "machine": common.print_machine(console, ["torch"]),
-            "workloads": {},
-        }
-        console.print(f"torch threads {torch.get_num_threads()}")
-        report["torch_threads"] = torch.get_num_threads()
+        machine, threads = common.print_machine(console, ["torch"]), torch.get_num_threads()
+        console.print(f"torch threads {threads}")
+        report: dict[str, Any] = {"machine": machine, "torch_threads": threads, "workloads": {}}
         for name in args.workloads:
             torch.manual_seed(args.seed)
             case = WORKLOADS[name]()

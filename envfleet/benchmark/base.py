@@ -209,8 +209,7 @@ class Runner:
 
 def time_calls(step: Callable[[], int], seconds: float) -> float:
     """Call ``step`` for ``seconds``; the env-steps (its returns, summed) per second."""
-    steps = 0
-    start = time.perf_counter()
+    steps, start = 0, time.perf_counter()
     deadline = start + seconds
     while True:
         steps += step()

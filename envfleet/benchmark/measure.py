@@ -21,6 +21,7 @@ from envfleet.benchmark import base
 from envfleet.benchmark.peers import version
 from envfleet.benchmark.registry import RUNNERS, Availability, availability
 from envfleet.benchmark.report import Report
+from envfleet.cli.common import clock
 from envfleet.spec import EnvSpec
 
 KILL_GRACE = 10.0
@@ -234,7 +235,7 @@ class _Eta:
         """``text`` (``where: what``) to ``hook``, led by the share done and the time left."""
         share = max(0.0, min(1.0, self.done / max(1, self.total)))
         elapsed = time.perf_counter() - self.start
-        left = f", ETA {_clock(elapsed / share * (1 - share))}" if share > 0 else ""
+        left = f", ETA {clock(elapsed / share * (1 - share))}" if share > 0 else ""
         where, _, what = text.partition(": ")
         (hook or _quiet)(f"[{share:.0%}{left}] {where}{at}: {what}")
 
@@ -248,11 +249,6 @@ def _at(
     on_error: Callable[[str, int, BaseException], object], n: int, name: str, exc: BaseException
 ) -> None:
     on_error(name, n, exc)
-
-
-def _clock(seconds: float) -> str:
-    minutes, seconds = divmod(round(seconds), 60)
-    return f"{minutes}:{seconds:02d}" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}"
 
 
 def sweep(

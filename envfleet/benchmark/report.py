@@ -255,10 +255,8 @@ def write_plot(report: Report, path: Path) -> None:
             {"linestyle": "--", "color": "black"} if name == base.CEILING else {}
         )
         ax.plot([n for n, _ in points], [r for _, r in points], marker="o", label=label, **style)
-    if len(report.num_envs) > 1 and min(report.num_envs) > 0:
-        spread = max(report.num_envs) / min(report.num_envs)
-        if spread >= 8:
-            ax.set_xscale("log", base=2)
+    if min(report.num_envs) > 0 and max(report.num_envs) / min(report.num_envs) >= 8:
+        ax.set_xscale("log", base=2)
     ax.set_xticks(report.num_envs, [str(n) for n in report.num_envs])
     ax.set_xlabel("num_envs")
     ax.set_ylabel("env-steps per second")
