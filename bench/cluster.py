@@ -29,34 +29,12 @@ from gymnasium import spaces
 from ray.cluster_utils import Cluster
 
 import envfleet
+from bench.envs import NoOpEnv
 
 SHAPES = {  # observations besides 16 bytes
     "84x84x4": ((84, 84, 4), np.uint8),
     "210x160x3": ((210, 160, 3), np.uint8),
 }
-
-
-class ShapedNoOp(gymnasium.Env[np.ndarray, int]):
-    """Does nothing; its observation is a constant array of ``shape`` and ``dtype``."""
-
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
-
-    def __init__(self, shape: tuple[int, ...] = (4,), dtype: Any = np.float32, sleep: float = 0.0):
-        high = 255 if dtype == np.uint8 else np.inf
-        low = 0 if dtype == np.uint8 else -np.inf
-        self.observation_space = spaces.Box(low, high, shape=shape, dtype=dtype)
-        self.action_space = spaces.Discrete(2)
-        self._obs = np.ones(shape, dtype=dtype)
-        self._sleep = sleep
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
-        super().reset(seed=seed)
-        return self._obs, {}
-
-    def step(self, action: int) -> Any:
-        if self._sleep:
-            time.sleep(self._sleep)
-        return self._obs, 0.0, False, False, {}
 
 
 class PongReplay(gymnasium.Env[np.ndarray, int]):
@@ -164,11 +142,11 @@ def compress_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str
     return rows
 
 
-class RLlibNoOp(ShapedNoOp):
-    """:class:`ShapedNoOp` built as RLlib builds an env (from its ``env_config``)."""
+class RLlibNoOp(NoOpEnv):
+    """:class:`bench.envs.NoOpEnv` built as RLlib builds an env (from its ``env_config``)."""
 
     def __init__(self, config: Any = None) -> None:
-        super().__init__((4,), np.float32)
+        super().__init__()
 
 
 def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, Any]]:
@@ -186,8 +164,9 @@ def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, A
         print(f"\nRLlib: not measured (ray.rllib does not import: {exc})", flush=True)
         return []
     rows = []
-    noop = functools.partial(ShapedNoOp, (4,), np.float32)
-    with envfleet.make(noop, 64, num_workers=4, nodes=workers[:2], backend="ray", seed=0) as pool:
+    with envfleet.make(
+        NoOpEnv, 64, num_workers=4, nodes=workers[:2], backend="ray", seed=0
+    ) as pool:
         timing = measure(pool, steps, repeats)
         r = row("node pools, 2 nodes x 2 workers (RLlib's envs)", 64, *timing)
         r["env-steps per driver CPU-s"] = 64 / r["driver CPU ms/step"] * 1e3
@@ -295,8 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.rllib:
                 rllib_rows(workers, steps, args.repeats)
             return 0
-        noop = functools.partial(ShapedNoOp, (4,), np.float32)
-        sleepy = functools.partial(ShapedNoOp, (4,), np.float32, 0.01)
+        noop, sleepy = NoOpEnv, functools.partial(NoOpEnv, sleep_s=0.01)
 
         def pools(n: int, w: int, **more: Any) -> dict[str, Any]:  # node pools on n nodes
             return {"nodes": workers[:n], "num_workers": w, **more}
@@ -331,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             make = {"nodes": three, "num_workers": 6, "ray_shared_memory": shared}
             cases.append((f"node pools, pool's node {where} + 2 nodes", noop, 64, steps, make))
         for label, (shape, dtype) in SHAPES.items():
-            env = functools.partial(ShapedNoOp, shape, dtype)
+            env = functools.partial(NoOpEnv, shape, dtype)
             cases.append((f"node pools, 2 nodes, obs {label}", env, 16, steps // 4, pools(2, 4)))
             cases.append(
                 (f"per-actor 1/node, 2 nodes, obs {label}", env, 16, steps // 4, actors(2))

@@ -50,11 +50,28 @@ class SleepEnv(gymnasium.Env[np.ndarray, int]):
         return self._obs.copy(), 1.0, False, self._t >= self.max_steps, {}
 
 
-class NoOpEnv(SleepEnv):
-    """An env whose ``step`` does nothing: a constant observation, never done (the fixed cost
-    of a step is all that is left to measure)."""
+class NoOpEnv(gymnasium.Env[np.ndarray, int]):
+    """An env whose ``step`` does nothing (but sleep ``sleep_s``, if given): a constant
+    observation of ``shape`` and ``dtype``, never done (the fixed cost of a step is all that is
+    left to measure)."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(
+        self, shape: tuple[int, ...] = (4,), dtype: Any = np.float32, sleep_s: float = 0.0
+    ):
+        low, high = (0, 255) if dtype == np.uint8 else (-np.inf, np.inf)
+        self.observation_space = spaces.Box(low, high, shape=shape, dtype=dtype)
+        self.action_space = spaces.Discrete(2)
+        self._obs, self._sleep_s = np.ones(shape, dtype=dtype), sleep_s
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        return self._obs, {}
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self._sleep_s:
+            time.sleep(self._sleep_s)
         return self._obs, 0.0, False, False, {}
 
 

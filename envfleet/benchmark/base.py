@@ -4,7 +4,6 @@ as one, synchronously or EnvPool-style by batch)."""
 
 from __future__ import annotations
 
-import functools
 import itertools
 import statistics
 import time
@@ -72,10 +71,6 @@ class Timing:
         }
 
 
-def _build_env(spec: EnvSpec) -> gymnasium.Env[Any, Any]:
-    return spec.build()
-
-
 @dataclass(frozen=True)
 class Workload:
     """What to step: an env and how many copies of it."""
@@ -97,7 +92,7 @@ class Workload:
 
     def factory(self) -> Callable[[], gymnasium.Env[Any, Any]]:
         """A picklable zero-argument factory (for vector envs that start processes)."""
-        return functools.partial(_build_env, self.spec)
+        return self.spec.build
 
 
 @dataclass
