@@ -1,12 +1,9 @@
 """Async pool: sync ``step`` against EnvPool-style ``send``/``recv`` side by side in one run.
 
-Each layout runs sync, then async with ``batch_size`` B (``/ own sync``: the async row over the
-sync row of its layout). Workloads: ``heavytail`` (:class:`bench.envs.HeavyTailEnv` x 32, 90%
-of steps sleep 0.2 ms, 10% 5 ms; envfleet thread and process layouts, PufferLib; B = 16, 8;
-target: async >= 1.5x sync; ``ideal``: one env alone, x 32), ``cartpole`` (CartPole-v1 x 64;
-envfleet, EnvPool, PufferLib; B = 32) and ``pong`` (Pong x 8; envfleet on ``ALE/Pong-v5``,
-EnvPool's ``Pong-v5`` preprocessed and configured as ``ALE/Pong-v5``, PufferLib; B = 4). A
-library that is not installed shows as a failed row with the reason.
+Each layout (:data:`SCENARIOS`: envfleet, EnvPool, PufferLib) runs sync, then async with
+``batch_size`` B (``/ own sync``: the async row over the sync row of its layout); target on
+``heavytail`` (:class:`bench.envs.HeavyTailEnv` x 32): envfleet async >= 1.5x sync. A library
+that is not installed shows as a failed row with the reason.
 
 Usage::
 

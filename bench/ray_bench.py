@@ -4,8 +4,7 @@ Rows: ``naive-ray`` (an actor per env, a call per env step), ``batched-ray`` (th
 hand over an actor per usable core, a call per actor per step: what the ray backend automates),
 ``envfleet-ray`` (its actors on this machine share the batch memory), ``envfleet-ray-calls``
 (``ray_shared_memory=False``: a Ray call per command, as actors on other nodes) and
-``envfleet-process``. Workloads: CartPole-v1 x 64 (target: envfleet-ray >= 5x naive-ray) and
-ALE/Pong-v5 x 8 (envfleet-ray >= 0.8x envfleet-process). Ray's start-up is timed apart.
+``envfleet-process``, on the workloads of :data:`RAY_TARGETS`. Ray's start-up is timed apart.
 
 Usage (from the repository root, so that Ray's workers can import ``bench``)::
 

@@ -5,10 +5,7 @@ policy (observations to actions, one torch thread by default) drives every conte
 the engine's runners (``policy=``), synchronously or double-buffered (``batch = num_envs / 2``:
 the policy decides for one half while the other steps). Besides env-steps/s (inference
 included): the share of wall time the policy waited for the envs, and of env-time the envs
-waited for the policy. Workloads (:data:`WORKLOADS`): CartPole-v1 x 64 with an MLP; Pong x 16
-preprocessed (:func:`bench.envs.make_pong`) with the Nature-DQN CNN; ``heavy``
-(:class:`bench.envs.HeavyTailEnv` x 32, MLP; envfleet on 8 workers x 4 threads). Contenders:
-:data:`CONTENDERS`.
+waited for the policy. Workloads: :data:`WORKLOADS`; contenders: :data:`CONTENDERS`.
 
 Usage::
 

@@ -1,13 +1,10 @@
 """Thread backend: sleeping envs and ALE's Pong against the for-loop and the alternatives.
 
 - ``sleep``: :class:`bench.envs.SleepEnv` (1 ms) x 32 against the ideal (one env stepped alone,
-  x 32): for-loop, bare threads (no library: a thread per env woken by one eventfd write, the
-  ceiling of Python threads with a GIL; unpinned and on one core), envfleet thread (unpinned
-  and on one core), envfleet process (2 workers, x 16 threads, ``cpu_affinity="spread"``),
-  Gymnasium ``AsyncVectorEnv``. Target: envfleet thread >= 0.8 of the ideal.
-- ``pong``: ``ALE/Pong-v5`` x 8: for-loop, envfleet thread and process layouts, Gymnasium
-  ``AsyncVectorEnv``, ale-py's C++ ``AtariVectorEnv``. Target: envfleet thread >= 1.6x the
-  for-loop (which it can reach only if ale-py releases the GIL while it emulates).
+  x 32), with bare threads (:func:`open_bare_threads`: the ceiling of Python threads with a GIL)
+  beside envfleet. Target: envfleet thread >= 0.8 of the ideal.
+- ``pong``: ``ALE/Pong-v5`` x 8. Target: envfleet thread >= 1.6x the for-loop (which it can
+  reach only if ale-py releases the GIL while it emulates).
 
 Usage::
 

@@ -1,13 +1,10 @@
 """Throughput of envfleet against the baselines, side by side in one run (a thin caller of
 :mod:`envfleet.benchmark`, which ``envfleet bench`` runs too).
 
-Workloads: CartPole-v1 x 64, ALE/Pong-v5 x 8, and :class:`bench.envs.SleepEnv` (1 ms sleep per
-step) x 32; each has a target for envfleet process / ceiling. Beside the ceiling, the *bare
-pool* (``bare-pool``: worker processes that read a byte, step their envs, write a byte) is the
-least a process pool of envfleet's design can cost; envfleet process / bare pool is printed too,
-and on Pong envfleet process / ale-py's C++ ``AtariVectorEnv`` (``ale-vector``: the same raw
-frames, frame skip and sticky actions, stepped by C++ threads).
-Prints a table per workload and writes every number, with machine info, to JSON.
+Workloads (:data:`bench.envs.TARGETS`), each with a target for envfleet process / ceiling;
+envfleet process / bare pool is printed too, and on Pong envfleet process / ale-py's C++
+``AtariVectorEnv`` (``ale-vector``). A table per workload; every number, with machine info, in
+the JSON.
 
 Usage::
 

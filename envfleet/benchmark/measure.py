@@ -93,8 +93,6 @@ def measure(
 
     Args:
         names: keys of :data:`RUNNERS` (available ones: see :func:`availability`).
-        workload: what to step.
-        timing: window length, warm-up and repeats.
         on_error: called with the runner name and the exception when a runner fails; the
             runner is then dropped and its entry in the result is the error message.
         progress: called with a short description of what starts next (each opening and
@@ -275,7 +273,6 @@ def sweep(
         env: an id, env class, factory or :class:`EnvSpec`, as :func:`envfleet.make` takes.
         num_envs: env counts, measured in this order.
         names: keys of :data:`RUNNERS` or of ``openers``.
-        timing: window length, warm-up and repeats.
         on_error: called with the runner name, env count and exception when a runner fails.
         progress: called with a short description of what starts next, led by the share of
             the sweep done and the time left at the pace so far (``[40%, ETA 0:12]``).
