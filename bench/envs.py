@@ -16,24 +16,41 @@ import numpy as np
 from gymnasium import spaces
 
 
-class SleepEnv(gymnasium.Env[np.ndarray, int]):
+class NoOpEnv(gymnasium.Env[np.ndarray, int]):
+    """An env whose ``step`` does nothing (but sleep ``sleep_s``, if given): a constant
+    observation of ``shape`` and ``dtype``, never done (the fixed cost of a step is all that is
+    left to measure)."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(
+        self, shape: tuple[int, ...] = (4,), dtype: Any = np.float32, sleep_s: float = 0.0
+    ) -> None:
+        low, high = (0, 255) if dtype == np.uint8 else (-np.inf, np.inf)
+        self.observation_space = spaces.Box(low, high, shape=shape, dtype=dtype)
+        self.action_space = spaces.Discrete(2)
+        self._obs, self.sleep_s = np.ones(shape, dtype=dtype), sleep_s
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        return self._obs, {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return self._obs, 0.0, False, False, {}
+
+
+class SleepEnv(NoOpEnv):
     """An env whose ``step`` sleeps (1 ms by default): the stand-in for a simulator that waits.
     Observations: the step count, the action, the last sleep (ms) and 0 (float32); actions
     ``Discrete(2)``; reward 1 a step; truncated after ``max_steps`` steps."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
-
     def __init__(self, sleep_s: float = 0.001, max_steps: int = 200) -> None:
-        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float32)
-        self.action_space = spaces.Discrete(2)
-        self.sleep_s = sleep_s
-        self.max_steps = max_steps
-        self._t = 0
-        self._obs = np.zeros(4, dtype=np.float32)
+        super().__init__(sleep_s=sleep_s)
+        self.max_steps, self._t = max_steps, 0
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         super().reset(seed=seed)
         self._t = 0
         self._obs[:] = 0.0
@@ -48,31 +65,6 @@ class SleepEnv(gymnasium.Env[np.ndarray, int]):
         self._t += 1
         self._obs[:3] = self._t, action, sleep * 1e3
         return self._obs.copy(), 1.0, False, self._t >= self.max_steps, {}
-
-
-class NoOpEnv(gymnasium.Env[np.ndarray, int]):
-    """An env whose ``step`` does nothing (but sleep ``sleep_s``, if given): a constant
-    observation of ``shape`` and ``dtype``, never done (the fixed cost of a step is all that is
-    left to measure)."""
-
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
-
-    def __init__(
-        self, shape: tuple[int, ...] = (4,), dtype: Any = np.float32, sleep_s: float = 0.0
-    ):
-        low, high = (0, 255) if dtype == np.uint8 else (-np.inf, np.inf)
-        self.observation_space = spaces.Box(low, high, shape=shape, dtype=dtype)
-        self.action_space = spaces.Discrete(2)
-        self._obs, self._sleep_s = np.ones(shape, dtype=dtype), sleep_s
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
-        super().reset(seed=seed)
-        return self._obs, {}
-
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        if self._sleep_s:
-            time.sleep(self._sleep_s)
-        return self._obs, 0.0, False, False, {}
 
 
 @dataclass(frozen=True)
