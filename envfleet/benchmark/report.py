@@ -131,14 +131,6 @@ class Report:
 # -- output ----------------------------------------------------------------------------------
 
 
-def _fmt_rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
-def _fmt_ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
 Column = tuple[str, Callable[["Report", str, int], str]]
 """A column of a script's own: its header, and its cell for a runner's result at an env count
 (``cell(report, name, num_envs)``, called where that result was measured)."""
@@ -176,8 +168,9 @@ def report_table(
         if isinstance(result, str | base.Skipped):
             row = ["[red]failed[/red]" if isinstance(result, str) else "skipped"]
         else:
-            row = [_fmt_rate(report.rate(name, n))]
-        row += [_fmt_ratio(report.ratio(name, n, reference))] if ratio else []
+            row = ["-" if result is None else f"{result.median:,.0f}"]
+        value = report.ratio(name, n, reference)
+        row += ["-" if value is None else f"{value:.2f}"] if ratio else []
         measured = isinstance(result, base.RunResult)
         return row + [cell(report, name, n) if measured else "-" for _, cell in columns]
 
