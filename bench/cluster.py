@@ -20,7 +20,7 @@ import argparse
 import functools
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -37,17 +37,14 @@ SHAPES = {  # observations besides 16 bytes
 }
 
 
-class PongReplay(gymnasium.Env[np.ndarray, int]):
+class PongReplay(NoOpEnv):
     """Replays recorded Pong frames, from a start its seed picks: the wire sees real frames
     while the nodes' CPUs are not spent emulating Atari."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
-
     def __init__(self, frames: np.ndarray) -> None:
-        self.observation_space = spaces.Box(0, 255, shape=frames.shape[1:], dtype=np.uint8)
+        super().__init__(frames.shape[1:], np.uint8)
         self.action_space = spaces.Discrete(6)
-        self._frames = frames
-        self._t = 0
+        self._frames, self._t = frames, 0
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         super().reset(seed=seed)

@@ -214,14 +214,6 @@ proportion to the envs, would exceed the limit by this factor (SB3's ``SubprocVe
 process per env: 4.5 s for 8 envs makes about 18 s for 32); nearer the limit, it is tried."""
 
 
-def _expected_over_limit(setup_s: float, measured_at: int, n: int, limit: float | None) -> bool:
-    """Whether a start-up of ``setup_s`` with ``measured_at`` envs, scaled to ``n`` envs, is
-    more than :data:`EXPECTED_MARGIN` times ``limit``."""
-    if limit is None or n <= measured_at:
-        return False
-    return setup_s * n / measured_at > EXPECTED_MARGIN * limit
-
-
 class _Eta:
     """A sweep's progress: each progress call starts one unit (a runner opening or a window)
     of ``total``; the time left is the time so far scaled to the units left."""
@@ -297,14 +289,15 @@ def sweep(
     started: dict[str, tuple[int, float]] = {}  # the latest env count and start-up measured
     try:
         for count, n in enumerate(num_envs):
+            limit = timing.startup_limit  # scaled from m envs to n, over it by far: not started
             expected = {
                 name: base.Skipped(
-                    f"start-up over {timing.startup_limit:g} s expected "
-                    f"({setup_s:.1f} s at {m} envs), skipped"
+                    f"start-up over {limit:g} s expected ({setup_s:.1f} s at {m} envs), skipped"
                 )
                 for name, (m, setup_s) in started.items()
                 if name not in too_slow
-                and _expected_over_limit(setup_s, m, n, timing.startup_limit)
+                and limit is not None
+                and setup_s * n / m > EXPECTED_MARGIN * limit
             }
             names_now = [
                 name for name in report.measured if name not in too_slow and name not in expected

@@ -62,12 +62,11 @@ class Report:
 
     def errors(self) -> dict[str, dict[int, str]]:
         """Per runner that failed somewhere, its error message per env count."""
-        out: dict[str, dict[int, str]] = {}
-        for name, points in self.results.items():
-            for n, result in points.items():
-                if isinstance(result, str):
-                    out.setdefault(name, {})[n] = result
-        return out
+        failed = {
+            name: {n: r for n, r in points.items() if isinstance(r, str)}
+            for name, points in self.results.items()
+        }
+        return {name: errors for name, errors in failed.items() if errors}
 
     def status(self, name: str) -> str:
         if not self.availability[name].ok:
