@@ -103,9 +103,7 @@ def measure_table(
 
 def rows(report: benchmark.Report) -> dict[str, Any]:
     """A one-count report's JSON, less the machine (written once per script)."""
-    document = report.as_dict()
-    document.pop("machine")
-    return document
+    return {key: value for key, value in report.as_dict().items() if key != "machine"}
 
 
 def target(

@@ -106,14 +106,11 @@ class InjectedFailure(RuntimeError):
 class SoakEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     """Counts every call in its observation; fails with probability ``p_fail`` per step.
 
-    The action is ``[env index, pool step id]`` (float64), which the env echoes in its
-    observation, so that the driver can tell which step of which env each result belongs to.
-    Whether a step fails, and how (one of ``kinds``, uniformly; a ``hang`` sleeps ``hang_s``), is
-    drawn from an RNG seeded by the env's reset (the pool's ``seed + i``, then the seed of each
-    restart): a seeded run injects the same failures every time. Each failure is appended, one
-    line (``kind env pool_step pid calls``), to ``log_path`` before it strikes, for the driver
-    to reconcile. ``work_us``: busy work per step, so that the cost of failures can be weighed
-    against envs that cost something.
+    The action is ``[env index, pool step id]`` (float64), echoed in the observation, so that
+    the driver can tell which step of which env each result belongs to. Failures (one of
+    ``kinds``; a ``hang`` sleeps ``hang_s``) are drawn from an RNG seeded by the env's reset: a
+    seeded run injects the same ones every time. Each is logged to ``log_path`` (see
+    :func:`read_log`) before it strikes. ``work_us``: busy work per step.
     """
 
     metadata = {"render_modes": []}
@@ -166,12 +163,9 @@ class SoakEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     def _fail(self, kind: str) -> None:
         obs = self._obs
         if self.log_path is not None:
-            line = (
-                f"{kind} {int(obs[ENV_INDEX])} {int(obs[POOL_STEP])} {os.getpid()} "
-                f"{int(obs[CALLS])}\n"
-            )
+            fields = (kind, int(obs[ENV_INDEX]), int(obs[POOL_STEP]), os.getpid(), int(obs[CALLS]))
             with open(self.log_path, "a") as log:  # one short O_APPEND write: atomic
-                log.write(line)
+                log.write(" ".join(map(str, fields)) + "\n")
         if kind == "raise":
             raise InjectedFailure(
                 f"injected failure: env {int(obs[ENV_INDEX])} at pool step {int(obs[POOL_STEP])}"

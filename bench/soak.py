@@ -3,13 +3,10 @@
 Two pools of :class:`bench.envs.SoakEnv` stepped in alternating chunks, both with
 ``on_error="restart"``: one whose envs fail with probability ``--p-fail`` per step (raise,
 ``os._exit`` the worker, or hang until ``step_timeout``), and a fault-free one. Every result is
-checked as it comes (:func:`soak_checks`): delivered or flagged ``infos["envfleet/restarted"]``
-(``delivered + lost == requested``, ``lost == sum(pool.restarts)``); a delivered result is the
-next call of its env (no step lost, repeated or given to another env); a flagged one is
-truncated, with reward 0 and the env's last observation; the flagged envs of each step are those
-the injected failures account for. Target: the faulty pool at least 0.9x the fault-free one.
-Exit status 0 when every check holds, 1 when one fails, 2 when a ``pool.step`` stalls for
-``--stall-s`` (a watchdog prints :meth:`envfleet.Pool.describe`).
+checked as it comes (:func:`soak_checks`: every step delivered or flagged
+``infos["envfleet/restarted"]``, each where it belongs). Target: the faulty pool at least 0.9x
+the fault-free one. Exit status 0 when every check holds, 1 when one fails, 2 when a
+``pool.step`` stalls for ``--stall-s`` (a watchdog prints :meth:`envfleet.Pool.describe`).
 
 Usage::
 

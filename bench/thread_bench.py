@@ -83,9 +83,8 @@ def open_bare_threads(workload: Workload, timing: Timing, cpus: list[int] | None
     return CallRunner("bare threads", advance, close, timing, threads=num_envs, cpus=cpus)
 
 
-def one_core() -> list[int]:
-    """The core the pinned rows pack their env threads on: the last usable one."""
-    return [max(os.sched_getaffinity(0))]
+ONE_CORE = [max(os.sched_getaffinity(0))]
+"""The core the pinned rows pack their env threads on: the last usable one."""
 
 
 def envfleet(**make_kwargs: Any) -> Any:
@@ -98,12 +97,9 @@ SLEEP_CASES = [
     Case(IDEAL, common.open_ideal),
     Case(LOOP, benchmark.open_loop),
     Case("bare threads", open_bare_threads),
-    Case("bare threads, pinned to 1 core", lambda w, t: open_bare_threads(w, t, one_core())),
+    Case("bare threads, pinned to 1 core", functools.partial(open_bare_threads, cpus=ONE_CORE)),
     Case("envfleet thread", envfleet(backend="thread")),
-    Case(
-        "envfleet thread, pinned to 1 core",
-        lambda w, t: open_envfleet(w, t, backend="thread", cpu_affinity=one_core()),
-    ),
+    Case("envfleet thread, pinned to 1 core", envfleet(backend="thread", cpu_affinity=ONE_CORE)),
     Case("envfleet process 2w", envfleet(**TWO), forks=True),
     Case("envfleet process 2w x16t", envfleet(**TWO, threads_per_worker=16), forks=True),
     Case(

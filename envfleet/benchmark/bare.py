@@ -16,7 +16,7 @@ import numpy as np
 
 from envfleet.affinity import usable_cpus
 from envfleet.benchmark.base import CallRunner, Runner, Timing, Workload
-from envfleet.benchmark.runners import _for_loop
+from envfleet.benchmark.runners import _close, _for_loop
 
 BARE_POOL = "bare-pool"
 _GO, _STOP, _DONE = b"g", b"s", b"d"
@@ -36,8 +36,7 @@ def _bare_worker(
             k = (k + 1) % n
             os.write(outbox, _DONE)
     finally:
-        for env in envs:
-            env.close()
+        _close(envs)
 
 
 class BarePool:

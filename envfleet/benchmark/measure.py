@@ -12,7 +12,7 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import psutil
 
@@ -63,8 +63,7 @@ def open_bounded(
     if not thread.is_alive():
         if "error" in outcome:
             raise outcome["error"]
-        runner: base.Runner = outcome["runner"]
-        return runner
+        return cast(base.Runner, outcome["runner"])
     give_up = time.monotonic() + KILL_GRACE
     while thread.is_alive() and time.monotonic() < give_up:
         for process in psutil.Process().children(recursive=True):

@@ -129,9 +129,8 @@ def puffer_env(spec: EnvSpec, *args: Any, buf: Any = None, **kwargs: Any) -> Any
     """``spec``'s env in PufferLib's ``GymnasiumPufferEnv`` (its vector envs need one)."""
     import pufferlib.emulation
 
-    if buf is None:
-        return pufferlib.emulation.GymnasiumPufferEnv(env=spec.build())
-    return pufferlib.emulation.GymnasiumPufferEnv(env=spec.build(), buf=buf)
+    extra = {} if buf is None else {"buf": buf}  # its default, unless given
+    return pufferlib.emulation.GymnasiumPufferEnv(env=spec.build(), **extra)
 
 
 def _puffer_workers(num_envs: int) -> int:

@@ -95,10 +95,9 @@ def parse_runners(text: str) -> list[str]:
     """
     names: list[str] = []
     for raw in text.split(","):
-        name = raw.strip()
+        name = ALIASES.get(raw.strip(), raw.strip())
         if not name:
             continue
-        name = ALIASES.get(name, name)
         if name not in RUNNERS:
             raise ValueError(f"unknown runner {raw.strip()!r}: choose from {', '.join(RUNNERS)}")
         if name not in names:

@@ -56,9 +56,7 @@ class Report:
 
     def ratio(self, name: str, num_envs: int, reference: str = base.CEILING) -> float | None:
         value, base = self.rate(name, num_envs), self.rate(reference, num_envs)
-        if value is None or not base:
-            return None
-        return value / base
+        return None if value is None or not base else value / base
 
     def errors(self) -> dict[str, dict[int, str]]:
         """Per runner that failed somewhere, its error message per env count."""

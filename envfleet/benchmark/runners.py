@@ -28,6 +28,11 @@ def _to_python(space: spaces.Space[Any], action: Any) -> Any:
     return int(action) if isinstance(space, spaces.Discrete) else action
 
 
+def _close(envs: list[gymnasium.Env[Any, Any]]) -> None:
+    for env in envs:
+        env.close()
+
+
 def _for_loop(
     workload: base.Workload, count: int, timing: base.Timing, first_index: int = 0
 ) -> tuple[Callable[[Any], object], list[list[Any]], list[gymnasium.Env[Any, Any]]]:
@@ -44,8 +49,7 @@ def _for_loop(
             for _ in range(timing.action_batches)
         ]
     except BaseException:
-        for env in envs:
-            env.close()
+        _close(envs)
         raise
 
     def sweep(batch: list[Any]) -> None:
@@ -60,13 +64,8 @@ def _for_loop(
 def open_loop(workload: base.Workload, timing: base.Timing) -> base.Runner:
     """A Python for-loop over the envs in this process, resetting finished ones."""
     sweep, actions, envs = _for_loop(workload, workload.num_envs, timing)
-
-    def close() -> None:
-        for env in envs:
-            env.close()
-
     advance = base.cycle(sweep, actions, workload.num_envs)
-    return base.CallRunner(base.LOOP, advance, close, timing)
+    return base.CallRunner(base.LOOP, advance, functools.partial(_close, envs), timing)
 
 
 def _ceiling_worker(
