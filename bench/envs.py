@@ -143,8 +143,7 @@ class SoakEnv(gymnasium.Env[np.ndarray, np.ndarray]):
             self._rng = np.random.default_rng(seed)
         obs = self._obs
         obs[POOL_STEP], obs[EPISODE_STEP] = -1.0, 0.0
-        obs[CALLS] += 1
-        obs[EPISODES] += 1
+        obs[[CALLS, EPISODES]] += 1
         return obs.copy(), {}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
@@ -156,8 +155,7 @@ class SoakEnv(gymnasium.Env[np.ndarray, np.ndarray]):
             deadline = time.perf_counter() + self.work_s
             while time.perf_counter() < deadline:
                 pass
-        obs[CALLS] += 1
-        obs[EPISODE_STEP] += 1
+        obs[[CALLS, EPISODE_STEP]] += 1
         return obs.copy(), 1.0, False, bool(obs[EPISODE_STEP] >= self.max_steps), {}
 
     def _fail(self, kind: str) -> None:

@@ -79,10 +79,8 @@ class SoakRun:
         self.p_fail = p_fail
         self.num_envs = args.num_envs
         self.log_path = os.path.join(log_dir, f"{name}.log")
-        self.assignment = [
-            tuple(int(i) for i in ids)
-            for ids in np.array_split(np.arange(args.num_envs), args.workers)
-        ]
+        blocks = np.array_split(np.arange(args.num_envs), args.workers)
+        self.assignment = [tuple(ids.tolist()) for ids in blocks]
         self.worker_of = {i: w for w, ids in enumerate(self.assignment) for i in ids}
         env: dict[str, Any] = dict(p_fail=p_fail, kinds=tuple(args.kinds), hang_s=args.hang_s)
         env.update(log_path=self.log_path, max_steps=args.episode_steps, work_us=args.work_us)
@@ -101,8 +99,7 @@ class SoakRun:
         obs, _ = self.pool.reset()
         n = self.num_envs
         self.index = np.arange(n, dtype=np.float64)
-        self.actions = np.zeros((n, 2), dtype=np.float64)
-        self.actions[:, 0] = self.index
+        self.actions = np.stack([self.index, np.zeros(n)], axis=1)  # [env index, pool step]
         self.last = obs.copy()
         self.fresh = np.zeros(n, dtype=np.bool_)  # last result flagged: next is a new instance
         self.ended = np.zeros(n, dtype=np.bool_)  # last result ended an episode: next is a reset

@@ -8,6 +8,7 @@ bare pool is the price of everything envfleet adds, measured in the same run.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 from typing import Any
@@ -87,10 +88,8 @@ class BarePool:
 
     def close(self) -> None:
         for fd in self._commands:
-            try:
+            with contextlib.suppress(OSError):  # a worker already gone
                 os.write(fd, _STOP)
-            except OSError:
-                pass
         for proc in self._procs:
             proc.join(timeout=10.0)
             if proc.is_alive():

@@ -154,10 +154,8 @@ class CeilingRunner(base.Runner):
 
     def close(self) -> None:
         self._seconds.value = 0.0
-        try:
+        with contextlib.suppress(Exception):  # broken by a failed worker: terminated below
             self._go.wait(10.0)
-        except Exception:
-            pass  # broken by a failed worker: processes are terminated below
         for worker in self._workers:
             worker.join(timeout=10.0)
             if worker.is_alive():
