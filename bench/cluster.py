@@ -31,7 +31,8 @@ from ray.cluster_utils import Cluster
 import envfleet
 from bench.envs import NoOpEnv
 
-SHAPES = {  # observations besides 16 bytes
+SHAPES = {
+    "16 B": ((4,), np.float32),
     "84x84x4": ((84, 84, 4), np.uint8),
     "210x160x3": ((210, 160, 3), np.uint8),
 }
@@ -302,10 +303,13 @@ def main(argv: list[str] | None = None) -> int:
         # The pool's own node (the head) in the layout: its workers on the pool's memory (the
         # default), or behind an agent like the other nodes' (ray_shared_memory=False).
         three = [cluster.head_node.node_id, *workers[:2]]
-        for shared, where in ((True, "on its memory"), (False, "behind an agent")):
-            make = {"nodes": three, "num_workers": 6, "ray_shared_memory": shared}
-            cases.append((f"node pools, pool's node {where} + 2 nodes", noop, 64, steps, make))
-        for label, (shape, dtype) in SHAPES.items():
+        for label, envs in (("16 B", 64), ("210x160x3", 24)):
+            env = functools.partial(NoOpEnv, *SHAPES[label])
+            for shared, where in ((True, "on its memory"), (False, "behind an agent")):
+                make = {"nodes": three, "num_workers": 6, "ray_shared_memory": shared}
+                name = f"node pools, pool's node {where} + 2 nodes, obs {label}"
+                cases.append((name, env, envs, steps if envs == 64 else steps // 4, make))
+        for label, (shape, dtype) in list(SHAPES.items())[1:]:
             env = functools.partial(NoOpEnv, shape, dtype)
             cases.append((f"node pools, 2 nodes, obs {label}", env, 16, steps // 4, pools(2, 4)))
             cases.append(
