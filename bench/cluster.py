@@ -149,12 +149,8 @@ class RLlibNoOp(NoOpEnv):
 
 def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, Any]]:
     """RLlib's EnvRunnerGroup (2 runners x 32 no-op envs on the 2 "pair" nodes, random actions)
-    against node pools (64 no-op envs, 2 nodes x 2 workers): env-steps per driver CPU-second.
-
-    A runner's ``sample()`` steps its envs ``fragment`` times and returns the episodes, one
-    Ray call per runner per round; a pool's ``step()`` hands the driver every step. Both
-    granularities are rows: a fragment of 1 (the driver sees every step, as with the pool)
-    and RLlib's usual fragments (50, 200)."""
+    against node pools (64 no-op envs, 2 nodes x 2 workers): env-steps per driver CPU-second,
+    with fragments of 1 step (the driver sees every step, as with the pool), 50 and 200."""
     try:
         from ray.rllib.algorithms.ppo import PPOConfig
         from ray.rllib.env.env_runner_group import EnvRunnerGroup

@@ -131,8 +131,7 @@ class CeilingRunner(base.Runner):
             raise
 
     def _gather(self) -> list[Any]:
-        values = []
-        errors = []
+        values, errors = [], []
         for _ in self._workers:
             _, value, error = self._results.get(timeout=CEILING_TIMEOUT)
             if error is None:
