@@ -88,20 +88,19 @@ def codec_costs(frames: np.ndarray, block: int, repeats: int) -> dict[str, tuple
     for name in ("zlib", "lz4"):
         squeeze = codec(name)
         assert squeeze is not None
-        encode = decode = copied = float("inf")
+        laps = []  # per repeat: encode, decode into the batch, decode then copy
         for _ in range(repeats):
             start = time.perf_counter()
             packed = [squeeze.compress(b.reshape(-1)) for b in blocks]
-            encode = min(encode, time.perf_counter() - start)
-            start = time.perf_counter()
+            encoded = time.perf_counter()
             for data in packed:
                 squeeze.decompress_into(np.frombuffer(data, np.uint8), target[block:])
-            decode = min(decode, time.perf_counter() - start)
-            start = time.perf_counter()
+            decoded = time.perf_counter()
             for data in packed:
                 raw = squeeze.decompress(np.frombuffer(data, np.uint8), target[block:].nbytes)
                 target[block:] = np.frombuffer(raw, np.uint8).reshape(target[block:].shape)
-            copied = min(copied, time.perf_counter() - start)
+            laps.append((encoded - start, decoded - encoded, time.perf_counter() - decoded))
+        encode, decode, copied = (min(lap) for lap in zip(*laps, strict=True))
         assert (target[block:] == blocks[-1]).all()
         n = len(blocks) * block
         out[name] = (sum(map(len, packed)) / n, *(t * 1e6 / n for t in (encode, decode, copied)))

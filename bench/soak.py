@@ -113,11 +113,7 @@ class SoakRun:
         self.obs_mismatches: list[dict[str, Any]] = []
         self.anomalies: list[dict[str, Any]] = []
         self.flag_field_errors = self.anomaly_count = 0
-        self.first_reset_ok = bool(
-            (obs[:, CALLS] == 1).all()
-            and (obs[:, POOL_STEP] == -1).all()
-            and (obs[:, EPISODE_STEP] == 0).all()
-        )
+        self.first_reset_ok = bool((obs[:, [CALLS, POOL_STEP, EPISODE_STEP]] == [1, -1, 0]).all())
 
     def advance(self, count: int) -> None:
         pool, actions, times = self.pool, self.actions, self.step_times
