@@ -1,12 +1,9 @@
 """Async pool: sync ``step`` against EnvPool-style ``send``/``recv`` side by side in one run.
 
-Each layout runs sync, then async with ``batch_size`` B (``/ own sync``: the async row over the
-sync row of its layout). Workloads: ``heavytail`` (:class:`bench.envs.HeavyTailEnv` x 32, 90%
-of steps sleep 0.2 ms, 10% 5 ms; envfleet thread and process layouts, PufferLib; B = 16, 8;
-target: async >= 1.5x sync; ``ideal``: one env alone, x 32), ``cartpole`` (CartPole-v1 x 64;
-envfleet, EnvPool, PufferLib; B = 32) and ``pong`` (Pong x 8; envfleet on ``ALE/Pong-v5``,
-EnvPool's ``Pong-v5`` preprocessed and configured as ``ALE/Pong-v5``, PufferLib; B = 4). A
-library that is not installed shows as a failed row with the reason.
+Each layout (:data:`SCENARIOS`: envfleet, EnvPool, PufferLib) runs sync, then async with
+``batch_size`` B (``/ own sync``: the async row over the sync row of its layout); target on
+``heavytail`` (:class:`bench.envs.HeavyTailEnv` x 32): envfleet async >= 1.5x sync. A library
+that is not installed shows as a failed row with the reason.
 
 Usage::
 
@@ -60,39 +57,62 @@ def open_envpool(workload: Workload, timing: Timing, **kw: Any) -> benchmark.Run
     return benchmark.open_envpool(workload, timing, num_threads=len(usable_cpus()), **kw)
 
 
+def process(workers: int = 0, threads: int = 0) -> dict[str, Any]:
+    """envfleet's process backend, ``workers`` x ``threads`` where given (else its defaults)."""
+    given = {"num_workers": workers, "threads_per_worker": threads}
+    return {"backend": "process", **{key: value for key, value in given.items() if value}}
+
+
 ENVFLEET, PUFFER = open_envfleet, benchmark.open_pufferlib
-ENVPOOL_PONG_AS_ALE = dict(img_height=210, img_width=160, gray_scale=False, stack_num=1,
-                           repeat_action_probability=0.25, noop_max=1,
-                           use_fire_reset=False)  # fmt: skip
+AS_ALE = dict(
+    img_height=210,
+    img_width=160,
+    gray_scale=False,
+    stack_num=1,
+    repeat_action_probability=0.25,
+    noop_max=1,
+    use_fire_reset=False,
+)
 """EnvPool's Pong-v5 configured like Gymnasium's ALE/Pong-v5 (EnvPool still max-pools frames)."""
-PROCESS = {"backend": "process"}
 SCENARIOS: dict[str, tuple[str, Any, int, list[Case]]] = {
-    "heavytail": ("HeavyTailEnv x 32 (90% 0.2 ms, 10% 5 ms sleep)", HeavyTailEnv, 32, [
-        Case("ideal (32 x 1 env)", common.open_ideal),
-        Case("for-loop", benchmark.open_loop),
-        *layouts("envfleet thread", (16, 8), ENVFLEET, backend="thread"),
-        *layouts("envfleet process defaults", (16, 8), ENVFLEET, **PROCESS),
-        *layouts("envfleet process 4w", (16, 8), ENVFLEET, **PROCESS, num_workers=4),
-        *layouts("envfleet process 4w x8t", (16, 8), ENVFLEET, **PROCESS, num_workers=4,
-                 threads_per_worker=8),
-        *layouts("envfleet process 8w x4t", (16, 8), ENVFLEET, **PROCESS, num_workers=8,
-                 threads_per_worker=4),
-        *layouts("pufferlib mp 4w", (16, 8), PUFFER, num_workers=4),
-    ]),
-    "cartpole": ("CartPole-v1 x 64", "CartPole-v1", 64, [
-        *layouts("envfleet process 2w", (32,), ENVFLEET, **PROCESS, num_workers=2),
-        *layouts("envpool", (32,), open_envpool, task="CartPole-v1"),
-        *layouts("pufferlib mp 2w", (32,), PUFFER, num_workers=2),
-    ]),
-    "pong": ("Pong x 8 (envfleet/PufferLib: ALE/Pong-v5; EnvPool: its Pong-v5)", "ALE/Pong-v5", 8, [
-        *layouts("envfleet process 2w", (4,), ENVFLEET, **PROCESS, num_workers=2),
-        *layouts("envfleet thread", (4,), ENVFLEET, backend="thread"),
-        *layouts("envpool (84x84 grey x4)", (4,), open_envpool, task="Pong-v5"),
-        *layouts("envpool (as ALE/Pong-v5)", (4,), open_envpool, task="Pong-v5",
-                 **ENVPOOL_PONG_AS_ALE),
-        *layouts("pufferlib mp 2w", (4,), PUFFER, num_workers=2),
-    ]),
-}  # fmt: skip
+    "heavytail": (
+        "HeavyTailEnv x 32 (90% 0.2 ms, 10% 5 ms sleep)",
+        HeavyTailEnv,
+        32,
+        [
+            Case("ideal (32 x 1 env)", common.open_ideal),
+            Case("for-loop", benchmark.open_loop),
+            *layouts("envfleet thread", (16, 8), ENVFLEET, backend="thread"),
+            *layouts("envfleet process defaults", (16, 8), ENVFLEET, **process()),
+            *layouts("envfleet process 4w", (16, 8), ENVFLEET, **process(4)),
+            *layouts("envfleet process 4w x8t", (16, 8), ENVFLEET, **process(4, 8)),
+            *layouts("envfleet process 8w x4t", (16, 8), ENVFLEET, **process(8, 4)),
+            *layouts("pufferlib mp 4w", (16, 8), PUFFER, num_workers=4),
+        ],
+    ),
+    "cartpole": (
+        "CartPole-v1 x 64",
+        "CartPole-v1",
+        64,
+        [
+            *layouts("envfleet process 2w", (32,), ENVFLEET, **process(2)),
+            *layouts("envpool", (32,), open_envpool, task="CartPole-v1"),
+            *layouts("pufferlib mp 2w", (32,), PUFFER, num_workers=2),
+        ],
+    ),
+    "pong": (
+        "Pong x 8 (envfleet/PufferLib: ALE/Pong-v5; EnvPool: its Pong-v5)",
+        "ALE/Pong-v5",
+        8,
+        [
+            *layouts("envfleet process 2w", (4,), ENVFLEET, **process(2)),
+            *layouts("envfleet thread", (4,), ENVFLEET, backend="thread"),
+            *layouts("envpool (84x84 grey x4)", (4,), open_envpool, task="Pong-v5"),
+            *layouts("envpool (as ALE/Pong-v5)", (4,), open_envpool, task="Pong-v5", **AS_ALE),
+            *layouts("pufferlib mp 2w", (4,), PUFFER, num_workers=2),
+        ],
+    ),
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,13 +61,18 @@ def progress(console: Console, title: str) -> Iterator[dict[str, Callable[[str],
 
 
 def measure_table(
-    console: Console, title: str, cases: Sequence[Case], workload: benchmark.Workload,
-    timing: benchmark.Timing, reference: str | None = None,
+    console: Console,
+    title: str,
+    cases: Sequence[Case | str],
+    workload: benchmark.Workload,
+    timing: benchmark.Timing,
+    reference: str | None = None,
     columns: Sequence[benchmark.Column] = (),
-) -> benchmark.Report:  # fmt: skip
-    """Measure ``cases`` side by side on ``workload`` (:func:`envfleet.benchmark.sweep`, forking
-    rows opened first), print ``title`` and the engine's table (ratios to row ``reference``,
-    and ``columns``) with its notes; a failed row prints its traceback."""
+) -> benchmark.Report:
+    """Measure ``cases`` (or the registry's runners, by name) side by side on ``workload``
+    (:func:`envfleet.benchmark.sweep`, forking rows opened first), print ``title`` and the
+    engine's table (ratios to row ``reference``, and ``columns``) with its notes; a failed row
+    prints its traceback."""
 
     def failed(name: str, _n: int, exc: BaseException) -> None:
         console.print(f"[red]{name} failed[/red]: {type(exc).__name__}: {str(exc)[:300]}")
@@ -75,13 +80,20 @@ def measure_table(
             text = "".join(traceback.format_exception(exc))
             console.print(text[-2000:], markup=False, highlight=False)
 
-    ordered = sorted(cases, key=lambda c: not c.forks)
+    own = {c.name: c for c in cases if isinstance(c, Case)}
+    names = [c if isinstance(c, str) else c.name for c in cases]
+    ordered = sorted(names, key=lambda name: not (name in own and own[name].forks))
     with progress(console, f"{title}: {len(cases)} runners") as hooks:
         report = benchmark.sweep(
-            workload.spec, [workload.num_envs], [c.name for c in ordered], timing,
-            on_error=failed, openers={c.name: c.open for c in cases}, **hooks,
-        )  # fmt: skip
-    report.runners = [c.name for c in cases]  # shown in the order given
+            workload.spec,
+            [workload.num_envs],
+            ordered,
+            timing,
+            on_error=failed,
+            openers={name: c.open for name, c in own.items()},
+            **hooks,
+        )
+    report.runners = names  # shown in the order given
     console.print(f"[bold]{title}[/bold]")
     console.print(benchmark.report_table(report, reference or "ceiling", columns))
     for note in benchmark.report_notes(report):
@@ -91,9 +103,7 @@ def measure_table(
 
 def rows(report: benchmark.Report) -> dict[str, Any]:
     """A one-count report's JSON, less the machine (written once per script)."""
-    document = report.as_dict()
-    document.pop("machine")
-    return document
+    return {key: value for key, value in report.as_dict().items() if key != "machine"}
 
 
 def target(

@@ -16,24 +16,41 @@ import numpy as np
 from gymnasium import spaces
 
 
-class SleepEnv(gymnasium.Env[np.ndarray, int]):
+class NoOpEnv(gymnasium.Env[np.ndarray, int]):
+    """An env whose ``step`` does nothing (but sleep ``sleep_s``, if given): a constant
+    observation of ``shape`` and ``dtype``, never done (the fixed cost of a step is all that is
+    left to measure)."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(
+        self, shape: tuple[int, ...] = (4,), dtype: Any = np.float32, sleep_s: float = 0.0
+    ) -> None:
+        low, high = (0, 255) if dtype == np.uint8 else (-np.inf, np.inf)
+        self.observation_space = spaces.Box(low, high, shape=shape, dtype=dtype)
+        self.action_space = spaces.Discrete(2)
+        self._obs, self.sleep_s = np.ones(shape, dtype=dtype), sleep_s
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        return self._obs, {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return self._obs, 0.0, False, False, {}
+
+
+class SleepEnv(NoOpEnv):
     """An env whose ``step`` sleeps (1 ms by default): the stand-in for a simulator that waits.
     Observations: the step count, the action, the last sleep (ms) and 0 (float32); actions
     ``Discrete(2)``; reward 1 a step; truncated after ``max_steps`` steps."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
-
     def __init__(self, sleep_s: float = 0.001, max_steps: int = 200) -> None:
-        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float32)
-        self.action_space = spaces.Discrete(2)
-        self.sleep_s = sleep_s
-        self.max_steps = max_steps
-        self._t = 0
-        self._obs = np.zeros(4, dtype=np.float32)
+        super().__init__(sleep_s=sleep_s)
+        self.max_steps, self._t = max_steps, 0
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         super().reset(seed=seed)
         self._t = 0
         self._obs[:] = 0.0
@@ -48,14 +65,6 @@ class SleepEnv(gymnasium.Env[np.ndarray, int]):
         self._t += 1
         self._obs[:3] = self._t, action, sleep * 1e3
         return self._obs.copy(), 1.0, False, self._t >= self.max_steps, {}
-
-
-class NoOpEnv(SleepEnv):
-    """An env whose ``step`` does nothing: a constant observation, never done (the fixed cost
-    of a step is all that is left to measure)."""
-
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        return self._obs, 0.0, False, False, {}
 
 
 @dataclass(frozen=True)
@@ -97,22 +106,24 @@ class InjectedFailure(RuntimeError):
 class SoakEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     """Counts every call in its observation; fails with probability ``p_fail`` per step.
 
-    The action is ``[env index, pool step id]`` (float64), which the env echoes in its
-    observation, so that the driver can tell which step of which env each result belongs to.
-    Whether a step fails, and how (one of ``kinds``, uniformly; a ``hang`` sleeps ``hang_s``), is
-    drawn from an RNG seeded by the env's reset (the pool's ``seed + i``, then the seed of each
-    restart): a seeded run injects the same failures every time. Each failure is appended, one
-    line (``kind env pool_step pid calls``), to ``log_path`` before it strikes, for the driver
-    to reconcile. ``work_us``: busy work per step, so that the cost of failures can be weighed
-    against envs that cost something.
+    The action is ``[env index, pool step id]`` (float64), echoed in the observation, so that
+    the driver can tell which step of which env each result belongs to. Failures (one of
+    ``kinds``; a ``hang`` sleeps ``hang_s``) are drawn from an RNG seeded by the env's reset: a
+    seeded run injects the same ones every time. Each is logged to ``log_path`` (see
+    :func:`read_log`) before it strikes. ``work_us``: busy work per step.
     """
 
     metadata = {"render_modes": []}
 
     def __init__(
-        self, p_fail: float = 1e-4, kinds: tuple[str, ...] = KINDS, hang_s: float = 60.0,
-        max_steps: int = 1000, log_path: str | None = None, work_us: float = 0.0,
-    ) -> None:  # fmt: skip
+        self,
+        p_fail: float = 1e-4,
+        kinds: tuple[str, ...] = KINDS,
+        hang_s: float = 60.0,
+        max_steps: int = 1000,
+        log_path: str | None = None,
+        work_us: float = 0.0,
+    ) -> None:
         unknown = set(kinds) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown failure kinds {sorted(unknown)}: choose from {KINDS}")
@@ -132,8 +143,7 @@ class SoakEnv(gymnasium.Env[np.ndarray, np.ndarray]):
             self._rng = np.random.default_rng(seed)
         obs = self._obs
         obs[POOL_STEP], obs[EPISODE_STEP] = -1.0, 0.0
-        obs[CALLS] += 1
-        obs[EPISODES] += 1
+        obs[[CALLS, EPISODES]] += 1
         return obs.copy(), {}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
@@ -145,19 +155,15 @@ class SoakEnv(gymnasium.Env[np.ndarray, np.ndarray]):
             deadline = time.perf_counter() + self.work_s
             while time.perf_counter() < deadline:
                 pass
-        obs[CALLS] += 1
-        obs[EPISODE_STEP] += 1
+        obs[[CALLS, EPISODE_STEP]] += 1
         return obs.copy(), 1.0, False, bool(obs[EPISODE_STEP] >= self.max_steps), {}
 
     def _fail(self, kind: str) -> None:
         obs = self._obs
         if self.log_path is not None:
-            line = (
-                f"{kind} {int(obs[ENV_INDEX])} {int(obs[POOL_STEP])} {os.getpid()} "
-                f"{int(obs[CALLS])}\n"
-            )
+            fields = (kind, int(obs[ENV_INDEX]), int(obs[POOL_STEP]), os.getpid(), int(obs[CALLS]))
             with open(self.log_path, "a") as log:  # one short O_APPEND write: atomic
-                log.write(line)
+                log.write(" ".join(map(str, fields)) + "\n")
         if kind == "raise":
             raise InjectedFailure(
                 f"injected failure: env {int(obs[ENV_INDEX])} at pool step {int(obs[POOL_STEP])}"
@@ -184,9 +190,12 @@ class HeavyTailEnv(SleepEnv):
     its first reset, so that a seeded run sleeps the same sequence whatever backend steps it."""
 
     def __init__(
-        self, fast_s: float = 0.0002, slow_s: float = 0.005, slow_p: float = 0.1,
+        self,
+        fast_s: float = 0.0002,
+        slow_s: float = 0.005,
+        slow_p: float = 0.1,
         max_steps: int = 500,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(fast_s, max_steps)
         self.slow_s, self.slow_p = slow_s, slow_p
 
@@ -198,9 +207,17 @@ class HeavyTailEnv(SleepEnv):
 
 PONG = "ALE/Pong-v5"
 
-ENVPOOL_PONG: dict[str, Any] = dict(episodic_life=False, reward_clip=False, stack_num=4,
-    img_height=84, img_width=84, frame_skip=4, noop_max=30, repeat_action_probability=0.25,
-    max_episode_steps=27_000)  # fmt: skip
+ENVPOOL_PONG: dict[str, Any] = dict(
+    episodic_life=False,
+    reward_clip=False,
+    stack_num=4,
+    img_height=84,
+    img_width=84,
+    frame_skip=4,
+    noop_max=30,
+    repeat_action_probability=0.25,
+    max_episode_steps=27_000,
+)
 """EnvPool's Pong configured as :func:`make_pong`: 84x84 grey, frame skip 4, 4 frames stacked,
 up to 30 no-ops at reset, ALE v5's sticky actions and 108,000 frames an episode, no life-loss
 episodes, rewards unclipped."""

@@ -1,12 +1,9 @@
 """What the stepping loop adds per env: ``EnvGroup.step`` against the env's own ``step``.
 
-In one process, no transport: ``n`` no-op envs (:class:`bench.envs.NoOpEnv`, a constant
-observation) stepped by a plain loop (``env.step(action)`` per env, the result dropped) and by an
-:class:`envfleet.group.EnvGroup` writing their rows into batch arrays, as a worker does. Windows
-of a few calls of the two alternate (``--repeats``; the fastest of each is taken: short windows,
-so that on a busy machine some run undisturbed); the difference divided by ``n`` is the loop's
-own work per env: reading the action, writing the observation, reward and
-flags, the autoreset bookkeeping and the reply.
+In one process, no transport: ``n`` no-op envs (:class:`bench.envs.NoOpEnv`) stepped by a
+plain loop and by an :class:`envfleet.group.EnvGroup` writing their rows into batch arrays, as a
+worker does, in alternating short windows (the fastest of each taken); the difference divided
+by ``n`` is the loop's own work per env.
 
 Usage::
 

@@ -4,8 +4,7 @@ Rows: ``naive-ray`` (an actor per env, a call per env step), ``batched-ray`` (th
 hand over an actor per usable core, a call per actor per step: what the ray backend automates),
 ``envfleet-ray`` (its actors on this machine share the batch memory), ``envfleet-ray-calls``
 (``ray_shared_memory=False``: a Ray call per command, as actors on other nodes) and
-``envfleet-process``. Workloads: CartPole-v1 x 64 (target: envfleet-ray >= 5x naive-ray) and
-ALE/Pong-v5 x 8 (envfleet-ray >= 0.8x envfleet-process). Ray's start-up is timed apart.
+``envfleet-process``, on the workloads of :data:`RAY_TARGETS`. Ray's start-up is timed apart.
 
 Usage (from the repository root, so that Ray's workers can import ``bench``)::
 
@@ -51,8 +50,10 @@ class BatchActor:
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Every env one step, each reset when its episode ends (as the vector envs do)."""
         results = [env.step(a) for env, a in zip(self.envs, actions.tolist(), strict=True)]
-        obs = [o if not (t or u) else env.reset()[0]
-               for env, (o, _, t, u, _) in zip(self.envs, results, strict=True)]  # fmt: skip
+        obs = [
+            o if not (t or u) else env.reset()[0]
+            for env, (o, _, t, u, _) in zip(self.envs, results, strict=True)
+        ]
         _, rewards, terminated, truncated, _ = zip(*results, strict=True)
         return np.stack(obs), np.array(rewards), np.array(terminated), np.array(truncated)
 
@@ -101,10 +102,12 @@ CASES = [
     Case("naive-ray", open_naive_ray),
     Case("batched-ray", open_batched_ray),
     Case("envfleet-ray", benchmark.envfleet_opener("ray", "envfleet-ray", ray_shared_memory=True)),
-    Case("envfleet-ray-calls",
-         benchmark.envfleet_opener("ray", "envfleet-ray-calls", ray_shared_memory=False)),
+    Case(
+        "envfleet-ray-calls",
+        benchmark.envfleet_opener("ray", "envfleet-ray-calls", ray_shared_memory=False),
+    ),
     Case("envfleet-process", benchmark.RUNNERS["process"].open),
-]  # fmt: skip
+]
 RAY_TARGETS = {"cartpole": ("naive-ray", 5.0), "pong": ("envfleet-process", 0.8)}
 """Per workload: the baseline, and the least ratio of envfleet-ray to it that meets the target."""
 

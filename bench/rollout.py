@@ -5,10 +5,7 @@ policy (observations to actions, one torch thread by default) drives every conte
 the engine's runners (``policy=``), synchronously or double-buffered (``batch = num_envs / 2``:
 the policy decides for one half while the other steps). Besides env-steps/s (inference
 included): the share of wall time the policy waited for the envs, and of env-time the envs
-waited for the policy. Workloads (:data:`WORKLOADS`): CartPole-v1 x 64 with an MLP; Pong x 16
-preprocessed (:func:`bench.envs.make_pong`) with the Nature-DQN CNN; ``heavy``
-(:class:`bench.envs.HeavyTailEnv` x 32, MLP; envfleet on 8 workers x 4 threads). Contenders:
-:data:`CONTENDERS`.
+waited for the policy. Workloads: :data:`WORKLOADS`; contenders: :data:`CONTENDERS`.
 
 Usage::
 
@@ -59,8 +56,15 @@ class RolloutWorkload:
     envfleet_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
-CONTENDERS = ("envfleet-sync", "envfleet-async", "envfleet-async-core", "gym-async", "sb3",
-              "envpool", "envpool-async")  # fmt: skip
+CONTENDERS = (
+    "envfleet-sync",
+    "envfleet-async",
+    "envfleet-async-core",
+    "gym-async",
+    "sb3",
+    "envpool",
+    "envpool-async",
+)
 """Every contender, in the order they are run and shown (one missing its library, or with no
 EnvPool env for the workload, shows as a failed row)."""
 
@@ -75,14 +79,24 @@ def open_contender(name: str, case: RolloutWorkload, policy: Policy, timing: Tim
     if name.startswith("envfleet"):
         workers = max(1, min(len(usable_cpus()) - 1, n)) if name.endswith("core") else None
         return benchmark.open_envfleet(
-            case.workload, timing, batch_size=half, policy=policy, backend="process",
-            num_workers=workers or case.num_workers, copy=False, **case.envfleet_kwargs,
-        )  # fmt: skip
+            case.workload,
+            timing,
+            batch_size=half,
+            policy=policy,
+            backend="process",
+            num_workers=workers or case.num_workers,
+            copy=False,
+            **case.envfleet_kwargs,
+        )
     if name.startswith("envpool"):
         return benchmark.open_envpool(
-            case.workload, timing, task=case.envpool_task, batch_size=half, policy=policy,
+            case.workload,
+            timing,
+            task=case.envpool_task,
+            batch_size=half,
+            policy=policy,
             **case.envpool_kwargs,
-        )  # fmt: skip
+        )
     opener = benchmark.open_sb3 if name == "sb3" else benchmark.open_gym_async
     return opener(case.workload, timing, policy)
 
@@ -93,9 +107,14 @@ class PolicyRunner(Runner):
     waited for the policy (``envs_waited``: a batch's envs wait while it decides for them)."""
 
     def __init__(
-        self, name: str, case: RolloutWorkload, _: Workload, timing: Timing,
-        clock: Callable[[], float] = time.perf_counter, opener: Any = open_contender,
-    ) -> None:  # fmt: skip
+        self,
+        name: str,
+        case: RolloutWorkload,
+        _: Workload,
+        timing: Timing,
+        clock: Callable[[], float] = time.perf_counter,
+        opener: Any = open_contender,
+    ) -> None:
         self.policy, self.clock, self.policy_s = case.policy, clock, 0.0
         self.inner = opener(name, case, self.decide, timing)
         self.name, self.warmup_s = name, self.inner.warmup_s
@@ -160,10 +179,13 @@ WORKLOADS: dict[str, Callable[[], RolloutWorkload]] = {
     # The env mostly sleeps: 8 workers of 4 threads, so that a batch is not held back by the
     # slowest of many envs (a worker replies when all the envs it was sent are done).
     "heavy": lambda: RolloutWorkload(
-        "heavy", Workload.of(HeavyTailEnv, 32), mlp_actor(), num_workers=8,
+        "heavy",
+        Workload.of(HeavyTailEnv, 32),
+        mlp_actor(),
+        num_workers=8,
         envfleet_kwargs={"threads_per_worker": 4},
     ),
-}  # fmt: skip
+}
 SYNC_TARGETS = {("envfleet-async", "envfleet-sync"): 1.5}
 PEER_TARGETS = {("best envfleet", "gym-async"): 1.5, ("best envfleet", "sb3"): 1.5}
 TARGETS = {  # (numerator, denominator) -> target ratio, per workload
@@ -193,12 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     timing = common.timing_from(args, full=(1.0, 3))
     with common.session(args.json) as console:
-        report: dict[str, Any] = {
-            "machine": common.print_machine(console, ["torch"]),
-            "workloads": {},
-        }
-        console.print(f"torch threads {torch.get_num_threads()}")
-        report["torch_threads"] = torch.get_num_threads()
+        machine, threads = common.print_machine(console, ["torch"]), torch.get_num_threads()
+        console.print(f"torch threads {threads}")
+        report: dict[str, Any] = {"machine": machine, "torch_threads": threads, "workloads": {}}
         for name in args.workloads:
             torch.manual_seed(args.seed)
             case = WORKLOADS[name]()

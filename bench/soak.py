@@ -3,13 +3,10 @@
 Two pools of :class:`bench.envs.SoakEnv` stepped in alternating chunks, both with
 ``on_error="restart"``: one whose envs fail with probability ``--p-fail`` per step (raise,
 ``os._exit`` the worker, or hang until ``step_timeout``), and a fault-free one. Every result is
-checked as it comes (:func:`soak_checks`): delivered or flagged ``infos["envfleet/restarted"]``
-(``delivered + lost == requested``, ``lost == sum(pool.restarts)``); a delivered result is the
-next call of its env (no step lost, repeated or given to another env); a flagged one is
-truncated, with reward 0 and the env's last observation; the flagged envs of each step are those
-the injected failures account for. Target: the faulty pool at least 0.9x the fault-free one.
-Exit status 0 when every check holds, 1 when one fails, 2 when a ``pool.step`` stalls for
-``--stall-s`` (a watchdog prints :meth:`envfleet.Pool.describe`).
+checked as it comes (:func:`soak_checks`: every step delivered or flagged
+``infos["envfleet/restarted"]``, each where it belongs). Target: the faulty pool at least 0.9x
+the fault-free one. Exit status 0 when every check holds, 1 when one fails, 2 when a
+``pool.step`` stalls for ``--stall-s`` (a watchdog prints :meth:`envfleet.Pool.describe`).
 
 Usage::
 
@@ -82,23 +79,27 @@ class SoakRun:
         self.p_fail = p_fail
         self.num_envs = args.num_envs
         self.log_path = os.path.join(log_dir, f"{name}.log")
-        self.assignment = [
-            tuple(int(i) for i in ids)
-            for ids in np.array_split(np.arange(args.num_envs), args.workers)
-        ]
+        blocks = np.array_split(np.arange(args.num_envs), args.workers)
+        self.assignment = [tuple(ids.tolist()) for ids in blocks]
         self.worker_of = {i: w for w, ids in enumerate(self.assignment) for i in ids}
         env: dict[str, Any] = dict(p_fail=p_fail, kinds=tuple(args.kinds), hang_s=args.hang_s)
         env.update(log_path=self.log_path, max_steps=args.episode_steps, work_us=args.work_us)
         self.pool = envfleet.make(
-            SoakEnv, args.num_envs, backend="process", num_workers=args.workers, seed=args.seed,
-            on_error="restart", step_timeout=args.step_timeout, max_restarts=10**9, context="fork",
+            SoakEnv,
+            args.num_envs,
+            backend="process",
+            num_workers=args.workers,
+            seed=args.seed,
+            on_error="restart",
+            step_timeout=args.step_timeout,
+            max_restarts=10**9,
+            context="fork",
             env_kwargs=env,
-        )  # fmt: skip
+        )
         obs, _ = self.pool.reset()
         n = self.num_envs
         self.index = np.arange(n, dtype=np.float64)
-        self.actions = np.zeros((n, 2), dtype=np.float64)
-        self.actions[:, 0] = self.index
+        self.actions = np.stack([self.index, np.zeros(n)], axis=1)  # [env index, pool step]
         self.last = obs.copy()
         self.fresh = np.zeros(n, dtype=np.bool_)  # last result flagged: next is a new instance
         self.ended = np.zeros(n, dtype=np.bool_)  # last result ended an episode: next is a reset
@@ -106,27 +107,20 @@ class SoakRun:
         self.stepping_since: float | None = None
         self.step_seconds = 0.0
         self.step_times: list[float] = []
-        self.requested = self.delivered = self.lost = 0
-        self.env_counted = 0
+        self.requested = self.delivered = self.lost = self.env_counted = 0
         self.flags: dict[int, set[int]] = {}
         self.flag_steps: list[tuple[int, float, int]] = []  # (step, seconds, envs flagged)
         self.obs_mismatches: list[dict[str, Any]] = []
-        self.flag_field_errors = 0
         self.anomalies: list[dict[str, Any]] = []
-        self.anomaly_count = 0
-        self.first_reset_ok = bool(
-            (obs[:, CALLS] == 1).all()
-            and (obs[:, POOL_STEP] == -1).all()
-            and (obs[:, EPISODE_STEP] == 0).all()
-        )
+        self.flag_field_errors = self.anomaly_count = 0
+        self.first_reset_ok = bool((obs[:, [CALLS, POOL_STEP, EPISODE_STEP]] == [1, -1, 0]).all())
 
     def advance(self, count: int) -> None:
         pool, actions, times = self.pool, self.actions, self.step_times
         for _ in range(count):
             s = self.step_id
             actions[:, 1] = s
-            start = time.perf_counter()
-            self.stepping_since = start
+            self.stepping_since = start = time.perf_counter()
             result = pool.step(actions)
             self.stepping_since = None
             seconds = time.perf_counter() - start
@@ -139,12 +133,8 @@ class SoakRun:
         obs, rewards, terminations, truncations, infos = result
         n, last = self.num_envs, self.last
         self.requested += n
-        mask = infos.get(f"_{RESTARTED}")
-        flagged = (
-            np.zeros(n, dtype=np.bool_)
-            if mask is None
-            else np.asarray(mask, dtype=np.bool_) & np.asarray(infos[RESTARTED], dtype=np.bool_)
-        )
+        none = np.zeros(n, dtype=np.bool_)
+        flagged = infos.get(f"_{RESTARTED}", none) & np.asarray(infos.get(RESTARTED, none), bool)
         kept = ~flagged
         lost = int(flagged.sum())
         self.lost += lost
@@ -202,10 +192,11 @@ class SoakRun:
         for kind, env, step, _pid, _calls in events:
             ids = {env} if kind == "raise" else set(self.assignment[self.worker_of[env]])
             expected[step] |= ids
-        unexplained = {s: sorted(ids - expected[s]) for s, ids in self.flags.items()
-                       if ids - expected.get(s, set())}  # fmt: skip
-        missing = {s: sorted(ids - self.flags.get(s, set())) for s, ids in expected.items()
-                   if ids - self.flags.get(s, set())}  # fmt: skip
+
+        def beyond(got: dict[int, set[int]], other: dict[int, set[int]]) -> dict[int, list[int]]:
+            return {s: sorted(d) for s, ids in got.items() if (d := ids - other.get(s, set()))}
+
+        unexplained, missing = beyond(self.flags, expected), beyond(expected, self.flags)
         kinds = collections.Counter(kind for kind, *_ in events)
         return {
             "failures_injected": len(events),
@@ -398,11 +389,18 @@ def run_soak(args: SoakConfig, json_path: Path) -> int:
     print(f"wall time {wall:.1f} s")
     config = {**asdict(args), "steps_per_pool": pool_steps * args.num_envs, "chunks": chunks}
     report = {
-        "machine": machine, "config": config, "faulty": faulty, "fault_free": clean,
+        "machine": machine,
+        "config": config,
+        "faulty": faulty,
+        "fault_free": clean,
         "obs_columns": ["env_index", "pool_step", "calls", "episode_step", "episodes"],
-        "ratio_faulty_over_fault_free": ratio, "target": TARGET, "meets_target": ratio >= TARGET,
-        "checks": checks, "all_checks_passed": all(checks.values()), "wall_seconds": wall,
-    }  # fmt: skip
+        "ratio_faulty_over_fault_free": ratio,
+        "target": TARGET,
+        "meets_target": ratio >= TARGET,
+        "checks": checks,
+        "all_checks_passed": all(checks.values()),
+        "wall_seconds": wall,
+    }
     save_json(json_path, report)
     return 0 if all(checks.values()) else 1
 

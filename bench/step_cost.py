@@ -1,10 +1,8 @@
 """The fixed cost of one synchronous step: envfleet's process backend against the bare pool.
 
-A no-op env (:class:`bench.envs.NoOpEnv`: ``step`` returns a constant observation) on 2 worker
-processes, with 2 and with 64 envs. The bare pool (:mod:`envfleet.benchmark.bare`) wakes the
-same workers with one byte each and reads one byte back: what is left of a step's time is the
-least any process pool of this design pays. Windows of both are interleaved (three repeats by
-default) and the medians printed as microseconds per vector step and as a ratio.
+A no-op env (:class:`bench.envs.NoOpEnv`) on 2 worker processes, with 2 and with 64 envs,
+against the bare pool (:mod:`envfleet.benchmark.bare`) on as many workers; their windows
+interleaved, the medians printed as microseconds per vector step and as a ratio.
 
 Usage::
 

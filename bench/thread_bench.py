@@ -1,13 +1,10 @@
 """Thread backend: sleeping envs and ALE's Pong against the for-loop and the alternatives.
 
 - ``sleep``: :class:`bench.envs.SleepEnv` (1 ms) x 32 against the ideal (one env stepped alone,
-  x 32): for-loop, bare threads (no library: a thread per env woken by one eventfd write, the
-  ceiling of Python threads with a GIL; unpinned and on one core), envfleet thread (unpinned
-  and on one core), envfleet process (2 workers, x 16 threads, ``cpu_affinity="spread"``),
-  Gymnasium ``AsyncVectorEnv``. Target: envfleet thread >= 0.8 of the ideal.
-- ``pong``: ``ALE/Pong-v5`` x 8: for-loop, envfleet thread and process layouts, Gymnasium
-  ``AsyncVectorEnv``, ale-py's C++ ``AtariVectorEnv``. Target: envfleet thread >= 1.6x the
-  for-loop (which it can reach only if ale-py releases the GIL while it emulates).
+  x 32), with bare threads (:func:`open_bare_threads`: the ceiling of Python threads with a GIL)
+  beside envfleet. Target: envfleet thread >= 0.8 of the ideal.
+- ``pong``: ``ALE/Pong-v5`` x 8. Target: envfleet thread >= 1.6x the for-loop (which it can
+  reach only if ale-py releases the GIL while it emulates).
 
 Usage::
 
@@ -86,9 +83,8 @@ def open_bare_threads(workload: Workload, timing: Timing, cpus: list[int] | None
     return CallRunner("bare threads", advance, close, timing, threads=num_envs, cpus=cpus)
 
 
-def one_core() -> list[int]:
-    """The core the pinned rows pack their env threads on: the last usable one."""
-    return [max(os.sched_getaffinity(0))]
+ONE_CORE = [max(os.sched_getaffinity(0))]
+"""The core the pinned rows pack their env threads on: the last usable one."""
 
 
 def envfleet(**make_kwargs: Any) -> Any:
@@ -101,16 +97,18 @@ SLEEP_CASES = [
     Case(IDEAL, common.open_ideal),
     Case(LOOP, benchmark.open_loop),
     Case("bare threads", open_bare_threads),
-    Case("bare threads, pinned to 1 core", lambda w, t: open_bare_threads(w, t, one_core())),
+    Case("bare threads, pinned to 1 core", functools.partial(open_bare_threads, cpus=ONE_CORE)),
     Case("envfleet thread", envfleet(backend="thread")),
-    Case("envfleet thread, pinned to 1 core", lambda w, t: open_envfleet(
-        w, t, backend="thread", cpu_affinity=one_core())),
+    Case("envfleet thread, pinned to 1 core", envfleet(backend="thread", cpu_affinity=ONE_CORE)),
     Case("envfleet process 2w", envfleet(**TWO), forks=True),
     Case("envfleet process 2w x16t", envfleet(**TWO, threads_per_worker=16), forks=True),
-    Case("envfleet process 2w x16t, spread",
-         envfleet(**TWO, threads_per_worker=16, cpu_affinity="spread"), forks=True),
+    Case(
+        "envfleet process 2w x16t, spread",
+        envfleet(**TWO, threads_per_worker=16, cpu_affinity="spread"),
+        forks=True,
+    ),
     Case("gym AsyncVectorEnv", benchmark.open_gym_async, forks=True),
-]  # fmt: skip
+]
 PONG_CASES = [
     Case(LOOP, benchmark.open_loop),
     Case("envfleet thread", envfleet(backend="thread")),
@@ -120,11 +118,11 @@ PONG_CASES = [
     Case("gym AsyncVectorEnv", benchmark.open_gym_async, forks=True),
     Case("ale AtariVectorEnv", benchmark.open_ale_vector),
 ]
-PARTS = {  # title, cases, workload, reference row, target: (row, least ratio)
+PONG = Workload.of("ALE/Pong-v5", 8)
+PARTS = {  # title, cases, workload, reference row, least ratio of envfleet thread to it
     "sleep": ("SleepEnv (1 ms) x 32", SLEEP_CASES, Workload.of(SleepEnv, 32), IDEAL, 0.8),
-    "pong": ("ALE/Pong-v5 x 8 (agent steps/s)", PONG_CASES, Workload.of("ALE/Pong-v5", 8),
-             LOOP, 1.6),
-}  # fmt: skip
+    "pong": ("ALE/Pong-v5 x 8 (agent steps/s)", PONG_CASES, PONG, LOOP, 1.6),
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,13 +1,10 @@
 """Throughput of envfleet against the baselines, side by side in one run (a thin caller of
 :mod:`envfleet.benchmark`, which ``envfleet bench`` runs too).
 
-Workloads: CartPole-v1 x 64, ALE/Pong-v5 x 8, and :class:`bench.envs.SleepEnv` (1 ms sleep per
-step) x 32; each has a target for envfleet process / ceiling. Beside the ceiling, the *bare
-pool* (``bare-pool``: worker processes that read a byte, step their envs, write a byte) is the
-least a process pool of envfleet's design can cost; envfleet process / bare pool is printed too,
-and on Pong envfleet process / ale-py's C++ ``AtariVectorEnv`` (``ale-vector``: the same raw
-frames, frame skip and sticky actions, stepped by C++ threads).
-Prints a table per workload and writes every number, with machine info, to JSON.
+Workloads (:data:`bench.envs.TARGETS`), each with a target for envfleet process / ceiling;
+envfleet process / bare pool is printed too, and on Pong envfleet process / ale-py's C++
+``AtariVectorEnv`` (``ale-vector``). A table per workload; every number, with machine info, in
+the JSON.
 
 Usage::
 
@@ -25,7 +22,6 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
-import traceback
 from typing import Any
 
 from rich.console import Console
@@ -33,8 +29,9 @@ from rich.console import Console
 from bench.common import (
     RESULTS,
     add_choice,
+    measure_table,
     print_machine,
-    progress,
+    rows,
     save_json,
     script_parser,
     session,
@@ -42,6 +39,7 @@ from bench.common import (
 )
 from bench.envs import TARGETS, Target
 from envfleet import benchmark
+from envfleet.benchmark import BARE_POOL, Workload
 
 DEFAULT_JSON = RESULTS / "throughput.json"
 DEFAULT_RUNNERS = ["loop", "ceiling", "bare-pool", "gym-sync", "gym-async", "serial", "process"]
@@ -59,50 +57,33 @@ def _runners(value: str) -> list[str]:
 def run_workload(
     workload: Target, runners: list[str], timing: benchmark.Timing, console: Console
 ) -> dict[str, Any]:
-    def report_failure(name: str, num_envs: int, exc: BaseException) -> None:
-        console.print(f"[red]{workload.name}: {name} failed[/red]")
-        console.print("".join(traceback.format_exception(exc)), markup=False, highlight=False)
-
-    with progress(console, workload.name) as hooks:
-        report = benchmark.sweep(
-            workload.env, [workload.num_envs], runners, timing, on_error=report_failure, **hooks
-        )
-    console.print(benchmark.report_table(report))
-    for note in benchmark.report_notes(report):
-        console.print(f"[yellow]{note}[/yellow]")
-    subject = report.ratio(SUBJECT, workload.num_envs)
-    meets = None if subject is None or workload.target is None else subject >= workload.target
-    if subject is not None:
-        target = "no target" if workload.target is None else f"target >= {workload.target:.2f}"
-        verdict = {None: "", True: " [green]met[/green]", False: " [red]missed[/red]"}[meets]
-        console.print(
-            f"[bold]{workload.name}: envfleet process / ceiling = {subject:.2f}[/bold] "
-            f"({target}){verdict}\n"
-        )
-    over_bare = report.ratio(SUBJECT, workload.num_envs, benchmark.BARE_POOL)
-    if over_bare is not None:
-        bare_ceiling = report.ratio(benchmark.BARE_POOL, workload.num_envs)
-        console.print(
-            f"[bold]{workload.name}: envfleet process / bare pool = {over_bare:.2f}[/bold] "
-            "(throughput)"
-            + (f"; bare pool / ceiling = {bare_ceiling:.2f}" if bare_ceiling else "")
-            + "\n"
-        )
-    over_ale = report.ratio(SUBJECT, workload.num_envs, "ale-vector")
-    if over_ale is not None:
-        console.print(
-            f"[bold]{workload.name}: envfleet process / ale-py AtariVectorEnv = "
-            f"{over_ale:.2f}[/bold] (the same frames and frame skip)\n"
-        )
-    document = report.as_dict()
-    document.pop("machine")  # once, at the top
+    n = workload.num_envs
+    report = measure_table(console, workload.name, runners, Workload.of(workload.env, n), timing)
+    ratios = {ref: report.ratio(SUBJECT, n, ref) for ref in ("ceiling", BARE_POOL, "ale-vector")}
+    subject, target = ratios["ceiling"], workload.target
+    meets = None if subject is None or target is None else subject >= target
+    bare = report.ratio(BARE_POOL, n)
+    for reference, label, note in (
+        ("ceiling", "ceiling", "(no target)" if target is None else f"(target >= {target:.2f})"),
+        (
+            BARE_POOL,
+            "bare pool",
+            "(throughput)" + (f"; bare pool / ceiling = {bare:.2f}" if bare else ""),
+        ),
+        ("ale-vector", "ale-py AtariVectorEnv", "(the same frames and frame skip)"),
+    ):
+        if ratios[reference] is not None:
+            verdict = {None: "", True: " [green]met[/green]", False: " [red]missed[/red]"}
+            shown = f"{workload.name}: envfleet process / {label} = {ratios[reference]:.2f}"
+            mark = verdict[meets] if reference == "ceiling" else ""
+            console.print(f"[bold]{shown}[/bold] {note}{mark}\n")
     return {
-        **document,
-        "num_envs": workload.num_envs,
-        "target_process_over_ceiling": workload.target,
+        **rows(report),
+        "num_envs": n,
+        "target_process_over_ceiling": target,
         "envfleet_process_over_ceiling": subject,
-        "envfleet_process_over_bare_pool": over_bare,
-        "envfleet_process_over_ale_vector": over_ale,
+        "envfleet_process_over_bare_pool": ratios[BARE_POOL],
+        "envfleet_process_over_ale_vector": ratios["ale-vector"],
         "meets_target": meets,
     }
 

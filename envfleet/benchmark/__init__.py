@@ -1,14 +1,12 @@
 """Side-by-side throughput benchmark: the engine behind ``envfleet bench`` and ``bench/``.
 
-A *runner* is one way of stepping ``num_envs`` copies of an env (:data:`RUNNERS`: a for-loop,
-the independent-processes ceiling, the bare pool, envfleet's backends, Gymnasium's vector envs
-and the peers that are installed), opened by ``RUNNERS[name].open(workload, timing)``; each
-:meth:`Runner.window` steps for some seconds and returns env-steps per second, with actions
-sampled before the clock starts. :func:`measure` opens runners on one workload (a script's own
-too, ``openers``) and interleaves their windows, so that load from elsewhere hits them alike;
-the median window is reported. :func:`sweep` does that per env count and returns a
-:class:`Report`: a table (:func:`report_table`, :func:`startup_table`), a plot
-(:func:`write_plot`) and JSON (:func:`write_json`).
+A *runner* is one way of stepping ``num_envs`` copies of an env (:data:`RUNNERS`), opened by
+``RUNNERS[name].open(workload, timing)``; each :meth:`Runner.window` steps for some seconds and
+returns env-steps per second, with actions sampled before the clock starts. :func:`measure`
+opens runners on one workload (a script's own too, ``openers``) and interleaves their windows,
+so that load from elsewhere hits them alike; the median window is reported. :func:`sweep` does
+that per env count and returns a :class:`Report`: a table (:func:`report_table`,
+:func:`startup_table`), a plot (:func:`write_plot`) and JSON (:func:`write_json`).
 
 It needs the ``cli`` extra (rich for the tables, matplotlib for the plot):
 ``pip install 'envfleet[cli]'``; without rich, importing it says so.

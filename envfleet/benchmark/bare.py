@@ -1,18 +1,14 @@
 """The bare pool: the least any process pool on envfleet's design can cost, as a runner.
 
-``N`` worker processes (as many as the process backend would start: one per usable core, at
-most one per env), each holding a contiguous block of the envs. One vector step is a byte
-written to every worker's pipe; each worker then steps its envs in a Python loop (resetting
-finished ones at once), and writes one byte back; the step ends when every byte is in. No
-library, no shared-memory batch, no actions sent (each worker cycles actions it sampled
-itself), no infos, no checks: what is left is the cost of waking ``N`` processes through a pipe
-and stepping the envs, which every pool of this shape pays. envfleet process / bare pool is
-then the price of everything envfleet adds (validation, batches, bookkeeping, infos, recovery)
-measured in the same run, as ``bench/thread_bench.py``'s bare threads are for threads.
+``N`` worker processes (as many as the process backend would start), each holding a block of
+the envs: a vector step is a byte to every worker's pipe, a Python loop over its envs in each,
+a byte back. No shared-memory batch, no actions sent, no infos, no checks: envfleet process /
+bare pool is the price of everything envfleet adds, measured in the same run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 from typing import Any
@@ -21,7 +17,7 @@ import numpy as np
 
 from envfleet.affinity import usable_cpus
 from envfleet.benchmark.base import CallRunner, Runner, Timing, Workload
-from envfleet.benchmark.runners import _for_loop
+from envfleet.benchmark.runners import _close, _for_loop
 
 BARE_POOL = "bare-pool"
 _GO, _STOP, _DONE = b"g", b"s", b"d"
@@ -41,8 +37,7 @@ def _bare_worker(
             k = (k + 1) % n
             os.write(outbox, _DONE)
     finally:
-        for env in envs:
-            env.close()
+        _close(envs)
 
 
 class BarePool:
@@ -93,10 +88,8 @@ class BarePool:
 
     def close(self) -> None:
         for fd in self._commands:
-            try:
+            with contextlib.suppress(OSError):  # a worker already gone
                 os.write(fd, _STOP)
-            except OSError:
-                pass
         for proc in self._procs:
             proc.join(timeout=10.0)
             if proc.is_alive():

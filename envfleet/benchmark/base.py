@@ -4,7 +4,6 @@ as one, synchronously or EnvPool-style by batch)."""
 
 from __future__ import annotations
 
-import functools
 import itertools
 import statistics
 import time
@@ -72,10 +71,6 @@ class Timing:
         }
 
 
-def _build_env(spec: EnvSpec) -> gymnasium.Env[Any, Any]:
-    return spec.build()
-
-
 @dataclass(frozen=True)
 class Workload:
     """What to step: an env and how many copies of it."""
@@ -97,7 +92,7 @@ class Workload:
 
     def factory(self) -> Callable[[], gymnasium.Env[Any, Any]]:
         """A picklable zero-argument factory (for vector envs that start processes)."""
-        return functools.partial(_build_env, self.spec)
+        return self.spec.build
 
 
 @dataclass
@@ -209,8 +204,7 @@ class Runner:
 
 def time_calls(step: Callable[[], int], seconds: float) -> float:
     """Call ``step`` for ``seconds``; the env-steps (its returns, summed) per second."""
-    steps = 0
-    start = time.perf_counter()
+    steps, start = 0, time.perf_counter()
     deadline = start + seconds
     while True:
         steps += step()
@@ -236,9 +230,16 @@ class CallRunner(Runner):
     Warms up for ``timing.warmup`` seconds when opened; closes on a failure meanwhile."""
 
     def __init__(
-        self, name: str, advance: Callable[[], int], close: Callable[[], object], timing: Timing,
-        *, setup_s: float = 0.0, settle_s: float = 0.0, **info: Any,
-    ) -> None:  # fmt: skip
+        self,
+        name: str,
+        advance: Callable[[], int],
+        close: Callable[[], object],
+        timing: Timing,
+        *,
+        setup_s: float = 0.0,
+        settle_s: float = 0.0,
+        **info: Any,
+    ) -> None:
         self.name, self.setup_s, self.settle_s, self.info = name, setup_s, settle_s, info
         self.advance, self._close, self._rewarm = advance, close, timing.rewarm
         start = time.perf_counter()
@@ -271,10 +272,16 @@ def sample_actions(space: gymnasium.Space[Any], batch: int | None, timing: Timin
 
 
 def open_vector(
-    name: str, build: Callable[[], Any], timing: Timing, *, batch: int | None = None,
-    reset: Callable[[Any], Any] | None = None, policy: Callable[[Any], Any] | None = None,
-    settle_s: float = 0.0, **info: Any,
-) -> Runner:  # fmt: skip
+    name: str,
+    build: Callable[[], Any],
+    timing: Timing,
+    *,
+    batch: int | None = None,
+    reset: Callable[[Any], Any] | None = None,
+    policy: Callable[[Any], Any] | None = None,
+    settle_s: float = 0.0,
+    **info: Any,
+) -> Runner:
     """A runner over the vector env ``build()`` makes, closed on any failure.
 
     Synchronous (``batch`` ``None`` or every env): reset (``vec.reset(seed=...)``, or

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import os
 import platform
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import psutil
 
@@ -20,6 +21,7 @@ from envfleet.benchmark import base
 from envfleet.benchmark.peers import version
 from envfleet.benchmark.registry import RUNNERS, Availability, availability
 from envfleet.benchmark.report import Report
+from envfleet.cli.common import clock
 from envfleet.spec import EnvSpec
 
 KILL_GRACE = 10.0
@@ -28,6 +30,10 @@ KILL_GRACE = 10.0
 
 Opener = Callable[[base.Workload, base.Timing], base.Runner]
 Hook = Callable[[str], object] | None
+
+
+def _quiet(_text: str) -> None:
+    """A hook left unset."""
 
 
 def open_bounded(
@@ -57,8 +63,7 @@ def open_bounded(
     if not thread.is_alive():
         if "error" in outcome:
             raise outcome["error"]
-        runner: base.Runner = outcome["runner"]
-        return runner
+        return cast(base.Runner, outcome["runner"])
     give_up = time.monotonic() + KILL_GRACE
     while thread.is_alive() and time.monotonic() < give_up:
         for process in psutil.Process().children(recursive=True):
@@ -74,16 +79,19 @@ def open_bounded(
 
 
 def measure(
-    names: Sequence[str], workload: base.Workload, timing: base.Timing, *,
-    on_error: Callable[[str, BaseException], object] | None = None, progress: Hook = None,
-    openers: Mapping[str, Opener] | None = None, on_stage: Hook = None,
-) -> dict[str, base.RunResult | str | base.Skipped]:  # fmt: skip
+    names: Sequence[str],
+    workload: base.Workload,
+    timing: base.Timing,
+    *,
+    on_error: Callable[[str, BaseException], object] | None = None,
+    progress: Hook = None,
+    openers: Mapping[str, Opener] | None = None,
+    on_stage: Hook = None,
+) -> dict[str, base.RunResult | str | base.Skipped]:
     """Open the runners ``names`` on ``workload`` and time their windows, interleaved.
 
     Args:
         names: keys of :data:`RUNNERS` (available ones: see :func:`availability`).
-        workload: what to step.
-        timing: window length, warm-up and repeats.
         on_error: called with the runner name and the exception when a runner fails; the
             runner is then dropped and its entry in the result is the error message.
         progress: called with a short description of what starts next (each opening and
@@ -97,6 +105,7 @@ def measure(
         For each name, its :class:`RunResult`; if it failed, ``"Type: message"``; if it took
         longer than :attr:`Timing.startup_limit` to open, :class:`Skipped`.
     """
+    progress, on_stage = progress or _quiet, on_stage or _quiet
     opened: dict[str, base.Runner] = {}
     failed: dict[str, str | base.Skipped] = {}
     windows: dict[str, list[float]] = {name: [] for name in names}
@@ -111,10 +120,8 @@ def measure(
     try:
         for k, name in enumerate(names):
             text = f"{where}: starting {name} ({k + 1} of {len(names)})"
-            if progress is not None:
-                progress(text)
-            if on_stage is not None:
-                on_stage(text)
+            progress(text)
+            on_stage(text)
             try:
                 opener = openers[name] if openers and name in openers else RUNNERS[name].open
                 start = time.perf_counter()
@@ -132,12 +139,10 @@ def measure(
                 if name not in opened:  # failed in an earlier round
                     continue
                 runner = opened[name]
-                if progress is not None:
-                    k = names.index(name) + 1
-                    progress(
-                        f"{where}: {name} ({k} of {len(names)}), "
-                        f"window {repeat + 1}/{timing.repeats}"
-                    )
+                k = names.index(name) + 1
+                progress(
+                    f"{where}: {name} ({k} of {len(names)}), window {repeat + 1}/{timing.repeats}"
+                )
                 try:
                     with base.OtherLoad() as load:
                         windows[name].append(runner.window(timing.seconds))
@@ -150,16 +155,14 @@ def measure(
         for runner in opened.values():
             with contextlib.suppress(Exception):
                 runner.close()
-    results: dict[str, base.RunResult | str | base.Skipped] = {}
-    for name in names:
-        if name in failed:
-            results[name] = failed[name]
-        else:
-            runner = opened[name]
-            results[name] = base.RunResult(
-                name, windows[name], runner.setup_s, runner.info, loads[name]
-            )
-    return results
+    return {
+        name: failed[name]
+        if name in failed
+        else base.RunResult(
+            name, windows[name], opened[name].setup_s, opened[name].info, loads[name]
+        )
+        for name in names
+    }
 
 
 def _cpu_model() -> str:
@@ -173,8 +176,16 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-PACKAGES = ("envfleet", "gymnasium", "numpy", "cloudpickle", "ale-py", "stable-baselines3",
-            "envpool", "pufferlib")  # fmt: skip
+PACKAGES = (
+    "envfleet",
+    "gymnasium",
+    "numpy",
+    "cloudpickle",
+    "ale-py",
+    "stable-baselines3",
+    "envpool",
+    "pufferlib",
+)
 
 
 def machine_info(packages: Sequence[str] = ()) -> dict[str, Any]:
@@ -202,14 +213,6 @@ proportion to the envs, would exceed the limit by this factor (SB3's ``SubprocVe
 process per env: 4.5 s for 8 envs makes about 18 s for 32); nearer the limit, it is tried."""
 
 
-def _expected_over_limit(setup_s: float, measured_at: int, n: int, limit: float | None) -> bool:
-    """Whether a start-up of ``setup_s`` with ``measured_at`` envs, scaled to ``n`` envs, is
-    more than :data:`EXPECTED_MARGIN` times ``limit``."""
-    if limit is None or n <= measured_at:
-        return False
-    return setup_s * n / measured_at > EXPECTED_MARGIN * limit
-
-
 class _Eta:
     """A sweep's progress: each progress call starts one unit (a runner opening or a window)
     of ``total``; the time left is the time so far scaled to the units left."""
@@ -217,40 +220,37 @@ class _Eta:
     def __init__(self, total: int) -> None:
         self.total, self.done, self.start = total, -1, time.perf_counter()
 
-    def hooks(
-        self, progress: Hook, on_stage: Hook, at: str
-    ) -> tuple[Callable[[str], object], Callable[[str], object]]:
-        """``measure``'s hooks: every unit counted, shown to ``progress`` and ``on_stage``."""
+    def show(self, hook: Hook, at: str, text: str) -> None:
+        """``text`` (``where: what``) to ``hook``, led by the share done and the time left."""
+        share = max(0.0, min(1.0, self.done / max(1, self.total)))
+        elapsed = time.perf_counter() - self.start
+        left = f", ETA {clock(elapsed / share * (1 - share))}" if share > 0 else ""
+        where, _, what = text.partition(": ")
+        (hook or _quiet)(f"[{share:.0%}{left}] {where}{at}: {what}")
 
-        def line(text: str) -> str:
-            share = max(0.0, min(1.0, self.done / max(1, self.total)))
-            elapsed = time.perf_counter() - self.start
-            left = f", ETA {_clock(elapsed / share * (1 - share))}" if share > 0 else ""
-            where, _, what = text.partition(": ")
-            return f"[{share:.0%}{left}] {where}{at}: {what}"
-
-        def counted(text: str) -> None:
-            self.done += 1
-            if progress is not None:
-                progress(line(text))
-
-        def staged(text: str) -> None:
-            if on_stage is not None:
-                on_stage(line(text))
-
-        return counted, staged
+    def count(self, hook: Hook, at: str, text: str) -> None:
+        """:meth:`show`, one more unit started."""
+        self.done += 1
+        self.show(hook, at, text)
 
 
-def _clock(seconds: float) -> str:
-    minutes, seconds = divmod(round(seconds), 60)
-    return f"{minutes}:{seconds:02d}" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}"
+def _at(
+    on_error: Callable[[str, int, BaseException], object], n: int, name: str, exc: BaseException
+) -> None:
+    on_error(name, n, exc)
 
 
 def sweep(
-    env: Any, num_envs: Sequence[int], names: Sequence[str], timing: base.Timing, *,
-    on_error: Callable[[str, int, BaseException], object] | None = None, progress: Hook = None,
-    on_stage: Hook = None, openers: Mapping[str, Opener] | None = None,
-) -> Report:  # fmt: skip
+    env: Any,
+    num_envs: Sequence[int],
+    names: Sequence[str],
+    timing: base.Timing,
+    *,
+    on_error: Callable[[str, int, BaseException], object] | None = None,
+    progress: Hook = None,
+    on_stage: Hook = None,
+    openers: Mapping[str, Opener] | None = None,
+) -> Report:
     """Measure the available runners of ``names`` at each env count of ``num_envs``.
 
     Runners that are not installed, or cannot run the env, are skipped (see
@@ -264,7 +264,6 @@ def sweep(
         env: an id, env class, factory or :class:`EnvSpec`, as :func:`envfleet.make` takes.
         num_envs: env counts, measured in this order.
         names: keys of :data:`RUNNERS` or of ``openers``.
-        timing: window length, warm-up and repeats.
         on_error: called with the runner name, env count and exception when a runner fails.
         progress: called with a short description of what starts next, led by the share of
             the sweep done and the time left at the pace so far (``[40%, ETA 0:12]``).
@@ -289,34 +288,29 @@ def sweep(
     started: dict[str, tuple[int, float]] = {}  # the latest env count and start-up measured
     try:
         for count, n in enumerate(num_envs):
-
-            def failed(name: str, exc: BaseException, n: int = n) -> None:
-                if on_error is not None:
-                    on_error(name, n, exc)
-
+            limit = timing.startup_limit  # scaled from m envs to n, over it by far: not started
             expected = {
                 name: base.Skipped(
-                    f"start-up over {timing.startup_limit:g} s expected "
-                    f"({setup_s:.1f} s at {m} envs), skipped"
+                    f"start-up over {limit:g} s expected ({setup_s:.1f} s at {m} envs), skipped"
                 )
                 for name, (m, setup_s) in started.items()
                 if name not in too_slow
-                and _expected_over_limit(setup_s, m, n, timing.startup_limit)
+                and limit is not None
+                and setup_s * n / m > EXPECTED_MARGIN * limit
             }
             names_now = [
                 name for name in report.measured if name not in too_slow and name not in expected
             ]
             eta.total -= (len(report.measured) - len(names_now)) * (1 + timing.repeats)
             at = f" ({count + 1} of {len(num_envs)})" if len(num_envs) > 1 else ""
-            counted, staged = eta.hooks(progress, on_stage, at)
             results = measure(
                 names_now,
                 base.Workload(spec, n),
                 timing,
-                on_error=failed,
-                progress=counted,
+                on_error=None if on_error is None else functools.partial(_at, on_error, n),
+                progress=functools.partial(eta.count, progress, at),
                 openers=openers,
-                on_stage=staged,
+                on_stage=functools.partial(eta.show, on_stage, at),
             )
             results.update(expected)
             for name in report.measured:

@@ -96,9 +96,14 @@ class QuietEnvPool:
 
 
 def open_envpool(
-    workload: Workload, timing: Timing, *, task: str | None = None, batch_size: int | None = None,
-    policy: Callable[[Any], Any] | None = None, **options: Any,
-) -> Runner:  # fmt: skip
+    workload: Workload,
+    timing: Timing,
+    *,
+    task: str | None = None,
+    batch_size: int | None = None,
+    policy: Callable[[Any], Any] | None = None,
+    **options: Any,
+) -> Runner:
     """EnvPool's own implementation of the id (or of ``task``, with ``options``): stepped
     whole, or by ``batch_size`` envs, by ``policy`` if given; its default thread count unless
     ``options`` say."""
@@ -124,9 +129,8 @@ def puffer_env(spec: EnvSpec, *args: Any, buf: Any = None, **kwargs: Any) -> Any
     """``spec``'s env in PufferLib's ``GymnasiumPufferEnv`` (its vector envs need one)."""
     import pufferlib.emulation
 
-    if buf is None:
-        return pufferlib.emulation.GymnasiumPufferEnv(env=spec.build())
-    return pufferlib.emulation.GymnasiumPufferEnv(env=spec.build(), buf=buf)
+    extra = {} if buf is None else {"buf": buf}  # its default, unless given
+    return pufferlib.emulation.GymnasiumPufferEnv(env=spec.build(), **extra)
 
 
 def _puffer_workers(num_envs: int) -> int:
@@ -145,9 +149,12 @@ PUFFER_SETTLE_S = 0.7
 
 
 def open_pufferlib(
-    workload: Workload, timing: Timing, *, num_workers: int | None = None,
+    workload: Workload,
+    timing: Timing,
+    *,
+    num_workers: int | None = None,
     batch_size: int | None = None,
-) -> Runner:  # fmt: skip
+) -> Runner:
     """PufferLib's ``Multiprocessing`` vector env over ``GymnasiumPufferEnv``-wrapped envs
     (``recv`` + ``send``; every env per call unless ``batch_size``)."""
     with quiet():  # the old ``gym`` it imports prints a notice
@@ -157,9 +164,13 @@ def open_pufferlib(
     workers, batch = num_workers or _puffer_workers(n), batch_size or n
     # overwork: more workers than cores is allowed, the point of a comparison.
     vec = pufferlib.vector.make(
-        functools.partial(puffer_env, workload.spec), backend=pufferlib.vector.Multiprocessing,
-        num_envs=n, num_workers=workers, batch_size=batch, overwork=True,
-    )  # fmt: skip
+        functools.partial(puffer_env, workload.spec),
+        backend=pufferlib.vector.Multiprocessing,
+        num_envs=n,
+        num_workers=workers,
+        batch_size=batch,
+        overwork=True,
+    )
     try:
         actions = _sample(vec.single_action_space, batch, timing)
         vec.async_reset(timing.seed)
@@ -170,17 +181,30 @@ def open_pufferlib(
 
         advance = cycle(recv_send, actions, batch)
         return CallRunner(
-            "pufferlib", advance, vec.close, timing, settle_s=PUFFER_SETTLE_S,
-            workers=workers, batch_size=batch,
+            "pufferlib",
+            advance,
+            vec.close,
+            timing,
+            settle_s=PUFFER_SETTLE_S,
+            workers=workers,
+            batch_size=batch,
             pufferlib=version("pufferlib-core") or version("pufferlib"),
-        )  # fmt: skip
+        )
     except BaseException:
         vec.close()
         raise
 
 
-AS_ALE_V5 = dict(stack_num=1, img_height=210, img_width=160, grayscale=False, maxpool=False,
-                 noop_max=0, reward_clipping=False, use_fire_reset=False)  # fmt: skip
+AS_ALE_V5 = dict(
+    stack_num=1,
+    img_height=210,
+    img_width=160,
+    grayscale=False,
+    maxpool=False,
+    noop_max=0,
+    reward_clipping=False,
+    use_fire_reset=False,
+)
 """``AtariVectorEnv`` options that give ``gymnasium.make("ALE/...-v5")``'s observations: raw
 210x160 RGB frames, no stack, pooling, no-ops, clipping or fire at reset (frame skip, sticky
 actions and episode length come from the id's registration)."""

@@ -36,27 +36,46 @@ RUNNERS: dict[str, RunnerKind] = {
     kind.name: kind
     for kind in (
         RunnerKind(base.LOOP, "Python for-loop over the envs in this process", runners.open_loop),
-        RunnerKind(base.CEILING, "one independent process per core, throughputs summed",
-                   runners.CeilingRunner),
-        RunnerKind(bare.BARE_POOL, "one byte in, a loop over the envs, one byte out",
-                   bare.open_bare_pool),
+        RunnerKind(
+            base.CEILING,
+            "one independent process per core, throughputs summed",
+            runners.CeilingRunner,
+        ),
+        RunnerKind(
+            bare.BARE_POOL, "one byte in, a loop over the envs, one byte out", bare.open_bare_pool
+        ),
         RunnerKind("serial", "envfleet, serial backend", runners.envfleet_opener("serial")),
         RunnerKind("process", "envfleet, process backend", runners.envfleet_opener("process")),
         RunnerKind("thread", "envfleet, thread backend", runners.envfleet_opener("thread")),
         RunnerKind("gym-sync", "Gymnasium SyncVectorEnv", runners.open_gym_sync),
-        RunnerKind("gym-async", "Gymnasium AsyncVectorEnv (shared memory)",
-                   runners.open_gym_async),
-        RunnerKind("sb3", "Stable-Baselines3 SubprocVecEnv", peers.open_sb3, "stable_baselines3",
-                   extra="sb3"),
-        RunnerKind("envpool", "EnvPool", peers.open_envpool, "envpool", peers.envpool_check,
-                   "peers"),
-        RunnerKind("pufferlib", "PufferLib Multiprocessing", peers.open_pufferlib,
-                   "pufferlib.vector", extra="peers"),
-        RunnerKind("ale-vector", "ale-py AtariVectorEnv (C++ threads, the id's frames and frame "
-                   "skip)", peers.open_ale_vector, "ale_py.vector_env", peers.ale_vector_check,
-                   "atari"),
+        RunnerKind("gym-async", "Gymnasium AsyncVectorEnv (shared memory)", runners.open_gym_async),
+        RunnerKind(
+            "sb3",
+            "Stable-Baselines3 SubprocVecEnv",
+            peers.open_sb3,
+            "stable_baselines3",
+            extra="sb3",
+        ),
+        RunnerKind(
+            "envpool", "EnvPool", peers.open_envpool, "envpool", peers.envpool_check, "peers"
+        ),
+        RunnerKind(
+            "pufferlib",
+            "PufferLib Multiprocessing",
+            peers.open_pufferlib,
+            "pufferlib.vector",
+            extra="peers",
+        ),
+        RunnerKind(
+            "ale-vector",
+            "ale-py AtariVectorEnv (C++ threads, the id's frames and frame skip)",
+            peers.open_ale_vector,
+            "ale_py.vector_env",
+            peers.ale_vector_check,
+            "atari",
+        ),
     )
-}  # fmt: skip
+}
 """Every runner by name, in the order they are run and shown."""
 
 ALIASES = {
@@ -76,10 +95,9 @@ def parse_runners(text: str) -> list[str]:
     """
     names: list[str] = []
     for raw in text.split(","):
-        name = raw.strip()
+        name = ALIASES.get(raw.strip(), raw.strip())
         if not name:
             continue
-        name = ALIASES.get(name, name)
         if name not in RUNNERS:
             raise ValueError(f"unknown runner {raw.strip()!r}: choose from {', '.join(RUNNERS)}")
         if name not in names:

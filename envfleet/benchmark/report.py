@@ -56,18 +56,15 @@ class Report:
 
     def ratio(self, name: str, num_envs: int, reference: str = base.CEILING) -> float | None:
         value, base = self.rate(name, num_envs), self.rate(reference, num_envs)
-        if value is None or not base:
-            return None
-        return value / base
+        return None if value is None or not base else value / base
 
     def errors(self) -> dict[str, dict[int, str]]:
         """Per runner that failed somewhere, its error message per env count."""
-        out: dict[str, dict[int, str]] = {}
-        for name, points in self.results.items():
-            for n, result in points.items():
-                if isinstance(result, str):
-                    out.setdefault(name, {})[n] = result
-        return out
+        failed = {
+            name: {n: r for n, r in points.items() if isinstance(r, str)}
+            for name, points in self.results.items()
+        }
+        return {name: errors for name, errors in failed.items() if errors}
 
     def status(self, name: str) -> str:
         if not self.availability[name].ok:
@@ -100,13 +97,18 @@ class Report:
                 if isinstance(result, base.Skipped):
                     points.append({"num_envs": n, "skipped": result.reason})
                     continue
-                points.append({
-                    "num_envs": n, "steps_per_s": result.median,
-                    "ratio_to_ceiling": self.ratio(name, n, base.CEILING),
-                    "ratio_to_loop": self.ratio(name, n, base.LOOP), "windows": result.throughputs,
-                    "setup_s": result.setup_s, "other_load_cores": result.other_load,
-                    **({"info": result.info} if result.info else {}),
-                })  # fmt: skip
+                points.append(
+                    {
+                        "num_envs": n,
+                        "steps_per_s": result.median,
+                        "ratio_to_ceiling": self.ratio(name, n, base.CEILING),
+                        "ratio_to_loop": self.ratio(name, n, base.LOOP),
+                        "windows": result.throughputs,
+                        "setup_s": result.setup_s,
+                        "other_load_cores": result.other_load,
+                        **({"info": result.info} if result.info else {}),
+                    }
+                )
             entry["results"] = points
             runners[name] = entry
         return {
@@ -124,14 +126,6 @@ class Report:
 
 
 # -- output ----------------------------------------------------------------------------------
-
-
-def _fmt_rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
-def _fmt_ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
 
 
 Column = tuple[str, Callable[["Report", str, int], str]]
@@ -171,8 +165,9 @@ def report_table(
         if isinstance(result, str | base.Skipped):
             row = ["[red]failed[/red]" if isinstance(result, str) else "skipped"]
         else:
-            row = [_fmt_rate(report.rate(name, n))]
-        row += [_fmt_ratio(report.ratio(name, n, reference))] if ratio else []
+            row = ["-" if result is None else f"{result.median:,.0f}"]
+        value = report.ratio(name, n, reference)
+        row += ["-" if value is None else f"{value:.2f}"] if ratio else []
         measured = isinstance(result, base.RunResult)
         return row + [cell(report, name, n) if measured else "-" for _, cell in columns]
 
@@ -250,10 +245,8 @@ def write_plot(report: Report, path: Path) -> None:
             {"linestyle": "--", "color": "black"} if name == base.CEILING else {}
         )
         ax.plot([n for n, _ in points], [r for _, r in points], marker="o", label=label, **style)
-    if len(report.num_envs) > 1 and min(report.num_envs) > 0:
-        spread = max(report.num_envs) / min(report.num_envs)
-        if spread >= 8:
-            ax.set_xscale("log", base=2)
+    if min(report.num_envs) > 0 and max(report.num_envs) / min(report.num_envs) >= 8:
+        ax.set_xscale("log", base=2)
     ax.set_xticks(report.num_envs, [str(n) for n in report.num_envs])
     ax.set_xlabel("num_envs")
     ax.set_ylabel("env-steps per second")

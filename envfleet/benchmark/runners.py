@@ -28,6 +28,11 @@ def _to_python(space: spaces.Space[Any], action: Any) -> Any:
     return int(action) if isinstance(space, spaces.Discrete) else action
 
 
+def _close(envs: list[gymnasium.Env[Any, Any]]) -> None:
+    for env in envs:
+        env.close()
+
+
 def _for_loop(
     workload: base.Workload, count: int, timing: base.Timing, first_index: int = 0
 ) -> tuple[Callable[[Any], object], list[list[Any]], list[gymnasium.Env[Any, Any]]]:
@@ -44,8 +49,7 @@ def _for_loop(
             for _ in range(timing.action_batches)
         ]
     except BaseException:
-        for env in envs:
-            env.close()
+        _close(envs)
         raise
 
     def sweep(batch: list[Any]) -> None:
@@ -60,19 +64,20 @@ def _for_loop(
 def open_loop(workload: base.Workload, timing: base.Timing) -> base.Runner:
     """A Python for-loop over the envs in this process, resetting finished ones."""
     sweep, actions, envs = _for_loop(workload, workload.num_envs, timing)
-
-    def close() -> None:
-        for env in envs:
-            env.close()
-
     advance = base.cycle(sweep, actions, workload.num_envs)
-    return base.CallRunner(base.LOOP, advance, close, timing)
+    return base.CallRunner(base.LOOP, advance, functools.partial(_close, envs), timing)
 
 
 def _ceiling_worker(
-    workload: base.Workload, counts: list[int], firsts: list[int], timing: base.Timing, index: int,
-    go: Any, seconds: Any, results: Any,
-) -> None:  # fmt: skip
+    workload: base.Workload,
+    counts: list[int],
+    firsts: list[int],
+    timing: base.Timing,
+    index: int,
+    go: Any,
+    seconds: Any,
+    results: Any,
+) -> None:
     """Build process ``index``'s share of the envs (``counts[index]`` of them); at each ``go``,
     time a window of ``seconds.value`` of for-loop sweeps over them (<= 0: stop)."""
     try:
@@ -108,11 +113,12 @@ class CeilingRunner(base.Runner):
         args = (workload, counts, firsts, timing)
         self._workers = [
             ctx.Process(  # type: ignore[attr-defined]
-                target=_ceiling_worker, args=(*args, i, self._go, self._seconds, self._results),
+                target=_ceiling_worker,
+                args=(*args, i, self._go, self._seconds, self._results),
                 daemon=True,
             )
             for i in range(count)
-        ]  # fmt: skip
+        ]
         start = time.perf_counter()
         for worker in self._workers:
             worker.start()
@@ -125,8 +131,7 @@ class CeilingRunner(base.Runner):
             raise
 
     def _gather(self) -> list[Any]:
-        values = []
-        errors = []
+        values, errors = [], []
         for _ in self._workers:
             _, value, error = self._results.get(timeout=CEILING_TIMEOUT)
             if error is None:
@@ -148,10 +153,8 @@ class CeilingRunner(base.Runner):
 
     def close(self) -> None:
         self._seconds.value = 0.0
-        try:
+        with contextlib.suppress(Exception):  # broken by a failed worker: terminated below
             self._go.wait(10.0)
-        except Exception:
-            pass  # broken by a failed worker: processes are terminated below
         for worker in self._workers:
             worker.join(timeout=10.0)
             if worker.is_alive():
@@ -162,9 +165,14 @@ class CeilingRunner(base.Runner):
 
 
 def open_envfleet(
-    workload: base.Workload, timing: base.Timing, *, name: str | None = None,
-    batch_size: int | None = None, policy: Callable[[Any], Any] | None = None, **make_kwargs: Any,
-) -> base.Runner:  # fmt: skip
+    workload: base.Workload,
+    timing: base.Timing,
+    *,
+    name: str | None = None,
+    batch_size: int | None = None,
+    policy: Callable[[Any], Any] | None = None,
+    **make_kwargs: Any,
+) -> base.Runner:
     """``envfleet.make(workload, **make_kwargs)`` stepped whole, or by ``batch_size`` envs
     (``recv`` + ``send``), by ``policy`` if given; ``name``: default the backend's."""
     pool = envfleet.make(workload.spec, workload.num_envs, batch_size=batch_size, **make_kwargs)
