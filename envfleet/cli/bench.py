@@ -214,9 +214,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
             quiet = args.json or args.quiet
             report = benchmark.sweep(
-                spec, args.num_envs, names, timing, on_error=on_error,
+                spec,
+                args.num_envs,
+                names,
+                timing,
+                on_error=on_error,
                 on_stage=None if quiet else stage,
-            )  # fmt: skip
+            )
     stderr, _ = progress_console(args)
     log_path = out / "bench.log"
     if captured.text:
