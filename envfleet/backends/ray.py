@@ -220,11 +220,10 @@ class RayTransport(BaseTransport):
         """Resident memory of ``worker``'s actor process in bytes; ``None``: unknown (gone, or
         on another node, whose processes this one cannot read)."""
         slot = self._workers[worker]
-        pid = slot.pid
-        if pid is None or self._pool_node is None or slot.node != self._pool_node:
+        if not slot.runs_on(self._pool_node):
             return None
         try:
-            return int(psutil.Process(pid).memory_info().rss)
+            return int(psutil.Process(slot.pid).memory_info().rss)
         except (psutil.Error, ValueError):
             return None
 

@@ -43,6 +43,10 @@ class ActorSlot:
     owed: int = 0
     outbox: Outbox | None = None
 
+    def runs_on(self, node: str | None) -> bool:
+        """Whether its process is known and on ``node`` (whose processes this one can read)."""
+        return self.pid is not None and node is not None and self.node == node
+
 
 def message(data: bytes) -> bytes:
     """``data`` framed as ``multiprocessing.connection.Connection.send_bytes`` frames it (the
@@ -89,7 +93,7 @@ def _processes_here(slots: list[ActorSlot], here: str | None) -> list[psutil.Pro
     pid is never mistaken for one of them)."""
     processes = []
     for slot in slots:
-        if slot.pid is not None and here is not None and slot.node == here:
+        if slot.runs_on(here):
             try:
                 processes.append(psutil.Process(slot.pid))
             except psutil.Error:
