@@ -249,9 +249,17 @@ def _disabled_run(env: Any, steps: int) -> list[Any]:
     return out
 
 
-def test_async_batches_match_each_envs_own_trajectory(cluster: Cluster) -> None:
-    """batch_size < num_envs over three nodes: whichever envs come back, each env's sequence is
-    that of the same env stepped alone (seed + i, actions by its own step count)."""
+@pytest.mark.parametrize(
+    ("where", "workers", "batch"),
+    [("all", 3, 2), ("others", 4, NUM_ENVS // 2), ("process", 4, NUM_ENVS // 2)],
+)
+def test_async_batches_match_each_envs_own_trajectory(
+    cluster: Cluster, where: str, workers: int, batch: int
+) -> None:
+    """batch_size < num_envs over three nodes, or in halves over two nodes of two workers each
+    (each node keeps two halves in flight, answered apart), and on the process backend: whichever
+    envs come back, each env's sequence is that of the same env stepped alone (seed + i, actions
+    by its own step count)."""
     steps = 12
     rng = np.random.default_rng(3)
     plan = rng.integers(0, 2, size=(NUM_ENVS, steps + 1))
@@ -266,15 +274,18 @@ def test_async_batches_match_each_envs_own_trajectory(cluster: Cluster) -> None:
             seq.append(obs[0])
         want.append(seq)
     got: list[list[Any]] = [[] for _ in range(NUM_ENVS)]
+    layout: dict[str, Any] = {"backend": "process"}
+    if where != "process":
+        nodes = all_nodes(cluster) if where == "all" else all_nodes(cluster)[1:]
+        layout = {"backend": "ray", "nodes": nodes}
     with envfleet.make(
         "CartPole-v1",
         NUM_ENVS,
-        backend="ray",
-        num_workers=3,
-        nodes=all_nodes(cluster),
-        batch_size=2,
+        num_workers=workers,
+        batch_size=batch,
         seed=0,
         autoreset_mode="SameStep",
+        **layout,
     ) as pool:
         pool.async_reset()
         while min(len(s) for s in got) <= steps:
@@ -285,6 +296,8 @@ def test_async_batches_match_each_envs_own_trajectory(cluster: Cluster) -> None:
             actions = np.array([plan[i, min(len(got[i]) - 1, steps)] for i in ids])
             pool.send(actions, ids)
         pool.recv()
+        if where == "others":  # two workers a node: a half each
+            assert [n.workers for n in pool.stats().nodes] == [2, 2]
     for i in range(NUM_ENVS):
         np.testing.assert_array_equal(np.array(want[i]), np.array(got[i][: steps + 1]))
 

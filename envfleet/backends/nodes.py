@@ -48,7 +48,7 @@ from envfleet.backends import compression
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import BaseTransport, Replies, TransportOptions, WorkerLost
 from envfleet.backends.driver_node import DriverNode, shared_node
-from envfleet.backends.node_agent import NodeAgent, node_options, rebuild
+from envfleet.backends.node_agent import NodeAgent, node_options
 from envfleet.backends.node_link import NodeLink, connect_agent
 from envfleet.backends.node_placement import choose_nodes, place
 from envfleet.backends.ray_options import RayOptions
@@ -61,7 +61,7 @@ from envfleet.backends.ray_session import (
 )
 from envfleet.buffers import Batch, ObjectRows
 from envfleet.errors import EnvTimeoutError
-from envfleet.protocol import Command
+from envfleet.protocol import Command, Step
 from envfleet.stats import NodeStats
 
 KILL_GRACE = 2.0
@@ -178,7 +178,7 @@ class NodeTransport(BaseTransport):
                 ) from exc
             if error is not None:
                 node.kill_agent()
-                raise rebuild(error, node.workers, self._options.spec.name)
+                raise wire.rebuild(error, node.workers, self._options.spec.name)
             node.node_id, node.host, node.pid = node_id, host, pid
             node.serving = node.agent.serve.remote()
             try:
@@ -269,10 +269,14 @@ class NodeTransport(BaseTransport):
             locals_.append(local)
             sent.append(command)
         for node, locals_, sent in rounds.values():
-            self._send_round(node, locals_, sent)
+            # Steps of some envs (async): each half of a node's round comes back on its own.
+            halves = all(isinstance(command, Step) for command in sent)
+            self._send_round(node, locals_, sent, halves)
 
-    def _send_round(self, node: NodeLink, locals_: Sequence[int], commands: list[Command]) -> None:
-        message = node.round(locals_, commands, self._actions)
+    def _send_round(
+        self, node: NodeLink, locals_: Sequence[int], commands: list[Command], halves: bool = False
+    ) -> None:
+        message = node.round(locals_, commands, self._actions, halves)
         if message is None:
             return  # reported lost on the next wait
         try:
@@ -427,7 +431,7 @@ class NodeTransport(BaseTransport):
             return
         node.memory[local] = None  # the old process's figure
         if error is not None:
-            raise rebuild(error, node.workers, self._options.spec.name)
+            raise wire.rebuild(error, node.workers, self._options.spec.name)
 
     def _ack(self, node: NodeLink) -> Any:
         """Read ``node``'s messages up to its acknowledgement (the others wait for ``wait``)."""
