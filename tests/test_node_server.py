@@ -31,13 +31,13 @@ ACTIONS = spaces.Discrete(2)
 
 class ScriptedWorkers:
     """Stands for the agent's process pool: a worker replies once :meth:`finish` says so,
-    having written its envs' rows (the env index, as every value) into the node's batch."""
+    having written its envs' rows into the node's batch. :meth:`wait` returns as the process
+    backend's does within a slice that never ends: once ``want`` replies are in."""
 
     def __init__(self) -> None:
         self.batch = Batch.local(OBS, ACTIONS, ENVS)
         self.submitted: list[tuple[int, Command]] = []
         self.done: Replies = []
-        self.waits: list[int] = []
 
     def submit(self, worker: int, command: Command) -> None:
         self.submitted.append((worker, command))
@@ -53,7 +53,8 @@ class ScriptedWorkers:
             self.done.append((worker, None))
 
     def wait(self, timeout: float | None, want: int = 1) -> Replies:
-        self.waits.append(want)
+        if len(self.done) < want:
+            return []
         done, self.done = self.done, []
         return done
 
@@ -79,14 +80,20 @@ def setup(pair: tuple[Connection, Connection]) -> tuple[NodeServer, ScriptedWork
 
 
 def send_steps(
-    link: NodeLink, server: NodeServer, pool: Batch, actions: np.ndarray, halves: bool
+    link: NodeLink,
+    server: NodeServer,
+    pool: Batch,
+    workers: list[int],
+    action: int,
+    commands: list[Command] | None = None,
 ) -> list[Command]:
-    """The pool's round: a step of every worker's envs, with ``actions``."""
-    pool.actions[:] = actions
-    commands: list[Command] = [
-        Step(tuple(range(w * PER_WORKER, (w + 1) * PER_WORKER))) for w in range(WORKERS)
-    ]
-    message = link.round(range(WORKERS), commands, [pool.actions], halves)
+    """The pool's round: a step of ``workers``' envs with ``action`` (``commands``: the same
+    command objects again, as a sync step sends them)."""
+    if commands is None:
+        commands = [Step(tuple(range(w * PER_WORKER, (w + 1) * PER_WORKER))) for w in workers]
+    for w in workers:
+        pool.actions[w * PER_WORKER : (w + 1) * PER_WORKER] = action
+    message = link.round(workers, commands, [pool.actions])
     assert message is not None
     assert server.handle(message)
     return commands
@@ -105,50 +112,49 @@ def answers(link: NodeLink, pool: Batch) -> list[list[int]]:
     return out
 
 
-def test_each_half_of_an_async_round_is_answered_as_soon_as_it_is_in(
+def test_two_halves_in_flight_each_answered_as_soon_as_it_is_in(
     pair: tuple[Connection, Connection],
 ) -> None:
+    """Double buffering on one node: each half of its envs sent apart (a round each), and the
+    half that is in goes while the other still steps."""
     server, workers, link = setup(pair)
     pool = Batch.local(OBS, ACTIONS, ENVS)
-    send_steps(link, server, pool, np.arange(ENVS) % 2, halves=True)
-    np.testing.assert_array_equal(workers.batch.actions, np.arange(ENVS) % 2)
+    send_steps(link, server, pool, [0, 1], 1)
+    send_steps(link, server, pool, [2, 3], 0)
+    np.testing.assert_array_equal(workers.batch.actions, [1, 1, 1, 1, 0, 0, 0, 0])
     workers.finish(1)
     server.collect()
     assert answers(link, pool) == []  # half of the first half
     workers.finish(0)
     server.collect()
-    # The first half (workers 0 and 1) goes while the second still steps.
-    assert answers(link, pool) == [[0, 1]]
-    np.testing.assert_array_equal(pool.observations[:4, 0], [0, 2, 2, 4])
-    np.testing.assert_array_equal(pool.rewards[:4], [0, 11, 20, 31])
+    assert answers(link, pool) == [[0, 1]]  # while workers 2 and 3 step
+    np.testing.assert_array_equal(pool.observations[:4, 0], [1, 2, 3, 4])
+    np.testing.assert_array_equal(pool.rewards[:4], [1, 11, 21, 31])
     assert not pool.rewards[4:].any()
+    send_steps(link, server, pool, [0, 1], 0)  # that half's next step, the other in flight
     workers.finish(3, 2)
     server.collect()
     assert answers(link, pool) == [[2, 3]]
-    np.testing.assert_array_equal(pool.rewards, 10 * np.arange(ENVS) + np.arange(ENVS) % 2)
+    workers.finish(0, 1)
+    server.collect()
+    assert answers(link, pool) == [[0, 1]]
+    np.testing.assert_array_equal(pool.rewards, 10 * np.arange(ENVS))
     assert server.owed == 0 and not server.left
 
 
-def test_halves_of_two_rounds_go_each_when_in_whatever_the_other_owes(
+def test_what_is_in_goes_with_a_round_that_completes_and_never_twice(
     pair: tuple[Connection, Connection],
 ) -> None:
-    """Two async rounds in flight (two halves of the envs sent apart): the later one's half is
-    answered while the earlier one still owes, and a half is never answered twice."""
     server, workers, link = setup(pair)
     pool = Batch.local(OBS, ACTIONS, ENVS)
-    pool.actions[:] = 1
-    first: list[Command] = [Step((0, 1)), Step((2, 3))]
-    message = link.round([0, 1], first, [pool.actions], halves=True)
-    assert message is not None and server.handle(message)
-    second: list[Command] = [Step((4, 5)), Step((6, 7))]
-    message = link.round([2, 3], second, [pool.actions], halves=True)
-    assert message is not None and server.handle(message)
-    workers.finish(2)  # the second round's first half
+    send_steps(link, server, pool, [0, 1], 1)
+    send_steps(link, server, pool, [2, 3], 1)
+    workers.finish(3, 1)  # one of each round
     server.collect()
-    assert answers(link, pool) == [[2]]
-    workers.finish(3, 1)
+    assert answers(link, pool) == []
+    workers.finish(2)  # completes the second round: worker 1's reply goes with it
     server.collect()
-    assert answers(link, pool) == [[1, 3]]
+    assert answers(link, pool) == [[1, 2, 3]]
     assert server.owed == 1
     workers.finish(0)
     server.collect()
@@ -161,8 +167,9 @@ def test_a_sync_step_is_answered_once_every_worker_is_in(
 ) -> None:
     server, workers, link = setup(pair)
     pool = Batch.local(OBS, ACTIONS, ENVS)
-    for step in range(2):  # the second is the same round again (one byte and the actions)
-        send_steps(link, server, pool, np.full(ENVS, step), halves=False)
+    commands = None
+    for step in range(2):  # the second: the same round again (one byte and the actions)
+        commands = send_steps(link, server, pool, list(range(WORKERS)), step, commands)
         workers.finish(0, 1)
         server.collect()
         assert answers(link, pool) == []
@@ -170,22 +177,4 @@ def test_a_sync_step_is_answered_once_every_worker_is_in(
         server.collect()
         assert answers(link, pool) == [[0, 1, 2, 3]]
         np.testing.assert_array_equal(pool.rewards, 10 * np.arange(ENVS) + step)
-    assert server.hold
-
-
-def test_the_agent_waits_for_no_more_replies_than_the_nearest_round_needs(
-    pair: tuple[Connection, Connection],
-) -> None:
-    server, workers, link = setup(pair)
-    pool = Batch.local(OBS, ACTIONS, ENVS)
-    send_steps(link, server, pool, np.zeros(ENVS, np.int64), halves=True)
-    server.collect()
-    workers.finish(0, 1, 2)
-    server.collect()
-    server.collect()
-    assert workers.waits == [2, 2, 1]  # a half of two workers; then the last one
-    workers.finish(3)
-    server.collect()
-    send_steps(link, server, pool, np.zeros(ENVS, np.int64), halves=False)
-    server.collect()
-    assert workers.waits[-1] == WORKERS  # a sync step: every worker
+    assert server.hold and link.last is commands

@@ -133,22 +133,17 @@ class NodeLink:
     # -- out -----------------------------------------------------------------------------------
 
     def round(
-        self,
-        locals_: Sequence[int],
-        commands: list[Command],
-        actions: Sequence[np.ndarray],
-        halves: bool = False,
+        self, locals_: Sequence[int], commands: list[Command], actions: Sequence[np.ndarray]
     ) -> bytes | None:
         """Book ``commands`` (one per local worker of ``locals_``) in flight and return the one
         message that carries them, with the rows of ``actions`` they need; ``None`` when the
-        agent is gone (its workers are reported lost on the next wait). ``halves``: the agent
-        answers each half of the round as soon as it is in (:data:`~.node_wire.HALVES`)."""
+        agent is gone (its workers are reported lost on the next wait)."""
         for local, command in zip(locals_, commands, strict=True):
             self.inflight[local].append(command)
         if not self.alive:
             return None
         last = self.last
-        repeat = not halves and last is not None and len(last) == len(commands)
+        repeat = last is not None and len(last) == len(commands)
         if repeat:
             assert last is not None
             for a, b in zip(last, commands, strict=True):
@@ -158,9 +153,8 @@ class NodeLink:
         if repeat:
             parts = [wire.REPEAT]
         else:
-            tag = wire.HALVES if halves else wire.SUBMIT
-            parts = [wire.header(tag, list(zip(locals_, commands, strict=True)))]
-            self.last = commands if len(locals_) == len(self.workers) and not halves else None
+            parts = [wire.header(wire.SUBMIT, list(zip(locals_, commands, strict=True)))]
+            self.last = commands if len(locals_) == len(self.workers) else None
             self.actions = None
         if actions:
             cached = self.actions

@@ -152,13 +152,12 @@ class NodeServer:
             self.hold = self.owed == 0
             self.submit(self.last, view, 1)
             return True
-        if tag == wire.SUBMIT or tag == wire.HALVES:
+        if tag == wire.SUBMIT:
             commands, at = wire.read_header(view)
             self.last = commands
             self.last_actions = None
-            whole = [w for w, _ in commands] == list(range(self.workers))
-            self.hold = tag == wire.SUBMIT and self.owed == 0 and whole
-            self.submit(commands, view, at, tag == wire.HALVES)
+            self.hold = self.owed == 0 and [w for w, _ in commands] == list(range(self.workers))
+            self.submit(commands, view, at)
             return True
         if tag == wire.MEMORY:  # answered at once, between the node's rounds
             local = self.local
@@ -185,11 +184,8 @@ class NodeServer:
             return False
         return True
 
-    def submit(
-        self, commands: list[tuple[int, Command]], view: memoryview, at: int, halves: bool = False
-    ) -> None:
-        """One round: its actions into the batch, each command to its worker; ``halves``: each
-        half of its commands is a round of its own (answered as soon as it is in)."""
+    def submit(self, commands: list[tuple[int, Command]], view: memoryview, at: int) -> None:
+        """One round: its actions into the batch, each command to its worker."""
         if self.actions:
             cached = self.last_actions
             if cached is None:
@@ -199,16 +195,13 @@ class NodeServer:
             wire.unpack(self.actions, sel, ids.size, view, at)
         if not commands:
             return
-        first = self.rounds
-        cut = (len(commands) + 1) // 2 if halves else len(commands)
-        self.left[first] = cut
-        if cut < len(commands):
-            self.left[first + 1] = len(commands) - cut
-        self.rounds += 2
+        number = self.rounds
+        self.rounds += 1
+        self.left[number] = len(commands)
         self.owed += len(commands)
         inflight, submit = self.inflight, self.local.submit
-        for k, (worker, command) in enumerate(commands):
-            inflight[worker].append((command, first if k < cut else first + 1))
+        for worker, command in commands:
+            inflight[worker].append((command, number))
             submit(worker, command)
 
     def answer(self) -> None:

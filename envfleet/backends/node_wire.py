@@ -6,8 +6,6 @@
     ─────────────                                     ─────────────────────────
     R + action rows ─────── "the same round again" ─► write the rows into its batch, submit
     S + len + pickle[(worker, command)] + actions ──►   each command to its local worker
-    H + (as S): steps of some envs (async) ─────────►   ... and answer each half of the
-                                                        round as soon as it is in
                                                       wait for the local replies (its pipes)
     rows into the batch arrays ◄──── P + rows ─────── every command answered, nothing to say
       (np.frombuffer + one slice     G + len + pickle[(worker, reply)] + rows (infos, failures,
@@ -44,7 +42,6 @@ from envfleet.protocol import Command, EnvCommand, EnvFailure, Reply, Step
 
 REPEAT = b"R"
 SUBMIT = b"S"
-HALVES = b"H"
 PLAIN = b"P"
 GENERAL = b"G"
 RESTART = b"X"

@@ -61,7 +61,7 @@ from envfleet.backends.ray_session import (
 )
 from envfleet.buffers import Batch, ObjectRows
 from envfleet.errors import EnvTimeoutError
-from envfleet.protocol import Command, Step
+from envfleet.protocol import Command
 from envfleet.stats import NodeStats
 
 KILL_GRACE = 2.0
@@ -269,14 +269,10 @@ class NodeTransport(BaseTransport):
             locals_.append(local)
             sent.append(command)
         for node, locals_, sent in rounds.values():
-            # Steps of some envs (async): each half of a node's round comes back on its own.
-            halves = all(isinstance(command, Step) for command in sent)
-            self._send_round(node, locals_, sent, halves)
+            self._send_round(node, locals_, sent)
 
-    def _send_round(
-        self, node: NodeLink, locals_: Sequence[int], commands: list[Command], halves: bool = False
-    ) -> None:
-        message = node.round(locals_, commands, self._actions, halves)
+    def _send_round(self, node: NodeLink, locals_: Sequence[int], commands: list[Command]) -> None:
+        message = node.round(locals_, commands, self._actions)
         if message is None:
             return  # reported lost on the next wait
         try:
