@@ -95,6 +95,7 @@ COLUMNS = 2
 _LENGTH = struct.Struct("<Q")
 _HEADER = 1 + _LENGTH.size
 _PLAIN_BYTES = bytes([PLAIN])
+_FRAME_BYTES = bytes([FRAME])
 REPEAT_BYTES = bytes([REPEAT])
 
 
@@ -150,15 +151,20 @@ def encode_reply(reply: Reply) -> bytes:
 def serve_pipes(group: Group, command_fd: int, reply_fd: int, spin_seconds: float = 0.0) -> None:
     """Serve the pool's commands read from ``command_fd`` until it sends :class:`Close` or goes
     away (EOF: then close the envs), writing each reply to ``reply_fd``; ``spin_seconds``: how
-    long to poll for the next command before blocking in the kernel."""
+    long to poll for the next command before blocking in the kernel.
+
+    The loop a worker runs every step: a repeated command and a plain reply cost one
+    ``read`` and one ``write`` of a byte, and nothing else but the command itself (issue 23).
+    """
     command: Command | None = None
-    poller = select.poll()
-    poller.register(command_fd, select.POLLIN)
+    ready = _readable(command_fd) if spin_seconds > 0 else None
+    read, write = os.read, os.write
     while True:
         try:
-            spin(lambda: bool(poller.poll(0)), spin_seconds)
-            tag = _read_exact(command_fd, 1)[0]
-            if tag == FRAME:
+            if ready is not None:
+                spin(ready, spin_seconds)
+            tag = read(command_fd, 1)
+            if tag == _FRAME_BYTES:
                 (size,) = _LENGTH.unpack(_read_exact(command_fd, _LENGTH.size))
                 body = _read_exact(command_fd, size)
                 try:
@@ -167,20 +173,29 @@ def serve_pipes(group: Group, command_fd: int, reply_fd: int, spin_seconds: floa
                     command = None  # nothing to repeat
                     write_all(reply_fd, encode_reply(undecodable(exc)))
                     continue
-            elif command is None:
-                raise EOFError  # a repeat with nothing to repeat: not our pool
+            elif not tag or command is None:
+                raise EOFError  # the pool is gone; or a repeat with nothing to repeat
         except (EOFError, OSError):
             group.close()
             return
-        assert command is not None
         reply = serve(group, command)
         try:
-            write_all(reply_fd, encode_reply(reply))
+            if plain(reply):  # the hot path: one byte, written whole (a blocking pipe)
+                write(reply_fd, _PLAIN_BYTES)
+            else:
+                write_all(reply_fd, encode_reply(reply))
         except OSError:  # the pool is gone
             group.close()
             return
         if isinstance(command, Close):
             return
+
+
+def _readable(fd: int) -> Callable[[], bool]:
+    """Whether ``fd`` has something to read, asked without blocking."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return lambda: bool(poller.poll(0))
 
 
 class FrameReader:
