@@ -6,7 +6,7 @@ field, as ``SyncVectorEnv`` does. A step command names the same envs every step,
 (a slice when the env ids are consecutive) and a view of each field over them are made once and
 kept by the group; nothing is allocated per env but the env's own result::
 
-    results ─ zip ─► observations ── np.asarray, shape checked ─► rows (small rows, one copy)
+    results ─ zip ─► observations ── one assignment, shapes checked ► rows (small rows)
                                  └── row by row, no temporary ───► rows (frames)
                      rewards, terminated, truncated ─────────────► one assignment each
                      infos ──────────────────────────────────────► to the group (non-empty ones)
@@ -72,8 +72,9 @@ class BatchRows:
         self.index = index = row_index(env_ids)
         obs = batch.observations
         small = isinstance(obs, np.ndarray) and obs[:1].nbytes <= SMALL_ROW_BYTES
-        self.shape = (len(env_ids), *obs.shape[1:]) if small else None
-        """The shape the observations gather into; None: written row by row."""
+        self.row_shape = obs.shape[1:] if small else None
+        """The shape of one observation gathered into the rows at once; None: written row by
+        row."""
 
         def rows(array: np.ndarray) -> Any:
             return array[index] if isinstance(index, slice) else _Scattered(array, index)
@@ -85,6 +86,11 @@ class BatchRows:
             rows(batch.truncations),
         )
         self._actions = batch.actions[index] if isinstance(index, slice) else None
+        self.action_view: np.ndarray | None = (
+            self._actions if self._actions is not None and self._actions.ndim == 1 else None
+        )
+        """The actions in these rows, when :meth:`actions` would return this same view every
+        step (scalar actions in consecutive rows): the hot path reads it with no call."""
         self._batch = batch
 
     def actions(self) -> np.ndarray:
@@ -105,16 +111,19 @@ class BatchRows:
             return False, (), (), ()
         observations_rows, rewards_rows, terminations_rows, truncations_rows = self._targets
         try:
-            # One result of another length than five among the others: refused here (zip alone
-            # would cut the longer ones short).
-            if sum(map(len, results)) != 5 * n:
-                return None
-            observations, rewards, terminations, truncations, infos = zip(*results)  # noqa: B905
-            if self.shape is not None:
-                values = np.asarray(observations)
-                if values.dtype == object or values.shape != self.shape:
+            # strict: a result of another length than the others' is refused (zip alone would
+            # cut the longer ones short); the unpacking refuses any length but five.
+            observations, rewards, terminations, truncations, infos = zip(*results, strict=True)
+            row_shape = self.row_shape
+            if row_shape is not None:
+                # The first observation's shape is checked here; numpy refuses the others
+                # (ValueError) unless they all have that shape: a batch of observations of one
+                # other shape is never broadcast into the rows, a ragged one never written.
+                # (Scalar rows need no check: nothing but scalars fits them.) No temporary
+                # array: the observations go straight into their rows.
+                if row_shape and getattr(observations[0], "shape", None) != row_shape:
                     return None
-                observations_rows[...] = values
+                observations_rows[...] = observations
             else:
                 for i, obs in zip(self.env_ids, observations, strict=True):
                     write_obs(i, obs)

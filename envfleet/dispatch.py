@@ -17,6 +17,7 @@ the face's ``gather`` weakly and is told when the pool closes.
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +29,8 @@ from envfleet.errors import ClosedPoolError
 from envfleet.ledger import Ledger
 from envfleet.protocol import Call, Command, Reset, SetAttr, Step
 from envfleet.recovery import Recovery
+
+_reply_of = operator.itemgetter(1)  # of a (worker, reply) pair
 
 
 class Dispatch:
@@ -173,9 +176,9 @@ class Dispatch:
         if self.closed:  # by another thread: the replies are of envs being closed
             raise ClosedPoolError(f"this pool of {self._env_name} was closed while waiting")
         if (
-            ledger.whole_step_out()
+            ledger.all_out is not None  # every worker's only pending command: a whole step
             and len(replies) == ledger.num_workers
-            and all(reply is None for _, reply in replies)
+            and not any(map(_reply_of, replies))  # all plain (a reply or a loss is truthy)
         ):
             ledger.took_all_plain([worker for worker, _ in replies])
             replies = []

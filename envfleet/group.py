@@ -195,8 +195,11 @@ class EnvGroup:
         try:
             # zip without strict: one entry per env by construction, and the check costs more
             # than the rest of a small group's step.
+            actions = rows.action_view
+            if actions is None:
+                actions = rows.actions()
             if owe and self.mode is AutoresetMode.NEXT_STEP:
-                for i, env, action in zip(env_ids, rows.envs, rows.actions()):  # noqa: B905
+                for i, env, action in zip(env_ids, rows.envs, actions):  # noqa: B905
                     if i in owe:
                         reset_ids.append(i)
                         obs, info = env.reset(seed=self._reset_seed.pop(i, None))
@@ -204,7 +207,7 @@ class EnvGroup:
                     else:
                         append(env.step(action))
             else:
-                for env, action in zip(rows.envs, rows.actions()):  # noqa: B905
+                for env, action in zip(rows.envs, actions):  # noqa: B905
                     append(env.step(action))
         except env_errors() as exc:
             return self._step_failed(env_ids, results, reset_ids, exc)

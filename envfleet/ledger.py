@@ -87,9 +87,10 @@ class Ledger:
         self.all_ids.flags.writeable = False  # shared by every sync step: never handed out
         self.step_all = [Step(ids) for ids in self.assignment]
         """One whole-pool step, reused every step (a transport that pickles does so once)."""
-        # Set (to when it was sent) while every worker's only pending command is its part of a
-        # whole-pool step sent by sent_all: the replies can then be taken all at once.
         self.all_out: float | None = None
+        """Set (to when it was sent) while every worker's only pending command is its part of
+        a whole-pool step sent by :meth:`sent_all`: the replies can then be taken all at once
+        (:meth:`took_all_plain`)."""
         self._stats = stats
         self._indices: dict[tuple[int, ...], np.ndarray] = {}
 
@@ -114,17 +115,17 @@ class Ledger:
         return int(np.count_nonzero(self.state != _IDLE))
 
     def all_idle(self) -> bool:
-        """Whether no env is in flight or ready (the pool may send a whole-pool step)."""
-        return not np.count_nonzero(self.state)
+        """Whether no env is in flight or ready (the pool may send a whole-pool step).
+
+        Read from the counters, not the states: the envs in flight are counted, and the ready
+        ones are those in the FIFO (every entry below keeps both in step with :attr:`state`).
+        """
+        return not self.in_flight and not self.ready
 
     @property
     def num_ready(self) -> int:
         """Envs whose results are in and not handed out."""
         return len(self.ready)
-
-    def whole_step_out(self) -> bool:
-        """Whether every worker's only pending command is its part of one whole-pool step."""
-        return self.all_out is not None
 
     def replies_owed(self) -> int:
         """Replies the pool waits for until nothing is in flight: one per worker when a

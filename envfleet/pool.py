@@ -233,7 +233,7 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
         if env_id is None and self.batch_size == self.num_envs:
             self.send(actions)
             self._dispatch.collect(self._all_ids)
-            return self._results(self._all_ids, with_env_id=False)
+            return self._read.results(self._all_ids, with_env_id=False, copy=self.copy)
         if env_id is not None:
             self._check_usable()
             # Refused before sending: a send that recv() cannot complete left its envs pending.

@@ -108,6 +108,14 @@ class StatsRecorder:
         self._workers = np.arange(workers)
         # Latencies of whole-pool steps not yet written into the arrays (see replied_all).
         self._whole: list[float] = []
+        # When the whole-pool step out began (busy_all), not yet written into busy_start.
+        self._all_busy_since: float | None = None
+
+    def _settle(self) -> None:
+        """Write the start of the whole-pool step out (:meth:`busy_all`) into busy_start."""
+        if self._all_busy_since is not None:
+            self.busy_start.fill(self._all_busy_since)
+            self._all_busy_since = None
 
     def _fold(self) -> None:
         """Write the whole-pool steps recorded by :meth:`replied_all` into the arrays."""
@@ -125,11 +133,14 @@ class StatsRecorder:
 
     def busy(self, worker: int, now: float) -> None:
         """The worker got a command while it had none."""
+        self._settle()
         self.busy_start[worker] = now
 
     def busy_all(self, now: float) -> None:
-        """Every worker got a command while it had none (a whole-pool step)."""
-        self.busy_start.fill(now)
+        """Every worker got a command while it had none (a whole-pool step): noted, and
+        written into ``busy_start`` only if a per-worker entry or :meth:`snapshot` reads it
+        before :meth:`replied_all` (every worker was idle, and is again after it)."""
+        self._all_busy_since = now
 
     def replied(
         self, worker: int, started: float, now: float, env_steps: int, idle_after: bool
@@ -137,6 +148,7 @@ class StatsRecorder:
         """A reply came in for a command the worker began at ``started``."""
         if self._whole:
             self._fold()
+        self._settle()
         count = int(self.replies[worker])
         self.latency[worker, count % LATENCY_WINDOW] = now - started
         self.replies[worker] = count + 1
@@ -154,7 +166,9 @@ class StatsRecorder:
         (:meth:`_fold`) when a per-worker reply or :meth:`snapshot` needs them, or when a
         latency window's worth has piled up, so that the sync step pays one append.
         """
-        self.busy_start.fill(np.nan)
+        if self._all_busy_since is None:  # written by a per-worker entry meanwhile
+            self.busy_start.fill(np.nan)
+        self._all_busy_since = None
         whole = self._whole
         whole.append(now - started)
         if len(whole) >= LATENCY_WINDOW:
@@ -167,6 +181,7 @@ class StatsRecorder:
 
     def snapshot(self, restarts: np.ndarray, recycled: Sequence[int] = ()) -> PoolStats:
         self._fold()
+        self._settle()
         now = time.monotonic()
         elapsed = max(now - self.created, 1e-9)
         workers = []

@@ -266,6 +266,55 @@ def test_an_observation_that_does_not_fit_fails_its_env_only() -> None:
         group.close()
 
 
+class SmallObsEnv(gymnasium.Env[np.ndarray, int]):
+    """Observations of four floats (rows gathered at once); env ``bad`` (by seed) returns
+    ``shape_of_bad`` instead: every env when ``bad`` is None."""
+
+    def __init__(self, bad: int | None, shape_of_bad: tuple[int, ...]) -> None:
+        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.bad, self.shape_of_bad, self.seed_used = bad, shape_of_bad, -1
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.seed_used = -1 if seed is None else seed
+        return np.full(4, self.seed_used, dtype=np.float32), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        wrong = self.bad is None or self.seed_used == self.bad
+        shape = self.shape_of_bad if wrong else (4,)
+        return np.full(shape, 10 + self.seed_used, dtype=np.float32), 1.0, False, False, {}
+
+
+@pytest.mark.parametrize(
+    ("bad", "shape_of_bad"),
+    [(None, (1,)), (None, (2, 4)), (0, (1,)), (3, ()), (5, (5,))],
+    ids=["all-(1,)", "all-(2,4)", "first-(1,)", "one-scalar", "last-(5,)"],
+)
+def test_small_observations_of_another_shape_are_never_broadcast(
+    bad: int | None, shape_of_bad: tuple[int, ...]
+) -> None:
+    """Rows gathered at once: an observation of another shape (even when every env returns
+    that shape, which numpy would broadcast into the rows) fails its env, naming it, and the
+    others' rows are written."""
+    spec = EnvSpec(functools.partial(SmallObsEnv, bad, shape_of_bad))
+    group, batch, _ = _group(spec, AutoresetMode.NEXT_STEP, n=6)
+    try:
+        group.reset(list(range(6)), list(range(6)), None)
+        batch.actions[:] = 1
+        reply = group.step(tuple(range(6)))
+        failed = list(range(6)) if bad is None else [bad]
+        assert [f.env_index for f in reply.failures] == failed
+        assert all("does not fit its observation space" in f.message for f in reply.failures)
+        expected = [float(i if i in failed else 10 + i) for i in range(6)]
+        assert batch.observations[:, 0].tolist() == expected
+        assert batch.observations[:, 3].tolist() == expected
+    finally:
+        group.close()
+
+
 class ExtraValueEnv(FaultyEnv):
     """Env 5 (seeded 6) returns six values from ``step``, the others five."""
 

@@ -212,3 +212,49 @@ def test_whole_pool_steps_recorded_lazily_match_per_worker_replies() -> None:
     np.testing.assert_array_equal(lazy.latency, eager.latency)
     np.testing.assert_array_equal(lazy.replies, eager.replies)
     np.testing.assert_allclose(lazy.busy_seconds, eager.busy_seconds)
+
+
+def test_a_whole_pool_step_answered_worker_by_worker_times_each_busy_stretch() -> None:
+    """busy_all notes the start of a whole-pool step without writing it per worker; a worker
+    that answers on its own (a reply with infos) still finds it, and so does the one after."""
+    assignment = [(0, 1), (2,)]
+    lazy, eager = StatsRecorder(assignment, 3), StatsRecorder(assignment, 3)
+    lazy.busy_all(10.0)
+    for worker in range(2):
+        eager.busy(worker, 10.0)
+    for rec in (lazy, eager):
+        rec.replied(0, 10.0, 10.5, 2, True)
+    np.testing.assert_array_equal(lazy.busy_start, eager.busy_start)  # worker 1: busy since 10
+    busy_now = [w.idle_fraction for w in lazy.snapshot(np.zeros(3, dtype=np.int64)).workers]
+    assert busy_now == [w.idle_fraction for w in eager.snapshot(np.zeros(3)).workers]
+    for rec in (lazy, eager):
+        rec.replied(1, 10.0, 11.0, 1, True)
+    np.testing.assert_allclose(lazy.busy_seconds, [0.5, 1.0])
+    np.testing.assert_allclose(lazy.busy_seconds, eager.busy_seconds)
+
+
+def test_all_idle_follows_the_states() -> None:
+    """all_idle reads the counters (in flight, the FIFO); they agree with the states after
+    every entry: sends, plain and failed replies, a lost worker, hand-outs."""
+    ledger = make_ledger()
+
+    def agrees() -> bool:
+        return ledger.all_idle() == (not ledger.state.any())
+
+    assert ledger.all_idle()
+    assert ledger.sent_all() and agrees() and not ledger.all_idle()
+    ledger.took_all_plain([1, 0])
+    assert agrees() and not ledger.all_idle()
+    ledger.collected(ledger.all_ids)
+    assert agrees() and ledger.all_idle()
+    ledger.sent(0, Step((0, 1, 2)))
+    ledger.sent(1, Step((3, 4)))
+    ledger.took(0, Reply(env_ids=(0, 1, 2), failures=(failure(1),)))
+    assert agrees() and not ledger.all_idle()
+    ledger.dropped(1)
+    assert agrees() and not ledger.all_idle()  # 0 and 2 wait in the FIFO
+    ledger.handed_out(2)
+    assert agrees() and ledger.all_idle()
+    ledger.sent(1, Reset((3, 4), (None, None)))
+    ledger.took(1, None)
+    assert agrees() and ledger.drain_ready() is not None and agrees() and ledger.all_idle()

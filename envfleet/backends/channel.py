@@ -6,8 +6,9 @@ cannot read there:
 - :func:`serve_pipes` (the process backend): raw bytes over two pipes. A command is
   one byte :data:`REPEAT` (run the previous command again: the pool sends the same
   whole-group step every step) or :data:`FRAME`, a length and a pickle. A reply is one byte
-  :data:`PLAIN` (done, nothing to report) or a frame. :class:`FrameReader` reads replies on the
-  pool's side. A step that reports nothing costs one byte each way and no pickling.
+  :data:`PLAIN` (done, nothing to report), a :data:`COLUMNS` frame (nothing but infos of plain
+  scalars, as columns) or a frame. :class:`FrameReader` reads replies on the pool's side. A step
+  that reports nothing costs one byte each way and no pickling.
 - :func:`serve_connection` (the Ray backend's same-machine actors): a ``multiprocessing``
   connection over a Unix socket, one pickled message each way.
 """
@@ -31,6 +32,7 @@ from multiprocessing.connection import (  # type: ignore[attr-defined]
 from multiprocessing.reduction import ForkingPickler
 
 from envfleet.errors import Phase
+from envfleet.infos import Columns, column_dicts, info_columns
 from envfleet.protocol import Close, Command, EnvFailure, Group, Reply
 from envfleet.worker import serve
 
@@ -87,8 +89,13 @@ REPEAT = 0
 """Command tag: run the previous command again (one byte on the wire)."""
 FRAME = 1
 """Tag of a framed message: an 8-byte little-endian length, then that many bytes of pickle."""
+COLUMNS = 2
+"""Tag of a framed reply that carries nothing but infos as columns: a length, then a pickle of
+``(env_ids, columns)`` (:data:`~envfleet.infos.Columns`)."""
 _LENGTH = struct.Struct("<Q")
+_HEADER = 1 + _LENGTH.size
 _PLAIN_BYTES = bytes([PLAIN])
+_FRAME_BYTES = bytes([FRAME])
 REPEAT_BYTES = bytes([REPEAT])
 
 
@@ -121,10 +128,18 @@ def _read_exact(fd: int, n: int) -> bytes:
 
 
 def encode_reply(reply: Reply) -> bytes:
-    """A reply on the wire: one byte when plain, else a frame (an unpicklable one replaced by
-    the failure that says so)."""
+    """A reply on the wire: one byte when plain; a :data:`COLUMNS` frame when it carries only
+    infos of plain scalars (:func:`~envfleet.infos.info_columns`); else a frame (an
+    unpicklable one replaced by the failure that says so)."""
     if plain(reply):
         return _PLAIN_BYTES
+    if reply.infos and not (
+        reply.failures or reply.restarts or reply.rows or reply.values or reply.kept
+    ):
+        columns = info_columns(reply.infos)
+        if columns is not None:
+            body = pickle.dumps((reply.env_ids, columns), protocol=pickle.HIGHEST_PROTOCOL)
+            return bytes([COLUMNS]) + _LENGTH.pack(len(body)) + body
     try:
         body = bytes(ForkingPickler.dumps(reply))
     except Exception as exc:  # an info or call result that cannot be pickled
@@ -136,15 +151,20 @@ def encode_reply(reply: Reply) -> bytes:
 def serve_pipes(group: Group, command_fd: int, reply_fd: int, spin_seconds: float = 0.0) -> None:
     """Serve the pool's commands read from ``command_fd`` until it sends :class:`Close` or goes
     away (EOF: then close the envs), writing each reply to ``reply_fd``; ``spin_seconds``: how
-    long to poll for the next command before blocking in the kernel."""
+    long to poll for the next command before blocking in the kernel.
+
+    The loop a worker runs every step: a repeated command and a plain reply cost one
+    ``read`` and one ``write`` of a byte, and nothing else but the command itself (issue 23).
+    """
     command: Command | None = None
-    poller = select.poll()
-    poller.register(command_fd, select.POLLIN)
+    ready = _readable(command_fd) if spin_seconds > 0 else None
+    read, write = os.read, os.write
     while True:
         try:
-            spin(lambda: bool(poller.poll(0)), spin_seconds)
-            tag = _read_exact(command_fd, 1)[0]
-            if tag == FRAME:
+            if ready is not None:
+                spin(ready, spin_seconds)
+            tag = read(command_fd, 1)
+            if tag == _FRAME_BYTES:
                 (size,) = _LENGTH.unpack(_read_exact(command_fd, _LENGTH.size))
                 body = _read_exact(command_fd, size)
                 try:
@@ -153,15 +173,17 @@ def serve_pipes(group: Group, command_fd: int, reply_fd: int, spin_seconds: floa
                     command = None  # nothing to repeat
                     write_all(reply_fd, encode_reply(undecodable(exc)))
                     continue
-            elif command is None:
-                raise EOFError  # a repeat with nothing to repeat: not our pool
+            elif not tag or command is None:
+                raise EOFError  # the pool is gone; or a repeat with nothing to repeat
         except (EOFError, OSError):
             group.close()
             return
-        assert command is not None
         reply = serve(group, command)
         try:
-            write_all(reply_fd, encode_reply(reply))
+            if plain(reply):  # the hot path: one byte, written whole (a blocking pipe)
+                write(reply_fd, _PLAIN_BYTES)
+            else:
+                write_all(reply_fd, encode_reply(reply))
         except OSError:  # the pool is gone
             group.close()
             return
@@ -169,15 +191,25 @@ def serve_pipes(group: Group, command_fd: int, reply_fd: int, spin_seconds: floa
             return
 
 
+def _readable(fd: int) -> Callable[[], bool]:
+    """Whether ``fd`` has something to read, asked without blocking."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return lambda: bool(poller.poll(0))
+
+
 class FrameReader:
     """The pool's side of one worker's reply pipe: bytes in, whole replies out.
 
     A reply larger than the pipe's buffer arrives in pieces; what is not yet a whole reply is
-    kept for the next :meth:`feed`.
+    kept for the next :meth:`feed`. Infos sent as columns go to ``infos`` (the pool's
+    :class:`~envfleet.infos.InfoTable`), and their reply reads as plain; with no ``infos``,
+    they come back as the reply's dicts.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, infos: Callable[[Columns], None] | None = None) -> None:
         self._buffer = bytearray()
+        self._infos = infos
 
     @property
     def partial(self) -> bool:
@@ -186,13 +218,19 @@ class FrameReader:
 
     def feed(self, data: bytes, out: list[Reply | None]) -> None:
         """Take ``data`` in; append each reply it completes to ``out`` (``None``: plain)."""
-        if not self._buffer and data == _PLAIN_BYTES:  # the hot path
-            out.append(None)
-            return
+        if not self._buffer:
+            if data == _PLAIN_BYTES:  # the hot path
+                out.append(None)
+                return
+            if data[0] == COLUMNS and len(data) > _HEADER:  # the hot path of Atari, MuJoCo
+                (size,) = _LENGTH.unpack_from(data, 1)
+                if len(data) == _HEADER + size:
+                    out.append(self._columns(pickle.loads(memoryview(data)[_HEADER:])))
+                    return
         buffer = self._buffer
         buffer += data
         pos, end = 0, len(buffer)
-        header = 1 + _LENGTH.size
+        header = _HEADER
         while pos < end:
             if buffer[pos] == PLAIN:
                 out.append(None)
@@ -203,9 +241,20 @@ class FrameReader:
             (size,) = _LENGTH.unpack_from(buffer, pos + 1)
             if end - pos - header < size:
                 break
-            out.append(pickle.loads(bytes(buffer[pos + header : pos + header + size])))
+            body = bytes(buffer[pos + header : pos + header + size])
+            if buffer[pos] == COLUMNS:
+                out.append(self._columns(pickle.loads(body)))
+            else:
+                out.append(pickle.loads(body))
             pos += header + size
         del buffer[:pos]
+
+    def _columns(self, message: tuple[tuple[int, ...], Columns]) -> Reply | None:
+        env_ids, columns = message
+        if self._infos is not None:
+            self._infos(columns)
+            return None
+        return Reply(env_ids=env_ids, infos=column_dicts(columns))
 
 
 def unpicklable(reply: Reply, exc: Exception) -> EnvFailure:
