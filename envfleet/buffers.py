@@ -12,13 +12,15 @@ from __future__ import annotations
 import ctypes
 import multiprocessing.context
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import singledispatch
 from typing import Any, Protocol
 
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import concatenate, create_empty_array
+
+from envfleet.infos import InfoTable
 
 Writer = Callable[[int, Any], None]
 Reader = Callable[[int], Any]
@@ -241,13 +243,18 @@ def allocate_local(space: spaces.Space[Any], n: int) -> Any:
 
 @dataclass
 class Batch:
-    """The arrays one step of the pool fills: row ``i`` belongs to env ``i``."""
+    """The arrays one step of the pool fills: row ``i`` belongs to env ``i``; and the infos a
+    transport delivers as columns (:func:`~envfleet.infos.info_columns`), until handed out."""
 
     observations: Any
     actions: Any
     rewards: np.ndarray
     terminations: np.ndarray
     truncations: np.ndarray
+    infos: InfoTable = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.infos = InfoTable(len(self.rewards))
 
     @classmethod
     def local(cls, obs_space: spaces.Space[Any], act_space: spaces.Space[Any], n: int) -> Batch:

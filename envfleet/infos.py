@@ -8,6 +8,7 @@ batches hold whichever envs were ready. Infos that every env fills with the same
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -78,3 +79,204 @@ def _add_info(infos: dict[str, Any], info: dict[str, Any], index: int, size: int
             mask = np.zeros(size, dtype=np.bool_)
         mask[index] = True
         infos[key], infos[f"_{key}"] = array, mask
+
+
+# ---------------------------------------------------------------------------------------------
+# Infos as columns: what a worker process sends when every env's info is plain scalars (Atari's
+# lives and frame numbers every step, MuJoCo's reward terms), and the table the pool keeps them
+# in until they are handed out (issue 23: the per-env infos cost more than the frames).
+#
+#   worker: {env: {key: scalar}} ── info_columns ──► (env ids, keys, types, one record per env
+#                                                    as bytes), pickled on the wire
+#   pool:   InfoTable.put ──► one assignment into a structured array (a record per env)
+#           InfoTable.take ──► per key: the column (a copy) and an all-True mask, as
+#                              Gymnasium's ``_add_info`` builds them; any other mix (envs with
+#                              no info, other keys, dict infos) goes through :func:`merge_infos`
+#                              with the records turned back into the very values sent.
+
+
+def _plain(kind: type) -> bool:
+    """Whether ``_add_info`` stores values of type ``kind`` in an array of that dtype."""
+    return kind in _SCALARS or issubclass(kind, np.number)
+
+
+_RECORDS: dict[tuple[type, ...], np.dtype[Any]] = {}
+
+
+def _record(types: tuple[type, ...]) -> np.dtype[Any]:
+    """One env's info as a record: one field per key, of the dtype ``_add_info`` would use."""
+    dtype = _RECORDS.get(types)
+    if dtype is None:
+        dtype = np.dtype([(f"f{k}", np.dtype(kind)) for k, kind in enumerate(types)])
+        _RECORDS[types] = dtype
+    return dtype
+
+
+Columns = tuple[tuple[int, ...], tuple[Any, ...], tuple[type, ...], bytes]
+"""The infos of some envs as columns: their env ids, the keys, each key's type, and one record
+per env (:func:`_record`) as bytes."""
+
+
+def info_columns(infos: dict[int, dict[str, Any]]) -> Columns | None:
+    """The non-empty ``infos`` of one reply as columns, or ``None`` when they are not
+    all the same keys, in the same order, each a plain scalar of one type per key (those go as
+    dicts: merged env by env, they give what ``_add_info`` gives, errors included)."""
+    first = next(iter(infos.values()))
+    keys = tuple(first)
+    if "final_obs" in keys:  # an object array in Gymnasium, whatever its value
+        return None
+    types = tuple(map(type, first.values()))
+    if not all(map(_plain, types)):
+        return None
+    get = itemgetter(*keys)
+    one = len(keys) == 1
+    records: list[tuple[Any, ...]] = []
+    for info in infos.values():
+        if tuple(info) != keys:
+            return None
+        values = (get(info),) if one else get(info)
+        if tuple(map(type, values)) != types:
+            return None
+        records.append(values)
+    try:
+        data = np.array(records, dtype=_record(types)).tobytes()
+    except (OverflowError, ValueError, TypeError):  # an int past int64: _add_info raises it
+        return None
+    return tuple(infos), keys, types, data
+
+
+def column_dicts(columns: Columns) -> dict[int, dict[str, Any]]:
+    """``columns`` turned back into the dicts :func:`info_columns` took them from."""
+    env_ids, keys, types, data = columns
+    records = np.frombuffer(data, dtype=_record(types))
+    return {i: _as_dict(keys, types, record) for i, record in zip(env_ids, records, strict=True)}
+
+
+def _as_dict(keys: tuple[Any, ...], types: tuple[type, ...], record: Any) -> dict[str, Any]:
+    """One record as the info it was: plain Python scalars stay Python scalars."""
+    return {
+        key: record[k].item() if kind in _SCALARS else record[k]
+        for k, (key, kind) in enumerate(zip(keys, types, strict=True))
+    }
+
+
+class InfoTable:
+    """The pool's side: the column infos of ready envs (:func:`info_columns`) until handed out.
+
+    One record per env in a structured array of the current layout (keys and their types);
+    infos of another layout turn the records still waiting back into dicts first (rare: keys
+    that change between steps).
+    """
+
+    def __init__(self, num_envs: int) -> None:
+        self._num_envs = num_envs
+        self._layout: tuple[tuple[Any, ...], tuple[type, ...]] | None = None
+        self._records: np.ndarray[Any, np.dtype[Any]] = np.zeros(0)
+        self._fields: tuple[str, ...] = ()
+        self._has = np.zeros(num_envs, dtype=np.bool_)
+        self._dicts: dict[int, dict[Any, Any]] = {}  # records of an earlier layout
+        self._index: dict[tuple[int, ...], slice | np.ndarray] = {}
+        self.pending = False
+        """Some env's infos may be here (cleared once none is)."""
+
+    def put(self, columns: Columns) -> None:
+        """Take in one reply's columns (what :func:`info_columns` made)."""
+        env_ids, keys, types, data = columns
+        if self._layout is None or self._layout != (keys, types):
+            self._relayout((keys, types))
+        index = self._index.get(env_ids)
+        if index is None:
+            if len(self._index) > 1024:
+                self._index.clear()
+            index = self._index[env_ids] = _rows(env_ids)
+        self._records[index] = np.frombuffer(data, dtype=self._records.dtype)
+        self._has[index] = True
+        if self._dicts:
+            for i in env_ids:
+                self._dicts.pop(i, None)
+        self.pending = True
+
+    def take(
+        self,
+        env_ids: np.ndarray,
+        positions: np.ndarray | None,
+        size: int,
+        pairs: list[tuple[dict[str, Any] | None, int]] | None,
+        whole: bool = False,
+    ) -> dict[str, Any]:
+        """The infos of ``env_ids`` (handed over once), each at its position in a batch of
+        ``size`` (``positions`` ``None``: in order from 0), merged with ``pairs``, the envs'
+        dict infos (:func:`merge_infos`); ``whole``: ``env_ids`` are every env, in order."""
+        has = self._has
+        if pairs is not None and not any(info for info, _ in pairs):
+            pairs = None
+        if pairs is None and not self._dicts and len(env_ids) == size:
+            if whole:
+                if has.all():
+                    return self._stack(env_ids, None, size, whole=True)
+            elif has[env_ids].all():
+                return self._stack(env_ids, positions, size)
+        own = [self._pop(int(i)) for i in env_ids]
+        if not self._dicts and not has.any():
+            self.pending = False
+        places = range(len(env_ids)) if positions is None else positions.tolist()
+        if pairs is not None:  # an env has a dict or a record, never both
+            own = [mine or theirs for mine, (theirs, _) in zip(own, pairs, strict=True)]
+        return merge_infos(list(zip(own, places, strict=True)), size)
+
+    def _stack(
+        self, env_ids: np.ndarray, positions: np.ndarray | None, size: int, whole: bool = False
+    ) -> dict[str, Any]:
+        """Every env of a batch has a record: one column and one mask per key."""
+        assert self._layout is not None
+        records = self._records
+        if whole:
+            picked = records  # every env, in order
+            self._has.fill(False)
+            self.pending = False
+        else:
+            picked = records[env_ids]
+            self._has[env_ids] = False
+        infos: dict[str, Any] = {}
+        for key, field in zip(self._layout[0], self._fields, strict=True):
+            column = picked[field]
+            if positions is None:
+                infos[key] = column.copy()
+                infos[f"_{key}"] = np.ones(size, dtype=np.bool_)
+            else:
+                infos[key] = np.zeros(size, dtype=column.dtype)
+                infos[key][positions] = column
+                mask = infos[f"_{key}"] = np.zeros(size, dtype=np.bool_)
+                mask[positions] = True
+        return infos
+
+    def _pop(self, i: int) -> dict[str, Any] | None:
+        """Env ``i``'s infos as the dict it sent (``None``: none here), handed over."""
+        if self._dicts:
+            info = self._dicts.pop(i, None)
+            if info is not None:
+                return info
+        if not self._has[i]:
+            return None
+        self._has[i] = False
+        assert self._layout is not None
+        return _as_dict(*self._layout, self._records[i])
+
+    def _relayout(self, layout: tuple[tuple[Any, ...], tuple[type, ...]]) -> None:
+        """Switch to ``layout``: the records waiting become dicts."""
+        if self._layout is not None:
+            for i in np.flatnonzero(self._has).tolist():
+                info = self._pop(i)
+                assert info is not None
+                self._dicts[i] = info
+        self._layout = layout
+        self._records = np.zeros(self._num_envs, dtype=_record(layout[1]))
+        self._fields = tuple(f"f{k}" for k in range(len(layout[1])))
+
+
+def _rows(env_ids: tuple[int, ...]) -> slice | np.ndarray:
+    """Rows ``env_ids`` of a per-env array: a slice when they are consecutive, in order."""
+    first = env_ids[0]
+    if env_ids == tuple(range(first, first + len(env_ids))):
+        return slice(first, first + len(env_ids))
+    return np.array(env_ids, dtype=np.intp)

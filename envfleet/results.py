@@ -7,7 +7,6 @@ episode (the pool's DISABLED-mode check) and tells the stats.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -70,7 +69,7 @@ class ResultReader:
             done = terminations | truncations
             self._ended[env_ids] = done
         self._stats.ended(env_ids, done)
-        infos = self.infos(env_ids, positions=range(len(env_ids)), size=len(env_ids))
+        infos = self.infos(env_ids, positions=None, size=len(env_ids), whole=whole)
         if with_env_id:
             infos["env_id"] = env_ids
         return self.observations(rows, copy), rewards, terminations, truncations, infos
@@ -93,9 +92,17 @@ class ResultReader:
                 return view_rows(self._space, observations, start, stop)
         return take(self._space, observations, rows)
 
-    def infos(self, env_ids: Iterable[int], positions: Iterable[int], size: int) -> dict[str, Any]:
-        """The infos of ``env_ids`` merged Gymnasium's way, each at its position."""
-        pairs = self._ledger.take_infos(env_ids, positions)
+    def infos(
+        self, env_ids: np.ndarray, positions: np.ndarray | None, size: int, whole: bool = False
+    ) -> dict[str, Any]:
+        """The infos of ``env_ids`` merged Gymnasium's way, each at its position in a batch of
+        ``size`` (``positions`` ``None``: in order from 0): the dicts the ledger holds and the
+        columns the transport delivered into the batch (``whole``: every env, in order)."""
+        places = range(len(env_ids)) if positions is None else positions
+        pairs = self._ledger.take_infos(env_ids, places)
+        table = self._batch.infos
+        if table.pending:
+            return table.take(env_ids, positions, size, pairs, whole)
         if pairs is None:  # the common case: no env had anything to say
             return {}
         return merge_infos(pairs, size)

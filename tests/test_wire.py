@@ -177,11 +177,11 @@ def test_repeat_runs_the_last_command_and_eof_closes_the_group() -> None:
 
 
 def test_a_frame_cut_short_stays_partial() -> None:
-    body = channel.encode_reply(Reply(env_ids=(3,), infos={3: {"k": 1}}))
+    body = channel.encode_reply(Reply(env_ids=(3,), infos={3: {"k": "v"}}))
     assert body[0] == channel.FRAME and channel.encode_reply(Reply(env_ids=(3,))) == b"\0"
     reader, out = channel.FrameReader(), []  # type: ignore[var-annotated]
     reader.feed(b"\0" + body[:-1], out)
     assert out == [None] and reader.partial
     reader.feed(body[-1:] + b"\0", out)
-    assert len(out) == 3 and out[1].infos == {3: {"k": 1}} and out[2] is None
+    assert len(out) == 3 and out[1].infos == {3: {"k": "v"}} and out[2] is None
     assert not reader.partial

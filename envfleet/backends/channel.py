@@ -6,8 +6,9 @@ cannot read there:
 - :func:`serve_pipes` (the process backend): raw bytes over two pipes. A command is
   one byte :data:`REPEAT` (run the previous command again: the pool sends the same
   whole-group step every step) or :data:`FRAME`, a length and a pickle. A reply is one byte
-  :data:`PLAIN` (done, nothing to report) or a frame. :class:`FrameReader` reads replies on the
-  pool's side. A step that reports nothing costs one byte each way and no pickling.
+  :data:`PLAIN` (done, nothing to report), a :data:`COLUMNS` frame (nothing but infos of plain
+  scalars, as columns) or a frame. :class:`FrameReader` reads replies on the pool's side. A step
+  that reports nothing costs one byte each way and no pickling.
 - :func:`serve_connection` (the Ray backend's same-machine actors): a ``multiprocessing``
   connection over a Unix socket, one pickled message each way.
 """
@@ -31,6 +32,7 @@ from multiprocessing.connection import (  # type: ignore[attr-defined]
 from multiprocessing.reduction import ForkingPickler
 
 from envfleet.errors import Phase
+from envfleet.infos import Columns, column_dicts, info_columns
 from envfleet.protocol import Close, Command, EnvFailure, Group, Reply
 from envfleet.worker import serve
 
@@ -87,7 +89,11 @@ REPEAT = 0
 """Command tag: run the previous command again (one byte on the wire)."""
 FRAME = 1
 """Tag of a framed message: an 8-byte little-endian length, then that many bytes of pickle."""
+COLUMNS = 2
+"""Tag of a framed reply that carries nothing but infos as columns: a length, then a pickle of
+``(env_ids, columns)`` (:data:`~envfleet.infos.Columns`)."""
 _LENGTH = struct.Struct("<Q")
+_HEADER = 1 + _LENGTH.size
 _PLAIN_BYTES = bytes([PLAIN])
 _FRAME_BYTES = bytes([FRAME])
 REPEAT_BYTES = bytes([REPEAT])
@@ -122,10 +128,18 @@ def _read_exact(fd: int, n: int) -> bytes:
 
 
 def encode_reply(reply: Reply) -> bytes:
-    """A reply on the wire: one byte when plain, else a frame (an unpicklable one replaced by
-    the failure that says so)."""
+    """A reply on the wire: one byte when plain; a :data:`COLUMNS` frame when it carries only
+    infos of plain scalars (:func:`~envfleet.infos.info_columns`); else a frame (an
+    unpicklable one replaced by the failure that says so)."""
     if plain(reply):
         return _PLAIN_BYTES
+    if reply.infos and not (
+        reply.failures or reply.restarts or reply.rows or reply.values or reply.kept
+    ):
+        columns = info_columns(reply.infos)
+        if columns is not None:
+            body = pickle.dumps((reply.env_ids, columns), protocol=pickle.HIGHEST_PROTOCOL)
+            return bytes([COLUMNS]) + _LENGTH.pack(len(body)) + body
     try:
         body = bytes(ForkingPickler.dumps(reply))
     except Exception as exc:  # an info or call result that cannot be pickled
@@ -188,11 +202,14 @@ class FrameReader:
     """The pool's side of one worker's reply pipe: bytes in, whole replies out.
 
     A reply larger than the pipe's buffer arrives in pieces; what is not yet a whole reply is
-    kept for the next :meth:`feed`.
+    kept for the next :meth:`feed`. Infos sent as columns go to ``infos`` (the pool's
+    :class:`~envfleet.infos.InfoTable`), and their reply reads as plain; with no ``infos``,
+    they come back as the reply's dicts.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, infos: Callable[[Columns], None] | None = None) -> None:
         self._buffer = bytearray()
+        self._infos = infos
 
     @property
     def partial(self) -> bool:
@@ -201,13 +218,19 @@ class FrameReader:
 
     def feed(self, data: bytes, out: list[Reply | None]) -> None:
         """Take ``data`` in; append each reply it completes to ``out`` (``None``: plain)."""
-        if not self._buffer and data == _PLAIN_BYTES:  # the hot path
-            out.append(None)
-            return
+        if not self._buffer:
+            if data == _PLAIN_BYTES:  # the hot path
+                out.append(None)
+                return
+            if data[0] == COLUMNS and len(data) > _HEADER:  # the hot path of Atari, MuJoCo
+                (size,) = _LENGTH.unpack_from(data, 1)
+                if len(data) == _HEADER + size:
+                    out.append(self._columns(pickle.loads(memoryview(data)[_HEADER:])))
+                    return
         buffer = self._buffer
         buffer += data
         pos, end = 0, len(buffer)
-        header = 1 + _LENGTH.size
+        header = _HEADER
         while pos < end:
             if buffer[pos] == PLAIN:
                 out.append(None)
@@ -218,9 +241,20 @@ class FrameReader:
             (size,) = _LENGTH.unpack_from(buffer, pos + 1)
             if end - pos - header < size:
                 break
-            out.append(pickle.loads(bytes(buffer[pos + header : pos + header + size])))
+            body = bytes(buffer[pos + header : pos + header + size])
+            if buffer[pos] == COLUMNS:
+                out.append(self._columns(pickle.loads(body)))
+            else:
+                out.append(pickle.loads(body))
             pos += header + size
         del buffer[:pos]
+
+    def _columns(self, message: tuple[tuple[int, ...], Columns]) -> Reply | None:
+        env_ids, columns = message
+        if self._infos is not None:
+            self._infos(columns)
+            return None
+        return Reply(env_ids=env_ids, infos=column_dicts(columns))
 
 
 def unpicklable(reply: Reply, exc: Exception) -> EnvFailure:

@@ -124,9 +124,16 @@ def _worker_main(
 
 
 class ProcessTransport(BaseTransport):
-    """One process per worker; the batch arrays live in shared memory."""
+    """One process per worker; the batch arrays live in shared memory.
 
-    def __init__(self, options: TransportOptions) -> None:
+    Args:
+        options: what to start.
+        info_columns: infos the workers send as columns go into :attr:`batch` (its
+            :class:`~envfleet.infos.InfoTable`, which the pool reads) and their replies read
+            as plain; otherwise (a node agent, which forwards replies) the replies carry them.
+    """
+
+    def __init__(self, options: TransportOptions, *, info_columns: bool = False) -> None:
         self._ctx = multiprocessing.get_context(options.context)
         spaces = options.observation_space, options.action_space, options.num_envs
         self._shared: SharedBatch | None = SharedBatch.allocate(
@@ -146,6 +153,7 @@ class ProcessTransport(BaseTransport):
         self._poller.register(self._wake[0], select.POLLIN)
         self._pickled = PickledCommands()
         self._options = options
+        self._info_columns = info_columns
         self._options_blob = cloudpickle.dumps(options)
         try:
             with sigint_held():
@@ -170,6 +178,7 @@ class ProcessTransport(BaseTransport):
                 threading.current_thread() is threading.main_thread(),
             ),
             functools.partial(self._watcher, worker),
+            self.batch.infos.put if self._info_columns else None,
         )
         if worker < len(self._workers):
             self._workers[worker] = slot
@@ -434,4 +443,4 @@ def _retry_eintr(poll: Any, ms: int | None) -> list[tuple[int, int]]:
 
 
 def open_transport(options: TransportOptions) -> ProcessTransport:
-    return ProcessTransport(options)
+    return ProcessTransport(options, info_columns=True)

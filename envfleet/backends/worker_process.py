@@ -22,6 +22,7 @@ from typing import Any
 from envfleet.backends.base import WorkerLost
 from envfleet.backends.channel import FrameReader
 from envfleet.backends.outbox import Outbox
+from envfleet.infos import Columns
 from envfleet.protocol import Command, Reply
 
 READ_SIZE = 1 << 16
@@ -50,12 +51,14 @@ class WorkerProcess:
         target: Callable[..., None],
         args: tuple[Any, ...],
         watcher: Callable[[int], Callable[[bool], None]],
+        infos: Callable[[Columns], None] | None = None,
     ) -> WorkerProcess:
         """Start process ``worker`` of context ``ctx`` running ``target(worker, command
         reader, reply writer, (the pool's ends), *args)``.
 
         ``watcher(command_fd)`` gives what the worker's outbox calls when bytes start or stop
-        waiting in it.
+        waiting in it; ``infos`` takes the infos it sends as columns (its replies' dicts
+        otherwise).
         """
         command_r, command_w = ctx.Pipe(duplex=False)
         reply_r, reply_w = ctx.Pipe(duplex=False)
@@ -86,6 +89,7 @@ class WorkerProcess:
             reply_r.fileno(),
             proc.sentinel,
             Outbox(lambda data: os.write(command_fd, data), watcher(command_fd)),
+            FrameReader(infos),
         )
 
     def read(self, out: list[Reply | None]) -> bool:
