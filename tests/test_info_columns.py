@@ -270,3 +270,34 @@ def test_process_pools_give_sync_vector_envs_infos_as_they_shift(mode: Autoreset
         assert_same_run(expected, pool, INFO_SHIFT, mode, f"process/2 {mode.name}")
     finally:
         pool.close()
+
+
+def test_async_batches_of_any_envs_get_each_envs_own_infos() -> None:
+    """Async ``recv`` hands out whichever envs are ready: each batch's infos are those of its
+    envs, in its order, as ``_add_info`` merges them (each env stepped on its own as the
+    oracle, NEXT_STEP autoreset by hand)."""
+    num_envs, seed = 7, 11
+    alone = [InfoShiftEnv() for _ in range(num_envs)]
+    ended = [False] * num_envs
+
+    def expected_info(i: int) -> dict[str, Any]:
+        if ended[i]:
+            ended[i] = False
+            return alone[i].reset()[1]
+        _, _, terminated, truncated, info = alone[i].step(np.int64(0))
+        ended[i] = terminated or truncated
+        return info
+
+    pool = envfleet.make(InfoShiftEnv, num_envs, backend="process", num_workers=2, batch_size=3)
+    try:
+        pool.async_reset(seed=seed)
+        pending = {i: env.reset(seed=seed + i)[1] for i, env in enumerate(alone)}
+        for _ in range(40):
+            *_, infos = pool.recv()
+            env_ids = infos.pop("env_id")
+            assert_same(infos, gymnasium_infos([pending.pop(int(i)) for i in env_ids]))
+            pool.send(np.zeros(len(env_ids), dtype=np.int64), env_ids)
+            for i in env_ids.tolist():
+                pending[i] = expected_info(i)
+    finally:
+        pool.close()
