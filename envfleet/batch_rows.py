@@ -85,6 +85,10 @@ class BatchRows:
             rows(batch.terminations),
             rows(batch.truncations),
         )
+        self.flags_clear = False
+        """Whether every terminated and truncated flag of these rows is False as written last
+        (then an ongoing step writes neither); whoever writes a flag of these rows by another
+        way sets it False (:class:`~envfleet.group.EnvGroup`, env by env)."""
         self._actions = batch.actions[index] if isinstance(index, slice) else None
         self.action_view: np.ndarray | None = (
             self._actions if self._actions is not None and self._actions.ndim == 1 else None
@@ -128,11 +132,15 @@ class BatchRows:
                 for i, obs in zip(self.env_ids, observations, strict=True):
                     write_obs(i, obs)
             rewards_rows[...] = rewards
-            # Episodes that go on (the common case): one scalar instead of a tuple per flag.
+            # Episodes that go on (the common case): one scalar instead of a tuple per flag,
+            # and nothing at all when the flags are False already.
             if terminations.count(False) == n and truncations.count(False) == n:
-                terminations_rows.fill(False)
-                truncations_rows.fill(False)
+                if not self.flags_clear:
+                    terminations_rows.fill(False)
+                    truncations_rows.fill(False)
+                    self.flags_clear = True
                 return False, terminations, truncations, infos
+            self.flags_clear = False
             terminations_rows[...] = terminations
             truncations_rows[...] = truncations
         except Exception:

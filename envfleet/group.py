@@ -272,6 +272,7 @@ class EnvGroup:
         kept: list[int],
     ) -> None:
         """Results written one env at a time, as :meth:`_step_each` does (the slow path)."""
+        self._flags_written()
         batch, owe = self.batch, self._owe_reset
         for i, result in zip(env_ids, results, strict=True):
             try:
@@ -299,6 +300,7 @@ class EnvGroup:
         kept: list[int],
     ) -> None:
         """Step ``env_ids`` one env at a time (carried actions, restarts, ``SAME_STEP``)."""
+        self._flags_written()
         batch = self.batch
         rewards, terms, truncs = batch.rewards, batch.terminations, batch.truncations
         # Carried actions (another dtype than the batch arrays', or no shared arrays) reach the
@@ -352,6 +354,11 @@ class EnvGroup:
             failures.append(failure)
         else:
             self._truncate(i, infos, failures, kept)
+
+    def _flags_written(self) -> None:
+        """Flags are about to be written env by env: the kept rows no longer know theirs."""
+        if self._rows is not None:
+            self._rows.flags_clear = False
 
     def _rows_of(self, env_ids: Sequence[int]) -> BatchRows:
         """The batch rows of ``env_ids`` and their envs, kept for the command repeated every
@@ -445,6 +452,7 @@ class EnvGroup:
         self, i: int, infos: dict[int, Any], failures: list[EnvFailure], kept: list[int]
     ) -> None:
         """Report the interrupted episode of restarted env ``i`` as truncated."""
+        self._flags_written()
         self._truncate_next.discard(i)
         info: dict[str, Any] = {RESTARTED: True}
         if self.mode is AutoresetMode.SAME_STEP:

@@ -218,6 +218,26 @@ def test_flags_of_episodes_that_go_on_are_written_in_their_rows_only(
         group.close()
 
 
+def test_flags_written_env_by_env_are_cleared_by_the_next_batched_step() -> None:
+    """The batched step skips clearing flags it left clear; an episode that ends on the
+    env-by-env path (here: actions carried with the command) must still be cleared by the
+    next batched step of the same command."""
+    group, batch, _ = _group(EnvSpec(FaultyEnv), AutoresetMode.NEXT_STEP, n=6)
+    ids = tuple(range(6))
+    try:
+        group.reset(list(ids), list(range(1, 7)), None)
+        group.set_attr("episode_length", {i: 302 if i == 2 else 10**6 for i in ids})
+        batch.actions[:] = 1
+        assert not group.step(ids).failures  # every episode goes on: flags clear
+        carried = {i: np.int64(1) for i in ids}
+        assert not group.step(ids, carried).failures  # env 2's episode ends
+        assert batch.terminations.tolist() == [i == 2 for i in ids]
+        assert not group.step(ids).failures  # env 2 resets, the others go on
+        assert not batch.terminations.any() and not batch.truncations.any()
+    finally:
+        group.close()
+
+
 def test_the_command_repeated_every_step_steps_the_envs_of_the_moment() -> None:
     """A worker repeats one command (the same tuple) every step, and the group keeps what it
     needs for it: a restarted env is stepped, not the one it replaced, and a command for other

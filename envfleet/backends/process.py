@@ -75,6 +75,10 @@ an env needs: see ``bench/waiting.py``. Raise it only with more cores than busy 
 """
 
 
+_ONE_PLAIN: list[Reply | None] = [None]
+"""What a worker's reply pipe holds after most steps: one plain reply."""
+
+
 def _worker_main(
     worker: int,
     commands: Connection,
@@ -358,7 +362,10 @@ class ProcessTransport(BaseTransport):
             if slot.reply_fd in ready or died:  # replies it sent before dying come first
                 if not slot.read(got):
                     died = True
-                if got:
+                if got == _ONE_PLAIN:  # the hot path: one reply, nothing to report
+                    replies.append((w, None))
+                    got.clear()
+                elif got:
                     for reply in got:
                         if reply is not None and reply.rows is not None:  # into the batch
                             deliver(self.batch, self._options.observation_space, reply)
