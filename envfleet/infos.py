@@ -8,6 +8,7 @@ batches hold whichever envs were ready. Infos that every env fills with the same
 
 from __future__ import annotations
 
+import pickle
 from operator import itemgetter
 from typing import Any
 
@@ -112,9 +113,33 @@ def _record(types: tuple[type, ...]) -> np.dtype[Any]:
     return dtype
 
 
-Columns = tuple[tuple[int, ...], tuple[Any, ...], tuple[type, ...], bytes]
-"""The infos of some envs as columns: their env ids, the keys, each key's type, and one record
-per env (:func:`_record`) as bytes."""
+Columns = tuple[tuple[int, ...], bytes, bytes]
+"""The infos of some envs as columns: their env ids, their layout (the keys and each key's
+type, pickled: :func:`layout_of`), and one record per env (:func:`_record`) as bytes."""
+
+Layout = tuple[tuple[Any, ...], tuple[type, ...]]
+_PICKLED: dict[Layout, bytes] = {}
+_LAYOUTS: dict[bytes, Layout] = {}
+
+
+def _pickled(layout: Layout) -> bytes:
+    """``layout`` pickled, once (every step of an env sends the same one)."""
+    blob = _PICKLED.get(layout)
+    if blob is None:
+        if len(_PICKLED) > 256:
+            _PICKLED.clear()
+        blob = _PICKLED[layout] = pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL)
+    return blob
+
+
+def layout_of(blob: bytes) -> Layout:
+    """The layout pickled in ``blob``, unpickled once."""
+    layout = _LAYOUTS.get(blob)
+    if layout is None:
+        if len(_LAYOUTS) > 256:
+            _LAYOUTS.clear()
+        layout = _LAYOUTS[blob] = pickle.loads(blob)
+    return layout
 
 
 def info_columns(infos: dict[int, dict[str, Any]]) -> Columns | None:
@@ -142,12 +167,13 @@ def info_columns(infos: dict[int, dict[str, Any]]) -> Columns | None:
         data = np.array(records, dtype=_record(types)).tobytes()
     except (OverflowError, ValueError, TypeError):  # an int past int64: _add_info raises it
         return None
-    return tuple(infos), keys, types, data
+    return tuple(infos), _pickled((keys, types)), data
 
 
 def column_dicts(columns: Columns) -> dict[int, dict[str, Any]]:
     """``columns`` turned back into the dicts :func:`info_columns` took them from."""
-    env_ids, keys, types, data = columns
+    env_ids, blob, data = columns
+    keys, types = layout_of(blob)
     records = np.frombuffer(data, dtype=_record(types))
     return {i: _as_dict(keys, types, record) for i, record in zip(env_ids, records, strict=True)}
 
@@ -170,9 +196,11 @@ class InfoTable:
 
     def __init__(self, num_envs: int) -> None:
         self._num_envs = num_envs
-        self._layout: tuple[tuple[Any, ...], tuple[type, ...]] | None = None
+        self._layout: Layout | None = None
+        self._blob = b""
         self._records: np.ndarray[Any, np.dtype[Any]] = np.zeros(0)
-        self._fields: tuple[str, ...] = ()
+        self._bytes = np.zeros((0, 0), dtype=np.uint8)  # the records' bytes, one row per env
+        self._columns: tuple[tuple[Any, str, str], ...] = ()  # (key, "_key", field)
         self._has = np.zeros(num_envs, dtype=np.bool_)
         self._dicts: dict[int, dict[Any, Any]] = {}  # records of an earlier layout
         self._index: dict[tuple[int, ...], slice | np.ndarray] = {}
@@ -181,15 +209,17 @@ class InfoTable:
 
     def put(self, columns: Columns) -> None:
         """Take in one reply's columns (what :func:`info_columns` made)."""
-        env_ids, keys, types, data = columns
-        if self._layout is None or self._layout != (keys, types):
-            self._relayout((keys, types))
+        env_ids, blob, data = columns
+        if blob != self._blob:
+            self._relayout(layout_of(blob))
+            self._blob = blob
         index = self._index.get(env_ids)
         if index is None:
             if len(self._index) > 1024:
                 self._index.clear()
             index = self._index[env_ids] = _rows(env_ids)
-        self._records[index] = np.frombuffer(data, dtype=self._records.dtype)
+        bytes_ = self._bytes
+        bytes_[index] = np.frombuffer(data, dtype=np.uint8).reshape(-1, bytes_.shape[1])
         self._has[index] = True
         if self._dicts:
             for i in env_ids:
@@ -238,16 +268,17 @@ class InfoTable:
             picked = records[env_ids]
             self._has[env_ids] = False
         infos: dict[str, Any] = {}
-        for key, field in zip(self._layout[0], self._fields, strict=True):
-            column = picked[field]
-            if positions is None:
-                infos[key] = column.copy()
-                infos[f"_{key}"] = np.ones(size, dtype=np.bool_)
-            else:
-                infos[key] = np.zeros(size, dtype=column.dtype)
-                infos[key][positions] = column
-                mask = infos[f"_{key}"] = np.zeros(size, dtype=np.bool_)
-                mask[positions] = True
+        if positions is None:
+            ones = np.ones(size, dtype=np.bool_)
+            for key, mask, field in self._columns:
+                infos[key] = picked[field].copy()
+                infos[mask] = ones.copy()
+            return infos
+        for key, mask, field in self._columns:
+            column = infos[key] = np.zeros(size, dtype=picked.dtype[field])
+            column[positions] = picked[field]
+            flags = infos[mask] = np.zeros(size, dtype=np.bool_)
+            flags[positions] = True
         return infos
 
     def _pop(self, i: int) -> dict[str, Any] | None:
@@ -262,7 +293,7 @@ class InfoTable:
         assert self._layout is not None
         return _as_dict(*self._layout, self._records[i])
 
-    def _relayout(self, layout: tuple[tuple[Any, ...], tuple[type, ...]]) -> None:
+    def _relayout(self, layout: Layout) -> None:
         """Switch to ``layout``: the records waiting become dicts."""
         if self._layout is not None:
             for i in np.flatnonzero(self._has).tolist():
@@ -271,7 +302,8 @@ class InfoTable:
                 self._dicts[i] = info
         self._layout = layout
         self._records = np.zeros(self._num_envs, dtype=_record(layout[1]))
-        self._fields = tuple(f"f{k}" for k in range(len(layout[1])))
+        self._bytes = self._records.view(np.uint8).reshape(self._num_envs, -1)
+        self._columns = tuple((key, f"_{key}", f"f{k}") for k, key in enumerate(layout[0]))
 
 
 def _rows(env_ids: tuple[int, ...]) -> slice | np.ndarray:
