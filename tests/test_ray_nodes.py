@@ -217,6 +217,62 @@ def test_a_lost_worker_on_the_pools_own_node_restarts_alone(cluster: Cluster) ->
             pool.step(actions)
 
 
+FORKING_DRIVER = """
+import gc, os, sys, time
+import numpy as np, ray, envfleet
+ray.init(address=sys.argv[1], log_to_driver=False)
+pool = envfleet.make(
+    "CartPole-v1", 6, backend="ray", num_workers=3, nodes=sys.argv[2].split(","), seed=0
+)
+pool.reset(seed=0)
+pid = os.fork()
+if pid == 0:
+    pool.close()
+    del pool
+    gc.collect()
+    sys.exit(3)
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child", os.waitstatus_to_exitcode(status), flush=True)
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    print("child hung", flush=True)
+print(*pool.step(np.ones(6, dtype=np.int64))[0].ravel().tolist(), flush=True)
+pool.close()
+print("parent done", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["with the pool's node", "other nodes"])
+def test_a_forked_child_exits_and_leaves_its_parents_node_pool_alone(
+    cluster: Cluster, where: str
+) -> None:
+    """A driver (another process, joined to the cluster) forks while its pool of node sub-pools
+    is open; the child closes the pool and exits (``sys.exit(3)``): it ends at once with its
+    status, sending nothing to the agents (nor to the actors of the pool's own node) and
+    leaving the parent's Ray connection alone, and the parent's pool steps on as before."""
+    nodes = all_nodes(cluster) if where == "with the pool's node" else all_nodes(cluster)[1:]
+    result = subprocess.run(
+        [sys.executable, "-c", FORKING_DRIVER, cluster.address, ",".join(nodes)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    lines = result.stdout.split("\n")
+    assert lines[0] == "child 3" and lines[2] == "parent done", result.stdout + result.stderr
+    oracle = SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * NUM_ENVS)
+    oracle.reset(seed=0)
+    want = oracle.step(np.ones(NUM_ENVS, dtype=np.int64))[0]
+    np.testing.assert_array_equal(np.array(lines[1].split(), np.float32), want.ravel())
+    assert "SIGSEGV" not in result.stderr and "Fatal Python error" not in result.stderr
+
+
 def test_nodes_false_keeps_one_actor_per_worker(cluster: Cluster) -> None:
     reference = SyncVectorEnv(heterogeneous())
     want = trajectory(reference, 6)
@@ -249,9 +305,17 @@ def _disabled_run(env: Any, steps: int) -> list[Any]:
     return out
 
 
-def test_async_batches_match_each_envs_own_trajectory(cluster: Cluster) -> None:
-    """batch_size < num_envs over three nodes: whichever envs come back, each env's sequence is
-    that of the same env stepped alone (seed + i, actions by its own step count)."""
+@pytest.mark.parametrize(
+    ("where", "workers", "batch"),
+    [("all", 3, 2), ("others", 4, NUM_ENVS // 2), ("process", 4, NUM_ENVS // 2)],
+)
+def test_async_batches_match_each_envs_own_trajectory(
+    cluster: Cluster, where: str, workers: int, batch: int
+) -> None:
+    """batch_size < num_envs over three nodes, or in halves over two nodes of two workers each
+    (each node keeps two halves in flight, answered apart), and on the process backend: whichever
+    envs come back, each env's sequence is that of the same env stepped alone (seed + i, actions
+    by its own step count)."""
     steps = 12
     rng = np.random.default_rng(3)
     plan = rng.integers(0, 2, size=(NUM_ENVS, steps + 1))
@@ -266,15 +330,18 @@ def test_async_batches_match_each_envs_own_trajectory(cluster: Cluster) -> None:
             seq.append(obs[0])
         want.append(seq)
     got: list[list[Any]] = [[] for _ in range(NUM_ENVS)]
+    layout: dict[str, Any] = {"backend": "process"}
+    if where != "process":
+        nodes = all_nodes(cluster) if where == "all" else all_nodes(cluster)[1:]
+        layout = {"backend": "ray", "nodes": nodes}
     with envfleet.make(
         "CartPole-v1",
         NUM_ENVS,
-        backend="ray",
-        num_workers=3,
-        nodes=all_nodes(cluster),
-        batch_size=2,
+        num_workers=workers,
+        batch_size=batch,
         seed=0,
         autoreset_mode="SameStep",
+        **layout,
     ) as pool:
         pool.async_reset()
         while min(len(s) for s in got) <= steps:
@@ -285,6 +352,8 @@ def test_async_batches_match_each_envs_own_trajectory(cluster: Cluster) -> None:
             actions = np.array([plan[i, min(len(got[i]) - 1, steps)] for i in ids])
             pool.send(actions, ids)
         pool.recv()
+        if where == "others":  # two workers a node: a half each
+            assert [n.workers for n in pool.stats().nodes] == [2, 2]
     for i in range(NUM_ENVS):
         np.testing.assert_array_equal(np.array(want[i]), np.array(got[i][: steps + 1]))
 

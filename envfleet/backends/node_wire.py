@@ -37,7 +37,8 @@ import numpy as np
 
 from envfleet.backends.compression import Codec, compressible
 from envfleet.buffers import ObjectRows
-from envfleet.protocol import Command, EnvCommand, Reply, Step
+from envfleet.errors import EnvError, EnvTimeoutError, WorkerDiedError
+from envfleet.protocol import Command, EnvCommand, EnvFailure, Reply, Step
 
 REPEAT = b"R"
 SUBMIT = b"S"
@@ -79,7 +80,7 @@ def pack(
     ``codecs`` (see :func:`row_codecs`) as its compressed block, its length first (nothing when
     there are no rows)."""
     if not codecs:
-        return [np.ascontiguousarray(field[sel]).tobytes() for field in fields]
+        return [field[sel].tobytes() for field in fields]
     out = []
     for field, codec in zip(fields, codecs, strict=True):
         rows = np.ascontiguousarray(field[sel])
@@ -199,3 +200,48 @@ def row_fields(batch: Any) -> list[np.ndarray]:
     """The arrays a round's rows are read from or written to (observations when arrays)."""
     fields = [] if isinstance(batch.observations, ObjectRows) else leaves(batch.observations)
     return [*fields, batch.rewards, batch.terminations, batch.truncations]
+
+
+Portable = tuple[Any, ...]
+"""An :class:`~envfleet.errors.EnvError` in a form that pickles (the error itself does not:
+its ``__init__`` takes keyword arguments, and an env's error is an instance of a class made on
+the fly), see :func:`portable` and :func:`rebuild`."""
+
+
+def portable(exc: EnvError) -> Portable:
+    """``exc`` as plain data, to cross to the pool."""
+    if isinstance(exc, WorkerDiedError):
+        return (
+            "died",
+            isinstance(exc, EnvTimeoutError),
+            str(exc),
+            exc.env_index,
+            exc.phase,
+            exc.worker,
+            exc.exitcode,
+            exc.env_ids,
+        )
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    return ("raised", EnvFailure.capture(exc.env_index, exc.phase, cause), exc.worker)
+
+
+def rebuild(data: Portable, workers: Sequence[int], env_name: str) -> Exception:
+    """The error :func:`portable` describes, naming the pool's worker (``workers``: the pool's
+    index of each of the agent's workers); ``("missing", message)``: a module the node lacks,
+    an ``ImportError``."""
+    if data[0] == "missing":
+        return ImportError(data[1])
+    if data[0] == "raised":
+        _, failure, worker = data
+        error: EnvError = failure.to_error(workers[worker], env_name)
+        return error
+    _, timeout, message, env_index, phase, worker, exitcode, env_ids = data
+    kind = EnvTimeoutError if timeout else WorkerDiedError
+    return kind(
+        message,
+        env_index=env_index,
+        phase=phase,
+        worker=workers[worker],
+        exitcode=exitcode,
+        env_ids=env_ids,
+    )

@@ -48,7 +48,7 @@ from envfleet.backends import compression
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import BaseTransport, Replies, TransportOptions, WorkerLost
 from envfleet.backends.driver_node import DriverNode, shared_node
-from envfleet.backends.node_agent import NodeAgent, node_options, rebuild
+from envfleet.backends.node_agent import NodeAgent, node_options
 from envfleet.backends.node_link import NodeLink, connect_agent
 from envfleet.backends.node_placement import choose_nodes, place
 from envfleet.backends.ray_options import RayOptions
@@ -178,7 +178,7 @@ class NodeTransport(BaseTransport):
                 ) from exc
             if error is not None:
                 node.kill_agent()
-                raise rebuild(error, node.workers, self._options.spec.name)
+                raise wire.rebuild(error, node.workers, self._options.spec.name)
             node.node_id, node.host, node.pid = node_id, host, pid
             node.serving = node.agent.serve.remote()
             try:
@@ -427,7 +427,7 @@ class NodeTransport(BaseTransport):
             return
         node.memory[local] = None  # the old process's figure
         if error is not None:
-            raise rebuild(error, node.workers, self._options.spec.name)
+            raise wire.rebuild(error, node.workers, self._options.spec.name)
 
     def _ack(self, node: NodeLink) -> Any:
         """Read ``node``'s messages up to its acknowledgement (the others wait for ``wait``)."""

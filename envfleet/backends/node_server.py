@@ -1,0 +1,245 @@
+"""A node agent's loop: the pool's rounds in, the node's replies and rows out.
+
+::
+
+    pool ── a round (S or R + action rows) ──► actions into the node's batch; each command to
+                                               its local worker (the process backend's pipes)
+                                               wait on the workers, LOCAL_SLICE at a time
+    pool ◄── one answer (P or G + rows) ────── a round all in (or a failure, a lost worker,
+                                               or its replies held past their limit)
+
+Each message from the pool is a round, and each round is answered as soon as all of its
+replies are in, whatever else the node owes: with two halves of the node's envs in flight
+(async, ``batch_size < num_envs``, one round each), the first half's rows go while the other
+half steps, so the pool sends that half's next actions before the node's cores run out of
+work. A sync step is one round of every worker, answered in one message. The messages are
+:mod:`envfleet.backends.node_wire`'s; the agent that runs this loop is
+:class:`~envfleet.backends.node_agent.NodeAgent`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from multiprocessing.connection import Connection
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+
+from envfleet.backends import node_wire as wire
+from envfleet.backends.base import WorkerLost
+from envfleet.backends.compression import Codec
+from envfleet.backends.process import ProcessTransport
+from envfleet.buffers import ObjectRows
+from envfleet.errors import EnvError
+from envfleet.protocol import Command, Reply, Rows
+
+LOCAL_SLICE = 0.002
+"""Seconds the agent waits on its workers at a time while it owes replies, before it looks
+for a message from the pool (a kill, another round): the agent has one thread. Replies of a
+round not all in after that long since the first came go anyway (async)."""
+
+HOLD_LIMIT = 0.05
+"""Seconds at most the agent holds the replies of a sync step's fast workers while a slow one
+finishes, to send the node's answer as one message: past it, what is in goes, so that the
+pool's ``step_timeout`` sees a hung worker's fast neighbours answer (a ``step_timeout`` this
+short would blame them)."""
+
+_Held = tuple[int, "Command | None", "Reply | WorkerLost | None"]
+"""A reply in, not yet sent: local worker, the command it answers (``None``: lost), reply."""
+
+_by_worker = itemgetter(0)
+
+
+class NodeServer:
+    """The agent's loop over its node's workers (``local``) and the pool's connection."""
+
+    def __init__(
+        self, local: ProcessTransport, conn: Connection, workers: int, codec: Codec | None
+    ) -> None:
+        self.local = local
+        self.conn = conn
+        batch = local.batch
+        self.batch = batch
+        self.rows = wire.row_fields(batch)
+        self.codecs = wire.row_codecs(self.rows, codec)
+        self.objects = isinstance(batch.observations, ObjectRows)
+        self.actions = (
+            wire.leaves(batch.actions) if not isinstance(batch.actions, ObjectRows) else []
+        )
+        # Per local worker, its commands not answered yet, each with its round's number.
+        self.inflight: list[deque[tuple[Command, int]]] = [deque() for _ in range(workers)]
+        self.left: dict[int, int] = {}  # per round in flight: its replies not in yet
+        self.rounds = 0
+        self.owed = 0
+        self.last: list[tuple[int, Command]] = []
+        self.last_actions: tuple[np.ndarray, slice | np.ndarray] | None = None
+        self.workers = workers
+        self.hold = False  # a sync step's round: held up to HOLD_LIMIT, not LOCAL_SLICE
+        self.held: list[_Held] = []
+        self.held_since = 0.0
+        self.complete = False  # a round is all in since the last answer
+        self.bad = False  # a failure or a lost worker is held: it goes at once
+        # A plain answer's workers and rows, by its workers (the same commands each step).
+        self.plain: dict[tuple[int, ...], tuple[list[Command], bytes, slice | np.ndarray]] = {}
+
+    def run(self) -> None:
+        conn = self.conn
+        while True:
+            try:
+                # Block while nothing is owed; else only look, and go back to the workers.
+                message = conn.recv_bytes() if self.owed == 0 or conn.poll(0) else None
+            except (EOFError, OSError):
+                return
+            if message is not None and not self.handle(message):
+                return
+            if self.owed:
+                self.collect()
+
+    def collect(self) -> None:
+        """Wait on the workers (one slice at most), and answer what is due."""
+        # Enough replies to complete a round (the one closest to it), unless the slice ends.
+        want = min(self.left.values()) if self.left else self.owed
+        replies = self.local.wait(LOCAL_SLICE, want)
+        now = time.monotonic()
+        if replies and not self.held:
+            self.held_since = now
+        for worker, reply in replies:
+            self.receive(worker, reply)
+        if self.held and (
+            self.complete
+            or self.bad
+            or now - self.held_since >= (HOLD_LIMIT if self.hold else LOCAL_SLICE)
+        ):
+            self.answer()
+
+    def receive(self, worker: int, reply: Reply | WorkerLost | None) -> None:
+        """Hold one reply of ``worker`` (a lost worker owes nothing more)."""
+        if isinstance(reply, WorkerLost):
+            self.drop(worker)
+            self.held.append((worker, None, reply))
+            self.bad = True
+            return
+        command, number = self.inflight[worker].popleft()
+        self.owed -= 1
+        self.tick(number)
+        self.held.append((worker, command, reply))
+        if reply is not None and reply.failures:
+            self.bad = True
+
+    def tick(self, number: int) -> None:
+        """One reply of round ``number`` in."""
+        left = self.left[number] - 1
+        if left:
+            self.left[number] = left
+        else:
+            del self.left[number]
+            self.complete = True
+
+    def drop(self, worker: int) -> None:
+        """``worker`` owes nothing any more (lost, or rebuilt)."""
+        for _, number in self.inflight[worker]:
+            self.tick(number)
+        self.owed -= len(self.inflight[worker])
+        self.inflight[worker].clear()
+
+    def handle(self, message: bytes) -> bool:
+        """Take one message from the pool; False once it asked to close."""
+        tag = message[:1]
+        view = memoryview(message)
+        if tag == wire.REPEAT:
+            self.hold = self.owed == 0
+            self.submit(self.last, view, 1)
+            return True
+        if tag == wire.SUBMIT:
+            commands, at = wire.read_header(view)
+            self.last = commands
+            self.last_actions = None
+            self.hold = self.owed == 0 and [w for w, _ in commands] == list(range(self.workers))
+            self.submit(commands, view, at)
+            return True
+        if tag == wire.MEMORY:  # answered at once, between the node's rounds
+            local = self.local
+            self.conn.send_bytes(wire.memory([local.memory(k) for k in range(self.workers)]))
+            return True
+        # A kill, a restart, a close: nothing waits for the rest, and what is in goes first.
+        self.hold = False
+        if self.held:
+            self.answer()
+        if tag == wire.KILL:
+            self.local.kill(message[1] << 8 | message[2])
+        elif tag == wire.RESTART:
+            (worker, restarts), _ = wire.read_header(view)
+            error: wire.Portable | None = None
+            self.drop(worker)
+            try:
+                self.local.restart(worker, restarts)
+            except EnvError as exc:
+                error = wire.portable(exc)
+            self.conn.send_bytes(wire.header(wire.ACK, error))
+        elif tag == wire.CLOSE:
+            self.local.close(5.0)
+            self.conn.send_bytes(wire.header(wire.ACK, None))
+            return False
+        return True
+
+    def submit(self, commands: list[tuple[int, Command]], view: memoryview, at: int) -> None:
+        """One round: its actions into the batch, each command to its worker."""
+        if self.actions:
+            cached = self.last_actions
+            if cached is None:
+                ids = wire.action_ids(c for _, c in commands)
+                cached = self.last_actions = (ids, wire.selection(ids))
+            ids, sel = cached
+            wire.unpack(self.actions, sel, ids.size, view, at)
+        if not commands:
+            return
+        number = self.rounds
+        self.rounds += 1
+        self.left[number] = len(commands)
+        self.owed += len(commands)
+        inflight, submit = self.inflight, self.local.submit
+        for worker, command in commands:
+            inflight[worker].append((command, number))
+            submit(worker, command)
+
+    def answer(self) -> None:
+        """Send the pool what is held: one message."""
+        held, self.held = self.held, []
+        self.complete = self.bad = False
+        held.sort(key=_by_worker)  # the order the pool reads an answer in (stable: per worker)
+        if not self.objects and all(reply is None for _, _, reply in held):
+            self.answer_plain(held)
+            return
+        answered: list[tuple[Command, Reply | None]] = []
+        for _, command, reply in held:
+            if command is not None and not isinstance(reply, WorkerLost):
+                answered.append((command, reply))
+        rows = wire.pack(self.rows, wire.selection(wire.row_ids(answered)), self.codecs)
+        replies: list[tuple[int, Any]] = [(worker, reply) for worker, _, reply in held]
+        if self.objects:
+            observations = self.batch.observations
+            replies = []
+            for worker, command, reply in held:
+                if command is not None and not isinstance(reply, WorkerLost):
+                    got = wire.row_ids([(command, reply)])
+                    if got.size:
+                        reply = reply if reply is not None else Reply(env_ids=tuple(got.tolist()))
+                        reply.rows = Rows(got, [observations[i] for i in got.tolist()])
+                replies.append((worker, reply))
+        self.conn.send_bytes(b"".join([wire.header(wire.GENERAL, replies), *rows]))
+
+    def answer_plain(self, held: list[_Held]) -> None:
+        """Every held reply is plain: the workers answered and the rows of their envs."""
+        key = tuple([worker for worker, _, _ in held])
+        commands: list[Command] = [command for _, command, _ in held]  # type: ignore[misc]
+        cached = self.plain.get(key)
+        if cached is None or any(a is not b for a, b in zip(cached[0], commands, strict=True)):
+            if len(self.plain) > 64:
+                self.plain.clear()
+            ids = wire.row_ids((command, None) for command in commands)
+            cached = self.plain[key] = (commands, wire.plain_workers(key), wire.selection(ids))
+        _, workers, sel = cached
+        rows = wire.pack(self.rows, sel, self.codecs)
+        self.conn.send_bytes(b"".join([wire.PLAIN, workers, *rows]))

@@ -1,0 +1,180 @@
+"""A node agent's loop (:class:`~envfleet.backends.node_server.NodeServer`) without Ray.
+
+The agent's local process pool is replaced by a scripted stand-in whose workers reply when the
+test says so, and the pool's side is a :class:`~envfleet.backends.node_link.NodeLink` on the
+other end of a socket pair: what the agent sends, and when, is read as the pool reads it. The
+agent's time limits are set out of reach, so an answer goes only because a round is all in.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+from envfleet.backends import node_server
+from envfleet.backends.base import Replies
+from envfleet.backends.node_link import NodeLink
+from envfleet.backends.node_server import NodeServer
+from envfleet.buffers import Batch
+from envfleet.protocol import Command, Step
+
+WORKERS, PER_WORKER = 4, 2
+ENVS = WORKERS * PER_WORKER
+OBS = spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
+ACTIONS = spaces.Discrete(2)
+
+
+class ScriptedWorkers:
+    """Stands for the agent's process pool: a worker replies once :meth:`finish` says so,
+    having written its envs' rows into the node's batch. :meth:`wait` returns as the process
+    backend's does within a slice that never ends: once ``want`` replies are in."""
+
+    def __init__(self) -> None:
+        self.batch = Batch.local(OBS, ACTIONS, ENVS)
+        self.submitted: list[tuple[int, Command]] = []
+        self.done: Replies = []
+
+    def submit(self, worker: int, command: Command) -> None:
+        self.submitted.append((worker, command))
+
+    def finish(self, *workers: int) -> None:
+        for worker in workers:
+            (command,) = [c for w, c in self.submitted if w == worker]
+            self.submitted.remove((worker, command))
+            for i in command.env_ids:  # type: ignore[union-attr]
+                step = int(self.batch.actions[i])
+                self.batch.observations[i] = i + step
+                self.batch.rewards[i] = 10 * i + step
+            self.done.append((worker, None))
+
+    def wait(self, timeout: float | None, want: int = 1) -> Replies:
+        if len(self.done) < want:
+            return []
+        done, self.done = self.done, []
+        return done
+
+
+@pytest.fixture
+def pair(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Connection, Connection]]:
+    monkeypatch.setattr(node_server, "LOCAL_SLICE", 1e9)
+    monkeypatch.setattr(node_server, "HOLD_LIMIT", 1e9)
+    a, b = socket.socketpair()
+    pool, agent = Connection(a.detach()), Connection(b.detach())
+    yield pool, agent
+    pool.close()
+    agent.close()
+
+
+def setup(pair: tuple[Connection, Connection]) -> tuple[NodeServer, ScriptedWorkers, NodeLink]:
+    pool_conn, agent_conn = pair
+    workers = ScriptedWorkers()
+    server = NodeServer(workers, agent_conn, WORKERS, None)  # type: ignore[arg-type]
+    link = NodeLink(0, "node", list(range(WORKERS)), conn=pool_conn, alive=True)
+    link.started()
+    return server, workers, link
+
+
+def send_steps(
+    link: NodeLink,
+    server: NodeServer,
+    pool: Batch,
+    workers: list[int],
+    action: int,
+    commands: list[Command] | None = None,
+) -> list[Command]:
+    """The pool's round: a step of ``workers``' envs with ``action`` (``commands``: the same
+    command objects again, as a sync step sends them)."""
+    if commands is None:
+        commands = [Step(tuple(range(w * PER_WORKER, (w + 1) * PER_WORKER))) for w in workers]
+    for w in workers:
+        pool.actions[w * PER_WORKER : (w + 1) * PER_WORKER] = action
+    message = link.round(workers, commands, [pool.actions])
+    assert message is not None
+    assert server.handle(message)
+    return commands
+
+
+def answers(link: NodeLink, pool: Batch) -> list[list[int]]:
+    """Every answer the agent sent so far: the pool's workers each answers (rows into
+    ``pool``)."""
+    assert link.conn is not None
+    out = []
+    while link.conn.poll(0):
+        data = link.conn.recv_bytes()
+        fields = [pool.observations, pool.rewards, pool.terminations, pool.truncations]
+        got = link.take(data, fields, pool, OBS, np.zeros(ENVS, np.int64))
+        out.append([worker for worker, _ in got])
+    return out
+
+
+def test_two_halves_in_flight_each_answered_as_soon_as_it_is_in(
+    pair: tuple[Connection, Connection],
+) -> None:
+    """Double buffering on one node: each half of its envs sent apart (a round each), and the
+    half that is in goes while the other still steps."""
+    server, workers, link = setup(pair)
+    pool = Batch.local(OBS, ACTIONS, ENVS)
+    send_steps(link, server, pool, [0, 1], 1)
+    send_steps(link, server, pool, [2, 3], 0)
+    np.testing.assert_array_equal(workers.batch.actions, [1, 1, 1, 1, 0, 0, 0, 0])
+    workers.finish(1)
+    server.collect()
+    assert answers(link, pool) == []  # half of the first half
+    workers.finish(0)
+    server.collect()
+    assert answers(link, pool) == [[0, 1]]  # while workers 2 and 3 step
+    np.testing.assert_array_equal(pool.observations[:4, 0], [1, 2, 3, 4])
+    np.testing.assert_array_equal(pool.rewards[:4], [1, 11, 21, 31])
+    assert not pool.rewards[4:].any()
+    send_steps(link, server, pool, [0, 1], 0)  # that half's next step, the other in flight
+    workers.finish(3, 2)
+    server.collect()
+    assert answers(link, pool) == [[2, 3]]
+    workers.finish(0, 1)
+    server.collect()
+    assert answers(link, pool) == [[0, 1]]
+    np.testing.assert_array_equal(pool.rewards, 10 * np.arange(ENVS))
+    assert server.owed == 0 and not server.left
+
+
+def test_what_is_in_goes_with_a_round_that_completes_and_never_twice(
+    pair: tuple[Connection, Connection],
+) -> None:
+    server, workers, link = setup(pair)
+    pool = Batch.local(OBS, ACTIONS, ENVS)
+    send_steps(link, server, pool, [0, 1], 1)
+    send_steps(link, server, pool, [2, 3], 1)
+    workers.finish(3, 1)  # one of each round
+    server.collect()
+    assert answers(link, pool) == []
+    workers.finish(2)  # completes the second round: worker 1's reply goes with it
+    server.collect()
+    assert answers(link, pool) == [[1, 2, 3]]
+    assert server.owed == 1
+    workers.finish(0)
+    server.collect()
+    assert answers(link, pool) == [[0]]
+    np.testing.assert_array_equal(pool.rewards, 10 * np.arange(ENVS) + 1)
+
+
+def test_a_sync_step_is_answered_once_every_worker_is_in(
+    pair: tuple[Connection, Connection],
+) -> None:
+    server, workers, link = setup(pair)
+    pool = Batch.local(OBS, ACTIONS, ENVS)
+    commands = None
+    for step in range(2):  # the second: the same round again (one byte and the actions)
+        commands = send_steps(link, server, pool, list(range(WORKERS)), step, commands)
+        workers.finish(0, 1)
+        server.collect()
+        assert answers(link, pool) == []
+        workers.finish(2, 3)
+        server.collect()
+        assert answers(link, pool) == [[0, 1, 2, 3]]
+        np.testing.assert_array_equal(pool.rewards, 10 * np.arange(ENVS) + step)
+    assert server.hold and link.last is commands
