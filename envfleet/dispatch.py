@@ -128,7 +128,7 @@ class Dispatch:
         ledger = self._ledger
         if len(env_ids) == self._num_envs:
             while ledger.in_flight:
-                self.pump(block=True, want=ledger.replies_owed())
+                self.pump(block=True, want=ledger.replies_owed(), collecting=True)
         else:
             while ledger.any_in_flight(env_ids):
                 self.pump(block=True)
@@ -158,11 +158,13 @@ class Dispatch:
             raise failure.to_error(worker, self._env_name)
         return tuple(values.get(i) for i in range(self._num_envs))
 
-    def pump(self, block: bool, want: int = 1) -> None:
+    def pump(self, block: bool, want: int = 1, collecting: bool = False) -> None:
         """Take in the replies that have arrived (waiting for at least one if ``block``).
 
         ``want`` tells the transport how many replies are worth waking up for: a sync step waits
-        for every pending command anyway.
+        for every pending command anyway. ``collecting``: every env is handed out once all are
+        in (:meth:`collect` of the whole pool), so a whole-pool step's plain replies take its
+        envs straight back to idle, without the ready FIFO.
         """
         recovery, ledger = self._recovery, self._ledger
         timeout = recovery.wait_timeout() if block else 0.0
@@ -180,7 +182,7 @@ class Dispatch:
             and len(replies) == ledger.num_workers
             and not any(map(_reply_of, replies))  # all plain (a reply or a loss is truthy)
         ):
-            ledger.took_all_plain([worker for worker, _ in replies])
+            ledger.took_all_plain([worker for worker, _ in replies], collected=collecting)
             replies = []
         for worker, reply in replies:
             error = recovery.take(worker, reply)

@@ -87,9 +87,9 @@ def _add_info(infos: dict[str, Any], info: dict[str, Any], index: int, size: int
 # lives and frame numbers every step, MuJoCo's reward terms), and the table the pool keeps them
 # in until they are handed out (issue 23: the per-env infos cost more than the frames).
 #
-#   worker: {env: {key: scalar}} ── info_columns ──► (env ids, keys, types, one record per env
-#                                                    as bytes), pickled on the wire
-#   pool:   InfoTable.put ──► one assignment into a structured array (a record per env)
+#   worker: {env: {key: scalar}} ── info_columns ──► (env ids, layout: the keys and their types
+#                                                    pickled once, one record per env as bytes)
+#   pool:   InfoTable.put ──► the records' bytes into a structured array (a record per env)
 #           InfoTable.take ──► per key: the column (a copy) and an all-True mask, as
 #                              Gymnasium's ``_add_info`` builds them; any other mix (envs with
 #                              no info, other keys, dict infos) goes through :func:`merge_infos`
@@ -97,8 +97,11 @@ def _add_info(infos: dict[str, Any], info: dict[str, Any], index: int, size: int
 
 
 def _plain(kind: type) -> bool:
-    """Whether ``_add_info`` stores values of type ``kind`` in an array of that dtype."""
-    return kind in _SCALARS or issubclass(kind, np.number)
+    """Whether ``_add_info`` stores values of type ``kind`` in an array of that dtype (a
+    timedelta's unit is not in its type: those go as dicts)."""
+    return kind in _SCALARS or (
+        issubclass(kind, np.number) and not issubclass(kind, np.timedelta64)
+    )
 
 
 _RECORDS: dict[tuple[type, ...], np.dtype[Any]] = {}
@@ -148,7 +151,7 @@ def info_columns(infos: dict[int, dict[str, Any]]) -> Columns | None:
     dicts: merged env by env, they give what ``_add_info`` gives, errors included)."""
     first = next(iter(infos.values()))
     keys = tuple(first)
-    if "final_obs" in keys:  # an object array in Gymnasium, whatever its value
+    if not keys or "final_obs" in keys:  # an object array in Gymnasium, whatever its value
         return None
     types = tuple(map(type, first.values()))
     if not all(map(_plain, types)):

@@ -212,12 +212,13 @@ class Ledger:
 
     # -- what comes back -----------------------------------------------------------------------
 
-    def took_all_plain(self, workers: list[int]) -> None:
+    def took_all_plain(self, workers: list[int], collected: bool = False) -> None:
         """Every worker answered its part of a whole-pool step with nothing to report.
 
         Each worker had exactly that one command pending (:attr:`all_out`), and as many
         replies as workers came in, so each worker answered once. ``workers`` is the order the
-        replies came in, which async ``recv`` hands envs out in.
+        replies came in, which async ``recv`` hands envs out in. ``collected``: every env is
+        handed out at once as well (the sync step), so they go straight back to idle.
         """
         started, self.all_out = self.all_out, None
         assert started is not None
@@ -226,11 +227,14 @@ class Ledger:
             queue.popleft()
         self.busy_since = [now] * len(self.pending)
         self._stats.replied_all(started, now)
+        self.in_flight -= self.num_envs
+        if collected:
+            self.state.fill(_IDLE)
+            return
         self.state.fill(_READY)
         ready, assignment = self.ready, self.assignment
         for worker in workers:
             ready.extend(assignment[worker])
-        self.in_flight -= self.num_envs
 
     def took(self, worker: int, reply: Reply | None) -> Command:
         """``worker`` answered its oldest command with ``reply`` (``None``: plain success).
@@ -292,8 +296,9 @@ class Ledger:
     def collected(self, env_ids: np.ndarray) -> None:
         """``env_ids`` (all ready) are handed out together, whatever their place in the FIFO."""
         if len(env_ids) == self.num_envs:
-            self.ready.clear()
-            self.state.fill(_IDLE)
+            if self.ready:  # else every env is idle already (took_all_plain collected them)
+                self.ready.clear()
+                self.state.fill(_IDLE)
             return
         wanted = set(env_ids.tolist())
         self.ready = deque(i for i in self.ready if i not in wanted)

@@ -53,6 +53,8 @@ def test_plain_scalar_infos_travel_as_columns_and_come_back_as_sent() -> None:
         {0: {"a": "text"}},
         {0: {"a": {"b": 1}}},
         {0: {"a": 2**70}},  # past int64: Gymnasium's merge raises OverflowError
+        {0: {"a": np.timedelta64(5, "s")}},  # its unit is not in its type
+        {0: {}, 1: {}},
     ],
 )
 def test_other_infos_travel_as_dicts(infos: dict[int, dict[str, Any]]) -> None:

@@ -258,3 +258,20 @@ def test_all_idle_follows_the_states() -> None:
     ledger.sent(1, Reset((3, 4), (None, None)))
     ledger.took(1, None)
     assert agrees() and ledger.drain_ready() is not None and agrees() and ledger.all_idle()
+
+
+def test_a_whole_pool_step_collected_at_once_skips_the_ready_fifo() -> None:
+    """The sync step takes every plain reply and hands every env out at once: the envs go
+    straight back to idle, with nothing left in the FIFO, as the FIFO path leaves them."""
+    direct, via_fifo = make_ledger(), make_ledger()
+    for ledger in (direct, via_fifo):
+        assert ledger.sent_all()
+    direct.took_all_plain([1, 0], collected=True)
+    via_fifo.took_all_plain([1, 0])
+    assert list(via_fifo.ready) == [3, 4, 0, 1, 2]
+    for ledger in (direct, via_fifo):
+        ledger.collected(ledger.all_ids)
+        assert states(ledger) == [EnvState.IDLE] * 5
+        assert not ledger.ready and ledger.in_flight == 0 and ledger.all_idle()
+        assert not any(ledger.pending) and ledger.all_out is None
+    assert direct.sent_all()  # the next step is a whole-pool step again
