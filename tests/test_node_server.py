@@ -39,6 +39,9 @@ class ScriptedWorkers:
         self.submitted: list[tuple[int, Command]] = []
         self.done: Replies = []
 
+    def watch(self, fd: int) -> None:
+        pass
+
     def submit(self, worker: int, command: Command) -> None:
         self.submitted.append((worker, command))
 

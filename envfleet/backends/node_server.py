@@ -4,7 +4,7 @@
 
     pool ── a round (S or R + action rows) ──► actions into the node's batch; each command to
                                                its local worker (the process backend's pipes)
-                                               wait on the workers, LOCAL_SLICE at a time
+                                               wait on the workers and the pool together
     pool ◄── one answer (P or G + rows) ────── a round all in (or a failure, a lost worker,
                                                or its replies held past their limit)
 
@@ -36,9 +36,12 @@ from envfleet.errors import EnvError
 from envfleet.protocol import Command, Reply, Rows
 
 LOCAL_SLICE = 0.002
-"""Seconds the agent waits on its workers at a time while it owes replies, before it looks
-for a message from the pool (a kill, another round): the agent has one thread. Replies of a
-round not all in after that long since the first came go anyway (async)."""
+"""Seconds at most the agent holds the replies of a round that is not all in (async): past
+it, what is in goes."""
+
+WAIT_SLICE = 1.0
+"""Seconds at most the agent waits at a time on its workers and the pool's connection
+together (either wakes it at once: a reply, or the pool's next round, a kill, a close)."""
 
 HOLD_LIMIT = 0.05
 """Seconds at most the agent holds the replies of a sync step's fast workers while a slow one
@@ -60,6 +63,7 @@ class NodeServer:
     ) -> None:
         self.local = local
         self.conn = conn
+        local.watch(conn.fileno())  # its wait ends when the pool speaks
         batch = local.batch
         self.batch = batch
         self.rows = wire.row_fields(batch)
@@ -99,19 +103,18 @@ class NodeServer:
 
     def collect(self) -> None:
         """Wait on the workers (one slice at most), and answer what is due."""
-        # Enough replies to complete a round (the one closest to it), unless the slice ends.
+        # Enough replies to complete a round (the one closest to it), until what is held is
+        # due or the pool speaks.
         want = min(self.left.values()) if self.left else self.owed
-        replies = self.local.wait(LOCAL_SLICE, want)
+        limit = HOLD_LIMIT if self.hold else LOCAL_SLICE
+        timeout = max(0.0, self.held_since + limit - time.monotonic()) if self.held else WAIT_SLICE
+        replies = self.local.wait(min(timeout, WAIT_SLICE), want)
         now = time.monotonic()
         if replies and not self.held:
             self.held_since = now
         for worker, reply in replies:
             self.receive(worker, reply)
-        if self.held and (
-            self.complete
-            or self.bad
-            or now - self.held_since >= (HOLD_LIMIT if self.hold else LOCAL_SLICE)
-        ):
+        if self.held and (self.complete or self.bad or now - self.held_since >= limit):
             self.answer()
 
     def receive(self, worker: int, reply: Reply | WorkerLost | None) -> None:

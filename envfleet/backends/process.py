@@ -151,6 +151,7 @@ class ProcessTransport(BaseTransport):
         self._wake: tuple[int, int] | None = os.pipe()
         os.set_blocking(self._wake[1], False)
         self._poller.register(self._wake[0], select.POLLIN)
+        self._watched: int | None = None  # see watch()
         self._pickled = PickledCommands()
         self._options = options
         self._info_columns = info_columns
@@ -312,6 +313,12 @@ class ProcessTransport(BaseTransport):
                 if self._closed and not self._waiting:
                     self._close_wake()
 
+    def watch(self, fd: int) -> None:
+        """Have :meth:`wait` also end, with what is in, once ``fd`` is readable (a node agent's
+        connection to its pool: the pool's next message is read at once, not after a slice)."""
+        self._watched = fd
+        self._poller.register(fd, select.POLLIN)
+
     def _wait(
         self, timeout: float | None, want: int
     ) -> list[tuple[int, Reply | WorkerLost | None]]:
@@ -341,6 +348,8 @@ class ProcessTransport(BaseTransport):
                 for _, reply in replies[start:]:
                     if reply is not None and reply.failures:  # type: ignore[union-attr]
                         return replies  # a failure is raised at once, not after the rest
+                if self._watched in ready:
+                    return replies
             if len(replies) >= want or timeout == 0:
                 return replies
             if deadline is not None:
