@@ -18,11 +18,13 @@ is one byte each way, with no pickling on either side. A synchronous step asks :
 for every pending reply (``want``): it keeps polling, within the pool's bound, until they are
 all in, so the pool takes them in one go rather than one wake-up per worker.
 
-Waiting blocks in ``poll``/``read`` on both sides: no spinning, so on a machine with few cores
-the envs get every cycle (see ``bench/waiting.py`` for the measurement behind this choice). A
-worker that dies wakes the parent through its process sentinel (a reply it had half written is
-dropped); a worker whose parent dies sees EOF on its command pipe, is killed by the kernel
-(``PR_SET_PDEATHSIG``) or, failing both, is stopped by a watchdog thread.
+Waiting blocks in ``poll``/``read`` on both sides, so on a machine with few cores the envs get
+every cycle (docs/benchmarks.md, "Waiting strategy"), except that the pool polls without sleeping
+for up to :data:`SPIN_LIMIT` for the last replies of a wait (once fewer workers owe one than there
+are cores) and for the first when its previous wait was that short. A worker that dies wakes the
+parent through its process sentinel (a reply it had half written is dropped); a worker whose parent
+dies sees EOF on its command pipe, is killed by the kernel (``PR_SET_PDEATHSIG``) or, failing both,
+is stopped by a watchdog thread.
 
 This module is the transport (submit, wait, restart, close over all the workers) and what runs
 in a worker; the pool's handle on one worker process (start it, read its replies, bury or stop
@@ -48,6 +50,7 @@ from typing import Any
 
 import cloudpickle
 
+from envfleet.affinity import usable_cpus
 from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
 from envfleet.backends.channel import (
     REPEAT_BYTES,
@@ -71,8 +74,18 @@ SPIN_SECONDS = 0.0
 """How long each side polls without sleeping before it blocks in the kernel.
 
 0 (block at once) measured fastest on 2 cores, where a spinning parent or worker takes the core
-an env needs: see ``bench/waiting.py``. Raise it only with more cores than busy processes.
+an env needs (docs/benchmarks.md, "Waiting strategy"). Raise it only with more cores than busy
+processes.
 """
+
+SPIN_LIMIT = 0.0002
+"""The longest the pool polls without sleeping for replies, in two cases only: for the last
+replies of a wait once some are in and fewer workers still owe one than the machine has usable
+cores (the finished workers' cores are idle), and at the start of a wait when its previous wait
+got every reply within this limit (workers that fast lose little to a spin that short). Each
+saves the pool a sleep and a wake-up, tens of µs on a virtual machine, on most synchronous steps
+of fast envs; slower envs wait in the kernel as before (docs/benchmarks.md, "The fixed cost of a
+step")."""
 
 
 _ONE_PLAIN: list[Reply | None] = [None]
@@ -144,6 +157,8 @@ class ProcessTransport(BaseTransport):
         self._writing: set[int] = set()  # workers whose outbox holds bytes (polled for room)
         self._closed = False
         self._poller = select.poll()
+        self._quick = False  # the last wait got every reply within SPIN_LIMIT
+        self._cores = len(usable_cpus())  # fewer workers owing a reply: the pool may spin
         # close() from another thread while wait() polls: a byte on this pipe wakes the poll,
         # which then touches none of the workers' descriptors (close() is closing them).
         self._wake_lock = threading.Lock()
@@ -306,7 +321,11 @@ class ProcessTransport(BaseTransport):
                 return []
             self._waiting += 1
         try:
-            return self._wait(timeout, want)
+            began = time.perf_counter()
+            replies = self._wait(timeout, want)
+            if timeout != 0 and len(replies) >= want:
+                self._quick = time.perf_counter() - began < SPIN_LIMIT
+            return replies
         finally:
             with self._wake_lock:
                 self._waiting -= 1
@@ -328,8 +347,11 @@ class ProcessTransport(BaseTransport):
         ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
         while True:
             events: list[tuple[int, int]] = []
-            if SPIN_SECONDS > 0 and ms != 0:
-                spin_until = time.perf_counter() + SPIN_SECONDS
+            spin = SPIN_SECONDS
+            if want - len(replies) < self._cores if replies else self._quick:
+                spin = max(spin, SPIN_LIMIT)
+            if spin > 0 and ms != 0:
+                spin_until = time.perf_counter() + spin
                 while not events and time.perf_counter() < spin_until:
                     events = poll(0)
             if not events:

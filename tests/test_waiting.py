@@ -1,0 +1,129 @@
+"""When the process backend's pool polls for replies without sleeping (``SPIN_LIMIT``): for the
+last replies of a wait once fewer workers owe one than there are cores, and at the start of a
+wait whose previous wait was that short; otherwise it sleeps in the kernel."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import envfleet
+from envfleet.backends import process
+from tests.envs import FaultyEnv
+
+
+class _Logged:
+    """A ``select.poll`` object that records, wait by wait, each call's timeout and whether it
+    returned events."""
+
+    def __init__(self, poller: Any, waits: list[list[tuple[int | None, bool]]]) -> None:
+        self._poller, self._waits = poller, waits
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._poller, name)
+
+    def poll(self, timeout: int | None = None) -> list[tuple[int, int]]:
+        events: list[tuple[int, int]] = self._poller.poll(timeout)
+        self._waits[-1].append((timeout, bool(events)))
+        return events
+
+
+def _logged_pool(env_fns: list[Any], cores: int) -> tuple[Any, list[list[tuple[int | None, bool]]]]:
+    """A process pool of ``env_fns`` on one worker each, its polls logged wait by wait, as if
+    the machine had ``cores`` usable cores."""
+    pool = envfleet.make(env_fns, backend="process", num_workers=len(env_fns))
+    transport = pool._transport
+    waits: list[list[tuple[int | None, bool]]] = [[]]
+    transport._poller = _Logged(transport._poller, waits)
+    transport._cores = cores
+    wait = transport.wait
+
+    def logged_wait(*args: Any, **kwargs: Any) -> Any:
+        waits.append([])
+        return wait(*args, **kwargs)
+
+    transport.wait = logged_wait
+    return pool, waits
+
+
+@pytest.fixture
+def spin_limit(request: pytest.FixtureRequest) -> Iterator[float]:
+    """``process.SPIN_LIMIT`` set to the test's parameter for its duration."""
+    old, process.SPIN_LIMIT = process.SPIN_LIMIT, request.param
+    yield request.param
+    process.SPIN_LIMIT = old
+
+
+@pytest.mark.parametrize("spin_limit", [0.0002], indirect=True)
+def test_slow_envs_sleep_in_the_kernel_and_spin_only_for_the_last_reply(spin_limit: float) -> None:
+    """Env 1 sleeps 30 ms a step, env 0 not at all (one worker each, 2 cores): every wait after
+    the first step starts blocking (its previous wait was far longer than the limit); once env
+    0's worker has answered, one worker owes a reply with 2 cores: the pool polls without
+    sleeping, then blocks again for env 1 (30 ms is past the limit)."""
+    fns = [functools.partial(FaultyEnv, sleep=s, episode_length=1000) for s in (0.0, 0.03)]
+    pool, waits = _logged_pool(fns, cores=2)
+    try:
+        pool.reset(seed=0)
+        pool.step(np.zeros(2, dtype=np.int64))  # after the reset's quick wait: spins first
+        del waits[:]
+        for _ in range(6):
+            waits.append([])
+            pool.step(np.zeros(2, dtype=np.int64))
+        steps = [polls for polls in waits if polls]
+        assert steps
+        for polls in steps:
+            first_reply = next(k for k, (_, got) in enumerate(polls) if got)
+            assert all(timeout != 0 for timeout, _ in polls[: first_reply + 1]), polls
+        tails = [
+            polls
+            for polls in steps
+            if any(timeout == 0 for timeout, _ in polls)  # spun after the first reply...
+            and polls[-1][0] != 0  # ...then slept for the slow one
+        ]
+        assert tails, steps
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("spin_limit", [5.0], indirect=True)
+def test_fast_envs_are_waited_for_without_sleeping(spin_limit: float) -> None:
+    """With the limit past any step of two counter envs, every wait after the first starts
+    by polling without sleeping, and gets its replies that way."""
+    pool, waits = _logged_pool([FaultyEnv, FaultyEnv], cores=2)
+    try:
+        pool.reset(seed=0)
+        pool.step(np.zeros(2, dtype=np.int64))
+        del waits[:]
+        for _ in range(5):
+            waits.append([])
+            pool.step(np.zeros(2, dtype=np.int64))
+        steps = [polls for polls in waits if polls]
+        assert len(steps) >= 5
+        assert all(timeout == 0 for polls in steps for timeout, _ in polls), steps
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("spin_limit", [5.0], indirect=True)
+def test_no_spin_while_every_core_has_a_busy_worker(spin_limit: float) -> None:
+    """With as many workers owing a reply as cores (1 core here), a wait whose previous wait
+    was slow blocks until the first reply and, the other worker still owing one, goes on
+    blocking: the spin would take a core a worker needs."""
+    fns = [functools.partial(FaultyEnv, sleep=0.2, episode_length=1000)] * 2
+    pool, waits = _logged_pool(fns, cores=1)
+    try:
+        pool.reset(seed=0)
+        process.SPIN_LIMIT = 0.0002  # the reset and this step: slower than the limit
+        pool.step(np.zeros(2, dtype=np.int64))
+        process.SPIN_LIMIT = spin_limit
+        del waits[:]
+        waits.append([])
+        pool.step(np.zeros(2, dtype=np.int64))
+        polls = [call for wait in waits for call in wait]
+        assert polls and all(timeout != 0 for timeout, _ in polls), polls
+    finally:
+        pool.close()
