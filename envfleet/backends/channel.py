@@ -40,7 +40,13 @@ from envfleet.worker import serve
 def plain(reply: Reply) -> bool:
     """Nothing to report beyond success: the pool knows which envs the command named, and
     their rows are where it reads them (such a reply travels as ``None``, or one byte)."""
-    return not (reply.infos or reply.failures or reply.restarts or reply.rows or reply.values)
+    return not reply.infos and not _beyond_infos(reply)
+
+
+def _beyond_infos(reply: Reply) -> bool:
+    """Whether ``reply`` reports anything but infos: failures, restarts, rows, call results or
+    rows left as they were (those always come with a restarted env's infos)."""
+    return bool(reply.failures or reply.restarts or reply.rows or reply.values or reply.kept)
 
 
 def spin(ready: Callable[[], bool], seconds: float) -> bool:
@@ -133,9 +139,7 @@ def encode_reply(reply: Reply) -> bytes:
     unpicklable one replaced by the failure that says so)."""
     if plain(reply):
         return _PLAIN_BYTES
-    if reply.infos and not (
-        reply.failures or reply.restarts or reply.rows or reply.values or reply.kept
-    ):
+    if reply.infos and not _beyond_infos(reply):
         columns = info_columns(reply.infos)
         if columns is not None:
             body = pickle.dumps((reply.env_ids, columns), protocol=pickle.HIGHEST_PROTOCOL)
