@@ -278,6 +278,12 @@ def test_async_batches_of_any_envs_get_each_envs_own_infos() -> None:
     """Async ``recv`` hands out whichever envs are ready: each batch's infos are those of its
     envs, in its order, as ``_add_info`` merges them (each env stepped on its own as the
     oracle, NEXT_STEP autoreset by hand)."""
+    assert_async_infos(backend="process", num_workers=2)
+
+
+def assert_async_infos(**layout: Any) -> None:
+    """:func:`test_async_batches_of_any_envs_get_each_envs_own_infos` on a pool of ``layout``
+    (``envfleet.make``'s keyword arguments)."""
     num_envs, seed = 7, 11
     alone = [InfoShiftEnv() for _ in range(num_envs)]
     ended = [False] * num_envs
@@ -290,7 +296,7 @@ def test_async_batches_of_any_envs_get_each_envs_own_infos() -> None:
         ended[i] = terminated or truncated
         return info
 
-    pool = envfleet.make(InfoShiftEnv, num_envs, backend="process", num_workers=2, batch_size=3)
+    pool = envfleet.make(InfoShiftEnv, num_envs, batch_size=3, **layout)
     try:
         pool.async_reset(seed=seed)
         pending = {i: env.reset(seed=seed + i)[1] for i, env in enumerate(alone)}

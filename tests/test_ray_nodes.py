@@ -29,14 +29,20 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from ray.cluster_utils import Cluster
 
 import envfleet
+import envfleet.infos
+import envfleet.results
 from envfleet.backends import node_wire
 from envfleet.backends.node_agent import NodeAgent, node_options
-from envfleet.backends.node_link import connect_agent
+from envfleet.backends.node_link import NodeLink, connect_agent
 from envfleet.backends.node_placement import place
 from envfleet.backends.nodes import NodeTransport
 from envfleet.backends.ray import RayTransport
 from envfleet.backends.ray_options import RayOptions
+from envfleet.infos import column_dicts, info_columns
 from tests.ray_helpers import ray_leak_check
+from tests.test_equivalence import NUM_ENVS as EQUIVALENCE_ENVS
+from tests.test_equivalence import Case, assert_same_run, drive
+from tests.test_info_columns import INFO_SHIFT, InfoShiftEnv, assert_async_infos
 
 NUM_ENVS = 6
 NODE = {"num_cpus": 1, "object_store_memory": 80 << 20}
@@ -896,3 +902,146 @@ def test_an_agent_lost_during_a_restart_is_replaced_with_its_whole_node(
         assert os.path.exists(killed)
         assert np.flatnonzero(restarted).tolist() == held
         assert node.pid != pid
+
+
+# -- infos as columns --------------------------------------------------------------------------
+
+
+def test_an_answers_columns_are_joined_by_layout_and_give_back_what_was_sent() -> None:
+    """The columns of a node's workers (in any order, two layouts) joined for the wire: one per
+    layout, env ids in order, each env's record still its own."""
+    sent = [
+        {4: {"lives": 1, "frame": 8}, 5: {"lives": 2, "frame": 9}},
+        {0: {"lives": 3, "frame": 10}, 1: {"lives": 4, "frame": 11}},
+        {2: {"x": 0.5}},
+        {6: {"lives": 5, "frame": 12}},
+    ]
+    parts = [part for infos in sent if (part := info_columns(infos)) is not None]
+    joined = node_wire.join_columns(parts)
+    assert [columns[0] for columns in joined] == [(0, 1, 4, 5, 6), (2,)]
+    back = {i: info for columns in joined for i, info in column_dicts(columns).items()}
+    assert back == {i: info for infos in sent for i, info in infos.items()}
+    assert node_wire.join_columns(parts[:1]) == parts[:1]
+
+
+class ArrayInfoShift(InfoShiftEnv):
+    """:class:`InfoShiftEnv` whose infos also hold an array every step: they travel as dicts."""
+
+    def _info(self) -> dict[str, Any]:
+        info = super()._info()
+        info["pos"] = np.arange(2) + self._t
+        return info
+
+
+@pytest.mark.parametrize(
+    ("mode", "shared"),
+    [
+        (AutoresetMode.NEXT_STEP, True),
+        (AutoresetMode.SAME_STEP, False),
+        (AutoresetMode.DISABLED, False),
+    ],
+    ids=["NEXT_STEP", "SAME_STEP", "DISABLED"],
+)
+def test_infos_from_node_agents_are_sync_vector_envs(
+    cluster: Cluster, mode: AutoresetMode, shared: bool
+) -> None:
+    """Infos of plain scalars (columns from the agents) that change keys, order and types
+    from step to step, an env whose infos always hold an array (dicts), restarted episodes'
+    final infos: SyncVectorEnv's results, infos' values, dtypes and masks included, on three
+    nodes (the pool's own node on its memory, its workers' infos dicts, or behind an agent)."""
+    fns = [InfoShiftEnv] * 5 + [ArrayInfoShift, InfoShiftEnv]
+    assert len(fns) == EQUIVALENCE_ENVS
+    reference = SyncVectorEnv(fns, autoreset_mode=mode)
+    try:
+        expected = list(drive(reference, INFO_SHIFT, mode))
+    finally:
+        reference.close()
+    with envfleet.make(
+        fns,
+        backend="ray",
+        num_workers=5,
+        nodes=all_nodes(cluster),
+        ray_shared_memory=shared,
+        autoreset_mode=mode,
+    ) as pool:
+        assert len(pool.stats().nodes) == 3
+        assert_same_run(expected, pool, INFO_SHIFT, mode, f"3 nodes {mode.name}")
+
+
+def test_async_batches_get_each_envs_infos_from_node_agents(cluster: Cluster) -> None:
+    """batch_size < num_envs over two agents of two workers each: each batch's infos are those
+    of its envs, in its order (columns and dicts alike)."""
+    assert_async_infos(backend="ray", num_workers=4, nodes=all_nodes(cluster)[1:])
+
+
+class AtariInfos(gymnasium.Env[np.ndarray, np.int64]):
+    """A no-op env with Atari's infos every step (reset included): three plain scalars."""
+
+    def __init__(self) -> None:
+        self.observation_space = gymnasium.spaces.Box(0, 255, shape=(2,), dtype=np.uint8)
+        self.action_space = gymnasium.spaces.Discrete(2)
+        self._frame = 0
+        self._t = 0
+
+    def _info(self) -> dict[str, Any]:
+        return {
+            "lives": 3 - self._t // 3,
+            "episode_frame_number": np.int64(4 * self._t),
+            "frame_number": 4 * self._frame,
+        }
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._t = 0
+        return self.np_random.integers(256, size=2, dtype=np.uint8), self._info()
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self._t += 1
+        self._frame += 1
+        terminated = self.np_random.random() < 0.2
+        obs = np.array([self._t % 256, int(action)], dtype=np.uint8)
+        return obs, float(self._t), terminated, False, self._info()
+
+
+def test_plain_scalar_infos_reach_the_batch_as_columns_with_no_dicts(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Atari's kind of infos from two agents: every answer is the agent's "plain with infos as
+    columns" (never the general pickled one), the driver never merges infos env by env nor
+    holds one as a dict, and the results are SyncVectorEnv's."""
+    case = Case(AtariInfos, steps=30, min_episodes=5)
+    reference = SyncVectorEnv([AtariInfos] * EQUIVALENCE_ENVS)
+    try:
+        expected = list(drive(reference, case, AutoresetMode.NEXT_STEP))
+    finally:
+        reference.close()
+    tags: list[bytes] = []
+    take = NodeLink.take
+
+    def spy(self: NodeLink, data: bytes, *args: Any) -> Any:
+        tags.append(bytes(data[:1]))
+        return take(self, data, *args)
+
+    def merged_env_by_env(*args: Any) -> Any:
+        raise AssertionError("the driver merged infos env by env")
+
+    monkeypatch.setattr(NodeLink, "take", spy)
+    monkeypatch.setattr(envfleet.results, "merge_infos", merged_env_by_env)
+    monkeypatch.setattr(envfleet.infos, "merge_infos", merged_env_by_env)
+    with envfleet.make(
+        AtariInfos, EQUIVALENCE_ENVS, backend="ray", num_workers=4, nodes=all_nodes(cluster)[1:]
+    ) as pool:
+        pool._ledger.infos = DictsRefused()
+        assert_same_run(expected, pool, case, AutoresetMode.NEXT_STEP, "2 agents")
+    # One answer per node per round (two if a worker was held past HOLD_LIMIT), every one of
+    # them "plain with infos as columns".
+    assert len(tags) >= 2 * (case.steps + 1) and set(tags) == {node_wire.INFOS}
+
+
+class DictsRefused(dict[int, dict[str, Any]]):
+    """The ledger's dict infos, refusing any."""
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"infos reached the driver as dicts: {args}")

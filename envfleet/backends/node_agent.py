@@ -27,6 +27,7 @@ from envfleet.backends.node_server import NodeServer
 from envfleet.backends.node_wire import Portable, portable
 from envfleet.backends.process import ProcessTransport
 from envfleet.errors import EnvError
+from envfleet.infos import Columns
 
 DEFAULT_CONTEXT = "forkserver"
 """How the agent starts its worker processes: a Ray worker runs threads, which ``fork`` would
@@ -63,6 +64,7 @@ class NodeAgent:
         self._listener: socket.socket | None = None
         self._authkey = b""
         self._codec: Codec | None = None
+        self._columns: list[Columns] = []  # infos its workers sent as columns, not yet sent on
 
     def start(self, authkey: bytes) -> tuple[Portable | None, str, str, int, int]:
         """Start the node's workers and a listening socket on this node's address; return
@@ -74,7 +76,7 @@ class NodeAgent:
         except ImportError as exc:  # lz4 on the pool's machine, not on this node
             return ("missing", f"node {node} ({host}): {exc}"), node, host, 0, os.getpid()
         try:
-            self.local = ProcessTransport(self.options)
+            self.local = ProcessTransport(self.options, info_columns=self._columns.append)
             # A replacement agent: its envs start restarted (flagged, reseeded by their count).
             for worker, ids in enumerate(self.options.assignment):
                 counts = {i: self.restarts[i] for i in ids if i in self.restarts}
@@ -100,6 +102,8 @@ class NodeAgent:
         sock.detach()
         try:
             with conn:
-                NodeServer(self.local, conn, len(self.options.assignment), self._codec).run()
+                NodeServer(
+                    self.local, conn, len(self.options.assignment), self._codec, self._columns
+                ).run()
         finally:
             self.local.close(5.0)

@@ -180,8 +180,9 @@ class NodeLink:
         codecs: wire.Codecs = None,
     ) -> Replies:
         """The replies one message from the agent carries (the pool's worker indices); its rows
-        are written into ``rows`` (the batch's arrays) first (decompressed by ``codecs``), and
-        each env restarted is counted in ``restarts``. An answer to :data:`~.node_wire.MEMORY`
+        are written into ``rows`` (the batch's arrays) first (decompressed by ``codecs``), infos
+        that travel as columns into ``batch.infos``, and each env restarted is counted in
+        ``restarts``. An answer to :data:`~.node_wire.MEMORY`
         carries none: its figures go to :attr:`memory`."""
         if data[:1] == wire.MEMORY:
             self.memory, self.measuring = wire.read_memory(data), False
@@ -191,8 +192,12 @@ class NodeLink:
         self.seconds += time.perf_counter() - self.sent_at
         tag = data[:1]
         workers = self.workers
-        if tag == wire.PLAIN:
+        if tag == wire.PLAIN or tag == wire.INFOS:
             key, at = wire.read_plain_workers(data)
+            if tag == wire.INFOS:  # infos of plain scalars: into the table, as they came
+                columns, at = wire.read_pickled(data, at)
+                for part in columns:
+                    batch.infos.put(part)
             cached = self.plain.get(key)
             if cached is None:
                 if len(self.plain) > 64:
@@ -212,7 +217,9 @@ class NodeLink:
             return [(workers[k], None) for k in order]
         if tag == wire.ACK:  # pragma: no cover - only in answer to a restart or close
             return []
-        body, at = wire.read_header(data)
+        (body, columns), at = wire.read_header(data)
+        for part in columns:
+            batch.infos.put(part)
         answered: list[tuple[Command, Reply | None]] = []
         out: Replies = []
         for local, reply in body:

@@ -5,8 +5,12 @@
     pool ── a round (S or R + action rows) ──► actions into the node's batch; each command to
                                                its local worker (the process backend's pipes)
                                                wait on the workers and the pool together
-    pool ◄── one answer (P or G + rows) ────── a round all in (or a failure, a lost worker,
+    pool ◄── one answer (P, I or G + rows) ─── a round all in (or a failure, a lost worker,
                                                or its replies held past their limit)
+
+Infos that workers send as columns (plain scalars: Atari's, MuJoCo's) reach the agent as bytes,
+never as dicts, and go on to the pool as they came (an ``I`` answer when the replies have
+nothing else to say).
 
 Each message from the pool is a round, and each round is answered as soon as all of its
 replies are in, whatever else the node owes: with two halves of the node's envs in flight
@@ -33,6 +37,7 @@ from envfleet.backends.compression import Codec
 from envfleet.backends.process import ProcessTransport
 from envfleet.buffers import ObjectRows
 from envfleet.errors import EnvError
+from envfleet.infos import Columns
 from envfleet.protocol import Command, Reply, Rows
 
 LOCAL_SLICE = 0.002
@@ -59,9 +64,17 @@ class NodeServer:
     """The agent's loop over its node's workers (``local``) and the pool's connection."""
 
     def __init__(
-        self, local: ProcessTransport, conn: Connection, workers: int, codec: Codec | None
+        self,
+        local: ProcessTransport,
+        conn: Connection,
+        workers: int,
+        codec: Codec | None,
+        columns: list[Columns] | None = None,
     ) -> None:
         self.local = local
+        # The infos the workers sent as columns since the last answer (``local`` appends them
+        # as it reads the replies they belong to: those replies are held, and go with them).
+        self.columns: list[Columns] = [] if columns is None else columns
         self.conn = conn
         local.watch(conn.fileno())  # its wait ends when the pool speaks
         batch = local.batch
@@ -212,8 +225,12 @@ class NodeServer:
         held, self.held = self.held, []
         self.complete = self.bad = False
         held.sort(key=_by_worker)  # the order the pool reads an answer in (stable: per worker)
+        columns: list[Columns] = []
+        if self.columns:
+            columns = wire.join_columns(self.columns)
+            self.columns.clear()
         if not self.objects and all(reply is None for _, _, reply in held):
-            self.answer_plain(held)
+            self.answer_plain(held, columns)
             return
         answered: list[tuple[Command, Reply | None]] = []
         for _, command, reply in held:
@@ -231,10 +248,11 @@ class NodeServer:
                         reply = reply if reply is not None else Reply(env_ids=tuple(got.tolist()))
                         reply.rows = Rows(got, [observations[i] for i in got.tolist()])
                 replies.append((worker, reply))
-        self.conn.send_bytes(b"".join([wire.header(wire.GENERAL, replies), *rows]))
+        self.conn.send_bytes(b"".join([wire.header(wire.GENERAL, (replies, columns)), *rows]))
 
-    def answer_plain(self, held: list[_Held]) -> None:
-        """Every held reply is plain: the workers answered and the rows of their envs."""
+    def answer_plain(self, held: list[_Held], columns: list[Columns]) -> None:
+        """Every held reply is plain: the workers answered, the rows of their envs, and the
+        infos that came as ``columns``."""
         key = tuple([worker for worker, _, _ in held])
         commands: list[Command] = [command for _, command, _ in held]  # type: ignore[misc]
         cached = self.plain.get(key)
@@ -245,4 +263,7 @@ class NodeServer:
             cached = self.plain[key] = (commands, wire.plain_workers(key), wire.selection(ids))
         _, workers, sel = cached
         rows = wire.pack(self.rows, sel, self.codecs)
-        self.conn.send_bytes(b"".join([wire.PLAIN, workers, *rows]))
+        if columns:
+            self.conn.send_bytes(b"".join([wire.INFOS, workers, wire.pickled(columns), *rows]))
+        else:
+            self.conn.send_bytes(b"".join([wire.PLAIN, workers, *rows]))

@@ -8,8 +8,10 @@
     S + len + pickle[(worker, command)] + actions ──►   each command to its local worker
                                                       wait for the local replies (its pipes)
     rows into the batch arrays ◄──── P + rows ─────── every command answered, nothing to say
-      (np.frombuffer + one slice     G + len + pickle[(worker, reply)] + rows (infos, failures,
-       assignment per field)                          a lost worker, ...)
+      (np.frombuffer + one slice   ◄─ I + columns + rows  nothing to say but infos of plain
+       assignment per field;                          scalars (Atari's, MuJoCo's): columns
+       columns into its InfoTable)   G + len + pickle[([(worker, reply)], columns)] + rows
+                                                      (dict infos, failures, a lost worker, ...)
     K + worker (2 bytes) ───────────────────────────► kill a hung local worker (reported lost)
     X + pickle((worker, restarts)) ─────────────────► rebuild one local worker; A + pickle(error)
     C ──────────────────────────────────────────────► close; A, then the agent's loop ends
@@ -22,7 +24,10 @@
 commands (:func:`row_ids`); a step's actions travel the same way. Spaces that are not arrays
 (pickled path) carry their observations in the pickled part instead. With ``compress=``, the
 rows of each image field (:mod:`envfleet.backends.compression`) travel instead as one
-compressed block, its length (8 bytes) first.
+compressed block, its length (8 bytes) first. Infos that the workers sent as columns
+(:func:`~envfleet.infos.info_columns`: one record per env) travel as they came, those of one
+layout joined (:func:`join_columns`), and go into the pool's
+:class:`~envfleet.infos.InfoTable` with no Python per env; other infos are the replies' dicts.
 """
 
 from __future__ import annotations
@@ -38,11 +43,13 @@ import numpy as np
 from envfleet.backends.compression import Codec, compressible
 from envfleet.buffers import ObjectRows
 from envfleet.errors import EnvError, EnvTimeoutError, WorkerDiedError
+from envfleet.infos import Columns
 from envfleet.protocol import Command, EnvCommand, EnvFailure, Reply, Step
 
 REPEAT = b"R"
 SUBMIT = b"S"
 PLAIN = b"P"
+INFOS = b"I"
 GENERAL = b"G"
 RESTART = b"X"
 CLOSE = b"C"
@@ -171,6 +178,41 @@ def read_plain_workers(data: Any) -> tuple[bytes, int]:
     return bytes(data[1:end]), end
 
 
+def join_columns(parts: Sequence[Columns]) -> list[Columns]:
+    """The columns of an answer's replies, those of one layout joined in one (by env, in
+    order: a node's envs are consecutive, so they usually land with one slice assignment)."""
+    if len(parts) == 1:
+        return list(parts)
+    joined: dict[bytes, list[Columns]] = {}
+    for part in sorted(parts, key=_first_env):
+        joined.setdefault(part[1], []).append(part)
+    return [
+        (
+            tuple(i for ids, _, _ in same for i in ids),
+            layout,
+            b"".join([data for _, _, data in same]),
+        )
+        for layout, same in joined.items()
+    ]
+
+
+def _first_env(columns: Columns) -> int:
+    return columns[0][0]
+
+
+def pickled(body: Any) -> bytes:
+    """``body`` pickled, its length first."""
+    blob = pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)
+    return _LENGTH.pack(len(blob)) + blob
+
+
+def read_pickled(data: Any, at: int) -> tuple[Any, int]:
+    """What :func:`pickled` wrote at offset ``at``, and the offset after it."""
+    (size,) = _LENGTH.unpack_from(data, at)
+    start = at + _LENGTH.size
+    return pickle.loads(data[start : start + size]), start + size
+
+
 def memory(used: Sequence[int | None]) -> bytes:
     """An agent's answer to :data:`MEMORY`: the resident bytes of each of its workers."""
     return MEMORY + np.array([-1 if u is None else u for u in used], dtype=np.int64).tobytes()
@@ -184,15 +226,12 @@ def read_memory(data: Any) -> list[int | None]:
 
 def header(tag: bytes, body: Any) -> bytes:
     """``tag``, then ``body`` pickled with its length first."""
-    blob = pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)
-    return tag + _LENGTH.pack(len(blob)) + blob
+    return tag + pickled(body)
 
 
 def read_header(data: Any) -> tuple[Any, int]:
     """The pickled body after a tag, and the offset of what follows it."""
-    (size,) = _LENGTH.unpack_from(data, 1)
-    start = 1 + _LENGTH.size
-    return pickle.loads(data[start : start + size]), start + size
+    return read_pickled(data, 1)
 
 
 def action_ids(commands: Iterable[Command]) -> np.ndarray:

@@ -67,6 +67,7 @@ from envfleet.backends.worker_process import WorkerProcess, describe_exit
 from envfleet.buffers import SharedBatch
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.guards import claim_base_exceptions
+from envfleet.infos import Columns
 from envfleet.protocol import Close, Command, EnvFailure, Reply
 from envfleet.worker import start_group
 
@@ -142,11 +143,17 @@ class ProcessTransport(BaseTransport):
     Args:
         options: what to start.
         info_columns: infos the workers send as columns go into :attr:`batch` (its
-            :class:`~envfleet.infos.InfoTable`, which the pool reads) and their replies read
-            as plain; otherwise (a node agent, which forwards replies) the replies carry them.
+            :class:`~envfleet.infos.InfoTable`, which the pool reads) when True, to this
+            callable when one is given (a node agent, which forwards them to its pool as they
+            came), and their replies read as plain; when False, the replies carry them.
     """
 
-    def __init__(self, options: TransportOptions, *, info_columns: bool = False) -> None:
+    def __init__(
+        self,
+        options: TransportOptions,
+        *,
+        info_columns: bool | Callable[[Columns], None] = False,
+    ) -> None:
         self._ctx = multiprocessing.get_context(options.context)
         spaces = options.observation_space, options.action_space, options.num_envs
         self._shared: SharedBatch | None = SharedBatch.allocate(
@@ -169,7 +176,11 @@ class ProcessTransport(BaseTransport):
         self._watched: int | None = None  # see watch()
         self._pickled = PickledCommands()
         self._options = options
-        self._info_columns = info_columns
+        self._info_columns: Callable[[Columns], None] | None = None
+        if info_columns is True:
+            self._info_columns = self.batch.infos.put
+        elif info_columns is not False:
+            self._info_columns = info_columns
         self._options_blob = cloudpickle.dumps(options)
         try:
             with sigint_held():
@@ -194,7 +205,7 @@ class ProcessTransport(BaseTransport):
                 threading.current_thread() is threading.main_thread(),
             ),
             functools.partial(self._watcher, worker),
-            self.batch.infos.put if self._info_columns else None,
+            self._info_columns,
         )
         if worker < len(self._workers):
             self._workers[worker] = slot
