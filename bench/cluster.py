@@ -6,10 +6,12 @@ wall time, for one Ray actor per worker (``per-actor``: ``nodes=False``; ``1/nod
 carries a node's batch), node pools (``nodes=[...]``: an agent per node, one message per node per
 step; with the pool's own node in the layout too) and the process backend on one machine, against
 nodes, workers, observation size and envs that sleep 10 ms a step; ``compress=`` on real Pong
-frames (wire bytes, encode and decode cost of a frame, the pool's step); and RLlib's
+frames (wire bytes, encode and decode cost of a frame, the pool's step); infos of plain
+scalars (ALE's) from the nodes; and RLlib's
 ``EnvRunnerGroup`` on the same nodes, in env-steps per driver CPU-second (when ``ray.rllib``
 imports). docs/cluster.md reads the figures. ``--quick``: fewer steps; ``--compress``: the Pong
-rows alone; ``--rllib``: the RLlib comparison alone.
+rows alone; ``--infos``: Pong frames and no-op envs with and without ALE's infos, alone;
+``--rllib``: the RLlib comparison alone.
 
     PYTHONPATH=. python bench/cluster.py --quick
 """
@@ -42,19 +44,44 @@ class PongReplay(NoOpEnv):
     """Replays recorded Pong frames, from a start its seed picks: the wire sees real frames
     while the nodes' CPUs are not spent emulating Atari."""
 
-    def __init__(self, frames: np.ndarray) -> None:
+    def __init__(self, frames: np.ndarray, infos: bool = False) -> None:
         super().__init__(frames.shape[1:], np.uint8)
         self.action_space = spaces.Discrete(6)
-        self._frames, self._t = frames, 0
+        self._frames, self._t, self._infos = frames, 0, infos
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         super().reset(seed=seed)
         self._t = int(self.np_random.integers(len(self._frames)))
-        return self._frames[self._t], {}
+        return self._frames[self._t], self._info()
 
     def step(self, action: int) -> Any:
         self._t = (self._t + 1) % len(self._frames)
-        return self._frames[self._t], 0.0, False, False, {}
+        return self._frames[self._t], 0.0, False, False, self._info()
+
+    def _info(self) -> dict[str, Any]:
+        """ALE's infos (``infos=True``): three plain scalars every step; else none."""
+        if not self._infos:
+            return {}
+        return {"lives": 0, "episode_frame_number": 4 * self._t, "frame_number": 4 * self._t}
+
+
+class AtariInfoNoOp(NoOpEnv):
+    """:class:`bench.envs.NoOpEnv` with ALE's infos: three plain scalars every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        return self._obs, self._info()
+
+    def step(self, action: int) -> Any:
+        self._t += 1
+        return self._obs, 0.0, False, False, self._info()
+
+    def _info(self) -> dict[str, Any]:
+        return {"lives": 0, "episode_frame_number": 4 * self._t, "frame_number": 4 * self._t}
 
 
 def pong_frames(count: int) -> np.ndarray:
@@ -136,6 +163,24 @@ def compress_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str
             r["wire bytes/frame"] = received / (10 * 16)  # rewards and flags included
             print(f"{'':44} {r['wire bytes/frame']:.0f} wire bytes/frame", flush=True)
             rows.append(r)
+    return rows
+
+
+def info_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, Any]]:
+    """Infos on the wire: Pong frames (16 envs) and no-op envs (64), with and without ALE's
+    three scalar infos a step, 2 nodes x 2 workers."""
+    frames = pong_frames(64)
+    cases = [
+        ("Pong frames, no infos", functools.partial(PongReplay, frames), 16, steps // 4),
+        ("Pong frames, ALE infos", functools.partial(PongReplay, frames, True), 16, steps // 4),
+        ("no-op, no infos", NoOpEnv, 64, steps),
+        ("no-op, ALE infos (3 scalars)", AtariInfoNoOp, 64, steps),
+    ]
+    rows = []
+    print("\nInfos from node agents", flush=True)
+    for label, env, envs, count in cases:
+        with envfleet.make(env, envs, num_workers=4, nodes=workers[:2], backend="ray") as pool:
+            rows.append(row(f"node pools, 2 nodes, {label}", envs, *measure(pool, count, repeats)))
     return rows
 
 
@@ -248,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compress", action="store_true", help="the Pong compress= rows alone")
     parser.add_argument("--rllib", action="store_true", help="the RLlib comparison alone")
+    parser.add_argument(
+        "--infos", action="store_true", help="the rows with and without ALE's infos alone"
+    )
     args = parser.parse_args(argv)
     steps = 200 if args.quick else 1000
     cluster = Cluster(
@@ -261,9 +309,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         ray.init(address=cluster.address, log_to_driver=False)
         workers = [n.node_id for n in cluster.worker_nodes]
-        if args.compress or args.rllib:
+        if args.compress or args.rllib or args.infos:
             if args.compress:
                 compress_rows(workers, steps // 4, args.repeats)
+            if args.infos:
+                info_rows(workers, steps, args.repeats)
             if args.rllib:
                 rllib_rows(workers, steps, args.repeats)
             return 0
@@ -329,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             extra = (four[key] - one[key]) / 3
             print(f"\n{key[:-8]} per extra node per step: {extra * 1e3:.0f} us (target <= 100)")
         rows += compress_rows(workers, steps // 4, args.repeats)
+        rows += info_rows(workers, steps, args.repeats)
         rows += rllib_rows(workers, steps, args.repeats)
         process = rows[0]["env-steps/s"]
         eight = next(r for r in rows if r["row"] == "node pools, 8 workers on 2 nodes")
