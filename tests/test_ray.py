@@ -48,6 +48,7 @@ from tests.test_equivalence import (
     assert_same_run,
     drive,
 )
+from tests.test_info_columns import INFO_SHIFT, assert_async_infos
 
 NUM_ENVS = 7
 NUM_WORKERS = 3  # 7 envs as 3 + 2 + 2
@@ -350,11 +351,12 @@ def test_ctrl_c_while_actors_close_still_kills_them(
 
 # -- same results as the serial backend ------------------------------------------------------
 
-RAY_CASES = {**CASES, "Pickled": PICKLED_CASE}
-"""``Pickled``: observations that do not fit arrays (Text in a Dict) travel as per-env values."""
+RAY_CASES = {**CASES, "Pickled": PICKLED_CASE, "InfoShift": INFO_SHIFT}
+"""``Pickled``: observations that do not fit arrays (Text in a Dict) travel as per-env values;
+``InfoShift``: infos of plain scalars (as columns over the socket) that change keys and types."""
 
 SYNC_RUNS = [
-    *((case, mode) for case in ("CartPole", "DictTuple") for mode in AutoresetMode),
+    *((case, mode) for case in ("CartPole", "DictTuple", "InfoShift") for mode in AutoresetMode),
     ("Pong", AutoresetMode.SAME_STEP),
     ("Pickled", AutoresetMode.SAME_STEP),
 ]
@@ -467,6 +469,12 @@ def test_async_results_are_bit_identical_to_serial(
         assert n > case.steps // 2, f"env {i}: only {n} results"
         for k in range(n):
             assert_same(expected[i][k], got[i][k], f"{case_name} env {i} result {k}")
+
+
+def test_async_batches_get_each_envs_own_infos_over_the_sockets(ray_session: None) -> None:
+    """Infos as columns from actors on the pool's machine: each async batch has exactly its
+    envs' infos, as ``_add_info`` merges them."""
+    assert_async_infos(backend="ray", num_workers=NUM_WORKERS)
 
 
 @pytest.mark.parametrize("path", PATHS)

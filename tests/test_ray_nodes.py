@@ -1005,12 +1005,14 @@ class AtariInfos(gymnasium.Env[np.ndarray, np.int64]):
         return obs, float(self._t), terminated, False, self._info()
 
 
+@pytest.mark.parametrize("here", [False, True], ids=["other nodes", "with the pool's node"])
 def test_plain_scalar_infos_reach_the_batch_as_columns_with_no_dicts(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, here: bool
 ) -> None:
-    """Atari's kind of infos from two agents: every answer is the agent's "plain with infos as
-    columns" (never the general pickled one), the driver never merges infos env by env nor
-    holds one as a dict, and the results are SyncVectorEnv's."""
+    """Atari's kind of infos from two agents (and the actors on the pool's own node): every
+    agent's answer is "plain with infos as columns" (never the general pickled one), the
+    driver never merges infos env by env nor holds one as a dict, and the results are
+    SyncVectorEnv's."""
     case = Case(AtariInfos, steps=30, min_episodes=5)
     reference = SyncVectorEnv([AtariInfos] * EQUIVALENCE_ENVS)
     try:
@@ -1030,9 +1032,11 @@ def test_plain_scalar_infos_reach_the_batch_as_columns_with_no_dicts(
     monkeypatch.setattr(NodeLink, "take", spy)
     monkeypatch.setattr(envfleet.results, "merge_infos", merged_env_by_env)
     monkeypatch.setattr(envfleet.infos, "merge_infos", merged_env_by_env)
+    nodes = all_nodes(cluster) if here else all_nodes(cluster)[1:]
     with envfleet.make(
-        AtariInfos, EQUIVALENCE_ENVS, backend="ray", num_workers=4, nodes=all_nodes(cluster)[1:]
+        AtariInfos, EQUIVALENCE_ENVS, backend="ray", num_workers=2 * len(nodes), nodes=nodes
     ) as pool:
+        assert [n.shared_memory for n in pool.stats().nodes] == [here, False, False][-len(nodes) :]
         pool._ledger.infos = DictsRefused()
         assert_same_run(expected, pool, case, AutoresetMode.NEXT_STEP, "2 agents")
     # One answer per node per round (two if a worker was held past HOLD_LIMIT), every one of

@@ -10,7 +10,8 @@ cannot read there:
   scalars, as columns) or a frame. :class:`FrameReader` reads replies on the pool's side. A step
   that reports nothing costs one byte each way and no pickling.
 - :func:`serve_connection` (the Ray backend's same-machine actors): a ``multiprocessing``
-  connection over a Unix socket, one pickled message each way.
+  connection over a Unix socket, one pickled message each way (a reply that carries nothing but
+  infos of plain scalars: their columns alone).
 """
 
 from __future__ import annotations
@@ -75,9 +76,12 @@ def serve_connection(group: Group, conn: Connection, spin_seconds: float = 0.0) 
             conn.send(undecodable(exc))
             continue
         reply = serve(group, command)
+        message: Reply | Columns | None = None if plain(reply) else reply
+        if message is not None and reply.infos and not _beyond_infos(reply):
+            message = info_columns(reply.infos) or reply  # plain scalars: as columns
         try:
             try:
-                conn.send(None if plain(reply) else reply)
+                conn.send(message)
             except (BrokenPipeError, ConnectionResetError):
                 raise
             except Exception as exc:  # an info or call result that cannot be pickled

@@ -312,7 +312,10 @@ class RayTransport(BaseTransport):
                 continue
             try:
                 reply = conn.recv()  # one per wake-up, as in the process one
-                if reply is not None and reply.rows is not None:
+                if type(reply) is tuple:  # nothing but infos, as columns: into the table
+                    self.batch.infos.put(reply)
+                    reply = None
+                elif reply is not None and reply.rows is not None:
                     deliver(self.batch, self._space, reply)
                 replies.append((worker, reply))
                 slot.owed -= 1
