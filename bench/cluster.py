@@ -166,21 +166,26 @@ def compress_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str
     return rows
 
 
-def info_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, Any]]:
+def info_rows(workers: list[str], head: str, steps: int, repeats: int) -> list[dict[str, Any]]:
     """Infos on the wire: Pong frames (16 envs) and no-op envs (64), with and without ALE's
-    three scalar infos a step, 2 nodes x 2 workers."""
+    three scalar infos a step, 2 nodes x 2 workers; and the no-op envs with the pool's own node
+    (``head``, its workers on the pool's memory) in the layout too, 3 nodes x 2 workers."""
     frames = pong_frames(64)
+    two, three = {"nodes": workers[:2], "num_workers": 4}, {"nodes": [head, *workers[:2]]}
     cases = [
-        ("Pong frames, no infos", functools.partial(PongReplay, frames), 16, steps // 4),
-        ("Pong frames, ALE infos", functools.partial(PongReplay, frames, True), 16, steps // 4),
-        ("no-op, no infos", NoOpEnv, 64, steps),
-        ("no-op, ALE infos (3 scalars)", AtariInfoNoOp, 64, steps),
+        ("2 nodes, Pong frames, no infos", functools.partial(PongReplay, frames), 16, two),
+        ("2 nodes, Pong frames, ALE infos", functools.partial(PongReplay, frames, True), 16, two),
+        ("2 nodes, no-op, no infos", NoOpEnv, 64, two),
+        ("2 nodes, no-op, ALE infos", AtariInfoNoOp, 64, two),
+        ("pool's node + 2, no-op, no infos", NoOpEnv, 64, {**three, "num_workers": 6}),
+        ("pool's node + 2, no-op, ALE infos", AtariInfoNoOp, 64, {**three, "num_workers": 6}),
     ]
     rows = []
     print("\nInfos from node agents", flush=True)
-    for label, env, envs, count in cases:
-        with envfleet.make(env, envs, num_workers=4, nodes=workers[:2], backend="ray") as pool:
-            rows.append(row(f"node pools, 2 nodes, {label}", envs, *measure(pool, count, repeats)))
+    for label, env, envs, make in cases:
+        count = steps // 4 if envs == 16 else steps
+        with envfleet.make(env, envs, backend="ray", **make) as pool:
+            rows.append(row(f"node pools, {label}", envs, *measure(pool, count, repeats)))
     return rows
 
 
@@ -313,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.compress:
                 compress_rows(workers, steps // 4, args.repeats)
             if args.infos:
-                info_rows(workers, steps, args.repeats)
+                info_rows(workers, cluster.head_node.node_id, steps, args.repeats)
             if args.rllib:
                 rllib_rows(workers, steps, args.repeats)
             return 0
@@ -379,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             extra = (four[key] - one[key]) / 3
             print(f"\n{key[:-8]} per extra node per step: {extra * 1e3:.0f} us (target <= 100)")
         rows += compress_rows(workers, steps // 4, args.repeats)
-        rows += info_rows(workers, steps, args.repeats)
+        rows += info_rows(workers, cluster.head_node.node_id, steps, args.repeats)
         rows += rllib_rows(workers, steps, args.repeats)
         process = rows[0]["env-steps/s"]
         eight = next(r for r in rows if r["row"] == "node pools, 8 workers on 2 nodes")
