@@ -11,17 +11,20 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from typing import Any
 
 import numpy as np
 import pytest
 from gymnasium import spaces
 
-from envfleet.backends import node_server
+from envfleet.backends import node_server, node_wire
 from envfleet.backends.base import Replies
 from envfleet.backends.node_link import NodeLink
 from envfleet.backends.node_server import NodeServer
 from envfleet.buffers import Batch
-from envfleet.protocol import Command, Step
+from envfleet.infos import info_columns
+from envfleet.protocol import Command, Reply, Step
+from tests.test_infos import assert_same, gymnasium_infos
 
 WORKERS, PER_WORKER = 4, 2
 ENVS = WORKERS * PER_WORKER
@@ -45,7 +48,7 @@ class ScriptedWorkers:
     def submit(self, worker: int, command: Command) -> None:
         self.submitted.append((worker, command))
 
-    def finish(self, *workers: int) -> None:
+    def finish(self, *workers: int, reply: Reply | None = None) -> None:
         for worker in workers:
             (command,) = [c for w, c in self.submitted if w == worker]
             self.submitted.remove((worker, command))
@@ -53,7 +56,7 @@ class ScriptedWorkers:
                 step = int(self.batch.actions[i])
                 self.batch.observations[i] = i + step
                 self.batch.rewards[i] = 10 * i + step
-            self.done.append((worker, None))
+            self.done.append((worker, reply))
 
     def wait(self, timeout: float | None, want: int = 1) -> Replies:
         if len(self.done) < want:
@@ -181,3 +184,46 @@ def test_a_sync_step_is_answered_once_every_worker_is_in(
         assert answers(link, pool) == [[0, 1, 2, 3]]
         np.testing.assert_array_equal(pool.rewards, 10 * np.arange(ENVS) + step)
     assert server.hold and link.last is commands
+
+
+def test_infos_the_workers_sent_as_columns_go_on_as_columns(
+    pair: tuple[Connection, Connection],
+) -> None:
+    """Columns from the workers go with the round's answer as they came: an "I" answer when
+    every reply is plain otherwise, beside a worker's dict infos in a general one; the pool
+    lays them into its table and gets Gymnasium's infos from the two together."""
+    server, workers, link = setup(pair)
+    pool = Batch.local(OBS, ACTIONS, ENVS)
+    infos: list[dict[str, Any] | None] = [
+        {"lives": 3 - i % 2, "frame": np.int32(4 * i)} for i in range(ENVS)
+    ]
+    infos[6] = {"x": 0.5}  # worker 3: another layout
+    infos[7] = None
+    commands = None
+    for step, odd in enumerate([None, 2]):  # the second step: worker 2 sends dicts
+        if odd is not None:
+            infos[2 * odd] = {"pos": np.arange(2) + step, "lives": 1}
+        commands = send_steps(link, server, pool, list(range(WORKERS)), step, commands)
+        for w in range(WORKERS):
+            ids = range(w * PER_WORKER, (w + 1) * PER_WORKER)
+            sent = {i: info for i in ids if (info := infos[i])}
+            columns = info_columns(sent)
+            if w == odd:
+                assert columns is None
+                workers.finish(w, reply=Reply(env_ids=tuple(ids), infos=sent))
+            else:
+                assert columns is not None
+                server.columns.append(columns)
+                workers.finish(w)
+        server.collect()
+        assert link.conn is not None
+        data = link.conn.recv_bytes()
+        assert data[:1] == (node_wire.INFOS if odd is None else node_wire.GENERAL)
+        fields = [pool.observations, pool.rewards, pool.terminations, pool.truncations]
+        got = link.take(data, fields, pool, OBS, np.zeros(ENVS, np.int64))
+        assert [worker for worker, _ in got] == list(range(WORKERS)) and not server.columns
+        replies = [reply for _, reply in got if isinstance(reply, Reply)]
+        dicts = {i: info for reply in replies for i, info in reply.infos.items()}
+        pairs = [(dicts.get(i), i) for i in range(ENVS)]
+        assert_same(pool.infos.take(np.arange(ENVS), None, ENVS, pairs), gymnasium_infos(infos))
+        np.testing.assert_array_equal(pool.rewards, 10 * np.arange(ENVS) + step)
