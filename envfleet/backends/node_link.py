@@ -182,8 +182,8 @@ class NodeLink:
         """The replies one message from the agent carries (the pool's worker indices); its rows
         are written into ``rows`` (the batch's arrays) first (decompressed by ``codecs``), infos
         that travel as columns into ``batch.infos``, and each env restarted is counted in
-        ``restarts``. An answer to :data:`~.node_wire.MEMORY`
-        carries none: its figures go to :attr:`memory`."""
+        ``restarts``. An answer to :data:`~.node_wire.MEMORY` carries none: its figures go to
+        :attr:`memory`."""
         if data[:1] == wire.MEMORY:
             self.memory, self.measuring = wire.read_memory(data), False
             return []
