@@ -84,6 +84,108 @@ def test_a_columns_reply_reads_as_plain_with_its_infos_in_the_table() -> None:
     assert encoded[0] == channel.FRAME
 
 
+def test_columns_replies_are_read_without_unpickling_and_in_any_pieces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A columns reply is read with no pickle (the hot path of Atari and MuJoCo), whole or
+    arriving in pieces, and whether its infos name all the reply's envs or some."""
+    whole = {0: {"lives": 3, "frame": 10}, 1: {"lives": 2, "frame": 11}}
+    some = {5: {"lives": 1, "frame": 12}}
+    replies = [Reply(env_ids=(0, 1), infos=whole), Reply(env_ids=(4, 5, 6), infos=some)]
+    encoded = [channel.encode_reply(reply) for reply in replies]
+    assert [data[0] for data in encoded] == [channel.COLUMNS] * 2
+
+    def no_pickle(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a columns reply was unpickled")
+
+    columns = info_columns(whole)
+    assert columns is not None
+    layout_of(columns[1])  # a layout is unpickled once, the first time it comes
+
+    monkeypatch.setattr(channel.pickle, "loads", no_pickle)
+    for pieces in (encoded, [bytes([byte]) for data in encoded for byte in data]):
+        out: list[Reply | None] = []
+        reader = channel.FrameReader()  # no table: the replies come back as sent
+        for data in pieces:
+            reader.feed(data, out)
+        assert [(r.env_ids, r.infos) for r in out] == [(r.env_ids, r.infos) for r in replies]  # type: ignore[union-attr]
+        table = InfoTable(7)
+        out = []
+        reader = channel.FrameReader(table.put)
+        for data in pieces:
+            reader.feed(data, out)
+        assert out == [None, None] and not reader.partial
+        got = table.take(np.arange(7), None, 7, None, whole=True)
+        assert_same(got, gymnasium_infos([whole[0], whole[1], None, None, None, some[5], None]))
+
+
+_SIGNALING_NAN32 = np.frombuffer(b"\x01\x00\x80\x7f", dtype=np.float32)[0]
+"""A float32 NaN whose bits a trip through a Python float would change."""
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        _SIGNALING_NAN32,
+        2**63 - 1,
+        -(2**63),
+        np.uint64(2**64 - 1),
+        np.int8(-128),
+        np.uint16(65535),
+        np.int32(-7),
+        float("nan"),
+        -0.0,
+        1e308,
+        np.float64(-1.5e-300),
+        np.float32(1 / 3),
+        np.float16(0.1),
+        True,
+    ],
+)
+def test_every_plain_scalar_type_comes_back_bit_for_bit(value: Any) -> None:
+    infos = {0: {"v": value, "n": 1}, 1: {"v": value, "n": 2}}
+    columns = info_columns(infos)
+    assert columns is not None
+    back = column_dicts(columns)
+    for i in infos:
+        assert type(back[i]["v"]) is type(value)
+        assert np.array(back[i]["v"]).tobytes() == np.array(value).tobytes()
+    table = InfoTable(2)
+    table.put(columns)
+    assert_same(
+        table.take(np.arange(2), None, 2, None, whole=True), gymnasium_infos([infos[0], infos[1]])
+    )
+
+
+def test_each_array_handed_out_is_the_callers_own() -> None:
+    """Every column and mask of a batch is an array of its own: the next batch leaves it as it
+    was, and writing one changes no other."""
+    table = InfoTable(4)
+
+    def step(frame: int) -> list[dict[str, Any]]:
+        infos = [{"lives": 3, "frame": frame + i, "p": 0.5} for i in range(4)]
+        for ids in ((0, 1), (2, 3)):
+            columns = info_columns({i: infos[i] for i in ids})
+            assert columns is not None
+            table.put(columns)
+        return infos
+
+    first = step(0)
+    got = table.take(np.arange(4), None, 4, None, whole=True)
+    second = step(100)
+    assert_same(got, gymnasium_infos(first))
+    assert_same(table.take(np.arange(4), None, 4, None, whole=True), gymnasium_infos(second))
+    for key in ("lives", "frame", "p"):
+        assert got[key].flags.c_contiguous and got[key].flags.writeable
+    got["_lives"][0] = False
+    got["frame"][1] = -1
+    assert got["_frame"].all() and got["_p"].all() and got["lives"][1] == 3
+    third = step(200)
+    got = table.take(np.array([2, 3]), None, 2, None)  # some envs: the same
+    step(300)
+    assert_same(got, gymnasium_infos(third[2:]))
+
+
 SCALARS: dict[str, st.SearchStrategy[Any]] = {
     "i": st.integers(-5, 5),
     "f": st.floats(-1, 1, allow_nan=False),
