@@ -263,6 +263,8 @@ class InfoTable:
         self._has_memory = self._has.data
         self._true = np.ones(num_envs, dtype=np.bool_)  # copied: the masks handed out
         self._ones = self._true.data
+        self._has_bytes = self._has.view(np.uint8).data  # compared as bytes: every env has one
+        self._all_bytes = self._true.view(np.uint8).data
         self._memory = memoryview(b"")  # the records' bytes, flat
         self._size = 0  # bytes per record
         self._fields: tuple[tuple[Any, str, np.ndarray], ...] = ()  # (key, "_key", its column)
@@ -311,7 +313,7 @@ class InfoTable:
             pairs = None
         if pairs is None and not self._dicts and len(env_ids) == size:
             if whole:
-                if has.all():
+                if self._has_bytes == self._all_bytes:  # has.all(), without numpy's Python
                     return self._stack(env_ids, None, size, whole=True)
             elif has[env_ids].all():
                 return self._stack(env_ids, positions, size)
