@@ -160,7 +160,7 @@ class _Packer:
         self.one = len(keys) == 1
         self.blob = _pickled((keys, types))
         self.dtype = _record(types)
-        codes = [_CODES.get(kind) for kind in types]
+        codes = [_CODES.get((field.kind, field.itemsize)) for field in map(np.dtype, types)]
         self.code = "".join(codes) if all(codes) else None  # type: ignore[arg-type]
         self._structs: dict[int, struct.Struct] = {}
 
@@ -181,17 +181,17 @@ class _Packer:
             raise OverflowError(str(exc)) from exc
 
 
-def _struct_codes() -> dict[type, str]:
-    """The struct code of each type whose values it packs bit for bit as numpy stores them
-    (not ``np.float16``/``np.float32``: struct goes through a Python float)."""
-    codes: dict[type, str] = {int: "q", float: "d", bool: "?", np.float64: "d"}
-    for kind in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64):
-        code = {1: "b", 2: "h", 4: "i", 8: "q"}[np.dtype(kind).itemsize]
-        codes[kind] = code.upper() if np.dtype(kind).kind == "u" else code
-    return codes
+_CODES = {
+    ("b", 1): "?",
+    **{("i", size): code for size, code in ((1, "b"), (2, "h"), (4, "i"), (8, "q"))},
+    **{("u", size): code for size, code in ((1, "B"), (2, "H"), (4, "I"), (8, "Q"))},
+    ("f", 8): "d",
+}
+"""The struct code of each numpy (kind, size) whose values struct packs bit for bit as numpy
+stores them: not float16/float32 (struct goes through a Python float, which quiets a signalling
+NaN), nor complex or longdouble."""
 
 
-_CODES = _struct_codes()
 _PACKERS: dict[tuple[tuple[Any, ...], tuple[type, ...]], _Packer] = {}
 
 

@@ -133,6 +133,8 @@ _SIGNALING_NAN32 = np.frombuffer(b"\x01\x00\x80\x7f", dtype=np.float32)[0]
         np.int8(-128),
         np.uint16(65535),
         np.int32(-7),
+        np.longlong(-(2**62)),
+        np.ulonglong(2**63),
         float("nan"),
         -0.0,
         1e308,
