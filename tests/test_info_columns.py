@@ -119,6 +119,31 @@ def test_columns_replies_are_read_without_unpickling_and_in_any_pieces(
         assert_same(got, gymnasium_infos([whole[0], whole[1], None, None, None, some[5], None]))
 
 
+def test_a_reader_takes_each_columns_reply_for_what_it_says() -> None:
+    """Replies of one worker, one after another, each read whole: the same envs and layout with
+    new values, other envs, another layout of the same size, other reply env ids: each comes
+    back as sent (a reader that knows the last reply's envs and layout reads only the new
+    records when nothing else changed)."""
+    sent = [
+        Reply(env_ids=(0, 1), infos={0: {"a": 1, "b": 2}, 1: {"a": 3, "b": 4}}),
+        Reply(env_ids=(0, 1), infos={0: {"a": 5, "b": 6}, 1: {"a": 7, "b": 8}}),
+        Reply(env_ids=(2, 3), infos={2: {"a": 5, "b": 6}, 3: {"a": 7, "b": 8}}),
+        Reply(env_ids=(2, 3), infos={2: {"c": 5, "d": 6}, 3: {"c": 7, "d": 8}}),
+        Reply(env_ids=(2, 3), infos={2: {"c": 5.0, "d": 6}, 3: {"c": 7.0, "d": 8}}),
+        Reply(env_ids=(2, 4), infos={2: {"c": 5.0, "d": 6}, 4: {"c": 7.0, "d": 8}}),
+        Reply(env_ids=(1, 2, 4), infos={2: {"c": 5.0, "d": 6}, 4: {"c": 7.0, "d": 8}}),
+        Reply(env_ids=(2, 4), infos={2: {"c": 1.0, "d": 2}, 4: {"c": 3.0, "d": 4}}),
+    ]
+    reader = channel.FrameReader()
+    for reply in sent:
+        out: list[Reply | None] = []
+        reader.feed(channel.encode_reply(reply), out)
+        assert len(out) == 1 and isinstance(out[0], Reply)
+        assert (out[0].env_ids, out[0].infos) == (reply.env_ids, reply.infos)
+        for i, info in reply.infos.items():  # type: ignore[union-attr]
+            assert [type(v) for v in out[0].infos[i].values()] == [type(v) for v in info.values()]  # type: ignore[index]
+
+
 _SIGNALING_NAN32 = np.frombuffer(b"\x01\x00\x80\x7f", dtype=np.float32)[0]
 """A float32 NaN whose bits a trip through a Python float would change."""
 
