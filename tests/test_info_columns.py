@@ -78,6 +78,13 @@ def test_a_columns_reply_reads_as_plain_with_its_infos_in_the_table() -> None:
     out = []
     channel.FrameReader().feed(encoded, out)
     assert isinstance(out[0], Reply) and out[0].env_ids == (0, 1, 2) and out[0].infos == infos
+    # An env id that does not fit the columns frame's 4 bytes: the reply goes pickled.
+    far = {2**40: infos[0]}
+    encoded = channel.encode_reply(Reply(env_ids=(2**40,), infos=far))
+    assert encoded[0] == channel.FRAME
+    out = []
+    channel.FrameReader(InfoTable(3).put).feed(encoded, out)
+    assert isinstance(out[0], Reply) and out[0].infos == far
     # Failures, restarts or values alongside: the whole reply as a frame.
     failure = EnvFailure.capture(1, Phase.STEP, ValueError("x"))
     encoded = channel.encode_reply(Reply(env_ids=(0, 1), infos=infos, failures=(failure,)))

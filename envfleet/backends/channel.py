@@ -146,7 +146,10 @@ def encode_reply(reply: Reply) -> bytes:
     if reply.infos and not _beyond_infos(reply):
         columns = info_columns(reply.infos)
         if columns is not None:
-            return _columns_frame(reply.env_ids, columns)
+            try:
+                return _columns_frame(reply.env_ids, columns)
+            except struct.error:  # an env id past 4 bytes: the reply goes pickled
+                pass
     try:
         body = bytes(ForkingPickler.dumps(reply))
     except Exception as exc:  # an info or call result that cannot be pickled
