@@ -154,8 +154,7 @@ class _Packer:
     else through a numpy array."""
 
     def __init__(self, keys: tuple[Any, ...], types: tuple[type, ...]) -> None:
-        self.keys = keys
-        self.types = types
+        self.width = len(keys)
         self.get = itemgetter(*keys)
         self.one = len(keys) == 1
         self.blob = _pickled((keys, types))
@@ -168,9 +167,8 @@ class _Packer:
         """``values`` (``count`` records, flattened) as the records' bytes; ``ValueError`` or
         ``OverflowError`` when one does not fit its field (an int past int64)."""
         if self.code is None:
-            rows = [
-                tuple(values[k : k + len(self.keys)]) for k in range(0, len(values), len(self.keys))
-            ]
+            width = self.width
+            rows = [tuple(values[k : k + width]) for k in range(0, len(values), width)]
             return np.array(rows, dtype=self.dtype).tobytes()
         packer = self._structs.get(count)
         if packer is None:
@@ -261,8 +259,8 @@ class InfoTable:
         self._bytes = np.zeros((0, 0), dtype=np.uint8)  # the records' bytes, one row per env
         self._has = np.zeros(num_envs, dtype=np.bool_)
         self._has_memory = self._has.data
-        self._true = np.ones(num_envs, dtype=np.bool_)  # copied: the masks handed out
-        self._ones = self._true.data
+        self._true = np.ones(num_envs, dtype=np.bool_)  # never written: masks are its copies
+        self._true_memory = self._true.data
         self._has_bytes = self._has.view(np.uint8).data  # compared as bytes: every env has one
         self._all_bytes = self._true.view(np.uint8).data
         self._memory = memoryview(b"")  # the records' bytes, flat
@@ -287,7 +285,7 @@ class InfoTable:
         if type(index) is slice:  # a worker's block of envs: two copies of bytes, no numpy
             size = self._size
             self._memory[index.start * size : index.stop * size] = data
-            self._has_memory[index] = self._ones[: index.stop - index.start]
+            self._has_memory[index] = self._true_memory[: index.stop - index.start]
         else:
             bytes_ = self._bytes
             bytes_[index] = np.frombuffer(data, dtype=np.uint8).reshape(-1, bytes_.shape[1])
@@ -337,7 +335,8 @@ class InfoTable:
             self._has[env_ids] = False
         infos: dict[str, Any] = {}
         if positions is None:
-            true = self._true if whole else self._true[:size]  # np.ones is Python, this a copy
+            # Masks: copies of a kept all-True row (np.ones runs Python-level numpy).
+            true = self._true if whole else self._true[:size]
             for key, mask, column in self._fields:
                 # A contiguous copy either way (fancy indexing copies).
                 infos[key] = column.copy() if whole else column[env_ids]
