@@ -9,6 +9,7 @@ batches hold whichever envs were ready. Infos that every env fills with the same
 from __future__ import annotations
 
 import pickle
+import struct
 from operator import itemgetter
 from typing import Any
 
@@ -88,8 +89,10 @@ def _add_info(infos: dict[str, Any], info: dict[str, Any], index: int, size: int
 # in until they are handed out (issue 23: the per-env infos cost more than the frames).
 #
 #   worker: {env: {key: scalar}} ── info_columns ──► (env ids, layout: the keys and their types
-#                                                    pickled once, one record per env as bytes)
-#   pool:   InfoTable.put ──► the records' bytes into a structured array (a record per env)
+#                                                    pickled once, one record per env as bytes
+#                                                    packed by one cached ``struct.Struct``)
+#   pool:   InfoTable.put ──► the records' bytes into a structured array (a record per env;
+#                             one copy of bytes for a worker's block of consecutive envs)
 #           InfoTable.take ──► per key: the column (a copy) and an all-True mask, as
 #                              Gymnasium's ``_add_info`` builds them; any other mix (envs with
 #                              no info, other keys, dict infos) goes through :func:`merge_infos`
@@ -145,32 +148,83 @@ def layout_of(blob: bytes) -> Layout:
     return layout
 
 
+class _Packer:
+    """How the infos of one layout become records' bytes: with ``struct`` when every type has
+    an exact struct code (Python and numpy ints, Python floats, ``np.float64``, Python bools),
+    else through a numpy array."""
+
+    def __init__(self, keys: tuple[Any, ...], types: tuple[type, ...]) -> None:
+        self.width = len(keys)
+        self.get = itemgetter(*keys)
+        self.one = len(keys) == 1
+        self.blob = _pickled((keys, types))
+        self.dtype = _record(types)
+        codes = [_CODES.get((field.kind, field.itemsize)) for field in map(np.dtype, types)]
+        self.code = "".join(codes) if all(codes) else None  # type: ignore[arg-type]
+        self._structs: dict[int, struct.Struct] = {}
+
+    def pack(self, values: list[Any], count: int) -> bytes:
+        """``values`` (``count`` records, flattened) as the records' bytes; ``ValueError`` or
+        ``OverflowError`` when one does not fit its field (an int past int64)."""
+        if self.code is None:
+            width = self.width
+            rows = [tuple(values[k : k + width]) for k in range(0, len(values), width)]
+            return np.array(rows, dtype=self.dtype).tobytes()
+        packer = self._structs.get(count)
+        if packer is None:
+            packer = self._structs[count] = struct.Struct("=" + self.code * count)
+        try:
+            return packer.pack(*values)
+        except struct.error as exc:
+            raise OverflowError(str(exc)) from exc
+
+
+_CODES = {
+    ("b", 1): "?",
+    **{("i", size): code for size, code in ((1, "b"), (2, "h"), (4, "i"), (8, "q"))},
+    **{("u", size): code for size, code in ((1, "B"), (2, "H"), (4, "I"), (8, "Q"))},
+    ("f", 8): "d",
+}
+"""The struct code of each numpy (kind, size) whose values struct packs bit for bit as numpy
+stores them: not float16/float32 (struct goes through a Python float, which quiets a signalling
+NaN), nor complex or longdouble."""
+
+
+_PACKERS: dict[tuple[tuple[Any, ...], tuple[type, ...]], _Packer] = {}
+
+
 def info_columns(infos: dict[int, dict[str, Any]]) -> Columns | None:
     """The non-empty ``infos`` of one reply as columns, or ``None`` when they are not
     all the same keys, in the same order, each a plain scalar of one type per key (those go as
     dicts: merged env by env, they give what ``_add_info`` gives, errors included)."""
     first = next(iter(infos.values()))
     keys = tuple(first)
-    if not keys or "final_obs" in keys:  # an object array in Gymnasium, whatever its value
-        return None
     types = tuple(map(type, first.values()))
-    if not all(map(_plain, types)):
-        return None
-    get = itemgetter(*keys)
-    one = len(keys) == 1
-    records: list[tuple[Any, ...]] = []
-    for info in infos.values():
+    packer = _PACKERS.get((keys, types))
+    if packer is None:
+        if not keys or "final_obs" in keys:  # an object array in Gymnasium, whatever its value
+            return None
+        if not all(map(_plain, types)):
+            return None
+        if len(_PACKERS) > 256:
+            _PACKERS.clear()
+        packer = _PACKERS[keys, types] = _Packer(keys, types)
+    get = packer.get
+    dicts = infos.values()
+    for info in dicts:
         if tuple(info) != keys:
             return None
-        values = (get(info),) if one else get(info)
-        if tuple(map(type, values)) != types:
-            return None
-        records.append(values)
+    if packer.one:
+        values = list(map(get, dicts))
+    else:
+        values = [value for info in dicts for value in get(info)]
+    if list(map(type, values)) != list(types) * len(infos):
+        return None
     try:
-        data = np.array(records, dtype=_record(types)).tobytes()
+        data = packer.pack(values, len(infos))
     except (OverflowError, ValueError, TypeError):  # an int past int64: _add_info raises it
         return None
-    return tuple(infos), _pickled((keys, types)), data
+    return tuple(infos), packer.blob, data
 
 
 def column_dicts(columns: Columns) -> dict[int, dict[str, Any]]:
@@ -203,8 +257,15 @@ class InfoTable:
         self._blob = b""
         self._records: np.ndarray[Any, np.dtype[Any]] = np.zeros(0)
         self._bytes = np.zeros((0, 0), dtype=np.uint8)  # the records' bytes, one row per env
-        self._columns: tuple[tuple[Any, str, str], ...] = ()  # (key, "_key", field)
         self._has = np.zeros(num_envs, dtype=np.bool_)
+        self._has_memory = self._has.data
+        self._true = np.ones(num_envs, dtype=np.bool_)  # never written: masks are its copies
+        self._true_memory = self._true.data
+        self._has_bytes = self._has.view(np.uint8).data  # compared as bytes: every env has one
+        self._all_bytes = self._true.view(np.uint8).data
+        self._memory = memoryview(b"")  # the records' bytes, flat
+        self._size = 0  # bytes per record
+        self._fields: tuple[tuple[Any, str, np.ndarray], ...] = ()  # (key, "_key", its column)
         self._dicts: dict[int, dict[Any, Any]] = {}  # records of an earlier layout
         self._index: dict[tuple[int, ...], slice | np.ndarray] = {}
         self.pending = False
@@ -221,9 +282,14 @@ class InfoTable:
             if len(self._index) > 1024:
                 self._index.clear()
             index = self._index[env_ids] = _rows(env_ids)
-        bytes_ = self._bytes
-        bytes_[index] = np.frombuffer(data, dtype=np.uint8).reshape(-1, bytes_.shape[1])
-        self._has[index] = True
+        if type(index) is slice:  # a worker's block of envs: two copies of bytes, no numpy
+            size = self._size
+            self._memory[index.start * size : index.stop * size] = data
+            self._has_memory[index] = self._true_memory[: index.stop - index.start]
+        else:
+            bytes_ = self._bytes
+            bytes_[index] = np.frombuffer(data, dtype=np.uint8).reshape(-1, bytes_.shape[1])
+            self._has[index] = True
         if self._dicts:
             for i in env_ids:
                 self._dicts.pop(i, None)
@@ -245,7 +311,7 @@ class InfoTable:
             pairs = None
         if pairs is None and not self._dicts and len(env_ids) == size:
             if whole:
-                if has.all():
+                if self._has_bytes == self._all_bytes:  # has.all(), without numpy's Python
                     return self._stack(env_ids, None, size, whole=True)
             elif has[env_ids].all():
                 return self._stack(env_ids, positions, size)
@@ -262,24 +328,23 @@ class InfoTable:
     ) -> dict[str, Any]:
         """Every env of a batch has a record: one column and one mask per key."""
         assert self._layout is not None
-        records = self._records
-        if whole:
-            picked = records  # every env, in order
+        if whole:  # every env, in order
             self._has.fill(False)
             self.pending = False
         else:
-            picked = records[env_ids]
             self._has[env_ids] = False
         infos: dict[str, Any] = {}
         if positions is None:
-            ones = np.ones(size, dtype=np.bool_)
-            for key, mask, field in self._columns:
-                infos[key] = picked[field].copy()
-                infos[mask] = ones.copy()
+            # Masks: copies of a kept all-True row (np.ones runs Python-level numpy).
+            true = self._true if whole else self._true[:size]
+            for key, mask, column in self._fields:
+                # A contiguous copy either way (fancy indexing copies).
+                infos[key] = column.copy() if whole else column[env_ids]
+                infos[mask] = true.copy()
             return infos
-        for key, mask, field in self._columns:
-            column = infos[key] = np.zeros(size, dtype=picked.dtype[field])
-            column[positions] = picked[field]
+        for key, mask, column in self._fields:
+            values = infos[key] = np.zeros(size, dtype=column.dtype)
+            values[positions] = column[env_ids]
             flags = infos[mask] = np.zeros(size, dtype=np.bool_)
             flags[positions] = True
         return infos
@@ -306,7 +371,11 @@ class InfoTable:
         self._layout = layout
         self._records = np.zeros(self._num_envs, dtype=_record(layout[1]))
         self._bytes = self._records.view(np.uint8).reshape(self._num_envs, -1)
-        self._columns = tuple((key, f"_{key}", f"f{k}") for k, key in enumerate(layout[0]))
+        self._memory = self._records.view(np.uint8).data
+        self._size = self._records.dtype.itemsize
+        self._fields = tuple(
+            (key, f"_{key}", self._records[f"f{k}"]) for k, key in enumerate(layout[0])
+        )
 
 
 def _rows(env_ids: tuple[int, ...]) -> slice | np.ndarray:

@@ -78,10 +78,146 @@ def test_a_columns_reply_reads_as_plain_with_its_infos_in_the_table() -> None:
     out = []
     channel.FrameReader().feed(encoded, out)
     assert isinstance(out[0], Reply) and out[0].env_ids == (0, 1, 2) and out[0].infos == infos
+    # An env id that does not fit the columns frame's 4 bytes: the reply goes pickled.
+    far = {2**40: infos[0]}
+    encoded = channel.encode_reply(Reply(env_ids=(2**40,), infos=far))
+    assert encoded[0] == channel.FRAME
+    out = []
+    channel.FrameReader(InfoTable(3).put).feed(encoded, out)
+    assert isinstance(out[0], Reply) and out[0].infos == far
     # Failures, restarts or values alongside: the whole reply as a frame.
     failure = EnvFailure.capture(1, Phase.STEP, ValueError("x"))
     encoded = channel.encode_reply(Reply(env_ids=(0, 1), infos=infos, failures=(failure,)))
     assert encoded[0] == channel.FRAME
+
+
+def test_columns_replies_are_read_without_unpickling_and_in_any_pieces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A columns reply is read with no pickle (the hot path of Atari and MuJoCo), whole or
+    arriving in pieces, and whether its infos name all the reply's envs or some."""
+    whole = {0: {"lives": 3, "frame": 10}, 1: {"lives": 2, "frame": 11}}
+    some = {5: {"lives": 1, "frame": 12}}
+    replies = [Reply(env_ids=(0, 1), infos=whole), Reply(env_ids=(4, 5, 6), infos=some)]
+    encoded = [channel.encode_reply(reply) for reply in replies]
+    assert [data[0] for data in encoded] == [channel.COLUMNS] * 2
+
+    def no_pickle(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a columns reply was unpickled")
+
+    columns = info_columns(whole)
+    assert columns is not None
+    layout_of(columns[1])  # a layout is unpickled once, the first time it comes
+
+    monkeypatch.setattr(channel.pickle, "loads", no_pickle)
+    for pieces in (encoded, [bytes([byte]) for data in encoded for byte in data]):
+        out: list[Reply | None] = []
+        reader = channel.FrameReader()  # no table: the replies come back as sent
+        for data in pieces:
+            reader.feed(data, out)
+        assert [(r.env_ids, r.infos) for r in out] == [(r.env_ids, r.infos) for r in replies]  # type: ignore[union-attr]
+        table = InfoTable(7)
+        out = []
+        reader = channel.FrameReader(table.put)
+        for data in pieces:
+            reader.feed(data, out)
+        assert out == [None, None] and not reader.partial
+        got = table.take(np.arange(7), None, 7, None, whole=True)
+        assert_same(got, gymnasium_infos([whole[0], whole[1], None, None, None, some[5], None]))
+
+
+def test_a_reader_takes_each_columns_reply_for_what_it_says() -> None:
+    """Replies of one worker, one after another, each read whole: the same envs and layout with
+    new values, other envs, another layout of the same size, other reply env ids: each comes
+    back as sent (a reader that knows the last reply's envs and layout reads only the new
+    records when nothing else changed)."""
+    sent = [
+        Reply(env_ids=(0, 1), infos={0: {"a": 1, "b": 2}, 1: {"a": 3, "b": 4}}),
+        Reply(env_ids=(0, 1), infos={0: {"a": 5, "b": 6}, 1: {"a": 7, "b": 8}}),
+        Reply(env_ids=(2, 3), infos={2: {"a": 5, "b": 6}, 3: {"a": 7, "b": 8}}),
+        Reply(env_ids=(2, 3), infos={2: {"c": 5, "d": 6}, 3: {"c": 7, "d": 8}}),
+        Reply(env_ids=(2, 3), infos={2: {"c": 5.0, "d": 6}, 3: {"c": 7.0, "d": 8}}),
+        Reply(env_ids=(2, 4), infos={2: {"c": 5.0, "d": 6}, 4: {"c": 7.0, "d": 8}}),
+        Reply(env_ids=(1, 2, 4), infos={2: {"c": 5.0, "d": 6}, 4: {"c": 7.0, "d": 8}}),
+        Reply(env_ids=(2, 4), infos={2: {"c": 1.0, "d": 2}, 4: {"c": 3.0, "d": 4}}),
+    ]
+    reader = channel.FrameReader()
+    for reply in sent:
+        out: list[Reply | None] = []
+        reader.feed(channel.encode_reply(reply), out)
+        assert len(out) == 1 and isinstance(out[0], Reply)
+        assert (out[0].env_ids, out[0].infos) == (reply.env_ids, reply.infos)
+        for i, info in reply.infos.items():  # type: ignore[union-attr]
+            assert [type(v) for v in out[0].infos[i].values()] == [type(v) for v in info.values()]  # type: ignore[index]
+
+
+_SIGNALING_NAN32 = np.frombuffer(b"\x01\x00\x80\x7f", dtype=np.float32)[0]
+"""A float32 NaN whose bits a trip through a Python float would change."""
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        _SIGNALING_NAN32,
+        2**63 - 1,
+        -(2**63),
+        np.uint64(2**64 - 1),
+        np.int8(-128),
+        np.uint16(65535),
+        np.int32(-7),
+        np.longlong(-(2**62)),
+        np.ulonglong(2**63),
+        float("nan"),
+        -0.0,
+        1e308,
+        np.float64(-1.5e-300),
+        np.float32(1 / 3),
+        np.float16(0.1),
+        True,
+    ],
+)
+def test_every_plain_scalar_type_comes_back_bit_for_bit(value: Any) -> None:
+    infos = {0: {"v": value, "n": 1}, 1: {"v": value, "n": 2}}
+    columns = info_columns(infos)
+    assert columns is not None
+    back = column_dicts(columns)
+    for i in infos:
+        assert type(back[i]["v"]) is type(value)
+        assert np.array(back[i]["v"]).tobytes() == np.array(value).tobytes()
+    table = InfoTable(2)
+    table.put(columns)
+    assert_same(
+        table.take(np.arange(2), None, 2, None, whole=True), gymnasium_infos([infos[0], infos[1]])
+    )
+
+
+def test_each_array_handed_out_is_the_callers_own() -> None:
+    """Every column and mask of a batch is an array of its own: the next batch leaves it as it
+    was, and writing one changes no other."""
+    table = InfoTable(4)
+
+    def step(frame: int) -> list[dict[str, Any]]:
+        infos = [{"lives": 3, "frame": frame + i, "p": 0.5} for i in range(4)]
+        for ids in ((0, 1), (2, 3)):
+            columns = info_columns({i: infos[i] for i in ids})
+            assert columns is not None
+            table.put(columns)
+        return infos
+
+    first = step(0)
+    got = table.take(np.arange(4), None, 4, None, whole=True)
+    second = step(100)
+    assert_same(got, gymnasium_infos(first))
+    assert_same(table.take(np.arange(4), None, 4, None, whole=True), gymnasium_infos(second))
+    for key in ("lives", "frame", "p"):
+        assert got[key].flags.c_contiguous and got[key].flags.writeable
+    got["_lives"][0] = False
+    got["frame"][1] = -1
+    assert got["_frame"].all() and got["_p"].all() and got["lives"][1] == 3
+    third = step(200)
+    got = table.take(np.array([2, 3]), None, 2, None)  # some envs: the same
+    step(300)
+    assert_same(got, gymnasium_infos(third[2:]))
 
 
 SCALARS: dict[str, st.SearchStrategy[Any]] = {

@@ -100,12 +100,16 @@ REPEAT = 0
 FRAME = 1
 """Tag of a framed message: an 8-byte little-endian length, then that many bytes of pickle."""
 COLUMNS = 2
-"""Tag of a framed reply that carries nothing but infos as columns: a length, then a pickle of
-``(env_ids, columns)`` (:data:`~envfleet.infos.Columns`)."""
+"""Tag of a framed reply that carries nothing but infos as columns, with no pickle to read: a
+length, then :data:`_COLUMNS_HEAD` (how many env ids the reply names, how many the columns name,
+0 when the same ones, the layout's length), the env ids as 4-byte unsigned ints, the layout
+and the records (:data:`~envfleet.infos.Columns`)."""
+_COLUMNS_HEAD = struct.Struct("<III")
 _LENGTH = struct.Struct("<Q")
 _HEADER = 1 + _LENGTH.size
 _PLAIN_BYTES = bytes([PLAIN])
 _FRAME_BYTES = bytes([FRAME])
+_COLUMNS_TAG = bytes([COLUMNS])
 REPEAT_BYTES = bytes([REPEAT])
 
 
@@ -146,14 +150,55 @@ def encode_reply(reply: Reply) -> bytes:
     if reply.infos and not _beyond_infos(reply):
         columns = info_columns(reply.infos)
         if columns is not None:
-            body = pickle.dumps((reply.env_ids, columns), protocol=pickle.HIGHEST_PROTOCOL)
-            return bytes([COLUMNS]) + _LENGTH.pack(len(body)) + body
+            try:
+                return _columns_frame(reply.env_ids, columns)
+            except struct.error:  # an env id past 4 bytes: the reply goes pickled
+                pass
     try:
         body = bytes(ForkingPickler.dumps(reply))
     except Exception as exc:  # an info or call result that cannot be pickled
         failed = Reply(env_ids=reply.env_ids, failures=(unpicklable(reply, exc),))
         body = bytes(ForkingPickler.dumps(failed))
     return frame(body)
+
+
+_IDS: dict[int, struct.Struct] = {}
+
+
+def _ids_struct(count: int) -> struct.Struct:
+    """``count`` env ids on the wire."""
+    packer = _IDS.get(count)
+    if packer is None:
+        if len(_IDS) > 256:
+            _IDS.clear()
+        packer = _IDS[count] = struct.Struct(f"<{count}I")
+    return packer
+
+
+def _columns_frame(env_ids: tuple[int, ...], columns: Columns) -> bytes:
+    """A :data:`COLUMNS` frame: the reply's ``env_ids`` and its infos as ``columns``."""
+    ids, blob, data = columns
+    same = ids == env_ids
+    named = env_ids if same else env_ids + ids
+    head = _COLUMNS_HEAD.pack(len(env_ids), 0 if same else len(ids), len(blob))
+    size = len(head) + 4 * len(named) + len(blob) + len(data)
+    return b"".join(
+        (_COLUMNS_TAG, _LENGTH.pack(size), head, _ids_struct(len(named)).pack(*named), blob, data)
+    )
+
+
+def _read_columns(
+    body: bytes | bytearray | memoryview, at: int, end: int
+) -> tuple[tuple[int, ...], Columns]:
+    """The reply's env ids and its columns from the :data:`COLUMNS` frame body at
+    ``body[at:end]``."""
+    count, other, size = _COLUMNS_HEAD.unpack_from(body, at)
+    at += _COLUMNS_HEAD.size
+    named = _ids_struct(count + other).unpack_from(body, at)
+    at += 4 * (count + other)
+    env_ids = named[:count] if other else named
+    ids = named[count:] if other else named
+    return env_ids, (ids, bytes(body[at : at + size]), bytes(body[at + size : end]))
 
 
 def serve_pipes(group: Group, command_fd: int, reply_fd: int, spin_seconds: float = 0.0) -> None:
@@ -218,6 +263,10 @@ class FrameReader:
     def __init__(self, infos: Callable[[Columns], None] | None = None) -> None:
         self._buffer = bytearray()
         self._infos = infos
+        # The last columns reply read whole: all of it but its records (which say the same env
+        # ids and layout every step), its length, and what that part says. A reply that starts
+        # with these very bytes and has this length says the same: only its records are new.
+        self._known: tuple[bytes, int, tuple[int, ...], tuple[int, ...], bytes] | None = None
 
     @property
     def partial(self) -> bool:
@@ -231,9 +280,18 @@ class FrameReader:
                 out.append(None)
                 return
             if data[0] == COLUMNS and len(data) > _HEADER:  # the hot path of Atari, MuJoCo
+                known = self._known
+                if known is not None and len(data) == known[1] and data.startswith(known[0]):
+                    columns = (known[3], known[4], data[len(known[0]) :])
+                    out.append(self._columns((known[2], columns)))
+                    return
                 (size,) = _LENGTH.unpack_from(data, 1)
                 if len(data) == _HEADER + size:
-                    out.append(self._columns(pickle.loads(memoryview(data)[_HEADER:])))
+                    env_ids, columns = _read_columns(data, _HEADER, len(data))
+                    ids, blob, records = columns
+                    start = len(data) - len(records)
+                    self._known = (data[:start], len(data), env_ids, ids, blob)
+                    out.append(self._columns((env_ids, columns)))
                     return
         buffer = self._buffer
         buffer += data
@@ -249,11 +307,10 @@ class FrameReader:
             (size,) = _LENGTH.unpack_from(buffer, pos + 1)
             if end - pos - header < size:
                 break
-            body = bytes(buffer[pos + header : pos + header + size])
             if buffer[pos] == COLUMNS:
-                out.append(self._columns(pickle.loads(body)))
+                out.append(self._columns(_read_columns(buffer, pos + header, pos + header + size)))
             else:
-                out.append(pickle.loads(body))
+                out.append(pickle.loads(bytes(buffer[pos + header : pos + header + size])))
             pos += header + size
         del buffer[:pos]
 
