@@ -1191,3 +1191,89 @@ def test_async_halves_on_nodes_hand_out_each_envs_infos_once_beside_a_restart(
             pool.send(np.zeros(len(env_ids), dtype=np.int64), env_ids)
         pool.recv()
     assert taken[5] > 3  # env 5 got past its restart
+
+
+class Stamped(gymnasium.Env[np.ndarray, np.int64]):
+    """Infos that say whose they are: the env's index, a random number drawn when it was
+    built, and how many results it has given (plain scalars: columns)."""
+
+    def __init__(self, index: int) -> None:
+        self.observation_space = gymnasium.spaces.Box(0, 255, shape=(2,), dtype=np.uint8)
+        self.action_space = gymnasium.spaces.Discrete(2)
+        self.index, self.build = index, int.from_bytes(os.urandom(7), "little")
+        self.results = 0
+
+    def _info(self) -> dict[str, Any]:
+        self.results += 1
+        return {"env": self.index, "build": self.build, "results": self.results}
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        return np.zeros(2, np.uint8), self._info()
+
+    def step(self, action: np.int64) -> Any:
+        time.sleep(0.002 * self.index)  # so that the envs come back apart
+        return np.zeros(2, np.uint8), 1.0, False, False, self._info()
+
+
+def test_an_agent_lost_with_its_envs_infos_waiting_leaks_no_stale_infos(
+    cluster: Cluster,
+) -> None:
+    """Async batches over two agents; one agent is killed while some of its envs' results (and
+    their infos, as columns in the pool's table) wait to be handed out: those go out once, the
+    node's envs then come back restarted, and every info after is the rebuilt env's own, in
+    sequence (never one handed out twice, nor an earlier one again)."""
+    fns = [functools.partial(Stamped, i) for i in range(NUM_ENVS)]
+    last: dict[int, tuple[int, int]] = {}  # per env: the build and the count last handed out
+    builds: dict[int, int] = {}  # per env: its first build
+    restarted = np.zeros(NUM_ENVS, dtype=bool)
+    with envfleet.make(
+        fns,
+        backend="ray",
+        num_workers=4,
+        nodes=all_nodes(cluster)[1:],
+        batch_size=2,
+        on_error="restart",
+    ) as pool:
+        node = pool._transport._nodes[0]
+        lost = [i for w in node.workers for i in pool._assignment[w]]
+        table = pool._batch.infos
+        killed, waiting = False, set()
+        pool.async_reset()
+        for _ in range(60):
+            _, _, _, truncations, infos = pool.recv()
+            env_ids = infos.pop("env_id").tolist()
+            none = np.zeros(len(env_ids), dtype=bool)
+            flagged, stamped = infos.get("_envfleet/restarted", none), infos.get("_env", none)
+            for p, i in enumerate(env_ids):
+                if i in waiting:  # its result from before the loss goes out first, as it was
+                    assert not flagged[p], f"env {i}: its waiting result was lost"
+                    waiting.discard(i)
+                if flagged[p]:
+                    assert killed and i in lost and truncations[p] and not stamped[p]
+                    restarted[i] = True
+                    last[i] = (-1, 0)
+                    continue
+                assert stamped[p], f"env {i}: its infos were lost"
+                assert infos["env"][p] == i
+                build, results = int(infos["build"][p]), int(infos["results"][p])
+                was = last.get(i, (build, 0))
+                if was[0] == -1:  # restarted: the rebuilt env's first result, its reset
+                    assert build != builds[i] and results == 1, f"env {i}: {build, results}"
+                else:
+                    want = (was[0], was[1] + 1)
+                    assert (build, results) == want, f"env {i}: {build, results}, not {want}"
+                last[i] = (build, results)
+                builds.setdefault(i, build)
+            pool.send(np.zeros(len(env_ids), dtype=np.int64), env_ids)
+            if not killed and table._has[lost].any():  # its envs' infos wait: kill it
+                waiting = {i for i in lost if table._has[i]}
+                os.kill(agent_pid(pool, 0), signal.SIGKILL)
+                time.sleep(0.5)
+                pool._dispatch.pump(block=False)  # the node found lost before they go out
+                assert pool.restarts[lost].tolist() == [1] * len(lost)
+                killed = True
+        pool.recv()
+    assert killed, "no infos of the node's envs ever waited"
+    assert not waiting
+    assert restarted[lost].all() and not restarted[np.setdiff1d(np.arange(NUM_ENVS), lost)].any()
