@@ -41,8 +41,10 @@ from envfleet.backends.ray_options import RayOptions
 from envfleet.infos import column_dicts, info_columns
 from tests.ray_helpers import ray_leak_check
 from tests.test_equivalence import NUM_ENVS as EQUIVALENCE_ENVS
-from tests.test_equivalence import Case, assert_same_run, drive
+from tests.test_equivalence import SEED, Case, assert_same_run, drive
 from tests.test_info_columns import INFO_SHIFT, InfoShiftEnv, assert_async_infos
+from tests.test_infos import assert_same as assert_same_infos
+from tests.test_infos import gymnasium_infos
 
 NUM_ENVS = 6
 NODE = {"num_cpus": 1, "object_store_memory": 80 << 20}
@@ -1047,3 +1049,231 @@ class DictsRefused(dict[int, dict[str, Any]]):
 
     def update(self, *args: Any, **kwargs: Any) -> None:
         raise AssertionError(f"infos reached the driver as dicts: {args}")
+
+
+# -- infos as columns beside failures, lost workers and async halves ---------------------------
+
+
+class FailOnce(InfoShiftEnv):
+    """:class:`InfoShiftEnv` that, on its ``at``-th step, raises (``"raise"``) or kills its own
+    worker process (``"kill"``), ``delay`` seconds in, once for the run (``marker``)."""
+
+    def __init__(self, kind: str = "", at: int = 0, marker: str = "", delay: float = 0.0) -> None:
+        super().__init__()
+        self.kind, self.at, self.marker, self.delay = kind, at, marker, delay
+        self._steps = 0
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self._steps += 1
+        if self.kind and self._steps == self.at and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            time.sleep(self.delay)
+            if self.kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError("boom")
+        return super().step(action)
+
+
+def fail_once(kind: str, marker: str, delay: float = 0.0, env: int = 5, at: int = 3) -> list[Any]:
+    """Seven :class:`FailOnce` factories: env ``env`` fails on its ``at``-th step."""
+    return [
+        functools.partial(FailOnce, kind, at, marker, delay) if i == env else FailOnce
+        for i in range(EQUIVALENCE_ENVS)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kind", "mode"),
+    [("raise", AutoresetMode.SAME_STEP), ("kill", AutoresetMode.NEXT_STEP)],
+    ids=["raise-SAME_STEP", "kill-NEXT_STEP"],
+)
+def test_a_restart_on_a_node_beside_columns_gives_the_process_backends_infos(
+    cluster: Cluster, tmp_path: Any, kind: str, mode: AutoresetMode
+) -> None:
+    """An env of a node's worker raises (its restart's infos dicts) or its worker is killed
+    after the node's other worker answered (columns held by the agent), while every other env
+    sends columns (the pool's node on its memory, two agents): every result, infos included,
+    is the process backend's with the same factories and workers."""
+    case = Case(FailOnce, steps=12, min_episodes=1)
+    oracle = envfleet.make(
+        fail_once(kind, str(tmp_path / "process"), delay=0.3),
+        backend="process",
+        num_workers=5,
+        on_error="restart",
+        autoreset_mode=mode,
+        seed=SEED,  # restarted envs' seeds derive from it
+    )
+    try:
+        expected = list(drive(oracle, case, mode))
+        assert oracle.restarts.tolist() == [0] * 5 + [1, 0]
+    finally:
+        oracle.close()
+    with envfleet.make(
+        # env 4 (the node's other worker) answers first: its columns are held by the agent
+        fail_once(kind, str(tmp_path / "ray"), delay=0.3),
+        backend="ray",
+        num_workers=5,
+        nodes=all_nodes(cluster),
+        on_error="restart",
+        autoreset_mode=mode,
+        seed=SEED,
+    ) as pool:
+        assert [n.workers for n in pool.stats().nodes] == [2, 2, 1]
+        assert [n.shared_memory for n in pool.stats().nodes] == [True, False, False]
+        assert_same_run(expected, pool, case, mode, f"{kind} {mode.name}")
+        assert pool.restarts.tolist() == [0] * 5 + [1, 0]
+
+
+def each_envs_own(pool: envfleet.Pool, steps: int) -> list[list[Any]]:
+    """Per env, ``steps + 1`` results (``reset`` first; ``(reward, terminated, truncated,
+    info)``) from a pool of ``batch_size=1``: each batch one env, so each info is that env's
+    alone (its values as numpy scalars of the dtypes its own values give)."""
+    seqs: list[list[Any]] = [[] for _ in range(pool.num_envs)]
+    pool.async_reset(seed=SEED)
+    while min(map(len, seqs)) <= steps:
+        _, rewards, terminations, truncations, infos = pool.recv()
+        (i,) = infos.pop("env_id").tolist()
+        info = {  # a bool column held Python bools (np.bool_ values: an object column)
+            k: v[0].item() if v.dtype == np.bool_ else v[0]
+            for k, v in infos.items()
+            if k[0] != "_" and infos[f"_{k}"][0]
+        }
+        seqs[i].append((rewards[0], terminations[0], truncations[0], info))
+        if len(seqs[i]) <= steps:
+            pool.send(np.zeros(1, dtype=np.int64), [i])
+    return seqs
+
+
+def test_async_halves_on_nodes_hand_out_each_envs_infos_once_beside_a_restart(
+    cluster: Cluster, tmp_path: Any
+) -> None:
+    """batch_size=3 over two agents of two workers each (two halves of a node in flight, rounds
+    answered apart), an env restarted on the way: each batch's infos are Gymnasium's merge of
+    its envs' own infos at their own step, each handed out once (never twice, never stale),
+    as the process backend gives them env by env."""
+    rounds = 24
+    oracle = envfleet.make(
+        fail_once("raise", str(tmp_path / "process")),
+        backend="process",
+        num_workers=4,
+        batch_size=1,
+        on_error="restart",
+        seed=SEED,
+    )
+    try:
+        alone = each_envs_own(oracle, rounds)
+    finally:
+        oracle.close()
+    assert any("envfleet/restarted" in info for *_, info in alone[5])
+    taken = [0] * EQUIVALENCE_ENVS
+    with envfleet.make(
+        fail_once("raise", str(tmp_path / "ray")),
+        backend="ray",
+        num_workers=4,
+        nodes=all_nodes(cluster)[1:],
+        batch_size=3,
+        on_error="restart",
+        seed=SEED,
+    ) as pool:
+        assert [n.workers for n in pool.stats().nodes] == [2, 2]
+        pool.async_reset(seed=SEED)
+        for _ in range(rounds):
+            _, rewards, terminations, truncations, infos = pool.recv()
+            env_ids = infos.pop("env_id").tolist()
+            want = [alone[i][taken[i]] for i in env_ids]
+            for i in env_ids:
+                taken[i] += 1
+            where = f"envs {env_ids} at {[taken[i] - 1 for i in env_ids]}"
+            np.testing.assert_array_equal(rewards, [w[0] for w in want], err_msg=where)
+            np.testing.assert_array_equal(terminations, [w[1] for w in want], err_msg=where)
+            np.testing.assert_array_equal(truncations, [w[2] for w in want], err_msg=where)
+            assert_same_infos(infos, gymnasium_infos([w[3] for w in want]), where)
+            pool.send(np.zeros(len(env_ids), dtype=np.int64), env_ids)
+        pool.recv()
+    assert taken[5] > 3  # env 5 got past its restart
+
+
+class Stamped(gymnasium.Env[np.ndarray, np.int64]):
+    """Infos that say whose they are: the env's index, a random number drawn when it was
+    built, and how many results it has given (plain scalars: columns)."""
+
+    def __init__(self, index: int) -> None:
+        self.observation_space = gymnasium.spaces.Box(0, 255, shape=(2,), dtype=np.uint8)
+        self.action_space = gymnasium.spaces.Discrete(2)
+        self.index, self.build = index, int.from_bytes(os.urandom(7), "little")
+        self.results = 0
+
+    def _info(self) -> dict[str, Any]:
+        self.results += 1
+        return {"env": self.index, "build": self.build, "results": self.results}
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        return np.zeros(2, np.uint8), self._info()
+
+    def step(self, action: np.int64) -> Any:
+        time.sleep(0.002 * self.index)  # so that the envs come back apart
+        return np.zeros(2, np.uint8), 1.0, False, False, self._info()
+
+
+def test_an_agent_lost_with_its_envs_infos_waiting_leaks_no_stale_infos(
+    cluster: Cluster,
+) -> None:
+    """Async batches over two agents; one agent is killed while some of its envs' results (and
+    their infos, as columns in the pool's table) wait to be handed out: those go out once, the
+    node's envs then come back restarted, and every info after is the rebuilt env's own, in
+    sequence (never one handed out twice, nor an earlier one again)."""
+    fns = [functools.partial(Stamped, i) for i in range(NUM_ENVS)]
+    last: dict[int, tuple[int, int]] = {}  # per env: the build and the count last handed out
+    builds: dict[int, int] = {}  # per env: its first build
+    restarted = np.zeros(NUM_ENVS, dtype=bool)
+    with envfleet.make(
+        fns,
+        backend="ray",
+        num_workers=4,
+        nodes=all_nodes(cluster)[1:],
+        batch_size=2,
+        on_error="restart",
+    ) as pool:
+        node = pool._transport._nodes[0]
+        lost = [i for w in node.workers for i in pool._assignment[w]]
+        table = pool._batch.infos
+        killed, waiting = False, set()
+        pool.async_reset()
+        for _ in range(60):
+            _, _, _, truncations, infos = pool.recv()
+            env_ids = infos.pop("env_id").tolist()
+            none = np.zeros(len(env_ids), dtype=bool)
+            flagged, stamped = infos.get("_envfleet/restarted", none), infos.get("_env", none)
+            for p, i in enumerate(env_ids):
+                if i in waiting:  # its result from before the loss goes out first, as it was
+                    assert not flagged[p], f"env {i}: its waiting result was lost"
+                    waiting.discard(i)
+                if flagged[p]:
+                    assert killed and i in lost and truncations[p] and not stamped[p]
+                    restarted[i] = True
+                    last[i] = (-1, 0)
+                    continue
+                assert stamped[p], f"env {i}: its infos were lost"
+                assert infos["env"][p] == i
+                build, results = int(infos["build"][p]), int(infos["results"][p])
+                was = last.get(i, (build, 0))
+                if was[0] == -1:  # restarted: the rebuilt env's first result, its reset
+                    assert build != builds[i] and results == 1, f"env {i}: {build, results}"
+                else:
+                    want = (was[0], was[1] + 1)
+                    assert (build, results) == want, f"env {i}: {build, results}, not {want}"
+                last[i] = (build, results)
+                builds.setdefault(i, build)
+            pool.send(np.zeros(len(env_ids), dtype=np.int64), env_ids)
+            if not killed and table._has[lost].any():  # its envs' infos wait: kill it
+                waiting = {i for i in lost if table._has[i]}
+                os.kill(agent_pid(pool, 0), signal.SIGKILL)
+                time.sleep(0.5)
+                pool._dispatch.pump(block=False)  # the node found lost before they go out
+                assert pool.restarts[lost].tolist() == [1] * len(lost)
+                killed = True
+        pool.recv()
+    assert killed, "no infos of the node's envs ever waited"
+    assert not waiting
+    assert restarted[lost].all() and not restarted[np.setdiff1d(np.arange(NUM_ENVS), lost)].any()
