@@ -40,6 +40,11 @@ SHAPES = {
 }
 
 
+def ale_info(t: int) -> dict[str, Any]:
+    """ALE's infos at step ``t``: three plain scalars, as Pong gives them every step."""
+    return {"lives": 0, "episode_frame_number": 4 * t, "frame_number": 4 * t}
+
+
 class PongReplay(NoOpEnv):
     """Replays recorded Pong frames, from a start its seed picks: the wire sees real frames
     while the nodes' CPUs are not spent emulating Atari."""
@@ -60,9 +65,7 @@ class PongReplay(NoOpEnv):
 
     def _info(self) -> dict[str, Any]:
         """ALE's infos (``infos=True``): three plain scalars every step; else none."""
-        if not self._infos:
-            return {}
-        return {"lives": 0, "episode_frame_number": 4 * self._t, "frame_number": 4 * self._t}
+        return ale_info(self._t) if self._infos else {}
 
 
 class AtariInfoNoOp(NoOpEnv):
@@ -81,7 +84,7 @@ class AtariInfoNoOp(NoOpEnv):
         return self._obs, 0.0, False, False, self._info()
 
     def _info(self) -> dict[str, Any]:
-        return {"lives": 0, "episode_frame_number": 4 * self._t, "frame_number": 4 * self._t}
+        return ale_info(self._t)
 
 
 def pong_frames(count: int) -> np.ndarray:

@@ -156,7 +156,6 @@ class _Packer:
     def __init__(self, keys: tuple[Any, ...], types: tuple[type, ...]) -> None:
         self.width = len(keys)
         self.get = itemgetter(*keys)
-        self.one = len(keys) == 1
         self.blob = _pickled((keys, types))
         self.dtype = _record(types)
         codes = [_CODES.get((field.kind, field.itemsize)) for field in map(np.dtype, types)]
@@ -214,7 +213,7 @@ def info_columns(infos: dict[int, dict[str, Any]]) -> Columns | None:
     for info in dicts:
         if tuple(info) != keys:
             return None
-    if packer.one:
+    if packer.width == 1:
         values = list(map(get, dicts))
     else:
         values = [value for info in dicts for value in get(info)]
@@ -258,10 +257,9 @@ class InfoTable:
         self._records: np.ndarray[Any, np.dtype[Any]] = np.zeros(0)
         self._bytes = np.zeros((0, 0), dtype=np.uint8)  # the records' bytes, one row per env
         self._has = np.zeros(num_envs, dtype=np.bool_)
-        self._has_memory = self._has.data
         self._true = np.ones(num_envs, dtype=np.bool_)  # never written: masks are its copies
-        self._true_memory = self._true.data
-        self._has_bytes = self._has.view(np.uint8).data  # compared as bytes: every env has one
+        # The flags' bytes and all-True bytes: copied in by slices, compared for has.all().
+        self._has_bytes = self._has.view(np.uint8).data
         self._all_bytes = self._true.view(np.uint8).data
         self._memory = memoryview(b"")  # the records' bytes, flat
         self._size = 0  # bytes per record
@@ -285,7 +283,7 @@ class InfoTable:
         if type(index) is slice:  # a worker's block of envs: two copies of bytes, no numpy
             size = self._size
             self._memory[index.start * size : index.stop * size] = data
-            self._has_memory[index] = self._true_memory[: index.stop - index.start]
+            self._has_bytes[index] = self._all_bytes[: index.stop - index.start]
         else:
             bytes_ = self._bytes
             bytes_[index] = np.frombuffer(data, dtype=np.uint8).reshape(-1, bytes_.shape[1])

@@ -16,6 +16,7 @@ cannot read there:
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import secrets
@@ -42,6 +43,14 @@ def plain(reply: Reply) -> bool:
     """Nothing to report beyond success: the pool knows which envs the command named, and
     their rows are where it reads them (such a reply travels as ``None``, or one byte)."""
     return not reply.infos and not _beyond_infos(reply)
+
+
+def as_columns(reply: Reply) -> Columns | None:
+    """The reply's infos as columns when it reports nothing else and they are all plain
+    scalars (:func:`~envfleet.infos.info_columns`); ``None`` when it must travel whole."""
+    if reply.infos and not _beyond_infos(reply):
+        return info_columns(reply.infos)
+    return None
 
 
 def _beyond_infos(reply: Reply) -> bool:
@@ -76,9 +85,7 @@ def serve_connection(group: Group, conn: Connection, spin_seconds: float = 0.0) 
             conn.send(undecodable(exc))
             continue
         reply = serve(group, command)
-        message: Reply | Columns | None = None if plain(reply) else reply
-        if message is not None and reply.infos and not _beyond_infos(reply):
-            message = info_columns(reply.infos) or reply  # plain scalars: as columns
+        message: Reply | Columns | None = None if plain(reply) else as_columns(reply) or reply
         try:
             try:
                 conn.send(message)
@@ -147,13 +154,12 @@ def encode_reply(reply: Reply) -> bytes:
     unpicklable one replaced by the failure that says so)."""
     if plain(reply):
         return _PLAIN_BYTES
-    if reply.infos and not _beyond_infos(reply):
-        columns = info_columns(reply.infos)
-        if columns is not None:
-            try:
-                return _columns_frame(reply.env_ids, columns)
-            except struct.error:  # an env id past 4 bytes: the reply goes pickled
-                pass
+    columns = as_columns(reply)
+    if columns is not None:
+        try:
+            return _columns_frame(reply.env_ids, columns)
+        except struct.error:  # an env id past 4 bytes: the reply goes pickled
+            pass
     try:
         body = bytes(ForkingPickler.dumps(reply))
     except Exception as exc:  # an info or call result that cannot be pickled
@@ -162,17 +168,10 @@ def encode_reply(reply: Reply) -> bytes:
     return frame(body)
 
 
-_IDS: dict[int, struct.Struct] = {}
-
-
+@functools.lru_cache(maxsize=256)
 def _ids_struct(count: int) -> struct.Struct:
     """``count`` env ids on the wire."""
-    packer = _IDS.get(count)
-    if packer is None:
-        if len(_IDS) > 256:
-            _IDS.clear()
-        packer = _IDS[count] = struct.Struct(f"<{count}I")
-    return packer
+    return struct.Struct(f"<{count}I")
 
 
 def _columns_frame(env_ids: tuple[int, ...], columns: Columns) -> bytes:
