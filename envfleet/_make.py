@@ -286,6 +286,7 @@ def make(
         threads_per_worker=threads_per_worker,
         cpu_affinity=affinity,
         start_timeout=start_timeout,
+        copy=copy,
         backend_options=own,
     )
     try:

@@ -89,13 +89,17 @@ class Dispatch:
             ]
         )
 
-    def submit_step(self, env_ids: np.ndarray, carried: Sequence[dict[int, Any]] | None) -> None:
+    def submit_step(
+        self, env_ids: np.ndarray, carried: Sequence[dict[int, Any]] | None, spare: bool = False
+    ) -> None:
         """Send a step of ``env_ids``: their actions are in the batch (``carried`` is
         ``None``) or, per worker, in ``carried``, which its command carries.
 
         A step of every env with its actions in the batch (the sync step) is a whole-pool step:
         the ledger books it for all workers at once (:meth:`Ledger.sent_all`), so the pool's
-        thread spends next to nothing per worker beyond handing the command over.
+        thread spends next to nothing per worker beyond handing the command over. ``spare``:
+        the caller hands every env's observations out next; the workers copy them into one of
+        the transport's spares, if it has one free.
         """
         if carried is not None or len(env_ids) != self._num_envs:
             self.submit_many(
@@ -107,6 +111,9 @@ class Dispatch:
             return
         step_all = self._ledger.step_all
         if self._ledger.sent_all():
+            spares = self._transport.spares
+            if spare and spares is not None:
+                spares.arm()
             self._transport.submit_all(step_all)
             return
         submit = self._transport.submit

@@ -231,9 +231,14 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
         ``step``; otherwise it is :meth:`send` followed by :meth:`recv`.
         """
         if env_id is None and self.batch_size == self.num_envs:
-            self.send(actions)
-            self._dispatch.collect(self._all_ids)
-            return self._read.results(self._all_ids, with_env_id=False, copy=self.copy)
+            spares = self._transport.spares if self.copy else None
+            try:  # with spares, the workers copy the observations into one, handed out as is
+                self._send(actions, None, spare=spares is not None)
+                self._dispatch.collect(self._all_ids)
+                return self._read.results(self._all_ids, copy=spares or self.copy)
+            finally:
+                if spares is not None:
+                    spares.disarm()
         if env_id is not None:
             self._check_usable()
             # Refused before sending: a send that recv() cannot complete left its envs pending.
@@ -372,6 +377,9 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
             ValueError, TypeError: actions or env ids do not match what the pool expects.
             AlreadyPendingError: an env in ``env_id`` still has a step or result pending.
         """
+        self._send(actions, env_id)
+
+    def _send(self, actions: Any, env_id: Any, spare: bool = False) -> None:
         self._check_usable()
         env_ids = self._idle_ids(env_id, "send")
         if not self._all_reset and self._never_reset[env_ids].any():
@@ -390,7 +398,7 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
         actions = check_actions(space, actions, env_ids, check_membership=self.check_actions)
         if self._recovery.worker_memory_limit is not None:
             self._dispatch.recycle_over_limit()
-        self._dispatch.submit_step(env_ids, self._actions.write(actions, env_ids))
+        self._dispatch.submit_step(env_ids, self._actions.write(actions, env_ids), spare)
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Wait for ``batch_size`` envs and return their results; ``infos["env_id"]`` names them.

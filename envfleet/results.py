@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from envfleet.backends.spares import Spares
 from envfleet.buffers import Batch, take, view_rows
 from envfleet.infos import merge_infos
 from envfleet.ledger import Ledger
@@ -48,8 +49,12 @@ class ResultReader:
         self._stats = stats
         self._ended = ended
 
-    def results(self, env_ids: np.ndarray, *, with_env_id: bool, copy: bool) -> Results:
-        """The results of ``env_ids`` (ready), in that order."""
+    def results(
+        self, env_ids: np.ndarray, *, copy: bool | Spares, with_env_id: bool = False
+    ) -> Results:
+        """The results of ``env_ids`` (ready), in that order; ``copy``: the observations as
+        copies, or views (False), or the spare the workers copied them into, if any (a sync
+        step of every env)."""
         batch = self._batch
         whole = env_ids is self._all_ids or (
             len(env_ids) == self._num_envs and bool((env_ids[1:] > env_ids[:-1]).all())
@@ -72,6 +77,15 @@ class ResultReader:
         infos = self.infos(env_ids, positions=None, size=len(env_ids), whole=whole)
         if with_env_id:
             infos["env_id"] = env_ids
+        if isinstance(copy, Spares):
+            spare = copy.hand_out() if rows is None else None
+            return (
+                self.observations(rows, True) if spare is None else spare,
+                rewards,
+                terminations,
+                truncations,
+                infos,
+            )
         return self.observations(rows, copy), rewards, terminations, truncations, infos
 
     def observations(self, rows: np.ndarray | None, copy: bool) -> Any:

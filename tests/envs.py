@@ -135,3 +135,30 @@ class FaultyEnv(gymnasium.Env[np.ndarray, np.int64]):
     def close(self) -> None:
         if self.close_hook is not None:
             self.close_hook(self)
+
+
+class FramesEnv(FaultyEnv):
+    """:class:`FaultyEnv` with image observations (64x64x3 uint8), drawn from its seeded
+    ``np_random`` and its step count: a batch of a few is past the size that gets spare rows
+    (``envfleet.backends.spares``); the hooks, episodes and rewards are FaultyEnv's."""
+
+    SHAPE = (64, 64, 3)
+
+    def __init__(self, step_hook: StepHook | None = None, episode_length: int = 7) -> None:
+        super().__init__(step_hook=step_hook, episode_length=episode_length)
+        self.observation_space = spaces.Box(0, 255, shape=self.SHAPE, dtype=np.uint8)
+
+    def _frame(self) -> np.ndarray:
+        frame = self.np_random.integers(0, 256, size=self.SHAPE, dtype=np.uint8)
+        frame[0, 0, 0] = self.count % 256
+        return frame
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        _, info = super().reset(seed=seed, options=options)
+        return self._frame(), info
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        _, reward, terminated, truncated, info = super().step(action)
+        return self._frame(), reward, terminated, truncated, info

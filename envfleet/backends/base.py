@@ -29,6 +29,7 @@ import gymnasium
 from gymnasium.vector import AutoresetMode
 
 from envfleet.affinity import Affinity
+from envfleet.backends.spares import Spares
 from envfleet.buffers import Batch
 from envfleet.errors import OnError
 from envfleet.protocol import Command, Reply
@@ -62,6 +63,7 @@ class TransportOptions:
     threads_per_worker: int = 1
     cpu_affinity: Affinity | None = None  # applied by each worker to itself (affinity.py)
     start_timeout: float = DEFAULT_START_TIMEOUT  # seconds a worker may take to build its envs
+    copy: bool = True  # the pool hands out copies of the observations (it may keep spares)
     backend_options: Any = None
     """The backend's own options: an instance of its registered options type, or ``None``."""
 
@@ -79,6 +81,13 @@ class Transport(Protocol):
 
     batch: Batch
     """The pool-side view of the batch arrays the groups fill."""
+
+    spares: Spares | None
+    """Spare observation rows the workers copy a sync step's rows into, for the pool to hand
+    out instead of a copy of its own (:mod:`~envfleet.backends.spares`); ``None``: the pool
+    copies. The pool arms one before a whole-pool step (:meth:`submit_all`); the transport
+    spoils it when rows of that step reach the batch another way than a worker's plain reply
+    (a worker lost or restarted, rows delivered from a reply)."""
 
     def prepare(self, worker: int, command: Command) -> None:
         """Serialise ``command`` for ``worker`` now, before the pool changes any state, so that
@@ -134,6 +143,7 @@ class BaseTransport:
     """The defaults of :class:`Transport`'s optional methods; subclass it for a backend."""
 
     batch: Batch
+    spares: Spares | None = None
 
     def prepare(self, worker: int, command: Command) -> None:
         pass  # nothing is serialised before submit

@@ -200,10 +200,17 @@ def _read_columns(
     return env_ids, (ids, bytes(body[at : at + size]), bytes(body[at + size : end]))
 
 
-def serve_pipes(group: Group, command_fd: int, reply_fd: int, spin_seconds: float = 0.0) -> None:
+def serve_pipes(
+    group: Group,
+    command_fd: int,
+    reply_fd: int,
+    spin_seconds: float = 0.0,
+    after: Callable[[], None] | None = None,
+) -> None:
     """Serve the pool's commands read from ``command_fd`` until it sends :class:`Close` or goes
     away (EOF: then close the envs), writing each reply to ``reply_fd``; ``spin_seconds``: how
-    long to poll for the next command before blocking in the kernel.
+    long to poll for the next command before blocking in the kernel; ``after``: called after
+    each command, before its reply goes (the spare rows' copy, :mod:`~envfleet.backends.spares`).
 
     The loop a worker runs every step: a repeated command and a plain reply cost one
     ``read`` and one ``write`` of a byte, and nothing else but the command itself (issue 23).
@@ -231,6 +238,8 @@ def serve_pipes(group: Group, command_fd: int, reply_fd: int, spin_seconds: floa
             group.close()
             return
         reply = serve(group, command)
+        if after is not None:
+            after()
         try:
             if plain(reply):  # the hot path: one byte, written whole (a blocking pipe)
                 write(reply_fd, _PLAIN_BYTES)

@@ -51,6 +51,7 @@ from typing import Any
 import cloudpickle
 
 from envfleet.affinity import usable_cpus
+from envfleet.backends import spares as spare_rows
 from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
 from envfleet.backends.channel import (
     REPEAT_BYTES,
@@ -103,6 +104,7 @@ def _worker_main(
     parent_pid: int,
     restarts: dict[int, int],
     from_main_thread: bool = False,
+    spares_raw: tuple[Any, ...] = (),
 ) -> None:
     # Ctrl-C goes to the whole process group: the parent alone handles it and closes us. So a
     # KeyboardInterrupt here is an env's own, its failure like any other exception.
@@ -134,7 +136,10 @@ def _worker_main(
         return
     if shared.observations is None:  # a space shared memory cannot hold: they travel pickled
         group = Shipping(group, batch, options.observation_space)
-    serve_pipes(group, commands.fileno(), reply_fd, SPIN_SECONDS)
+    after = spare_rows.copier(
+        options.observation_space, options.assignment, worker, spares_raw, batch.observations
+    )
+    serve_pipes(group, commands.fileno(), reply_fd, SPIN_SECONDS, after)
 
 
 class ProcessTransport(BaseTransport):
@@ -146,6 +151,7 @@ class ProcessTransport(BaseTransport):
             :class:`~envfleet.infos.InfoTable`, which the pool reads) when True, to this
             callable when one is given (a node agent, which forwards them to its pool as they
             came), and their replies read as plain; when False, the replies carry them.
+        spares: keep spare rows for a sync step's frames (:mod:`~envfleet.backends.spares`).
     """
 
     def __init__(
@@ -153,13 +159,15 @@ class ProcessTransport(BaseTransport):
         options: TransportOptions,
         *,
         info_columns: bool | Callable[[Columns], None] = False,
+        spares: bool = False,
     ) -> None:
         self._ctx = multiprocessing.get_context(options.context)
         spaces = options.observation_space, options.action_space, options.num_envs
-        self._shared: SharedBatch | None = SharedBatch.allocate(
-            *spaces, batch_allocator(self._ctx, SharedBatch.nbytes(*spaces))
-        )
+        spare = spare_rows.SPARES * spare_rows.spare_bytes(*spaces[::2]) if spares else 0
+        allocator = batch_allocator(self._ctx, SharedBatch.nbytes(*spaces) + spare)
+        self._shared: SharedBatch | None = SharedBatch.allocate(*spaces, allocator)
         self.batch = self._shared.views()
+        self._spare_mem, self.spares, self._spoil = spare_rows.setup(*spaces[::2], allocator, spare)
         self._workers: list[WorkerProcess] = []
         self._writing: set[int] = set()  # workers whose outbox holds bytes (polled for room)
         self._closed = False
@@ -203,6 +211,7 @@ class ProcessTransport(BaseTransport):
                 os.getpid(),
                 restarts,
                 threading.current_thread() is threading.main_thread(),
+                self._spare_mem,
             ),
             functools.partial(self._watcher, worker),
             self._info_columns,
@@ -249,6 +258,7 @@ class ProcessTransport(BaseTransport):
         return self._workers[worker].memory()
 
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
+        self._spoil()
         old = self._workers[worker]
         if old.alive:  # replaced alive (recycled)
             self._poller.unregister(old.reply_fd)
@@ -411,6 +421,7 @@ class ProcessTransport(BaseTransport):
                     for reply in got:
                         if reply is not None and reply.rows is not None:  # into the batch
                             deliver(self.batch, self._options.observation_space, reply)
+                            self._spoil()
                     replies.extend([(w, reply) for reply in got])
                     got.clear()
             if died:
@@ -421,6 +432,7 @@ class ProcessTransport(BaseTransport):
                 self._poller.unregister(slot.sentinel)
                 replies.append((w, gone))
                 lost = True
+                self._spoil()
         return lost
 
     def close(self, timeout: float) -> None:
@@ -485,4 +497,4 @@ def _retry_eintr(poll: Any, ms: int | None) -> list[tuple[int, int]]:
 
 
 def open_transport(options: TransportOptions) -> ProcessTransport:
-    return ProcessTransport(options, info_columns=True)
+    return ProcessTransport(options, info_columns=True, spares=options.copy)
