@@ -89,7 +89,11 @@ def make(
             copy per step; the next step overwrites them, so copy what you keep. Gymnasium's
             ``copy`` of its vector envs. An async batch whose envs are consecutive, in order
             (one worker's block: double buffering on two workers), comes as views too; any
-            other async batch is a copy.
+            other async batch is a copy. With ``True`` on the process backend, a sync step's
+            image observations (a batch of 64 KB or more) are copied by the workers into one
+            of two spare blocks of shared memory, handed out as they are: the block is yours
+            until nothing refers to it any more (docs/benchmarks.md, "Spare rows"); a child
+            forked while you hold one shares its memory rather than copying it on write.
         env_kwargs: keyword arguments for ``gymnasium.make`` or the factory: one mapping for
             every env, or a sequence of mappings, one per env.
         check_actions: also check that each action lies in the action space before sending it
