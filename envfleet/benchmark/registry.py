@@ -46,6 +46,11 @@ RUNNERS: dict[str, RunnerKind] = {
         ),
         RunnerKind("serial", "envfleet, serial backend", runners.envfleet_opener("serial")),
         RunnerKind("process", "envfleet, process backend", runners.envfleet_opener("process")),
+        RunnerKind(
+            "process-copy",
+            "envfleet, process backend, observations copied by the pool (no spare rows)",
+            runners.open_process_copy,
+        ),
         RunnerKind("thread", "envfleet, thread backend", runners.envfleet_opener("thread")),
         RunnerKind("gym-sync", "Gymnasium SyncVectorEnv", runners.open_gym_sync),
         RunnerKind("gym-async", "Gymnasium AsyncVectorEnv (shared memory)", runners.open_gym_async),
