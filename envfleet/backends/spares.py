@@ -153,12 +153,13 @@ def copier(
     word = np.ndarray((1,), np.uint8, buffer=raw[0])
     arrays = _arrays(space, sum(len(ids) for ids in assignment), raw[1:])
     rows = row_index(assignment[worker])
-    source = home[rows]  # a view when the rows are consecutive (always, for a worker's block)
+    view = isinstance(rows, slice)  # consecutive rows (a worker's block always is): one view
+    source = home[rows]
 
     def copy() -> None:
         k = int(word[0])
         if k:
-            arrays[k - 1][rows] = source if isinstance(rows, slice) else home[rows]
+            arrays[k - 1][rows] = source if view else home[rows]
 
     return copy
 
@@ -171,5 +172,6 @@ __all__ = [
     "allocate",
     "copier",
     "nothing",
+    "setup",
     "spare_bytes",
 ]
