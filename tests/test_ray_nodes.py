@@ -31,7 +31,7 @@ from ray.cluster_utils import Cluster
 import envfleet
 import envfleet.infos
 import envfleet.results
-from envfleet.backends import node_wire
+from envfleet.backends import node_agent, node_wire
 from envfleet.backends.node_agent import NodeAgent, node_options
 from envfleet.backends.node_link import NodeLink, connect_agent
 from envfleet.backends.node_placement import place
@@ -1277,3 +1277,26 @@ def test_an_agent_lost_with_its_envs_infos_waiting_leaks_no_stale_infos(
     assert killed, "no infos of the node's envs ever waited"
     assert not waiting
     assert restarted[lost].all() and not restarted[np.setdiff1d(np.arange(NUM_ENVS), lost)].any()
+
+
+def test_an_agent_counts_its_nodes_cores_not_the_machines(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's local pool spins for its last replies only while fewer workers owe one than
+    its node has cores: those Ray gives the node (here 1 a node, the machine's shared by all),
+    never more than the process may run on, the machine's where Ray does not know the node."""
+    agent = ray.remote(NodeAgent).options(num_cpus=0).remote(_options(cluster), {})
+    try:
+        error, *_ = ray.get(agent.start.remote(b"k" * 32), timeout=120)
+        assert error is None
+        assert ray.get(agent.__ray_call__.remote(lambda a: a.local._cores), timeout=60) == 1
+    finally:
+        ray.kill(agent, no_restart=True)
+    monkeypatch.setattr(node_agent, "usable_cpus", lambda: (0, 1, 2, 3))
+    nodes = [{"NodeID": "a", "Resources": {"CPU": 64.0}}, {"NodeID": "b", "Resources": {}}]
+    monkeypatch.setattr(node_agent, "alive_nodes", lambda: nodes)
+    assert node_agent.node_cores("a") == 4  # no more than the process may run on
+    nodes[0]["Resources"] = {"CPU": 2.0}
+    assert node_agent.node_cores("a") == 2
+    assert node_agent.node_cores("b") == 1  # at least one
+    assert node_agent.node_cores("gone") == 4

@@ -20,9 +20,11 @@ from dataclasses import dataclass
 
 import ray
 
+from envfleet.affinity import usable_cpus
 from envfleet.backends.base import TransportOptions
 from envfleet.backends.channel import accept_pool
 from envfleet.backends.compression import Codec, codec
+from envfleet.backends.node_placement import alive_nodes, node_cpus
 from envfleet.backends.node_server import NodeServer
 from envfleet.backends.node_wire import Portable, portable
 from envfleet.backends.process import ProcessTransport
@@ -54,6 +56,14 @@ def node_options(options: TransportOptions, workers: Sequence[int]) -> NodeOptio
     return NodeOptions(**values, rows=options.num_envs)
 
 
+def node_cores(node: str) -> int:
+    """The cores the agent of ``node`` (a Ray node id) may count on: the CPUs Ray gives that
+    node, where it knows them, and no more than this process may run on (at least 1)."""
+    cpus = {str(n["NodeID"]): node_cpus(n) for n in alive_nodes()}.get(node)
+    usable = len(usable_cpus())
+    return usable if cpus is None else max(1, min(usable, int(cpus)))
+
+
 class NodeAgent:
     """One node's envs in a local process pool, served to the pool over one connection."""
 
@@ -77,6 +87,11 @@ class NodeAgent:
             return ("missing", f"node {node} ({host}): {exc}"), node, host, 0, os.getpid()
         try:
             self.local = ProcessTransport(self.options, info_columns=self._columns.append)
+            # The cores its wait may count on are the node's, as Ray has them (the nodes of a
+            # cluster on one machine share its cores): the process backend's wait spins for the
+            # last replies while fewer workers owe one than there are cores, which takes a core
+            # from the node's workers when it has none to spare.
+            self.local._cores = node_cores(node)
             # A replacement agent: its envs start restarted (flagged, reseeded by their count).
             for worker, ids in enumerate(self.options.assignment):
                 counts = {i: self.restarts[i] for i in ids if i in self.restarts}

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from operator import is_
 from typing import Any
 
 import gymnasium
@@ -24,6 +25,7 @@ import ray
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import Replies, WorkerLost
 from envfleet.backends.channel import authenticated
+from envfleet.backends.node_frames import Frames, Message
 from envfleet.backends.rows import deliver
 from envfleet.buffers import Batch
 from envfleet.errors import Phase, WorkerDiedError
@@ -33,7 +35,11 @@ from envfleet.stats import NodeStats
 CONNECT_TIMEOUT = 30.0
 """Seconds the pool gives an agent's socket to accept it and prove the key."""
 
-_Plain = tuple[list[int], list[Command], np.ndarray, "slice | np.ndarray"]
+_Plain = tuple[
+    list[int], list[Command], np.ndarray, "slice | np.ndarray", "list[memoryview] | None", Replies
+]
+"""A plain answer's workers (the agent's), the commands it answered, their envs, those envs'
+rows, the rows' views (``None``: unpacked with numpy), and its replies (the pool's workers)."""
 
 
 @dataclass
@@ -45,6 +51,7 @@ class NodeLink:
     workers: list[int]  # global worker indices, in order (the agent's 0, 1, ...)
     agent: Any = None
     conn: Connection | None = None
+    frames: Frames | None = None  # the agent's messages in (``conn``'s descriptor)
     serving: Any = None
     host: str = ""
     pid: int = 0
@@ -52,7 +59,8 @@ class NodeLink:
     lost: bool = False  # reported lost; waits for a restart
     inflight: list[deque[Command]] = field(default_factory=list)
     last: list[Command] | None = None  # the round the agent would repeat
-    actions: tuple[np.ndarray, slice | np.ndarray] | None = None
+    # The envs whose actions the last round carried, their rows, and those rows' views.
+    actions: tuple[np.ndarray, slice | np.ndarray, list[memoryview] | None] | None = None
     plain: dict[bytes, _Plain] = field(
         default_factory=dict
     )  # the rows of a plain answer, by the commands it answers (the same objects each step)
@@ -143,13 +151,8 @@ class NodeLink:
         if not self.alive:
             return None
         last = self.last
-        repeat = last is not None and len(last) == len(commands)
-        if repeat:
-            assert last is not None
-            for a, b in zip(last, commands, strict=True):
-                if a is not b:
-                    repeat = False
-                    break
+        repeat = last is not None and len(last) == len(commands) and all(map(is_, last, commands))
+        parts: list[bytes | memoryview]
         if repeat:
             parts = [wire.REPEAT]
         else:
@@ -160,8 +163,10 @@ class NodeLink:
             cached = self.actions
             if cached is None or not repeat:
                 ids = wire.action_ids(commands)
-                cached = self.actions = (ids, wire.selection(ids))
-            parts += wire.pack(actions, cached[1])
+                sel = wire.selection(ids)
+                cached = self.actions = (ids, sel, wire.row_views(actions, sel))
+            _, sel, views = cached
+            parts += views if views is not None else wire.pack(actions, sel)
         message = b"".join(parts)
         self.messages += 1
         self.bytes_out += len(message)
@@ -172,7 +177,7 @@ class NodeLink:
 
     def take(
         self,
-        data: bytes,
+        data: Message,
         rows: Sequence[np.ndarray],
         batch: Batch,
         space: gymnasium.Space[Any],
@@ -203,18 +208,22 @@ class NodeLink:
                 if len(self.plain) > 64:
                     self.plain.clear()
                 order = np.frombuffer(key, np.uint16, offset=2).tolist()
-                cached = self.plain[key] = (order, [], np.empty(0, np.intp), slice(0, 0))
-            order, known, ids, sel = cached
+                replies: Replies = [(workers[k], None) for k in order]
+                cached = (order, [], np.empty(0, np.intp), slice(0, 0), None, replies)
+                self.plain[key] = cached
+            order, known, ids, sel, views, replies = cached
             inflight = self.inflight
             commands = [inflight[k].popleft() for k in order]
-            if len(known) != len(commands) or any(
-                a is not b for a, b in zip(known, commands, strict=True)
-            ):
+            if len(known) != len(commands) or not all(map(is_, known, commands)):
                 ids = wire.row_ids((c, None) for c in commands)
                 sel = wire.selection(ids)
-                self.plain[key] = (order, commands, ids, sel)
-            wire.unpack(rows, sel, ids.size, data, at, codecs)
-            return [(workers[k], None) for k in order]
+                views = None if codecs else wire.row_views(rows, sel)
+                self.plain[key] = (order, commands, ids, sel, views, replies)
+            if views is not None:
+                wire.copy_into(views, data, at)
+            else:
+                wire.unpack(rows, sel, ids.size, data, at, codecs)
+            return replies.copy()
         if tag == wire.ACK:  # pragma: no cover - only in answer to a restart or close
             return []
         (body, columns), at = wire.read_header(data)

@@ -15,14 +15,15 @@ from envfleet.backends.ray_options import RayOptions
 from envfleet.backends.ray_session import pool_node
 
 
-def _cpus(node: dict[str, Any]) -> float:
+def node_cpus(node: dict[str, Any]) -> float:
+    """The CPUs of ``node`` (an entry of ``ray.nodes()``)."""
     return float(node.get("Resources", {}).get("CPU", 0.0))
 
 
 def alive_nodes() -> list[dict[str, Any]]:
     """Ray's alive nodes that have CPUs, in a stable order (the head first as Ray lists it)."""
     nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
-    return [n for n in nodes if n.get("Alive") and _cpus(n) > 0]
+    return [n for n in nodes if n.get("Alive") and node_cpus(n) > 0]
 
 
 def place(nodes: Sequence[tuple[str, float]], workers: int) -> list[list[int]]:
@@ -68,11 +69,11 @@ def choose_nodes(
         if wanted != "auto":
             raise ValueError(f"nodes must be 'auto' or a list of Ray node ids, got {wanted!r}")
         room = dict(resources or {})
-        chosen = [(str(n["NodeID"]), _cpus(n)) for n in nodes if has_room(n, room)]
+        chosen = [(str(n["NodeID"]), node_cpus(n)) for n in nodes if has_room(n, room)]
         if not chosen:
             raise ValueError(f"no alive node of this Ray cluster has CPUs and {room}")
         return chosen
-    alive = {str(n["NodeID"]): _cpus(n) for n in nodes}
+    alive = {str(n["NodeID"]): node_cpus(n) for n in nodes}
     unknown = [n for n in wanted if n not in alive]
     if unknown:
         raise ValueError(f"nodes {unknown} are not alive nodes of this Ray cluster")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from multiprocessing.connection import Connection
-from operator import itemgetter
+from operator import is_, itemgetter
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ import numpy as np
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import WorkerLost
 from envfleet.backends.compression import Codec
+from envfleet.backends.node_frames import Frames, Message, send
 from envfleet.backends.process import ProcessTransport
 from envfleet.buffers import ObjectRows
 from envfleet.errors import EnvError
@@ -57,6 +58,9 @@ short would blame them)."""
 _Held = tuple[int, "Command | None", "Reply | WorkerLost | None"]
 """A reply in, not yet sent: local worker, the command it answers (``None``: lost), reply."""
 
+_Plain = tuple[list[Command], bytes, "slice | np.ndarray", "list[memoryview] | None"]
+"""A plain answer's commands, its workers part, its rows, and their views (``None``: packed)."""
+
 _by_worker = itemgetter(0)
 
 
@@ -76,6 +80,7 @@ class NodeServer:
         # as it reads the replies they belong to: those replies are held, and go with them).
         self.columns: list[Columns] = [] if columns is None else columns
         self.conn = conn
+        self.frames = Frames(conn.fileno())  # the pool's messages, read in one go each
         local.watch(conn.fileno())  # its wait ends when the pool speaks
         batch = local.batch
         self.batch = batch
@@ -91,22 +96,25 @@ class NodeServer:
         self.rounds = 0
         self.owed = 0
         self.last: list[tuple[int, Command]] = []
-        self.last_actions: tuple[np.ndarray, slice | np.ndarray] | None = None
+        # The envs whose actions the last round carried, their rows, and those rows' views.
+        self.last_actions: tuple[np.ndarray, slice | np.ndarray, list[memoryview] | None] | None
+        self.last_actions = None
         self.workers = workers
         self.hold = False  # a sync step's round: held up to HOLD_LIMIT, not LOCAL_SLICE
         self.held: list[_Held] = []
         self.held_since = 0.0
         self.complete = False  # a round is all in since the last answer
         self.bad = False  # a failure or a lost worker is held: it goes at once
-        # A plain answer's workers and rows, by its workers (the same commands each step).
-        self.plain: dict[tuple[int, ...], tuple[list[Command], bytes, slice | np.ndarray]] = {}
+        # A plain answer's workers and rows (and their views), by its workers (the same
+        # commands each step).
+        self.plain: dict[tuple[int, ...], _Plain] = {}
 
     def run(self) -> None:
-        conn = self.conn
+        frames = self.frames
         while True:
             try:
                 # Block while nothing is owed; else only look, and go back to the workers.
-                message = conn.recv_bytes() if self.owed == 0 or conn.poll(0) else None
+                message = frames.read() if self.owed == 0 or frames.ready() else None
             except (EOFError, OSError):
                 return
             if message is not None and not self.handle(message):
@@ -121,6 +129,8 @@ class NodeServer:
         want = min(self.left.values()) if self.left else self.owed
         limit = HOLD_LIMIT if self.hold else LOCAL_SLICE
         timeout = max(0.0, self.held_since + limit - time.monotonic()) if self.held else WAIT_SLICE
+        if self.frames.whole():  # the pool's next message is in already: only look
+            timeout = 0.0
         replies = self.local.wait(min(timeout, WAIT_SLICE), want)
         now = time.monotonic()
         if replies and not self.held:
@@ -160,7 +170,7 @@ class NodeServer:
         self.owed -= len(self.inflight[worker])
         self.inflight[worker].clear()
 
-    def handle(self, message: bytes) -> bool:
+    def handle(self, message: Message) -> bool:
         """Take one message from the pool; False once it asked to close."""
         tag = message[:1]
         view = memoryview(message)
@@ -206,9 +216,13 @@ class NodeServer:
             cached = self.last_actions
             if cached is None:
                 ids = wire.action_ids(c for _, c in commands)
-                cached = self.last_actions = (ids, wire.selection(ids))
-            ids, sel = cached
-            wire.unpack(self.actions, sel, ids.size, view, at)
+                sel = wire.selection(ids)
+                cached = self.last_actions = (ids, sel, wire.row_views(self.actions, sel))
+            ids, sel, views = cached
+            if views is not None:
+                wire.copy_into(views, view, at)
+            else:
+                wire.unpack(self.actions, sel, ids.size, view, at)
         if not commands:
             return
         number = self.rounds
@@ -248,7 +262,7 @@ class NodeServer:
                         reply = reply if reply is not None else Reply(env_ids=tuple(got.tolist()))
                         reply.rows = Rows(got, [observations[i] for i in got.tolist()])
                 replies.append((worker, reply))
-        self.conn.send_bytes(b"".join([wire.header(wire.GENERAL, (replies, columns)), *rows]))
+        send(self.conn.fileno(), [wire.header(wire.GENERAL, (replies, columns)), *rows])
 
     def answer_plain(self, held: list[_Held], columns: list[Columns]) -> None:
         """Every held reply is plain: the workers answered, the rows of their envs, and the
@@ -256,14 +270,16 @@ class NodeServer:
         key = tuple([worker for worker, _, _ in held])
         commands: list[Command] = [command for _, command, _ in held]  # type: ignore[misc]
         cached = self.plain.get(key)
-        if cached is None or any(a is not b for a, b in zip(cached[0], commands, strict=True)):
+        if cached is None or not all(map(is_, cached[0], commands)):
             if len(self.plain) > 64:
                 self.plain.clear()
             ids = wire.row_ids((command, None) for command in commands)
-            cached = self.plain[key] = (commands, wire.plain_workers(key), wire.selection(ids))
-        _, workers, sel = cached
-        rows = wire.pack(self.rows, sel, self.codecs)
+            sel = wire.selection(ids)
+            views = None if self.codecs else wire.row_views(self.rows, sel)
+            cached = self.plain[key] = (commands, wire.plain_workers(key), sel, views)
+        _, workers, sel, views = cached
+        rows = views if views is not None else wire.pack(self.rows, sel, self.codecs)
         if columns:
-            self.conn.send_bytes(b"".join([wire.INFOS, workers, wire.pickled(columns), *rows]))
+            send(self.conn.fileno(), [wire.INFOS, workers, wire.pickled(columns), *rows])
         else:
-            self.conn.send_bytes(b"".join([wire.PLAIN, workers, *rows]))
+            send(self.conn.fileno(), [wire.PLAIN, workers, *rows])

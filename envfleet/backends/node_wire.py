@@ -137,6 +137,36 @@ def unpack(
     return at
 
 
+def row_views(fields: Sequence[np.ndarray], sel: slice | np.ndarray) -> list[memoryview] | None:
+    """The bytes of rows ``sel`` of each of ``fields`` as one flat view into it, when ``sel`` is
+    a run of rows (a slice) and every field's rows are contiguous with a buffer format
+    (``None`` otherwise): kept for a round that repeats, its rows are packed by joining these,
+    and unpacked by :func:`copy_into`, with no numpy call."""
+    if not isinstance(sel, slice):
+        return None
+    views = []
+    for field in fields:
+        rows = field[sel]
+        if not rows.flags.c_contiguous:
+            return None
+        try:
+            views.append(rows.data.cast("B"))
+        except (TypeError, ValueError):
+            return None
+    return views
+
+
+def copy_into(views: Sequence[memoryview], data: Any, at: int) -> int:
+    """Fill each of ``views`` in turn from ``data``'s bytes from offset ``at`` (one ``memcpy``
+    each); return the offset after them."""
+    source = memoryview(data)
+    for view in views:
+        end = at + view.nbytes
+        view[:] = source[at:end]
+        at = end
+    return at
+
+
 def _copy_rows(fields: Sequence[np.ndarray], sel: slice, data: Any, at: int) -> tuple[int, int]:
     """Copy rows ``sel`` of each of ``fields`` from ``data`` (from offset ``at``) as raw bytes,
     one ``memcpy`` each (half the cost of a numpy assignment for a node's small rows); return

@@ -49,6 +49,7 @@ from envfleet.backends import node_wire as wire
 from envfleet.backends.base import BaseTransport, Replies, TransportOptions, WorkerLost
 from envfleet.backends.driver_node import DriverNode, shared_node
 from envfleet.backends.node_agent import NodeAgent, node_options
+from envfleet.backends.node_frames import Frames, Message, send
 from envfleet.backends.node_link import NodeLink, connect_agent
 from envfleet.backends.node_placement import choose_nodes, place
 from envfleet.backends.ray_options import RayOptions
@@ -188,6 +189,7 @@ class NodeTransport(BaseTransport):
                 raise node.start_failed(
                     self._options.assignment, f"could not be reached at {host}:{port}"
                 ) from exc
+            node.frames = Frames(node.conn.fileno())
             node.alive, node.lost = True, False
             self._by_fd[node.conn.fileno()] = node
             self._poller.register(node.conn.fileno(), select.POLLIN)
@@ -277,7 +279,7 @@ class NodeTransport(BaseTransport):
             return  # reported lost on the next wait
         try:
             assert node.conn is not None
-            node.conn.send_bytes(message)
+            send(node.conn.fileno(), [message])
         except OSError:
             self._lose(node, "its connection broke")
 
@@ -325,15 +327,20 @@ class NodeTransport(BaseTransport):
                 ms = int(left * 1000 + 0.999)
 
     def _read(self, node: NodeLink, replies: Replies) -> None:
-        assert node.conn is not None
-        try:
-            data = node.conn.recv_bytes()
-        except (EOFError, OSError):
-            self._lose(node, "its connection closed (the agent or its node died)")
-            return
-        self._take(node, data, replies)
+        """Take ``node``'s messages: the one its socket has begun, and any read with it."""
+        frames = node.frames
+        assert frames is not None
+        while True:
+            try:
+                data = frames.read()
+            except (EOFError, OSError):
+                self._lose(node, "its connection closed (the agent or its node died)")
+                return
+            self._take(node, data, replies)
+            if not frames.whole():
+                return
 
-    def _take(self, node: NodeLink, data: bytes, replies: Replies) -> None:
+    def _take(self, node: NodeLink, data: Message, replies: Replies) -> None:
         """Deliver the rows of one message from ``node`` and add its replies."""
         replies += node.take(
             data, self._rows, self.batch, self._space, self._restarts, self._codecs
@@ -355,6 +362,7 @@ class NodeTransport(BaseTransport):
             self._by_fd.pop(fd, None)
             node.conn.close()
             node.conn = None
+            node.frames = None
         node.kill_agent()
 
     # -- killing and restarting ----------------------------------------------------------------
@@ -432,15 +440,17 @@ class NodeTransport(BaseTransport):
     def _ack(self, node: NodeLink) -> Any:
         """Read ``node``'s messages up to its acknowledgement (the others wait for ``wait``)."""
         while True:
-            assert node.conn is not None
-            if not node.conn.poll(self._options.start_timeout):
+            assert node.conn is not None and node.frames is not None
+            if not node.frames.whole() and not node.conn.poll(self._options.start_timeout):
                 self._lose(node, "did not answer a restart within start_timeout")
                 raise node.start_failed(
                     self._options.assignment, "did not answer a restart", EnvTimeoutError
                 )
-            data = node.conn.recv_bytes()
+            data = node.frames.read()
             if data[:1] == wire.ACK:
                 body, _ = wire.read_header(data)
+                while node.frames.whole():  # read with it: no socket event will tell of it
+                    self._take(node, node.frames.read(), self._queued)
                 return body
             self._take(node, data, self._queued)  # another worker's reply came first
 
@@ -475,6 +485,7 @@ class NodeTransport(BaseTransport):
                 if node.conn is not None:
                     node.conn.close()
                     node.conn = None
+                    node.frames = None
                 node.alive = False
                 if ray.is_initialized():
                     node.kill_agent()
