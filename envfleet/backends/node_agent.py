@@ -86,12 +86,13 @@ class NodeAgent:
         except ImportError as exc:  # lz4 on the pool's machine, not on this node
             return ("missing", f"node {node} ({host}): {exc}"), node, host, 0, os.getpid()
         try:
-            self.local = ProcessTransport(self.options, info_columns=self._columns.append)
             # The cores its wait may count on are the node's, as Ray has them (the nodes of a
             # cluster on one machine share its cores): the process backend's wait spins for the
             # last replies while fewer workers owe one than there are cores, which takes a core
             # from the node's workers when it has none to spare.
-            self.local._cores = node_cores(node)
+            self.local = ProcessTransport(
+                self.options, info_columns=self._columns.append, cores=node_cores(node)
+            )
             # A replacement agent: its envs start restarted (flagged, reseeded by their count).
             for worker, ids in enumerate(self.options.assignment):
                 counts = {i: self.restarts[i] for i in ids if i in self.restarts}

@@ -136,9 +136,7 @@ def _worker_main(
         return
     if shared.observations is None:  # a space shared memory cannot hold: they travel pickled
         group = Shipping(group, batch, options.observation_space)
-    after = spare_rows.copier(
-        options.observation_space, options.assignment, worker, spares_raw, batch.observations
-    )
+    after = spare_rows.copier(options, worker, spares_raw, batch.observations)
     serve_pipes(group, commands.fileno(), reply_fd, SPIN_SECONDS, after)
 
 
@@ -152,6 +150,7 @@ class ProcessTransport(BaseTransport):
             callable when one is given (a node agent, which forwards them to its pool as they
             came), and their replies read as plain; when False, the replies carry them.
         spares: keep spare rows for a sync step's frames (:mod:`~envfleet.backends.spares`).
+        cores: the cores its waits may count on (default: the process's usable CPUs).
     """
 
     def __init__(
@@ -160,6 +159,7 @@ class ProcessTransport(BaseTransport):
         *,
         info_columns: bool | Callable[[Columns], None] = False,
         spares: bool = False,
+        cores: int | None = None,
     ) -> None:
         self._ctx = multiprocessing.get_context(options.context)
         spaces = options.observation_space, options.action_space, options.num_envs
@@ -173,7 +173,7 @@ class ProcessTransport(BaseTransport):
         self._closed = False
         self._poller = select.poll()
         self._quick = False  # the last wait got every reply within SPIN_LIMIT
-        self._cores = len(usable_cpus())  # fewer workers owing a reply: the pool may spin
+        self._cores = cores or len(usable_cpus())  # fewer workers owing one: it may spin
         # close() from another thread while wait() polls: a byte on this pipe wakes the poll,
         # which then touches none of the workers' descriptors (close() is closing them).
         self._wake_lock = threading.Lock()

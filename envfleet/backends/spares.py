@@ -23,12 +23,15 @@ from __future__ import annotations
 import ctypes
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium import spaces
 
 from envfleet.batch_rows import row_index
+
+if TYPE_CHECKING:  # base.py names Spares in the transport contract
+    from envfleet.backends.base import TransportOptions
 
 SPARES = 2
 """Spare blocks per pool: one the caller holds while the next step fills the other (a loop that
@@ -139,20 +142,16 @@ def nothing() -> None:
 
 
 def copier(
-    space: spaces.Space[Any],
-    assignment: Sequence[Sequence[int]],
-    worker: int,
-    raw: Sequence[Any],
-    home: np.ndarray,
+    options: TransportOptions, worker: int, raw: Sequence[Any], home: np.ndarray
 ) -> Callable[[], None] | None:
     """The worker's side: what copies, after each command, the rows of worker ``worker``'s envs
-    (of the pool's ``assignment``) in ``home`` (the batch's observations) into the spare the pool
-    armed, if any; ``None`` when the pool has no spares (``raw`` empty)."""
+    in ``home`` (the batch's observations) into the spare the pool armed, if any; ``None`` when
+    the pool has no spares (``raw`` empty)."""
     if not raw:
         return None
     word = np.ndarray((1,), np.uint8, buffer=raw[0])
-    arrays = _arrays(space, sum(len(ids) for ids in assignment), raw[1:])
-    rows = row_index(assignment[worker])
+    arrays = _arrays(options.observation_space, options.num_envs, raw[1:])
+    rows = row_index(options.assignment[worker])
     view = isinstance(rows, slice)  # consecutive rows (a worker's block always is): one view
     source = home[rows]
 
