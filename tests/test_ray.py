@@ -751,5 +751,4 @@ def test_make_sb3_env_fns_match_subproc_vec_env(ray_session: None) -> None:
     pytest.importorskip("stable_baselines3")
     from tests.test_sb3 import check_env_fns_match_subproc_vec_env
 
-    # SB3's processes forked: a fork server would outlive the test (Ray's leak check)
-    check_env_fns_match_subproc_vec_env("fork", backend="ray", num_workers=2)
+    check_env_fns_match_subproc_vec_env(backend="ray", num_workers=2)
