@@ -162,3 +162,40 @@ class FramesEnv(FaultyEnv):
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         _, reward, terminated, truncated, info = super().step(action)
         return self._frame(), reward, terminated, truncated, info
+
+
+class StepEnv(gymnasium.Env[np.ndarray, np.int64]):
+    """SB3's terminal-observation env: obs counts up; the episode ends after ``max_steps``."""
+
+    def __init__(self, max_steps: int) -> None:
+        self.action_space = spaces.Discrete(2)
+        self.observation_space = spaces.Box(0, 999, shape=(1,), dtype=np.int64)
+        self.max_steps = max_steps
+        self.current_step = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.current_step = 0
+        return np.array([0]), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.current_step += 1
+        done = self.current_step >= self.max_steps
+        # terminated for the odd lengths, truncated for the even ones
+        odd = self.max_steps % 2 == 1
+        return np.array([self.current_step]), 0.0, done and odd, done and not odd, {}
+
+
+IN_PARENT: list[bool] = []
+"""Set by a test in this process: a forked worker inherits it, a spawned one does not."""
+
+
+class InheritingEnv(StepEnv):
+    """A :class:`StepEnv` that records whether its process inherited :data:`IN_PARENT` (here,
+    not in a test module, so that spawned workers unpickling it import no more than this)."""
+
+    def __init__(self) -> None:
+        super().__init__(100)
+        self.inherited = bool(IN_PARENT)

@@ -130,41 +130,46 @@ def test_env_fns_async_batches_match_sync_vector_env_per_env(
     own actions, float64) is the one ``SyncVectorEnv`` gives it. Under DISABLED an env that
     ended is reset on its own (``async_reset(env_id=[i])``) before its next action."""
     backend, workers = config
+    with envfleet.make(
+        HETERO["Pendulum"], backend=backend, num_workers=workers, batch_size=2, autoreset_mode=mode
+    ) as pool:
+        check_async_batches_per_env(pool, mode)
+
+
+def check_async_batches_per_env(pool: envfleet.Pool, mode: AutoresetMode) -> None:
+    """The body of :func:`test_env_fns_async_batches_match_sync_vector_env_per_env`, on a pool
+    of ``HETERO["Pendulum"]`` made in ``mode`` (any ``batch_size``: batches of 2 are asked)."""
     case = "Pendulum"
-    env_fns = HETERO[case]
-    n = len(env_fns)
+    n = len(HETERO[case])
     expected = per_env_reference(case, mode)
     actions = actions_for(spaces.Box(-2, 2, (1,)), n, STEPS)
     got: dict[int, list[tuple[Any, ...]]] = {i: [] for i in range(n)}
-    with envfleet.make(
-        env_fns, backend=backend, num_workers=workers, batch_size=2, autoreset_mode=mode
-    ) as pool:
-        pool.async_reset(seed=SEED)
-        sent = dict.fromkeys(range(n), 0)  # actions each env has been sent
-        resetting: dict[int, bool] = {}  # DISABLED: envs whose reset is in flight
-        in_flight = set(range(n))
-        while in_flight:
-            # Fewer than a batch left in flight at the end: collect them in a smaller batch.
-            pool.batch_size = min(2, len(in_flight))
-            obs, rewards, terms, truncs, infos = pool.recv()
-            for k, i in enumerate(infos["env_id"].tolist()):
-                in_flight.discard(i)
-                if not got[i] or resetting.pop(i, False):
-                    got[i].append(("reset", obs[k].tobytes()))
-                else:
-                    got[i].append(
-                        ("step", obs[k].tobytes(), rewards[k], bool(terms[k]), bool(truncs[k]))
-                    )
-                    ended = bool(terms[k] or truncs[k])
-                    if mode is AutoresetMode.DISABLED and ended:
-                        pool.async_reset(env_id=[i])
-                        resetting[i] = True
-                        in_flight.add(i)
-                        continue
-                if sent[i] < STEPS:
-                    pool.send(actions[sent[i]][i : i + 1], [i])
-                    sent[i] += 1
+    pool.async_reset(seed=SEED)
+    sent = dict.fromkeys(range(n), 0)  # actions each env has been sent
+    resetting: dict[int, bool] = {}  # DISABLED: envs whose reset is in flight
+    in_flight = set(range(n))
+    while in_flight:
+        # Fewer than a batch left in flight at the end: collect them in a smaller batch.
+        pool.batch_size = min(2, len(in_flight))
+        obs, rewards, terms, truncs, infos = pool.recv()
+        for k, i in enumerate(infos["env_id"].tolist()):
+            in_flight.discard(i)
+            if not got[i] or resetting.pop(i, False):
+                got[i].append(("reset", obs[k].tobytes()))
+            else:
+                got[i].append(
+                    ("step", obs[k].tobytes(), rewards[k], bool(terms[k]), bool(truncs[k]))
+                )
+                ended = bool(terms[k] or truncs[k])
+                if mode is AutoresetMode.DISABLED and ended:
+                    pool.async_reset(env_id=[i])
+                    resetting[i] = True
                     in_flight.add(i)
+                    continue
+            if sent[i] < STEPS:
+                pool.send(actions[sent[i]][i : i + 1], [i])
+                sent[i] += 1
+                in_flight.add(i)
     for i in range(n):
         assert len(got[i]) == len(expected[i]), f"env {i}: {len(got[i])} results"
         assert got[i] == expected[i], f"env {i} differs from SyncVectorEnv's"

@@ -369,14 +369,21 @@ def test_sync_steps_are_bit_identical_to_serial(
     ray_session: None, case_name: str, mode: AutoresetMode, path: str
 ) -> None:
     case = RAY_CASES[case_name]
-    with (
-        envfleet.make(
-            case.env, NUM_ENVS, backend="serial", env_kwargs=case.kwargs, autoreset_mode=mode
-        ) as serial,
-        make_ray(case.env, path, env_kwargs=case.kwargs, autoreset_mode=mode) as pool,
-    ):
+    with make_ray(case.env, path, env_kwargs=case.kwargs, autoreset_mode=mode) as pool:
         label = f"{case_name}/{mode.name} serial vs ray ({path})"
-        assert_same_run(drive(serial, case, mode), pool, case, mode, label)
+        assert_same_run(serial_run(case_name, mode), pool, case, mode, label)
+
+
+@functools.cache
+def serial_run(case_name: str, mode: AutoresetMode) -> list[tuple[str, Any]]:
+    """What the serial backend gives a case (:func:`drive`), computed once per case and mode
+    for both paths (Pong is slow to build); each result a deep copy, so that no later step of
+    the serial pool could change one kept."""
+    case = RAY_CASES[case_name]
+    with envfleet.make(
+        case.env, NUM_ENVS, backend="serial", env_kwargs=case.kwargs, autoreset_mode=mode
+    ) as serial:
+        return [copy.deepcopy(record) for record in drive(serial, case, mode)]
 
 
 def row(batch: Any, j: int) -> Any:
@@ -437,6 +444,22 @@ def drive_async(pool: envfleet.Pool, case: Case, mode: AutoresetMode) -> list[li
             return records
 
 
+@functools.cache
+def serial_async_run(case_name: str, mode: AutoresetMode) -> list[list[Record]]:
+    """What :func:`drive_async` gets from the serial backend, per env (each env's sequence
+    depends on its seed and actions only), computed once per case and mode for both paths."""
+    case = CASES[case_name]
+    with envfleet.make(
+        case.env,
+        NUM_ENVS,
+        backend="serial",
+        env_kwargs=case.kwargs,
+        autoreset_mode=mode,
+        batch_size=3,
+    ) as serial:
+        return drive_async(serial, case, mode)
+
+
 RUN_AHEAD = 8
 """How far (times a case's steps) an env may run ahead of the slowest in :func:`drive_async`."""
 
@@ -457,8 +480,7 @@ def test_async_results_are_bit_identical_to_serial(
 ) -> None:
     case = CASES[case_name]
     common = {"env_kwargs": case.kwargs, "autoreset_mode": mode, "batch_size": 3}
-    with envfleet.make(case.env, NUM_ENVS, backend="serial", **common) as serial:
-        expected = drive_async(serial, case, mode)
+    expected = serial_async_run(case_name, mode)
     with make_ray(case.env, path, **common) as pool:
         got = drive_async(pool, case, mode)
     for i in range(NUM_ENVS):
@@ -685,7 +707,8 @@ def test_env_fns_match_sync_vector_env_and_registered_ids_build(
 ) -> None:
     """Heterogeneous ``env_fns`` (float64 actions) give ``SyncVectorEnv``'s results in every
     autoreset mode, sync and async, and an id registered only in this process builds in the
-    actors (their registry lacks it)."""
+    actors (their registry lacks it). The async batches run on the pool that ran sync (each
+    env reset with the seed again): an actor's start is the slow part here."""
     env_fns = dropin.HETERO["Pendulum"]
     for mode in AutoresetMode:
         with envfleet.make(
@@ -696,12 +719,12 @@ def test_env_fns_match_sync_vector_env_and_registered_ids_build(
             ray_shared_memory=path == "socket",
         ) as pool:
             got = list(dropin.sync_drive(pool, env_fns, mode))
-        expected = dropin.reference("Pendulum", mode)
-        assert len(got) == len(expected)
-        for (what, want), (_, result) in zip(expected, got, strict=True):
-            assert_same(want, result, f"ray/{path}/{mode.name} {what}")
-        if path == "socket":  # async batches: each env's own results are SyncVectorEnv's
-            dropin.test_env_fns_async_batches_match_sync_vector_env_per_env(mode, ("ray", 2))
+            expected = dropin.reference("Pendulum", mode)
+            assert len(got) == len(expected)
+            for (what, want), (_, result) in zip(expected, got, strict=True):
+                assert_same(want, result, f"ray/{path}/{mode.name} {what}")
+            if path == "socket":  # async batches: each env's own results are SyncVectorEnv's
+                dropin.check_async_batches_per_env(pool, mode)
     env_id = "envfleet-test/RayRegistered-v0"
     gymnasium.register(env_id, entry_point="tests.envs:DictTupleEnv", kwargs={"max_steps": 4})
     try:
@@ -751,5 +774,4 @@ def test_make_sb3_env_fns_match_subproc_vec_env(ray_session: None) -> None:
     pytest.importorskip("stable_baselines3")
     from tests.test_sb3 import check_env_fns_match_subproc_vec_env
 
-    # SB3's processes forked: a fork server would outlive the test (Ray's leak check)
-    check_env_fns_match_subproc_vec_env("fork", backend="ray", num_workers=2)
+    check_env_fns_match_subproc_vec_env(backend="ray", num_workers=2)

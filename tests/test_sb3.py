@@ -29,6 +29,7 @@ from stable_baselines3.common.vec_env import (
 
 import envfleet
 from envfleet.adapters.sb3 import VecEnv, make_sb3, to_sb3_infos, unbatch_infos
+from tests.envs import IN_PARENT, InheritingEnv, StepEnv
 
 N_ENVS = 3
 POOLS = [("serial", None), ("process", 2)]
@@ -69,30 +70,6 @@ class CustomEnv(gymnasium.Env[Any, Any]):
     @staticmethod
     def custom_method(dim_0: int = 1, dim_1: int = 1) -> np.ndarray:
         return np.ones((dim_0, dim_1))
-
-
-class StepEnv(gymnasium.Env[np.ndarray, np.int64]):
-    """SB3's terminal-observation env: obs counts up; the episode ends after ``max_steps``."""
-
-    def __init__(self, max_steps: int) -> None:
-        self.action_space = spaces.Discrete(2)
-        self.observation_space = spaces.Box(0, 999, shape=(1,), dtype=np.int64)
-        self.max_steps = max_steps
-        self.current_step = 0
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        super().reset(seed=seed)
-        self.current_step = 0
-        return np.array([0]), {}
-
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        self.current_step += 1
-        done = self.current_step >= self.max_steps
-        # terminated for the odd lengths, truncated for the even ones
-        odd = self.max_steps % 2 == 1
-        return np.array([self.current_step]), 0.0, done and odd, done and not odd, {}
 
 
 def _step_envs(config: tuple[str, int | None], lengths: list[int]) -> VecEnv:
@@ -575,12 +552,20 @@ HETEROGENEOUS = [_plain_env, _monitored_env, _short_env]
 """SB3 users' ``env_fns``: each env built its own way (a Monitor on one, a time limit on one)."""
 
 
-def check_env_fns_match_subproc_vec_env(
-    sb3_start_method: str | None = None, **make_kwargs: Any
-) -> None:
-    """``make_sb3(env_fns)`` builds env ``i`` with ``env_fns[i]``, as ``SubprocVecEnv`` does."""
-    ours = make_sb3(HETEROGENEOUS, len(HETEROGENEOUS), **make_kwargs)
-    theirs = SubprocVecEnv(HETEROGENEOUS, start_method=sb3_start_method)
+def check_env_fns_match_subproc_vec_env(**make_kwargs: Any) -> None:
+    """``make_sb3(env_fns)`` builds env ``i`` with ``env_fns[i]``, as ``SubprocVecEnv`` does.
+
+    The reference ``SubprocVecEnv`` forks its processes (made first, before any thread of ours
+    runs): its results do not depend on how they start, and its default (a fork server, which
+    the leak check stops after every test) would start one more Python per test and import the
+    torch this module's functions bring, in each of its processes (7-15 s a test here). A fork
+    server would also outlive the test under Ray's leak check."""
+    theirs = SubprocVecEnv(HETEROGENEOUS, start_method="fork")
+    try:
+        ours = make_sb3(HETEROGENEOUS, len(HETEROGENEOUS), **make_kwargs)
+    except BaseException:
+        theirs.close()
+        raise
     try:
         assert ours.env_is_wrapped(Monitor) == theirs.env_is_wrapped(Monitor) == [F, T, F]
         assert ours.env_is_wrapped(TimeLimit) == [F, F, T]  # SB3 names it by class as well
@@ -621,24 +606,14 @@ def test_env_fns_through_make_sb3_match_subproc_vec_env(make_kwargs: dict[str, A
     check_env_fns_match_subproc_vec_env(**make_kwargs)
 
 
-_IN_PARENT: list[bool] = []
-"""Set by the test in this process: a forked worker inherits it, a spawned one does not."""
-
-
-class InheritingEnv(StepEnv):
-    def __init__(self) -> None:
-        super().__init__(100)
-        self.inherited = bool(_IN_PARENT)
-
-
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_start_method_is_the_process_backends_context(start_method: str) -> None:
     """SB3's ``SubprocVecEnv(env_fns, start_method=...)`` keyword, accepted as such."""
-    _IN_PARENT.append(True)
+    IN_PARENT.append(True)
     try:
         venv = make_sb3([InheritingEnv] * 2, backend="process", start_method=start_method)
     finally:
-        _IN_PARENT.clear()
+        IN_PARENT.clear()
     try:
         assert venv.get_attr("inherited") == [start_method == "fork"] * 2
     finally:
