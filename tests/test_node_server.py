@@ -99,9 +99,9 @@ def send_steps(
         commands = [Step(tuple(range(w * PER_WORKER, (w + 1) * PER_WORKER))) for w in workers]
     for w in workers:
         pool.actions[w * PER_WORKER : (w + 1) * PER_WORKER] = action
-    message = link.round(workers, commands, [pool.actions])
-    assert message is not None
-    assert server.handle(message)
+    parts = link.round(workers, commands, [pool.actions])
+    assert parts is not None
+    assert server.handle(b"".join(parts))
     return commands
 
 

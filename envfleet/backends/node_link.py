@@ -142,10 +142,11 @@ class NodeLink:
 
     def round(
         self, locals_: Sequence[int], commands: list[Command], actions: Sequence[np.ndarray]
-    ) -> bytes | None:
-        """Book ``commands`` (one per local worker of ``locals_``) in flight and return the one
-        message that carries them, with the rows of ``actions`` they need; ``None`` when the
-        agent is gone (its workers are reported lost on the next wait)."""
+    ) -> list[bytes | memoryview] | None:
+        """Book ``commands`` (one per local worker of ``locals_``) in flight and return the
+        parts of the one message that carries them, with the rows of ``actions`` they need (as
+        views of ``actions`` when their rows repeat: written by one ``writev``, not joined);
+        ``None`` when the agent is gone (its workers are reported lost on the next wait)."""
         for local, command in zip(locals_, commands, strict=True):
             self.inflight[local].append(command)
         if not self.alive:
@@ -167,11 +168,10 @@ class NodeLink:
                 cached = self.actions = (ids, sel, wire.row_views(actions, sel))
             _, sel, views = cached
             parts += views if views is not None else wire.pack(actions, sel)
-        message = b"".join(parts)
         self.messages += 1
-        self.bytes_out += len(message)
+        self.bytes_out += sum(map(len, parts))  # bytes: views of the actions' rows cast to B
         self.sent_at = time.perf_counter()
-        return message
+        return parts
 
     # -- in ------------------------------------------------------------------------------------
 

@@ -274,12 +274,12 @@ class NodeTransport(BaseTransport):
             self._send_round(node, locals_, sent)
 
     def _send_round(self, node: NodeLink, locals_: Sequence[int], commands: list[Command]) -> None:
-        message = node.round(locals_, commands, self._actions)
-        if message is None:
+        parts = node.round(locals_, commands, self._actions)
+        if parts is None:
             return  # reported lost on the next wait
         try:
             assert node.conn is not None
-            send(node.conn.fileno(), [message])
+            send(node.conn.fileno(), parts)
         except OSError:
             self._lose(node, "its connection broke")
 
