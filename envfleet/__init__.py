@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     )
     from envfleet.pool import Pool
     from envfleet.registration import register_vector
+    from envfleet.rollouts import Policy, RandomPolicy, Rollout
     from envfleet.spec import EnvSpec
 
 __version__ = "0.1.0"
@@ -51,12 +52,15 @@ __all__ = [
     "NoPendingError",
     "OnError",
     "Phase",
+    "Policy",
     "Pool",
     "PoolStateError",
+    "RandomPolicy",
     "RemoteError",
     "RemoteTraceback",
     "ResetNeededError",
     "RestartLimitError",
+    "Rollout",
     "WorkerDiedError",
     "__version__",
     "make",
@@ -86,6 +90,9 @@ _HOMES: dict[str, str] = {
     "Backend": "envfleet.backends",
     "EnvSpec": "envfleet.spec",
     "Pool": "envfleet.pool",
+    "Policy": "envfleet.rollouts",
+    "RandomPolicy": "envfleet.rollouts",
+    "Rollout": "envfleet.rollouts",
     "make": "envfleet._make",
     "register_vector": "envfleet.registration",
     **dict.fromkeys(_ERRORS, "envfleet.errors"),

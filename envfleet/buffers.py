@@ -220,7 +220,7 @@ def view_rows(space: spaces.Space[Any], batch: Any, start: int, stop: int) -> An
     return batch[start:stop]
 
 
-def put(space: spaces.Space[Any], batch: Any, ids: np.ndarray | None, values: Any) -> None:
+def put(space: spaces.Space[Any], batch: Any, ids: slice | np.ndarray | None, values: Any) -> None:
     """Write a batch of ``values`` into rows ``ids`` (all rows when ``None``) of ``batch``."""
     if isinstance(space, spaces.Dict):
         for key, sub in space.spaces.items():

@@ -27,7 +27,7 @@ import numpy as np
 from envfleet.backends import Transport
 from envfleet.errors import ClosedPoolError
 from envfleet.ledger import Ledger
-from envfleet.protocol import Call, Command, Reset, SetAttr, Step
+from envfleet.protocol import Call, Command, Reply, Reset, Sample, SetAttr, Step
 from envfleet.recovery import Recovery
 
 _reply_of = operator.itemgetter(1)  # of a (worker, reply) pair
@@ -150,20 +150,23 @@ class Dispatch:
 
     def call(self, commands: Sequence[Call | SetAttr]) -> tuple[Any, ...]:
         """Send ``commands`` (one per worker) and return one value per env."""
-        self.submit_many(list(enumerate(commands)))
-        ledger = self._ledger
-        while not ledger.answered(commands):
-            self.pump(block=True)
         values: dict[int, Any] = {}
         failures = []
-        for worker, command in enumerate(commands):
-            reply = ledger.answer(command)
+        for worker, reply in enumerate(self.replies(commands)):
             values.update(reply.values or {})
             failures += [(worker, f) for f in reply.failures]
         if failures:
             worker, failure = failures[0]
             raise failure.to_error(worker, self._env_name)
         return tuple(values.get(i) for i in range(self._num_envs))
+
+    def replies(self, commands: Sequence[Call | SetAttr | Sample]) -> list[Reply]:
+        """Send ``commands`` (one per worker, in order) and return their replies, in order."""
+        self.submit_many(list(enumerate(commands)))
+        ledger = self._ledger
+        while not ledger.answered(commands):
+            self.pump(block=True)
+        return [ledger.answer(command) for command in commands]
 
     def pump(self, block: bool, want: int = 1, collecting: bool = False) -> None:
         """Take in the replies that have arrived (waiting for at least one if ``block``).

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from envfleet.protocol import Close, Command, EnvCommand, Reply, Step, ValueCommand
+from envfleet.protocol import Close, Command, EnvCommand, Reply, Sample, Step, ValueCommand
 from envfleet.stats import StatsRecorder
 
 
@@ -165,6 +165,12 @@ class Ledger:
             groups.append((worker, tuple(sorted(ids.tolist()))))
         return groups
 
+    def allowance(self, worker: int) -> int:
+        """How many steps' time ``worker``'s oldest pending command may take (a rollout's
+        steps; else 1): ``step_timeout`` bounds each step."""
+        pending = self.pending[worker]
+        return pending[0].steps if pending and isinstance(pending[0], Sample) else 1
+
     def idle_worker(self, worker: int) -> bool:
         """Whether ``worker`` owes nothing and none of its envs is in flight or unread."""
         ids = self.assignment[worker]
@@ -247,6 +253,8 @@ class Ledger:
         command = pending.popleft()
         now = time.monotonic()
         steps = len(command.env_ids) if isinstance(command, Step) else 0
+        if isinstance(command, Sample):
+            steps = len(command.env_ids) * command.steps
         self._stats.replied(worker, self.busy_since[worker], now, steps, not pending)
         self.busy_since[worker] = now
         if not isinstance(command, EnvCommand):

@@ -59,6 +59,7 @@ from envfleet.ledger import EnvState, Ledger
 from envfleet.protocol import Call, SetAttr
 from envfleet.recovery import DEFAULT_MAX_RESTARTS, Recovery
 from envfleet.results import ResultReader, Results
+from envfleet.rollouts import PoolRollouts
 from envfleet.stats import PoolStats, StatsRecorder, node_layout
 from envfleet.validation import (
     check_actions,
@@ -74,7 +75,7 @@ from envfleet.validation import (
 DEFAULT_CLOSE_TIMEOUT = 5.0
 
 
-class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
+class Pool(GymnasiumAsync, PoolRollouts, VectorEnv):  # type: ignore[misc]
     """Many copies of an environment stepped in parallel; build one with :func:`envfleet.make`.
 
     Attributes:
@@ -307,8 +308,7 @@ class Pool(GymnasiumAsync, VectorEnv):  # type: ignore[misc]
 
     @property
     def np_random_seed(self) -> tuple[int, ...]:  # type: ignore[override]
-        """The ``np_random_seed`` of each env, as Gymnasium's vector envs give it: after
-        ``reset(seed=s)``, ``(s, s + 1, ...)``."""
+        """Each env's ``np_random_seed``, as Gymnasium's: ``(s, s + 1, ...)`` after seed s."""
         return self.get_attr("np_random_seed")
 
     @property  # type: ignore[misc]

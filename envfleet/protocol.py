@@ -9,9 +9,9 @@ The commands are a closed set of two kinds, told apart by type (never by a flag)
 - an :class:`EnvCommand` (:class:`Step`, :class:`Reset`) *delivers envs*: it names
   ``env_ids``, and once its reply is in, those envs' rows are in the batch arrays (the
   transport's job, see :mod:`envfleet.backends.base`) and they are ready for ``recv``;
-- a :class:`ValueCommand` (:class:`Call`, :class:`SetAttr`) *returns values*: its reply carries
-  one value per env, which the pool matches to the very command object it sent (these compare
-  and hash by identity);
+- a :class:`ValueCommand` (:class:`Call`, :class:`SetAttr`, :class:`Sample`) *returns values*:
+  its reply carries one value per env (:class:`Sample`: one for the worker), which the pool
+  matches to the very command object it sent (these compare and hash by identity);
 - :class:`Close` ends a worker.
 
 Each type names its :class:`~envfleet.errors.Phase` as a class attribute (``Step.phase``).
@@ -23,16 +23,30 @@ import pickle
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import cloudpickle
+import gymnasium
 import numpy as np
+from gymnasium.vector import AutoresetMode
 
 from envfleet.errors import EnvError, Phase, RemoteError, RemoteTraceback, env_raised_error
+
+if TYPE_CHECKING:
+    from envfleet.buffers import Batch
 
 
 class Group(Protocol):
     """What serves commands: an :class:`~envfleet.group.EnvGroup` or a threaded set of them."""
+
+    @property
+    def batch(self) -> Batch: ...
+    @property
+    def mode(self) -> AutoresetMode: ...
+    @property
+    def observation_space(self) -> gymnasium.Space[Any]: ...
+    @property
+    def action_space(self) -> gymnasium.Space[Any]: ...
 
     def reset(
         self, env_ids: Sequence[int], seeds: Sequence[int | None], options: dict[str, Any] | None
@@ -216,6 +230,25 @@ class SetAttr(ValueCommand):
         return group.set_attr(self.name, self.values)
 
 
+@dataclass(frozen=True, eq=False)
+class Sample(ValueCommand):
+    """Step ``env_ids`` ``steps`` times in a row with a policy run on the worker
+    (:meth:`envfleet.Pool.rollout`), as that many :class:`Step` s would: the loop is
+    :func:`envfleet.rollout_loop.sample`. Its reply's ``values`` hold one
+    :class:`~envfleet.rollout_loop.Sampled` under the first of ``env_ids``."""
+
+    env_ids: tuple[int, ...]
+    steps: int
+    policy: bytes  # cloudpickled: one copy per worker, kept there while the same bytes come
+    check_actions: bool = False
+    phase: ClassVar[Phase] = Phase.STEP
+
+    def run(self, group: Group) -> Reply:
+        from envfleet.rollout_loop import sample  # the loop needs the group's modules
+
+        return sample(group, self)
+
+
 @dataclass(frozen=True)
 class Close:
     """Close every env of the group; the worker exits after replying."""
@@ -226,4 +259,4 @@ class Close:
         return group.close()
 
 
-Command = Reset | Step | Call | SetAttr | Close
+Command = Reset | Step | Call | SetAttr | Sample | Close

@@ -181,13 +181,15 @@ class Recovery:
             return None
         ledger = self.ledger
         busy = [
-            since
-            for since, pending in zip(ledger.busy_since, ledger.pending, strict=True)
+            since + self.step_timeout * ledger.allowance(worker)
+            for worker, (since, pending) in enumerate(
+                zip(ledger.busy_since, ledger.pending, strict=True)
+            )
             if pending
         ]
         if not busy:
             return None
-        return max(0.0, min(busy) + self.step_timeout - time.monotonic())
+        return max(0.0, min(busy) - time.monotonic())
 
     def kill_hung(self) -> None:
         """Kill each worker that has owed a reply for ``step_timeout``; the transport then
@@ -198,7 +200,7 @@ class Recovery:
         for worker, pending in enumerate(ledger.pending):
             if pending and worker not in self._hung:
                 waited = now - ledger.busy_since[worker]
-                if waited >= self.step_timeout:
+                if waited >= self.step_timeout * ledger.allowance(worker):
                     self._hung[worker] = waited
                     self.transport.kill(worker)
 

@@ -179,6 +179,10 @@ class StatsRecorder:
         if np.count_nonzero(done):  # a C call: ndarray.any goes through Python
             np.add.at(self.episodes, env_ids[done], 1)
 
+    def ended_many(self, counts: np.ndarray) -> None:
+        """Count the episodes each env ended in several results at once (a rollout's)."""
+        self.episodes += counts
+
     def snapshot(self, restarts: np.ndarray, recycled: Sequence[int] = ()) -> PoolStats:
         self._fold()
         self._settle()

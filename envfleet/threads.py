@@ -40,6 +40,11 @@ class ThreadedGroup:
 
     def __init__(self, groups: Sequence[EnvGroup]) -> None:
         self.groups = list(groups)
+        first = self.groups[0]  # every sub-group shares the worker's batch, mode and spaces
+        self.batch = first.batch
+        self.mode = first.mode
+        self.observation_space = first.observation_space
+        self.action_space = first.action_space
         self._owner = {i: k for k, g in enumerate(self.groups) for i in g.env_ids}
         self._executor = ThreadPoolExecutor(len(self.groups), thread_name_prefix="envfleet-env")
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import gymnasium
 import numpy as np
+from gymnasium.vector import AutoresetMode
 
 from envfleet.buffers import Batch, ObjectRows, put, take
 from envfleet.protocol import Group, Reply, Rows
@@ -113,6 +114,22 @@ class Shipping:
         self._batch = batch
         self._space = observation_space
         self._results = results
+
+    @property
+    def batch(self) -> Batch:
+        return self.group.batch
+
+    @property
+    def mode(self) -> AutoresetMode:
+        return self.group.mode
+
+    @property
+    def observation_space(self) -> gymnasium.Space[Any]:
+        return self.group.observation_space
+
+    @property
+    def action_space(self) -> gymnasium.Space[Any]:
+        return self.group.action_space
 
     def _packed(self, reply: Reply) -> Reply:
         reply.rows = pack(self._batch, self._space, reply, self._results)

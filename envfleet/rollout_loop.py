@@ -1,0 +1,207 @@
+"""The worker's side of a rollout: ``steps`` steps in a row with a policy run where the envs are.
+
+A :class:`~envfleet.protocol.Sample` command asks a worker to do what the pool would do with
+that many ``step`` calls, without a message per step::
+
+    for t in range(steps):
+        (DISABLED mode: reset the envs whose episode ended, as reset(reset_mask) would)
+        actions = policy(observations of its envs, their global env ids)
+        group.step(env_ids)      # the group's own step: autoreset, restarts, infos, flags
+        record what the step gave
+
+It steps through the group's own :meth:`~envfleet.group.EnvGroup.step` (or its threads'), so
+autoreset modes, restarts under ``on_error="restart"``, infos and flags are exactly those of
+that many steps, and after the last one the group's batch rows are what they would be. What it
+records goes back as one :class:`Sampled` per worker, in its reply's ``values``.
+
+The policy travels cloudpickled; each worker keeps the one it unpickled while the same bytes
+come again, so a stateful policy (:class:`~envfleet.RandomPolicy`'s generators) continues from
+one rollout to the next.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space, create_empty_array, iterate
+
+from envfleet.buffers import put, take
+from envfleet.errors import Phase
+from envfleet.guards import env_errors
+from envfleet.protocol import EnvFailure, Group, Reply, Sample
+from envfleet.validation import check_actions, keeps_dtype
+
+_FLAT_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+_policies: weakref.WeakKeyDictionary[Any, tuple[bytes, Callable[..., Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per group, the policy bytes last received and the policy unpickled from them."""
+
+
+@dataclass
+class Sampled:
+    """One worker's part of a rollout: arrays shaped ``(steps, len(env_ids), ...)``.
+
+    ``steps`` is how many steps were recorded: all those asked for, unless the policy failed
+    (``error``) or an env did (the reply's ``failures``).
+    """
+
+    env_ids: tuple[int, ...]
+    steps: int
+    observations: Any
+    actions: Any
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    infos: list[dict[int, dict[str, Any]]]
+    """Per step, the non-empty infos by env."""
+    reset_infos: list[dict[int, dict[str, Any]]]
+    """Per step (DISABLED mode), the infos of the envs reset before it, by env."""
+    final_observations: Any
+    """The envs' rows after the last step: observations, rewards and flags."""
+    final_rewards: np.ndarray
+    final_terminations: np.ndarray
+    final_truncations: np.ndarray
+    error: EnvFailure | None = None
+    """The policy's failure that stopped the rollout (its envs stand where it stopped)."""
+
+
+def tree(space: spaces.Space[Any], fn: Callable[..., Any], *nests: Any) -> Any:
+    """``fn`` applied to the leaves of ``nests`` laid out like ``space`` (Dict/Tuple)."""
+    if isinstance(space, spaces.Dict):
+        return {key: tree(sub, fn, *(n[key] for n in nests)) for key, sub in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(tree(sub, fn, *(n[k] for n in nests)) for k, sub in enumerate(space.spaces))
+    return fn(*nests)
+
+
+def empty_steps(space: spaces.Space[Any], steps: int, count: int) -> Any:
+    """Arrays of ``space``'s dtypes shaped ``(steps, count, ...)``."""
+    flat = create_empty_array(space, steps * count, fn=np.zeros)
+    return tree(space, lambda a: a.reshape(steps, count, *a.shape[1:]), flat)
+
+
+def sample(group: Group, command: Sample) -> Reply:
+    """Serve ``command``: its steps with its policy, recorded (see the module docstring)."""
+    ids = command.env_ids
+    index = np.array(ids, dtype=np.intp)
+    batch = group.batch
+    obs_space, act_space = group.observation_space, group.action_space
+    steps, count = command.steps, len(ids)
+    record = Sampled(
+        env_ids=ids,
+        steps=0,
+        observations=empty_steps(obs_space, steps, count),
+        actions=empty_steps(act_space, steps, count),
+        rewards=np.zeros((steps, count), dtype=batch.rewards.dtype),
+        terminations=np.zeros((steps, count), dtype=np.bool_),
+        truncations=np.zeros((steps, count), dtype=np.bool_),
+        infos=[],
+        reset_infos=[],
+        final_observations=None,
+        final_rewards=batch.rewards[index],
+        final_terminations=batch.terminations[index],
+        final_truncations=batch.truncations[index],
+    )
+    failures: tuple[EnvFailure, ...] = ()
+    restarts: list[EnvFailure] = []
+    try:
+        policy = _policy(group, command.policy)
+    except env_errors() as exc:
+        record.error = _policy_failure(exc, "could not be unpickled on the worker")
+        policy = None
+    disabled = group.mode is AutoresetMode.DISABLED
+    flat = isinstance(act_space, _FLAT_SPACES) and isinstance(batch.actions, np.ndarray)
+    for t in range(steps):
+        if policy is None:
+            break
+        if disabled:
+            ended = index[batch.terminations[index] | batch.truncations[index]]
+            reset = {}
+            if ended.size:
+                reply = group.reset(tuple(ended.tolist()), [None] * ended.size, None)
+                restarts += reply.restarts
+                reset = reply.infos or {}
+                if reply.failures:
+                    failures = reply.failures
+                    break
+            record.reset_infos.append(reset)
+        observations = take(obs_space, batch.observations, index)
+        try:
+            actions = check_actions(
+                act_space, policy(observations, index.copy()), index, check_membership=False
+            )
+            if command.check_actions:
+                check_actions(act_space, actions, index, check_membership=True)
+        except env_errors() as exc:
+            record.error = _policy_failure(exc, f"failed at step {t} of {steps}")
+            if disabled:
+                record.reset_infos.pop()
+            break
+        carried: dict[int, Any] | None = None
+        if flat and actions.dtype == batch.actions.dtype:
+            batch.actions[index] = actions
+        elif not flat and keeps_dtype(act_space, actions):
+            put(act_space, batch.actions, index, actions)
+        else:  # another dtype: the envs get the actions as the policy gave them
+            items = list(actions) if flat else list(iterate(batch_space(act_space, count), actions))
+            carried = dict(zip(ids, items, strict=True))
+        reply = group.step(ids, carried)
+        restarts += reply.restarts
+        if reply.failures:
+            failures = reply.failures
+            break
+        _set_step(obs_space, record.observations, t, observations)
+        _set_step(act_space, record.actions, t, actions)
+        record.rewards[t] = batch.rewards[index]
+        record.terminations[t] = batch.terminations[index]
+        record.truncations[t] = batch.truncations[index]
+        record.infos.append(reply.infos or {})
+        record.steps = t + 1
+    done = record.steps
+    if done < steps:  # stopped early: only what was recorded travels
+        for name in ("observations", "actions"):
+            space = obs_space if name == "observations" else act_space
+            setattr(record, name, tree(space, lambda a: a[:done], getattr(record, name)))
+        record.rewards = record.rewards[:done]
+        record.terminations = record.terminations[:done]
+        record.truncations = record.truncations[:done]
+    record.final_observations = take(obs_space, batch.observations, index)
+    record.final_rewards = batch.rewards[index]
+    record.final_terminations = batch.terminations[index]
+    record.final_truncations = batch.truncations[index]
+    return Reply(values={ids[0]: record}, failures=failures, restarts=tuple(restarts))
+
+
+def _set_step(space: spaces.Space[Any], record: Any, t: int, value: Any) -> None:
+    """Row ``t`` of ``record`` (``(steps, count, ...)`` leaves) set to the batch ``value``."""
+
+    def set_leaf(leaf: np.ndarray, part: Any) -> None:
+        leaf[t] = part
+
+    tree(space, set_leaf, record, value)
+
+
+def _policy(group: Group, blob: bytes) -> Callable[..., Any]:
+    """The policy ``blob`` unpickled, or the one this group unpickled from the same bytes."""
+    cached = _policies.get(group)
+    if cached is not None and cached[0] == blob:
+        return cached[1]
+    policy: Callable[..., Any] = pickle.loads(blob)
+    _policies[group] = (blob, policy)
+    return policy
+
+
+def _policy_failure(exc: BaseException, what: str) -> EnvFailure:
+    """The failure of the policy (``what`` it did), not of an env."""
+    failure = EnvFailure.capture(None, Phase.STEP, exc)
+    return dataclasses.replace(failure, message=f"the rollout's policy {what}: {failure.message}")
