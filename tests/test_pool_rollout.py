@@ -1,0 +1,329 @@
+"""``pool.rollout(policy, steps)``: steps taken on the workers, with the policy run there.
+
+Oracles: a rollout is, bit for bit, the same loop of ``SyncVectorEnv.step(policy(obs))`` (every
+autoreset mode, nested spaces, infos, episodes ending mid-rollout), and plain steps and another
+rollout after it go on as that loop does; under ``on_error="restart"`` it is the pool's own loop
+of ``step``; under ``"raise"`` it raises the env's error as a step would. Bad input is refused
+before anything is sent, and the pool stays usable.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
+
+import envfleet
+from envfleet.group import RESTARTED
+from tests.envs import DictTupleEnv, FaultyEnv
+from tests.faults import SEED, VICTIM, raise_value_error_in_step
+
+NUM_ENVS = 5
+POLICY_SEED = 11
+SCHEDULE = "p" * 7 + "f" * 3 + "p" * 6
+"""The reference run's steps: ``p`` by the policy (a rollout), ``f`` fixed actions (steps)."""
+
+
+def dict_envs(n: int = NUM_ENVS) -> list[Callable[[], gymnasium.Env[Any, Any]]]:
+    """Nested observations, float32 actions, infos and reset infos; episodes of different
+    lengths ending terminated or truncated, mid-rollout."""
+    return [functools.partial(DictTupleEnv, max_steps=4 + i) for i in range(n)]
+
+
+def assert_tree(ours: Any, theirs: Any, where: str) -> None:
+    """Equal values, types and dtypes, through dicts, tuples and object arrays (infos)."""
+    if isinstance(theirs, dict):
+        assert isinstance(ours, dict) and sorted(ours) == sorted(theirs), where
+        for key in theirs:
+            assert_tree(ours[key], theirs[key], f"{where}[{key!r}]")
+    elif isinstance(theirs, tuple):
+        assert isinstance(ours, tuple) and len(ours) == len(theirs), where
+        for k, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            assert_tree(a, b, f"{where}[{k}]")
+    elif isinstance(theirs, np.ndarray):
+        assert isinstance(ours, np.ndarray), where
+        assert (ours.dtype, ours.shape) == (theirs.dtype, theirs.shape), where
+        if theirs.dtype == object:
+            for k, (a, b) in enumerate(zip(ours.flat, theirs.flat, strict=True)):
+                assert_tree(a, b, f"{where}[{k}]")
+        else:
+            np.testing.assert_array_equal(ours, theirs, err_msg=where)
+    else:
+        assert type(ours) is type(theirs) and ours == theirs, where
+
+
+def at(tree: Any, t: int) -> Any:
+    """Step ``t`` of a rollout's nested ``(steps, num_envs, ...)`` arrays."""
+    if isinstance(tree, dict):
+        return {key: at(value, t) for key, value in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(at(value, t) for value in tree)
+    return tree[t]
+
+
+def reference(
+    venv: VectorEnv, policy: Any, schedule: str, fixed_seed: int = 3
+) -> tuple[list[dict[str, Any]], Any]:
+    """``venv`` reset with ``SEED`` then stepped by ``schedule``; per step what the policy saw,
+    the actions and what the step returned (DISABLED mode: the envs that ended are reset
+    first, with ``reset_mask``); and the last observations."""
+    fixed = gymnasium.vector.utils.batch_space(venv.single_action_space, venv.num_envs)
+    fixed.seed(fixed_seed)
+    n = venv.num_envs
+    obs, _ = venv.reset(seed=SEED)
+    ended = np.zeros(n, dtype=np.bool_)
+    record = []
+    for kind in schedule:
+        reset_infos: dict[str, Any] = {}
+        if venv.metadata["autoreset_mode"] is AutoresetMode.DISABLED and ended.any():
+            obs, reset_infos = venv.reset(options={"reset_mask": ended})
+        actions = policy(obs, np.arange(n)) if kind == "p" else fixed.sample()
+        after, rewards, terminations, truncations, infos = venv.step(actions)
+        record.append(
+            {
+                "observations": obs,
+                "actions": actions,
+                "rewards": rewards,
+                "terminations": terminations,
+                "truncations": truncations,
+                "infos": infos,
+                "reset_infos": reset_infos,
+                "next": after,
+            }
+        )
+        obs, ended = after, terminations | truncations
+    return record, obs
+
+
+def assert_rollout(rollout: envfleet.Rollout, want: list[dict[str, Any]], label: str) -> None:
+    assert rollout.steps == len(want), label
+    for t, step in enumerate(want):
+        where = f"{label} step {t}"
+        for field in ("observations", "actions", "rewards", "terminations", "truncations"):
+            assert_tree(at(getattr(rollout, field), t), step[field], f"{where} {field}")
+        assert_tree(rollout.infos[t], step["infos"], f"{where} infos")
+        assert_tree(rollout.reset_infos[t], step["reset_infos"], f"{where} reset_infos")
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+def test_rollout_is_that_many_steps_of_sync_vector_env(backend: str, mode: AutoresetMode) -> None:
+    """Every backend (the suite's ``backend``). A rollout, plain steps, another rollout:
+    SyncVectorEnv's run with the same policy and actions, bit for bit (nested observations,
+    float32 actions, infos, episodes ending terminated and truncated mid-rollout; in DISABLED
+    mode the rollout resets ended envs)."""
+    ref = SyncVectorEnv(dict_envs(), autoreset_mode=mode)
+    want, last = reference(
+        ref, envfleet.RandomPolicy(ref.single_action_space, POLICY_SEED), SCHEDULE
+    )
+    ref.close()
+    assert sum(int((s["terminations"] | s["truncations"]).sum()) for s in want[:7]) >= 3
+    with envfleet.make(dict_envs(), backend=backend, num_workers=2, autoreset_mode=mode) as pool:
+        policy = envfleet.RandomPolicy(pool.single_action_space, POLICY_SEED)
+        pool.reset(seed=SEED)
+        first = pool.rollout(policy, 7)
+        assert_rollout(first, want[:7], "first rollout")
+        assert_tree(first.final_observations, want[6]["next"], "final observations")
+        if mode is AutoresetMode.DISABLED:  # the envs that ended need a reset, as after steps
+            ended = want[6]["terminations"] | want[6]["truncations"]
+            assert ended.any()
+            with pytest.raises(ValueError, match="DISABLED"):
+                pool.step(want[7]["actions"])
+        for t in range(7, 10):  # plain steps go on from where the rollout left the envs
+            step = want[t]
+            ended = want[t - 1]["terminations"] | want[t - 1]["truncations"]
+            if mode is AutoresetMode.DISABLED and ended.any():
+                _, infos = pool.reset(options={"reset_mask": ended})
+                assert_tree(infos, step["reset_infos"], f"reset before step {t}")
+            got = pool.step(step["actions"])
+            for k, field in enumerate(("next", "rewards", "terminations", "truncations")):
+                assert_tree(got[k], step[field], f"step {t} {field}")
+            assert_tree(got[4], step["infos"], f"step {t} infos")
+        second = pool.rollout(policy, 6)  # the workers' copies of the policy go on
+        assert_rollout(second, want[10:], "second rollout")
+        assert_tree(second.final_observations, last, "final observations")
+        stats = pool.stats()
+        ended = sum(int((s["terminations"] | s["truncations"]).sum()) for s in want)
+        assert (stats.steps, stats.episodes) == (len(want) * NUM_ENVS, ended)
+
+
+def test_thread_workers_and_flat_spaces() -> None:
+    """``threads_per_worker`` (a worker's envs on threads) and a Discrete action space: the same
+    run as SyncVectorEnv's."""
+    fns = [
+        functools.partial(gymnasium.make, "CartPole-v1", max_episode_steps=5 + i) for i in range(6)
+    ]
+    ref = SyncVectorEnv(fns)
+    want, last = reference(ref, envfleet.RandomPolicy(ref.single_action_space, 1), "p" * 12)
+    ref.close()
+    with envfleet.make(fns, backend="process", num_workers=2, threads_per_worker=2) as pool:
+        pool.reset(seed=SEED)
+        out = pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 1), 12)
+    assert_rollout(out, want, "rollout")
+    assert_tree(out.final_observations, last, "final observations")
+
+
+def faulty(n: int = 7, **kwargs: Any) -> list[Callable[[], FaultyEnv]]:
+    return [functools.partial(FaultyEnv, **kwargs) for _ in range(n)]
+
+
+def test_restart_mid_rollout_is_the_pools_own_loop_of_steps() -> None:
+    """``on_error="restart"``: env ``VICTIM`` raises on its second step; the rollout goes on
+    with it rebuilt (its episode reported truncated, ``envfleet/restarted``), exactly as the
+    same pool's loop of ``step`` calls does, restart counts included."""
+    runs = []
+    for use_rollout in (True, False):
+        with envfleet.make(
+            faulty(step_hook=raise_value_error_in_step),
+            backend="process",
+            num_workers=3,
+            on_error="restart",
+        ) as pool:
+            policy = envfleet.RandomPolicy(pool.single_action_space, 4)
+            pool.reset(seed=SEED)
+            if use_rollout:
+                out = pool.rollout(policy, 6)
+                runs.append(
+                    (out.observations, out.rewards, out.truncations, out.infos, pool.restarts)
+                )
+                continue
+            obs, steps = pool.reset(seed=SEED)[0], []
+            for _ in range(6):
+                after, rewards, _, truncations, infos = pool.step(policy(obs, np.arange(7)))
+                steps.append((obs, rewards, truncations, infos))
+                obs = after
+            runs.append(
+                (
+                    np.stack([s[0] for s in steps]),
+                    np.stack([s[1] for s in steps]),
+                    np.stack([s[2] for s in steps]),
+                    [s[3] for s in steps],
+                    pool.restarts,
+                )
+            )
+    (obs, rewards, truncations, infos, restarts), want = runs
+    assert restarts[VICTIM] == 1 and want[4][VICTIM] == 1
+    assert truncations[1, VICTIM] and infos[1][RESTARTED][VICTIM]
+    assert_tree(obs, want[0], "observations")
+    assert_tree(rewards, want[1], "rewards")
+    assert_tree(truncations, want[2], "truncations")
+    for t, (ours, theirs) in enumerate(zip(infos, want[3], strict=True)):
+        assert_tree(ours, theirs, f"step {t} infos")
+    np.testing.assert_array_equal(restarts, want[4])
+
+
+def test_an_env_raising_mid_rollout_raises_as_a_step_would() -> None:
+    """``on_error="raise"``: the env's own error type, naming the env and the step phase; the
+    pool is broken, as after a failed step."""
+    with envfleet.make(
+        faulty(step_hook=raise_value_error_in_step), backend="process", num_workers=3
+    ) as pool:
+        pool.reset(seed=SEED)
+        with pytest.raises(ValueError, match="boom in step") as caught:
+            pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 0), 5)
+        error = caught.value
+        assert isinstance(error, envfleet.EnvRaisedError)
+        assert (error.env_index, error.phase) == (VICTIM, envfleet.Phase.STEP)
+        assert f"env {VICTIM}" in str(error)
+        with pytest.raises(envfleet.BrokenPoolError):
+            pool.step(np.zeros(7, dtype=np.int64))
+
+
+class FailingPolicy:
+    """Random actions, and an error on its ``fail_at``-th call (on each worker's copy)."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.inner = envfleet.RandomPolicy(gymnasium.spaces.Discrete(3), 0)
+        self.fail_at = fail_at
+        self.calls = 0
+
+    def __call__(self, observations: Any, env_ids: np.ndarray) -> Any:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise KeyError("policy broke")
+        return self.inner(observations, env_ids)
+
+
+@pytest.fixture(scope="module")
+def thread_pool() -> Iterator[envfleet.Pool]:
+    with envfleet.make(faulty(5), backend="thread", num_workers=2, batch_size=5) as pool:
+        yield pool
+
+
+def test_bad_input_is_refused_before_anything_is_sent(thread_pool: envfleet.Pool) -> None:
+    pool = thread_pool
+    policy = envfleet.RandomPolicy(pool.single_action_space, 0)
+    with pytest.raises(envfleet.ResetNeededError):
+        pool.rollout(policy, 3)
+    pool.reset(seed=SEED)
+    for steps in (0, -1, 1.5, True, "3", None):
+        with pytest.raises(ValueError, match="steps must be an int"):
+            pool.rollout(policy, steps)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be callable"):
+        pool.rollout(object(), 3)  # type: ignore[arg-type]
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match="must pickle"):
+        pool.rollout(lambda obs, ids, lock=lock: np.zeros(len(ids), dtype=np.int64), 3)
+    pool.send(np.zeros(2, dtype=np.int64), env_id=[0, 1])  # an async step pending
+    with pytest.raises(envfleet.AlreadyPendingError, match="rollout"):
+        pool.rollout(policy, 3)
+    pool.send(np.zeros(3, dtype=np.int64), env_id=[2, 3, 4])
+    pool.recv()
+    # Nothing was sent by the refusals: each env stepped once, by the async step above.
+    assert pool.get_attr("count") == tuple(SEED * 100 + i * 100 + 1 for i in range(5))
+    out = pool.rollout(policy, 3)
+    assert out.observations.shape == (3, 5, 1) and out.actions.dtype == np.int64
+
+
+def test_a_failing_policy_raises_and_the_pool_goes_on(thread_pool: envfleet.Pool) -> None:
+    """The policy raises on its third call (on each worker): its error, named as the
+    policy's; the envs stand after the two steps taken, and the pool steps on from there."""
+    pool = thread_pool
+    pool.reset(seed=SEED)
+    with pytest.raises(KeyError, match="policy broke") as caught:
+        pool.rollout(FailingPolicy(3), 5)
+    assert "policy" in str(caught.value) and isinstance(caught.value, envfleet.EnvError)
+    assert pool.get_attr("count") == tuple(SEED * 100 + i * 100 + 2 for i in range(5))
+    obs = pool.step(np.zeros(5, dtype=np.int64))[0]
+    np.testing.assert_array_equal(obs[:, 0], [SEED * 100 + i * 100 + 3 for i in range(5)])
+    with pytest.raises(envfleet.EnvError, match=r"expected actions of shape \(3,\)"):
+        pool.rollout(lambda obs, ids: np.zeros(1, dtype=np.int64), 2)  # worker 0 holds 3
+
+
+def test_a_closed_pool_refuses() -> None:
+    pool = envfleet.make(faulty(2), backend="thread", num_workers=1)
+    pool.reset(seed=SEED)
+    pool.close()
+    with pytest.raises(envfleet.ClosedPoolError):
+        pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 0), 2)
+
+
+def test_step_timeout_bounds_each_step_of_a_rollout() -> None:
+    """20 steps of 20 ms: 0.4 s in all, past ``step_timeout=0.25`` but no step near it; the
+    worker is not killed."""
+    with envfleet.make(
+        faulty(2, sleep=0.02), backend="process", num_workers=2, step_timeout=0.25
+    ) as pool:
+        pool.reset(seed=SEED)
+        out = pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 0), 20)
+    assert out.steps == 20 and not out.truncations.any()
+
+
+def test_random_policy_draws_per_env_whatever_the_split() -> None:
+    policy = envfleet.RandomPolicy(gymnasium.spaces.MultiDiscrete([3, 4]), seed=2)
+    whole = [policy(None, np.arange(4)) for _ in range(3)]
+    split = envfleet.RandomPolicy(gymnasium.spaces.MultiDiscrete([3, 4]), seed=2)
+    for draw in whole:
+        halves = [split(None, np.array([0, 1])), split(None, np.array([2, 3]))]
+        np.testing.assert_array_equal(np.concatenate(halves), draw)
+    assert whole[0].dtype == np.int64 and not (whole[0] == whole[1]).all()
+    for i in range(4):  # env i draws from the space seeded with seed + i
+        space = gymnasium.spaces.MultiDiscrete([3, 4], seed=2 + i)
+        np.testing.assert_array_equal([space.sample() for _ in range(3)], [w[i] for w in whole])
+    assert pickle.loads(pickle.dumps(policy))(None, np.arange(4)).shape == (4, 2)
