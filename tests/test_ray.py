@@ -49,6 +49,7 @@ from tests.test_equivalence import (
     drive,
 )
 from tests.test_info_columns import INFO_SHIFT, assert_async_infos
+from tests.test_pool_rollout import POLICY_SEED, assert_rollout, assert_tree, reference
 
 NUM_ENVS = 7
 NUM_WORKERS = 3  # 7 envs as 3 + 2 + 2
@@ -775,3 +776,25 @@ def test_make_sb3_env_fns_match_subproc_vec_env(ray_session: None) -> None:
     from tests.test_sb3 import check_env_fns_match_subproc_vec_env
 
     check_env_fns_match_subproc_vec_env(backend="ray", num_workers=2)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_rollout_matches_sync_vector_env(ray_session: None, path: str) -> None:
+    """``pool.rollout`` through actors (their rows in the pool's memory, or shipped back as
+    Ray calls): SyncVectorEnv's run with the same policy, then plain steps, then a rollout."""
+    mode = AutoresetMode.SAME_STEP
+    ref = SyncVectorEnv([DictTupleEnv] * NUM_ENVS, autoreset_mode=mode)
+    want, last = reference(
+        ref, envfleet.RandomPolicy(ref.single_action_space, POLICY_SEED), "p" * 6 + "f" + "p" * 5
+    )
+    ref.close()
+    with make_ray(DictTupleEnv, path, autoreset_mode=mode) as pool:
+        policy = envfleet.RandomPolicy(pool.single_action_space, POLICY_SEED)
+        pool.reset(seed=faults.SEED)
+        assert_rollout(pool.rollout(policy, 6), want[:6], "first rollout")
+        got = pool.step(want[6]["actions"])
+        assert_tree(got[0], want[6]["next"], "step observations")
+        assert_tree(got[4], want[6]["infos"], "step infos")
+        second = pool.rollout(policy, 5)
+        assert_rollout(second, want[7:], "second rollout")
+        assert_tree(second.final_observations, last, "final observations")

@@ -45,6 +45,8 @@ from tests.test_equivalence import SEED, Case, assert_same_run, drive
 from tests.test_info_columns import INFO_SHIFT, InfoShiftEnv, assert_async_infos
 from tests.test_infos import assert_same as assert_same_infos
 from tests.test_infos import gymnasium_infos
+from tests.test_pool_rollout import POLICY_SEED, assert_rollout, assert_tree, dict_envs, reference
+from tests.test_pool_rollout import SEED as SEED_OF_REFERENCE
 
 NUM_ENVS = 6
 NODE = {"num_cpus": 1, "object_store_memory": 80 << 20}
@@ -1300,3 +1302,36 @@ def test_an_agent_counts_its_nodes_cores_not_the_machines(
     assert node_agent.node_cores("a") == 2
     assert node_agent.node_cores("b") == 1  # at least one
     assert node_agent.node_cores("gone") == 4
+
+
+def test_a_rollout_on_node_agents_is_sync_vector_envs_in_one_message_per_node(
+    cluster: Cluster,
+) -> None:
+    """``pool.rollout`` on two nodes' agents (two local workers each): the policy runs on the
+    nodes, the driver sends one message per node for the whole rollout, and the run is
+    SyncVectorEnv's with the same policy, bit for bit (nested observations, infos, episodes
+    ending mid-rollout); plain steps and another rollout go on from there."""
+    mode = AutoresetMode.SAME_STEP
+    ref = SyncVectorEnv(dict_envs(8), autoreset_mode=mode)
+    policy = envfleet.RandomPolicy(ref.single_action_space, POLICY_SEED)
+    want, last = reference(ref, policy, "p" * 9 + "f" + "p" * 6)
+    ref.close()
+    with envfleet.make(
+        dict_envs(8),
+        backend="ray",
+        num_workers=4,
+        nodes=all_nodes(cluster)[1:],
+        autoreset_mode=mode,
+    ) as pool:
+        assert isinstance(pool._transport, NodeTransport) and pool._transport._here is None
+        policy = envfleet.RandomPolicy(pool.single_action_space, POLICY_SEED)
+        pool.reset(seed=SEED_OF_REFERENCE)
+        before = [n.messages for n in pool.stats().nodes]
+        assert_rollout(pool.rollout(policy, 9), want[:9], "first rollout")
+        assert [n.messages for n in pool.stats().nodes] == [b + 1 for b in before]
+        got = pool.step(want[9]["actions"])
+        assert_tree(got[0], want[9]["next"], "step observations")
+        assert_tree(got[4], want[9]["infos"], "step infos")
+        second = pool.rollout(policy, 6)
+        assert_rollout(second, want[10:], "second rollout")
+        assert_tree(second.final_observations, last, "final observations")
