@@ -202,7 +202,8 @@ class RLlibNoOp(NoOpEnv):
 def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, Any]]:
     """RLlib's EnvRunnerGroup (2 runners x 32 no-op envs on the 2 "pair" nodes, random actions)
     against node pools (64 no-op envs, 2 nodes x 2 workers): env-steps per driver CPU-second,
-    with fragments of 1 step (the driver sees every step, as with the pool), 50 and 200."""
+    with fragments of 1 step (the driver sees every step, as with ``pool.step``), 50 and 200
+    (against ``pool.rollout`` of as many steps, random actions drawn on the nodes)."""
     try:
         from ray.rllib.algorithms.ppo import PPOConfig
         from ray.rllib.env.env_runner_group import EnvRunnerGroup
@@ -210,15 +211,25 @@ def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, A
         print(f"\nRLlib: not measured (ray.rllib does not import: {exc})", flush=True)
         return []
     rows = []
+    ours: dict[int, float] = {}
     with envfleet.make(
         NoOpEnv, 64, num_workers=4, nodes=workers[:2], backend="ray", seed=0
     ) as pool:
         timing = measure(pool, steps, repeats)
         r = row("node pools, 2 nodes x 2 workers (RLlib's envs)", 64, *timing)
-        r["env-steps per driver CPU-s"] = 64 / r["driver CPU ms/step"] * 1e3
+        r["env-steps per driver CPU-s"] = ours[1] = 64 / r["driver CPU ms/step"] * 1e3
         rows.append(r)
-    ours = rows[0]["env-steps per driver CPU-s"]
-    print(f"{'':44} {ours:,.0f} env-steps per driver CPU-second", flush=True)
+        print(f"{'':44} {ours[1]:,.0f} env-steps per driver CPU-second", flush=True)
+        policy = envfleet.RandomPolicy(pool.single_action_space, seed=0)
+        for length in ROLLOUTS:
+            r = row(
+                f"node pools, rollout of {length} steps",
+                64,
+                *measure_rollout(pool, policy, length, max(3, steps // length), repeats),
+            )
+            r["env-steps per driver CPU-s"] = ours[length] = 64 / r["driver CPU ms/step"] * 1e3
+            rows.append(r)
+            print(f"{'':44} {ours[length]:,.0f} env-steps per driver CPU-second", flush=True)
     config = (
         PPOConfig()
         .environment(env=RLlibNoOp)
@@ -231,7 +242,7 @@ def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, A
     )
     group = EnvRunnerGroup(config=config, local_env_runner=False)
     try:
-        for fragment in (1, 50, 200):
+        for fragment in (1, *ROLLOUTS):
 
             def sample(runner: Any, n: int = 32 * fragment) -> int:
                 return sum(len(e) for e in runner.sample(num_timesteps=n, random_actions=True))
@@ -251,10 +262,11 @@ def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, A
             scale = 64e3 / done  # ms per 64 env-steps: a vector step of the pool's rows
             label = f"RLlib EnvRunnerGroup, 2 runners, fragment {fragment}"
             r = row(label, 64, wall * scale, cpu * scale, own * scale)
-            r["env-steps per driver CPU-s"] = done / cpu if cpu else float("inf")
+            theirs = r["env-steps per driver CPU-s"] = done / cpu if cpu else float("inf")
+            mine = "pool.step" if fragment == 1 else f"pool.rollout of {fragment}"
             print(
-                f"{'':44} {r['env-steps per driver CPU-s']:,.0f} env-steps per driver "
-                f"CPU-second: node pools {ours / r['env-steps per driver CPU-s']:.2f}x "
+                f"{'':44} {theirs:,.0f} env-steps per driver CPU-second: node pools "
+                f"({mine}) {ours[fragment] / theirs:.2f}x, step by step {ours[1] / theirs:.2f}x "
                 "(target >= 2x)",
                 flush=True,
             )
@@ -262,6 +274,22 @@ def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, A
     finally:
         group.stop()
     return rows
+
+
+ROLLOUTS = (50, 200)
+"""Rollout lengths measured, against RLlib's fragments of the same length."""
+
+
+def measure_rollout(
+    pool: envfleet.Pool, policy: envfleet.RandomPolicy, length: int, rounds: int, repeats: int
+) -> tuple[float, float, float]:
+    """Best of ``repeats`` of ``rounds`` rollouts of ``length`` steps, per vector step: wall ms,
+    driver CPU ms and the caller's thread CPU ms (as :func:`measure`)."""
+    pool.reset(seed=0)
+    pool.rollout(policy, length)  # warm up: the workers unpickle the policy once
+    runs = [timed(lambda: pool.rollout(policy, length), rounds) for _ in range(repeats)]
+    per_step = rounds * length
+    return min(tuple(t * 1e3 / per_step for t in run) for run in runs)  # type: ignore[return-value]
 
 
 def measure(pool: envfleet.Pool, steps: int, repeats: int) -> tuple[float, float, float]:

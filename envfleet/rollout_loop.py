@@ -62,15 +62,12 @@ class Sampled:
     rewards: np.ndarray
     terminations: np.ndarray
     truncations: np.ndarray
-    infos: list[dict[int, dict[str, Any]]]
-    """Per step, the non-empty infos by env."""
-    reset_infos: list[dict[int, dict[str, Any]]]
-    """Per step (DISABLED mode), the infos of the envs reset before it, by env."""
+    infos: dict[int, dict[int, dict[str, Any]]]
+    """The non-empty infos by step, then by env (steps where no env had any: absent)."""
+    reset_infos: dict[int, dict[int, dict[str, Any]]]
+    """DISABLED mode: the infos of the envs reset before each step, by step, then by env."""
     final_observations: Any
-    """The envs' rows after the last step: observations, rewards and flags."""
-    final_rewards: np.ndarray
-    final_terminations: np.ndarray
-    final_truncations: np.ndarray
+    """The envs' observations after the last step (their rewards and flags: the last step's)."""
     error: EnvFailure | None = None
     """The policy's failure that stopped the rollout (its envs stand where it stopped)."""
 
@@ -86,7 +83,7 @@ def tree(space: spaces.Space[Any], fn: Callable[..., Any], *nests: Any) -> Any:
 
 def empty_steps(space: spaces.Space[Any], steps: int, count: int) -> Any:
     """Arrays of ``space``'s dtypes shaped ``(steps, count, ...)``."""
-    flat = create_empty_array(space, steps * count, fn=np.zeros)
+    flat = create_empty_array(space, steps * count, fn=np.empty)
     return tree(space, lambda a: a.reshape(steps, count, *a.shape[1:]), flat)
 
 
@@ -102,15 +99,12 @@ def sample(group: Group, command: Sample) -> Reply:
         steps=0,
         observations=empty_steps(obs_space, steps, count),
         actions=empty_steps(act_space, steps, count),
-        rewards=np.zeros((steps, count), dtype=batch.rewards.dtype),
-        terminations=np.zeros((steps, count), dtype=np.bool_),
-        truncations=np.zeros((steps, count), dtype=np.bool_),
-        infos=[],
-        reset_infos=[],
+        rewards=np.empty((steps, count), dtype=batch.rewards.dtype),
+        terminations=np.empty((steps, count), dtype=np.bool_),
+        truncations=np.empty((steps, count), dtype=np.bool_),
+        infos={},
+        reset_infos={},
         final_observations=None,
-        final_rewards=batch.rewards[index],
-        final_terminations=batch.terminations[index],
-        final_truncations=batch.truncations[index],
     )
     failures: tuple[EnvFailure, ...] = ()
     restarts: list[EnvFailure] = []
@@ -126,15 +120,14 @@ def sample(group: Group, command: Sample) -> Reply:
             break
         if disabled:
             ended = index[batch.terminations[index] | batch.truncations[index]]
-            reset = {}
             if ended.size:
                 reply = group.reset(tuple(ended.tolist()), [None] * ended.size, None)
                 restarts += reply.restarts
-                reset = reply.infos or {}
                 if reply.failures:
                     failures = reply.failures
                     break
-            record.reset_infos.append(reset)
+                if reply.infos:
+                    record.reset_infos[t] = reply.infos
         observations = take(obs_space, batch.observations, index)
         try:
             actions = check_actions(
@@ -144,8 +137,6 @@ def sample(group: Group, command: Sample) -> Reply:
                 check_actions(act_space, actions, index, check_membership=True)
         except env_errors() as exc:
             record.error = _policy_failure(exc, f"failed at step {t} of {steps}")
-            if disabled:
-                record.reset_infos.pop()
             break
         carried: dict[int, Any] | None = None
         if flat and actions.dtype == batch.actions.dtype:
@@ -165,7 +156,8 @@ def sample(group: Group, command: Sample) -> Reply:
         record.rewards[t] = batch.rewards[index]
         record.terminations[t] = batch.terminations[index]
         record.truncations[t] = batch.truncations[index]
-        record.infos.append(reply.infos or {})
+        if reply.infos:
+            record.infos[t] = reply.infos
         record.steps = t + 1
     done = record.steps
     if done < steps:  # stopped early: only what was recorded travels
@@ -176,9 +168,6 @@ def sample(group: Group, command: Sample) -> Reply:
         record.terminations = record.terminations[:done]
         record.truncations = record.truncations[:done]
     record.final_observations = take(obs_space, batch.observations, index)
-    record.final_rewards = batch.rewards[index]
-    record.final_terminations = batch.terminations[index]
-    record.final_truncations = batch.truncations[index]
     return Reply(values={ids[0]: record}, failures=failures, restarts=tuple(restarts))
 
 

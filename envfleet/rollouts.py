@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import operator
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -74,7 +75,10 @@ class RandomPolicy:
     """
 
     def __init__(self, action_space: spaces.Space[Any], seed: int | None = None) -> None:
-        self.action_space = action_space
+        self.action_space = copy.deepcopy(action_space)
+        # A template, never drawn from: without a generator (Gymnasium makes one when first
+        # used), the policy pickles in half the time, once per rollout.
+        self.action_space._np_random = None  # type: ignore[assignment]  # its initial state
         self.seed = seed
         self._per_env: dict[int, spaces.Space[Any]] = {}
 
@@ -222,12 +226,15 @@ class PoolRollouts:
                 f"envs {np.flatnonzero(self._never_reset).tolist()} have not been reset yet: "
                 "call reset() before rollout(); nothing was sent"
             )
-        try:
-            blob = cloudpickle.dumps(policy)
-        except Exception as exc:
-            raise TypeError(
-                f"the policy must pickle (with cloudpickle) to reach the workers: {exc}"
-            ) from exc
+        try:  # pickle's C pickler first: cloudpickle's, in Python, costs the driver more
+            blob = pickle.dumps(policy, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            try:  # a lambda, a closure, a class made in __main__: by value
+                blob = cloudpickle.dumps(policy, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:
+                raise TypeError(
+                    f"the policy must pickle (with cloudpickle) to reach the workers: {exc}"
+                ) from exc
         return [Sample(ids, int(steps), blob, self.check_actions) for ids in self._assignment]
 
     def _assemble(self, replies: list[Reply], steps: int) -> Rollout:
@@ -249,10 +256,11 @@ class PoolRollouts:
         for _, part in parts:  # the pool's rows: where each env stands now
             rows = _columns(part.env_ids)
             put(obs_space, batch.observations, rows, part.final_observations)
-            batch.rewards[rows] = part.final_rewards
-            batch.terminations[rows] = part.final_terminations
-            batch.truncations[rows] = part.final_truncations
-            self._needs_reset[rows] = part.final_terminations | part.final_truncations
+            if part.steps:  # else its rows are as they were
+                batch.rewards[rows] = part.rewards[-1]
+                batch.terminations[rows] = part.terminations[-1]
+                batch.truncations[rows] = part.truncations[-1]
+                self._needs_reset[rows] = part.terminations[-1] | part.truncations[-1]
         for worker, part in parts:
             if part.error is not None:  # the policy's: its envs stand where it stopped
                 raise part.error.to_error(worker, self._env_name)
@@ -265,7 +273,6 @@ class PoolRollouts:
             [part for _, part in parts],
             n,
             take(obs_space, batch.observations, None),
-            self.autoreset_mode is AutoresetMode.DISABLED,
         )
 
 
@@ -275,9 +282,9 @@ class _Out:
     def __init__(self, observations: Any, actions: Any, steps: int, n: int) -> None:
         self.observations = observations
         self.actions = actions
-        self.rewards = np.zeros((steps, n), dtype=np.float64)
-        self.terminations = np.zeros((steps, n), dtype=np.bool_)
-        self.truncations = np.zeros((steps, n), dtype=np.bool_)
+        self.rewards = np.empty((steps, n), dtype=np.float64)
+        self.terminations = np.empty((steps, n), dtype=np.bool_)
+        self.truncations = np.empty((steps, n), dtype=np.bool_)
 
     def add(
         self,
@@ -295,13 +302,9 @@ class _Out:
         self.terminations[:, rows] = part.terminations
         self.truncations[:, rows] = part.truncations
 
-    def rollout(self, parts: Sequence[Sampled], n: int, final: Any, disabled: bool) -> Rollout:
+    def rollout(self, parts: Sequence[Sampled], n: int, final: Any) -> Rollout:
         steps = len(self.rewards)
-        reset_infos = (
-            _merged([p.reset_infos for p in parts], steps, n)
-            if disabled
-            else [{} for _ in range(steps)]
-        )
+        reset_infos = _merged([p.reset_infos for p in parts], steps, n)
         return Rollout(
             observations=self.observations,
             actions=self.actions,
@@ -315,16 +318,17 @@ class _Out:
 
 
 def _merged(
-    per_part: list[list[dict[int, dict[str, Any]]]], steps: int, n: int
+    per_part: list[dict[int, dict[int, dict[str, Any]]]], steps: int, n: int
 ) -> list[dict[str, Any]]:
-    """Each step's infos from the parts' per-env dicts, merged Gymnasium's way."""
-    merged: list[dict[str, Any]] = []
-    for t in range(steps):
+    """Each step's infos from the parts' (by step, then env), merged Gymnasium's way."""
+    merged: list[dict[str, Any]] = [{} for _ in range(steps)]
+    for t in sorted({t for infos in per_part for t in infos}):
         pairs: list[tuple[dict[str, Any] | None, int]] = sorted(
-            ((info, i) for infos in per_part for i, info in infos[t].items() if info),
+            ((info, i) for infos in per_part for i, info in infos.get(t, {}).items() if info),
             key=operator.itemgetter(1),
         )
-        merged.append(merge_infos(pairs, n) if pairs else {})
+        if pairs:
+            merged[t] = merge_infos(pairs, n)
     return merged
 
 
