@@ -163,9 +163,9 @@ class Dispatch:
     def replies(self, commands: Sequence[Call | SetAttr | Sample]) -> list[Reply]:
         """Send ``commands`` (one per worker, in order) and return their replies, in order."""
         self.submit_many(list(enumerate(commands)))
-        ledger = self._ledger
-        while not ledger.answered(commands):
-            self.pump(block=True)
+        ledger, answers = self._ledger, self._ledger.answers
+        while not ledger.answered(commands):  # woken once every reply is in, not at each
+            self.pump(block=True, want=sum(command not in answers for command in commands))
         return [ledger.answer(command) for command in commands]
 
     def pump(self, block: bool, want: int = 1, collecting: bool = False) -> None:

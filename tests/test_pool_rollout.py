@@ -23,7 +23,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 import envfleet
 from envfleet.group import RESTARTED
 from tests.envs import DictTupleEnv, FaultyEnv
-from tests.faults import SEED, VICTIM, raise_value_error_in_step
+from tests.faults import SEED, VICTIM, exit_in_step, raise_value_error_in_step
 
 NUM_ENVS = 5
 POLICY_SEED = 11
@@ -233,6 +233,36 @@ def test_an_env_raising_mid_rollout_raises_as_a_step_would() -> None:
         assert f"env {VICTIM}" in str(error)
         with pytest.raises(envfleet.BrokenPoolError):
             pool.step(np.zeros(7, dtype=np.int64))
+
+
+@pytest.mark.parametrize("on_error", ["raise", "restart"])
+def test_a_worker_lost_mid_rollout(on_error: str) -> None:
+    """Env ``VICTIM``'s worker (envs 3 and 4) exits on the rollout's second step. ``raise``:
+    ``WorkerDiedError`` naming it. ``restart``: the worker is replaced and runs its part of the
+    rollout again; its envs report their episodes truncated (``envfleet/restarted``) at the
+    first step and start anew; the other workers' envs are untouched; the pool goes on."""
+    with envfleet.make(
+        faulty(step_hook=exit_in_step), backend="process", num_workers=3, on_error=on_error
+    ) as pool:
+        pool.reset(seed=SEED)
+        policy = envfleet.RandomPolicy(pool.single_action_space, 0)
+        if on_error == "raise":
+            with pytest.raises(envfleet.WorkerDiedError, match="worker 1 holding envs") as caught:
+                pool.rollout(policy, 5)
+            assert caught.value.worker == 1 and caught.value.phase is envfleet.Phase.STEP
+            return
+        out = pool.rollout(policy, 5)
+        lost = np.isin(np.arange(7), [3, 4])
+        np.testing.assert_array_equal(out.truncations[0], lost)
+        np.testing.assert_array_equal(out.infos[0]["_envfleet/restarted"], lost)
+        assert (out.rewards[0][lost] == 0).all() and not out.truncations[1:].any()
+        np.testing.assert_array_equal(pool.restarts, lost.astype(np.int64))
+        counts = out.observations[:, :, 0]
+        np.testing.assert_array_equal(counts[1, lost], counts[0, lost])  # its last one stands
+        np.testing.assert_array_equal(counts[2:, lost], [[0, 0], [1, 1], [2, 2]])  # then anew
+        np.testing.assert_array_equal(counts[:, ~lost][:, 0], SEED * 100 + np.arange(5))
+        obs = pool.step(np.zeros(7, dtype=np.int64))[0]
+        np.testing.assert_array_equal(obs[lost, 0], [4, 4])
 
 
 class FailingPolicy:
