@@ -203,7 +203,10 @@ def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, A
     """RLlib's EnvRunnerGroup (2 runners x 32 no-op envs on the 2 "pair" nodes, random actions)
     against node pools (64 no-op envs, 2 nodes x 2 workers): env-steps per driver CPU-second,
     with fragments of 1 step (the driver sees every step, as with ``pool.step``), 50 and 200
-    (against ``pool.rollout`` of as many steps, random actions drawn on the nodes)."""
+    (against ``pool.rollout`` of as many steps, random actions drawn on the nodes). RLlib's
+    runners return either the count of env-steps alone (the driver receives an int per
+    fragment) or the episodes themselves (what a learner needs, as ``pool.rollout`` returns
+    every observation, action, reward and flag)."""
     try:
         from ray.rllib.algorithms.ppo import PPOConfig
         from ray.rllib.env.env_runner_group import EnvRunnerGroup
@@ -242,27 +245,38 @@ def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, A
     )
     group = EnvRunnerGroup(config=config, local_env_runner=False)
     try:
-        for fragment in (1, *ROLLOUTS):
+        cases = [(1, False)] + [(f, returned) for f in ROLLOUTS for returned in (False, True)]
+        for fragment, returned in cases:
 
-            def sample(runner: Any, n: int = 32 * fragment) -> int:
+            def count(runner: Any, n: int = 32 * fragment) -> int:  # the count alone comes back
                 return sum(len(e) for e in runner.sample(num_timesteps=n, random_actions=True))
 
+            def episodes(runner: Any, n: int = 32 * fragment) -> Any:  # the data comes back
+                return runner.sample(num_timesteps=n, random_actions=True)
+
+            def steps_in(result: Any, returned: bool = returned) -> int:
+                return sum(len(e) for e in result) if returned else int(result)
+
+            sample = episodes if returned else count
             rounds = max(3, steps // fragment)
             group.foreach_env_runner(sample, local_env_runner=False)  # warm up
             best = (float("inf"), float("inf"), float("inf"), 0)
             for _ in range(repeats):
-                count = [0]
+                done = [0]
 
-                def once(count: list[int] = count, sample: Any = sample) -> None:
-                    count[0] += sum(group.foreach_env_runner(sample, local_env_runner=False))
+                def once(done: list[int] = done, sample: Any = sample) -> None:
+                    results = group.foreach_env_runner(sample, local_env_runner=False)
+                    done[0] += sum(steps_in(result) for result in results)
 
                 wall, cpu, own = timed(once, rounds)
-                best = min(best, (wall, cpu, own, count[0]), key=lambda b: b[1] / max(b[3], 1))
-            wall, cpu, own, done = best
-            scale = 64e3 / done  # ms per 64 env-steps: a vector step of the pool's rows
+                best = min(best, (wall, cpu, own, done[0]), key=lambda b: b[1] / max(b[3], 1))
+            wall, cpu, own, total = best
+            scale = 64e3 / total  # ms per 64 env-steps: a vector step of the pool's rows
             label = f"RLlib EnvRunnerGroup, 2 runners, fragment {fragment}"
+            if fragment > 1:
+                label += ", episodes to driver" if returned else ", count to driver"
             r = row(label, 64, wall * scale, cpu * scale, own * scale)
-            theirs = r["env-steps per driver CPU-s"] = done / cpu if cpu else float("inf")
+            theirs = r["env-steps per driver CPU-s"] = total / cpu if cpu else float("inf")
             mine = "pool.step" if fragment == 1 else f"pool.rollout of {fragment}"
             print(
                 f"{'':44} {theirs:,.0f} env-steps per driver CPU-second: node pools "
