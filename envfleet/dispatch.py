@@ -120,11 +120,13 @@ class Dispatch:
         for worker, command in enumerate(step_all):
             submit(worker, command)
 
-    def submit_many(self, commands: Sequence[tuple[int, Command]]) -> None:
-        """Submit ``(worker, command)`` pairs, each serialised before the first is sent."""
-        prepare = self._transport.prepare
-        for worker, command in commands:
-            prepare(worker, command)
+    def submit_many(self, commands: Sequence[tuple[int, Command]], pickles: bool = False) -> None:
+        """Submit ``(worker, command)`` pairs, each serialised before the first is sent (unless
+        the caller knows they all pickle: ``pickles``)."""
+        if not pickles:
+            prepare = self._transport.prepare
+            for worker, command in commands:
+                prepare(worker, command)
         sent = self._ledger.sent
         for worker, command in commands:
             sent(worker, command)
@@ -160,9 +162,14 @@ class Dispatch:
             raise failure.to_error(worker, self._env_name)
         return tuple(values.get(i) for i in range(self._num_envs))
 
-    def replies(self, commands: Sequence[Call | SetAttr | Sample]) -> list[Reply]:
-        """Send ``commands`` (one per worker, in order) and return their replies, in order."""
-        self.submit_many(list(enumerate(commands)))
+    def replies(
+        self, commands: Sequence[Call | SetAttr | Sample], pickles: bool = False
+    ) -> list[Reply]:
+        """Send ``commands`` (one per worker, in order) and return their replies, in order.
+
+        ``pickles``: the caller knows every command pickles (a rollout's: its policy is bytes
+        already), so they are not serialised once more before the first is sent."""
+        self.submit_many(list(enumerate(commands)), pickles)
         ledger, answers = self._ledger, self._ledger.answers
         while not ledger.answered(commands):  # woken once every reply is in, not at each
             self.pump(block=True, want=sum(command not in answers for command in commands))

@@ -194,7 +194,7 @@ class PoolRollouts:
         dispatch = self._dispatch
         if self._recovery.worker_memory_limit is not None:
             dispatch.recycle_over_limit()
-        replies = dispatch.replies(commands)
+        replies = dispatch.replies(commands, pickles=True)  # the policy is bytes already
         return self._assemble(replies, steps)
 
     def _sample_commands(self, policy: Policy, steps: int) -> list[Sample]:
