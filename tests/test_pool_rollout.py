@@ -24,6 +24,7 @@ import envfleet
 from envfleet.group import RESTARTED
 from tests.envs import DictTupleEnv, FaultyEnv
 from tests.faults import SEED, VICTIM, exit_in_step, raise_value_error_in_step
+from tests.test_equivalence import TextDictEnv
 
 NUM_ENVS = 5
 POLICY_SEED = 11
@@ -324,6 +325,45 @@ def test_a_failing_policy_raises_and_the_pool_goes_on(thread_pool: envfleet.Pool
     np.testing.assert_array_equal(obs[:, 0], [SEED * 100 + i * 100 + 3 for i in range(5)])
     with pytest.raises(envfleet.EnvError, match=r"expected actions of shape \(3,\)"):
         pool.rollout(lambda obs, ids: np.zeros(1, dtype=np.int64), 2)  # worker 0 holds 3
+
+
+def test_spaces_not_laid_out_as_arrays_are_refused() -> None:
+    with envfleet.make(TextDictEnv, 2, backend="thread", num_workers=1) as pool:
+        pool.reset(seed=SEED)
+        with pytest.raises(ValueError, match="laid out as arrays"):
+            pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 0), 2)
+        pool.step(np.zeros(2, dtype=np.int64))  # nothing was sent: the pool goes on
+
+
+def int32_actions(observations: Any, env_ids: np.ndarray) -> np.ndarray:
+    return (env_ids % 3).astype(np.int32)
+
+
+def require_int32(env: FaultyEnv, action: Any) -> None:
+    """A step hook: the action must reach the env as the policy gave it (int32, not cast)."""
+    if np.asarray(action).dtype != np.int32:
+        raise TypeError(f"the env got {np.asarray(action).dtype} actions")
+
+
+def out_of_space(observations: Any, env_ids: np.ndarray) -> np.ndarray:
+    return np.full(len(env_ids), 7, dtype=np.int64)
+
+
+def test_actions_of_another_dtype_reach_the_envs_and_check_actions_applies() -> None:
+    """int32 actions for a Discrete (int64) space reach the envs as given (FaultyEnv's reward is
+    its action) and are recorded in the space's dtype; ``make(check_actions=True)`` refuses
+    actions outside the space on the workers, as ``step`` does, and the pool goes on."""
+    with envfleet.make(
+        faulty(4, step_hook=require_int32), backend="thread", num_workers=2, check_actions=True
+    ) as pool:
+        pool.reset(seed=SEED)
+        out = pool.rollout(int32_actions, 3)
+        assert out.actions.dtype == np.int64
+        np.testing.assert_array_equal(out.actions, np.tile(np.arange(4) % 3, (3, 1)))
+        np.testing.assert_array_equal(out.rewards, out.actions.astype(np.float64))
+        with pytest.raises(envfleet.EnvError, match="outside the action space"):
+            pool.rollout(out_of_space, 2)
+        pool.step(np.zeros(4, dtype=np.int32))
 
 
 def test_a_closed_pool_refuses() -> None:
