@@ -226,16 +226,10 @@ class PoolRollouts:
                 f"envs {np.flatnonzero(self._never_reset).tolist()} have not been reset yet: "
                 "call reset() before rollout(); nothing was sent"
             )
-        try:  # pickle's C pickler first: cloudpickle's, in Python, costs the driver more
-            blob = pickle.dumps(policy, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:
-            try:  # a lambda, a closure, a class made in __main__: by value
-                blob = cloudpickle.dumps(policy, protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception as exc:
-                raise TypeError(
-                    f"the policy must pickle (with cloudpickle) to reach the workers: {exc}"
-                ) from exc
-        return [Sample(ids, int(steps), blob, self.check_actions) for ids in self._assignment]
+        return [
+            Sample(ids, int(steps), _pickled(policy), self.check_actions)
+            for ids in self._assignment
+        ]
 
     def _assemble(self, replies: list[Reply], steps: int) -> Rollout:
         """The workers' parts as one :class:`Rollout`; the pool's rows set as after the steps,
@@ -274,6 +268,26 @@ class PoolRollouts:
             n,
             take(obs_space, batch.observations, None),
         )
+
+
+def _pickled(policy: Policy) -> bytes:
+    """``policy`` pickled as cloudpickle would: by pickle's C pickler when that refers to no
+    ``__main__`` name (cloudpickle's, in Python, costs the driver twice as much, once per
+    rollout), else (a lambda, a closure, anything of ``__main__``, which a worker elsewhere
+    cannot import) by cloudpickle, by value."""
+    try:
+        blob = pickle.dumps(policy, protocol=pickle.HIGHEST_PROTOCOL)
+        if b"__main__" not in blob:
+            return blob
+    except Exception:
+        pass
+    try:
+        data: bytes = cloudpickle.dumps(policy, protocol=pickle.HIGHEST_PROTOCOL)
+        return data
+    except Exception as exc:
+        raise TypeError(
+            f"the policy must pickle (with cloudpickle) to reach the workers: {exc}"
+        ) from exc
 
 
 class _Out:

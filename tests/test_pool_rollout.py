@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import functools
 import pickle
+import subprocess
+import sys
 import threading
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,6 +24,7 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 
 import envfleet
+from envfleet import rollouts
 from envfleet.group import RESTARTED
 from tests.envs import DictTupleEnv, FaultyEnv
 from tests.faults import SEED, VICTIM, exit_in_step, raise_value_error_in_step
@@ -383,6 +387,25 @@ def test_step_timeout_bounds_each_step_of_a_rollout() -> None:
         pool.reset(seed=SEED)
         out = pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 0), 20)
     assert out.steps == 20 and not out.truncations.any()
+
+
+def test_a_policy_of_main_pickles_by_value() -> None:
+    """A policy whose class lives in ``__main__`` (a script's) unpickles in a process that
+    lacks it (a worker on another node), as cloudpickle makes it; one of an importable module
+    travels by reference."""
+    main = types.new_class("ScriptPolicy", (FailingPolicy,))
+    main.__module__ = "__main__"
+    sys.modules["__main__"].ScriptPolicy = main  # type: ignore[attr-defined]
+    try:
+        for policy in (main(9), FailingPolicy(9)):
+            blob = rollouts._pickled(policy)
+            code = "import pickle, sys; print(type(pickle.loads(sys.stdin.buffer.read())).__name__)"
+            done = subprocess.run(
+                [sys.executable, "-c", code], input=blob, capture_output=True, timeout=60
+            )
+            assert done.stdout.decode().strip() == type(policy).__name__, done.stderr.decode()
+    finally:
+        del sys.modules["__main__"].ScriptPolicy  # type: ignore[attr-defined]
 
 
 def test_random_policy_draws_per_env_whatever_the_split() -> None:
