@@ -253,9 +253,11 @@ class Ledger:
         command = pending.popleft()
         now = time.monotonic()
         steps = len(command.env_ids) if isinstance(command, Step) else 0
-        if isinstance(command, Sample):
+        started = self.busy_since[worker]
+        if isinstance(command, Sample):  # a rollout: its env-steps, and its latency per step
             steps = len(command.env_ids) * command.steps
-        self._stats.replied(worker, self.busy_since[worker], now, steps, not pending)
+            started = now - (now - started) / command.steps
+        self._stats.replied(worker, started, now, steps, not pending)
         self.busy_since[worker] = now
         if not isinstance(command, EnvCommand):
             if isinstance(command, ValueCommand):

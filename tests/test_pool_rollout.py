@@ -378,15 +378,18 @@ def test_a_closed_pool_refuses() -> None:
         pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 0), 2)
 
 
-def test_step_timeout_bounds_each_step_of_a_rollout() -> None:
+def test_step_timeout_and_latency_are_per_step_of_a_rollout() -> None:
     """20 steps of 20 ms: 0.4 s in all, past ``step_timeout=0.25`` but no step near it; the
-    worker is not killed."""
+    worker is not killed, and ``stats()`` reports the latency of a step."""
     with envfleet.make(
         faulty(2, sleep=0.02), backend="process", num_workers=2, step_timeout=0.25
     ) as pool:
         pool.reset(seed=SEED)
         out = pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 0), 20)
+        stats = pool.stats()
     assert out.steps == 20 and not out.truncations.any()
+    # Its latency per step (20 ms: the slowest reply, the reset the other), not 0.4 s.
+    assert all(0.015 < w.latency_p99_ms / 1e3 < 0.2 for w in stats.workers), stats.workers
 
 
 def test_a_policy_of_main_pickles_by_value() -> None:
