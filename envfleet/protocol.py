@@ -239,7 +239,7 @@ class Sample(ValueCommand):
 
     env_ids: tuple[int, ...]
     steps: int
-    policy: bytes  # cloudpickled: one copy per worker, kept there while the same bytes come
+    policy: bytes  # pickled as cloudpickle would; each worker keeps its copy while these come
     check_actions: bool = False
     phase: ClassVar[Phase] = Phase.STEP
 
