@@ -1,6 +1,7 @@
 """When the process backend's pool polls for replies without sleeping (``SPIN_LIMIT``): for the
 last replies of a wait once fewer workers owe one than there are cores, and at the start of a
-wait whose previous wait was that short; otherwise it sleeps in the kernel."""
+wait whose previous wait was that short, never on one core; otherwise it sleeps in the
+kernel."""
 
 from __future__ import annotations
 
@@ -125,5 +126,25 @@ def test_no_spin_while_every_core_has_a_busy_worker(spin_limit: float) -> None:
         pool.step(np.zeros(2, dtype=np.int64))
         polls = [call for wait in waits for call in wait]
         assert polls and all(timeout != 0 for timeout, _ in polls), polls
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("spin_limit", [5.0], indirect=True)
+def test_one_core_never_spins(spin_limit: float) -> None:
+    """On one core (a node agent on a node Ray gives one CPU) the waits of fast envs, each
+    quicker than the limit, never poll without sleeping: the spin would hold the only core
+    while the workers need it."""
+    pool, waits = _logged_pool([FaultyEnv, FaultyEnv], cores=1)
+    try:
+        pool.reset(seed=0)
+        pool.step(np.zeros(2, dtype=np.int64))
+        del waits[:]
+        for _ in range(5):
+            waits.append([])
+            pool.step(np.zeros(2, dtype=np.int64))
+        polls = [call for wait in waits for call in wait]
+        assert len(polls) >= 5
+        assert all(timeout != 0 for timeout, _ in polls), polls
     finally:
         pool.close()
