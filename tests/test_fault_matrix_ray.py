@@ -20,6 +20,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -114,14 +115,22 @@ def test_a_command_an_actor_cannot_unpickle_fails_alone(ray_session: None) -> No
     check_undecodable_commands("ray")
 
 
+CHILD_EXIT_BOUND = 20.0
+"""Seconds a forked child may take to exit (it takes well under one; it used to hang for ever,
+in Ray's exit handler, or wait 5 s and crash in Ray's C++ one)."""
+
+
 @pytest.mark.slow  # a Ray of its own in a child process: about 10 s to start here
 @pytest.mark.timeout(120)
-def test_nothing_of_a_private_ray_outlives_the_pools_process() -> None:
-    """SIGKILL of the pool's process: the Ray it started (daemons, agents, actors) goes too, and
-    so does the directory of the actors' sockets in the temp dir (it used to stay, empty).
+def test_a_private_ray_survives_a_forked_child_and_nothing_of_it_outlives_the_pool() -> None:
+    """One process with a ray pool on a Ray of its own (one Ray started for both checks):
 
-    Without envfleet's reaper, Ray's agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``)
-    were still running 10 s later here (and 30 s later when first seen)."""
+    - ``sys.exit(3)`` in a child forked from it: the child ends with status 3 at once, without
+      a crash, and the parent's pool goes on stepping;
+    - then SIGKILL of the pool's process: the Ray it started (daemons, agents, actors) goes
+      too, and so does the directory of the actors' sockets in the temp dir (it used to stay,
+      empty). Without envfleet's reaper, Ray's agents (``ray::DashboardAgent``,
+      ``ray::RuntimeEnvAgent``) were still running 10 s later here (30 s when first seen)."""
     temp_dir = tempfile.mkdtemp(prefix="envfleet-ray-")  # short: Ray's socket paths go in it
     try:
         _kill_a_pool_with_its_own_ray(temp_dir)
@@ -132,65 +141,13 @@ def test_nothing_of_a_private_ray_outlives_the_pools_process() -> None:
 def _kill_a_pool_with_its_own_ray(temp_dir: str) -> None:
     code = textwrap.dedent(
         f"""
-        import sys, time
+        import os, sys, time
         sys.path.insert(0, {REPO!r})
         import envfleet
         if __name__ == "__main__":
             pool = envfleet.make(
                 "CartPole-v1", 2, backend="ray", ray_init_kwargs={{"_temp_dir": {temp_dir!r}}}
             )
-            pool.reset()
-            print("ready", flush=True)
-            time.sleep(3600)
-        """
-    )
-    pool_temp = os.path.join(temp_dir, "t")  # the pool's temp dir (TMPDIR), Ray's aside
-    os.mkdir(pool_temp)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "TMPDIR": pool_temp},
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready"
-    assert [name for name in os.listdir(pool_temp) if name.startswith("envfleet-")]
-    started = [
-        child
-        for child in psutil.Process(proc.pid).children(recursive=True)
-        if child.name() in ("gcs_server", "raylet") or child.name().startswith("ray::")
-    ]
-    names = {child.name() for child in started}
-    assert {"gcs_server", "raylet"} <= names and any(n.startswith("ray::GroupActor") for n in names)
-    proc.kill()
-    proc.wait(10)
-    _gone, alive = psutil.wait_procs(started, timeout=5)
-    assert not alive, f"Ray processes outlived the pool's process: {alive}"
-    # The reaper removes the socket directory once the Ray processes are gone.
-    deadline = time.monotonic() + 5
-    while os.listdir(pool_temp) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert os.listdir(pool_temp) == [], "the pool's socket directory outlived it"
-
-
-CHILD_EXIT_BOUND = 20.0
-"""Seconds a forked child may take to exit (it takes well under one; it used to hang for ever,
-in Ray's exit handler, or wait 5 s and crash in Ray's C++ one)."""
-
-
-@pytest.mark.slow  # a Ray of its own in a child process: about 10 s to start here
-@pytest.mark.timeout(120)
-def test_a_child_forked_from_a_process_with_a_ray_pool_exits_at_once(tmp_path: Any) -> None:
-    """``sys.exit(3)`` in a child forked from a process holding a ray pool: the child ends with
-    status 3, without a crash; the parent's pool goes on stepping."""
-    code = textwrap.dedent(
-        f"""
-        import os, sys, time
-        sys.path.insert(0, {REPO!r})
-        import envfleet
-        if __name__ == "__main__":
-            pool = envfleet.make("CartPole-v1", 2, backend="ray", num_workers=1)
             pool.reset(seed=0)
             pid = os.fork()
             if pid == 0:
@@ -207,17 +164,46 @@ def test_a_child_forked_from_a_process_with_a_ray_pool_exits_at_once(tmp_path: A
                 os.waitpid(pid, 0)
                 print("child hung", flush=True)
             pool.step([0, 1])
-            pool.close()
-            print("parent done", flush=True)
+            print("ready", flush=True)
+            time.sleep(3600)
         """
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=100
-    )
-    assert result.stdout.split("\n")[:2] == ["child 3", "parent done"], (
-        result.stdout + result.stderr[-3000:]
-    )
-    assert "SIGSEGV" not in result.stderr and "Fatal Python error" not in result.stderr
+    pool_temp = os.path.join(temp_dir, "t")  # the pool's temp dir (TMPDIR), Ray's aside
+    os.mkdir(pool_temp)
+    errors = os.path.join(temp_dir, "stderr")  # a file: a pipe nobody reads could fill
+    with open(errors, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env={**os.environ, "TMPDIR": pool_temp},
+        )
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline().strip(), proc.stdout.readline().strip()]
+    if lines != ["child 3", "ready"]:
+        proc.kill()
+        proc.wait(10)
+        raise AssertionError(f"{lines}: {Path(errors).read_text()[-3000:]}")
+    assert [name for name in os.listdir(pool_temp) if name.startswith("envfleet-")]
+    started = [
+        child
+        for child in psutil.Process(proc.pid).children(recursive=True)
+        if child.name() in ("gcs_server", "raylet") or child.name().startswith("ray::")
+    ]
+    names = {child.name() for child in started}
+    assert {"gcs_server", "raylet"} <= names and any(n.startswith("ray::GroupActor") for n in names)
+    proc.kill()
+    proc.wait(10)
+    _gone, alive = psutil.wait_procs(started, timeout=5)
+    assert not alive, f"Ray processes outlived the pool's process: {alive}"
+    stderr = Path(errors).read_text()
+    assert "SIGSEGV" not in stderr and "Fatal Python error" not in stderr, stderr[-3000:]
+    # The reaper removes the socket directory once the Ray processes are gone.
+    deadline = time.monotonic() + 5
+    while os.listdir(pool_temp) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert os.listdir(pool_temp) == [], "the pool's socket directory outlived it"
 
 
 @pytest.mark.timeout(90)

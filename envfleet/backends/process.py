@@ -21,10 +21,10 @@ all in, so the pool takes them in one go rather than one wake-up per worker.
 Waiting blocks in ``poll``/``read`` on both sides, so on a machine with few cores the envs get
 every cycle (docs/benchmarks.md, "Waiting strategy"), except that the pool polls without sleeping
 for up to :data:`SPIN_LIMIT` for the last replies of a wait (once fewer workers owe one than there
-are cores) and for the first when its previous wait was that short. A worker that dies wakes the
-parent through its process sentinel (a reply it had half written is dropped); a worker whose parent
-dies sees EOF on its command pipe, is killed by the kernel (``PR_SET_PDEATHSIG``) or, failing both,
-is stopped by a watchdog thread.
+are cores) and for the first when its previous wait was that short (never on one core). A worker
+that dies wakes the parent through its process sentinel (a reply it had half written is dropped);
+a worker whose parent dies sees EOF on its command pipe, is killed by the kernel
+(``PR_SET_PDEATHSIG``) or, failing both, is stopped by a watchdog thread.
 
 This module is the transport (submit, wait, restart, close over all the workers) and what runs
 in a worker; the pool's handle on one worker process (start it, read its replies, bury or stop
@@ -84,10 +84,10 @@ SPIN_LIMIT = 0.0002
 """The longest the pool polls without sleeping for replies, in two cases only: for the last
 replies of a wait once some are in and fewer workers still owe one than the machine has usable
 cores (the finished workers' cores are idle), and at the start of a wait when its previous wait
-got every reply within this limit (workers that fast lose little to a spin that short). Each
-saves the pool a sleep and a wake-up, tens of µs on a virtual machine, on most synchronous steps
-of fast envs; slower envs wait in the kernel as before (docs/benchmarks.md, "The fixed cost of a
-step")."""
+got every reply within this limit (workers that fast lose little to a spin that short; not on one
+core, a node agent's on a 1-CPU node, where it holds the core the workers need). Each saves the
+pool a sleep and a wake-up (tens of µs on a virtual machine) on most sync steps of fast envs;
+slower envs wait in the kernel as before (docs/benchmarks.md, "The fixed cost of a step")."""
 
 
 _ONE_PLAIN: list[Reply | None] = [None]
@@ -369,8 +369,8 @@ class ProcessTransport(BaseTransport):
         while True:
             events: list[tuple[int, int]] = []
             spin = SPIN_SECONDS
-            if want - len(replies) < self._cores if replies else self._quick:
-                spin = max(spin, SPIN_LIMIT)
+            if self._cores > 1 and (want - len(replies) < self._cores if replies else self._quick):
+                spin = max(spin, SPIN_LIMIT)  # one core: a spin only delays its workers
             if spin > 0 and ms != 0:
                 spin_until = time.perf_counter() + spin
                 while not events and time.perf_counter() < spin_until:
