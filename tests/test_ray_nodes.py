@@ -1304,18 +1304,20 @@ def test_an_agent_counts_its_nodes_cores_not_the_machines(
     assert node_agent.node_cores("gone") == 4
 
 
+@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.name)
 def test_a_rollout_on_node_agents_is_sync_vector_envs_in_one_message_per_node(
-    cluster: Cluster,
+    cluster: Cluster, mode: AutoresetMode
 ) -> None:
-    """``pool.rollout`` on two nodes' agents (two local workers each): the policy runs on the
-    nodes, the driver sends one message per node for the whole rollout, and the run is
-    SyncVectorEnv's with the same policy, bit for bit (nested observations, infos, episodes
-    ending mid-rollout); plain steps and another rollout go on from there."""
-    mode = AutoresetMode.SAME_STEP
+    """``pool.rollout`` on two nodes' agents (two local workers each), in each autoreset mode:
+    the policy runs on the nodes, the driver sends one message per node for the whole rollout,
+    and the run is SyncVectorEnv's with the same policy, bit for bit (nested observations,
+    infos, episodes ending mid-rollout; DISABLED: the rollout resets the envs that ended);
+    plain steps and another rollout go on from there."""
     ref = SyncVectorEnv(dict_envs(8), autoreset_mode=mode)
     policy = envfleet.RandomPolicy(ref.single_action_space, POLICY_SEED)
     want, last = reference(ref, policy, "p" * 9 + "f" + "p" * 6)
     ref.close()
+    assert sum(int((s["terminations"] | s["truncations"]).sum()) for s in want[:9]) >= 3
     with envfleet.make(
         dict_envs(8),
         backend="ray",
@@ -1329,6 +1331,10 @@ def test_a_rollout_on_node_agents_is_sync_vector_envs_in_one_message_per_node(
         before = [n.messages for n in pool.stats().nodes]
         assert_rollout(pool.rollout(policy, 9), want[:9], "first rollout")
         assert [n.messages for n in pool.stats().nodes] == [b + 1 for b in before]
+        ended = want[8]["terminations"] | want[8]["truncations"]
+        if mode is AutoresetMode.DISABLED and ended.any():  # as after 9 steps: reset them
+            _, infos = pool.reset(options={"reset_mask": ended})
+            assert_tree(infos, want[9]["reset_infos"], "reset after the rollout")
         got = pool.step(want[9]["actions"])
         assert_tree(got[0], want[9]["next"], "step observations")
         assert_tree(got[4], want[9]["infos"], "step infos")
