@@ -226,10 +226,8 @@ class PoolRollouts:
                 f"envs {np.flatnonzero(self._never_reset).tolist()} have not been reset yet: "
                 "call reset() before rollout(); nothing was sent"
             )
-        return [
-            Sample(ids, int(steps), _pickled(policy), self.check_actions)
-            for ids in self._assignment
-        ]
+        blob = _pickled(policy)  # once: every worker gets the same bytes
+        return [Sample(ids, int(steps), blob, self.check_actions) for ids in self._assignment]
 
     def _assemble(self, replies: list[Reply], steps: int) -> Rollout:
         """The workers' parts as one :class:`Rollout`; the pool's rows set as after the steps,
