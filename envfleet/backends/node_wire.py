@@ -240,7 +240,7 @@ def read_pickled(data: Any, at: int) -> tuple[Any, int]:
     """What :func:`pickled` wrote at offset ``at``, and the offset after it."""
     (size,) = _LENGTH.unpack_from(data, at)
     start = at + _LENGTH.size
-    return pickle.loads(data[start : start + size]), start + size
+    return pickle.loads(memoryview(data)[start : start + size]), start + size  # no copy first
 
 
 def memory(used: Sequence[int | None]) -> bytes:
