@@ -117,6 +117,24 @@ def assert_rollout(rollout: envfleet.Rollout, want: list[dict[str, Any]], label:
         assert_tree(rollout.reset_infos[t], step["reset_infos"], f"{where} reset_infos")
 
 
+def assert_step_then_rollout(
+    pool: envfleet.Pool, policy: Any, want: list[dict[str, Any]], last: Any, t: int
+) -> None:
+    """After a rollout of ``want[:t]``: a plain step (DISABLED mode: the envs that ended reset
+    first, as after as many steps) and a second rollout of the rest, as ``want`` has them, the
+    observations ``last`` after it."""
+    ended = want[t - 1]["terminations"] | want[t - 1]["truncations"]
+    if pool.autoreset_mode is AutoresetMode.DISABLED and ended.any():
+        _, infos = pool.reset(options={"reset_mask": ended})
+        assert_tree(infos, want[t]["reset_infos"], "reset after the rollout")
+    got = pool.step(want[t]["actions"])
+    assert_tree(got[0], want[t]["next"], "step observations")
+    assert_tree(got[4], want[t]["infos"], "step infos")
+    second = pool.rollout(policy, len(want) - t - 1)
+    assert_rollout(second, want[t + 1 :], "second rollout")
+    assert_tree(second.final_observations, last, "final observations")
+
+
 @pytest.mark.parametrize("mode", list(AutoresetMode))
 def test_rollout_is_that_many_steps_of_sync_vector_env(backend: str, mode: AutoresetMode) -> None:
     """Every backend (the suite's ``backend``). A rollout, plain steps, another rollout:

@@ -49,7 +49,12 @@ from tests.test_equivalence import (
     drive,
 )
 from tests.test_info_columns import INFO_SHIFT, assert_async_infos
-from tests.test_pool_rollout import POLICY_SEED, assert_rollout, assert_tree, reference
+from tests.test_pool_rollout import (
+    POLICY_SEED,
+    assert_rollout,
+    assert_step_then_rollout,
+    reference,
+)
 
 NUM_ENVS = 7
 NUM_WORKERS = 3  # 7 envs as 3 + 2 + 2
@@ -792,9 +797,4 @@ def test_rollout_matches_sync_vector_env(ray_session: None, path: str) -> None:
         policy = envfleet.RandomPolicy(pool.single_action_space, POLICY_SEED)
         pool.reset(seed=faults.SEED)
         assert_rollout(pool.rollout(policy, 6), want[:6], "first rollout")
-        got = pool.step(want[6]["actions"])
-        assert_tree(got[0], want[6]["next"], "step observations")
-        assert_tree(got[4], want[6]["infos"], "step infos")
-        second = pool.rollout(policy, 5)
-        assert_rollout(second, want[7:], "second rollout")
-        assert_tree(second.final_observations, last, "final observations")
+        assert_step_then_rollout(pool, policy, want, last, 6)

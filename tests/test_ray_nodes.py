@@ -45,7 +45,13 @@ from tests.test_equivalence import SEED, Case, assert_same_run, drive
 from tests.test_info_columns import INFO_SHIFT, InfoShiftEnv, assert_async_infos
 from tests.test_infos import assert_same as assert_same_infos
 from tests.test_infos import gymnasium_infos
-from tests.test_pool_rollout import POLICY_SEED, assert_rollout, assert_tree, dict_envs, reference
+from tests.test_pool_rollout import (
+    POLICY_SEED,
+    assert_rollout,
+    assert_step_then_rollout,
+    dict_envs,
+    reference,
+)
 from tests.test_pool_rollout import SEED as SEED_OF_REFERENCE
 
 NUM_ENVS = 6
@@ -1331,13 +1337,4 @@ def test_a_rollout_on_node_agents_is_sync_vector_envs_in_one_message_per_node(
         before = [n.messages for n in pool.stats().nodes]
         assert_rollout(pool.rollout(policy, 9), want[:9], "first rollout")
         assert [n.messages for n in pool.stats().nodes] == [b + 1 for b in before]
-        ended = want[8]["terminations"] | want[8]["truncations"]
-        if mode is AutoresetMode.DISABLED and ended.any():  # as after 9 steps: reset them
-            _, infos = pool.reset(options={"reset_mask": ended})
-            assert_tree(infos, want[9]["reset_infos"], "reset after the rollout")
-        got = pool.step(want[9]["actions"])
-        assert_tree(got[0], want[9]["next"], "step observations")
-        assert_tree(got[4], want[9]["infos"], "step infos")
-        second = pool.rollout(policy, 6)
-        assert_rollout(second, want[10:], "second rollout")
-        assert_tree(second.final_observations, last, "final observations")
+        assert_step_then_rollout(pool, policy, want, last, 9)
