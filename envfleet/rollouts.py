@@ -81,12 +81,30 @@ class RandomPolicy:
         self.action_space._np_random = None  # type: ignore[assignment]  # its initial state
         self.seed = seed
         self._per_env: dict[int, spaces.Space[Any]] = {}
+        self._bytes: bytes | None = None  # pickled, while not called since
 
     def __call__(self, observations: Any, env_ids: np.ndarray) -> Any:
+        self._bytes = None
         space = self.action_space
+        if type(space) is spaces.Discrete:  # Discrete.sample's own draw, without its checks
+            n, kind = space.n, space.dtype.type
+            each = (self._space(int(i)).np_random.integers(n, dtype=kind) for i in env_ids)
+            out = np.fromiter(each, dtype=space.dtype, count=len(env_ids))
+            out += space.start
+            return out
         draws = [self._space(int(i)).sample() for i in env_ids]
-        out: Any = create_empty_array(space, len(draws), fn=np.zeros)
-        return concatenate(space, draws, out)
+        batch: Any = create_empty_array(space, len(draws), fn=np.zeros)
+        return concatenate(space, draws, batch)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_bytes": None}
+
+    def _pickled(self) -> bytes:
+        """This policy pickled, kept from one rollout to the next while it is not called here
+        (its generators advance in the workers' copies, not in this one)."""
+        if self._bytes is None:
+            self._bytes = pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+        return self._bytes
 
     def _space(self, i: int) -> spaces.Space[Any]:
         space = self._per_env.get(i)
@@ -273,6 +291,8 @@ def _pickled(policy: Policy) -> bytes:
     ``__main__`` name (cloudpickle's, in Python, costs the driver twice as much, once per
     rollout), else (a lambda, a closure, anything of ``__main__``, which a worker elsewhere
     cannot import) by cloudpickle, by value."""
+    if type(policy) is RandomPolicy:
+        return policy._pickled()
     try:
         blob = pickle.dumps(policy, protocol=pickle.HIGHEST_PROTOCOL)
         if b"__main__" not in blob:

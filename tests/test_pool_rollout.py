@@ -9,6 +9,7 @@ before anything is sent, and the pool stays usable.
 
 from __future__ import annotations
 
+import copy
 import functools
 import pickle
 import subprocess
@@ -441,3 +442,32 @@ def test_random_policy_draws_per_env_whatever_the_split() -> None:
         space = gymnasium.spaces.MultiDiscrete([3, 4], seed=2 + i)
         np.testing.assert_array_equal([space.sample() for _ in range(3)], [w[i] for w in whole])
     assert pickle.loads(pickle.dumps(policy))(None, np.arange(4)).shape == (4, 2)
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        gymnasium.spaces.Discrete(5, start=-2),
+        gymnasium.spaces.Discrete(7, dtype=np.int32),
+        gymnasium.spaces.Discrete(2),
+    ],
+    ids=str,
+)
+def test_random_policy_on_discrete_draws_what_the_space_would(
+    space: gymnasium.spaces.Discrete,
+) -> None:
+    """Discrete's draws (taken without ``Space.sample``'s checks) are the space's own, in its
+    dtype; the policy's pickle is kept between rollouts only while it is not called here."""
+    policy = envfleet.RandomPolicy(space, seed=3)
+    draws = [policy(None, np.arange(5)) for _ in range(4)]
+    assert all(d.dtype == space.dtype for d in draws)
+    for i in range(5):
+        own = copy.deepcopy(space)
+        own.seed(3 + i)
+        assert [own.sample() for _ in range(4)] == [int(d[i]) for d in draws]
+    before = rollouts._pickled(policy)
+    assert rollouts._pickled(policy) is before  # kept: the driver's copy did not move
+    fifth = policy(None, np.arange(5))  # it moves: what travels next is where it is now
+    np.testing.assert_array_equal(pickle.loads(before)(None, np.arange(5)), fifth)
+    moved = pickle.loads(rollouts._pickled(policy))
+    np.testing.assert_array_equal(moved(None, np.arange(5)), policy(None, np.arange(5)))

@@ -226,7 +226,7 @@ class NodeLink:
             return replies.copy()
         if tag == wire.ACK:  # pragma: no cover - only in answer to a restart or close
             return []
-        (body, columns), at = wire.read_header(data)
+        (body, columns), at = wire.read_header_parts(data)
         for part in columns:
             batch.infos.put(part)
         answered: list[tuple[Command, Reply | None]] = []

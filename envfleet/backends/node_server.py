@@ -262,7 +262,7 @@ class NodeServer:
                         reply = reply if reply is not None else Reply(env_ids=tuple(got.tolist()))
                         reply.rows = Rows(got, [observations[i] for i in got.tolist()])
                 replies.append((worker, reply))
-        send(self.conn.fileno(), [wire.header(wire.GENERAL, (replies, columns)), *rows])
+        send(self.conn.fileno(), [*wire.header_parts(wire.GENERAL, (replies, columns)), *rows])
 
     def answer_plain(self, held: list[_Held], columns: list[Columns]) -> None:
         """Every held reply is plain: the workers answered, the rows of their envs, and the

@@ -10,8 +10,10 @@
     rows into the batch arrays ◄──── P + rows ─────── every command answered, nothing to say
       (np.frombuffer + one slice   ◄─ I + columns + rows  nothing to say but infos of plain
        assignment per field;                          scalars (Atari's, MuJoCo's): columns
-       columns into its InfoTable)   G + len + pickle[([(worker, reply)], columns)] + rows
-                                                      (dict infos, failures, a lost worker, ...)
+       columns into its InfoTable)   G + len + pickle[([(worker, reply)], columns)]
+                                        + large buffers + rows
+                                                      (dict infos, failures, a lost worker,
+                                                      a rollout's arrays, ...)
     K + worker (2 bytes) ───────────────────────────► kill a hung local worker (reported lost)
     X + pickle((worker, restarts)) ─────────────────► rebuild one local worker; A + pickle(error)
     C ──────────────────────────────────────────────► close; A, then the agent's loop ends
@@ -28,6 +30,9 @@ compressed block, its length (8 bytes) first. Infos that the workers sent as col
 (:func:`~envfleet.infos.info_columns`: one record per env) travel as they came, those of one
 layout joined (:func:`join_columns`), and go into the pool's
 :class:`~envfleet.infos.InfoTable` with no Python per env; other infos are the replies' dicts.
+In a general answer, buffers of 64 KB or more (a rollout's arrays, large values of ``call``)
+travel after the pickle (pickle's protocol 5, out of band) and are unpickled as views of the
+message: neither end copies them in or out of the pickle.
 """
 
 from __future__ import annotations
@@ -257,6 +262,68 @@ def read_memory(data: Any) -> list[int | None]:
 def header(tag: bytes, body: Any) -> bytes:
     """``tag``, then ``body`` pickled with its length first."""
     return tag + pickled(body)
+
+
+OUT_OF_BAND = 1 << 16
+"""A buffer (an array's data) this large travels after the pickle of a general answer, not
+inside it: not copied into the pickle by the agent, nor out of it by the pool."""
+
+_ALIGN = 16
+
+
+def header_parts(tag: bytes, body: Any) -> list[bytes | memoryview]:
+    """``tag``, then ``body`` pickled (its length first) with its large buffers out of band:
+    their count and lengths, then each, 16-byte aligned in the message, as it is (the parts
+    are written by one ``writev``, not joined). Read by :func:`read_header_parts`."""
+    buffers: list[memoryview] = []
+
+    def inside(buffer: pickle.PickleBuffer) -> bool:
+        try:
+            raw = buffer.raw()
+        except BufferError:  # not contiguous: pickled inside, as always
+            return True
+        if raw.nbytes < OUT_OF_BAND:
+            return True
+        buffers.append(raw)
+        return False
+
+    blob = pickle.dumps(body, protocol=5, buffer_callback=inside)
+    sizes = [_LENGTH.pack(len(blob)), blob, _LENGTH.pack(len(buffers))]
+    sizes += [_LENGTH.pack(b.nbytes) for b in buffers]
+    head = tag + b"".join(sizes)
+    parts: list[bytes | memoryview] = [head]
+    at = len(head)
+    for buffer in buffers:
+        pad = -at % _ALIGN
+        if pad:
+            parts.append(bytes(pad))
+        parts.append(buffer)
+        at += pad + buffer.nbytes
+    if -at % _ALIGN:  # what follows (rows) starts aligned too
+        parts.append(bytes(-at % _ALIGN))
+    return parts
+
+
+def read_header_parts(data: Any) -> tuple[Any, int]:
+    """What :func:`header_parts` wrote after its tag, and the offset of what follows it: the
+    large buffers' arrays are views of ``data`` (of a copy if ``data`` is read-only: they
+    are writable, as those pickled inside are)."""
+    (size,) = _LENGTH.unpack_from(data, 1)
+    start = 1 + _LENGTH.size
+    at = start + size
+    (count,) = _LENGTH.unpack_from(data, at)
+    sizes = struct.unpack_from(f"<{count}Q", data, at + _LENGTH.size)
+    at += _LENGTH.size * (1 + count)
+    view = memoryview(data)
+    if count and view.readonly:
+        view = memoryview(bytearray(view))
+    buffers = []
+    for n in sizes:
+        at += -at % _ALIGN
+        buffers.append(view[at : at + n])
+        at += n
+    at += -at % _ALIGN
+    return pickle.loads(view[start : start + size], buffers=buffers), at
 
 
 def read_header(data: Any) -> tuple[Any, int]:
