@@ -24,7 +24,7 @@ from envfleet.backends.node_link import NodeLink
 from envfleet.backends.node_server import NodeServer
 from envfleet.buffers import Batch
 from envfleet.infos import info_columns
-from envfleet.protocol import Command, Reply, Step
+from envfleet.protocol import Command, Reply, Sample, Step
 from tests.test_infos import assert_same, gymnasium_infos
 
 WORKERS, PER_WORKER = 4, 2
@@ -230,52 +230,65 @@ def test_infos_the_workers_sent_as_columns_go_on_as_columns(
         np.testing.assert_array_equal(pool.rewards, 10 * np.arange(ENVS) + step)
 
 
-def test_large_values_travel_out_of_band_and_come_back_whole_and_writable(
+def test_a_rollouts_large_arrays_travel_out_of_band_and_come_back_whole_and_writable(
     pair: tuple[Connection, Connection],
 ) -> None:
-    """A general answer's large arrays (a rollout's, a ``call``'s) travel after the pickle,
-    16-byte aligned, and come back equal, writable and in their dtypes, with the round's
-    rows after them intact; the pool's arrays are views of the message it read (no copy out
-    of a pickle), or of one copy of it when the message is read-only bytes."""
+    """In the answer to a rollout, large arrays travel after the pickle, 16-byte aligned, and
+    come back equal, writable and in their dtypes, with the round's rows after them intact;
+    the pool's arrays are views of the message it read (no copy out of a pickle), or of one
+    copy of it when the message is read-only bytes. The same values in the answer to any
+    other command travel inside the pickle: a value the caller keeps (a frame of ``call``)
+    must not keep the whole message alive."""
     server, workers, link = setup(pair)
     pool = Batch.local(OBS, ACTIONS, ENVS)
-    big = np.arange(3 * node_wire.OUT_OF_BAND // 8 + 1, dtype=np.float64)  # odd length
     values = {
-        "big": big,
+        "big": np.arange(node_wire.OUT_OF_BAND // 8 + 1, dtype=np.float64),  # odd length
         "just": np.ones(node_wire.OUT_OF_BAND, np.uint8),
         "small": np.arange(7, dtype=np.int32),
-        "strided": np.arange(4 * node_wire.OUT_OF_BAND, dtype=np.int16)[::2],  # inside
-        "nested": [{"frames": np.full((2, 300, 300), 7, np.uint8)}],
+        "strided": np.arange(node_wire.OUT_OF_BAND, dtype=np.int16)[::2],  # inside
+        "nested": [{"frames": np.full((1, 300, 300), 7, np.uint8)}],
     }
-    send_steps(link, server, pool, list(range(WORKERS)), 1)
-    workers.finish(0, reply=Reply(env_ids=(0, 1), values=values))
-    workers.finish(*range(1, WORKERS))
-    assert link.conn is not None
-    read: list[bytes] = []  # more than the socket holds: read while the agent writes
-    reader = threading.Thread(target=lambda: read.append(link.conn.recv_bytes()))  # type: ignore[union-attr]
-    reader.start()
-    server.collect()
-    reader.join(timeout=60)
-    (data,) = read
-    assert data[:1] == node_wire.GENERAL and len(data) > 4 * node_wire.OUT_OF_BAND
-    for message in (data, bytearray(data)):
-        fields = [pool.observations, pool.rewards, pool.terminations, pool.truncations]
-        pool.rewards[:] = -1
-        link.inflight[0].append(Step((0, 1)))  # the same round read again
-        for w in range(1, WORKERS):
-            link.inflight[w].append(Step(tuple(range(w * PER_WORKER, (w + 1) * PER_WORKER))))
-        got = link.take(message, fields, pool, OBS, np.zeros(ENVS, np.int64))
-        reply = got[0][1]
-        assert isinstance(reply, Reply) and reply.values is not None
-        back = reply.values
-        for key in ("big", "just", "small", "strided"):
-            np.testing.assert_array_equal(back[key], values[key], err_msg=key)
-            assert back[key].dtype == values[key].dtype and back[key].flags.writeable, key
-        frames = back["nested"][0]["frames"]
-        np.testing.assert_array_equal(frames, values["nested"][0]["frames"])
-        assert frames.flags.writeable and frames.flags.aligned and back["big"].flags.aligned
-        np.testing.assert_array_equal(pool.rewards, 10 * np.arange(ENVS) + 1)
-        if isinstance(message, bytearray):  # views of what was read, not copies
-            for array in (back["big"], back["just"], frames):
-                assert np.shares_memory(array, np.frombuffer(message, np.uint8))
-            assert not np.shares_memory(back["small"], np.frombuffer(message, np.uint8))
+    ids = [tuple(range(w * PER_WORKER, (w + 1) * PER_WORKER)) for w in range(WORKERS)]
+    for rollout in (True, False):
+        # worker 0 answers a rollout (no rows: they are in its values) or a step; the
+        # others' step rows travel after its values
+        commands: list[Command] = [Step(i, actions={}) for i in ids]
+        if rollout:
+            commands[0] = Sample(ids[0], 3, b"policy")
+        assert server.handle(b"".join(link.round(range(WORKERS), commands, []) or []))
+        workers.finish(0, reply=Reply(env_ids=ids[0], values=values))
+        workers.finish(*range(1, WORKERS))
+        conn = link.conn
+        assert conn is not None
+        read: list[bytes] = []  # more than the socket holds: read while the agent writes
+        reader = threading.Thread(target=lambda: read.append(conn.recv_bytes()))  # noqa: B023
+        reader.start()
+        server.collect()
+        reader.join(timeout=60)
+        (data,) = read
+        assert data[:1] == node_wire.GENERAL and len(data) > 4 * node_wire.OUT_OF_BAND
+        for message in (data, bytearray(data)):
+            fields = [pool.observations, pool.rewards, pool.terminations, pool.truncations]
+            pool.rewards[:] = -1
+            if message is not data:  # the same answer read again
+                for w, command in enumerate(commands):
+                    link.inflight[w].append(command)
+            got = link.take(message, fields, pool, OBS, np.zeros(ENVS, np.int64))
+            reply = got[0][1]
+            assert isinstance(reply, Reply) and reply.values is not None
+            back = reply.values
+            for key in ("big", "just", "small", "strided"):
+                np.testing.assert_array_equal(back[key], values[key], err_msg=key)
+                assert back[key].dtype == values[key].dtype and back[key].flags.writeable, key
+            frames = back["nested"][0]["frames"]
+            np.testing.assert_array_equal(frames, values["nested"][0]["frames"])
+            assert frames.flags.writeable and frames.flags.aligned and back["big"].flags.aligned
+            want = 10.0 * np.arange(ENVS)
+            if rollout:
+                want[list(ids[0])] = -1
+            np.testing.assert_array_equal(pool.rewards, want)
+            if isinstance(message, bytearray):  # views of what was read, or not
+                read_bytes = np.frombuffer(message, np.uint8)
+                for array in (back["big"], back["just"], frames):
+                    assert np.shares_memory(array, read_bytes) is rollout
+                assert not np.shares_memory(back["small"], read_bytes)

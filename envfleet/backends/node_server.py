@@ -39,7 +39,7 @@ from envfleet.backends.process import ProcessTransport
 from envfleet.buffers import ObjectRows
 from envfleet.errors import EnvError
 from envfleet.infos import Columns
-from envfleet.protocol import Command, Reply, Rows
+from envfleet.protocol import Command, Reply, Rows, Sample
 
 LOCAL_SLICE = 0.002
 """Seconds at most the agent holds the replies of a round that is not all in (async): past
@@ -262,7 +262,9 @@ class NodeServer:
                         reply = reply if reply is not None else Reply(env_ids=tuple(got.tolist()))
                         reply.rows = Rows(got, [observations[i] for i in got.tolist()])
                 replies.append((worker, reply))
-        send(self.conn.fileno(), [*wire.header_parts(wire.GENERAL, (replies, columns)), *rows])
+        rollout = any(isinstance(command, Sample) for _, command, _ in held)  # copied at once
+        head = wire.header_parts(wire.GENERAL, (replies, columns), out_of_band=rollout)
+        send(self.conn.fileno(), [*head, *rows])
 
     def answer_plain(self, held: list[_Held], columns: list[Columns]) -> None:
         """Every held reply is plain: the workers answered, the rows of their envs, and the

@@ -13,7 +13,7 @@
        columns into its InfoTable)   G + len + pickle[([(worker, reply)], columns)]
                                         + large buffers + rows
                                                       (dict infos, failures, a lost worker,
-                                                      a rollout's arrays, ...)
+                                                      a rollout: its arrays after the pickle)
     K + worker (2 bytes) ───────────────────────────► kill a hung local worker (reported lost)
     X + pickle((worker, restarts)) ─────────────────► rebuild one local worker; A + pickle(error)
     C ──────────────────────────────────────────────► close; A, then the agent's loop ends
@@ -30,9 +30,9 @@ compressed block, its length (8 bytes) first. Infos that the workers sent as col
 (:func:`~envfleet.infos.info_columns`: one record per env) travel as they came, those of one
 layout joined (:func:`join_columns`), and go into the pool's
 :class:`~envfleet.infos.InfoTable` with no Python per env; other infos are the replies' dicts.
-In a general answer, buffers of 64 KB or more (a rollout's arrays, large values of ``call``)
-travel after the pickle (pickle's protocol 5, out of band) and are unpickled as views of the
-message: neither end copies them in or out of the pickle.
+In the general answer to a rollout, buffers of 64 KB or more (its arrays) travel after the
+pickle (pickle's protocol 5, out of band) and are unpickled as views of the message: neither
+end copies them in or out of the pickle.
 """
 
 from __future__ import annotations
@@ -265,16 +265,19 @@ def header(tag: bytes, body: Any) -> bytes:
 
 
 OUT_OF_BAND = 1 << 16
-"""A buffer (an array's data) this large travels after the pickle of a general answer, not
-inside it: not copied into the pickle by the agent, nor out of it by the pool."""
+"""In the answer to a rollout, a buffer (an array's data) this large travels after the pickle,
+not inside it: not copied into the pickle by the agent, nor out of it by the pool."""
 
 _ALIGN = 16
 
 
-def header_parts(tag: bytes, body: Any) -> list[bytes | memoryview]:
-    """``tag``, then ``body`` pickled (its length first) with its large buffers out of band:
-    their count and lengths, then each, 16-byte aligned in the message, as it is (the parts
-    are written by one ``writev``, not joined). Read by :func:`read_header_parts`."""
+def header_parts(tag: bytes, body: Any, out_of_band: bool = False) -> list[bytes | memoryview]:
+    """``tag``, then ``body`` pickled (its length first); with ``out_of_band``, its large
+    buffers after it: their count and lengths, then each, 16-byte aligned in the message, as
+    it is (the parts are written by one ``writev``, not joined). Read by
+    :func:`read_header_parts`, whose arrays are then views of the message: only for what the
+    pool copies out at once (a rollout's parts), else a value the caller keeps would keep the
+    whole message alive."""
     buffers: list[memoryview] = []
 
     def inside(buffer: pickle.PickleBuffer) -> bool:
@@ -287,7 +290,7 @@ def header_parts(tag: bytes, body: Any) -> list[bytes | memoryview]:
         buffers.append(raw)
         return False
 
-    blob = pickle.dumps(body, protocol=5, buffer_callback=inside)
+    blob = pickle.dumps(body, protocol=5, buffer_callback=inside if out_of_band else None)
     sizes = [_LENGTH.pack(len(blob)), blob, _LENGTH.pack(len(buffers))]
     sizes += [_LENGTH.pack(b.nbytes) for b in buffers]
     head = tag + b"".join(sizes)
