@@ -8,6 +8,7 @@ agent's time limits are set out of reach, so an answer goes only because a round
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import threading
 from collections.abc import Iterator
@@ -23,8 +24,10 @@ from envfleet.backends.base import Replies
 from envfleet.backends.node_link import NodeLink
 from envfleet.backends.node_server import NodeServer
 from envfleet.buffers import Batch
+from envfleet.errors import Phase
 from envfleet.infos import info_columns
-from envfleet.protocol import Command, Reply, Sample, Step
+from envfleet.protocol import Command, EnvFailure, Reply, Sample, Step
+from envfleet.rollout_loop import Sampled
 from tests.test_infos import assert_same, gymnasium_infos
 
 WORKERS, PER_WORKER = 4, 2
@@ -292,3 +295,73 @@ def test_a_rollouts_large_arrays_travel_out_of_band_and_come_back_whole_and_writ
                 for array in (back["big"], back["just"], frames):
                     assert np.shares_memory(array, read_bytes) is rollout
                 assert not np.shares_memory(back["small"], read_bytes)
+
+
+def sampled(ids: tuple[int, ...], steps: int, **changes: Any) -> Sampled:
+    """A worker's part of a rollout over ``ids``, its values made of the env ids."""
+    grid = np.add.outer(np.arange(steps), np.array(ids))  # (steps, envs): 100 * t + i
+    part = Sampled(
+        env_ids=ids,
+        steps=steps,
+        observations={
+            "a": (grid[..., None] * np.ones(3)).astype(np.float32),
+            "b": (grid.astype(np.int8),),
+        },
+        actions=grid.astype(np.int64),
+        rewards=grid.astype(np.float64) / 2,
+        terminations=grid % 3 == 0,
+        truncations=grid % 5 == 0,
+        infos={1: {ids[0]: {"x": ids[0]}}, 2: {ids[-1]: {"y": 1}}},
+        reset_infos={0: {ids[-1]: {"seed": ids[-1]}}},
+        final_observations={
+            "a": np.array(ids, np.float32)[:, None] * np.ones(3, np.float32),
+            "b": (np.array(ids, np.int8),),
+        },
+    )
+    return dataclasses.replace(part, **changes)
+
+
+@pytest.mark.parametrize("case", ["whole", "policy failed", "cut short", "env failed"])
+def test_a_nodes_rollout_parts_go_to_the_pool_as_one_block(
+    pair: tuple[Connection, Connection], case: str
+) -> None:
+    """The whole parts of a rollout in one answer travel as one part over the node's envs,
+    arrays side by side, infos by step together (the pool lays out one block per node); a
+    part that is not whole (the policy's failure, fewer steps, an env's failure) leaves every
+    part as it came."""
+    server, workers, link = setup(pair)
+    pool = Batch.local(OBS, ACTIONS, ENVS)
+    ids = [tuple(range(w * PER_WORKER, (w + 1) * PER_WORKER)) for w in range(WORKERS)]
+    commands: list[Command] = [Sample(i, 4, b"policy") for i in ids]
+    assert server.handle(b"".join(link.round(range(WORKERS), commands, []) or []))
+    parts = [sampled(i, 4) for i in ids]
+    failures: tuple[EnvFailure, ...] = ()
+    if case == "policy failed":
+        parts[2].error = EnvFailure.capture(None, Phase.STEP, ValueError("policy"))
+    elif case == "cut short":
+        parts[1] = sampled(ids[1], 3)
+    elif case == "env failed":
+        failures = (EnvFailure.capture(5, Phase.STEP, ValueError("env 5")),)
+    for w in range(WORKERS):
+        reply = Reply(values={ids[w][0]: parts[w]}, failures=failures if w == 2 else ())
+        workers.finish(w, reply=reply)
+    server.collect()
+    assert link.conn is not None
+    fields = [pool.observations, pool.rewards, pool.terminations, pool.truncations]
+    got = link.take(link.conn.recv_bytes(), fields, pool, OBS, np.zeros(ENVS, np.int64))
+    values = [reply.values for _, reply in got if isinstance(reply, Reply)]
+    if case != "whole":
+        assert [v and list(v) for v in values] == [[i[0]] for i in ids]  # as they came
+        return
+    assert values[1:] == [{}] * (WORKERS - 1)
+    (whole,) = values[0].values() if values[0] else ()
+    want = sampled(tuple(range(ENVS)), 4)
+    assert isinstance(whole, Sampled) and whole.env_ids == want.env_ids and whole.steps == 4
+    for name in ("actions", "rewards", "terminations", "truncations"):
+        np.testing.assert_array_equal(getattr(whole, name), getattr(want, name), err_msg=name)
+    for nest in ("observations", "final_observations"):
+        np.testing.assert_array_equal(getattr(whole, nest)["a"], getattr(want, nest)["a"])
+        np.testing.assert_array_equal(getattr(whole, nest)["b"][0], getattr(want, nest)["b"][0])
+    assert whole.observations["a"].dtype == np.float32 and whole.actions.dtype == np.int64
+    assert whole.infos == {1: {i[0]: {"x": i[0]} for i in ids}, 2: {i[-1]: {"y": 1} for i in ids}}
+    assert whole.reset_infos == {0: {i[-1]: {"seed": i[-1]} for i in ids}}

@@ -40,6 +40,7 @@ from envfleet.buffers import ObjectRows
 from envfleet.errors import EnvError
 from envfleet.infos import Columns
 from envfleet.protocol import Command, Reply, Rows, Sample
+from envfleet.rollout_loop import Sampled, joined
 
 LOCAL_SLICE = 0.002
 """Seconds at most the agent holds the replies of a round that is not all in (async): past
@@ -263,6 +264,8 @@ class NodeServer:
                         reply.rows = Rows(got, [observations[i] for i in got.tolist()])
                 replies.append((worker, reply))
         rollout = any(isinstance(command, Sample) for _, command, _ in held)  # copied at once
+        if rollout:
+            join_rollout(held)
         head = wire.header_parts(wire.GENERAL, (replies, columns), out_of_band=rollout)
         send(self.conn.fileno(), [*head, *rows])
 
@@ -285,3 +288,25 @@ class NodeServer:
             send(self.conn.fileno(), [wire.INFOS, workers, wire.pickled(columns), *rows])
         else:
             send(self.conn.fileno(), [wire.PLAIN, workers, *rows])
+
+
+def join_rollout(held: list[_Held]) -> None:
+    """The whole parts of a rollout that this answer carries as one, in the first of their
+    replies' values (the others' values emptied): the pool lays out one block per node."""
+    parts: list[tuple[Reply, Sampled]] = []
+    for _, command, reply in held:
+        if isinstance(command, Sample):
+            if not isinstance(reply, Reply) or reply.failures:
+                return  # every part as it came: the pool sees to the failure
+            part = (reply.values or {}).get(command.env_ids[0])
+            if not isinstance(part, Sampled):
+                return
+            parts.append((reply, part))
+    if len(parts) < 2:
+        return
+    whole = joined([part for _, part in parts])
+    if whole is None:
+        return
+    parts[0][0].values = {whole.env_ids[0]: whole}
+    for reply, _ in parts[1:]:
+        reply.values = {}
