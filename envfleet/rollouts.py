@@ -96,15 +96,21 @@ class RandomPolicy:
         batch: Any = create_empty_array(space, len(draws), fn=np.zeros)
         return concatenate(space, draws, batch)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name != "_bytes":  # another seed or space: pickled anew
+            object.__setattr__(self, "_bytes", None)
+        object.__setattr__(self, name, value)
+
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_bytes": None}
 
     def _pickled(self) -> bytes:
         """This policy pickled, kept from one rollout to the next while it is not called here
         (its generators advance in the workers' copies, not in this one)."""
-        if self._bytes is None:
-            self._bytes = pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
-        return self._bytes
+        blob = self.__dict__.get("_bytes")
+        if blob is None:
+            blob = self._bytes = pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+        return blob
 
     def _space(self, i: int) -> spaces.Space[Any]:
         space = self._per_env.get(i)

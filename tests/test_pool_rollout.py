@@ -471,3 +471,6 @@ def test_random_policy_on_discrete_draws_what_the_space_would(
     np.testing.assert_array_equal(pickle.loads(before)(None, np.arange(5)), fifth)
     moved = pickle.loads(rollouts._pickled(policy))
     np.testing.assert_array_equal(moved(None, np.arange(5)), policy(None, np.arange(5)))
+    kept = rollouts._pickled(policy)
+    policy.seed = 10  # another seed: pickled anew
+    assert pickle.loads(rollouts._pickled(policy)).seed == 10 and kept is not None
