@@ -47,6 +47,7 @@ from tests.test_equivalence import (
     assert_same,
     assert_same_run,
     drive,
+    reference_run,
 )
 from tests.test_info_columns import INFO_SHIFT, assert_async_infos
 from tests.test_pool_rollout import (
@@ -216,23 +217,63 @@ def test_no_address_asks_ray_for_a_local_one(
 
 
 def test_pool_leaves_a_ray_it_joined_running(ray_session: None) -> None:
-    with make_ray("CartPole-v1", seed=0) as pool:
-        assert len(envfleet_actor_pids()) == NUM_WORKERS
-        pool.reset()
-        pool.step(np.ones(NUM_ENVS, dtype=np.int64))
-    assert ray.is_initialized(), "close() shut down the caller's Ray"
-    assert ray.get(ray.put(42)) == 42
-    assert wait_for_actors_to_exit() == [], "close() left envfleet's actors running"
+    """One pool on the module's Ray (a pool's start takes seconds, so these checks share it):
+
+    - a new pool removes the socket directories of pools whose process is gone (killed without
+      close() on a Ray envfleet did not start: no reaper), and leaves a live process's;
+    - its actors' sockets live in the pool's own directory (0700), its batch memory is open;
+    - close() returns once the actors' processes here have ended (``ray.kill`` only asks Ray,
+      whose daemons can take seconds on a busy machine), frees the sockets and removes their
+      directory, and leaves the Ray it joined running;
+    - the batch memory goes with the pool (the observations it returned may still be in use).
+    """
+    from envfleet.backends.ray_session import SOCKET_DIR_PREFIX
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    temp = tempfile.gettempdir()
+    stale = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{dead.pid}-", dir=temp)
+    Path(stale, "w-0").touch()  # as an actor's socket left behind
+    live = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getppid()}-", dir=temp)
+    memory_before = batch_memory_files()
+    try:
+        with make_ray("CartPole-v1", seed=0) as pool:
+            socket_dir = pool._transport._socket_dir  # type: ignore[attr-defined]
+            assert os.path.basename(socket_dir).startswith(f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
+            assert not os.path.exists(stale), "a dead process's socket directory was left"
+            assert os.path.isdir(live), "a live process's socket directory was removed"
+            assert len(batch_memory_files()) > len(memory_before), "no batch memory open"
+            sockets = [slot.conn for slot in pool._transport._workers]  # type: ignore[attr-defined]
+            assert all(conn is not None and not conn.closed for conn in sockets)
+            # The actors' sockets live in the pool's own directory (0700), which close() removes
+            # even if an actor died before the pool connected to it.
+            assert os.stat(socket_dir).st_mode & 0o777 == 0o700
+            for conn in sockets:
+                assert conn is not None
+                with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+                    assert peer.getpeername().startswith(socket_dir + os.sep)
+            assert len(envfleet_actor_pids()) == NUM_WORKERS
+            pool.reset()
+            pool.step(np.ones(NUM_ENVS, dtype=np.int64))
+        assert envfleet_actor_pids() == [], "actors still running as close() returned"
+        assert ray.is_initialized(), "close() shut down the caller's Ray"
+        assert ray.get(ray.put(42)) == 42
+        assert all(conn.closed for conn in sockets), "close() left a socket open"
+        assert not os.path.exists(socket_dir), "close() left the socket directory"
+        # The observations it returned may still be in use: the memory lives while the pool does.
+        del pool
+        gc.collect()
+        assert batch_memory_files() == memory_before, "the batch memory outlived the pool"
+    finally:
+        shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(live, ignore_errors=True)
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_close_returns_once_the_actors_processes_here_have_ended(
-    ray_session: None, path: str
-) -> None:
-    """``ray.kill`` only asks Ray, whose daemons can take seconds on a busy machine: close()
-    waits for the actors' processes on this machine (and ends those still there), so nothing of
-    the pool runs here once it returns."""
-    pool = make_ray("CartPole-v1", path, seed=0)
+def test_close_returns_once_the_actors_processes_here_have_ended(ray_session: None) -> None:
+    """As :func:`test_pool_leaves_a_ray_it_joined_running` checks on the socket path, on the
+    path of Ray calls: close() waits for the actors' processes on this machine (and ends those
+    still there), so nothing of the pool runs here once it returns."""
+    pool = make_ray("CartPole-v1", "calls", seed=0)
     pool.reset()
     assert len(envfleet_actor_pids()) == NUM_WORKERS
     pool.close()
@@ -281,56 +322,6 @@ def batch_memory_files() -> list[str]:
     return [link for link in links if "envfleet-batch" in link]
 
 
-def test_close_frees_the_sockets_and_the_batch_memory_goes_with_the_pool(
-    ray_session: None,
-) -> None:
-    before = batch_memory_files()
-    with make_ray("CartPole-v1", seed=0) as pool:
-        assert len(batch_memory_files()) > len(before)
-        sockets = [slot.conn for slot in pool._transport._workers]  # type: ignore[attr-defined]
-        assert all(conn is not None and not conn.closed for conn in sockets)
-        # The actors' sockets live in the pool's own directory (0700), which close() removes
-        # even if an actor died before the pool connected to it.
-        socket_dir = pool._transport._socket_dir  # type: ignore[attr-defined]
-        assert os.stat(socket_dir).st_mode & 0o777 == 0o700
-        for conn in sockets:
-            assert conn is not None
-            with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as peer:
-                assert peer.getpeername().startswith(socket_dir + os.sep)
-        pool.reset()
-    assert all(conn.closed for conn in sockets)
-    assert not os.path.exists(socket_dir)
-    # The observations it returned may still be in use: the memory lives while the pool does.
-    del pool
-    gc.collect()
-    assert batch_memory_files() == before
-
-
-def test_a_new_pool_removes_the_socket_directories_of_pools_whose_process_is_gone(
-    ray_session: None,
-) -> None:
-    """A pool killed without close() (SIGKILL) on a Ray envfleet did not start has no reaper:
-    its socket directory stays until a later pool of the same user sweeps it. That of a live
-    process stays."""
-    from envfleet.backends.ray_session import SOCKET_DIR_PREFIX
-
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    temp = tempfile.gettempdir()
-    stale = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{dead.pid}-", dir=temp)
-    Path(stale, "w-0").touch()  # as an actor's socket left behind
-    live = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getppid()}-", dir=temp)
-    try:
-        with make_ray("CartPole-v1", seed=0) as pool:
-            socket_dir = pool._transport._socket_dir  # type: ignore[attr-defined]
-            assert os.path.basename(socket_dir).startswith(f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
-            assert not os.path.exists(stale)
-            assert os.path.isdir(live)
-    finally:
-        shutil.rmtree(stale, ignore_errors=True)
-        shutil.rmtree(live, ignore_errors=True)
-
-
 def _hang_in_close(env: FaultyEnv) -> None:
     if env.seed_used is not None:  # not the env make() builds in the caller
         time.sleep(3600)
@@ -355,7 +346,7 @@ def test_ctrl_c_while_actors_close_still_kills_them(
     pool.close()
 
 
-# -- same results as the serial backend ------------------------------------------------------
+# -- same results as SyncVectorEnv and the serial backend --------------------------------------
 
 RAY_CASES = {**CASES, "Pickled": PICKLED_CASE}
 """``Pickled``: observations that do not fit arrays (Text in a Dict) travel as per-env values."""
@@ -371,25 +362,21 @@ SYNC_RUNS = [
 @pytest.mark.parametrize(
     ("case_name", "mode"), SYNC_RUNS, ids=[f"{c}-{m.name}" for c, m in SYNC_RUNS]
 )
-def test_sync_steps_are_bit_identical_to_serial(
+def test_sync_steps_are_bit_identical_to_sync_vector_env(
     ray_session: None, case_name: str, mode: AutoresetMode, path: str
 ) -> None:
+    """Every case and mode over both paths, against SyncVectorEnv's run of it (that of
+    ``test_equivalence.py``, computed once per run: Pong is slow to build); the DictTuple and
+    SAME_STEP pools then run :func:`check_rollout_matches_sync_vector_env` (a pool's start takes
+    seconds)."""
     case = RAY_CASES[case_name]
+    expected = reference_run("TextDict" if case_name == "Pickled" else case_name, mode)
     with make_ray(case.env, path, env_kwargs=case.kwargs, autoreset_mode=mode) as pool:
-        label = f"{case_name}/{mode.name} serial vs ray ({path})"
-        assert_same_run(serial_run(case_name, mode), pool, case, mode, label)
-
-
-@functools.cache
-def serial_run(case_name: str, mode: AutoresetMode) -> list[tuple[str, Any]]:
-    """What the serial backend gives a case (:func:`drive`), computed once per case and mode
-    for both paths (Pong is slow to build); each result a deep copy, so that no later step of
-    the serial pool could change one kept."""
-    case = RAY_CASES[case_name]
-    with envfleet.make(
-        case.env, NUM_ENVS, backend="serial", env_kwargs=case.kwargs, autoreset_mode=mode
-    ) as serial:
-        return [copy.deepcopy(record) for record in drive(serial, case, mode)]
+        assert pool.single_observation_space == expected.observation_space
+        label = f"{case_name}/{mode.name} SyncVectorEnv vs ray ({path})"
+        assert_same_run(expected.records, pool, case, mode, label)
+        if (case_name, mode) == ROLLOUT_RUN:
+            check_rollout_matches_sync_vector_env(pool, mode)
 
 
 def row(batch: Any, j: int) -> Any:
@@ -783,18 +770,21 @@ def test_make_sb3_env_fns_match_subproc_vec_env(ray_session: None) -> None:
     check_env_fns_match_subproc_vec_env(backend="ray", num_workers=2)
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_rollout_matches_sync_vector_env(ray_session: None, path: str) -> None:
+ROLLOUT_RUN = ("DictTuple", AutoresetMode.SAME_STEP)
+"""The cell of :func:`test_sync_steps_are_bit_identical_to_sync_vector_env` whose pools (one per
+path) also run :func:`check_rollout_matches_sync_vector_env`."""
+
+
+def check_rollout_matches_sync_vector_env(pool: envfleet.Pool, mode: AutoresetMode) -> None:
     """``pool.rollout`` through actors (their rows in the pool's memory, or shipped back as
-    Ray calls): SyncVectorEnv's run with the same policy, then plain steps, then a rollout."""
-    mode = AutoresetMode.SAME_STEP
+    Ray calls): SyncVectorEnv's run with the same policy, then plain steps, then a rollout
+    (``pool``: seven DictTupleEnvs, reset here)."""
     ref = SyncVectorEnv([DictTupleEnv] * NUM_ENVS, autoreset_mode=mode)
     want, last = reference(
         ref, envfleet.RandomPolicy(ref.single_action_space, POLICY_SEED), "p" * 6 + "f" + "p" * 5
     )
     ref.close()
-    with make_ray(DictTupleEnv, path, autoreset_mode=mode) as pool:
-        policy = envfleet.RandomPolicy(pool.single_action_space, POLICY_SEED)
-        pool.reset(seed=faults.SEED)
-        assert_rollout(pool.rollout(policy, 6), want[:6], "first rollout")
-        assert_step_then_rollout(pool, policy, want, last, 6)
+    policy = envfleet.RandomPolicy(pool.single_action_space, POLICY_SEED)
+    pool.reset(seed=faults.SEED)
+    assert_rollout(pool.rollout(policy, 6), want[:6], "first rollout")
+    assert_step_then_rollout(pool, policy, want, last, 6)

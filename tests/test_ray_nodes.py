@@ -39,6 +39,7 @@ from envfleet.backends.nodes import NodeTransport
 from envfleet.backends.ray import RayTransport
 from envfleet.backends.ray_options import RayOptions
 from envfleet.infos import column_dicts, info_columns
+from tests import timing
 from tests.ray_helpers import ray_leak_check
 from tests.test_equivalence import NUM_ENVS as EQUIVALENCE_ENVS
 from tests.test_equivalence import SEED, Case, assert_same_run, drive
@@ -133,11 +134,12 @@ def test_same_trajectories_as_sync_vector_env(
     cluster: Cluster, mode: AutoresetMode, nodes: int
 ) -> None:
     """Envs of different episode lengths (heterogeneous factories, so episodes end at
-    different steps), one node or three: SyncVectorEnv's values and dtypes, bit for bit."""
-    fns = [
-        functools.partial(gymnasium.make, "CartPole-v1", max_episode_steps=8 + 3 * i)
-        for i in range(NUM_ENVS)
-    ]
+    different steps), one node or three: SyncVectorEnv's values and dtypes, bit for bit.
+
+    On three nodes in NEXT_STEP mode, the same pool then answers call, get_attr and set_attr
+    as SyncVectorEnv does (:func:`check_call_get_attr_set_attr_across_nodes`): a pool of three
+    nodes takes seconds to start, so the two checks share it."""
+    fns = heterogeneous()
     steps = 40
     reference = SyncVectorEnv(fns, autoreset_mode=mode)
     if mode is AutoresetMode.DISABLED:
@@ -158,7 +160,9 @@ def test_same_trajectories_as_sync_vector_env(
             if mode is AutoresetMode.DISABLED
             else trajectory(pool, steps)
         )
-    assert_same(want, got)
+        assert_same(want, got)
+        if mode is AutoresetMode.NEXT_STEP and nodes == 3:
+            check_call_get_attr_set_attr_across_nodes(pool, fns)
 
 
 def heterogeneous(n: int = NUM_ENVS) -> list[Any]:
@@ -200,37 +204,35 @@ def test_default_on_a_cluster_is_one_sub_pool_per_node_one_message_each(cluster:
     assert_same(want, got)
 
 
-def test_a_lost_worker_on_the_pools_own_node_restarts_alone(cluster: Cluster) -> None:
+def check_a_lost_worker_on_the_pools_own_node_restarts_alone(pool: envfleet.Pool) -> None:
     """A worker on the pool's node (an actor on its memory) is killed: only its envs restart,
-    the agents of the other nodes go on untouched, and the run goes on."""
-    with envfleet.make(
-        "CartPole-v1", NUM_ENVS, backend="ray", num_workers=3, seed=0, on_error="restart"
-    ) as pool:
-        transport = pool._transport
-        assert isinstance(transport, NodeTransport) and transport._here is not None
-        (worker,) = transport._here.workers
-        lost = np.isin(np.arange(NUM_ENVS), pool._assignment[worker])
-        pids = [node.pid for node in transport._nodes]
-        actions = np.ones(NUM_ENVS, dtype=np.int64)
-        pool.reset()
+    the agents of the other nodes go on untouched, and the run goes on (``pool`` made with
+    ``on_error="restart"``; run by :func:`test_repr_stats_and_one_message_per_node`)."""
+    transport = pool._transport
+    assert isinstance(transport, NodeTransport) and transport._here is not None
+    (worker,) = transport._here.workers
+    lost = np.isin(np.arange(NUM_ENVS), pool._assignment[worker])
+    pids = [node.pid for node in transport._nodes]
+    actions = np.ones(NUM_ENVS, dtype=np.int64)
+    pool.reset()
+    pool.step(actions)
+    pid = transport._here.transport._workers[0].pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    restarted = np.zeros(NUM_ENVS, dtype=bool)
+    for _ in range(20):
+        _, rewards, _, truncations, infos = pool.step(actions)
+        if "envfleet/restarted" in infos:
+            now = infos["_envfleet/restarted"]
+            assert truncations[now].all() and (rewards[now] == 0).all()
+            restarted |= now
+        if restarted.any():
+            break
+    assert (restarted == lost).all(), f"lost worker: restarted {restarted}, expected {lost}"
+    assert [node.pid for node in transport._nodes] == pids, "lost worker: an agent was replaced"
+    assert transport._here.transport.same_machine() == [True]
+    for _ in range(3):
         pool.step(actions)
-        pid = transport._here.transport._workers[0].pid
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        restarted = np.zeros(NUM_ENVS, dtype=bool)
-        for _ in range(20):
-            _, rewards, _, truncations, infos = pool.step(actions)
-            if "envfleet/restarted" in infos:
-                now = infos["_envfleet/restarted"]
-                assert truncations[now].all() and (rewards[now] == 0).all()
-                restarted |= now
-            if restarted.any():
-                break
-        assert (restarted == lost).all(), f"restarted {restarted}, expected {lost}"
-        assert [node.pid for node in transport._nodes] == pids, "an agent was replaced"
-        assert transport._here.transport.same_machine() == [True]
-        for _ in range(3):
-            pool.step(actions)
 
 
 FORKING_DRIVER = """
@@ -375,8 +377,17 @@ def test_async_batches_match_each_envs_own_trajectory(
 
 
 def test_repr_stats_and_one_message_per_node(cluster: Cluster) -> None:
+    """The layout and each node's traffic in stats() and repr(); then, on the same pool (its
+    start takes seconds), a worker of the pool's own node is lost and restarts alone
+    (:func:`check_a_lost_worker_on_the_pools_own_node_restarts_alone`)."""
     with envfleet.make(
-        "CartPole-v1", NUM_ENVS, backend="ray", num_workers=3, nodes="auto", seed=0
+        "CartPole-v1",
+        NUM_ENVS,
+        backend="ray",
+        num_workers=3,
+        nodes="auto",
+        seed=0,
+        on_error="restart",
     ) as pool:
         transport = pool._transport
         assert isinstance(transport, NodeTransport)
@@ -407,6 +418,7 @@ def test_repr_stats_and_one_message_per_node(cluster: Cluster) -> None:
         for node in (here, *nodes):
             assert f"{node.node[:8]} {node.envs} envs/{node.workers} workers" in repr(pool)
         assert pool.stats().as_dict()["nodes"][0]["envs"] == nodes[0].envs  # plain, for JSON
+        check_a_lost_worker_on_the_pools_own_node_restarts_alone(pool)
     assert "nodes=" not in repr(pool)  # closed: no layout to ask for
 
 
@@ -441,9 +453,14 @@ def agent_pid(pool: envfleet.Pool, node: int) -> int:
     return int(pool._transport._nodes[node].pid)
 
 
+SLOW_STEP = 0.1
+"""Seconds a step of :func:`make_slow`'s envs takes: a kill right after ``send`` lands while the
+node's workers step (two envs each, so 0.2 s a round)."""
+
+
 def make_slow(cluster: Cluster, **kwargs: Any) -> envfleet.Pool:
     return envfleet.make(
-        functools.partial(SlowCartPole, 0.3),
+        functools.partial(SlowCartPole, SLOW_STEP),
         NUM_ENVS,
         backend="ray",
         num_workers=3,
@@ -489,8 +506,15 @@ def test_agent_killed_mid_step_restarts_its_envs(cluster: Cluster) -> None:
             pool.step(np.ones(NUM_ENVS, dtype=np.int64))
 
 
+def node_step_timeout() -> float:
+    """``step_timeout`` for the tests that wait it out (a stopped agent, a hung worker): 1.5 s,
+    or three times what a process pool's life costs now (a busy machine's steps and replies
+    are slower; :mod:`tests.timing`), so that a step merely slow never times out."""
+    return timing.bound(1.5, pools=3)
+
+
 def test_stopped_agent_is_killed_past_step_timeout(cluster: Cluster) -> None:
-    with make_slow(cluster, on_error="raise", step_timeout=3.0) as pool:
+    with make_slow(cluster, on_error="raise", step_timeout=node_step_timeout()) as pool:
         pool.reset()
         pid = agent_pid(pool, 1)
         os.kill(pid, signal.SIGSTOP)
@@ -508,12 +532,18 @@ def test_stopped_agent_is_killed_past_step_timeout(cluster: Cluster) -> None:
 
 
 def test_agent_socket_refuses_a_wrong_key(cluster: Cluster) -> None:
-    """A connection without the pool's key is dropped; the pool's own connects after it."""
+    """A connection without the pool's key is dropped; the pool's own connects after it.
+
+    Before it serves, the same agent (a start takes seconds) says how many cores its local pool
+    counts on: its node's (1 here), not the machine's (see
+    :func:`test_an_agent_counts_its_nodes_cores_not_the_machines`)."""
     options = _options(cluster)
     agent = ray.remote(NodeAgent).options(num_cpus=0).remote(options, {})
     try:
         error, _, host, port, _ = ray.get(agent.start.remote(b"k" * 32), timeout=120)
         assert error is None
+        cores = ray.get(agent.__ray_call__.remote(lambda a: a.local._cores), timeout=60)
+        assert cores == 1, f"the agent's local pool counts {cores} cores, not its node's 1"
         serving = agent.serve.remote()
         with pytest.raises(AuthenticationError):
             connect_agent(host, port, b"x" * 32)
@@ -587,25 +617,25 @@ def test_node_removed_mid_run_restarts_its_envs_elsewhere(
             pool.step(actions)
 
 
-def test_call_get_attr_set_attr_across_nodes(cluster: Cluster) -> None:
-    """Values per env come back in env order from every node, as from SyncVectorEnv."""
-    fns = [
-        functools.partial(gymnasium.make, "CartPole-v1", max_episode_steps=10 + i)
-        for i in range(NUM_ENVS)
-    ]
+def check_call_get_attr_set_attr_across_nodes(pool: envfleet.Pool, fns: list[Any]) -> None:
+    """Values per env come back in env order from every node, as from SyncVectorEnv (run by
+    :func:`test_same_trajectories_as_sync_vector_env` on its pool of three nodes)."""
+    assert len(pool.stats().nodes) == 3, "call/get_attr/set_attr: not on three nodes"
     reference = SyncVectorEnv(fns)
-    with envfleet.make(fns, backend="ray", num_workers=3, nodes=all_nodes(cluster)) as pool:
-        want = reference.get_attr("spec")
-        got = pool.get_attr("spec")
-        assert [s.max_episode_steps for s in got] == [s.max_episode_steps for s in want]
+    try:
+        want = [s.max_episode_steps for s in reference.get_attr("spec")]
+        got = [s.max_episode_steps for s in pool.get_attr("spec")]
+        assert got == want, f"get_attr('spec') across nodes: {got}, not {want}"
         pool.set_attr("marker", list(range(100, 100 + NUM_ENVS)))
-        assert list(pool.get_attr("marker")) == list(range(100, 100 + NUM_ENVS))
+        marker = list(pool.get_attr("marker"))
+        assert marker == list(range(100, 100 + NUM_ENVS)), f"set_attr then get_attr: {marker}"
         pool.reset(seed=5)
         reference.reset(seed=5)
         assert pool.call("get_wrapper_attr", "np_random_seed") == reference.call(
             "get_wrapper_attr", "np_random_seed"
-        )
-    reference.close()
+        ), "call('get_wrapper_attr', 'np_random_seed') after reset(seed=5)"
+    finally:
+        reference.close()
 
 
 def broken_on_env_4(i: int) -> gymnasium.Env[Any, Any]:
@@ -659,7 +689,7 @@ def test_a_hung_worker_is_killed_by_its_agent_and_only_its_envs_restart(
         nodes=all_nodes(cluster)[1:],
         seed=0,
         on_error="restart",
-        step_timeout=3.0,
+        step_timeout=node_step_timeout(),
     ) as pool:
         pool.reset()
         pids = [node.pid for node in pool._transport._nodes]
@@ -1287,19 +1317,11 @@ def test_an_agent_lost_with_its_envs_infos_waiting_leaks_no_stale_infos(
     assert restarted[lost].all() and not restarted[np.setdiff1d(np.arange(NUM_ENVS), lost)].any()
 
 
-def test_an_agent_counts_its_nodes_cores_not_the_machines(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_agent_counts_its_nodes_cores_not_the_machines(monkeypatch: pytest.MonkeyPatch) -> None:
     """The agent's local pool spins for its last replies only while fewer workers owe one than
-    its node has cores: those Ray gives the node (here 1 a node, the machine's shared by all),
-    never more than the process may run on, the machine's where Ray does not know the node."""
-    agent = ray.remote(NodeAgent).options(num_cpus=0).remote(_options(cluster), {})
-    try:
-        error, *_ = ray.get(agent.start.remote(b"k" * 32), timeout=120)
-        assert error is None
-        assert ray.get(agent.__ray_call__.remote(lambda a: a.local._cores), timeout=60) == 1
-    finally:
-        ray.kill(agent, no_restart=True)
+    its node has cores: those Ray gives the node, never more than the process may run on, the
+    machine's where Ray does not know the node. (A live agent on this module's cluster, 1 CPU a
+    node, counts 1: checked in :func:`test_agent_socket_refuses_a_wrong_key`, on its agent.)"""
     monkeypatch.setattr(node_agent, "usable_cpus", lambda: (0, 1, 2, 3))
     nodes = [{"NodeID": "a", "Resources": {"CPU": 64.0}}, {"NodeID": "b", "Resources": {}}]
     monkeypatch.setattr(node_agent, "alive_nodes", lambda: nodes)
