@@ -44,6 +44,8 @@ MEMORY_CHECK_INTERVAL = 1.0
 """Seconds between checks of the workers' memory against ``worker_memory_limit``."""
 DRAIN_TIMEOUT = 5.0
 """Seconds a failing call waits for the other envs' results, gathered on the error."""
+HUNG_POLL = 0.05
+"""Seconds the pool blocks at a time while a worker killed for hanging is not yet reported lost."""
 
 
 class Recovery:
@@ -179,9 +181,14 @@ class Recovery:
         ``step_timeout`` (``None``: no limit)."""
         if self.step_timeout is None:
             return None
-        ledger = self.ledger
+        ledger, hung = self.ledger, self._hung
+        now = time.monotonic()
         busy = [
-            since + self.step_timeout * ledger.allowance(worker)
+            # A worker killed for hanging: its loss wakes the wait when it comes (a stopped
+            # Ray actor takes Ray seconds to kill); until then, waits of HUNG_POLL, not a spin.
+            now + HUNG_POLL
+            if worker in hung
+            else since + self.step_timeout * ledger.allowance(worker)
             for worker, (since, pending) in enumerate(
                 zip(ledger.busy_since, ledger.pending, strict=True)
             )
@@ -189,7 +196,7 @@ class Recovery:
         ]
         if not busy:
             return None
-        return max(0.0, min(busy) - time.monotonic())
+        return max(0.0, min(busy) - now)
 
     def kill_hung(self) -> None:
         """Kill each worker that has owed a reply for ``step_timeout``; the transport then

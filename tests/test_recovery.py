@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from envfleet import recovery as recovery_module
 from envfleet.backends import WorkerLost
 from envfleet.errors import (
     EnvRaisedError,
@@ -137,6 +138,12 @@ def test_hung_worker_is_killed_and_reported_as_timed_out() -> None:
     recovery.kill_hung()
     recovery.kill_hung()
     assert transport.killed == [0]  # once
+    # Killed, not yet reported lost (a stopped Ray actor takes Ray seconds): the pool waits
+    # for the loss in slices, without spinning on a deadline already past.
+    assert recovery.wait_timeout() == pytest.approx(recovery_module.HUNG_POLL, abs=0.01)
+    ledger.sent(1, Step((2, 3)))  # another worker's own deadline still counts
+    ledger.busy_since[1] -= 5.0 - recovery_module.HUNG_POLL / 2
+    assert 0 < recovery.wait_timeout() < recovery_module.HUNG_POLL  # type: ignore[operator]
     error = recovery.take(0, WorkerLost(-9, "killed by SIGKILL"))
     assert isinstance(error, EnvTimeoutError) and error.phase is Phase.STEP
     assert "hung" in str(error) and "step_timeout=5.0" in str(error)
