@@ -16,6 +16,7 @@ import os
 import re
 import runpy
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -35,7 +36,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 import envfleet
 import envfleet.backends.ray
 from envfleet.backends.ray_session import loopback
-from tests import faults, gates
+from tests import faults, gates, timing
 from tests import test_gymnasium_dropin as dropin
 from tests.envs import DictTupleEnv, FaultyEnv
 from tests.ray_helpers import LOOPBACK, envfleet_actor_pids, listening_addresses, ray_leak_check
@@ -659,6 +660,29 @@ def test_hung_actor_is_killed_after_step_timeout(
         with pytest.raises(envfleet.EnvTimeoutError) as info:
             pool.step(ACTIONS)
         assert 2.0 <= time.monotonic() - start < FAST
+        assert (info.value.worker, info.value.env_ids) == (VICTIM_WORKER, VICTIM_ENVS)
+
+
+def stop_in_step(env: FaultyEnv, action: Any, *, env_seed: int) -> None:
+    """The env seeded ``env_seed`` stops its process (SIGSTOP) in its step."""
+    if env.seed_used == env_seed:
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def test_a_stopped_actor_on_the_pools_machine_is_reported_hung_past_step_timeout_at_once(
+    ray_session: None,
+) -> None:
+    """An actor stopped by SIGSTOP cannot exit when Ray asks it to: Ray kills it 5 s later.
+    On the pool's machine the pool kills its process itself, so the error comes right after
+    step_timeout, not 5 s later."""
+    hook = functools.partial(stop_in_step, env_seed=faults.SEED + faults.VICTIM)
+    with make_ray(FaultyEnv, "socket", env_kwargs={"step_hook": hook}, step_timeout=1.0) as pool:
+        pool.reset(seed=faults.SEED)
+        start = time.monotonic()
+        with pytest.raises(envfleet.EnvTimeoutError) as info:
+            pool.step(ACTIONS)
+        took = time.monotonic() - start
+        assert 1.0 <= took < 1.0 + timing.bound(2.5, pools=1), f"reported after {took:.2f} s"
         assert (info.value.worker, info.value.env_ids) == (VICTIM_WORKER, VICTIM_ENVS)
 
 

@@ -155,6 +155,7 @@ class RayTransport(BaseTransport):
                 reply, slot.node, address, slot.pid = ray_session.await_start(
                     ref, deadline, functools.partial(self._respawn, worker, restarts)
                 )
+                slot.process = self._local_process(slot)
             except GetTimeoutError as exc:
                 self.kill(worker)
                 raise self._start_failed(
@@ -375,16 +376,34 @@ class RayTransport(BaseTransport):
         self._closed = True
         ray_session.forked()
 
-    def kill(self, worker: int) -> None:
+    def _local_process(self, slot: ActorSlot) -> psutil.Process | None:
+        """The process of ``slot``'s actor when it runs on the pool's machine."""
+        if not slot.runs_on(self._pool_node):
+            return None
         try:
-            ray.kill(self._workers[worker].handle, no_restart=True)
+            return psutil.Process(slot.pid)
+        except (psutil.Error, ValueError):
+            return None
+
+    def kill(self, worker: int) -> None:
+        slot = self._workers[worker]
+        try:
+            ray.kill(slot.handle, no_restart=True)
         except Exception:
             pass  # already gone: wait() reports it lost all the same
+        # Ray asks an actor to exit and kills it past a grace of seconds (5 s for one stopped
+        # by SIGSTOP): on this machine its process, known since it started, ends at once
+        # (psutil refuses a pid that another process has taken since).
+        if slot.process is not None:
+            try:
+                slot.process.kill()
+            except psutil.Error:
+                pass
 
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
         self.kill(worker)
         slot = self._workers[worker]
-        slot.pid = None
+        slot.pid = slot.process = None
         self._drop_socket(worker)
         slot.refs.clear()
         slot.handle = self._spawn(worker, restarts)

@@ -31,6 +31,7 @@ class ActorSlot:
     handle: Any = None
     node: str = ""  # the Ray node it runs on
     pid: int | None = None  # its process
+    process: psutil.Process | None = None  # the same, when it runs on the pool's machine
     # Ray calls in flight: (result refs, command), oldest first; the refs are the pieces of one
     # result (one ref unless the result travels in pieces).
     refs: deque[tuple[list[Any], Command]] = field(default_factory=deque)
