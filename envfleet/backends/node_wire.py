@@ -302,8 +302,8 @@ def header_parts(tag: bytes, body: Any, out_of_band: bool = False) -> list[bytes
             parts.append(bytes(pad))
         parts.append(buffer)
         at += pad + buffer.nbytes
-    if -at % _ALIGN:  # what follows (rows) starts aligned too
-        parts.append(bytes(-at % _ALIGN))
+    if pad := -at % _ALIGN:  # what follows (rows) starts aligned too
+        parts.append(bytes(pad))
     return parts
 
 

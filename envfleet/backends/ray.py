@@ -220,12 +220,12 @@ class RayTransport(BaseTransport):
     def memory(self, worker: int) -> int | None:
         """Resident memory of ``worker``'s actor process in bytes; ``None``: unknown (gone, or
         on another node, whose processes this one cannot read)."""
-        slot = self._workers[worker]
-        if not slot.runs_on(self._pool_node):
+        process = self._workers[worker].process
+        if process is None:
             return None
         try:
-            return int(psutil.Process(slot.pid).memory_info().rss)
-        except (psutil.Error, ValueError):
+            return int(process.memory_info().rss)
+        except psutil.Error:
             return None
 
     def node_ids(self) -> list[str]:
@@ -436,7 +436,7 @@ class RayTransport(BaseTransport):
     def _close_actors(self, timeout: float) -> None:
         """Ask each actor to close its envs, wait up to ``timeout``, then kill them all (and
         see that those on this machine have ended)."""
-        close_actors(self._workers, self._pickled.dumps(Close()), timeout, self._pool_node)
+        close_actors(self._workers, self._pickled.dumps(Close()), timeout)
 
 
 def _task_failed(command: Command, exc: RayTaskError) -> Reply:

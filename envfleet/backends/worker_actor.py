@@ -31,7 +31,9 @@ class ActorSlot:
     handle: Any = None
     node: str = ""  # the Ray node it runs on
     pid: int | None = None  # its process
-    process: psutil.Process | None = None  # the same, when it runs on the pool's machine
+    # The same, when it runs on the pool's machine: taken when it started, so that a pid
+    # another process has taken since is never mistaken for it (psutil checks).
+    process: psutil.Process | None = None
     # Ray calls in flight: (result refs, command), oldest first; the refs are the pieces of one
     # result (one ref unless the result travels in pieces).
     refs: deque[tuple[list[Any], Command]] = field(default_factory=deque)
@@ -57,10 +59,10 @@ def message(data: bytes) -> bytes:
     return struct.pack("!i", len(data)) + data
 
 
-def close_actors(slots: list[ActorSlot], close: bytes, timeout: float, here: str | None) -> None:
+def close_actors(slots: list[ActorSlot], close: bytes, timeout: float) -> None:
     """Ask each actor to close its envs (``close``: the pickled :class:`Close` for those on a
     socket), wait up to ``timeout``, kill them all, then wait up to ``timeout`` again for the
-    processes of those on this machine (node ``here``) and end those still there."""
+    processes of those on this machine (:attr:`ActorSlot.process`) and end those still there."""
     closing = []
     for slot in slots:
         if slot.outbox is not None:
@@ -74,7 +76,7 @@ def close_actors(slots: list[ActorSlot], close: bytes, timeout: float, here: str
             pass
     # A socket actor's serve call returns once it has closed its envs (or it died).
     closing += [slot.serving for slot in slots if slot.conn is not None]
-    local = _processes_here(slots, here)
+    local = [slot.process for slot in slots if slot.process is not None]
     try:
         if closing:
             ray.wait(closing, num_returns=len(closing), timeout=timeout)
@@ -87,19 +89,6 @@ def close_actors(slots: list[ActorSlot], close: bytes, timeout: float, here: str
             except Exception:
                 pass
         _bury(local, timeout)
-
-
-def _processes_here(slots: list[ActorSlot], here: str | None) -> list[psutil.Process]:
-    """The processes of the actors on node ``here`` (taken before they are killed, so a reused
-    pid is never mistaken for one of them)."""
-    processes = []
-    for slot in slots:
-        if slot.runs_on(here):
-            try:
-                processes.append(psutil.Process(slot.pid))
-            except psutil.Error:
-                pass  # already gone
-    return processes
 
 
 def _bury(processes: list[psutil.Process], timeout: float) -> None:
