@@ -1,7 +1,7 @@
 """When the process backend's pool polls for replies without sleeping (``SPIN_LIMIT``): for the
 last replies of a wait once fewer workers owe one than there are cores, and at the start of a
-wait whose previous wait was that short, never on one core; otherwise it sleeps in the
-kernel."""
+wait whose previous wait was that short, never on one core nor on a busy machine; otherwise it
+sleeps in the kernel."""
 
 from __future__ import annotations
 
@@ -33,14 +33,18 @@ class _Logged:
         return events
 
 
-def _logged_pool(env_fns: list[Any], cores: int) -> tuple[Any, list[list[tuple[int | None, bool]]]]:
+def _logged_pool(
+    env_fns: list[Any], cores: int, runnable: int = 1
+) -> tuple[Any, list[list[tuple[int | None, bool]]]]:
     """A process pool of ``env_fns`` on one worker each, its polls logged wait by wait, as if
-    the machine had ``cores`` usable cores."""
+    the machine had ``cores`` usable cores and ``runnable`` tasks running or queued for one
+    (1, the default: nothing but the pool itself, as on an idle machine)."""
     pool = envfleet.make(env_fns, backend="process", num_workers=len(env_fns))
     transport = pool._transport
     waits: list[list[tuple[int | None, bool]]] = [[]]
     transport._poller = _Logged(transport._poller, waits)
     transport._cores = cores
+    transport._runnable.count = lambda: runnable
     wait = transport.wait
 
     def logged_wait(*args: Any, **kwargs: Any) -> Any:
@@ -131,5 +135,34 @@ def test_no_spin_while_every_core_has_a_busy_worker(spin_limit: float) -> None:
         pool.step(np.zeros(2, dtype=np.int64))
         polls = [call for wait in waits for call in wait]
         assert polls and all(timeout != 0 for timeout, _ in polls), polls
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("spin_limit", [5.0], indirect=True)
+@pytest.mark.parametrize("runnable", [2, 3, 4, 50])
+def test_no_spin_while_the_machine_has_more_to_run_than_the_pool_and_its_cores(
+    spin_limit: float, runnable: int
+) -> None:
+    """Two fast workers on 2 cores, whose waits would all spin on an idle machine (above): with
+    more tasks running or queued for a core than the pool's own (itself and the workers it
+    waits for) and than the cores, the pool sleeps in the kernel instead, so that it does not
+    hold a core they are queued for. The start of a wait (both workers owing: 3 tasks of the
+    pool's) spins up to 3 tasks, the tail (one owing: 2 tasks, 2 cores) up to 2."""
+    pool, waits = _logged_pool([FaultyEnv, FaultyEnv], cores=2, runnable=runnable)
+    try:
+        pool.reset(seed=0)
+        pool._transport._quick = True  # the previous wait was quick: the start may spin
+        del waits[:]
+        for _ in range(5):
+            waits.append([])
+            pool.step(np.zeros(2, dtype=np.int64))
+        steps = [polls for polls in waits if polls]
+        assert len(steps) >= 5
+        polls = [timeout for step in steps for timeout, _ in step]
+        assert any(timeout == 0 for timeout in polls) == (runnable <= 3), steps
+        if runnable == 3:  # the start spins; a tail, if one comes, sleeps
+            for step in steps:
+                assert step[0][0] == 0, step
     finally:
         pool.close()

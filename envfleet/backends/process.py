@@ -19,10 +19,9 @@ for every pending reply (``want``): it keeps polling, within the pool's bound, u
 all in, so the pool takes them in one go rather than one wake-up per worker.
 
 Waiting blocks in ``poll``/``read`` on both sides, so on a machine with few cores the envs get
-every cycle (docs/benchmarks.md, "Waiting strategy"), except that the pool polls without sleeping
-for up to :data:`SPIN_LIMIT` for the last replies of a wait (once fewer workers owe one than there
-are cores) and for the first when its previous wait was that short (never on one core). A worker
-that dies wakes the parent through its process sentinel (a reply it had half written is dropped);
+every cycle (docs/benchmarks.md, "Waiting strategy"), except for the pool's bounded spins
+(:data:`SPIN_LIMIT`). A worker that dies wakes the parent through its process sentinel (a reply
+it had half written is dropped);
 a worker whose parent dies sees EOF on its command pipe, is killed by the kernel
 (``PR_SET_PDEATHSIG``) or, failing both, is stopped by a watchdog thread.
 
@@ -33,6 +32,7 @@ it) is :class:`~envfleet.backends.worker_process.WorkerProcess`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import multiprocessing
@@ -63,6 +63,7 @@ from envfleet.backends.channel import (
 )
 from envfleet.backends.lifeline import die_with_parent, sigint_held
 from envfleet.backends.rows import Shipping, deliver
+from envfleet.backends.runnable import Runnable
 from envfleet.backends.shm import batch_allocator
 from envfleet.backends.worker_process import WorkerProcess, describe_exit
 from envfleet.buffers import SharedBatch
@@ -73,21 +74,20 @@ from envfleet.protocol import Close, Command, EnvFailure, Reply
 from envfleet.worker import start_group
 
 SPIN_SECONDS = 0.0
-"""How long each side polls without sleeping before it blocks in the kernel.
-
-0 (block at once) measured fastest on 2 cores, where a spinning parent or worker takes the core
-an env needs (docs/benchmarks.md, "Waiting strategy"). Raise it only with more cores than busy
-processes.
-"""
+"""How long each side polls without sleeping before it blocks in the kernel: 0 (block at once)
+measured fastest on 2 cores, where a spinning parent or worker takes the core an env needs
+(docs/benchmarks.md, "Waiting strategy"). Raise it only with more cores than busy processes."""
 
 SPIN_LIMIT = 0.0002
 """The longest the pool polls without sleeping for replies, in two cases only: for the last
 replies of a wait once some are in and fewer workers still owe one than the machine has usable
 cores (the finished workers' cores are idle), and at the start of a wait when its previous wait
-got every reply within this limit (workers that fast lose little to a spin that short; not on one
-core, a node agent's on a 1-CPU node, where it holds the core the workers need). Each saves the
-pool a sleep and a wake-up (tens of µs on a virtual machine) on most sync steps of fast envs;
-slower envs wait in the kernel as before (docs/benchmarks.md, "The fixed cost of a step")."""
+got every reply within this limit (workers that fast lose little to a spin that short). Never on
+one core (a node agent's on a 1-CPU node, where it holds the core the workers need) nor while
+the machine runs or queues more tasks than the pool's and than its cores
+(:class:`~envfleet.backends.runnable.Runnable`: the spin would hold a core others wait for).
+Each saves the pool a sleep and a wake-up (tens of µs on a virtual machine) on most sync steps
+of fast envs (docs/benchmarks.md, "The fixed cost of a step")."""
 
 
 _ONE_PLAIN: list[Reply | None] = [None]
@@ -174,6 +174,7 @@ class ProcessTransport(BaseTransport):
         self._poller = select.poll()
         self._quick = False  # the last wait got every reply within SPIN_LIMIT
         self._cores = cores or len(usable_cpus())  # fewer workers owing one: it may spin
+        self._runnable = Runnable()  # and only while the machine has nothing else to run
         # close() from another thread while wait() polls: a byte on this pipe wakes the poll,
         # which then touches none of the workers' descriptors (close() is closing them).
         self._wake_lock = threading.Lock()
@@ -237,9 +238,8 @@ class ProcessTransport(BaseTransport):
         return watch
 
     def forked(self) -> None:
-        """In a forked child: the workers are the parent's. multiprocessing's exit handler
-        would terminate them as this process's daemonic children (its ``_children`` is
-        inherited through ``os.fork``); they are taken out of it."""
+        """In a forked child: the workers are the parent's, taken out of multiprocessing's
+        ``_children`` (inherited through ``os.fork``), whose exit handler would kill them."""
         children = getattr(multiprocessing.process, "_children", None)
         if isinstance(children, set):
             children.difference_update(slot.proc for slot in self._workers)
@@ -369,8 +369,10 @@ class ProcessTransport(BaseTransport):
         while True:
             events: list[tuple[int, int]] = []
             spin = SPIN_SECONDS
-            if self._cores > 1 and (want - len(replies) < self._cores if replies else self._quick):
-                spin = max(spin, SPIN_LIMIT)  # one core: a spin only delays its workers
+            owing = want - len(replies)
+            idle = owing < self._cores if replies else self._quick  # idle cores, or quick steps
+            if self._cores > 1 and idle and self._runnable.only(1 + owing, self._cores):
+                spin = max(spin, SPIN_LIMIT)  # not on one core, nor on a busy machine
             if spin > 0 and ms != 0:
                 spin_until = time.perf_counter() + spin
                 while not events and time.perf_counter() < spin_until:
@@ -469,11 +471,9 @@ class ProcessTransport(BaseTransport):
                 handles += [slot.sentinel for slot in running]
                 for handle in multiprocessing.connection.wait(handles, min(remaining, 0.1)):
                     if handle in reply_fds:
-                        try:
+                        with contextlib.suppress(OSError):
                             while os.read(handle, 1 << 16):
                                 pass
-                        except OSError:
-                            pass
         finally:
             for slot in workers:
                 slot.stop()
@@ -486,14 +486,13 @@ class ProcessTransport(BaseTransport):
             for fd in self._wake:
                 os.close(fd)
             self._wake = None
+            self._runnable.close()
 
 
 def _retry_eintr(poll: Any, ms: int | None) -> list[tuple[int, int]]:
     while True:
-        try:
+        with contextlib.suppress(InterruptedError):  # pragma: no cover - PEP 475 retries
             return poll(ms)  # type: ignore[no-any-return]
-        except InterruptedError:  # pragma: no cover - PEP 475 retries already
-            continue
 
 
 def open_transport(options: TransportOptions) -> ProcessTransport:
