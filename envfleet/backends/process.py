@@ -371,7 +371,8 @@ class ProcessTransport(BaseTransport):
             spin = SPIN_SECONDS
             owing = want - len(replies)
             idle = owing < self._cores if replies else self._quick  # idle cores, or quick steps
-            if self._cores > 1 and idle and self._runnable.only(1 + owing, self._cores):
+            ours = 1 + len(self._workers)  # the pool and its workers, replying or not
+            if self._cores > 1 and idle and self._runnable.only(ours, self._cores):
                 spin = max(spin, SPIN_LIMIT)  # not on one core, nor on a busy machine
             if spin > 0 and ms != 0:
                 spin_until = time.perf_counter() + spin
