@@ -1,0 +1,132 @@
+"""The process backend's bounded spin on a quiet and on a busy machine: always, gated, never.
+
+One pool of no-op envs (:class:`bench.envs.NoOpEnv`) on 2 workers, and the bare pool beside it,
+stepped in alternating windows in this process, with the pool's spin (``SPIN_LIMIT``) taken
+always (the gate on the machine's runnable tasks bypassed), gated (the default) and never;
+``--busy K`` runs K busy loops (a learner's threads, another pool) for the whole run. Prints
+the median µs per vector step and the pool's CPU per step of each.
+
+Usage::
+
+    python bench/spin.py                   # 2 and 64 envs, quiet
+    python bench/spin.py --busy 2          # beside two busy loops
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+import envfleet
+from bench.envs import NoOpEnv
+from envfleet import benchmark
+from envfleet.backends import process
+
+
+def _busy_loop() -> None:
+    while True:
+        pass
+
+
+@contextmanager
+def busy(loops: int) -> Iterator[None]:
+    """``loops`` processes that never sleep, for the duration."""
+    procs = [multiprocessing.Process(target=_busy_loop, daemon=True) for _ in range(loops)]
+    for proc in procs:
+        proc.start()
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.join()
+
+
+def window(step: Callable[[], object], steps: int) -> tuple[float, float]:
+    """µs per call of ``step`` and this thread's CPU µs per call, over ``steps`` calls."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - wall) / steps * 1e6, (time.thread_time() - cpu) / steps * 1e6
+
+
+def measure(n: int, windows: int, steps: int) -> dict[str, Any]:
+    """Median µs (and CPU µs) per step of each spin mode and of the bare pool, ``n`` envs."""
+    pool = envfleet.make(NoOpEnv, num_envs=n, backend="process", num_workers=2)
+    timing = benchmark.Timing.scaled(1.0, 1)
+    bare = benchmark.bare.BarePool(benchmark.Workload.of(NoOpEnv, n), timing, 2)
+    try:
+        pool.reset(seed=0)
+        actions = np.zeros(n, dtype=np.int64)
+        runnable = pool._transport._runnable
+        gated = runnable.only
+        modes: dict[str, tuple[float, Callable[[int, int], bool], Callable[[], object]]] = {
+            "always": (process.SPIN_LIMIT, lambda tasks, cores: True, lambda: pool.step(actions)),
+            "gated": (process.SPIN_LIMIT, gated, lambda: pool.step(actions)),
+            "never": (0.0, gated, lambda: pool.step(actions)),
+            "bare-pool": (0.0, gated, bare.step),
+        }
+        limit = process.SPIN_LIMIT
+        got: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
+        try:
+            for _ in range(windows):
+                for mode, (spin, gate, step) in modes.items():
+                    process.SPIN_LIMIT, runnable.only = spin, gate
+                    got[mode].append(window(step, steps))
+        finally:
+            process.SPIN_LIMIT, runnable.only = limit, gated
+    finally:
+        pool.close()
+        bare.close()
+    return {
+        mode: {
+            "us": statistics.median(us for us, _ in runs),
+            "cpu_us": statistics.median(cpu for _, cpu in runs),
+            "windows": [round(us, 1) for us, _ in runs],
+        }
+        for mode, runs in got.items()
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument(
+        "--num-envs", type=lambda v: [int(n) for n in v.split(",")], default=[2, 64]
+    )
+    parser.add_argument("--busy", type=int, default=0, help="busy loops beside the run")
+    parser.add_argument("--windows", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=3000, help="steps per window")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 window of 300 steps")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.windows, args.steps = 1, 300
+    print(f"load average {os.getloadavg()[0]:.2f}, {args.busy} busy loops")
+    with busy(args.busy):
+        for n in args.num_envs:
+            rows = measure(n, args.windows, args.steps)
+            print(
+                f"no-op x {n}: "
+                + "; ".join(
+                    f"{mode} {row['us']:.1f} us (CPU {row['cpu_us']:.1f})"
+                    for mode, row in rows.items()
+                )
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
