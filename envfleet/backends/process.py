@@ -21,9 +21,8 @@ all in, so the pool takes them in one go rather than one wake-up per worker.
 Waiting blocks in ``poll``/``read`` on both sides, so on a machine with few cores the envs get
 every cycle (docs/benchmarks.md, "Waiting strategy"), except for the pool's bounded spins
 (:data:`SPIN_LIMIT`). A worker that dies wakes the parent through its process sentinel (a reply
-it had half written is dropped);
-a worker whose parent dies sees EOF on its command pipe, is killed by the kernel
-(``PR_SET_PDEATHSIG``) or, failing both, is stopped by a watchdog thread.
+it had half written is dropped); a worker whose parent dies sees EOF on its command pipe, is
+killed by the kernel (``PR_SET_PDEATHSIG``) or, failing both, is stopped by a watchdog thread.
 
 This module is the transport (submit, wait, restart, close over all the workers) and what runs
 in a worker; the pool's handle on one worker process (start it, read its replies, bury or stop
