@@ -66,7 +66,7 @@ class NodeLink:
     )  # the rows of a plain answer, by the commands it answers (the same objects each step)
     why: str = ""  # why it was lost
     spawned: tuple[dict[int, int], bool] = ({}, False)  # the restarts and affinity it got
-    killing: dict[int, float] = field(default_factory=dict)  # local worker: agent's deadline
+    killing: dict[int, tuple[float, float]] = field(default_factory=dict)  # deadline, grace
     rebuilt: dict[int, dict[int, int]] = field(default_factory=dict)  # by a new agent
     messages: int = 0  # sent to it
     answers: int = 0  # received from it
@@ -74,6 +74,7 @@ class NodeLink:
     bytes_out: int = 0
     seconds: float = 0.0  # message out to its answer in, summed
     sent_at: float = 0.0
+    heard_at: float = 0.0  # its last message in (``time.perf_counter``)
     memory: list[int | None] = field(default_factory=list)  # per local worker, as last reported
     measuring: bool = False  # asked for its workers' memory, not answered yet
 
@@ -189,12 +190,13 @@ class NodeLink:
         that travel as columns into ``batch.infos``, and each env restarted is counted in
         ``restarts``. An answer to :data:`~.node_wire.MEMORY` carries none: its figures go to
         :attr:`memory`."""
+        self.heard_at = now = time.perf_counter()
         if data[:1] == wire.MEMORY:
             self.memory, self.measuring = wire.read_memory(data), False
             return []
         self.answers += 1
         self.bytes_in += len(data)
-        self.seconds += time.perf_counter() - self.sent_at
+        self.seconds += now - self.sent_at
         tag = data[:1]
         workers = self.workers
         if tag == wire.PLAIN or tag == wire.INFOS:

@@ -53,21 +53,19 @@ from envfleet.backends.node_frames import Frames, Message, send
 from envfleet.backends.node_link import NodeLink, connect_agent
 from envfleet.backends.node_placement import choose_nodes, place
 from envfleet.backends.ray_options import RayOptions
-from envfleet.backends.ray_session import (
-    START_ATTEMPTS,
-    await_start,
-    connect,
-    disconnect,
-    forked,
-)
+from envfleet.backends.ray_session import START_ATTEMPTS, await_start, connect, disconnect, forked
 from envfleet.buffers import Batch, ObjectRows
 from envfleet.errors import EnvTimeoutError
 from envfleet.protocol import Command
 from envfleet.stats import NodeStats
 
 KILL_GRACE = 2.0
-"""Seconds an agent has to report lost a worker the pool asked it to kill, before the pool
-kills the agent itself (it does not answer: stopped, or its node is gone)."""
+"""Seconds an agent has to report lost a worker the pool asked it to kill before the pool kills
+the agent itself (stopped, or its node gone); :data:`SILENT_GRACE` once it has said nothing for
+:data:`SILENT` seconds: a live agent answers its other workers within ``HOLD_LIMIT`` (50 ms) of
+a round, so it is stopped, or every worker of its node hangs (its envs are lost either way)."""
+
+SILENT, SILENT_GRACE = 0.5, 1.0
 
 
 class NodeTransport(BaseTransport):
@@ -384,15 +382,17 @@ class NodeTransport(BaseTransport):
         except OSError:
             self._lose(node, "its connection broke")
             return
-        node.killing.setdefault(local, time.monotonic() + KILL_GRACE)
+        silent = time.perf_counter() - node.heard_at >= SILENT
+        grace = SILENT_GRACE if silent else KILL_GRACE
+        node.killing.setdefault(local, (time.monotonic() + grace, grace))
 
     def _check_kills(self, node: NodeLink, replies: Replies) -> None:
         """Forget the kills the agent reported; kill the agent past the grace of one."""
         reported = {w for w, r in replies if isinstance(r, WorkerLost)}
         for local in [k for k in node.killing if node.workers[k] in reported]:
             del node.killing[local]
-        if node.killing and time.monotonic() > min(node.killing.values()):
-            self._lose(node, f"killed: it did not stop a hung worker within {KILL_GRACE:g}s")
+        if node.killing and time.monotonic() > (due := min(node.killing.values()))[0]:
+            self._lose(node, f"killed: it did not stop a hung worker within {due[1]:g}s")
 
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
         node, local = self._where[worker]
