@@ -111,6 +111,8 @@ COLUMNS = 2
 length, then :data:`_COLUMNS_HEAD` (how many env ids the reply names, how many the columns name,
 0 when the same ones, the layout's length), the env ids as 4-byte unsigned ints, the layout
 and the records (:data:`~envfleet.infos.Columns`)."""
+READ_SIZE = 1 << 16
+"""Bytes :meth:`FrameReader.read` asks of a pipe at a time (a shorter read: it is empty)."""
 _COLUMNS_HEAD = struct.Struct("<III")
 _LENGTH = struct.Struct("<Q")
 _HEADER = 1 + _LENGTH.size
@@ -280,6 +282,24 @@ class FrameReader:
     def partial(self) -> bool:
         """Part of a reply has arrived, not all of it."""
         return bool(self._buffer)
+
+    def read(self, fd: int, out: list[Reply | None]) -> bool:
+        """Read what the non-blocking ``fd`` holds and :meth:`feed` it; False at EOF."""
+        while True:
+            try:
+                data = os.read(fd, READ_SIZE)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if data == _PLAIN_BYTES and not self._buffer:  # the hot path: one plain reply
+                out.append(None)
+                return True
+            if not data:
+                return False
+            self.feed(data, out)
+            if len(data) < READ_SIZE:
+                return True
 
     def feed(self, data: bytes, out: list[Reply | None]) -> None:
         """Take ``data`` in; append each reply it completes to ``out`` (``None``: plain)."""

@@ -320,6 +320,15 @@ class ProcessTransport(BaseTransport):
         """Pickle ``command`` now (kept for :meth:`submit`): what cannot travel fails here."""
         self._pickled.dumps(command)
 
+    def submit_all(self, commands: Sequence[Command]) -> None:
+        workers = self._workers
+        for worker, command in enumerate(commands):  # the whole-pool step: repeats, mostly
+            slot = workers[worker]
+            if command is slot.last:
+                slot.outbox.send(REPEAT_BYTES)
+            else:
+                self.submit(worker, command)
+
     def submit(self, worker: int, command: Command) -> None:
         slot = self._workers[worker]
         if command is slot.last:
@@ -367,34 +376,29 @@ class ProcessTransport(BaseTransport):
         ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
         while True:
             events: list[tuple[int, int]] = []
-            spin = SPIN_SECONDS
-            owing = want - len(replies)
-            idle = owing < self._cores if replies else self._quick  # idle cores, or quick steps
-            ours = 1 + len(self._workers)  # the pool and its workers, replying or not
-            if self._cores > 1 and idle and self._runnable.only(ours, self._cores):
-                spin = max(spin, SPIN_LIMIT)  # not on one core, nor on a busy machine
+            spin, cores = SPIN_SECONDS, self._cores
+            idle = want - len(replies) < cores if replies else self._quick  # or quick steps
+            if spin < SPIN_LIMIT and idle and cores > 1:  # not on one core, nor a busy machine
+                spin = SPIN_LIMIT if self._runnable.only(1 + len(self._workers), cores) else spin
             if spin > 0 and ms != 0:
                 spin_until = time.perf_counter() + spin
                 while not events and time.perf_counter() < spin_until:
                     events = poll(0)
             if not events:
-                events = _retry_eintr(poll, ms)
+                try:
+                    events = poll(ms)
+                except InterruptedError:  # pragma: no cover - PEP 475 retries
+                    continue
             if self._closed:  # by another thread: its descriptors are no longer ours to read
                 return replies
             if events:
-                start = len(replies)
-                ready = {fd for fd, _ in events}
+                ready = dict(events)  # fd -> its events: what is ready, looked up by fd
                 if self._writing:  # commands wait for room in their pipes
                     for w in list(self._writing):
                         if self._workers[w].command_fd in ready:
                             self._workers[w].outbox.flush()
-                if self._take_events(ready, replies):
-                    return replies  # a worker was lost: the pool sees to it first
-                for _, reply in replies[start:]:
-                    if reply is not None and reply.failures:  # type: ignore[union-attr]
-                        return replies  # a failure is raised at once, not after the rest
-                if self._watched in ready:
-                    return replies
+                if self._take_events(ready, replies) or self._watched in ready:
+                    return replies  # a worker lost or a failure: the pool sees to it at once
             if len(replies) >= want or timeout == 0:
                 return replies
             if deadline is not None:
@@ -404,10 +408,11 @@ class ProcessTransport(BaseTransport):
                 ms = math.ceil(left * 1000)
 
     def _take_events(
-        self, ready: set[int], replies: list[tuple[int, Reply | WorkerLost | None]]
+        self, ready: dict[int, int], replies: list[tuple[int, Reply | WorkerLost | None]]
     ) -> bool:
-        """Read the replies of the workers ``ready`` names; True if one of them is lost."""
-        lost = False
+        """Read the replies of the workers ``ready`` names; True if one of them is lost or
+        reports a failure (raised at once, not after the other replies)."""
+        stop = False
         got: list[Reply | None] = []
         for w, slot in enumerate(self._workers):
             if not slot.alive:
@@ -421,9 +426,11 @@ class ProcessTransport(BaseTransport):
                     got.clear()
                 elif got:
                     for reply in got:
-                        if reply is not None and reply.rows is not None:  # into the batch
-                            deliver(self.batch, self._options.observation_space, reply)
-                            self._spoil()
+                        if reply is not None:
+                            if reply.rows is not None:  # into the batch
+                                deliver(self.batch, self._options.observation_space, reply)
+                                self._spoil()
+                            stop = stop or bool(reply.failures)
                     replies.extend([(w, reply) for reply in got])
                     got.clear()
             if died:
@@ -433,9 +440,9 @@ class ProcessTransport(BaseTransport):
                 self._poller.unregister(slot.reply_fd)
                 self._poller.unregister(slot.sentinel)
                 replies.append((w, gone))
-                lost = True
+                stop = True
                 self._spoil()
-        return lost
+        return stop
 
     def close(self, timeout: float) -> None:
         with self._wake_lock:
@@ -443,10 +450,8 @@ class ProcessTransport(BaseTransport):
                 return
             self._closed = True
             if self._waiting:  # another thread polls: wake it (it closes the pipe when done)
-                try:
+                with contextlib.suppress(OSError):
                     os.write(self._wake[1], b"\0")  # type: ignore[index]
-                except OSError:
-                    pass
             else:
                 self._close_wake()
         workers = self._workers
@@ -487,12 +492,6 @@ class ProcessTransport(BaseTransport):
                 os.close(fd)
             self._wake = None
             self._runnable.close()
-
-
-def _retry_eintr(poll: Any, ms: int | None) -> list[tuple[int, int]]:
-    while True:
-        with contextlib.suppress(InterruptedError):  # pragma: no cover - PEP 475 retries
-            return poll(ms)  # type: ignore[no-any-return]
 
 
 def open_transport(options: TransportOptions) -> ProcessTransport:

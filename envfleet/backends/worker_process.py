@@ -11,6 +11,7 @@ the process and how the pool waits on many of them together is
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 from collections.abc import Callable
@@ -24,9 +25,6 @@ from envfleet.backends.channel import FrameReader
 from envfleet.backends.outbox import Outbox
 from envfleet.infos import Columns
 from envfleet.protocol import Command, Reply
-
-READ_SIZE = 1 << 16
-"""Bytes asked of a reply pipe per read (a shorter read means the pipe is empty)."""
 
 
 @dataclass(eq=False)
@@ -88,25 +86,13 @@ class WorkerProcess:
             command_fd,
             reply_r.fileno(),
             proc.sentinel,
-            Outbox(lambda data: os.write(command_fd, data), watcher(command_fd)),
+            Outbox(functools.partial(os.write, command_fd), watcher(command_fd)),
             FrameReader(infos),
         )
 
     def read(self, out: list[Reply | None]) -> bool:
         """Read what the reply pipe holds into ``out``; False at EOF (the worker is gone)."""
-        fd, reader = self.reply_fd, self.reader
-        while True:
-            try:
-                data = os.read(fd, READ_SIZE)
-            except BlockingIOError:
-                return True
-            except OSError:
-                return False
-            if not data:
-                return False
-            reader.feed(data, out)
-            if len(data) < READ_SIZE:
-                return True
+        return self.reader.read(self.reply_fd, out)
 
     def bury(self, out: list[Reply | None]) -> WorkerLost:
         """The worker is gone (or going): reap its process, read into ``out`` what it sent
