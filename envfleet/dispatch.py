@@ -30,7 +30,7 @@ from envfleet.ledger import Ledger
 from envfleet.protocol import Call, Command, Reply, Reset, Sample, SetAttr, Step
 from envfleet.recovery import Recovery
 
-_reply_of = operator.itemgetter(1)  # of a (worker, reply) pair
+_worker_of, _reply_of = operator.itemgetter(0), operator.itemgetter(1)  # of (worker, reply)
 
 
 class Dispatch:
@@ -109,15 +109,14 @@ class Dispatch:
                 ]
             )
             return
-        step_all = self._ledger.step_all
-        if self._ledger.sent_all():
-            spares = self._transport.spares
-            if spare and spares is not None:
-                spares.arm()
-            self._transport.submit_all(step_all)
+        ledger, transport = self._ledger, self._transport
+        if ledger.sent_all():
+            if spare and transport.spares is not None:
+                transport.spares.arm()
+            transport.submit_all(ledger.step_all)
             return
-        submit = self._transport.submit
-        for worker, command in enumerate(step_all):
+        submit = transport.submit
+        for worker, command in enumerate(ledger.step_all):
             submit(worker, command)
 
     def submit_many(self, commands: Sequence[tuple[int, Command]], pickles: bool = False) -> None:
@@ -136,8 +135,8 @@ class Dispatch:
         """Wait until every env of ``env_ids`` is ready and take them out of the FIFO."""
         ledger = self._ledger
         if len(env_ids) == self._num_envs:
-            while ledger.in_flight:
-                self.pump(block=True, want=ledger.replies_owed(), collecting=True)
+            while ledger.in_flight:  # block, for every reply owed, collecting
+                self.pump(True, ledger.replies_owed(), True)
         else:
             while ledger.any_in_flight(env_ids):
                 self.pump(block=True)
@@ -199,11 +198,11 @@ class Dispatch:
             and len(replies) == ledger.num_workers
             and not any(map(_reply_of, replies))  # all plain (a reply or a loss is truthy)
         ):
-            ledger.took_all_plain([worker for worker, _ in replies], collected=collecting)
-            replies = []
-        for worker, reply in replies:
-            error = recovery.take(worker, reply)
-            first = first or error
+            ledger.took_all_plain(map(_worker_of, replies), collecting)
+        else:
+            for worker, reply in replies:
+                error = recovery.take(worker, reply)
+                first = first or error
         if recovery.step_timeout is not None:
             recovery.kill_hung()
         if first is not None:

@@ -210,7 +210,7 @@ class Ledger:
                 pending[worker].append(command)
             return False
         self.all_out = now
-        self.busy_since = [now] * len(pending)
+        self.busy_since = [now] * self.num_workers
         self._stats.busy_all(now)
         for queue, command in zip(pending, self.step_all, strict=True):
             queue.append(command)
@@ -218,7 +218,7 @@ class Ledger:
 
     # -- what comes back -----------------------------------------------------------------------
 
-    def took_all_plain(self, workers: list[int], collected: bool = False) -> None:
+    def took_all_plain(self, workers: Iterable[int], collected: bool = False) -> None:
         """Every worker answered its part of a whole-pool step with nothing to report.
 
         Each worker had exactly that one command pending (:attr:`all_out`), and as many
@@ -231,7 +231,7 @@ class Ledger:
         now = time.monotonic()
         for queue in self.pending:
             queue.popleft()
-        self.busy_since = [now] * len(self.pending)
+        self.busy_since = [now] * self.num_workers
         self._stats.replied_all(started, now)
         self.in_flight -= self.num_envs
         if collected:
