@@ -62,7 +62,7 @@ from envfleet.results import ResultReader, Results
 from envfleet.rollouts import PoolRollouts
 from envfleet.stats import PoolStats, StatsRecorder, node_layout
 from envfleet.validation import (
-    check_actions,
+    ActionCheck,
     check_attr_values,
     check_close_timeout,
     check_env_ids,
@@ -147,6 +147,7 @@ class Pool(GymnasiumAsync, PoolRollouts, VectorEnv):  # type: ignore[misc]
         self._assignment = ledger.assignment
         self._worker_of = ledger.worker_of
         self._all_ids = ledger.all_ids
+        self._check_actions = ActionCheck(action_space, self.num_envs)
         self._actions = ActionWriter(
             action_space, self._batch.actions, self._all_ids, self._worker_of, len(assignment)
         )
@@ -394,8 +395,7 @@ class Pool(GymnasiumAsync, PoolRollouts, VectorEnv):  # type: ignore[misc]
                 f"envs {done} ended their episode and autoreset_mode is DISABLED: reset them "
                 "first (reset(options={'reset_mask': mask}) or async_reset(env_id=...))"
             )
-        space = self.single_action_space
-        actions = check_actions(space, actions, env_ids, check_membership=self.check_actions)
+        actions = self._check_actions(actions, env_ids, self.check_actions)
         if self._recovery.worker_memory_limit is not None:
             self._dispatch.recycle_over_limit()
         self._dispatch.submit_step(env_ids, self._actions.write(actions, env_ids), spare)

@@ -91,6 +91,34 @@ def check_actions(
     return _check_items(space, actions, env_ids, check_membership)
 
 
+class ActionCheck:
+    """:func:`check_actions` for one pool's action space, with the shape of a batch of every
+    env worked out once: the sync step's check of a flat space is then one comparison (any
+    other batch, and every refusal, goes through :func:`check_actions`).
+
+    Args:
+        space: the single action space.
+        num_envs: envs of the pool.
+    """
+
+    def __init__(self, space: spaces.Space[Any], num_envs: int) -> None:
+        self._space = space
+        self._shape: tuple[int, ...] | None = None
+        if isinstance(space, _FLAT_SPACES) and space.shape is not None:
+            self._shape = (num_envs, *space.shape)
+
+    def __call__(self, actions: Any, env_ids: np.ndarray, check_membership: bool) -> Any:
+        """``check_actions(space, actions, env_ids, check_membership=check_membership)``."""
+        shape = self._shape
+        if shape is not None and len(env_ids) == shape[0]:
+            arr = actions if isinstance(actions, np.ndarray) else np.asarray(actions)
+            if arr.shape == shape:
+                if check_membership:
+                    _check_members(self._space, arr, env_ids)
+                return arr
+        return check_actions(self._space, actions, env_ids, check_membership=check_membership)
+
+
 def _check_members(space: spaces.Space[Any], arr: np.ndarray, env_ids: np.ndarray) -> None:
     """``check_actions=True``: refuse actions detectably outside ``space`` (Box bounds aside)."""
     count = len(env_ids)
