@@ -64,8 +64,7 @@ class ResultReader:
             terminations = batch.terminations.copy()
             truncations = batch.truncations.copy()
             rewards = batch.rewards.copy()
-            done = terminations | truncations
-            self._ended[:] = done
+            done = np.bitwise_or(terminations, truncations, self._ended)  # into _ended
         else:
             rows = env_ids
             terminations = batch.terminations[env_ids]
@@ -112,11 +111,12 @@ class ResultReader:
         """The infos of ``env_ids`` merged Gymnasium's way, each at its position in a batch of
         ``size`` (``positions`` ``None``: in order from 0): the dicts the ledger holds and the
         columns the transport delivered into the batch (``whole``: every env, in order)."""
+        table = self._batch.infos
+        if not table.pending and not self._ledger.infos:  # the common case: no env has any
+            return {}
         places = range(len(env_ids)) if positions is None else positions
         pairs = self._ledger.take_infos(env_ids, places)
-        table = self._batch.infos
         if table.pending:
             return table.take(env_ids, positions, size, pairs, whole)
-        if pairs is None:  # the common case: no env had anything to say
-            return {}
+        assert pairs is not None  # the ledger holds infos: else nothing was pending (above)
         return merge_infos(pairs, size)
