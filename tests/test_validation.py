@@ -497,3 +497,55 @@ def test_a_start_timeout_says_what_a_worker_start_costs() -> None:
     message = str(raised.value)
     assert "building one env" in message and "a worker builds up to 2" in message, message
     assert "the spaces' bounds hold 16.8 MB" in message, message
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        spaces.Discrete(3),
+        spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32),
+        spaces.MultiDiscrete([2, 3]),
+        spaces.MultiBinary(2),
+        spaces.Dict({"a": spaces.Discrete(2)}),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("membership", [False, True])
+def test_the_pools_action_check_is_check_actions(
+    space: spaces.Space[Any], membership: bool
+) -> None:
+    """ActionCheck (the shape of a batch of every env worked out once) accepts, returns and
+    refuses exactly what check_actions does, with the same exception and message."""
+    n = 3
+    check = envfleet.validation.ActionCheck(space, n)
+    rng = np.random.default_rng(0)
+    batches: list[Any] = (
+        [np.stack([space.sample() for _ in range(n)])]
+        if not isinstance(space, spaces.Dict)
+        else [{"a": np.array([0, 1, 1])}]
+    )
+    batches += [
+        [0] * n,
+        np.full((n, 2), 7),  # outside most spaces (checked with membership only)
+        np.full((n, 5), 0),
+        np.full(n, 9, dtype=np.int64),
+        np.zeros(n - 1, dtype=np.int64),
+        5,
+        rng.normal(size=(n, 2)),
+        "abc",
+        {"a": np.array([0, 5, 1])},
+    ]
+    for ids in (np.arange(n), np.array([0, 2])):
+        for actions in batches:
+            try:
+                expected = envfleet.validation.check_actions(
+                    space, actions, ids, check_membership=membership
+                )
+            except Exception as exc:
+                with pytest.raises(type(exc), match=re.escape(str(exc))):
+                    check(actions, ids, membership)
+            else:
+                got = check(actions, ids, membership)
+                assert type(got) is type(expected)
+                if isinstance(expected, np.ndarray):
+                    assert got.dtype == expected.dtype and np.array_equal(got, expected)
