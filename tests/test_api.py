@@ -447,9 +447,11 @@ def test_copy_false_async_batches_of_one_worker_are_views(where: str) -> None:
         got: dict[int, list[bytes]] = {i: [] for i in range(n)}
         for pool, record, is_view in ((copies, expected, False), (views, got, True)):
             pool.async_reset()
-            # Until every env has two results: which worker answers first is the scheduler's
-            # choice, and on a busy machine one worker may win many times in a row.
-            for _ in range(400):
+            # Until every env has two results. Which worker answers first is the scheduler's
+            # choice (on a busy machine one may win many times in a row), so a block that is
+            # ahead waits for the other's next batch before it is sent again.
+            held = None
+            for _ in range(40):
                 if min(len(record[i]) for i in range(n)) >= 2:
                     break
                 obs, _, _, _, infos = pool.recv()
@@ -458,7 +460,13 @@ def test_copy_false_async_batches_of_one_worker_are_views(where: str) -> None:
                 assert np.shares_memory(obs, pool._batch.observations) is is_view
                 for k, i in enumerate(ids.tolist()):
                     record[i].append(obs[k].tobytes())
-                pool.send(np.ones(3, dtype=np.int64), ids)
+                if held is not None:
+                    pool.send(np.ones(3, dtype=np.int64), held)
+                    held = None
+                if len(record[ids[0]]) > len(record[(ids[0] + 3) % n]):
+                    held = ids  # ahead: the other block is in flight, its batch comes next
+                else:
+                    pool.send(np.ones(3, dtype=np.int64), ids)
         for i in range(n):  # each env's own sequence (workers may interleave differently)
             steps = min(len(expected[i]), len(got[i]))
             assert steps >= 2 and expected[i][:steps] == got[i][:steps], i
