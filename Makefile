@@ -25,7 +25,7 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 # The documentation site (MkDocs, Material, mkdocstrings): site/. --strict turns a broken link or
 # an unreadable docstring into an error. tests/test_docs.py builds it too, under `make test`.

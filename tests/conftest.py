@@ -13,6 +13,7 @@ import multiprocessing.resource_tracker
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -46,6 +47,30 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "pool_config" in metafunc.fixturenames:
         ids = [b if w is None else f"{b}-w{w}" for b, w in POOL_CONFIGS]
         metafunc.parametrize("pool_config", POOL_CONFIGS, ids=ids)
+
+
+RAY_MODULES = frozenset(
+    {"test_ray.py", "test_ray_nodes.py", "test_ray_cluster.py", "test_fault_matrix_ray.py"}
+)
+"""Modules that run a Ray (or a cluster of several nodes) in pytest's process for the module."""
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (``make test`` runs two workers)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """How ``pytest -n`` hands tests to its workers: the Ray modules go whole to one worker, one
+    after another, so each starts its Ray (or cluster) once, its first test still runs before
+    that Ray starts, and no two Rays run at once (test_ray_nodes took 2.6 times as long beside
+    test_ray on the other worker); every other test goes alone to whichever worker is free."""
+    if config.getvalue("dist") != "load":  # a --dist of the caller's choice: xdist's own
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RayModulesWhole(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "ray" if module.rpartition("/")[2] in RAY_MODULES else nodeid
+
+    return RayModulesWhole(config, log)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
