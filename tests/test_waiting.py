@@ -55,6 +55,19 @@ def _logged_pool(
     return pool, waits
 
 
+def _five_steps(
+    pool: Any, waits: list[list[tuple[int | None, bool]]]
+) -> tuple[list[list[tuple[int | None, bool]]], list[int | None]]:
+    """Five sync steps of two envs: each step's polls, and every poll's timeout."""
+    del waits[:]
+    for _ in range(5):
+        waits.append([])
+        pool.step(np.zeros(2, dtype=np.int64))
+    steps = [polls for polls in waits if polls]
+    assert len(steps) >= 5
+    return steps, [timeout for step in steps for timeout, _ in step]
+
+
 @pytest.fixture
 def spin_limit(request: pytest.FixtureRequest) -> Iterator[float]:
     """``process.SPIN_LIMIT`` set to the test's parameter for its duration."""
@@ -106,13 +119,7 @@ def test_fast_envs_are_waited_for_without_sleeping_unless_on_one_core(
     try:
         pool.reset(seed=0)
         pool.step(np.zeros(2, dtype=np.int64))
-        del waits[:]
-        for _ in range(5):
-            waits.append([])
-            pool.step(np.zeros(2, dtype=np.int64))
-        steps = [polls for polls in waits if polls]
-        assert len(steps) >= 5
-        polls = [timeout for step in steps for timeout, _ in step]
+        steps, polls = _five_steps(pool, waits)
         assert all((timeout == 0) == (cores > 1) for timeout in polls), steps
     finally:
         pool.close()
@@ -153,13 +160,7 @@ def test_no_spin_while_the_machine_has_more_to_run_than_the_pool_and_its_cores(
     try:
         pool.reset(seed=0)
         pool._transport._quick = True  # the previous wait was quick: the start may spin
-        del waits[:]
-        for _ in range(5):
-            waits.append([])
-            pool.step(np.zeros(2, dtype=np.int64))
-        steps = [polls for polls in waits if polls]
-        assert len(steps) >= 5
-        polls = [timeout for step in steps for timeout, _ in step]
+        steps, polls = _five_steps(pool, waits)
         if runnable <= 3:
             assert all(timeout == 0 for timeout in polls), steps
         else:
