@@ -320,15 +320,6 @@ class ProcessTransport(BaseTransport):
         """Pickle ``command`` now (kept for :meth:`submit`): what cannot travel fails here."""
         self._pickled.dumps(command)
 
-    def submit_all(self, commands: Sequence[Command]) -> None:
-        workers = self._workers
-        for worker, command in enumerate(commands):  # the whole-pool step: repeats, mostly
-            slot = workers[worker]
-            if command is slot.last:
-                slot.outbox.send(REPEAT_BYTES)
-            else:
-                self.submit(worker, command)
-
     def submit(self, worker: int, command: Command) -> None:
         slot = self._workers[worker]
         if command is slot.last:
@@ -378,8 +369,8 @@ class ProcessTransport(BaseTransport):
             events: list[tuple[int, int]] = []
             spin, cores = SPIN_SECONDS, self._cores
             idle = want - len(replies) < cores if replies else self._quick  # or quick steps
-            if spin < SPIN_LIMIT and idle and cores > 1:  # not on one core, nor a busy machine
-                spin = SPIN_LIMIT if self._runnable.only(1 + len(self._workers), cores) else spin
+            if cores > 1 and idle and self._runnable.only(1 + len(self._workers), cores):
+                spin = max(spin, SPIN_LIMIT)  # not on one core, nor on a busy machine
             if spin > 0 and ms != 0:
                 spin_until = time.perf_counter() + spin
                 while not events and time.perf_counter() < spin_until:
@@ -419,7 +410,7 @@ class ProcessTransport(BaseTransport):
                 continue
             died = slot.sentinel in ready
             if slot.reply_fd in ready or died:  # replies it sent before dying come first
-                if not slot.reader.read(slot.reply_fd, got):  # slot.read(got), one call less
+                if not slot.read(got):
                     died = True
                 if got == _ONE_PLAIN:  # the hot path: one reply, nothing to report
                     replies.append((w, None))
