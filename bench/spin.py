@@ -1,15 +1,17 @@
 """The process backend's bounded spin on a quiet and on a busy machine: always, gated, never.
 
-One pool of no-op envs (:class:`bench.envs.NoOpEnv`) on 2 workers, and the bare pool beside it,
-stepped in alternating windows in this process, with the pool's spin (``SPIN_LIMIT``) taken
-always (the gate on the machine's runnable tasks bypassed), gated (the default) and never;
-``--busy K`` runs K busy loops (a learner's threads, another pool) for the whole run. Prints
-the median µs per vector step and the pool's CPU per step of each.
+One pool of no-op envs (:class:`bench.envs.NoOpEnv`, or CartPole with ``--env cartpole``) on 2
+workers, and the bare pool beside it, stepped in alternating windows in this process, with the
+pool's spin (``SPIN_LIMIT``) taken always (the gate on the machine's runnable tasks bypassed),
+gated (the default), gated without yielding the core between polls (``SPIN_YIELDS`` off: a
+plain spin) and never; ``--busy K`` runs K busy loops (a learner's threads, another pool) for
+the whole run. Prints the median µs per vector step and the pool's CPU per step of each.
 
 Usage::
 
     python bench/spin.py                   # 2 and 64 envs, quiet
     python bench/spin.py --busy 2          # beside two busy loops
+    python bench/spin.py --env cartpole --num-envs 64
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
+import itertools
 import multiprocessing
 import os
 import statistics
@@ -64,31 +67,41 @@ def window(step: Callable[[], object], steps: int) -> tuple[float, float]:
     return (time.perf_counter() - wall) / steps * 1e6, (time.thread_time() - cpu) / steps * 1e6
 
 
-def measure(n: int, windows: int, steps: int) -> dict[str, Any]:
+ENVS: dict[str, Any] = {"noop": NoOpEnv, "cartpole": "CartPole-v1"}
+
+
+def measure(env: Any, n: int, windows: int, steps: int) -> dict[str, Any]:
     """Median µs (and CPU µs) per step of each spin mode and of the bare pool, ``n`` envs."""
-    pool = envfleet.make(NoOpEnv, num_envs=n, backend="process", num_workers=2)
+    pool = envfleet.make(env, num_envs=n, backend="process", num_workers=2)
     timing = benchmark.Timing.scaled(1.0, 1)
-    bare = benchmark.bare.BarePool(benchmark.Workload.of(NoOpEnv, n), timing, 2)
+    bare = benchmark.bare.BarePool(benchmark.Workload.of(env, n), timing, 2)
     try:
         pool.reset(seed=0)
-        actions = np.zeros(n, dtype=np.int64)
+        batches = np.random.default_rng(0).integers(0, 2, (64, n))
+        actions = iter(itertools.cycle(batches))
+
+        def step() -> None:
+            pool.step(next(actions))
+
         runnable = pool._transport._runnable
-        gated = runnable.only
-        modes: dict[str, tuple[float, Callable[[int, int], bool], Callable[[], object]]] = {
-            "always": (process.SPIN_LIMIT, lambda tasks, cores: True, lambda: pool.step(actions)),
-            "gated": (process.SPIN_LIMIT, gated, lambda: pool.step(actions)),
-            "never": (0.0, gated, lambda: pool.step(actions)),
-            "bare-pool": (0.0, gated, bare.step),
+        gated, always = runnable.only, lambda tasks, cores: True
+        limit, yields = process.SPIN_LIMIT, process.SPIN_YIELDS_AFTER
+        modes: dict[str, tuple[float, float, Callable[[int, int], bool], Callable[[], object]]] = {
+            "always": (limit, yields, always, step),
+            "gated": (limit, yields, gated, step),
+            "no-yield": (limit, 1.0, gated, step),
+            "never": (0.0, yields, gated, step),
+            "bare-pool": (0.0, yields, gated, bare.step),
         }
-        limit = process.SPIN_LIMIT
         got: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
         try:
             for _ in range(windows):
-                for mode, (spin, gate, step) in modes.items():
-                    process.SPIN_LIMIT, runnable.only = spin, gate
-                    got[mode].append(window(step, steps))
+                for mode, (spin, plain, gate, call) in modes.items():
+                    process.SPIN_LIMIT, process.SPIN_YIELDS_AFTER = spin, plain
+                    runnable.only = gate
+                    got[mode].append(window(call, steps))
         finally:
-            process.SPIN_LIMIT, runnable.only = limit, gated
+            process.SPIN_LIMIT, process.SPIN_YIELDS_AFTER, runnable.only = limit, yields, gated
     finally:
         pool.close()
         bare.close()
@@ -107,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--num-envs", type=lambda v: [int(n) for n in v.split(",")], default=[2, 64]
     )
+    parser.add_argument("--env", choices=sorted(ENVS), default="noop")
     parser.add_argument("--busy", type=int, default=0, help="busy loops beside the run")
     parser.add_argument("--windows", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3000, help="steps per window")
@@ -117,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average {os.getloadavg()[0]:.2f}, {args.busy} busy loops")
     with busy(args.busy):
         for n in args.num_envs:
-            rows = measure(n, args.windows, args.steps)
+            rows = measure(ENVS[args.env], n, args.windows, args.steps)
             print(
-                f"no-op x {n}: "
+                f"{args.env} x {n}: "
                 + "; ".join(
                     f"{mode} {row['us']:.1f} us (CPU {row['cpu_us']:.1f})"
                     for mode, row in rows.items()

@@ -167,3 +167,27 @@ def test_no_spin_while_the_machine_has_more_to_run_than_the_pool_and_its_cores(
             assert all(timeout != 0 for timeout in polls), steps
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("spin_limit", [0.0002], indirect=True)
+@pytest.mark.parametrize("yields_after", [20e-6, 1.0])
+def test_a_spin_past_its_first_microseconds_yields_the_core(
+    spin_limit: float, yields_after: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Env 1 sleeps 30 ms a step, env 0 not at all: once env 0's worker has answered, the pool
+    spins the whole limit for env 1; past ``SPIN_YIELDS_AFTER`` of it, each empty poll gives
+    the core away (``sched_yield``), since the pool may sit on the core of the worker it waits
+    for; a spin that ends within it (here: a limit of 1 s) never yields."""
+    yielded: list[None] = []
+    monkeypatch.setattr(process.os, "sched_yield", lambda: yielded.append(None))
+    monkeypatch.setattr(process, "SPIN_YIELDS_AFTER", yields_after)
+    fns = [functools.partial(FaultyEnv, sleep=s, episode_length=1000) for s in (0.0, 0.03)]
+    pool, waits = _logged_pool(fns, cores=2)
+    try:
+        pool.reset(seed=0)
+        del yielded[:]
+        steps, polls = _five_steps(pool, waits)
+        assert 0 in polls, steps  # the tails spun
+        assert bool(yielded) == (yields_after < spin_limit), len(yielded)
+    finally:
+        pool.close()
