@@ -317,6 +317,31 @@ def measure(pool: envfleet.Pool, steps: int, repeats: int) -> tuple[float, float
     return min(tuple(t * 1e3 / steps for t in run) for run in runs)  # type: ignore[return-value]
 
 
+def side_by_side(
+    makes: dict[str, dict[str, Any]], env: Any, envs: int, steps: int, repeats: int
+) -> dict[str, float]:
+    """Wall ms per vector step of each pool ``makes`` describes, all open at once and timed in
+    alternating windows (best of ``repeats``): a ratio between them that the machine's drift
+    between two rows measured minutes apart does not move."""
+    actions = np.ones(envs, dtype=np.int64)
+    pools: dict[str, envfleet.Pool] = {}
+    try:
+        for name, make in makes.items():
+            pools[name] = envfleet.make(env, envs, seed=0, **make)
+            pools[name].reset(seed=0)
+        best = dict.fromkeys(pools, float("inf"))
+        for _ in range(repeats):
+            for name, pool in pools.items():
+                for _ in range(max(5, steps // 10)):
+                    pool.step(actions)
+                wall = timed(lambda pool=pool: pool.step(actions), steps)[0]
+                best[name] = min(best[name], wall * 1e3 / steps)
+        return best
+    finally:
+        for pool in pools.values():
+            pool.close()
+
+
 def timed(call: Callable[[], object], rounds: int) -> list[float]:
     """Seconds ``rounds`` calls of ``call`` take: wall, driver CPU and the caller's thread CPU."""
     clocks = (time.perf_counter, time.process_time, time.thread_time)
@@ -434,8 +459,20 @@ def main(argv: list[str] | None = None) -> int:
         process = rows[0]["env-steps/s"]
         eight = next(r for r in rows if r["row"] == "node pools, 8 workers on 2 nodes")
         print(
-            "no-op x 64, 8 workers on 2 nodes vs process backend: "
+            "no-op x 64, 8 workers on 2 nodes vs process backend (rows above): "
             f"{eight['env-steps/s'] / process:.3f}x (target >= 0.25x)"
+        )
+        both = side_by_side(
+            {"process": dict(cases[0][4]), "nodes": {"backend": "ray", **pools(2, 8)}},
+            noop,
+            64,
+            steps,
+            max(3, args.repeats),
+        )
+        print(
+            "no-op x 64, 8 workers on 2 nodes vs process backend, windows alternating: "
+            f"{both['process']:.3f} against {both['nodes']:.3f} ms/step, "
+            f"{both['process'] / both['nodes']:.3f}x (target >= 0.25x)"
         )
     finally:
         ray.shutdown()
