@@ -453,15 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("driver CPU ms/step", "thread CPU ms/step"):
             extra = (four[key] - one[key]) / 3
             print(f"\n{key[:-8]} per extra node per step: {extra * 1e3:.0f} us (target <= 100)")
-        rows += compress_rows(workers, steps // 4, args.repeats)
-        rows += info_rows(workers, cluster.head_node.node_id, steps, args.repeats)
-        rows += rllib_rows(workers, steps, args.repeats)
-        process = rows[0]["env-steps/s"]
-        eight = next(r for r in rows if r["row"] == "node pools, 8 workers on 2 nodes")
-        print(
-            "no-op x 64, 8 workers on 2 nodes vs process backend (rows above): "
-            f"{eight['env-steps/s'] / process:.3f}x (target >= 0.25x)"
-        )
+        # Before the rows below: what they start (RLlib's runners) may still be going away.
         both = side_by_side(
             {"process": dict(cases[0][4]), "nodes": {"backend": "ray", **pools(2, 8)}},
             noop,
@@ -473,6 +465,15 @@ def main(argv: list[str] | None = None) -> int:
             "no-op x 64, 8 workers on 2 nodes vs process backend, windows alternating: "
             f"{both['process']:.3f} against {both['nodes']:.3f} ms/step, "
             f"{both['process'] / both['nodes']:.3f}x (target >= 0.25x)"
+        )
+        rows += compress_rows(workers, steps // 4, args.repeats)
+        rows += info_rows(workers, cluster.head_node.node_id, steps, args.repeats)
+        rows += rllib_rows(workers, steps, args.repeats)
+        process = rows[0]["env-steps/s"]
+        eight = next(r for r in rows if r["row"] == "node pools, 8 workers on 2 nodes")
+        print(
+            "no-op x 64, 8 workers on 2 nodes vs process backend (rows above): "
+            f"{eight['env-steps/s'] / process:.3f}x (target >= 0.25x)"
         )
     finally:
         ray.shutdown()
