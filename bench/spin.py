@@ -3,9 +3,10 @@
 One pool of no-op envs (:class:`bench.envs.NoOpEnv`, or CartPole with ``--env cartpole``) on 2
 workers, and the bare pool beside it, stepped in alternating windows in this process, with the
 pool's spin (``SPIN_LIMIT``) taken always (the gate on the machine's runnable tasks bypassed),
-gated (the default), gated without yielding the core between polls (``SPIN_YIELDS`` off: a
-plain spin) and never; ``--busy K`` runs K busy loops (a learner's threads, another pool) for
-the whole run. Prints the median µs per vector step and the pool's CPU per step of each.
+gated (the default), gated without yielding the core between polls (``SPIN_YIELDS_AFTER`` past
+the spin: a plain spin) and never; ``--busy K`` runs K busy loops (a learner's threads, another
+pool) for the whole run. Prints the median µs per vector step and the pool's CPU per step of
+each.
 
 Usage::
 
