@@ -1,12 +1,13 @@
 """The process backend's bounded spin on a quiet and on a busy machine: always, gated, never.
 
-One pool of no-op envs (:class:`bench.envs.NoOpEnv`, or CartPole with ``--env cartpole``) on 2
+One pool of no-op envs (:class:`bench.envs.NoOpEnv`; CartPole or Pong with ``--env``) on 2
 workers, and the bare pool beside it, stepped in alternating windows in this process, with the
 pool's spin (``SPIN_LIMIT``) taken always (the gate on the machine's runnable tasks bypassed),
 gated (the default), gated without yielding the core between polls (``SPIN_YIELDS_AFTER`` past
-the spin: a plain spin) and never; ``--busy K`` runs K busy loops (a learner's threads, another
-pool) for the whole run. Prints the median µs per vector step and the pool's CPU per step of
-each.
+the spin: a plain spin), gated with the workers under ``SCHED_OTHER`` instead of ``SCHED_BATCH``
+(:func:`envfleet.backends.runnable.run_as_batch`) and never; ``--busy K`` runs K busy loops (a
+learner's threads, another pool) for the whole run. Prints the median µs per vector step and
+the pool's CPU per step of each.
 
 Usage::
 
@@ -33,6 +34,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import gymnasium
 import numpy as np
 
 import envfleet
@@ -68,17 +70,25 @@ def window(step: Callable[[], object], steps: int) -> tuple[float, float]:
     return (time.perf_counter() - wall) / steps * 1e6, (time.thread_time() - cpu) / steps * 1e6
 
 
-ENVS: dict[str, Any] = {"noop": NoOpEnv, "cartpole": "CartPole-v1"}
+ENVS: dict[str, Any] = {"noop": NoOpEnv, "cartpole": "CartPole-v1", "pong": "ALE/Pong-v5"}
+
+Mode = tuple[float, float, Callable[[int, int], bool], int, Callable[[], object]]
+"""A mode: its spin limit, when the spin yields, the gate, the workers' policy, the step."""
 
 
 def measure(env: Any, n: int, windows: int, steps: int) -> dict[str, Any]:
     """Median µs (and CPU µs) per step of each spin mode and of the bare pool, ``n`` envs."""
+    if env == ENVS["pong"]:
+        import ale_py
+
+        gymnasium.register_envs(ale_py)
     pool = envfleet.make(env, num_envs=n, backend="process", num_workers=2)
     timing = benchmark.Timing.scaled(1.0, 1)
     bare = benchmark.bare.BarePool(benchmark.Workload.of(env, n), timing, 2)
     try:
         pool.reset(seed=0)
-        batches = np.random.default_rng(0).integers(0, 2, (64, n))
+        choices = pool.single_action_space.n  # type: ignore[attr-defined]
+        batches = np.random.default_rng(0).integers(0, choices, (64, n))
         actions = iter(itertools.cycle(batches))
 
         def step() -> None:
@@ -87,19 +97,23 @@ def measure(env: Any, n: int, windows: int, steps: int) -> dict[str, Any]:
         runnable = pool._transport._runnable
         gated, always = runnable.only, lambda tasks, cores: True
         limit, yields = process.SPIN_LIMIT, process.SPIN_YIELDS_AFTER
-        modes: dict[str, tuple[float, float, Callable[[int, int], bool], Callable[[], object]]] = {
-            "always": (limit, yields, always, step),
-            "gated": (limit, yields, gated, step),
-            "no-yield": (limit, 1.0, gated, step),
-            "never": (0.0, yields, gated, step),
-            "bare-pool": (0.0, yields, gated, bare.step),
+        batch, other = os.SCHED_BATCH, os.SCHED_OTHER
+        modes: dict[str, Mode] = {
+            "always": (limit, yields, always, batch, step),
+            "gated": (limit, yields, gated, batch, step),
+            "no-yield": (limit, 1.0, gated, batch, step),
+            "other-workers": (limit, yields, gated, other, step),
+            "never": (0.0, yields, gated, batch, step),
+            "bare-pool": (0.0, yields, gated, batch, bare.step),
         }
         got: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
         try:
             for _ in range(windows):
-                for mode, (spin, plain, gate, call) in modes.items():
+                for mode, (spin, plain, gate, policy, call) in modes.items():
                     process.SPIN_LIMIT, process.SPIN_YIELDS_AFTER = spin, plain
                     runnable.only = gate
+                    for pid in pool._transport.pids():
+                        os.sched_setscheduler(pid, policy, os.sched_param(0))
                     got[mode].append(window(call, steps))
         finally:
             process.SPIN_LIMIT, process.SPIN_YIELDS_AFTER, runnable.only = limit, yields, gated
