@@ -4,10 +4,10 @@ One pool of no-op envs (:class:`bench.envs.NoOpEnv`; CartPole or Pong with ``--e
 workers, and the bare pool beside it, stepped in alternating windows in this process, with the
 pool's spin (``SPIN_LIMIT``) taken always (the gate on the machine's runnable tasks bypassed),
 gated (the default), gated without yielding the core between polls (``SPIN_YIELDS_AFTER`` past
-the spin: a plain spin), gated with the workers under ``SCHED_OTHER`` instead of ``SCHED_BATCH``
-(:func:`envfleet.backends.runnable.run_as_batch`) and never; ``--busy K`` runs K busy loops (a
-learner's threads, another pool) for the whole run. Prints the median µs per vector step and
-the pool's CPU per step of each.
+the spin: a plain spin), gated with the workers switched to Linux's ``SCHED_BATCH`` (a woken
+worker does not preempt the running task; tried, not adopted: docs/benchmarks.md) and never;
+``--busy K`` runs K busy loops (a learner's threads, another pool) for the whole run. Prints
+the median µs per vector step and the pool's CPU per step of each.
 
 Usage::
 
@@ -99,12 +99,12 @@ def measure(env: Any, n: int, windows: int, steps: int) -> dict[str, Any]:
         limit, yields = process.SPIN_LIMIT, process.SPIN_YIELDS_AFTER
         batch, other = os.SCHED_BATCH, os.SCHED_OTHER
         modes: dict[str, Mode] = {
-            "always": (limit, yields, always, batch, step),
-            "gated": (limit, yields, gated, batch, step),
-            "no-yield": (limit, 1.0, gated, batch, step),
-            "other-workers": (limit, yields, gated, other, step),
-            "never": (0.0, yields, gated, batch, step),
-            "bare-pool": (0.0, yields, gated, batch, bare.step),
+            "always": (limit, yields, always, other, step),
+            "gated": (limit, yields, gated, other, step),
+            "no-yield": (limit, 1.0, gated, other, step),
+            "batch-workers": (limit, 0.0, gated, batch, step),
+            "never": (0.0, yields, gated, other, step),
+            "bare-pool": (0.0, yields, gated, other, bare.step),
         }
         got: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
         try:

@@ -4,6 +4,7 @@ batched, and the time accounting against a fake clock."""
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -62,10 +63,12 @@ class Recording:
 
 
 def _driven(runner: Runner, vec: Recording, steps: int) -> Trajectories:
-    """Advance until every env has made ``steps`` steps (async batches are the first envs
-    ready: a worker slow to start can leave its envs out of the first batches)."""
+    """Advance until every env has made ``steps`` steps, for 60 s at most (async batches are
+    the first envs ready: a worker that a loaded machine serves late can leave its envs out of
+    most batches, and once left 12 steps short after 1,000 of them)."""
+    deadline = time.monotonic() + 60.0
     try:
-        for _ in range(1000):
+        while time.monotonic() < deadline:
             runner.advance()  # type: ignore[attr-defined]
             if len(vec.seen) == 4 and min(map(len, vec.seen.values())) >= steps:
                 break

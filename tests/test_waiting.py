@@ -6,7 +6,6 @@ sleeps in the kernel."""
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -192,17 +191,3 @@ def test_a_spin_past_its_first_microseconds_yields_the_core(
         assert bool(yielded) == (yields_after < spin_limit), len(yielded)
     finally:
         pool.close()
-
-
-@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
-def test_workers_run_as_batch_work_and_the_pool_does_not() -> None:
-    """Each worker process runs under ``SCHED_BATCH`` (woken by the pool's write, it does not
-    preempt the pool before its other workers have their commands); the pool's own process
-    keeps its policy."""
-    before = os.sched_getscheduler(0)
-    with envfleet.make([FaultyEnv] * 3, backend="process", num_workers=3) as pool:
-        pool.reset(seed=0)
-        pids = pool._transport.pids()
-        assert len(pids) == 3 and all(pid is not None for pid in pids)
-        assert [os.sched_getscheduler(pid) for pid in pids] == [os.SCHED_BATCH] * 3
-        assert os.sched_getscheduler(0) == before != os.SCHED_BATCH

@@ -62,7 +62,7 @@ from envfleet.backends.channel import (
 )
 from envfleet.backends.lifeline import die_with_parent, sigint_held
 from envfleet.backends.rows import Shipping, deliver
-from envfleet.backends.runnable import Runnable, run_as_batch
+from envfleet.backends.runnable import Runnable
 from envfleet.backends.shm import batch_allocator
 from envfleet.backends.worker_process import WorkerProcess, describe_exit
 from envfleet.buffers import SharedBatch
@@ -88,11 +88,12 @@ the machine runs or queues more tasks than the pool's and than its cores
 Each saves the pool a sleep and a wake-up (tens of µs on a virtual machine) on most sync steps
 of fast envs (docs/benchmarks.md, "The fixed cost of a step")."""
 
-SPIN_YIELDS_AFTER = 0.0
+SPIN_YIELDS_AFTER = 20e-6
 """Past this much of a spin, a poll that finds nothing is followed by ``sched_yield``: the pool
-may sit on the core of a worker it waits for (woken there, or the worker queued behind it:
-:func:`~envfleet.backends.runnable.run_as_batch`), and a plain spin holds the worker off it
-(CartPole x 64 on 2 workers: 370 µs a step, 218 yielding; ``python bench/spin.py``)."""
+may be woken on the core of a worker it still waits for, and a plain spin would hold that
+worker off it while the other core idles (CartPole x 64 on 2 workers: 370 µs a step, against
+218 yielding and 287 for the bare pool; ``python bench/spin.py --env cartpole``). The first
+20 µs poll plainly: most quick replies come within them, and a yield is a system call."""
 
 
 _ONE_PLAIN: list[Reply | None] = [None]
@@ -115,7 +116,6 @@ def _worker_main(
     # KeyboardInterrupt here is an env's own, its failure like any other exception.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     claim_base_exceptions()
-    run_as_batch()  # woken by the pool, it waits for the pool's other writes (runnable.py)
     if parent_ends is not None:
         for end in parent_ends:
             end.close()  # so that our read sees EOF once the parent is gone

@@ -1,6 +1,5 @@
-"""How the process backend's pool and workers share the machine's cores: whether it has a core
-to spare right now (the pool polls for replies without sleeping, ``SPIN_LIMIT``, only then),
-and the workers' scheduling policy (:func:`run_as_batch`).
+"""Whether this machine has a core to spare right now: the process backend's pool polls for
+replies without sleeping (``SPIN_LIMIT``) only then.
 
 A spin pays on an otherwise idle machine: the pool saves a sleep and a wake-up on a core that
 would idle anyway. On a busy one (a learner's threads, other pools, a test suite) it holds a
@@ -48,30 +47,4 @@ class Runnable:
             self._fd = None
 
 
-BATCH_WORKERS = True
-"""Worker processes run as batch work (:func:`run_as_batch`)."""
-
-
-def run_as_batch() -> None:
-    """Run the calling process under Linux's ``SCHED_BATCH`` (same priority and nice; nothing
-    elsewhere, nor where the kernel refuses): woken, it does not preempt the running task.
-
-    A pool hands a step out one pipe write per worker, and a pipe's wake-up tells the kernel
-    that the writer is about to sleep: the woken worker may be queued on the pool's own core
-    and preempt the pool there before it has written the other workers' commands, which then
-    start a whole env step late (Pong x 8 on 2 workers: ~1 step in 10 took ~1.9 ms instead of
-    ~1 ms). sched(7) names the policy for "workloads that want a deterministic scheduling
-    policy without interactivity causing extra preemptions (between the workload's tasks)";
-    the pool's spin yields the core at each empty poll, so a worker queued behind it waits
-    for no more than a poll. The policy is inherited by what the worker starts.
-    """
-    policy = getattr(os, "SCHED_BATCH", None)
-    if not BATCH_WORKERS or policy is None:
-        return
-    try:
-        os.sched_setscheduler(0, policy, os.sched_param(0))
-    except OSError:  # pragma: no cover - a kernel or sandbox that refuses it
-        pass
-
-
-__all__ = ["BATCH_WORKERS", "LOADAVG", "Runnable", "run_as_batch"]
+__all__ = ["LOADAVG", "Runnable"]
