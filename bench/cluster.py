@@ -317,6 +317,10 @@ def measure(pool: envfleet.Pool, steps: int, repeats: int) -> tuple[float, float
     return min(tuple(t * 1e3 / steps for t in run) for run in runs)  # type: ignore[return-value]
 
 
+ONE_MACHINE: dict[str, Any] = {"backend": "process", "num_workers": 2}
+"""The pool every cluster row is set against: the process backend on this machine."""
+
+
 def side_by_side(
     makes: dict[str, dict[str, Any]], env: Any, envs: int, steps: int, repeats: int
 ) -> dict[str, float]:
@@ -410,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                 noop,
                 64,
                 steps,
-                {"backend": "process", "num_workers": 2},
+                ONE_MACHINE,
             ),
             *(
                 (f"node pools, {n} node(s) x 2 workers", noop, 64, steps, pools(n, 2 * n))
@@ -455,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{key[:-8]} per extra node per step: {extra * 1e3:.0f} us (target <= 100)")
         # Before the rows below: what they start (RLlib's runners) may still be going away.
         both = side_by_side(
-            {"process": dict(cases[0][4]), "nodes": {"backend": "ray", **pools(2, 8)}},
+            {"process": ONE_MACHINE, "nodes": {"backend": "ray", **pools(2, 8)}},
             noop,
             64,
             steps,

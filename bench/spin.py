@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import gymnasium
 import numpy as np
 
 import envfleet
@@ -78,10 +77,6 @@ Mode = tuple[float, float, Callable[[int, int], bool], int, Callable[[], object]
 
 def measure(env: Any, n: int, windows: int, steps: int) -> dict[str, Any]:
     """Median µs (and CPU µs) per step of each spin mode and of the bare pool, ``n`` envs."""
-    if env == ENVS["pong"]:
-        import ale_py
-
-        gymnasium.register_envs(ale_py)
     pool = envfleet.make(env, num_envs=n, backend="process", num_workers=2)
     timing = benchmark.Timing.scaled(1.0, 1)
     bare = benchmark.bare.BarePool(benchmark.Workload.of(env, n), timing, 2)

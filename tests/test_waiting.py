@@ -177,7 +177,7 @@ def test_a_spin_past_its_first_microseconds_yields_the_core(
     """Env 1 sleeps 30 ms a step, env 0 not at all: once env 0's worker has answered, the pool
     spins the whole limit for env 1; past ``SPIN_YIELDS_AFTER`` of it, each empty poll gives
     the core away (``sched_yield``), since the pool may sit on the core of the worker it waits
-    for; a spin that ends within it (here: a limit of 1 s) never yields."""
+    for; a spin that ends within it (here: yielding only after 1 s) never yields."""
     yielded: list[None] = []
     monkeypatch.setattr(process.os, "sched_yield", lambda: yielded.append(None))
     monkeypatch.setattr(process, "SPIN_YIELDS_AFTER", yields_after)
