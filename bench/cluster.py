@@ -11,7 +11,8 @@ scalars (ALE's) from the nodes; and RLlib's
 ``EnvRunnerGroup`` on the same nodes, in env-steps per driver CPU-second (when ``ray.rllib``
 imports). docs/cluster.md reads the figures. ``--quick``: fewer steps; ``--compress``: the Pong
 rows alone; ``--infos``: Pong frames and no-op envs with and without ALE's infos, alone;
-``--rllib``: the RLlib comparison alone.
+``--rllib``: the RLlib comparison alone; ``--bare``: the no-op target's pools beside the least
+their layouts cost (the bare pool, the bare node pool), alone.
 
     PYTHONPATH=. python bench/cluster.py --quick
 """
@@ -32,6 +33,7 @@ from ray.cluster_utils import Cluster
 
 import envfleet
 from bench.envs import NoOpEnv
+from envfleet import benchmark
 
 SHAPES = {
     "16 B": ((4,), np.float32),
@@ -321,29 +323,49 @@ ONE_MACHINE: dict[str, Any] = {"backend": "process", "num_workers": 2}
 """The pool every cluster row is set against: the process backend on this machine."""
 
 
-def side_by_side(
-    makes: dict[str, dict[str, Any]], env: Any, envs: int, steps: int, repeats: int
-) -> dict[str, float]:
-    """Wall ms per vector step of each pool ``makes`` describes, all open at once and timed in
-    alternating windows (best of ``repeats``): a ratio between them that the machine's drift
-    between two rows measured minutes apart does not move."""
-    actions = np.ones(envs, dtype=np.int64)
-    pools: dict[str, envfleet.Pool] = {}
-    try:
-        for name, make in makes.items():
-            pools[name] = envfleet.make(env, envs, seed=0, **make)
-            pools[name].reset(seed=0)
-        best = dict.fromkeys(pools, float("inf"))
-        for _ in range(repeats):
-            for name, pool in pools.items():
-                for _ in range(max(5, steps // 10)):
-                    pool.step(actions)
-                wall = timed(lambda pool=pool: pool.step(actions), steps)[0]
-                best[name] = min(best[name], wall * 1e3 / steps)
-        return best
-    finally:
-        for pool in pools.values():
-            pool.close()
+def against_the_least(workers: list[str], seconds: float, repeats: int) -> dict[str, float]:
+    """No-op x 64, 8 workers on 2 nodes (node pools) against the process backend on this machine,
+    and each against the least its layout costs: the bare pool (2 workers passing a byte) and
+    the bare node pool (2 agents over TCP, 4 workers each, passing a byte:
+    :class:`envfleet.benchmark.bare.BareNodePool`). All four open at once and timed in
+    interleaved windows by the benchmark engine, so the machine's drift between rows measured
+    minutes apart moves no ratio. Returns the median µs per vector step of each."""
+    openers = {
+        "process": benchmark.envfleet_opener(**ONE_MACHINE),
+        benchmark.BARE_POOL: functools.partial(
+            benchmark.open_bare_pool, num_workers=ONE_MACHINE["num_workers"]
+        ),
+        "node pools": benchmark.envfleet_opener(
+            "ray", name="node pools", nodes=workers[:2], num_workers=8
+        ),
+        benchmark.BARE_NODES: functools.partial(
+            benchmark.open_bare_nodes, nodes=2, workers_per_node=4
+        ),
+    }
+    timing = benchmark.Timing.scaled(seconds, repeats)
+    results = benchmark.measure(
+        list(openers), benchmark.Workload.of(NoOpEnv, 64), timing, openers=openers
+    )
+    us: dict[str, float] = {}
+    for name, result in results.items():
+        if not isinstance(result, benchmark.RunResult):
+            raise SystemExit(f"{name} failed: {result}")
+        per_step = sorted(64e6 / rate for rate in result.throughputs)
+        us[name] = per_step[len(per_step) // 2]
+    bare_pool, bare_nodes = us[benchmark.BARE_POOL], us[benchmark.BARE_NODES]
+    print(
+        f"\nno-op x 64, 8 workers on 2 nodes, {repeats} interleaved windows of {seconds:g} s, "
+        "median us per vector step: "
+        + ", ".join(f"{name} {value:.0f}" for name, value in us.items())
+        + f"\n  node pools vs process backend: {us['process'] / us['node pools']:.3f}x "
+        "(target >= 0.25x)"
+        + f"\n  bare node pool vs bare pool: {bare_pool / bare_nodes:.3f}x (the layouts' own "
+        "ratio on this machine, with nothing of envfleet's in it)"
+        + f"\n  node pools / bare node pool: {us['node pools'] / bare_nodes:.2f}, process / "
+        f"bare pool: {us['process'] / bare_pool:.2f} (what envfleet adds to each layout)",
+        flush=True,
+    )
+    return us
 
 
 def timed(call: Callable[[], object], rounds: int) -> list[float]:
@@ -375,6 +397,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--infos", action="store_true", help="the rows with and without ALE's infos alone"
     )
+    parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="no-op x 64 on 8 workers over 2 nodes against the process backend and the bare "
+        "layouts alone",
+    )
     args = parser.parse_args(argv)
     steps = 200 if args.quick else 1000
     cluster = Cluster(
@@ -388,7 +416,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         ray.init(address=cluster.address, log_to_driver=False)
         workers = [n.node_id for n in cluster.worker_nodes]
-        if args.compress or args.rllib or args.infos:
+        if args.compress or args.rllib or args.infos or args.bare:
+            if args.bare:
+                against_the_least(workers, 0.5 if args.quick else 2.0, max(5, args.repeats))
             if args.compress:
                 compress_rows(workers, steps // 4, args.repeats)
             if args.infos:
@@ -458,18 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             extra = (four[key] - one[key]) / 3
             print(f"\n{key[:-8]} per extra node per step: {extra * 1e3:.0f} us (target <= 100)")
         # Before the rows below: what they start (RLlib's runners) may still be going away.
-        both = side_by_side(
-            {"process": ONE_MACHINE, "nodes": {"backend": "ray", **pools(2, 8)}},
-            noop,
-            64,
-            steps,
-            max(3, args.repeats),
-        )
-        print(
-            "no-op x 64, 8 workers on 2 nodes vs process backend, windows alternating: "
-            f"{both['process']:.3f} against {both['nodes']:.3f} ms/step, "
-            f"{both['process'] / both['nodes']:.3f}x (target >= 0.25x)"
-        )
+        against_the_least(workers, 0.5 if args.quick else 2.0, max(5, args.repeats))
         rows += compress_rows(workers, steps // 4, args.repeats)
         rows += info_rows(workers, cluster.head_node.node_id, steps, args.repeats)
         rows += rllib_rows(workers, steps, args.repeats)

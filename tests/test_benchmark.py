@@ -3,14 +3,19 @@ a script's cases, the sweep's progress and the plot's notes."""
 
 from __future__ import annotations
 
+import os
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 
 from bench.common import script_parser, timing_from
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
+from envfleet.benchmark.bare import BareNodePool
 from envfleet.spec import EnvSpec
 from tests.envs import FaultyEnv
 
@@ -33,6 +38,47 @@ def test_bare_pool_steps_every_env_on_the_process_backend_layout() -> None:
 def test_bare_pool_worker_that_cannot_build_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="bare-pool worker died"):
         benchmark.open_bare_pool(benchmark.Workload.of(_broken, 2), TIMING, num_workers=2)
+
+
+class _Logged(FaultyEnv):
+    """Writes its reset seed and its process to ``path`` at every step."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def step(self, action: Any) -> Any:
+        with open(self.path, "a") as log:
+            log.write(f"{self.seed_used} {os.getpid()}\n")
+        return super().step(action)
+
+
+def test_bare_node_pool_steps_every_env_once_a_step_on_its_layout(tmp_path: Path) -> None:
+    path = tmp_path / "steps"
+    workload = benchmark.Workload.of(_Logged, 10, {"path": str(path)})
+    pool = BareNodePool(workload, TIMING, nodes=2, workers_per_node=2)
+    procs = [psutil.Process(p.pid) for p in pool._procs]
+    try:
+        assert pool.layout == [2, 2]
+        for _ in range(3):
+            pool.step()
+    finally:
+        pool.close()
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs)
+    steps = [line.split() for line in path.read_text().splitlines()]
+    assert Counter(seed for seed, _ in steps) == {str(TIMING.seed + i): 3 for i in range(10)}
+    by_process: dict[str, set[int]] = {}
+    for seed, pid in steps:
+        by_process.setdefault(pid, set()).add(int(seed) - TIMING.seed)
+    # 4 workers (2 nodes x 2), each a consecutive block of the envs, as np.array_split makes them
+    assert sorted(map(sorted, by_process.values())) == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+
+
+def test_bare_node_pool_worker_that_cannot_build_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="bare-nodes worker or agent died"):
+        benchmark.open_bare_nodes(benchmark.Workload.of(_broken, 4), TIMING, 2, 2)
+    with pytest.raises(ValueError, match="workers_per_node must be >= 1"):
+        benchmark.open_bare_nodes(benchmark.Workload.of(FaultyEnv, 4), TIMING, 2, 0)
 
 
 def test_ceiling_splits_the_envs_over_processes_and_reports_a_failure() -> None:

@@ -18,7 +18,9 @@ if importlib.util.find_spec("rich") is None:  # the cli extra
     raise ImportError("envfleet.benchmark needs rich: pip install 'envfleet[cli]'", name="rich")
 
 # Re-exported (``name as name``: the names this package offers, for readers and type checkers).
+from envfleet.benchmark.bare import BARE_NODES as BARE_NODES
 from envfleet.benchmark.bare import BARE_POOL as BARE_POOL
+from envfleet.benchmark.bare import open_bare_nodes as open_bare_nodes
 from envfleet.benchmark.bare import open_bare_pool as open_bare_pool
 from envfleet.benchmark.base import OK as OK
 from envfleet.benchmark.base import CallRunner as CallRunner
