@@ -95,29 +95,41 @@ class BarePool:
         self._gather()
 
     def close(self) -> None:
-        for fd in self._commands:
-            with contextlib.suppress(OSError):  # a worker already gone
-                os.write(fd, _STOP)
-        for proc in self._procs:
-            proc.join(timeout=10.0)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join()
+        _stop(self._commands, self._procs)
         for conn in self._conns:
             conn.close()
         self._procs, self._conns, self._commands, self._replies = [], [], [], []
 
 
+def _stop(fds: list[int], procs: list[Any]) -> None:
+    """Ask each process behind ``fds`` to stop, and see that every one of ``procs`` has ended."""
+    for fd in fds:
+        with contextlib.suppress(OSError):  # already gone
+            os.write(fd, _STOP)
+    for proc in procs:
+        proc.join(timeout=10.0)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join()
+
+
+def _runner(
+    name: str, step: Any, close: Any, workload: Workload, timing: Timing, **info: Any
+) -> Runner:
+    """A runner of a bare pool's ``step`` (a vector step of every env)."""
+    n = workload.num_envs
+
+    def advance() -> int:
+        step()
+        return n
+
+    return CallRunner(name, advance, close, timing, **info)
+
+
 def open_bare_pool(workload: Workload, timing: Timing, num_workers: int | None = None) -> Runner:
     """See :class:`BarePool` (``num_workers``: default as the process backend's)."""
     pool = BarePool(workload, timing, num_workers)
-    n = workload.num_envs
-
-    def step() -> int:
-        pool.step()
-        return n
-
-    return CallRunner(BARE_POOL, step, pool.close, timing, workers=pool.num_workers)
+    return _runner(BARE_POOL, pool.step, pool.close, workload, timing, workers=pool.num_workers)
 
 
 def _bare_agent(link: socket.socket, commands: list[Any], replies: list[Any]) -> None:
@@ -216,14 +228,7 @@ class BareNodePool:
         self._gather()
 
     def close(self) -> None:
-        for link in self._links:
-            with contextlib.suppress(OSError):  # an agent already gone
-                os.write(link.fileno(), _STOP)
-        for proc in self._procs:
-            proc.join(timeout=10.0)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join()
+        _stop([link.fileno() for link in self._links], self._procs)
         for link in self._links:
             link.close()
         self._procs, self._links = [], []
@@ -234,10 +239,4 @@ def open_bare_nodes(
 ) -> Runner:
     """See :class:`BareNodePool`."""
     pool = BareNodePool(workload, timing, nodes, workers_per_node)
-    n = workload.num_envs
-
-    def step() -> int:
-        pool.step()
-        return n
-
-    return CallRunner(BARE_NODES, step, pool.close, timing, nodes=pool.layout)
+    return _runner(BARE_NODES, pool.step, pool.close, workload, timing, nodes=pool.layout)
