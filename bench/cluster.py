@@ -12,7 +12,8 @@ scalars (ALE's) from the nodes; and RLlib's
 imports). docs/cluster.md reads the figures. ``--quick``: fewer steps; ``--compress``: the Pong
 rows alone; ``--infos``: Pong frames and no-op envs with and without ALE's infos, alone;
 ``--rllib``: the RLlib comparison alone; ``--bare``: the no-op target's pools beside the least
-their layouts cost (the bare pool, the bare node pool), alone.
+their layouts cost (the bare pool, the bare node pool), and the CPU of each process of the two
+node layouts per step, alone.
 
     PYTHONPATH=. python bench/cluster.py --quick
 """
@@ -27,6 +28,7 @@ from typing import Any
 
 import gymnasium
 import numpy as np
+import psutil
 import ray
 from gymnasium import spaces
 from ray.cluster_utils import Cluster
@@ -368,6 +370,76 @@ def against_the_least(workers: list[str], seconds: float, repeats: int) -> dict[
     return us
 
 
+def node_processes(pool: envfleet.Pool) -> dict[str, list[psutil.Process]]:
+    """A node pool's agents (Ray actors named ``NodeAgent``; this pool's alone are alive) and
+    their worker processes (children of each agent's fork server)."""
+    agents = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if any("NodeAgent" in part for part in p.info["cmdline"] or [])
+    ]
+    workers = [
+        worker
+        for agent in agents
+        for server in agent.children()
+        if any("forkserver" in part for part in server.cmdline())
+        for worker in server.children()
+    ]
+    if len(agents) != len(pool.stats().nodes) or len(workers) != pool.num_workers:
+        raise SystemExit(f"found {len(agents)} agents and {len(workers)} workers: not this pool's")
+    return {"agents": agents, "workers": workers}
+
+
+def cpu_by_process(workers: list[str], seconds: float, rounds: int = 2) -> None:
+    """CPU per vector step of every process of the two node layouts of the no-op target (node
+    pools; the bare node pool): the pool's thread, each agent, each worker, by ``psutil`` over
+    ``seconds`` of steps, the two layouts in turn ``rounds`` times. Where the time of
+    :func:`against_the_least`'s rows goes."""
+    bare = benchmark.bare.BareNodePool(
+        benchmark.Workload.of(NoOpEnv, 64), benchmark.Timing.scaled(1.0, 1), 2, 4
+    )
+    try:
+        with envfleet.make(
+            NoOpEnv, 64, seed=0, backend="ray", nodes=workers[:2], num_workers=8
+        ) as pool:
+            actions = np.ones(64, dtype=np.int64)
+            pool.reset(seed=0)
+            layouts: dict[str, tuple[Callable[[], object], dict[str, list[psutil.Process]]]] = {
+                "node pools": (lambda: pool.step(actions), node_processes(pool)),
+                "bare node pool": (
+                    bare.step,
+                    {role: [psutil.Process(p) for p in pids] for role, pids in bare.pids.items()},
+                ),
+            }
+            print(f"\nCPU per vector step, each process (psutil, {seconds:g} s of steps):")
+            for _ in range(rounds):
+                for name, (step, processes) in layouts.items():
+                    for _ in range(200):
+                        step()
+                    before = {r: [p.cpu_times() for p in ps] for r, ps in processes.items()}
+                    start, own, n = time.perf_counter(), time.thread_time(), 0
+                    while time.perf_counter() - start < seconds:
+                        step()
+                        n += 1
+                    wall, own = time.perf_counter() - start, time.thread_time() - own
+                    used = {
+                        role: sorted(
+                            1e6 * (a.user + a.system - b.user - b.system) / n
+                            for a, b in zip((p.cpu_times() for p in ps), before[role], strict=True)
+                        )
+                        for role, ps in processes.items()
+                    }
+                    print(
+                        f"  {name:15} {1e6 * wall / n:4.0f} us a step; the pool's thread "
+                        f"{1e6 * own / n:4.0f}, agents "
+                        + " ".join(f"{u:.0f}" for u in used["agents"])
+                        + f", workers {used['workers'][0]:.0f}-{used['workers'][-1]:.0f} us",
+                        flush=True,
+                    )
+    finally:
+        bare.close()
+
+
 def timed(call: Callable[[], object], rounds: int) -> list[float]:
     """Seconds ``rounds`` calls of ``call`` take: wall, driver CPU and the caller's thread CPU."""
     clocks = (time.perf_counter, time.process_time, time.thread_time)
@@ -419,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.compress or args.rllib or args.infos or args.bare:
             if args.bare:
                 against_the_least(workers, 0.5 if args.quick else 2.0, max(5, args.repeats))
+                cpu_by_process(workers, 1.0 if args.quick else 4.0)
             if args.compress:
                 compress_rows(workers, steps // 4, args.repeats)
             if args.infos:

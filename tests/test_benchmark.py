@@ -58,6 +58,7 @@ def test_bare_node_pool_steps_every_env_once_a_step_on_its_layout(tmp_path: Path
     workload = benchmark.Workload.of(_Logged, 10, {"path": str(path)})
     pool = BareNodePool(workload, TIMING, nodes=2, workers_per_node=2)
     procs = [psutil.Process(p.pid) for p in pool._procs]
+    pool_pids = {role: list(pids) for role, pids in pool.pids.items()}
     try:
         assert pool.layout == [2, 2]
         for _ in range(3):
@@ -72,6 +73,8 @@ def test_bare_node_pool_steps_every_env_once_a_step_on_its_layout(tmp_path: Path
         by_process.setdefault(pid, set()).add(int(seed) - TIMING.seed)
     # 4 workers (2 nodes x 2), each a consecutive block of the envs, as np.array_split makes them
     assert sorted(map(sorted, by_process.values())) == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    assert len(pool_pids["agents"]) == 2
+    assert sorted(pool_pids["workers"]) == sorted(int(pid) for pid in by_process)
 
 
 def test_bare_node_pool_worker_that_cannot_build_is_an_error() -> None:

@@ -180,6 +180,8 @@ class BareNodePool:
         firsts = np.cumsum([0, *counts[:-1]]).tolist()
         layout = [ids.tolist() for ids in np.array_split(np.arange(workers), nodes)]
         self.layout = [len(w) for w in layout if w]
+        self.pids: dict[str, list[int]] = {"agents": [], "workers": []}
+        """The process ids of its agents and of its workers."""
         ctx = multiprocessing.get_context()
         self._links: list[socket.socket] = []
         self._procs: list[Any] = []
@@ -215,6 +217,7 @@ class BareNodePool:
         proc = ctx.Process(target=target, args=args, daemon=True)
         proc.start()
         self._procs.append(proc)
+        self.pids["agents" if target is _bare_agent else "workers"].append(proc.pid)
 
     def _gather(self) -> None:
         for link in self._links:
