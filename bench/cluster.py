@@ -325,6 +325,11 @@ ONE_MACHINE: dict[str, Any] = {"backend": "process", "num_workers": 2}
 """The pool every cluster row is set against: the process backend on this machine."""
 
 
+def eight_on_two(workers: list[str]) -> dict[str, Any]:
+    """The no-op target's node pools: 8 workers on the first 2 worker nodes."""
+    return {"backend": "ray", "nodes": workers[:2], "num_workers": 8}
+
+
 def against_the_least(workers: list[str], seconds: float, repeats: int) -> dict[str, float]:
     """No-op x 64, 8 workers on 2 nodes (node pools) against the process backend on this machine,
     and each against the least its layout costs: the bare pool (2 workers passing a byte) and
@@ -337,9 +342,7 @@ def against_the_least(workers: list[str], seconds: float, repeats: int) -> dict[
         benchmark.BARE_POOL: functools.partial(
             benchmark.open_bare_pool, num_workers=ONE_MACHINE["num_workers"]
         ),
-        "node pools": benchmark.envfleet_opener(
-            "ray", name="node pools", nodes=workers[:2], num_workers=8
-        ),
+        "node pools": benchmark.envfleet_opener(name="node pools", **eight_on_two(workers)),
         benchmark.BARE_NODES: functools.partial(
             benchmark.open_bare_nodes, nodes=2, workers_per_node=4
         ),
@@ -352,8 +355,7 @@ def against_the_least(workers: list[str], seconds: float, repeats: int) -> dict[
     for name, result in results.items():
         if not isinstance(result, benchmark.RunResult):
             raise SystemExit(f"{name} failed: {result}")
-        per_step = sorted(64e6 / rate for rate in result.throughputs)
-        us[name] = per_step[len(per_step) // 2]
+        us[name] = 64e6 / result.median
     bare_pool, bare_nodes = us[benchmark.BARE_POOL], us[benchmark.BARE_NODES]
     print(
         f"\nno-op x 64, 8 workers on 2 nodes, {repeats} interleaved windows of {seconds:g} s, "
@@ -370,7 +372,11 @@ def against_the_least(workers: list[str], seconds: float, repeats: int) -> dict[
     return us
 
 
-def node_processes(pool: envfleet.Pool) -> dict[str, list[psutil.Process]]:
+Processes = dict[str, list[psutil.Process]]
+"""A layout's processes by role (``agents``, ``workers``)."""
+
+
+def node_processes(pool: envfleet.Pool) -> Processes:
     """A node pool's agents (Ray actors named ``NodeAgent``; this pool's alone are alive) and
     their worker processes (children of each agent's fork server)."""
     agents = [
@@ -390,6 +396,29 @@ def node_processes(pool: envfleet.Pool) -> dict[str, list[psutil.Process]]:
     return {"agents": agents, "workers": workers}
 
 
+def cpu_window(
+    step: Callable[[], object], processes: Processes, seconds: float
+) -> tuple[float, float, dict[str, list[float]]]:
+    """``step`` called for ``seconds`` (after 200 calls to warm up): µs per call of wall time,
+    of the caller's thread CPU, and of each process's CPU by role (sorted)."""
+    for _ in range(200):
+        step()
+    before = {role: [p.cpu_times() for p in ps] for role, ps in processes.items()}
+    start, own, n = time.perf_counter(), time.thread_time(), 0
+    while time.perf_counter() - start < seconds:
+        step()
+        n += 1
+    wall, own = time.perf_counter() - start, time.thread_time() - own
+    used = {
+        role: sorted(
+            1e6 * (a.user + a.system - b.user - b.system) / n
+            for a, b in zip((p.cpu_times() for p in ps), before[role], strict=True)
+        )
+        for role, ps in processes.items()
+    }
+    return 1e6 * wall / n, 1e6 * own / n, used
+
+
 def cpu_by_process(workers: list[str], seconds: float, rounds: int = 2) -> None:
     """CPU per vector step of every process of the two node layouts of the no-op target (node
     pools; the bare node pool): the pool's thread, each agent, each worker, by ``psutil`` over
@@ -399,12 +428,10 @@ def cpu_by_process(workers: list[str], seconds: float, rounds: int = 2) -> None:
         benchmark.Workload.of(NoOpEnv, 64), benchmark.Timing.scaled(1.0, 1), 2, 4
     )
     try:
-        with envfleet.make(
-            NoOpEnv, 64, seed=0, backend="ray", nodes=workers[:2], num_workers=8
-        ) as pool:
+        with envfleet.make(NoOpEnv, 64, seed=0, **eight_on_two(workers)) as pool:
             actions = np.ones(64, dtype=np.int64)
             pool.reset(seed=0)
-            layouts: dict[str, tuple[Callable[[], object], dict[str, list[psutil.Process]]]] = {
+            layouts: dict[str, tuple[Callable[[], object], Processes]] = {
                 "node pools": (lambda: pool.step(actions), node_processes(pool)),
                 "bare node pool": (
                     bare.step,
@@ -414,24 +441,10 @@ def cpu_by_process(workers: list[str], seconds: float, rounds: int = 2) -> None:
             print(f"\nCPU per vector step, each process (psutil, {seconds:g} s of steps):")
             for _ in range(rounds):
                 for name, (step, processes) in layouts.items():
-                    for _ in range(200):
-                        step()
-                    before = {r: [p.cpu_times() for p in ps] for r, ps in processes.items()}
-                    start, own, n = time.perf_counter(), time.thread_time(), 0
-                    while time.perf_counter() - start < seconds:
-                        step()
-                        n += 1
-                    wall, own = time.perf_counter() - start, time.thread_time() - own
-                    used = {
-                        role: sorted(
-                            1e6 * (a.user + a.system - b.user - b.system) / n
-                            for a, b in zip((p.cpu_times() for p in ps), before[role], strict=True)
-                        )
-                        for role, ps in processes.items()
-                    }
+                    wall, own, used = cpu_window(step, processes, seconds)
                     print(
-                        f"  {name:15} {1e6 * wall / n:4.0f} us a step; the pool's thread "
-                        f"{1e6 * own / n:4.0f}, agents "
+                        f"  {name:15} {wall:4.0f} us a step; the pool's thread {own:4.0f}, "
+                        "agents "
                         + " ".join(f"{u:.0f}" for u in used["agents"])
                         + f", workers {used['workers'][0]:.0f}-{used['workers'][-1]:.0f} us",
                         flush=True,

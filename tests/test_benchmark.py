@@ -57,8 +57,8 @@ def test_bare_node_pool_steps_every_env_once_a_step_on_its_layout(tmp_path: Path
     path = tmp_path / "steps"
     workload = benchmark.Workload.of(_Logged, 10, {"path": str(path)})
     pool = BareNodePool(workload, TIMING, nodes=2, workers_per_node=2)
-    procs = [psutil.Process(p.pid) for p in pool._procs]
     pool_pids = {role: list(pids) for role, pids in pool.pids.items()}
+    procs = [psutil.Process(pid) for pids in pool_pids.values() for pid in pids]
     try:
         assert pool.layout == [2, 2]
         for _ in range(3):

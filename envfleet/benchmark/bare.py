@@ -18,13 +18,12 @@ import contextlib
 import multiprocessing
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from envfleet.affinity import usable_cpus
 from envfleet.benchmark.base import CallRunner, Runner, Timing, Workload
-from envfleet.benchmark.runners import _close, _for_loop
+from envfleet.benchmark.runners import _close, _for_loop, blocks
 
 BARE_POOL = "bare-pool"
 BARE_NODES = "bare-nodes"
@@ -54,8 +53,7 @@ class BarePool:
     def __init__(self, workload: Workload, timing: Timing, num_workers: int | None = None) -> None:
         workers = num_workers or min(len(usable_cpus()), workload.num_envs)
         workers = min(workers, workload.num_envs)
-        counts = [len(ids) for ids in np.array_split(np.arange(workload.num_envs), workers)]
-        firsts = np.cumsum([0, *counts[:-1]]).tolist()
+        counts, firsts = blocks(workload.num_envs, workers)
         self.num_workers = workers
         ctx = multiprocessing.get_context()
         self._commands: list[int] = []
@@ -114,7 +112,12 @@ def _stop(fds: list[int], procs: list[Any]) -> None:
 
 
 def _runner(
-    name: str, step: Any, close: Any, workload: Workload, timing: Timing, **info: Any
+    name: str,
+    step: Callable[[], object],
+    close: Callable[[], object],
+    workload: Workload,
+    timing: Timing,
+    **info: Any,
 ) -> Runner:
     """A runner of a bare pool's ``step`` (a vector step of every env)."""
     n = workload.num_envs
@@ -176,10 +179,10 @@ class BareNodePool:
                 f"nodes and workers_per_node must be >= 1, got {nodes} and {workers_per_node}"
             )
         workers = min(nodes * workers_per_node, workload.num_envs)
-        counts = [len(ids) for ids in np.array_split(np.arange(workload.num_envs), workers)]
-        firsts = np.cumsum([0, *counts[:-1]]).tolist()
-        layout = [ids.tolist() for ids in np.array_split(np.arange(workers), nodes)]
-        self.layout = [len(w) for w in layout if w]
+        counts, firsts = blocks(workload.num_envs, workers)
+        sizes, starts = blocks(workers, nodes)  # a node's workers: consecutive
+        layout = [range(start, start + size) for size, start in zip(sizes, starts, strict=True)]
+        self.layout = [size for size in sizes if size]
         self.pids: dict[str, list[int]] = {"agents": [], "workers": []}
         """The process ids of its agents and of its workers."""
         ctx = multiprocessing.get_context()

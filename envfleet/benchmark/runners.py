@@ -33,6 +33,13 @@ def _close(envs: list[gymnasium.Env[Any, Any]]) -> None:
         env.close()
 
 
+def blocks(num_envs: int, parts: int) -> tuple[list[int], list[int]]:
+    """``num_envs`` envs split into ``parts`` consecutive blocks as even as can be (as the
+    process backend splits them): each block's size and its first env's index."""
+    counts = [len(ids) for ids in np.array_split(np.arange(num_envs), parts)]
+    return counts, np.cumsum([0, *counts[:-1]]).tolist()
+
+
 def _for_loop(
     workload: base.Workload, count: int, timing: base.Timing, first_index: int = 0
 ) -> tuple[Callable[[Any], object], list[list[Any]], list[gymnasium.Env[Any, Any]]]:
@@ -105,8 +112,7 @@ class CeilingRunner(base.Runner):
 
     def __init__(self, workload: base.Workload, timing: base.Timing) -> None:
         count = min(len(usable_cpus()), workload.num_envs)
-        counts = [len(ids) for ids in np.array_split(np.arange(workload.num_envs), count)]
-        firsts = np.cumsum([0, *counts[:-1]]).tolist()
+        counts, firsts = blocks(workload.num_envs, count)
         self.name, self.info = base.CEILING, {"processes": count, "envs_per_process": counts}
         ctx = multiprocessing.get_context()
         self._go, self._seconds, self._results = ctx.Barrier(count + 1), ctx.Value("d"), ctx.Queue()
