@@ -336,7 +336,8 @@ def against_the_least(workers: list[str], seconds: float, repeats: int) -> dict[
     the bare node pool (2 agents over TCP, 4 workers each, passing a byte:
     :class:`envfleet.benchmark.bare.BareNodePool`). All four open at once and timed in
     interleaved windows by the benchmark engine, so the machine's drift between rows measured
-    minutes apart moves no ratio. Returns the median µs per vector step of each."""
+    minutes apart moves no ratio (each is paired by round: :meth:`RunResult.over`). Returns the
+    median µs per vector step of each, and the ratios under ``ratios``."""
     openers = {
         "process": benchmark.envfleet_opener(**ONE_MACHINE),
         benchmark.BARE_POOL: functools.partial(
@@ -351,25 +352,32 @@ def against_the_least(workers: list[str], seconds: float, repeats: int) -> dict[
     results = benchmark.measure(
         list(openers), benchmark.Workload.of(NoOpEnv, 64), timing, openers=openers
     )
-    us: dict[str, float] = {}
+    got: dict[str, benchmark.RunResult] = {}
     for name, result in results.items():
         if not isinstance(result, benchmark.RunResult):
             raise SystemExit(f"{name} failed: {result}")
-        us[name] = 64e6 / result.median
-    bare_pool, bare_nodes = us[benchmark.BARE_POOL], us[benchmark.BARE_NODES]
+        got[name] = result
+    us = {name: 64e6 / result.median for name, result in got.items()}
+    ratios = {
+        "target": got["node pools"].over(got["process"]),
+        "bare layouts": got[benchmark.BARE_NODES].over(got[benchmark.BARE_POOL]),
+        "node pools over bare": got[benchmark.BARE_NODES].over(got["node pools"]),
+        "process over bare": got[benchmark.BARE_POOL].over(got["process"]),
+    }
     print(
         f"\nno-op x 64, 8 workers on 2 nodes, {repeats} interleaved windows of {seconds:g} s, "
         "median us per vector step: "
         + ", ".join(f"{name} {value:.0f}" for name, value in us.items())
-        + f"\n  node pools vs process backend: {us['process'] / us['node pools']:.3f}x "
-        "(target >= 0.25x)"
-        + f"\n  bare node pool vs bare pool: {bare_pool / bare_nodes:.3f}x (the layouts' own "
+        + "; ratios paired by round"
+        + f"\n  node pools vs process backend: {ratios['target']:.3f}x (target >= 0.25x)"
+        + f"\n  bare node pool vs bare pool: {ratios['bare layouts']:.3f}x (the layouts' own "
         "ratio on this machine, with nothing of envfleet's in it)"
-        + f"\n  node pools / bare node pool: {us['node pools'] / bare_nodes:.2f}, process / "
-        f"bare pool: {us['process'] / bare_pool:.2f} (what envfleet adds to each layout)",
+        + f"\n  node pools / bare node pool: {ratios['node pools over bare']:.2f}, process / "
+        f"bare pool: {ratios['process over bare']:.2f} (time per step: what envfleet adds to "
+        "each layout)",
         flush=True,
     )
-    return us
+    return {**us, **{f"ratio {name}": value for name, value in ratios.items()}}
 
 
 Processes = dict[str, list[psutil.Process]]

@@ -2,7 +2,8 @@
 
 A no-op env (:class:`bench.envs.NoOpEnv`) on 2 worker processes, with 2 and with 64 envs,
 against the bare pool (:mod:`envfleet.benchmark.bare`) on as many workers; their windows
-interleaved, the medians printed as microseconds per vector step and as a ratio.
+interleaved, the medians printed as microseconds per vector step, and their ratio paired by
+round (the median of the per-round ratios: :meth:`envfleet.benchmark.RunResult.over`).
 
 Usage::
 
@@ -67,11 +68,13 @@ def measure(n: int, workers: int, openers: Any, timing: Any, console: Any) -> di
             raise SystemExit(f"{name} failed: {result}")
         us[name] = [1e6 * n / rate for rate in result.throughputs]  # µs per vector step
     medians = {name: sorted(v)[len(v) // 2] for name, v in us.items()}
-    ratio = medians["process"] / medians[benchmark.BARE_POOL]
+    bare, process = results[benchmark.BARE_POOL], results["process"]
+    assert isinstance(bare, benchmark.RunResult) and isinstance(process, benchmark.RunResult)
+    ratio = bare.over(process)  # time per step, paired by round
     console.print(
         f"no-op x {n} on {workers} workers: envfleet process {medians['process']:.1f} µs, "
         f"bare pool {medians[benchmark.BARE_POOL]:.1f} µs per step; "
-        f"ratio {ratio:.2f} (target <= {TARGET}); windows "
+        f"ratio {ratio:.2f} (paired by round; target <= {TARGET}); windows "
         + ", ".join(f"{name} {[round(x, 1) for x in v]}" for name, v in us.items()),
         markup=False,
     )

@@ -149,6 +149,27 @@ def test_layouts_pair_each_async_row_with_its_sync_row() -> None:
     assert own_sync(report, "pool sync", 4) == own_sync(report, "pool B=4", 4) == "-"
 
 
+def test_a_ratio_pairs_the_windows_of_each_round() -> None:
+    # The machine runs 1x, 2x and 3x as fast in rounds 1-3; "b" is 0.9, 0.7 and 0.8 of "a" in
+    # the same round. The ratio of the medians (140 / 200) takes b's worst round; paired, the
+    # middle one.
+    a = RunResult("a", [100.0, 200.0, 300.0], 0.0)
+    b = RunResult("b", [90.0, 140.0, 240.0], 0.0)
+    assert b.over(a) == pytest.approx(0.8)
+    assert b.median / a.median == pytest.approx(0.7)
+    assert a.over(a) == 1.0
+    ok = {name: Availability(OK) for name in "ab"}
+    report = Report("env", [4], list(ok), TIMING, ok)
+    report.results = {"a": {4: a}, "b": {4: b}}
+    assert report.ratio("b", 4, "a") == pytest.approx(0.8)
+    assert report.ratio("b", 8, "a") is None  # not measured there
+    # A runner dropped after a failure has fewer windows: the medians, unpaired.
+    short = RunResult("b", [90.0, 140.0], 0.0)
+    assert short.over(a) == pytest.approx(115.0 / 200.0)
+    stalled = RunResult("a", [100.0, 0.0, 300.0], 0.0)  # a window with no step in it
+    assert b.over(stalled) == pytest.approx(140.0 / 100.0)
+
+
 def _opener(workload: Workload, timing: Timing, **kw: Any) -> Runner:
     raise AssertionError("not opened")
 

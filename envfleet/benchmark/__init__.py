@@ -4,7 +4,8 @@ A *runner* is one way of stepping ``num_envs`` copies of an env (:data:`RUNNERS`
 ``RUNNERS[name].open(workload, timing)``; each :meth:`Runner.window` steps for some seconds and
 returns env-steps per second, with actions sampled before the clock starts. :func:`measure`
 opens runners on one workload (a script's own too, ``openers``) and interleaves their windows,
-so that load from elsewhere hits them alike; the median window is reported. :func:`sweep` does
+so that load from elsewhere hits them alike; the median window is reported, and a ratio of two
+runners is the median of their per-round ratios (:meth:`RunResult.over`). :func:`sweep` does
 that per env count and returns a :class:`Report`: a table (:func:`report_table`,
 :func:`startup_table`), a plot (:func:`write_plot`) and JSON (:func:`write_json`).
 

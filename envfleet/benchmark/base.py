@@ -67,6 +67,7 @@ class Timing:
             **asdict(self),
             "interleaved": True,
             "statistic": "median",
+            "ratios": "median of per-round ratios",
             "unit": "env-steps per second",
         }
 
@@ -117,6 +118,21 @@ class RunResult:
     @property
     def median(self) -> float:
         return statistics.median(self.throughputs)
+
+    def over(self, reference: RunResult) -> float:
+        """This runner's throughput over ``reference``'s, measured in the same run: the median
+        of the per-round ratios (window ``k`` of each: :func:`measure` times every runner once
+        per round, so a round's windows are seconds apart) when both have every round, else
+        the ratio of their medians.
+
+        A shared machine's speed drifts by tens of percent within minutes: a drift between
+        rounds moves both windows of a round alike and leaves their ratio, where the ratio of
+        medians can take one runner's median from a fast round and the other's from a slow one.
+        """
+        mine, theirs = self.throughputs, reference.throughputs
+        if len(mine) != len(theirs) or not all(theirs):
+            return self.median / reference.median
+        return statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,13 @@ class Report:
         return result.median if isinstance(result, base.RunResult) else None
 
     def ratio(self, name: str, num_envs: int, reference: str = base.CEILING) -> float | None:
-        value, base = self.rate(name, num_envs), self.rate(reference, num_envs)
-        return None if value is None or not base else value / base
+        """``name``'s throughput over ``reference``'s at ``num_envs`` (:meth:`RunResult.over`:
+        paired by round), if both were measured."""
+        value = self.results.get(name, {}).get(num_envs)
+        against = self.results.get(reference, {}).get(num_envs)
+        if not isinstance(value, base.RunResult) or not isinstance(against, base.RunResult):
+            return None
+        return value.over(against) if against.median else None
 
     def errors(self) -> dict[str, dict[int, str]]:
         """Per runner that failed somewhere, its error message per env count."""
@@ -151,6 +156,11 @@ def _table(
     return table
 
 
+def ratio_shown(report: Report, reference: str) -> bool:
+    """Whether :func:`report_table` has a ratio column (``reference`` was measured)."""
+    return reference in report.measured
+
+
 def report_table(
     report: Report, reference: str = base.CEILING, columns: Sequence[Column] = ()
 ) -> Table:
@@ -158,8 +168,9 @@ def report_table(
     it was measured) and ``columns``."""
     timing = report.timing
     title = f"{report.env}: env-steps/s, median of {timing.repeats} x {timing.seconds:g} s"
+    title += "; ratios paired by round" if ratio_shown(report, reference) else ""
     title += " (interrupted)" if report.interrupted else ""
-    ratio = [f"/{reference}"] if reference in report.measured else []
+    ratio = [f"/{reference}"] if ratio_shown(report, reference) else []
 
     def cells(name: str, n: int, result: Any) -> list[str]:
         if isinstance(result, str | base.Skipped):
