@@ -51,6 +51,7 @@ import cloudpickle
 
 from envfleet.affinity import usable_cpus
 from envfleet.backends import spares as spare_rows
+from envfleet.backends import wake_order
 from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
 from envfleet.backends.channel import (
     REPEAT_BYTES,
@@ -111,6 +112,7 @@ def _worker_main(
     restarts: dict[int, int],
     from_main_thread: bool = False,
     spares_raw: tuple[Any, ...] = (),
+    wake_raw: Any = None,
 ) -> None:
     # Ctrl-C goes to the whole process group: the parent alone handles it and closes us. So a
     # KeyboardInterrupt here is an env's own, its failure like any other exception.
@@ -142,7 +144,10 @@ def _worker_main(
         return
     if shared.observations is None:  # a space shared memory cannot hold: they travel pickled
         group = Shipping(group, batch, options.observation_space)
-    after = spare_rows.copier(options, worker, spares_raw, batch.observations)
+    after = wake_order.then(
+        spare_rows.copier(options, worker, spares_raw, batch.observations),
+        wake_order.noter(wake_raw, worker),
+    )
     serve_pipes(group, commands.fileno(), reply_fd, SPIN_SECONDS, after)
 
 
@@ -174,6 +179,9 @@ class ProcessTransport(BaseTransport):
         self._shared: SharedBatch | None = SharedBatch.allocate(*spaces, allocator)
         self.batch = self._shared.views()
         self._spare_mem, self.spares, self._spoil = spare_rows.setup(*spaces[::2], allocator, spare)
+        workers = len(options.assignment)
+        self._wake_mem = wake_order.allocate(allocator, workers)  # each worker's last CPU
+        self._wake_order = wake_order.WakeOrder(self._wake_mem, workers)
         self._workers: list[WorkerProcess] = []
         self._writing: set[int] = set()  # workers whose outbox holds bytes (polled for room)
         self._closed = False
@@ -219,6 +227,7 @@ class ProcessTransport(BaseTransport):
                 restarts,
                 threading.current_thread() is threading.main_thread(),
                 self._spare_mem,
+                self._wake_mem,
             ),
             functools.partial(self._watcher, worker),
             self._info_columns,
@@ -326,6 +335,15 @@ class ProcessTransport(BaseTransport):
     def prepare(self, worker: int, command: Command) -> None:
         """Pickle ``command`` now (kept for :meth:`submit`): what cannot travel fails here."""
         self._pickled.dumps(command)
+
+    def submit_all(self, commands: Sequence[Command]) -> None:
+        """A sync step: the workers on other cores than this thread's first
+        (:mod:`~envfleet.backends.wake_order`), unless steps are quick (the last wait had
+        every reply within ``SPIN_LIMIT``: a worker that starts late loses little, and the
+        order would cost more than it saves)."""
+        submit = self.submit
+        for worker in range(len(commands)) if self._quick else self._wake_order.order():
+            submit(worker, commands[worker])
 
     def submit(self, worker: int, command: Command) -> None:
         slot = self._workers[worker]
