@@ -30,7 +30,7 @@ def _sched_getcpu() -> Callable[[], int] | None:
     """glibc's (or musl's) ``sched_getcpu``: the caller's CPU, from the vDSO (~0.1 µs)."""
     try:
         function = ctypes.CDLL(None).sched_getcpu
-    except (AttributeError, OSError):  # not Linux
+    except (AttributeError, OSError, TypeError):  # not Linux (Windows: no CDLL(None))
         return None
     function.restype = ctypes.c_int
     function.argtypes = []
