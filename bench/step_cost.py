@@ -62,15 +62,14 @@ def measure(n: int, workers: int, openers: Any, timing: Any, console: Any) -> di
         results = benchmark.measure(
             list(openers), benchmark.Workload.of(NoOpEnv, n), timing, openers=openers, **hooks
         )
-    us: dict[str, list[float]] = {}
+    got: dict[str, benchmark.RunResult] = {}
     for name, result in results.items():
-        if isinstance(result, str):
+        if not isinstance(result, benchmark.RunResult):
             raise SystemExit(f"{name} failed: {result}")
-        us[name] = [1e6 * n / rate for rate in result.throughputs]  # µs per vector step
-    medians = {name: sorted(v)[len(v) // 2] for name, v in us.items()}
-    bare, process = results[benchmark.BARE_POOL], results["process"]
-    assert isinstance(bare, benchmark.RunResult) and isinstance(process, benchmark.RunResult)
-    ratio = bare.over(process)  # time per step, paired by round
+        got[name] = result
+    us = {name: [1e6 * n / rate for rate in r.throughputs] for name, r in got.items()}
+    medians = {name: sorted(v)[len(v) // 2] for name, v in us.items()}  # µs per vector step
+    ratio = got[benchmark.BARE_POOL].over(got["process"])  # time per step, paired by round
     console.print(
         f"no-op x {n} on {workers} workers: envfleet process {medians['process']:.1f} µs, "
         f"bare pool {medians[benchmark.BARE_POOL]:.1f} µs per step; "

@@ -24,9 +24,9 @@ every cycle (docs/benchmarks.md, "Waiting strategy"), except for the pool's boun
 it had half written is dropped); a worker whose parent dies sees EOF on its command pipe, is
 killed by the kernel (``PR_SET_PDEATHSIG``) or, failing both, is stopped by a watchdog thread.
 
-This module is the transport (submit, wait, restart, close over all the workers) and what runs
-in a worker; the pool's handle on one worker process (start it, read its replies, bury or stop
-it) is :class:`~envfleet.backends.worker_process.WorkerProcess`.
+This module is the transport (submit, wait, restart, close over all the workers); what runs in
+a worker process and the pool's handle on one (start it, read its replies, bury or stop it) are
+:mod:`envfleet.backends.worker_process`'s.
 """
 
 from __future__ import annotations
@@ -38,13 +38,10 @@ import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
 import os
-import pickle
 import select
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection
 from typing import Any
 
 import cloudpickle
@@ -56,27 +53,22 @@ from envfleet.backends.base import BaseTransport, TransportOptions, WorkerLost
 from envfleet.backends.channel import (
     REPEAT_BYTES,
     PickledCommands,
-    encode_reply,
     frame,
-    serve_pipes,
-    write_all,
 )
-from envfleet.backends.lifeline import die_with_parent, sigint_held
-from envfleet.backends.rows import Shipping, deliver
+from envfleet.backends.lifeline import sigint_held
+from envfleet.backends.rows import deliver
 from envfleet.backends.runnable import Runnable
 from envfleet.backends.shm import batch_allocator
-from envfleet.backends.worker_process import WorkerProcess, describe_exit
+from envfleet.backends.worker_process import (
+    SPIN_SECONDS,
+    WorkerProcess,
+    describe_exit,
+    worker_main,
+)
 from envfleet.buffers import SharedBatch
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
-from envfleet.guards import claim_base_exceptions
 from envfleet.infos import Columns
-from envfleet.protocol import Close, Command, EnvFailure, Reply
-from envfleet.worker import start_group
-
-SPIN_SECONDS = 0.0
-"""How long each side polls without sleeping before it blocks in the kernel: 0 (block at once)
-measured fastest on 2 cores, where a spinning parent or worker takes the core an env needs
-(docs/benchmarks.md, "Waiting strategy"). Raise it only with more cores than busy processes."""
+from envfleet.protocol import Close, Command, Reply
 
 SPIN_LIMIT = 0.0002
 """The longest the pool polls without sleeping for replies, in two cases only: for the last
@@ -99,56 +91,6 @@ worker off it while the other core idles (CartPole x 64 on 2 workers: 370 µs a 
 
 _ONE_PLAIN: list[Reply | None] = [None]
 """What a worker's reply pipe holds after most steps: one plain reply."""
-
-
-def _worker_main(
-    worker: int,
-    commands: Connection,
-    replies: Connection,
-    parent_ends: tuple[Connection, Connection] | None,
-    options_blob: bytes,
-    shared: SharedBatch,
-    parent_pid: int,
-    restarts: dict[int, int],
-    from_main_thread: bool = False,
-    spares_raw: tuple[Any, ...] = (),
-    wake_raw: Any = None,
-) -> None:
-    # Ctrl-C goes to the whole process group: the parent alone handles it and closes us. So a
-    # KeyboardInterrupt here is an env's own, its failure like any other exception.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    claim_base_exceptions()
-    if parent_ends is not None:
-        for end in parent_ends:
-            end.close()  # so that our read sees EOF once the parent is gone
-    die_with_parent(parent_pid, from_main_thread)
-    reply_fd = replies.fileno()
-    try:
-        # cloudpickle: the env factory may be a lambda or closure, under any start method.
-        options: TransportOptions = pickle.loads(options_blob)
-    except Exception as exc:  # e.g. the factory's module cannot be imported in this process
-        write_all(
-            reply_fd, encode_reply(Reply(failures=(EnvFailure.capture(None, Phase.MAKE, exc),)))
-        )
-        return
-    batch = shared.views()
-    group, started = start_group(
-        options,
-        options.assignment[worker],
-        batch,
-        restarts=restarts,
-        rebuild_timeout=options.start_timeout,  # a process of our own: it may end itself
-    )
-    write_all(reply_fd, encode_reply(started))
-    if group is None:
-        return
-    if shared.observations is None:  # a space shared memory cannot hold: they travel pickled
-        group = Shipping(group, batch, options.observation_space)
-    after = wake_order.then(
-        spare_rows.copier(options, worker, spares_raw, batch.observations),
-        wake_order.noter(wake_raw, worker),
-    )
-    serve_pipes(group, commands.fileno(), reply_fd, SPIN_SECONDS, after)
 
 
 class ProcessTransport(BaseTransport):
@@ -219,7 +161,7 @@ class ProcessTransport(BaseTransport):
         slot = WorkerProcess.start(
             self._ctx,
             worker,
-            _worker_main,
+            worker_main,
             (
                 self._options_blob,
                 self._shared,

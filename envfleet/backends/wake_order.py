@@ -23,8 +23,6 @@ import ctypes
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 
 def _sched_getcpu() -> Callable[[], int] | None:
     """glibc's (or musl's) ``sched_getcpu``: the caller's CPU, from the vDSO (~0.1 µs)."""
@@ -48,7 +46,12 @@ def current_cpu() -> int:
 def allocate(allocator: Any, workers: int) -> Any:
     """Shared memory for ``workers`` slots (an ``int32`` each), from ``allocator`` (a
     ``multiprocessing`` context, or what :func:`~envfleet.backends.shm.batch_allocator` gave)."""
-    return allocator.RawArray(ctypes.c_uint8, 4 * max(1, workers))
+    return allocator.RawArray(ctypes.c_uint8, 4 * workers)
+
+
+def _slots(raw: Any) -> Any:
+    """The ``int32`` slots over ``raw`` (both sides read and write them through this)."""
+    return (ctypes.c_int32 * (len(raw) // 4)).from_buffer(raw)
 
 
 class WakeOrder:
@@ -60,15 +63,15 @@ class WakeOrder:
     """
 
     def __init__(self, raw: Any, workers: int) -> None:
-        self._cpus: np.ndarray = np.ndarray((len(raw) // 4,), np.int32, buffer=raw)
-        self._cpus[:] = -1
+        self._cpus = _slots(raw)
+        self._cpus[:] = [-1] * workers
         self._all = range(workers)
 
     def order(self) -> Sequence[int]:
         """Every worker once: those last on another CPU than the caller's first, in order, then
         those on the caller's (or every worker in order, when no CPU is known)."""
         mine = current_cpu()
-        cpus = self._cpus.tolist()
+        cpus = self._cpus[:]
         if mine < 0 or mine not in cpus:
             return self._all
         return [w for w in self._all if cpus[w] != mine] + [w for w in self._all if cpus[w] == mine]
@@ -80,7 +83,7 @@ def noter(raw: Any, worker: int) -> Callable[[], None] | None:
     getcpu = _getcpu
     if getcpu is None or not raw:
         return None
-    slot = (ctypes.c_int32 * (len(raw) // 4)).from_buffer(raw)
+    slot = _slots(raw)
 
     def note() -> None:
         slot[worker] = getcpu()

@@ -4,8 +4,8 @@ A :class:`WorkerProcess` is the process and the pool's ends of its two one-way p
 go out through its :class:`~envfleet.backends.outbox.Outbox` (never blocking the pool), replies
 come in through a non-blocking read framed by :class:`~envfleet.backends.channel.FrameReader`,
 and its end is seen through the process sentinel. It starts the process, reads what it sent,
-buries it once it is gone (keeping the replies it sent before dying) and stops it. What runs in
-the process and how the pool waits on many of them together is
+buries it once it is gone (keeping the replies it sent before dying) and stops it.
+:func:`worker_main` is what runs in the process; how the pool waits on many of them together is
 :mod:`envfleet.backends.process`'s business.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,11 +21,76 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from envfleet.backends.base import WorkerLost
-from envfleet.backends.channel import FrameReader
+from envfleet.backends import spares as spare_rows
+from envfleet.backends import wake_order
+from envfleet.backends.base import TransportOptions, WorkerLost
+from envfleet.backends.channel import FrameReader, encode_reply, serve_pipes, write_all
+from envfleet.backends.lifeline import die_with_parent
 from envfleet.backends.outbox import Outbox
+from envfleet.backends.rows import Shipping
+from envfleet.buffers import SharedBatch
+from envfleet.errors import Phase
+from envfleet.guards import claim_base_exceptions
 from envfleet.infos import Columns
-from envfleet.protocol import Command, Reply
+from envfleet.protocol import Command, EnvFailure, Reply
+from envfleet.worker import start_group
+
+SPIN_SECONDS = 0.0
+"""How long each side polls without sleeping before it blocks in the kernel: 0 (block at once)
+measured fastest on 2 cores, where a spinning parent or worker takes the core an env needs
+(docs/benchmarks.md, "Waiting strategy"). Raise it only with more cores than busy processes."""
+
+
+def worker_main(
+    worker: int,
+    commands: Connection,
+    replies: Connection,
+    parent_ends: tuple[Connection, Connection] | None,
+    options_blob: bytes,
+    shared: SharedBatch,
+    parent_pid: int,
+    restarts: dict[int, int],
+    from_main_thread: bool = False,
+    spares_raw: tuple[Any, ...] = (),
+    wake_raw: Any = None,
+) -> None:
+    """What a worker process runs: build its envs (``options.assignment[worker]``) over the
+    shared batch, say so, then serve the pool's commands until it closes or goes away."""
+    # Ctrl-C goes to the whole process group: the parent alone handles it and closes us. So a
+    # KeyboardInterrupt here is an env's own, its failure like any other exception.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    claim_base_exceptions()
+    if parent_ends is not None:
+        for end in parent_ends:
+            end.close()  # so that our read sees EOF once the parent is gone
+    die_with_parent(parent_pid, from_main_thread)
+    reply_fd = replies.fileno()
+    try:
+        # cloudpickle: the env factory may be a lambda or closure, under any start method.
+        options: TransportOptions = pickle.loads(options_blob)
+    except Exception as exc:  # e.g. the factory's module cannot be imported in this process
+        write_all(
+            reply_fd, encode_reply(Reply(failures=(EnvFailure.capture(None, Phase.MAKE, exc),)))
+        )
+        return
+    batch = shared.views()
+    group, started = start_group(
+        options,
+        options.assignment[worker],
+        batch,
+        restarts=restarts,
+        rebuild_timeout=options.start_timeout,  # a process of our own: it may end itself
+    )
+    write_all(reply_fd, encode_reply(started))
+    if group is None:
+        return
+    if shared.observations is None:  # a space shared memory cannot hold: they travel pickled
+        group = Shipping(group, batch, options.observation_space)
+    after = wake_order.then(
+        spare_rows.copier(options, worker, spares_raw, batch.observations),
+        wake_order.noter(wake_raw, worker),
+    )
+    serve_pipes(group, commands.fileno(), reply_fd, SPIN_SECONDS, after)
 
 
 @dataclass(eq=False)

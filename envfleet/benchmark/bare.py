@@ -24,6 +24,7 @@ from typing import Any
 from envfleet.affinity import usable_cpus
 from envfleet.benchmark.base import CallRunner, Runner, Timing, Workload
 from envfleet.benchmark.runners import _close, _for_loop, blocks
+from envfleet.threads import split_ids
 
 BARE_POOL = "bare-pool"
 BARE_NODES = "bare-nodes"
@@ -180,16 +181,15 @@ class BareNodePool:
             )
         workers = min(nodes * workers_per_node, workload.num_envs)
         counts, firsts = blocks(workload.num_envs, workers)
-        sizes, starts = blocks(workers, nodes)  # a node's workers: consecutive
-        layout = [range(start, start + size) for size, start in zip(sizes, starts, strict=True)]
-        self.layout = [size for size in sizes if size]
+        layout = split_ids(range(workers), nodes)  # a node's workers: consecutive
+        self.layout = [len(node) for node in layout]
         self.pids: dict[str, list[int]] = {"agents": [], "workers": []}
         """The process ids of its agents and of its workers."""
         ctx = multiprocessing.get_context()
         self._links: list[socket.socket] = []
         self._procs: list[Any] = []
         try:
-            for node in (w for w in layout if w):
+            for node in layout:
                 # The agent's ends of its workers' pipes.
                 commands: list[Any] = []
                 replies: list[Any] = []
@@ -200,6 +200,7 @@ class BareNodePool:
                     replies.append(reply_r)
                     self._start(
                         ctx,
+                        "workers",
                         _bare_worker,
                         (workload, counts[i], firsts[i], timing, command_r, reply_w),
                     )
@@ -207,7 +208,7 @@ class BareNodePool:
                     reply_w.close()
                 near, far = _loopback_pair()
                 self._links.append(near)
-                self._start(ctx, _bare_agent, (far, commands, replies))
+                self._start(ctx, "agents", _bare_agent, (far, commands, replies))
                 far.close()  # the agent's alone, as are its ends of the pipes
                 for end in (*commands, *replies):
                     end.close()
@@ -216,11 +217,11 @@ class BareNodePool:
             self.close()
             raise
 
-    def _start(self, ctx: Any, target: Any, args: tuple[Any, ...]) -> None:
+    def _start(self, ctx: Any, role: str, target: Any, args: tuple[Any, ...]) -> None:
         proc = ctx.Process(target=target, args=args, daemon=True)
         proc.start()
         self._procs.append(proc)
-        self.pids["agents" if target is _bare_agent else "workers"].append(proc.pid)
+        self.pids[role].append(proc.pid)
 
     def _gather(self) -> None:
         for link in self._links:

@@ -156,21 +156,17 @@ def _table(
     return table
 
 
-def ratio_shown(report: Report, reference: str) -> bool:
-    """Whether :func:`report_table` has a ratio column (``reference`` was measured)."""
-    return reference in report.measured
-
-
 def report_table(
     report: Report, reference: str = base.CEILING, columns: Sequence[Column] = ()
 ) -> Table:
     """One row per measured runner; per env count, steps/s, the ratio to ``reference`` (when
     it was measured) and ``columns``."""
     timing = report.timing
+    shown = reference in report.measured  # a ratio column
     title = f"{report.env}: env-steps/s, median of {timing.repeats} x {timing.seconds:g} s"
-    title += "; ratios paired by round" if ratio_shown(report, reference) else ""
+    title += "; ratios paired by round" if shown else ""
     title += " (interrupted)" if report.interrupted else ""
-    ratio = [f"/{reference}"] if ratio_shown(report, reference) else []
+    ratio = [f"/{reference}"] if shown else []
 
     def cells(name: str, n: int, result: Any) -> list[str]:
         if isinstance(result, str | base.Skipped):

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium
-import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
 import envfleet
 from envfleet.affinity import usable_cpus
 from envfleet.benchmark import base
+from envfleet.threads import split_ids
 
 CEILING_TIMEOUT = 600.0
 """Seconds the ceiling's processes and their parent wait for each other before giving up."""
@@ -34,10 +34,11 @@ def _close(envs: list[gymnasium.Env[Any, Any]]) -> None:
 
 
 def blocks(num_envs: int, parts: int) -> tuple[list[int], list[int]]:
-    """``num_envs`` envs split into ``parts`` consecutive blocks as even as can be (as the
-    process backend splits them): each block's size and its first env's index."""
-    counts = [len(ids) for ids in np.array_split(np.arange(num_envs), parts)]
-    return counts, np.cumsum([0, *counts[:-1]]).tolist()
+    """``num_envs`` envs split into ``parts`` consecutive blocks (fewer when there are fewer
+    envs) as the pool splits them (:func:`~envfleet.threads.split_ids`): each block's size and
+    its first env's index."""
+    split = split_ids(range(num_envs), parts)
+    return [len(ids) for ids in split], [ids[0] for ids in split]
 
 
 def _for_loop(
