@@ -45,12 +45,18 @@ class ScriptedWorkers:
         self.batch = Batch.local(OBS, ACTIONS, ENVS)
         self.submitted: list[tuple[int, Command]] = []
         self.done: Replies = []
+        self.whole_rounds = 0  # rounds handed over whole (submit_all: in the wake order)
 
     def watch(self, fd: int) -> None:
         pass
 
     def submit(self, worker: int, command: Command) -> None:
         self.submitted.append((worker, command))
+
+    def submit_all(self, commands: list[Command]) -> None:
+        self.whole_rounds += 1
+        for worker, command in enumerate(commands):
+            self.submit(worker, command)
 
     def finish(self, *workers: int, reply: Reply | None = None) -> None:
         for worker in workers:
@@ -188,6 +194,28 @@ def test_a_sync_step_is_answered_once_every_worker_is_in(
         assert answers(link, pool) == [[0, 1, 2, 3]]
         np.testing.assert_array_equal(pool.rewards, 10 * np.arange(ENVS) + step)
     assert server.hold and link.last is commands
+    assert workers.whole_rounds == 2  # each went out in the wake order (submit_all)
+
+
+def test_a_round_of_every_worker_out_of_order_goes_to_the_workers_it_names(
+    pair: tuple[Connection, Connection],
+) -> None:
+    """An async round may name every worker, in another order: its commands go one by one to
+    the workers named (not in the workers' order), the first time and repeated."""
+    server, workers, link = setup(pair)
+    pool = Batch.local(OBS, ACTIONS, ENVS)
+    order = [2, 3, 0, 1]
+    commands = None
+    for step in range(2):  # the second: a repeat (one byte)
+        commands = send_steps(link, server, pool, order, step, commands)
+        assert [(w, c.env_ids) for w, c in workers.submitted] == [  # type: ignore[attr-defined]
+            (w, tuple(range(w * PER_WORKER, (w + 1) * PER_WORKER))) for w in order
+        ]
+        workers.finish(*order)
+        server.collect()
+        assert answers(link, pool) == [[0, 1, 2, 3]]
+        np.testing.assert_array_equal(pool.rewards, 10 * np.arange(ENVS) + step)
+    assert workers.whole_rounds == 0
 
 
 def test_infos_the_workers_sent_as_columns_go_on_as_columns(

@@ -102,6 +102,7 @@ class NodeServer:
         self.last_actions = None
         self.workers = workers
         self.hold = False  # a sync step's round: held up to HOLD_LIMIT, not LOCAL_SLICE
+        self.whole = False  # the last round's commands: one per worker, in the workers' order
         self.held: list[_Held] = []
         self.held_since = 0.0
         self.complete = False  # a round is all in since the last answer
@@ -183,7 +184,8 @@ class NodeServer:
             commands, at = wire.read_header(view)
             self.last = commands
             self.last_actions = None
-            self.hold = self.owed == 0 and [w for w, _ in commands] == list(range(self.workers))
+            self.whole = [w for w, _ in commands] == list(range(self.workers))
+            self.hold = self.owed == 0 and self.whole
             self.submit(commands, view, at)
             return True
         if tag == wire.MEMORY:  # answered at once, between the node's rounds
@@ -230,9 +232,14 @@ class NodeServer:
         self.rounds += 1
         self.left[number] = len(commands)
         self.owed += len(commands)
-        inflight, submit = self.inflight, self.local.submit
+        inflight = self.inflight
         for worker, command in commands:
             inflight[worker].append((command, number))
+        if self.hold and self.whole:  # a sync step: the workers on other cores than ours first
+            self.local.submit_all([command for _, command in commands])
+            return
+        submit = self.local.submit
+        for worker, command in commands:
             submit(worker, command)
 
     def answer(self) -> None:
