@@ -349,9 +349,11 @@ def against_the_least(workers: list[str], seconds: float, repeats: int) -> dict[
         ),
     }
     timing = benchmark.Timing.scaled(seconds, repeats)
+    wakes = [benchmark.wake_round_trips()]  # what a wake-up costs now, before and after
     results = benchmark.measure(
         list(openers), benchmark.Workload.of(NoOpEnv, 64), timing, openers=openers
     )
+    wakes.append(benchmark.wake_round_trips())
     got: dict[str, benchmark.RunResult] = {}
     for name, result in results.items():
         if not isinstance(result, benchmark.RunResult):
@@ -374,7 +376,14 @@ def against_the_least(workers: list[str], seconds: float, repeats: int) -> dict[
         "ratio on this machine, with nothing of envfleet's in it)"
         + f"\n  node pools / bare node pool: {ratios['node pools over bare']:.2f}, process / "
         f"bare pool: {ratios['process over bare']:.2f} (time per step: what envfleet adds to "
-        "each layout)",
+        "each layout)"
+        + "\n  a wake-up's round trip, before and after, us: "
+        + (
+            ", ".join(f"{k} {before[k]:g} and {after[k]:g}" for k in before)
+            if (before := wakes[0]) and (after := wakes[1])
+            else "- (one core, or no pinning)"
+        )
+        + " (a node layout's step waits for more wake-ups in a row than a one-node pool's)",
         flush=True,
     )
     return {**us, **{f"ratio {name}": value for name, value in ratios.items()}}

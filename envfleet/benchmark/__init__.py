@@ -59,3 +59,4 @@ from envfleet.benchmark.runners import envfleet_opener as envfleet_opener
 from envfleet.benchmark.runners import open_envfleet as open_envfleet
 from envfleet.benchmark.runners import open_gym_async as open_gym_async
 from envfleet.benchmark.runners import open_loop as open_loop
+from envfleet.benchmark.wakeups import wake_round_trips as wake_round_trips

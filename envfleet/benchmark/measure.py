@@ -21,6 +21,7 @@ from envfleet.benchmark import base
 from envfleet.benchmark.peers import version
 from envfleet.benchmark.registry import RUNNERS, Availability, availability
 from envfleet.benchmark.report import Report
+from envfleet.benchmark.wakeups import wake_round_trips
 from envfleet.cli.common import clock
 from envfleet.spec import EnvSpec
 
@@ -189,8 +190,10 @@ PACKAGES = (
 
 
 def machine_info(packages: Sequence[str] = ()) -> dict[str, Any]:
-    """Cores, CPU, Python, package versions (:data:`PACKAGES` and ``packages``), load and date:
-    what the numbers depend on."""
+    """Cores, CPU, Python, package versions (:data:`PACKAGES` and ``packages``), load, what a
+    wake-up costs on one core and across two, in µs a round trip
+    (:func:`~envfleet.benchmark.wakeups.wake_round_trips`), and date: what the numbers depend
+    on."""
     try:
         load: list[float] | None = list(os.getloadavg())
     except OSError:
@@ -203,6 +206,7 @@ def machine_info(packages: Sequence[str] = ()) -> dict[str, Any]:
         "python": platform.python_version(),
         "versions": {p: version(p) for p in dict.fromkeys((*PACKAGES, *packages))},
         "load_average_at_start": load,
+        "wake_round_trip_us": wake_round_trips(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 

@@ -1,0 +1,31 @@
+"""What a wake-up costs (``envfleet.benchmark.wakeups``): measured on one core and across two,
+with the caller's affinity left as it was."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from envfleet.affinity import usable_cpus
+from envfleet.benchmark import wakeups
+
+
+@pytest.mark.skipif(
+    len(usable_cpus()) < 2 or not hasattr(os, "sched_setaffinity"), reason="needs 2 cores"
+)
+def test_round_trips_on_one_core_and_across_two_leave_the_affinity_as_it_was() -> None:
+    before = os.sched_getaffinity(0)
+    try:
+        got = wakeups.wake_round_trips(rounds=2, round_trips=50)
+        assert got is not None
+        assert set(got) == {"same core", "across cores"}
+        assert all(value > 0 for value in got.values())
+        assert os.sched_getaffinity(0) == before  # pinned to one core while it measured
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def test_one_core_has_nothing_to_compare(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wakeups, "usable_cpus", lambda: (0,))
+    assert wakeups.wake_round_trips() is None
