@@ -4,6 +4,7 @@ with the caller's affinity left as it was."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -29,3 +30,20 @@ def test_round_trips_on_one_core_and_across_two_leave_the_affinity_as_it_was() -
 def test_one_core_has_nothing_to_compare(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(wakeups, "usable_cpus", lambda: (0,))
     assert wakeups.wake_round_trips() is None
+
+
+def _answers_once(cpu: int, commands: Any, replies: Any) -> None:
+    """A far end that says it is ready, then goes away."""
+    os.write(replies.fileno(), wakeups._DONE)
+
+
+@pytest.mark.skipif(
+    len(usable_cpus()) < 2 or not hasattr(os, "sched_setaffinity"), reason="needs 2 cores"
+)
+def test_a_far_end_gone_mid_measurement_gives_no_figure_and_no_hang(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    before = os.sched_getaffinity(0)
+    monkeypatch.setattr(wakeups, "_echo", _answers_once)
+    assert wakeups.wake_round_trips(rounds=2, round_trips=50) is None
+    assert os.sched_getaffinity(0) == before
