@@ -377,12 +377,8 @@ def against_the_least(workers: list[str], seconds: float, repeats: int) -> dict[
         + f"\n  node pools / bare node pool: {ratios['node pools over bare']:.2f}, process / "
         f"bare pool: {ratios['process over bare']:.2f} (time per step: what envfleet adds to "
         "each layout)"
-        + "\n  a wake-up's round trip, before and after, us: "
-        + (
-            ", ".join(f"{k} {before[k]:g} and {after[k]:g}" for k in before)
-            if (before := wakes[0]) and (after := wakes[1])
-            else "- (one core, or no pinning)"
-        )
+        + "\n  a wake-up's round trip, before and after: "
+        + (benchmark.describe_wakes(*wakes) or "- (one core, or no pinning)")
         + " (a node layout's step waits for more wake-ups in a row than a one-node pool's)",
         flush=True,
     )

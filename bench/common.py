@@ -178,16 +178,11 @@ def print_machine(console: Console, packages: Sequence[str] = ()) -> dict[str, A
     """Print a one-line summary of :func:`~envfleet.benchmark.machine_info`; return it."""
     machine = benchmark.machine_info(packages)
     load = machine["load_average_at_start"]
-    wakes = machine["wake_round_trip_us"]
+    wakes = benchmark.describe_wakes(machine["wake_round_trip_us"])
     console.print(
         f"{machine['cpu_model']}, {machine['usable_cores']} usable cores, Python "
         f"{machine['python']}, load average {f'{load[0]:.2f}' if load else '-'}"
-        + (
-            f", a wake-up's round trip {wakes['same core']:g} us on one core and "
-            f"{wakes['across cores']:g} us across two"
-            if wakes
-            else ""
-        )
+        + (f", a wake-up's round trip {wakes}" if wakes else "")
         + "; "
         + ", ".join(f"{k} {v}" for k, v in machine["versions"].items() if v)
     )

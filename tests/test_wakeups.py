@@ -47,3 +47,13 @@ def test_a_far_end_gone_mid_measurement_gives_no_figure_and_no_hang(
     monkeypatch.setattr(wakeups, "_echo", _answers_once)
     assert wakeups.wake_round_trips(rounds=2, round_trips=50) is None
     assert os.sched_getaffinity(0) == before
+
+
+def test_figures_before_and_after_read_as_one_line() -> None:
+    before = {"same core": 7.6, "across cores": 91.7}
+    after = {"same core": 7.4, "across cores": 72.4}
+    assert wakeups.describe_wakes(before, after) == (
+        "7.6 and 7.4 us on one core, 91.7 and 72.4 us across two"
+    )
+    assert wakeups.describe_wakes(before) == "7.6 us on one core, 91.7 us across two"
+    assert wakeups.describe_wakes(before, None) is None  # one of them has no figure

@@ -102,7 +102,8 @@ class NodeServer:
         self.last_actions = None
         self.workers = workers
         self.hold = False  # a sync step's round: held up to HOLD_LIMIT, not LOCAL_SLICE
-        self.whole = False  # the last round's commands: one per worker, in the workers' order
+        # The last round's commands in the workers' order, when it named every worker in it.
+        self.in_order: list[Command] | None = None
         self.held: list[_Held] = []
         self.held_since = 0.0
         self.complete = False  # a round is all in since the last answer
@@ -184,8 +185,9 @@ class NodeServer:
             commands, at = wire.read_header(view)
             self.last = commands
             self.last_actions = None
-            self.whole = [w for w, _ in commands] == list(range(self.workers))
-            self.hold = self.owed == 0 and self.whole
+            whole = [w for w, _ in commands] == list(range(self.workers))
+            self.in_order = [command for _, command in commands] if whole else None
+            self.hold = self.owed == 0 and whole
             self.submit(commands, view, at)
             return True
         if tag == wire.MEMORY:  # answered at once, between the node's rounds
@@ -235,8 +237,8 @@ class NodeServer:
         inflight = self.inflight
         for worker, command in commands:
             inflight[worker].append((command, number))
-        if self.hold and self.whole:  # a sync step: the workers on other cores than ours first
-            self.local.submit_all([command for _, command in commands])
+        if self.hold and self.in_order is not None:  # a sync step: other cores' workers first
+            self.local.submit_all(self.in_order)
             return
         submit = self.local.submit
         for worker, command in commands:

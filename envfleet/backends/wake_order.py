@@ -66,6 +66,7 @@ class WakeOrder:
         self._cpus = _slots(raw)
         self._cpus[:] = [-1] * workers
         self._all = range(workers)
+        self._last: tuple[int, list[int], list[int]] = (-1, [], [])  # its CPUs, their order
 
     def order(self) -> Sequence[int]:
         """Every worker once: those last on another CPU than the caller's first, in order, then
@@ -74,7 +75,13 @@ class WakeOrder:
         cpus = self._cpus[:]
         if mine < 0 or mine not in cpus:
             return self._all
-        return [w for w in self._all if cpus[w] != mine] + [w for w in self._all if cpus[w] == mine]
+        last_mine, last_cpus, order = self._last
+        if mine == last_mine and cpus == last_cpus:  # as at the last step: the same order
+            return order
+        order = [w for w in self._all if cpus[w] != mine]
+        order += [w for w in self._all if cpus[w] == mine]
+        self._last = mine, cpus, order
+        return order
 
 
 def noter(raw: Any, worker: int) -> Callable[[], None] | None:

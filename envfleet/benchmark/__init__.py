@@ -59,4 +59,5 @@ from envfleet.benchmark.runners import envfleet_opener as envfleet_opener
 from envfleet.benchmark.runners import open_envfleet as open_envfleet
 from envfleet.benchmark.runners import open_gym_async as open_gym_async
 from envfleet.benchmark.runners import open_loop as open_loop
+from envfleet.benchmark.wakeups import describe_wakes as describe_wakes
 from envfleet.benchmark.wakeups import wake_round_trips as wake_round_trips
