@@ -1,18 +1,21 @@
 """The process backend's bounded spin on a quiet and on a busy machine: always, gated, never.
 
 One pool of no-op envs (:class:`bench.envs.NoOpEnv`; CartPole or Pong with ``--env``) on 2
-workers, and the bare pool beside it, stepped in alternating windows in this process, with the
-pool's spin (``SPIN_LIMIT``) taken always (the gate on the machine's runnable tasks bypassed),
-gated (the default), gated without yielding the core between polls (``SPIN_YIELDS_AFTER`` past
-the spin: a plain spin), gated with the workers switched to Linux's ``SCHED_BATCH`` (a woken
-worker does not preempt the running task; tried, not adopted: docs/benchmarks.md) and never;
-``--busy K`` runs K busy loops (a learner's threads, another pool) for the whole run. Prints
-the median µs per vector step and the pool's CPU per step of each.
+workers (``--workers``), and the bare pool on as many beside it, stepped in alternating windows
+in this process, with the pool's spin (``SPIN_LIMIT``) taken always (the gate on the machine's
+runnable tasks bypassed), gated (the default), gated counting every worker as the pool's own
+task (the gate before it counted at most one worker per core: the same on 2 workers), gated
+without yielding the core between polls (``SPIN_YIELDS_AFTER`` past the spin: a plain spin),
+gated with the workers switched to Linux's ``SCHED_BATCH`` (a woken worker does not preempt the
+running task; tried, not adopted: docs/benchmarks.md) and never; ``--busy K`` runs K busy loops
+(a learner's threads, another pool) for the whole run. Prints the median µs per vector step and
+the pool's CPU per step of each.
 
 Usage::
 
     python bench/spin.py                   # 2 and 64 envs, quiet
     python bench/spin.py --busy 2          # beside two busy loops
+    python bench/spin.py --busy 2 --workers 8 --num-envs 64   # more workers than cores
     python bench/spin.py --env cartpole --num-envs 64
 """
 
@@ -75,11 +78,12 @@ Mode = tuple[float, float, Callable[[int, int], bool], int, Callable[[], object]
 """A mode: its spin limit, when the spin yields, the gate, the workers' policy, the step."""
 
 
-def measure(env: Any, n: int, windows: int, steps: int) -> dict[str, Any]:
-    """Median µs (and CPU µs) per step of each spin mode and of the bare pool, ``n`` envs."""
-    pool = envfleet.make(env, num_envs=n, backend="process", num_workers=2)
+def measure(env: Any, n: int, windows: int, steps: int, workers: int = 2) -> dict[str, Any]:
+    """Median µs (and CPU µs) per step of each spin mode and of the bare pool, ``n`` envs on
+    ``workers`` workers."""
+    pool = envfleet.make(env, num_envs=n, backend="process", num_workers=workers)
     timing = benchmark.Timing.scaled(1.0, 1)
-    bare = benchmark.bare.BarePool(benchmark.Workload.of(env, n), timing, 2)
+    bare = benchmark.bare.BarePool(benchmark.Workload.of(env, n), timing, workers)
     try:
         pool.reset(seed=0)
         choices = pool.single_action_space.n  # type: ignore[attr-defined]
@@ -91,11 +95,17 @@ def measure(env: Any, n: int, windows: int, steps: int) -> dict[str, Any]:
 
         runnable = pool._transport._runnable
         gated, always = runnable.only, lambda tasks, cores: True
+        every = pool.num_workers
+
+        def all_workers(tasks: int, cores: int) -> bool:  # every worker counted as the pool's
+            return gated(1 + every, cores)
+
         limit, yields = process.SPIN_LIMIT, process.SPIN_YIELDS_AFTER
         batch, other = os.SCHED_BATCH, os.SCHED_OTHER
         modes: dict[str, Mode] = {
             "always": (limit, yields, always, other, step),
             "gated": (limit, yields, gated, other, step),
+            "gated-all-workers": (limit, yields, all_workers, other, step),
             "no-yield": (limit, 1.0, gated, other, step),
             "batch-workers": (limit, 0.0, gated, batch, step),
             "never": (0.0, yields, gated, other, step),
@@ -132,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--env", choices=sorted(ENVS), default="noop")
     parser.add_argument("--busy", type=int, default=0, help="busy loops beside the run")
+    parser.add_argument("--workers", type=int, default=2, help="the pools' workers")
     parser.add_argument("--windows", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3000, help="steps per window")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 window of 300 steps")
@@ -141,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average {os.getloadavg()[0]:.2f}, {args.busy} busy loops")
     with busy(args.busy):
         for n in args.num_envs:
-            rows = measure(ENVS[args.env], n, args.windows, args.steps)
+            rows = measure(ENVS[args.env], n, args.windows, args.steps, args.workers)
             print(
-                f"{args.env} x {n}: "
+                f"{args.env} x {n} on {args.workers} workers: "
                 + "; ".join(
                     f"{mode} {row['us']:.1f} us (CPU {row['cpu_us']:.1f})"
                     for mode, row in rows.items()

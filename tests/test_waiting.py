@@ -169,6 +169,29 @@ def test_no_spin_while_the_machine_has_more_to_run_than_the_pool_and_its_cores(
         pool.close()
 
 
+@pytest.mark.parametrize("spin_limit", [5.0], indirect=True)
+@pytest.mark.parametrize("runnable", [3, 4])
+def test_more_workers_than_cores_count_as_many_as_the_cores_against_the_machine(
+    spin_limit: float, runnable: int
+) -> None:
+    """Four fast workers on 2 cores: the pool counts as its own tasks itself and 2 of its
+    workers (a spin waits on fewer workers than cores), not all four, so that one task more on
+    the machine (4 running or queued) makes it sleep in the kernel; with 3 it spins."""
+    pool, waits = _logged_pool([FaultyEnv] * 4, cores=2, runnable=runnable)
+    try:
+        pool.reset(seed=0)
+        del waits[:]
+        for _ in range(5):
+            pool._transport._quick = True  # each wait may spin from its start
+            waits.append([])
+            pool.step(np.zeros(4, dtype=np.int64))
+        polls = [timeout for wait in waits for timeout, _ in wait]
+        assert polls
+        assert (0 in polls) == (runnable <= 3), waits
+    finally:
+        pool.close()
+
+
 @pytest.mark.parametrize("spin_limit", [0.0002], indirect=True)
 @pytest.mark.parametrize("yields_after", [20e-6, 1.0])
 def test_a_spin_past_its_first_microseconds_yields_the_core(

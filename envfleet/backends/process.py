@@ -76,7 +76,8 @@ replies of a wait once some are in and fewer workers still owe one than the mach
 cores (the finished workers' cores are idle), and at the start of a wait when its previous wait
 got every reply within this limit (workers that fast lose little to a spin that short). Never on
 one core (a node agent's on a 1-CPU node, where it holds the core the workers need) nor while
-the machine runs or queues more tasks than the pool's and than its cores
+the machine runs or queues more tasks than the pool's (itself and, of its workers, one per
+core) and than its cores
 (:class:`~envfleet.backends.runnable.Runnable`: the spin would hold a core others wait for).
 Each saves the pool a sleep and a wake-up (tens of µs on a virtual machine) on most sync steps
 of fast envs (docs/benchmarks.md, "The fixed cost of a step")."""
@@ -336,7 +337,12 @@ class ProcessTransport(BaseTransport):
             events: list[tuple[int, int]] = []
             spin, cores = SPIN_SECONDS, self._cores
             idle = want - len(replies) < cores if replies else self._quick  # or quick steps
-            if cores > 1 and idle and self._runnable.only(1 + len(self._workers), cores):
+            # Its own tasks: itself and, of its workers, as many as it has cores (a spin
+            # waits on fewer than ``cores`` of them; those that just answered may still be
+            # on their way to sleep). Counting every worker let a pool of more workers than
+            # cores spin on a machine busy with other work.
+            own = 1 + min(len(self._workers), cores)
+            if cores > 1 and idle and self._runnable.only(own, cores):
                 spin = max(spin, SPIN_LIMIT)  # not on one core, nor on a busy machine
             if spin > 0 and ms != 0:
                 now = time.perf_counter()
