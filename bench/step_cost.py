@@ -21,6 +21,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 import argparse
 import functools
+import statistics
 from typing import Any
 
 from bench.common import RESULTS, print_machine, progress, save_json, session
@@ -68,7 +69,7 @@ def measure(n: int, workers: int, openers: Any, timing: Any, console: Any) -> di
             raise SystemExit(f"{name} failed: {result}")
         got[name] = result
     us = {name: [1e6 * n / rate for rate in r.throughputs] for name, r in got.items()}
-    medians = {name: sorted(v)[len(v) // 2] for name, v in us.items()}  # µs per vector step
+    medians = {name: statistics.median(v) for name, v in us.items()}  # µs per vector step
     ratio = got[benchmark.BARE_POOL].over(got["process"])  # time per step, paired by round
     console.print(
         f"no-op x {n} on {workers} workers: envfleet process {medians['process']:.1f} µs, "
