@@ -95,11 +95,7 @@ def measure(env: Any, n: int, windows: int, steps: int, workers: int = 2) -> dic
 
         runnable = pool._transport._runnable
         gated, always = runnable.only, lambda tasks, cores: True
-        every = pool.num_workers
-
-        def all_workers(tasks: int, cores: int) -> bool:  # every worker counted as the pool's
-            return gated(1 + every, cores)
-
+        all_workers = lambda tasks, cores: gated(1 + workers, cores)  # noqa: E731 - the gate before: every worker counted
         limit, yields = process.SPIN_LIMIT, process.SPIN_YIELDS_AFTER
         batch, other = os.SCHED_BATCH, os.SCHED_OTHER
         modes: dict[str, Mode] = {

@@ -333,15 +333,16 @@ class ProcessTransport(BaseTransport):
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[tuple[int, Reply | WorkerLost | None]] = []
         ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+        cores = self._cores
+        # Its own tasks: itself and, of its workers, as many as it has cores (a spin waits on
+        # fewer than ``cores`` of them; those that just answered may still be on their way to
+        # sleep). Counting every worker let a pool of more workers than cores spin on a
+        # machine busy with other work.
+        own = 1 + min(len(self._workers), cores)
         while True:
             events: list[tuple[int, int]] = []
-            spin, cores = SPIN_SECONDS, self._cores
+            spin = SPIN_SECONDS
             idle = want - len(replies) < cores if replies else self._quick  # or quick steps
-            # Its own tasks: itself and, of its workers, as many as it has cores (a spin
-            # waits on fewer than ``cores`` of them; those that just answered may still be
-            # on their way to sleep). Counting every worker let a pool of more workers than
-            # cores spin on a machine busy with other work.
-            own = 1 + min(len(self._workers), cores)
             if cores > 1 and idle and self._runnable.only(own, cores):
                 spin = max(spin, SPIN_LIMIT)  # not on one core, nor on a busy machine
             if spin > 0 and ms != 0:
