@@ -33,6 +33,24 @@ class WorkerStats:
     recycled: int = 0
     """Times the worker was replaced for going over ``worker_memory_limit``."""
 
+    def __str__(self) -> str:
+        """One line, rounded: ``worker 0 (envs 0-3): p50 0.41 ms, p99 1.2 ms, idle 12%, ...``."""
+        ids = self.env_ids
+        if ids and list(ids) == list(range(ids[0], ids[-1] + 1)) and len(ids) > 1:
+            envs = f"envs {ids[0]}-{ids[-1]}"
+        else:
+            envs = f"env{'s' * (len(ids) != 1)} {','.join(map(str, ids))}"
+        p50, p99 = (
+            "-" if value is None else f"{value:.3g} ms"
+            for value in (self.latency_p50_ms, self.latency_p99_ms)
+        )
+        text = (
+            f"worker {self.worker} ({envs}): latency p50 {p50}, p99 {p99}, "
+            f"idle {self.idle_fraction:.0%}, {self.steps:,} steps, {self.episodes:,} episodes, "
+            f"{self.restarts:,} restarts"
+        )
+        return text + (f", {self.recycled} recycled" if self.recycled else "")
+
 
 @dataclass(frozen=True)
 class NodeStats:
@@ -83,6 +101,25 @@ class PoolStats:
     def as_dict(self) -> dict[str, Any]:
         """Plain types, for JSON."""
         return asdict(self)
+
+    def __str__(self) -> str:
+        """Readable and rounded, a line for the pool, then one per worker and per node (the
+        fields themselves: ``repr()``, :meth:`as_dict`)."""
+        rate = self.steps / self.seconds if self.seconds > 0 else 0.0
+        lines = [
+            f"{self.seconds:.1f} s: {self.steps:,} steps ({rate:,.0f}/s), "
+            f"{self.episodes:,} episodes, {self.restarts:,} restarts"
+            + (f", {self.recycled} workers recycled" if self.recycled else "")
+        ]
+        lines += [f"  {worker}" for worker in self.workers]
+        for node in self.nodes:
+            trip = "-" if node.round_trip_ms is None else f"{node.round_trip_ms:.3g} ms"
+            lines.append(
+                f"  node {node.node[:8]} ({node.address}): {node.envs} envs on {node.workers} "
+                f"workers, {node.messages:,} messages, round trip {trip}"
+                + ("" if node.shared_memory else f", {node.bytes_out + node.bytes_in:,} bytes")
+            )
+        return "\n".join(lines)
 
 
 class StatsRecorder:
