@@ -76,3 +76,65 @@ def test_only_images_are_compressed_and_names_are_checked() -> None:
     with pytest.raises(ValueError, match="compress must be one of 'lz4', 'zlib' or None"):
         codec("gzip")
     assert isinstance(codec("zlib"), Codec)
+
+
+class _StrictLz4:
+    """``lz4.block`` as LZ4 itself behaves past its block limit, with a limit of ``limit``
+    bytes: a larger block is refused, as LZ4 refuses one of more than 0x7E000000 bytes."""
+
+    def __init__(self, real: Any, limit: int) -> None:
+        self.real, self.limit, self.blocks = real, limit, 0
+
+    def compress(self, data: Any, **kwargs: Any) -> bytes:
+        if memoryview(data).nbytes > self.limit:
+            raise ValueError("input too large")  # what lz4.block says past its limit
+        self.blocks += 1
+        out: bytes = self.real.compress(data, **kwargs)
+        return out
+
+    def decompress(self, data: Any, uncompressed_size: int) -> bytes:
+        if uncompressed_size > self.limit:
+            raise ValueError("output too large")
+        out: bytes = self.real.decompress(data, uncompressed_size=uncompressed_size)
+        return out
+
+
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("sel", [slice(1, 7), np.array([0, 3, 5, 6, 7])])
+def test_lz4_rows_past_its_block_limit_travel_as_several_blocks(
+    direct: bool, sel: Any, monkeypatch: Any
+) -> None:
+    """A field's rows larger than LZ4's block limit (2 GB; 1000 bytes here) are split into
+    blocks of the limit and come back whole, straight into the batch or through a copy."""
+    squeeze = codec("lz4")
+    assert squeeze is not None
+    limit = 1000
+    strict = _StrictLz4(squeeze._block, limit)  # type: ignore[attr-defined]
+    monkeypatch.setattr(squeeze, "_block", strict)
+    monkeypatch.setattr(squeeze, "block", limit)
+    if not direct:
+        monkeypatch.setattr(type(squeeze), "_into", lambda self: None)
+    source = fields(8, np.random.default_rng(3))  # 1008 bytes of frame a row
+    codecs = wire.row_codecs(source, squeeze)
+    data = b"X" + b"".join(wire.pack(source, sel, codecs)) + b"tail"
+    rows = len(source[0][sel])
+    assert strict.blocks == -(-rows * source[0][0].nbytes // limit)  # ceil: the last shorter
+    target = [np.zeros_like(f) for f in source]
+    end = wire.unpack(target, sel, rows, data, 1, codecs)
+    assert data[end:] == b"tail"
+    for got, want in zip(target, source, strict=True):
+        np.testing.assert_array_equal(got[sel], want[sel])
+
+
+def test_lz4_blocks_that_do_not_fill_the_rows_are_refused(monkeypatch: Any) -> None:
+    squeeze = codec("lz4")
+    assert squeeze is not None
+    monkeypatch.setattr(squeeze, "block", 100)
+    blocks = np.frombuffer(squeeze.compress(bytes(range(250))), np.uint8)
+    out = np.zeros(250, np.uint8)
+    squeeze.decompress_into(blocks, out)
+    assert out.tobytes() == bytes(range(250))
+    with pytest.raises(ValueError, match="blocks that do not hold 200 bytes"):
+        squeeze.decompress_into(blocks, np.zeros(200, np.uint8))  # a block left over
+    with pytest.raises(ValueError, match="does not hold 100 bytes"):
+        squeeze.decompress_into(blocks, np.zeros(300, np.uint8))  # the last block short

@@ -8,6 +8,10 @@ Python calls (``lz4.block.decompress``, ``zlib.decompress``) return a new buffer
 whose page faults and copy cost more than the decoding itself on 100 KB frames. Where that
 call cannot be found, or the rows are not consecutive, a block is decompressed and copied.
 
+LZ4 refuses a block of more than :data:`LZ4_BLOCK` bytes: a field's rows past it travel as
+several blocks of that many bytes (the last shorter), each its compressed length first
+(8 bytes); both ends know the rows' size, so a field of one block travels as before.
+
 ``"lz4"`` (the ``lz4`` package, in the ``ray`` extra) decodes a Pong frame several times
 faster than ``"zlib"`` (the standard library, level 1), which sends slightly fewer bytes:
 ``bench/cluster.py`` measures both.
@@ -18,12 +22,19 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import struct
 import zlib
 from typing import Any
 
 import numpy as np
 
 from envfleet.backends.ray_options import COMPRESS
+
+LZ4_BLOCK = 0x7E000000
+"""The most bytes LZ4 compresses as one block (its ``LZ4_MAX_INPUT_SIZE``)."""
+
+_INT_MAX = 0x7FFFFFFF  # LZ4's sizes are C ints: a compressed block may be past LZ4_BLOCK
+_BLOCK_SIZE = struct.Struct("<Q")
 
 
 class Codec:
@@ -69,6 +80,8 @@ class Lz4(Codec):
     """LZ4 blocks (``lz4.block``, the size not stored: the pool knows it)."""
 
     name = "lz4"
+    block = LZ4_BLOCK
+    """The most bytes of rows compressed as one block: more travel as several."""
 
     def __init__(self) -> None:
         import lz4.block  # the ray extra installs it
@@ -78,8 +91,43 @@ class Lz4(Codec):
         self._library = lz4.block._block.__file__
 
     def compress(self, data: Any) -> bytes:
-        out: bytes = self._block.compress(data, store_size=False)
-        return out
+        """``data`` (a contiguous buffer) as one block, or, past :attr:`block` bytes, as one
+        block per :attr:`block` bytes, each its compressed length first."""
+        view = memoryview(data).cast("B")
+        step = self.block
+        if view.nbytes <= step:
+            out: bytes = self._block.compress(view, store_size=False)
+            return out
+        parts = []
+        for start in range(0, view.nbytes, step):
+            blob = self._block.compress(view[start : start + step], store_size=False)
+            parts += [_BLOCK_SIZE.pack(len(blob)), blob]
+        return b"".join(parts)
+
+    def decompress_into(self, data: np.ndarray, out: np.ndarray) -> None:
+        """As :meth:`Codec.decompress_into`, for rows of one block or of several.
+
+        Raises:
+            ValueError: ``data`` does not hold exactly ``out.nbytes`` bytes.
+        """
+        step = self.block
+        if out.nbytes <= step:
+            super().decompress_into(data, out)
+            return
+        direct = out.flags.c_contiguous and out.flags.writeable
+        flat = out.reshape(-1).view(np.uint8) if direct else np.empty(out.nbytes, np.uint8)
+        at = 0
+        for start in range(0, out.nbytes, step):
+            if at + _BLOCK_SIZE.size > data.size:
+                raise ValueError(f"lz4 blocks that do not hold {out.nbytes} bytes")
+            (size,) = _BLOCK_SIZE.unpack_from(data, at)
+            at += _BLOCK_SIZE.size
+            super().decompress_into(data[at : at + size], flat[start : start + step])
+            at += size
+        if at != data.size:
+            raise ValueError(f"lz4 blocks that do not hold {out.nbytes} bytes")
+        if not direct:
+            out[...] = flat.view(out.dtype).reshape(out.shape)
 
     def decompress(self, data: np.ndarray, size: int) -> bytes:
         out: bytes = self._block.decompress(data, uncompressed_size=size)
@@ -142,10 +190,9 @@ def _lz4_into(module_file: str) -> Any:
         return None
     call.restype = ctypes.c_int
     call.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-    limit = 0x7E000000  # LZ4's own limit on a block
 
     def into(src: int, src_size: int, dst: int, dst_size: int) -> bool | None:
-        if src_size > limit or dst_size > limit:
+        if src_size > _INT_MAX or dst_size > LZ4_BLOCK:
             return None
         return bool(call(src, dst, src_size, dst_size) == dst_size)
 
