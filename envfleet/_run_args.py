@@ -141,9 +141,10 @@ def add_run_parser(commands: Any) -> argparse.ArgumentParser:
     run.add_argument("--num-envs", type=positive_int, default=8, help="number of envs (default: 8)")
     run.add_argument(
         "--backend",
+        type=str.lower,  # as envfleet.make takes backend="Process"
         choices=BACKENDS,
         default="process",
-        help="where the envs run (default: process)",
+        help="where the envs run, in any case (default: process)",
     )
     run.add_argument(
         "--num-workers",
@@ -363,8 +364,8 @@ def early_starting_line(argv: Sequence[str]) -> str | None:
     ``ALE/Name-v5`` id (what ``make run`` steps). ``None`` otherwise (other
     commands, ``--help``, ``--quiet``/``--json``, bad or unknown input, an id a module
     registers): the command line then checks and says everything itself."""
-    if not argv or argv[0] != "run":
-        return None
+    if not argv or argv[0] != "run" or any(arg in ("-h", "--help") for arg in argv):
+        return None  # the command line prints the help, once
     parser = Parser(prog=PROG, allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_run_parser(commands)

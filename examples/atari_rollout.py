@@ -35,13 +35,23 @@ import envfleet
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--env-id", default="ALE/Pong-v5")
-    parser.add_argument("--frames", type=int, default=100_000, help="observations in all")
-    parser.add_argument("--num-envs", type=int, default=16)
-    parser.add_argument("--backend", default="process", help="process, thread or serial")
-    parser.add_argument("--num-workers", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--downsample", type=int, default=2, help="pixel block size to average")
+    parser.add_argument(
+        "--env-id", default="ALE/Pong-v5", help="the Atari game (default: ALE/Pong-v5)"
+    )
+    parser.add_argument(
+        "--frames", type=int, default=100_000, help="observations in all (default: 100000)"
+    )
+    parser.add_argument("--num-envs", type=int, default=16, help="parallel envs (default: 16)")
+    parser.add_argument(
+        "--backend", default="process", help="process, thread or serial (default: process)"
+    )
+    parser.add_argument(
+        "--num-workers", type=int, default=None, help="worker processes (default: usable cores)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="env i is seeded seed+i (default: 0)")
+    parser.add_argument(
+        "--downsample", type=int, default=2, help="pixel block size to average (default: 2)"
+    )
     parser.add_argument(
         "--out-dir", default="runs", help="folder for the dataset, made if missing (default: runs)"
     )

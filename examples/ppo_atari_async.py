@@ -31,6 +31,7 @@ truncation (108,000 frames) is treated as the episode's end.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import json
 import random
@@ -96,11 +97,32 @@ class Args:
     OUT_DIR/ppo_atari_async.png)"""
 
 
+def field_docs() -> dict[str, str]:
+    """Each field of ``Args`` and the docstring under it (the flag's help)."""
+    docs: dict[str, str] = {}
+    for node in ast.parse(Path(__file__).read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == "Args":
+            for field, doc in zip(node.body, node.body[1:], strict=False):
+                if (
+                    isinstance(field, ast.AnnAssign)
+                    and isinstance(field.target, ast.Name)
+                    and isinstance(doc, ast.Expr)
+                    and isinstance(doc.value, ast.Constant)
+                ):
+                    docs[field.target.id] = " ".join(str(doc.value.value).split())
+    return docs
+
+
 def parse_args(argv: list[str] | None = None) -> Args:
+    """``Args`` from the command line; each flag's help is its field's docstring."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    docs = field_docs()
     for f in dataclasses.fields(Args):
         kind: Any = {"int": int, "float": float, "str": str}.get(str(f.type).split(" |")[0], str)
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)
+        doc = docs[f.name]
+        if f.default is not None and "default" not in doc:
+            doc += f" (default: {f.default})"
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default, help=doc)
     return Args(**vars(parser.parse_args(argv)))
 
 

@@ -62,7 +62,10 @@ def parse_args() -> Args:
             parser.add_argument(flag, action="store_true", help=docs.get(field.name))
         else:
             kind = str if field.default is None else type(field.default)
-            parser.add_argument(flag, type=kind, default=field.default, help=docs.get(field.name))
+            doc = docs[field.name]
+            if field.default is not None and "default" not in doc:
+                doc += f" (default: {field.default})"
+            parser.add_argument(flag, type=kind, default=field.default, help=doc)
     return Args(**vars(parser.parse_args()))
 
 

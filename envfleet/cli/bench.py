@@ -11,9 +11,11 @@ results are written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,14 @@ DEFAULT_STARTUP_LIMIT = 10.0
 importing its libraries: minutes for 64 envs on 2 cores); one slower is skipped, and not
 tried at larger env counts (nor is one expected to be far slower: see
 :func:`envfleet.benchmark.sweep`)."""
+DEFAULT_BENCH_REPEATS = 3
+QUICK_NUM_ENVS = (8,)
+QUICK_RUNNERS = ("loop", "ceiling", "process", "gym-async")
+QUICK_SECONDS = 0.2
+QUICK_REPEATS = 1
+"""``--quick``: one env count, the for-loop, the ceiling, envfleet's process backend and
+Gymnasium's AsyncVectorEnv, one short window each (no peer library imported): a first look in
+seconds. Options given beside it win."""
 
 
 def _num_envs_list(text: str) -> list[int]:
@@ -99,24 +109,25 @@ def add_parser(commands: Any) -> None:
     bench.add_argument(
         "--num-envs",
         type=_num_envs_list,
-        default=list(DEFAULT_BENCH_NUM_ENVS),
         metavar="N[,N...]",
         help=(
             "env counts to sweep, comma-separated (default: "
-            f"{','.join(map(str, DEFAULT_BENCH_NUM_ENVS))})"
+            f"{','.join(map(str, DEFAULT_BENCH_NUM_ENVS))}; with --quick: "
+            f"{','.join(map(str, QUICK_NUM_ENVS))})"
         ),
     )
     bench.add_argument(
         "--runners",
         type=_runner_list,
         metavar="NAME[,NAME...]",
-        help=f"comma-separated, from {names} (default: all)",
+        help=f"comma-separated, from {names} (default: all; with --quick: "
+        f"{','.join(QUICK_RUNNERS)})",
     )
     bench.add_argument(
         "--seconds",
         type=positive_float,
-        default=DEFAULT_BENCH_SECONDS,
-        help=f"length of each timed window (default: {DEFAULT_BENCH_SECONDS:g})",
+        help=f"length of each timed window (default: {DEFAULT_BENCH_SECONDS:g}; with --quick: "
+        f"{QUICK_SECONDS:g})",
     )
     bench.add_argument(
         "--startup-limit",
@@ -132,8 +143,18 @@ def add_parser(commands: Any) -> None:
     bench.add_argument(
         "--repeats",
         type=positive_int,
-        default=3,
-        help="timed windows per runner and env count; the median is reported (default: 3)",
+        help="timed windows per runner and env count; the median is reported (default: "
+        f"{DEFAULT_BENCH_REPEATS}; with --quick: {QUICK_REPEATS})",
+    )
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help=(
+            "a first look in seconds rather than minutes: "
+            f"--num-envs {','.join(map(str, QUICK_NUM_ENVS))} --runners "
+            f"{','.join(QUICK_RUNNERS)} --seconds {QUICK_SECONDS:g} --repeats {QUICK_REPEATS} "
+            "(each of these given beside --quick wins)"
+        ),
     )
     bench.add_argument(
         "--seed", type=non_negative_int, default=0, help="seeds resets and actions (default: 0)"
@@ -162,20 +183,53 @@ def _check_builds(spec: EnvSpec) -> None:
     env.close()
 
 
+def fill_defaults(args: argparse.Namespace) -> None:
+    """The options not given: ``--quick``'s where it is given, the full run's otherwise."""
+    quick = bool(args.quick)
+    if args.num_envs is None:
+        args.num_envs = list(QUICK_NUM_ENVS if quick else DEFAULT_BENCH_NUM_ENVS)
+    if args.runners is None and quick:
+        args.runners = [name for name in QUICK_RUNNERS if name in benchmark.RUNNERS]
+        args.quick_runners = True
+    if args.seconds is None:
+        args.seconds = QUICK_SECONDS if quick else DEFAULT_BENCH_SECONDS
+    if args.repeats is None:
+        args.repeats = QUICK_REPEATS if quick else DEFAULT_BENCH_REPEATS
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
+    fill_defaults(args)
     spec = env_spec(args.env)
     names: list[str] = args.runners or list(benchmark.RUNNERS)
-    explicit = args.runners is not None
+    explicit = args.runners is not None and not getattr(args, "quick_runners", False)
     out: Path = args.out
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a folder")
     # Libraries and envs print banners and warnings (ale-py, legacy gym in each of SB3's
     # processes, Ray): into bench.log, off the screen.
-    with OutputCapture() as captured:
+    with OutputCapture() as captured, contextlib.ExitStack() as stack:
+        stderr, live = progress_console(args, captured.stderr)
+        quiet = args.json or args.quiet
+
+        def stage(text: str) -> None:
+            print(text, file=stderr.file, flush=True)
+
+        say: Callable[[str], object]
+        if live:
+            status = stack.enter_context(stderr.status(f"{spec.name}: starting"))
+
+            def say(text: str) -> None:
+                status.update(Text(text))
+
+        else:  # piped: a line per stage, unless asked to be quiet
+            say = (lambda text: None) if quiet else stage
+        # Said at once: importing the peer libraries (torch for SB3, Ray) takes seconds.
+        say(f"{spec.name}: checking which of {len(names)} runners can run here")
         available = {name: benchmark.availability(name, spec) for name in names}
         if not any(a.ok for a in available.values()):
             reasons = "; ".join(f"{name}: {a.reason}" for name, a in available.items())
             raise CliError(f"none of the runners asked for can run here ({reasons})")
+        say(f"{spec.name}: building one env")
         _check_builds(spec)
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -185,7 +239,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         timing = benchmark.Timing.scaled(
             args.seconds, args.repeats, seed=args.seed, startup_limit=args.startup_limit
         )
-        stderr, live = progress_console(args, captured.stderr)
 
         def on_error(name: str, num_envs: int, exc: BaseException) -> None:
             if args.debug:
@@ -197,30 +250,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 soft_wrap=True,
             )
 
-        if live:
-            with stderr.status(f"{spec.name}: starting") as status:
-                report = benchmark.sweep(
-                    spec,
-                    args.num_envs,
-                    names,
-                    timing,
-                    on_error=on_error,
-                    progress=lambda text: status.update(Text(text)),
-                )
-        else:  # piped: a line per stage, unless asked to be quiet
-
-            def stage(text: str) -> None:
-                print(text, file=stderr.file, flush=True)
-
-            quiet = args.json or args.quiet
-            report = benchmark.sweep(
-                spec,
-                args.num_envs,
-                names,
-                timing,
-                on_error=on_error,
-                on_stage=None if quiet else stage,
-            )
+        report = benchmark.sweep(
+            spec,
+            args.num_envs,
+            names,
+            timing,
+            on_error=on_error,
+            progress=say if live else None,
+            on_stage=None if live or quiet else stage,
+        )
     stderr, _ = progress_console(args)
     log_path = out / "bench.log"
     if captured.text:

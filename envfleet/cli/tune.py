@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -322,15 +323,34 @@ def _cpus_text(layout: Layout) -> str:
     return affinity if isinstance(affinity, str) else ",".join(map(str, affinity))
 
 
+def human_seconds(seconds: float) -> str:
+    """A duration in the unit that reads best: ``850 ns``, ``42.5 µs``, ``602 ms``, ``1.25 s``."""
+    for name, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            value, unit = seconds / scale, name
+            break
+    else:
+        return f"{seconds * 1e9:.0f} ns"
+    return f"{value:.3g} {unit}" if value < 100 else f"{value:,.0f} {unit}"
+
+
+def suggested_budget(budget: float, elapsed: float, timed: int, total: int) -> float:
+    """A ``--budget`` that leaves time for all ``total`` layouts, where only ``timed`` were
+    timed in ``elapsed`` seconds of a ``budget``: the time per layout so far times the layouts,
+    rounded up to 5 s."""
+    per_layout = max(elapsed, budget) / max(1, timed)
+    return float(5 * math.ceil(per_layout * total / 5))
+
+
 def _profile_table(env: str, num_envs: int, cores: int, profile: EnvProfile) -> Table:
     table = Table(title=f"{env}: one env, probed", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(justify="right")
     kind = "waits (sleeps, I/O)" if profile.waits else "computes"
     for name, value in (
-        ("step time", f"{profile.step_seconds * 1e6:,.1f} µs"),
+        ("step time", human_seconds(profile.step_seconds)),
         ("step time variation (cv)", f"{profile.step_cv:.2f}"),
-        ("reset time", f"{profile.reset_seconds * 1e6:,.1f} µs"),
+        ("reset time", human_seconds(profile.reset_seconds)),
         ("CPU share of a step", f"{profile.cpu_share:.2f} ({kind})"),
         ("observation", f"{profile.observation_bytes:,} bytes"),
         ("envs / usable cores", f"{num_envs} / {cores}"),
@@ -420,6 +440,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         )
     best = max(ranked, key=lambda t: t.steps_per_second or 0.0)
     line = best.layout.describe(args.env, args.num_envs)
+    timed = sum(1 for t in timings if t.skipped is None)
+    suggestion = (
+        suggested_budget(args.budget, elapsed, timed, len(timings))
+        if timed < len(timings)
+        else None
+    )
     if args.json:
         document = {
             "env": args.env,
@@ -432,6 +458,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             "layouts": [t.as_dict() for t in timings],
             "best": best.as_dict(),
             "make": line,
+            "timed_layouts": timed,
+            "candidate_layouts": len(timings),
+            "suggested_budget_s": suggestion,
         }
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return EXIT_OK
@@ -441,9 +470,21 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         _profile_table(spec.name, args.num_envs, cores, profile),
         _layouts_table(timings, best, args.policy),
     )
+    if suggestion is not None:
+        console.print(
+            f"timed {timed} of {len(timings)} layouts before the {args.budget:g} s budget was "
+            f"spent; the others may be faster: time them all with --budget {suggestion:g}",
+            markup=False,
+            soft_wrap=True,
+        )
+    scope = (
+        f"all {len(timings)} layouts timed"
+        if suggestion is None
+        else (f"{timed} of {len(timings)} layouts timed")
+    )
     console.print(
         f"best: {_layout_text(best.layout)}: {best.steps_per_second:,.0f} steps/s "
-        f"(tuned in {elapsed:.1f} s)",
+        f"({scope}, in {elapsed:.1f} s)",
         markup=False,
         soft_wrap=True,
     )
