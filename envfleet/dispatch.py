@@ -204,9 +204,29 @@ class Dispatch:
                 error = recovery.take(worker, reply)
                 first = first or error
         if recovery.step_timeout is not None:
-            recovery.kill_hung()
+            first = self._judge_hung(first)
         if first is not None:
             recovery.fail(first, self._gather)
+
+    def _judge_hung(self, first: Any) -> Any:
+        """Kill the workers past ``step_timeout``, once the replies that arrived are read.
+
+        A reply that sat unread (the pool was rebuilding another worker, or took its replies
+        late) is no hang: while a worker looks overdue, what the transport holds is taken in
+        first, without waiting. Returns the first error reported, if any.
+        """
+        recovery = self._recovery
+        for _ in range(self._ledger.num_workers + 1):  # each round takes replies; bounded
+            if not recovery.overdue():
+                break
+            replies = self._transport.wait(0.0, 1)
+            if not replies:
+                break
+            for worker, reply in replies:
+                error = recovery.take(worker, reply)
+                first = first or error
+        recovery.kill_hung()
+        return first
 
 
 __all__ = ["Dispatch"]

@@ -90,6 +90,9 @@ class Recovery:
         self.broken: BaseException | None = None
         """The error that broke the pool, if one did."""
         self._hung: dict[int, float] = {}  # workers killed for hanging: how long they hung
+        # Spans (start, end) the pool spent rebuilding a worker, reading no reply: they do not
+        # count against the other workers' step_timeout (their replies may sit unread).
+        self._deaf: list[tuple[float, float]] = []
         self._draining = False
         self._memory_checked = time.monotonic()
 
@@ -145,13 +148,21 @@ class Recovery:
         if over:
             return self._restart_limit(over[0], worker, error)
         try:
-            self.transport.restart(worker, self._rebuilds(ids))
+            self._restart(worker, ids)
         except EnvError as exc:  # the replacement could not even build its envs
             return exc
         for resent in resend:
             ledger.sent(worker, resent)
             self.transport.submit(worker, resent)
         return None
+
+    def _restart(self, worker: int, ids: tuple[int, ...]) -> None:
+        """Have the transport rebuild ``worker``; the time it takes is a deaf span."""
+        start = time.monotonic()
+        try:
+            self.transport.restart(worker, self._rebuilds(ids))
+        finally:
+            self._deaf.append((start, time.monotonic()))
 
     def _count_restarts(self, worker: int, failures: tuple[EnvFailure, ...]) -> EnvError | None:
         for failure in failures:
@@ -176,6 +187,18 @@ class Recovery:
 
     # -- hung workers --------------------------------------------------------------------------
 
+    def _deaf_since(self, since: float, now: float) -> float:
+        """Seconds of ``since .. now`` the pool spent rebuilding workers, reading nothing."""
+        return sum(max(0.0, min(end, now) - max(start, since)) for start, end in self._deaf)
+
+    def _due(self, worker: int, now: float) -> float:
+        """When ``worker``'s pending command is past ``step_timeout``: its own time, not
+        counting the spans the pool spent rebuilding other workers."""
+        assert self.step_timeout is not None
+        since = self.ledger.busy_since[worker]
+        allowed = self.step_timeout * self.ledger.allowance(worker)
+        return since + allowed + self._deaf_since(since, now)
+
     def wait_timeout(self) -> float | None:
         """How long the pool may block waiting before the oldest busy worker is past
         ``step_timeout`` (``None``: no limit)."""
@@ -186,30 +209,45 @@ class Recovery:
         busy = [
             # A worker killed for hanging: its loss wakes the wait when it comes (a stopped
             # Ray actor takes Ray seconds to kill); until then, waits of HUNG_POLL, not a spin.
-            now + HUNG_POLL
-            if worker in hung
-            else since + self.step_timeout * ledger.allowance(worker)
-            for worker, (since, pending) in enumerate(
-                zip(ledger.busy_since, ledger.pending, strict=True)
-            )
+            now + HUNG_POLL if worker in hung else self._due(worker, now)
+            for worker, pending in enumerate(ledger.pending)
             if pending
         ]
         if not busy:
             return None
         return max(0.0, min(busy) - now)
 
+    def overdue(self) -> bool:
+        """Whether a worker not yet killed owes a reply past its ``step_timeout``.
+
+        The pool then reads the replies that have arrived (:meth:`take`) before
+        :meth:`kill_hung` judges anyone: a reply that waits unread is no hang.
+        """
+        if self.step_timeout is None:
+            return False
+        now = time.monotonic()
+        return any(
+            pending and worker not in self._hung and now >= self._due(worker, now)
+            for worker, pending in enumerate(self.ledger.pending)
+        )
+
     def kill_hung(self) -> None:
-        """Kill each worker that has owed a reply for ``step_timeout``; the transport then
-        reports it lost, and :meth:`lost` names it hung."""
+        """Kill each worker that has owed a reply for ``step_timeout`` (the spans the pool
+        spent rebuilding other workers not counted); the transport then reports it lost, and
+        :meth:`lost` names it hung. Call it once the replies that arrived were taken."""
         assert self.step_timeout is not None
         now = time.monotonic()
         ledger = self.ledger
+        oldest = now
         for worker, pending in enumerate(ledger.pending):
             if pending and worker not in self._hung:
-                waited = now - ledger.busy_since[worker]
-                if waited >= self.step_timeout * ledger.allowance(worker):
-                    self._hung[worker] = waited
+                since = ledger.busy_since[worker]
+                oldest = min(oldest, since)
+                if now >= self._due(worker, now):
+                    self._hung[worker] = now - since - self._deaf_since(since, now)
                     self.transport.kill(worker)
+        # Spans that ended before every pending command began count for none of them.
+        self._deaf = [span for span in self._deaf if span[1] > oldest]
 
     # -- memory --------------------------------------------------------------------------------
 
@@ -248,7 +286,7 @@ class Recovery:
             self._recycled_envs[list(ids)] += 1
             self.recycled[worker] += 1
             try:
-                self.transport.restart(worker, self._rebuilds(ids))
+                self._restart(worker, ids)
             except EnvError as exc:  # the replacement could not build its envs
                 self.fail(exc, gather)
 

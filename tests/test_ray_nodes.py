@@ -1361,3 +1361,51 @@ def test_a_rollout_on_node_agents_is_sync_vector_envs_in_one_message_per_node(
         assert_rollout(pool.rollout(policy, 9), want[:9], "first rollout")
         assert [n.messages for n in pool.stats().nodes] == [b + 1 for b in before]
         assert_step_then_rollout(pool, policy, want, last, 9)
+
+
+class SlowToRebuild(SlowCartPole):
+    """:class:`SlowCartPole` whose builds take ``rebuild`` seconds once ``marker`` exists."""
+
+    def __init__(self, delay: float, marker: str, rebuild: float) -> None:
+        if os.path.exists(marker):
+            time.sleep(rebuild)
+        super().__init__(delay)
+
+
+def test_a_nodes_slow_replacement_restarts_no_env_of_the_other_nodes(
+    cluster: Cluster, tmp_path: Any
+) -> None:
+    """An agent dies mid-step; its replacement (a new agent through Ray, envs slow to build)
+    takes longer than ``step_timeout``, while the other nodes' answers arrive and wait unread.
+    They are read before anyone is judged hung: only the lost node's envs restart."""
+    timeout = node_step_timeout()
+    marker = str(tmp_path / "rebuilding")
+    with envfleet.make(
+        functools.partial(SlowToRebuild, SLOW_STEP, marker, timeout),
+        NUM_ENVS,
+        backend="ray",
+        num_workers=3,
+        nodes=all_nodes(cluster),
+        seed=0,
+        on_error="restart",
+        step_timeout=timeout,
+    ) as pool:
+        pool.reset()
+        node = pool._transport._nodes[0]
+        lost = np.zeros(NUM_ENVS, dtype=bool)
+        lost[[i for w in node.workers for i in pool._assignment[w]]] = True
+        assert 0 < lost.sum() < NUM_ENVS
+        pool.send(np.ones(NUM_ENVS, dtype=np.int64))
+        open(marker, "w").close()
+        os.kill(agent_pid(pool, 0), signal.SIGKILL)
+        _, rewards, _, truncations, infos = pool.recv()
+        restarted = infos.get("_envfleet/restarted", np.zeros(NUM_ENVS, dtype=bool))
+        assert (restarted == lost).all(), f"restarted {restarted.tolist()}, lost {lost.tolist()}"
+        assert (pool.restarts == lost).all(), f"restarts per env: {pool.restarts.tolist()}"
+        assert truncations[lost].all() and (rewards[lost] == 0).all()
+        assert not truncations[~lost].any() and (rewards[~lost] == 1).all()
+        os.remove(marker)
+        for _ in range(2):
+            _, _, _, _, infos = pool.step(np.ones(NUM_ENVS, dtype=np.int64))
+            assert "envfleet/restarted" not in infos
+        assert (pool.restarts == lost).all(), f"restarts per env: {pool.restarts.tolist()}"

@@ -163,3 +163,35 @@ def test_fail_breaks_the_pool_and_gathers_what_completed() -> None:
     assert gathered == [[0, 2, 3]]
     assert error.completed[0] == "results"  # type: ignore[index]
     assert ledger.state.tolist() == [EnvState.IDLE] * 4
+
+
+def test_a_rebuilds_time_does_not_count_against_the_other_workers_step_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Worker 0 is rebuilt for 10 s (the pool reads nothing meanwhile): worker 1, which owed a
+    reply for 1 s before it, is not past a 5 s ``step_timeout`` after it."""
+    ledger, transport, recovery = setup(on_error=OnError.RESTART, step_timeout=5.0)
+    clock = [100.0]
+    monkeypatch.setattr(recovery_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr("envfleet.ledger.time.monotonic", lambda: clock[0])
+
+    def slow_restart(worker: int, restarts: dict[int, int]) -> None:
+        clock[0] += 10.0
+        transport.restarted.append((worker, restarts))
+
+    monkeypatch.setattr(transport, "restart", slow_restart)
+    ledger.sent(0, Step((0, 1)))
+    ledger.sent(1, Step((2, 3)))
+    clock[0] += 1.0
+    assert recovery.take(0, LOST) is None  # rebuilt, its step resent
+    assert not recovery.overdue()
+    assert recovery.wait_timeout() == pytest.approx(4.0)  # worker 1: 5 s less the 1 s it owed
+    recovery.kill_hung()
+    assert transport.killed == []
+    clock[0] += 4.5  # now past: 5.5 s of its own time, the rebuild not counted
+    assert recovery.overdue()
+    recovery.kill_hung()
+    assert transport.killed == [1]
+    recovery.on_error = OnError.RAISE
+    error = recovery.take(1, LOST)  # named hung for its own 5.5 s, not the rebuild's 15.5
+    assert isinstance(error, EnvTimeoutError) and "no reply after 5.5s" in str(error)
