@@ -11,8 +11,9 @@ kept by the group; nothing is allocated per env but the env's own result::
                      rewards, terminated, truncated ─────────────► one assignment each
                      infos ──────────────────────────────────────► to the group (non-empty ones)
 
-A result that does not fit (another length than five, an observation of another shape) is
-reported, not written: the group then writes env by env, so that the failure names its env.
+A result that does not fit (another length than five, an observation of another shape, or of
+a dtype numpy's ``same_kind`` rule does not cast into the rows') is reported, not written: the
+group then writes env by env, so that the failure names its env.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from envfleet.buffers import Batch
+from envfleet.buffers import Batch, fits_dtype
 
 SMALL_ROW_BYTES = 1024
 """Observation rows up to this size are gathered into one array and written at once; larger
@@ -75,6 +76,9 @@ class BatchRows:
         self.row_shape = obs.shape[1:] if small else None
         """The shape of one observation gathered into the rows at once; None: written row by
         row."""
+        self.row_dtype: Any = obs.dtype if small else None
+        """The dtype of the rows gathered at once: an observation of another one is checked
+        before anything is written (:func:`~envfleet.buffers.fits_dtype`)."""
 
         def rows(array: np.ndarray) -> Any:
             return array[index] if isinstance(index, slice) else _Scattered(array, index)
@@ -105,6 +109,30 @@ class BatchRows:
         )
         return actions.copy() if actions.ndim > 1 else actions
 
+    def _dtypes_fit(self, observations: tuple[Any, ...]) -> bool:
+        """Whether every observation goes into the rows as Gymnasium would write it
+        (:func:`~envfleet.buffers.fits_dtype`); when they all have the rows' dtype, at the
+        cost of one ``np.result_type`` (arrays) or one identity test each (scalars)."""
+        row_dtype = self.row_dtype
+        if self.row_shape:
+            # Arrays (a Python scalar among them does not fit the rows' shape: numpy refuses
+            # it when they are written). Their common dtype is the rows' only when each one
+            # casts safely into it; anything else is looked at one by one.
+            try:
+                if np.result_type(*observations) is row_dtype:
+                    return True
+            except Exception:  # no common dtype (strings, objects): one by one
+                pass
+        else:
+            try:
+                for obs in observations:
+                    if obs.dtype is not row_dtype and not fits_dtype(obs, row_dtype):
+                        return False
+                return True
+            except AttributeError:  # Python scalars (no dtype): what numpy makes of each
+                pass
+        return all(fits_dtype(obs, row_dtype) for obs in observations)
+
     def write(self, results: list[Any], write_obs: Callable[[int, Any], None]) -> Written | None:
         """Write one result per env with one assignment per field; None, when a result does
         not fit, with the rows partly written (the caller writes them again, env by env).
@@ -126,6 +154,11 @@ class BatchRows:
                 # (Scalar rows need no check: nothing but scalars fits them.) No temporary
                 # array: the observations go straight into their rows.
                 if row_shape and getattr(observations[0], "shape", None) != row_shape:
+                    return None
+                # numpy's assignment casts whatever it is given (300.7 or nan into uint8): an
+                # observation of another dtype is checked first, one identity test each when
+                # the dtypes match (the common case), and refused as Gymnasium refuses it.
+                if not self._dtypes_fit(observations):
                     return None
                 observations_rows[...] = observations
             else:

@@ -63,35 +63,110 @@ def _write_array(space: spaces.Space[Any], batch: Any) -> Writer:
     if isinstance(batch, ObjectRows):
         return batch.__setitem__
     shape = batch.shape[1:]
+    dtype = batch.dtype
 
     def write(i: int, value: Any) -> None:
         # An observation of another shape would be broadcast (a (1,) into every slot of a (4,)
-        # row) or fail with no env named: refuse it, in the env's own failure path.
+        # row) or fail with no env named; one of another dtype would be cast whatever it holds
+        # (300.7 or nan into uint8): refuse both, in the env's own failure path.
         if getattr(value, "shape", None) != shape and not (
             not shape and isinstance(value, int | float)  # a plain scalar for a scalar space
         ):
-            value = _fitting(space, value, shape)
+            value = _fitting(space, value, shape, dtype)
+        elif getattr(value, "dtype", None) is not dtype and not fits_dtype(value, dtype):
+            raise cast_refused(space, value, dtype)
         batch[i] = value
 
     return write
 
 
-def _fitting(space: spaces.Space[Any], value: Any, shape: tuple[int, ...]) -> Any:
-    """``value`` as an array of ``shape``, or ``ValueError`` saying why it does not fit."""
+def _fitting(
+    space: spaces.Space[Any], value: Any, shape: tuple[int, ...], dtype: np.dtype[Any]
+) -> Any:
+    """``value`` as an array of ``shape``, or ``ValueError`` saying why it does not fit
+    (``TypeError`` when only its dtype does not, see :func:`fits_dtype`)."""
     array = np.asarray(value)
-    if array.dtype == object or array.shape != shape:
+    if array.shape != shape:
         what = "None" if value is None else f"shape {array.shape}, dtype {array.dtype}"
         raise ValueError(
             f"the env returned an observation ({what}) that does not fit its observation space "
             f"{space} (shape {shape})"
         )
+    if not fits_dtype(array, dtype):
+        raise cast_refused(space, array, dtype)
     return array
+
+
+_CASTS: dict[tuple[Any, np.dtype[Any]], bool] = {}
+"""Whether a source dtype (or Python scalar type) casts into a target dtype by the same_kind
+rule, per pair met so far: a handful per pool."""
+
+
+def fits_dtype(value: Any, dtype: np.dtype[Any]) -> bool:
+    """Whether ``value`` goes into an array of ``dtype`` as Gymnasium's vector envs write their
+    observations (``concatenate``: ``np.stack(..., out=)``, numpy's ``same_kind`` casting, each
+    observation taken on its own): int64 into int32 or float64 into float32 yes; float into an
+    integer dtype, a signed into an unsigned one, an int into bool, no.
+
+    Cheap when called per step: one dict lookup per observation of another dtype than the
+    batch's (the answer is kept per pair of dtypes)."""
+    source = getattr(value, "dtype", None)
+    if source is dtype:
+        return True
+    if isinstance(source, np.dtype):
+        key: Any = source
+    elif type(value) in (int, float, bool, complex):
+        key = type(value)
+    else:  # another array-like (its dtype is not numpy's), a list: what numpy makes of it
+        key = np.asarray(value).dtype
+    fits = _CASTS.get((key, dtype))
+    if fits is None:
+        source = key if isinstance(key, np.dtype) else np.asarray(value).dtype
+        fits = _CASTS[(key, dtype)] = bool(np.can_cast(source, dtype, "same_kind"))
+    return fits
+
+
+def cast_refused(space: spaces.Space[Any], value: Any, dtype: np.dtype[Any]) -> TypeError:
+    """The ``TypeError`` for an observation whose dtype does not fit (:func:`fits_dtype`)."""
+    source = getattr(value, "dtype", None)
+    if not isinstance(source, np.dtype):
+        source = np.asarray(value).dtype
+    return TypeError(
+        f"the env returned an observation of dtype {source} that does not fit its observation "
+        f"space {space} (dtype {dtype}) without an unsafe cast: cannot cast {source} to "
+        f"{dtype} according to the rule 'same_kind' (Gymnasium's vector envs raise TypeError "
+        "here too)"
+    )
+
+
+def _stored_whole(space: spaces.Dict | spaces.Tuple[Any], batch: ObjectRows) -> Writer:
+    """A writer for a Dict or Tuple whose values are stored whole (a part of it has no array
+    layout: Text, Graph, ...): its array parts are checked first as Gymnasium's
+    ``concatenate`` will write them (shape, dtype), by writing them into a scratch row."""
+    check = make_writer(space, _scratch(space))
+
+    def write(i: int, value: Any) -> None:
+        check(0, value)
+        batch[i] = value
+
+    return write
+
+
+def _scratch(space: spaces.Space[Any]) -> Any:
+    """One row of ``space``, nested like it: arrays where the space has a layout."""
+    if isinstance(space, spaces.Dict):
+        return {key: _scratch(sub) for key, sub in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(_scratch(sub) for sub in space.spaces)
+    if isinstance(space, _ARRAY_SPACES):
+        return create_empty_array(space, 1, fn=np.zeros)
+    return ObjectRows([None])
 
 
 @make_writer.register(spaces.Dict)
 def _write_dict(space: spaces.Dict, batch: Any) -> Writer:
     if isinstance(batch, ObjectRows):
-        return batch.__setitem__
+        return _stored_whole(space, batch)
     writers = [(key, make_writer(sub, batch[key])) for key, sub in space.spaces.items()]
 
     def write(i: int, value: Any) -> None:
@@ -104,7 +179,7 @@ def _write_dict(space: spaces.Dict, batch: Any) -> Writer:
 @make_writer.register(spaces.Tuple)
 def _write_tuple(space: spaces.Tuple[Any], batch: Any) -> Writer:
     if isinstance(batch, ObjectRows):
-        return batch.__setitem__
+        return _stored_whole(space, batch)
     writers = [make_writer(sub, part) for sub, part in zip(space.spaces, batch, strict=True)]
 
     def write(i: int, value: Any) -> None:
