@@ -1,5 +1,11 @@
 """envfleet: run many copies of any Gymnasium environment in parallel, behind one VectorEnv.
 
+Everything public is here: :func:`make` builds a :class:`Pool` (a ``gymnasium.vector.VectorEnv``);
+:class:`Rollout`, :class:`RandomPolicy` and :class:`Policy` are ``Pool.rollout``'s;
+:class:`EnvError` and its subclasses say which env failed, in which :class:`Phase`;
+:func:`register_vector` and :class:`EnvSpec` describe envs; :func:`make_sb3` (with
+``envfleet[sb3]``) wraps a pool as a Stable-Baselines3 ``VecEnv``.
+
 The public names are imported on first use (PEP 562), so that ``import envfleet`` (and the
 ``envfleet`` command, whose ``run`` says what it starts before anything heavy is imported)
 does not pay for Gymnasium and numpy until a name is used.
@@ -14,6 +20,7 @@ if TYPE_CHECKING:
     from gymnasium.vector import AutoresetMode
 
     from envfleet._make import make
+    from envfleet.adapters.sb3 import VecEnv
     from envfleet.backends import Backend
     from envfleet.errors import (
         AlreadyPendingError,
@@ -64,6 +71,7 @@ __all__ = [
     "WorkerDiedError",
     "__version__",
     "make",
+    "make_sb3",
     "register_vector",
 ]
 
@@ -101,17 +109,32 @@ _HOMES: dict[str, str] = {
 
 
 def __getattr__(name: str) -> Any:
-    """The public names, imported on first use; ``envfleet.sb3`` and ``envfleet.make_sb3``
-    too (they need SB3)."""
+    """The public names, imported on first use; ``envfleet.sb3`` too (it needs SB3)."""
     if name in _HOMES:
         value = getattr(importlib.import_module(_HOMES[name]), name)
         globals()[name] = value  # later uses find it without this hook
         return value
-    if name in ("sb3", "make_sb3"):
-        module = importlib.import_module("envfleet.sb3")
-        return module if name == "sb3" else module.make_sb3
+    if name == "sb3":
+        return importlib.import_module("envfleet.sb3")
     raise AttributeError(f"module 'envfleet' has no attribute {name!r}")
 
 
+def make_sb3(env: Any, num_envs: int | None = None, **kwargs: Any) -> VecEnv:
+    """:func:`make` for Stable-Baselines3: an SB3 ``VecEnv`` over a new pool.
+
+    Needs ``pip install 'envfleet[sb3]'``; SB3 (and torch) are imported on the first call, not
+    by ``import envfleet``. The arguments are those of ``envfleet.sb3.make_sb3``: ``make()``'s,
+    plus ``wrappers`` and SB3's ``start_method``.
+
+    Raises:
+        ImportError: Stable-Baselines3 is not installed (the message says what to install).
+    """
+    from envfleet.sb3 import make_sb3 as make_vec_env
+
+    return make_vec_env(env, num_envs, **kwargs)
+
+
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    """The public names and ``sb3``, without this module's own imports."""
+    dunders = {name for name in globals() if name.startswith("__") and name.endswith("__")}
+    return sorted({*__all__, "sb3", *dunders})

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import pytest
+
 import envfleet
 
 EXPECTED_ALL = {
@@ -29,6 +34,7 @@ EXPECTED_ALL = {
     "WorkerDiedError",
     "__version__",
     "make",
+    "make_sb3",
     "register_vector",
 }
 
@@ -51,6 +57,31 @@ def test_star_import_gives_exactly_all() -> None:
     exec("from envfleet import *", namespace)
     namespace.pop("__builtins__")
     assert set(namespace) == EXPECTED_ALL
+
+
+def test_dir_shows_the_public_names_not_the_modules_own_imports() -> None:
+    shown = dir(envfleet)
+    assert set(envfleet.__all__) | {"sb3"} <= set(shown)
+    assert not {"Any", "TYPE_CHECKING", "annotations", "importlib"} & set(shown)
+    assert [name for name in shown if not name.startswith("__")] == sorted(
+        {*envfleet.__all__, "sb3"} - {"__version__"}
+    )
+
+
+def test_make_sb3_is_public_and_cheap_until_called(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``from envfleet import *`` gives ``make_sb3`` without importing SB3 (or torch); the
+    call imports it, and says what to install where it is missing."""
+    code = (
+        "import sys; from envfleet import *; "
+        "print(callable(make_sb3), 'stable_baselines3' in sys.modules, 'torch' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.split() == ["True", "False", "False"]
+    monkeypatch.setitem(sys.modules, "envfleet.sb3", None)  # as if SB3 could not be imported
+    with pytest.raises(ImportError):
+        envfleet.make_sb3("CartPole-v1", 2)
 
 
 def test_exception_hierarchy() -> None:
