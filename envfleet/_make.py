@@ -153,13 +153,14 @@ def make(
             compression of image observations on their way to the pool).
 
     Returns:
-        A :class:`Pool`; close it (or use it as a context manager) to free its workers.
+        Pool: the envs, behind one ``gymnasium.vector.VectorEnv``; close it (or use it as a
+            context manager) to free its workers.
 
     Raises:
         ValueError, TypeError: an argument is invalid; the message says what was expected.
         EnvError: building the env failed.
 
-    Example:
+    Examples:
         >>> import envfleet
         >>> with envfleet.make("CartPole-v1", num_envs=4, backend="serial", seed=0) as pool:
         ...     obs, infos = pool.reset()
@@ -290,6 +291,7 @@ def make(
         threads_per_worker=threads_per_worker,
         cpu_affinity=affinity,
         start_timeout=start_timeout,
+        step_timeout=step_timeout,
         copy=copy,
         backend_options=own,
     )

@@ -63,6 +63,7 @@ class TransportOptions:
     threads_per_worker: int = 1
     cpu_affinity: Affinity | None = None  # applied by each worker to itself (affinity.py)
     start_timeout: float = DEFAULT_START_TIMEOUT  # seconds a worker may take to build its envs
+    step_timeout: float | None = None  # the pool's; bounds what a transport cannot hand off
     copy: bool = True  # the pool hands out copies of the observations (it may keep spares)
     backend_options: Any = None
     """The backend's own options: an instance of its registered options type, or ``None``."""

@@ -24,6 +24,7 @@ import select
 import socket
 import struct
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import (  # type: ignore[attr-defined]
@@ -32,6 +33,7 @@ from multiprocessing.connection import (  # type: ignore[attr-defined]
     deliver_challenge,
 )
 from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
 from envfleet.errors import Phase
 from envfleet.infos import Columns, column_dicts, info_columns
@@ -389,7 +391,12 @@ class PickledCommands:
 
 
 HANDSHAKE_TIMEOUT = 5.0
-"""Seconds a connection may take to prove it knows the key before it is dropped."""
+"""Seconds a connection may take to prove it knows the key before it is dropped (the whole
+exchange: one deadline, however its bytes come)."""
+
+CHECKING = 16
+"""Connections :func:`accept_pool` checks at once (each on a thread of its own); more wait to
+be accepted until one of those is done (within :data:`HANDSHAKE_TIMEOUT`)."""
 
 CONNECT_TIMEOUT = 60.0
 """Seconds the pool waits for an actor to take its connection (the actor may be dropping a
@@ -445,21 +452,160 @@ def open_listener(inside: str | None = None) -> tuple[socket.socket, str, str | 
     return server, address, directory
 
 
-def accept_pool(server: socket.socket, authkey: bytes) -> Connection:
-    """The first connection that proves it has ``authkey``; any other is dropped within
-    :data:`HANDSHAKE_TIMEOUT` (a stranger that connects first cannot keep the pool out)."""
-    while True:
-        sock, _ = server.accept()
-        conn = Connection(sock.detach())
+class _Handshake:
+    """``multiprocessing``'s side of a handshake on ``sock``, every read and write of it
+    within one ``deadline`` (``time.monotonic``): what :func:`deliver_challenge` and
+    :func:`answer_challenge` ask of a :class:`Connection`, framed as it frames, without
+    blocking past the deadline however slowly the other side sends."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.deadline = deadline
+        self.poller = select.poll()
+
+    def _wait(self, event: int) -> None:
+        left = self.deadline - time.monotonic()
+        self.poller.register(self.sock.fileno(), event)
         try:
-            _io_timeout(conn.fileno(), HANDSHAKE_TIMEOUT)
-            deliver_challenge(conn, authkey)
-            answer_challenge(conn, authkey)
-            _io_timeout(conn.fileno(), 0.0)
+            if left <= 0 or not self.poller.poll(max(1, int(left * 1000 + 0.999))):
+                raise TimeoutError("the handshake took longer than its bound")
+        finally:
+            self.poller.unregister(self.sock.fileno())
+
+    def send_bytes(self, buf: bytes) -> None:
+        view = memoryview(struct.pack("!i", len(buf)) + bytes(buf))
+        while view:
+            self._wait(select.POLLOUT)
+            try:
+                view = view[self.sock.send(view, socket.MSG_DONTWAIT) :]
+            except (BlockingIOError, InterruptedError):
+                pass
+
+    def _read(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            self._wait(select.POLLIN)
+            try:
+                chunk = self.sock.recv(n - len(data), socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                continue
+            if not chunk:
+                raise EOFError("the connection closed during the handshake")
+            data += chunk
+        return data
+
+    def recv_bytes(self, maxlength: int) -> bytes:
+        (size,) = struct.unpack("!i", self._read(4))
+        if size < 0 or size > maxlength:
+            raise OSError("bad message length")
+        return self._read(size)
+
+
+def handshake(sock: socket.socket, authkey: bytes, timeout: float, accepting: bool) -> None:
+    """Prove to the other end of ``sock`` that we know ``authkey``, and have it prove it, as
+    ``multiprocessing``'s listeners and clients do (the accepting side challenges first), all
+    within ``timeout`` seconds.
+
+    Raises:
+        AuthenticationError: a wrong key (either side's).
+        TimeoutError: the exchange took longer than ``timeout``.
+        EOFError, OSError: the connection closed, or a message was not the handshake's.
+    """
+    timed: Any = _Handshake(sock, time.monotonic() + timeout)
+    if accepting:
+        deliver_challenge(timed, authkey)
+        answer_challenge(timed, authkey)
+    else:
+        answer_challenge(timed, authkey)
+        deliver_challenge(timed, authkey)
+
+
+def accept_pool(server: socket.socket, authkey: bytes) -> Connection:
+    """The first connection that proves it has ``authkey``.
+
+    Each connection is checked on a thread of its own (up to :data:`CHECKING` at once), the
+    whole exchange within :data:`HANDSHAKE_TIMEOUT`, while the next ones are accepted: a
+    stranger that connects first, however slowly it answers, neither keeps the pool's own
+    connection waiting nor holds a thread past that bound. Those still being checked when
+    one has proved it are dropped.
+    """
+    lock = threading.Lock()
+    checking: set[socket.socket] = set()
+    proved: list[socket.socket] = []
+    settled = False
+    wake_r, wake_w = socket.socketpair()
+    wake_w.setblocking(False)
+
+    def check(sock: socket.socket) -> None:
+        try:
+            handshake(sock, authkey, HANDSHAKE_TIMEOUT, accepting=True)
+            ok = True
         except Exception:  # a wrong key, a bad message, silence, a closed connection
-            conn.close()
-            continue
-        return conn
+            ok = False
+        with lock:
+            checking.discard(sock)
+            if ok and not settled:
+                proved.append(sock)
+            else:
+                sock.close()
+            if not settled:
+                try:
+                    wake_w.send(b"!")
+                except OSError:  # full: the acceptor has been woken already
+                    pass
+
+    blocking = server.gettimeout()
+    server.setblocking(False)
+    poller = select.poll()
+    poller.register(wake_r.fileno(), select.POLLIN)
+    listening = False
+    try:
+        while True:
+            with lock:
+                if proved:
+                    settled = True
+                    return Connection(proved.pop(0).detach())
+                full = len(checking) >= CHECKING
+            if listening == full:  # accept while there is room to check what comes in
+                if full:
+                    poller.unregister(server.fileno())
+                else:
+                    poller.register(server.fileno(), select.POLLIN)
+                listening = not full
+            for fd, _ in poller.poll():
+                if fd == wake_r.fileno():
+                    wake_r.recv(4096)
+                    continue
+                try:
+                    sock, _ = server.accept()
+                except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                    continue
+                sock.setblocking(True)
+                with lock:
+                    checking.add(sock)
+                try:
+                    threading.Thread(
+                        target=check, args=(sock,), name="envfleet-handshake", daemon=True
+                    ).start()
+                except BaseException:
+                    with lock:
+                        checking.discard(sock)
+                    sock.close()
+                    raise
+    finally:
+        with lock:
+            settled = True
+            for sock in checking:  # their threads see the end at once, and close them
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            for sock in proved:
+                sock.close()
+            proved.clear()
+        wake_r.close()
+        wake_w.close()
+        server.settimeout(blocking)
 
 
 def connect_pool(address: str, authkey: bytes, timeout: float = CONNECT_TIMEOUT) -> Connection:

@@ -8,13 +8,23 @@ authenticated TCP connection (:meth:`NodeAgent.serve`: the loop of
 :mod:`envfleet.backends.node_server`, the messages of :mod:`envfleet.backends.node_wire`): a
 round of commands in, the local replies and rows of the whole node out, one message each way.
 The pool's side is :mod:`envfleet.backends.nodes`.
+
+What ``multiprocessing`` keeps in files for the agent (its fork server's socket) goes in a
+directory of the agent's own, ``envfleet-agent-<pid>-*`` in the node's temp dir: the agent
+removes it when it closes; one that was killed (``ray.kill`` runs no exit handler) leaves it to
+:func:`remove_dead_agents_dirs`, which the next agent on that node runs as it starts, and the
+pool as it closes once its agents on its own machine are gone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
+import multiprocessing
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,6 +66,31 @@ def node_options(options: TransportOptions, workers: Sequence[int]) -> NodeOptio
     return NodeOptions(**values, rows=options.num_envs)
 
 
+AGENT_DIR_PREFIX = "envfleet-agent-"
+"""How an agent's own temp directory is named: the prefix, its process id, ``-``, random."""
+
+
+def remove_dead_agents_dirs(temp: str | None = None) -> None:
+    """Remove the temp directories (in ``temp``, else this machine's temp dir) of agents whose
+    process has ended."""
+    pattern = os.path.join(temp or tempfile.gettempdir(), f"{AGENT_DIR_PREFIX}*-*")
+    for path in glob.glob(pattern):
+        pid = os.path.basename(path)[len(AGENT_DIR_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (another user's counts: not ours)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def node_cores(node: str) -> int:
     """The cores the agent of ``node`` (a Ray node id) may count on: the CPUs Ray gives that
     node, where it knows them, and no more than this process may run on (at least 1)."""
@@ -75,6 +110,7 @@ class NodeAgent:
         self._authkey = b""
         self._codec: Codec | None = None
         self._columns: list[Columns] = []  # infos its workers sent as columns, not yet sent on
+        self._temp: str | None = None  # its own temp dir: multiprocessing's files
 
     def start(self, authkey: bytes) -> tuple[Portable | None, str, str, int, int]:
         """Start the node's workers and a listening socket on this node's address; return
@@ -85,6 +121,11 @@ class NodeAgent:
             self._codec = codec(getattr(self.options.backend_options, "compress", None))
         except ImportError as exc:  # lz4 on the pool's machine, not on this node
             return ("missing", f"node {node} ({host}): {exc}"), node, host, 0, os.getpid()
+        remove_dead_agents_dirs()  # of agents killed on this node before
+        self._temp = tempfile.mkdtemp(prefix=f"{AGENT_DIR_PREFIX}{os.getpid()}-")
+        # multiprocessing's own temp dir for this process (where its fork server's socket
+        # goes), which it would otherwise make as pymp-* and remove only at exit.
+        multiprocessing.current_process()._config["tempdir"] = self._temp  # type: ignore[attr-defined]
         try:
             # The cores its wait may count on are the node's, as Ray has them (the nodes of a
             # cluster on one machine share its cores): the process backend's wait spins for the
@@ -123,3 +164,10 @@ class NodeAgent:
                 ).run()
         finally:
             self.local.close(5.0)
+            self.remove_temp()
+
+    def remove_temp(self) -> None:
+        """Remove the agent's temp directory (its workers are gone: nothing needs it)."""
+        temp, self._temp = self._temp, None
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)

@@ -9,6 +9,7 @@ link per node and does the waiting, the killing and the restarting.
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections import deque
@@ -20,11 +21,12 @@ from typing import Any
 
 import gymnasium
 import numpy as np
+import psutil
 import ray
 
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import Replies, WorkerLost
-from envfleet.backends.channel import authenticated
+from envfleet.backends.channel import handshake
 from envfleet.backends.node_frames import Frames, Message
 from envfleet.backends.rows import deliver
 from envfleet.buffers import Batch
@@ -33,7 +35,8 @@ from envfleet.protocol import Command, Reply
 from envfleet.stats import NodeStats
 
 CONNECT_TIMEOUT = 30.0
-"""Seconds the pool gives an agent's socket to accept it and prove the key."""
+"""Seconds the pool gives an agent's socket to accept it and prove the key (the connection and
+the whole handshake)."""
 
 _Plain = tuple[
     list[int], list[Command], np.ndarray, "slice | np.ndarray", "list[memoryview] | None", Replies
@@ -77,6 +80,9 @@ class NodeLink:
     heard_at: float = 0.0  # its last message in (``time.perf_counter``)
     memory: list[int | None] = field(default_factory=list)  # per local worker, as last reported
     measuring: bool = False  # asked for its workers' memory, not answered yet
+    # ``conn``'s socket on a descriptor of its own, for the sends that must not block.
+    outlet: socket.socket | None = None
+    outlet_of: Connection | None = None  # the connection ``outlet`` duplicates
 
     def env_ids(self, assignment: Sequence[Sequence[int]]) -> tuple[int, ...]:
         """The node's envs (global indices)."""
@@ -122,6 +128,28 @@ class NodeLink:
             if k != but:
                 out.append((worker, WorkerLost(None, reason)))
         return out
+
+    def sock(self) -> socket.socket:
+        """The connection to the agent as a socket (its own descriptor: closed by
+        :meth:`drop_sock`, or when collected, never the connection's)."""
+        conn = self.conn
+        assert conn is not None
+        if self.outlet is None or self.outlet_of is not conn:
+            self.drop_sock()
+            fd = os.dup(conn.fileno())
+            try:
+                self.outlet = socket.socket(fileno=fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            self.outlet_of = conn
+        return self.outlet
+
+    def drop_sock(self) -> None:
+        """Close :meth:`sock`'s descriptor (with the connection's: the agent sees EOF)."""
+        if self.outlet is not None:
+            self.outlet.close()
+        self.outlet = self.outlet_of = None
 
     def kill_agent(self) -> None:
         if self.agent is not None:
@@ -252,12 +280,59 @@ class NodeLink:
         return out
 
 
-def connect_agent(host: str, port: int, authkey: bytes) -> Connection:
-    """A connection to an agent that proved it knows ``authkey`` (and to which we proved it)."""
-    sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+def local_agents(nodes: Sequence[NodeLink]) -> list[psutil.Process]:
+    """The processes of ``nodes``' agents that run on this machine, and theirs (the agent's fork
+    server, its workers): what ``close`` waits for after killing the agents."""
+    if not ray.is_initialized():
+        return []
+    here = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+    out: list[psutil.Process] = []
+    for node in nodes:
+        if node.pid <= 0 or node.host != here:
+            continue
+        try:
+            agent = psutil.Process(node.pid)
+            # Its own, not a process that took its pid since it ended.
+            if "NodeAgent" not in agent.name() + " ".join(agent.cmdline()):
+                continue
+            out += [agent, *agent.children(recursive=True)]
+        except psutil.Error:
+            continue
+    return out
+
+
+def bury(processes: list[psutil.Process], timeout: float) -> None:
+    """Wait up to ``timeout`` for ``processes`` to end, then end those still there (and wait
+    for them as long again)."""
     try:
+        _, alive = psutil.wait_procs(processes, timeout=timeout)
+        for process in alive:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=timeout)
+    except psutil.Error:
+        pass
+
+
+def connect_agent(
+    host: str, port: int, authkey: bytes, timeout: float = CONNECT_TIMEOUT
+) -> Connection:
+    """A connection to an agent that proved it knows ``authkey`` (and to which we proved it),
+    the connection and the whole handshake within ``timeout`` seconds.
+
+    Raises:
+        AuthenticationError: either side's key was wrong.
+        OSError, EOFError: nothing answered in time (``TimeoutError``), or the connection
+            broke.
+    """
+    deadline = time.monotonic() + timeout
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except BaseException:
-        sock.close()
-        raise
-    return authenticated(sock, authkey, CONNECT_TIMEOUT)
+        handshake(sock, authkey, deadline - time.monotonic(), accepting=False)
+        return Connection(sock.detach())
+    finally:
+        sock.close()  # a no-op once detached

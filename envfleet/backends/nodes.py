@@ -48,9 +48,9 @@ from envfleet.backends import compression
 from envfleet.backends import node_wire as wire
 from envfleet.backends.base import BaseTransport, Replies, TransportOptions, WorkerLost
 from envfleet.backends.driver_node import DriverNode, shared_node
-from envfleet.backends.node_agent import NodeAgent, node_options
-from envfleet.backends.node_frames import Frames, Message, send
-from envfleet.backends.node_link import NodeLink, connect_agent
+from envfleet.backends.node_agent import NodeAgent, node_options, remove_dead_agents_dirs
+from envfleet.backends.node_frames import SEND_TIMEOUT, Frames, Message, SendTimeout, send
+from envfleet.backends.node_link import NodeLink, bury, connect_agent, local_agents
 from envfleet.backends.node_placement import choose_nodes, place
 from envfleet.backends.ray_options import RayOptions
 from envfleet.backends.ray_session import START_ATTEMPTS, await_start, connect, disconnect, forked
@@ -77,6 +77,11 @@ class NodeTransport(BaseTransport):
             extra = RayOptions()
         self._options = options
         self._closed = False
+        # A node's command goes as the agent takes it: past this long without it taking a
+        # byte, the agent is stopped or unreachable, and its node is lost.
+        self._send_timeout = (
+            options.step_timeout if options.step_timeout is not None else SEND_TIMEOUT
+        )
         codec = compression.codec(extra.compress)
         probe = Batch.local(options.observation_space, options.action_space, 1)
         if extra.compress is not None and wire.row_codecs(wire.row_fields(probe), codec) is None:
@@ -272,13 +277,29 @@ class NodeTransport(BaseTransport):
             self._send_round(node, locals_, sent)
 
     def _send_round(self, node: NodeLink, locals_: Sequence[int], commands: list[Command]) -> None:
+        """One round to ``node``, without blocking past ``self._send_timeout`` with no byte
+        taken (then the node is lost); what the agent sends meanwhile is read (its rows go into
+        the batch, its replies wait for ``wait``: it may be blocked writing them to us)."""
         parts = node.round(locals_, commands, self._actions)
         if parts is None:
             return  # reported lost on the next wait
+        frames = node.frames
+        assert node.conn is not None and frames is not None
+
+        def take_in() -> None:
+            while frames.ready():
+                self._take(node, frames.read(), self._queued)
+
         try:
-            assert node.conn is not None
-            send(node.conn.fileno(), parts)
-        except OSError:
+            send(node.conn.fileno(), parts, self._send_timeout, node.sock(), take_in)
+        except SendTimeout:
+            size = sum(map(len, parts))
+            self._lose(
+                node,
+                f"killed: it took no byte of a command of {size} bytes for "
+                f"{self._send_timeout:g}s (stopped, or its node unreachable)",
+            )
+        except (EOFError, OSError):
             self._lose(node, "its connection broke")
 
     # -- replies in ----------------------------------------------------------------------------
@@ -358,6 +379,7 @@ class NodeTransport(BaseTransport):
             except (KeyError, ValueError):
                 pass
             self._by_fd.pop(fd, None)
+            node.drop_sock()
             node.conn.close()
             node.conn = None
             node.frames = None
@@ -460,8 +482,10 @@ class NodeTransport(BaseTransport):
         if self._closed:
             return
         self._closed = True
+        here: list[Any] = []  # the agents' processes on this machine, and their children
         try:
             deadline = time.monotonic() + timeout
+            here = local_agents(self._nodes)
             for node in self._nodes:
                 if node.alive and node.conn is not None:
                     try:
@@ -483,12 +507,17 @@ class NodeTransport(BaseTransport):
         finally:
             for node in self._nodes:
                 if node.conn is not None:
+                    node.drop_sock()
                     node.conn.close()
                     node.conn = None
                     node.frames = None
                 node.alive = False
                 if ray.is_initialized():
                     node.kill_agent()
+            # ray.kill returns at once: the agents here (their workers too) end within
+            # ``timeout`` more, or are ended; then what they left in the temp dir goes.
+            bury(here, timeout)
+            remove_dead_agents_dirs()
             if self._here is not None:
                 self._here.close(0.0)  # idempotent; after a failure above
             if self._connected:

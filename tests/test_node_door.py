@@ -1,0 +1,222 @@
+"""A node agent's door, its sends and its leftovers, without a cluster.
+
+The agent's listening socket checks each connection on a thread of its own, the whole
+handshake within one deadline, so a stranger, however slowly it answers, neither holds the door
+past that bound nor keeps the pool's own connection waiting; a message to a peer that takes
+nothing (a stopped agent) ends within its bound, and one to a peer that is itself writing to
+us is not a deadlock; the temp directories of agents that were killed are removed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection
+from typing import Any
+
+import pytest
+
+from envfleet.backends import channel, node_agent
+from envfleet.backends.node_frames import Frames, SendTimeout, send
+from envfleet.backends.node_link import connect_agent
+
+KEY = b"k" * 32
+WAIT = 60.0
+"""Seconds a test waits for what should happen within a second or so (a busy machine)."""
+
+
+class Door:
+    """An agent's listening socket, its :func:`~channel.accept_pool` on a thread."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0), backlog=8)
+        self.port = int(self.server.getsockname()[1])
+        self.accepted: list[Connection] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        self.accepted.append(channel.accept_pool(self.server, KEY))
+
+    def close(self) -> None:
+        if self.thread.is_alive():  # let it return: the pool's own connection
+            connect_agent("127.0.0.1", self.port, KEY, timeout=WAIT).close()
+        self.thread.join(WAIT)
+        for conn in self.accepted:
+            conn.close()
+        self.server.close()
+
+
+@pytest.fixture
+def door() -> Iterator[Door]:
+    door = Door()
+    yield door
+    door.close()
+
+
+class Stranger:
+    """A local process that connects first and answers the challenge one byte at a time,
+    every ``every`` seconds, for as long as it is let (a length of 255, then the bytes)."""
+
+    def __init__(self, port: int, every: float) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.every = every
+        self.stop = threading.Event()
+        self.dropped = threading.Event()
+        self.thread = threading.Thread(target=self._drip, daemon=True)
+        self.thread.start()
+
+    def _drip(self) -> None:
+        drip = (255).to_bytes(4, "big") + bytes(255)
+        try:
+            for byte in drip:
+                if self.stop.wait(self.every):
+                    return
+                self.sock.send(bytes([byte]))
+        except OSError:
+            self.dropped.set()
+            return
+
+    def still_connected(self) -> bool:
+        """The door has not closed this connection (it still waits for the stranger)."""
+        try:
+            while True:  # what the door sent (its challenge) is not an end
+                if self.sock.recv(4096, socket.MSG_DONTWAIT) == b"":
+                    return False
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(WAIT)
+        self.sock.close()
+
+
+def test_a_slow_stranger_does_not_keep_the_pool_from_its_agent(
+    door: Door, monkeypatch: Any
+) -> None:
+    """A stranger connects first and drips its answer (its handshake bound made two minutes
+    here): the pool's connection, made after it, is accepted while the stranger still drips,
+    and the stranger is dropped then."""
+    monkeypatch.setattr(channel, "HANDSHAKE_TIMEOUT", 120.0)
+    stranger = Stranger(door.port, every=0.5)
+    try:
+        time.sleep(0.5)  # the stranger's connection is taken (and checked) first
+        conn = connect_agent("127.0.0.1", door.port, KEY, timeout=WAIT)
+        # Its answer takes 130 s: it was still dripping when the pool got in.
+        assert stranger.thread.is_alive() and not stranger.dropped.is_set()
+        conn.close()
+        door.thread.join(WAIT)
+        assert len(door.accepted) == 1
+        deadline = time.monotonic() + WAIT  # and once the pool is in, it is dropped
+        while stranger.still_connected() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not stranger.still_connected()
+    finally:
+        stranger.close()
+
+
+def test_a_stranger_gets_one_deadline_for_the_whole_handshake(door: Door, monkeypatch: Any) -> None:
+    """A stranger sending a byte of its answer every 0.2 s, far within a per-read bound, is
+    dropped once the whole handshake's bound (1 s here) has passed, not 51 s later."""
+    monkeypatch.setattr(channel, "HANDSHAKE_TIMEOUT", 1.0)
+    stranger = Stranger(door.port, every=0.2)
+    try:
+        deadline = time.monotonic() + WAIT / 2  # its answer would take 51 s
+        while stranger.still_connected() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not stranger.still_connected(), "the stranger still holds its handshake"
+    finally:
+        stranger.close()
+
+
+def test_the_pool_and_the_agent_prove_the_key_both_ways(door: Door) -> None:
+    with pytest.raises(AuthenticationError):
+        connect_agent("127.0.0.1", door.port, b"x" * 32, timeout=WAIT)
+    conn = connect_agent("127.0.0.1", door.port, KEY, timeout=WAIT)
+    door.thread.join(WAIT)
+    conn.send_bytes(b"hello")
+    assert door.accepted[0].recv_bytes() == b"hello"
+    conn.close()
+
+
+def test_a_handshake_with_a_silent_agent_ends_within_its_bound() -> None:
+    """The pool's side: an agent that accepts and says nothing fails the connection within
+    the bound given (one deadline, not one per read)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        with pytest.raises(TimeoutError):
+            connect_agent("127.0.0.1", server.getsockname()[1], KEY, timeout=0.5)
+    finally:
+        server.close()
+
+
+def test_a_send_to_a_peer_that_takes_nothing_ends_within_its_bound() -> None:
+    """A 16 MB message to a peer that reads nothing (a stopped agent) ends, SendTimeout."""
+    ours, theirs = socket.socketpair()
+    try:
+        with pytest.raises(SendTimeout, match=r"within 0\.5s"):
+            send(ours.fileno(), [bytes(16 << 20)], 0.5, ours)
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_a_send_reads_what_the_peer_writes_meanwhile() -> None:
+    """Both ends write a message larger than the sockets hold: the peer reads only once it has
+    written all of its own. The send takes the peer's message in as it goes (``waiting``), so
+    neither end blocks for good."""
+    ours, theirs = socket.socketpair()
+    size = 16 << 20
+    got: list[bytes | bytearray] = []
+    frames = Frames(ours.fileno())
+
+    def peer() -> None:
+        send(theirs.fileno(), [b"a" * size])  # blocking: until we read it
+        got.append(Frames(theirs.fileno()).read())
+
+    thread = threading.Thread(target=peer, daemon=True)
+    thread.start()
+    taken: list[bytes | bytearray] = []
+
+    def waiting() -> None:
+        while frames.ready():
+            taken.append(frames.read())
+
+    try:
+        send(ours.fileno(), [b"b" * size], WAIT, ours, waiting)
+        thread.join(WAIT)
+        assert [len(m) for m in taken] == [size] and taken[0][:1] == b"a"
+        assert [len(m) for m in got] == [size] and got[0][:1] == b"b"
+    finally:
+        ours.close()
+        theirs.close()
+        thread.join(WAIT)
+
+
+def test_the_temp_dirs_of_ended_agents_are_removed(tmp_path: Any) -> None:
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    dead = int(ended.stdout)
+    gone = tmp_path / f"{node_agent.AGENT_DIR_PREFIX}{dead}-abc"
+    gone.mkdir()
+    (gone / "listener-x").write_text("")
+    live = tmp_path / f"{node_agent.AGENT_DIR_PREFIX}{os.getpid()}-def"
+    live.mkdir()
+    other = tmp_path / "pymp-keep"
+    other.mkdir()
+    node_agent.remove_dead_agents_dirs(str(tmp_path))
+    assert not gone.exists()
+    assert live.exists() and other.exists()
