@@ -228,7 +228,8 @@ class CallerRegistry:
     A factory may call ``gymnasium.make(id)`` on an id that the caller registered
     (``import ale_py`` registers the ALE ids; ``gymnasium.register`` a user's): a forked worker
     inherits them, a spawned or forkserver worker and a Ray actor do not. The entries that a
-    fresh ``import gymnasium`` does not make (any whose entry point is not Gymnasium's own) and
+    fresh ``import gymnasium`` does not make (any other than Gymnasium's own, field for field:
+    a new id or a built-in one registered again, whatever its entry point) and
     that can travel (an entry point named by a string, or a callable cloudpickle takes) go with
     the recipe; :meth:`install` puts them in a worker's registry (the caller's entry wins over
     one of the same id there), and never in the caller's own process.
@@ -271,10 +272,68 @@ _INSTALLED: weakref.WeakSet[CallerRegistry] = weakref.WeakSet()  # installed in 
 
 
 def _gymnasiums_own(spec: Any) -> bool:
-    """An entry that ``import gymnasium`` makes in every process."""
-    entry = spec.entry_point
-    module = entry if isinstance(entry, str) else getattr(entry, "__module__", None) or ""
-    return module.startswith("gymnasium.")
+    """An entry exactly as ``import gymnasium`` makes it in every process: same id, entry
+    points, time limit, kwargs... (an id the caller registered, or registered again, with
+    Gymnasium's own class as its entry point is not one: it must travel)."""
+    own = _fresh_registry()
+    if own is None:  # unknown: sending it costs a few bytes, leaving it behind a wrong env
+        return False
+    fresh = own.get(spec.id)
+    return fresh is not None and _comparable(fresh) == _comparable(spec)
+
+
+@functools.cache
+def _fresh_registry() -> dict[str, Any] | None:
+    """The entries a fresh ``import gymnasium`` registers, whatever this process registered
+    since: ``gymnasium.envs``' registrations run again into a dict of their own (the real
+    registry untouched); ``None`` if that cannot be done (then every entry travels)."""
+    import builtins
+
+    import gymnasium.envs
+    from gymnasium.envs import registration
+
+    fresh: dict[str, Any] = {}
+
+    def record(id: str, entry_point: Any = None, **fields: Any) -> None:
+        kwargs = fields.pop("kwargs", None) or {}
+        spec = registration.EnvSpec(id=id, entry_point=entry_point, kwargs=kwargs, **fields)
+        fresh[spec.id] = spec
+
+    class Registration:  # what the module imports from gymnasium.envs.registration
+        def __getattr__(self, name: str) -> Any:
+            return record if name == "register" else getattr(registration, name)
+
+    real_import = builtins.__import__
+
+    def import_(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == registration.__name__:
+            return Registration()
+        return real_import(name, *args, **kwargs)
+
+    try:
+        path = gymnasium.envs.__file__
+        if path is None:
+            return None
+        with open(path, encoding="utf-8") as source:
+            code = compile(source.read(), path, "exec")
+        own_builtins = {**vars(builtins), "__import__": import_}
+        namespace = {"__name__": gymnasium.envs.__name__, "__builtins__": own_builtins}
+        exec(code, namespace)  # Gymnasium's own module, run again
+    except Exception:
+        return None
+    return fresh
+
+
+def _comparable(spec: Any) -> tuple[Any, ...]:
+    """An entry's fields, its callables by name (a run again defines its functions anew)."""
+
+    def named(value: Any) -> Any:
+        if callable(value) and not isinstance(value, type):
+            module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+            return "callable", module, name
+        return value
+
+    return tuple(named(getattr(spec, f.name)) for f in dataclasses.fields(spec))
 
 
 def _travels(spec: Any) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +14,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import envfleet
 from envfleet.registration import register_vector
+from envfleet.spec import CallerRegistry
 from tests.envs import FaultyEnv
 from tests.legacy_envs import OldApiCounterEnv
 
@@ -187,3 +190,70 @@ def check_caller_ids_inside_factories(**make_kwargs: Any) -> None:
 @pytest.mark.parametrize("context", ["spawn", "forkserver", "fork"])
 def test_ids_registered_in_the_caller_build_inside_factories(context: str) -> None:
     check_caller_ids_inside_factories(backend="process", num_workers=2, context=context)
+
+
+def _make_my_cartpole() -> gymnasium.Env[Any, Any]:
+    return gymnasium.make("envfleet-test/MyCartPole-v0")
+
+
+def _make_cartpole() -> gymnasium.Env[Any, Any]:
+    return gymnasium.make("CartPole-v1")
+
+
+@contextlib.contextmanager
+def gymnasium_classes_under_caller_ids() -> Iterator[None]:
+    """A new id whose entry point is Gymnasium's own CartPole (time limit 7), and CartPole-v1
+    registered again with a time limit of 5; both undone afterwards."""
+    original = gymnasium.spec("CartPole-v1")
+    gymnasium.register(
+        "envfleet-test/MyCartPole-v0",
+        entry_point="gymnasium.envs.classic_control:CartPoleEnv",
+        max_episode_steps=7,
+    )
+    gymnasium.registry["CartPole-v1"] = dataclasses.replace(original, max_episode_steps=5)
+    try:
+        yield
+    finally:
+        gymnasium.registry["CartPole-v1"] = original
+        gymnasium.registry.pop("envfleet-test/MyCartPole-v0", None)
+
+
+def check_gymnasium_classes_under_caller_ids(**make_kwargs: Any) -> None:
+    """Factories calling ``gymnasium.make`` on ids whose entry point is Gymnasium's own class
+    build in every worker what they build here (as in SyncVectorEnv): the new id exists there,
+    and CartPole-v1 has this process's time limit, not Gymnasium's."""
+    with gymnasium_classes_under_caller_ids():
+        env_fns = [_make_my_cartpole, _make_cartpole] * 2
+        reference = SyncVectorEnv(env_fns)
+        first_truncated: dict[int, int] = {}
+        with envfleet.make(env_fns, seed=5, **make_kwargs) as pool:
+            got, want = pool.reset(), reference.reset(seed=5)
+            np.testing.assert_array_equal(got[0], want[0])
+            for step in range(1, 9):
+                actions = np.full(4, step % 2, dtype=np.int64)  # balanced: no termination
+                got, want = pool.step(actions), reference.step(actions)
+                for a, b in zip(got[:4], want[:4], strict=True):
+                    np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+                for i in np.flatnonzero(got[3]).tolist():
+                    first_truncated.setdefault(i, step)
+            assert pool.get_attr("spec")[0].id == "envfleet-test/MyCartPole-v0"
+        reference.close()
+    assert first_truncated == {0: 7, 1: 5, 2: 7, 3: 5}
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_ids_with_gymnasiums_own_entry_points_build_inside_factories(context: str) -> None:
+    check_gymnasium_classes_under_caller_ids(backend="process", num_workers=2, context=context)
+
+
+def test_only_entries_that_differ_from_a_fresh_registry_travel() -> None:
+    """Gymnasium's own entries, as ``import gymnasium`` makes them, stay behind (a fresh
+    worker has them); one registered again with other fields, or a new id with Gymnasium's
+    class, travels."""
+    travelling = {spec.id for spec in CallerRegistry.snapshot().entries}
+    own = {"CartPole-v1", "Pendulum-v1", "FrozenLake-v1", "GymV26Environment-v0"}
+    assert own <= set(gymnasium.registry) and not own & travelling
+    with gymnasium_classes_under_caller_ids():
+        travelling = {spec.id for spec in CallerRegistry.snapshot().entries}
+    assert {"CartPole-v1", "envfleet-test/MyCartPole-v0"} <= travelling
+    assert not (own - {"CartPole-v1"}) & travelling
