@@ -50,7 +50,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 RAY_MODULES = frozenset(
-    {"test_ray.py", "test_ray_nodes.py", "test_ray_cluster.py", "test_fault_matrix_ray.py"}
+    {
+        "test_ray.py",
+        "test_ray_nodes.py",
+        "test_ray_cluster.py",
+        "test_fault_matrix_ray.py",
+        "test_node_door.py",
+    }
 )
 """Modules that run a Ray (or a cluster of several nodes) in pytest's process for the module."""
 

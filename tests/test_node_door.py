@@ -5,14 +5,22 @@ handshake within one deadline, so a stranger, however slowly it answers, neither
 past that bound nor keeps the pool's own connection waiting; a message to a peer that takes
 nothing (a stopped agent) ends within its bound, and one to a peer that is itself writing to
 us is not a deadlock; the temp directories of agents that were killed are removed.
+
+Then, on a fake cluster (a head and one worker node of ``ray.cluster_utils.Cluster``, shared by
+the module): a pool's ``close()`` returns once its agents' processes on this machine are gone,
+leaving nothing in the temp dir; a large command to a stopped agent loses its node within
+``step_timeout``; an agent killed through Ray is named, node and all.
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -20,15 +28,27 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection
 from typing import Any
 
+import numpy as np
+import psutil
 import pytest
 
+import envfleet
 from envfleet.backends import channel, node_agent
 from envfleet.backends.node_frames import Frames, SendTimeout, send
 from envfleet.backends.node_link import connect_agent
+from tests import timing
+from tests.ray_helpers import ray_leak_check
 
 KEY = b"k" * 32
 WAIT = 60.0
 """Seconds a test waits for what should happen within a second or so (a busy machine)."""
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes_or_shared_memory() -> Iterator[None]:
+    """Overrides conftest.py's: the nodes' daemons belong to the module's cluster; no agent, and
+    no worker process of an agent, may outlive its test."""
+    yield from ray_leak_check(ray_daemons_too=False)
 
 
 class Door:
@@ -220,3 +240,122 @@ def test_the_temp_dirs_of_ended_agents_are_removed(tmp_path: Any) -> None:
     node_agent.remove_dead_agents_dirs(str(tmp_path))
     assert not gone.exists()
     assert live.exists() and other.exists()
+
+
+NODE = {"num_cpus": 1, "object_store_memory": 80 << 20}
+NUM_ENVS = 4
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    assert not ray.is_initialized()
+    cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
+    try:
+        cluster.add_node(**NODE)
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def make_on_worker_node(cluster: Any, **kwargs: Any) -> envfleet.Pool:
+    return envfleet.make(
+        "CartPole-v1",
+        NUM_ENVS,
+        backend="ray",
+        num_workers=2,
+        nodes=[next(iter(cluster.worker_nodes)).node_id],
+        seed=0,
+        **kwargs,
+    )
+
+
+def temp_entries() -> set[str]:
+    temp = tempfile.gettempdir()
+    return set(glob.glob(os.path.join(temp, "pymp-*"))) | set(
+        glob.glob(os.path.join(temp, f"{node_agent.AGENT_DIR_PREFIX}*"))
+    )
+
+
+def gone(process: psutil.Process) -> bool:
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+def test_close_waits_for_its_agents_and_leaves_nothing_in_the_temp_dir(cluster: Any) -> None:
+    """The agent's fork server's socket is in its own directory, not a ``pymp-*``; after
+    ``close()`` the agent, its fork server and its workers have ended, and that directory is
+    gone (with no ``atexit``: the agent is ended by ``ray.kill``)."""
+    before = temp_entries()
+    pool = make_on_worker_node(cluster)
+    try:
+        pool.reset()
+        pool.step(np.ones(NUM_ENVS, dtype=np.int64))
+        agent = psutil.Process(pool._transport._nodes[0].pid)
+        processes = [agent, *agent.children(recursive=True)]
+        assert len(processes) >= 3  # the agent, its fork server, its workers
+        new = temp_entries() - before
+        assert new and all(node_agent.AGENT_DIR_PREFIX in path for path in new), new
+    finally:
+        pool.close()
+    left = [p.pid for p in processes if not gone(p)]
+    assert not left, f"the agent's processes {left} outlived close()"
+    assert temp_entries() - before == set()
+
+
+def test_a_large_command_to_a_stopped_agent_loses_its_node_within_step_timeout(
+    cluster: Any,
+) -> None:
+    """A 64 MB ``set_attr`` to a node whose agent is stopped (SIGSTOP) does not block the pool:
+    past ``step_timeout`` with no byte taken, the node is lost, and the error names it."""
+    step_timeout = timing.bound(1.5, pools=3)
+    pool = make_on_worker_node(cluster, step_timeout=step_timeout)
+    pid = 0
+    try:
+        pool.reset()
+        node = pool._transport._nodes[0]
+        pid = node.pid
+        os.kill(pid, signal.SIGSTOP)
+        outcome: list[BaseException | None] = []
+
+        def call() -> None:
+            try:
+                pool.set_attr("blob", bytes(64 << 20))
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=call, daemon=True)
+        thread.start()
+        thread.join(step_timeout + WAIT)
+        assert outcome, "set_attr to a stopped agent still blocks"
+        error = outcome[0]
+        assert isinstance(error, envfleet.WorkerDiedError), error
+        assert node.node_id in str(error) and "took no byte" in str(error)
+    finally:
+        if pid:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        pool.close()
+
+
+def test_a_worker_lost_on_a_node_is_named_with_its_node() -> None:
+    """A worker that the agent reports lost (its reason as the agent saw it: "exit code 255")
+    reaches the pool naming the node and its address too."""
+    from envfleet.backends import node_wire as wire
+    from envfleet.backends.base import WorkerLost
+    from envfleet.backends.node_link import NodeLink
+
+    node = NodeLink(0, "n0de", [3, 4], host="10.0.0.7")
+    node.started()
+    parts = wire.header_parts(wire.GENERAL, ([(1, WorkerLost(255, "exit code 255"))], []))
+    replies = node.take(b"".join(parts), [], None, None, np.zeros(4, np.int64))  # type: ignore[arg-type]
+    assert replies == [(4, WorkerLost(255, "exit code 255 on node n0de (10.0.0.7)"))]

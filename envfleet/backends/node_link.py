@@ -262,9 +262,10 @@ class NodeLink:
         answered: list[tuple[Command, Reply | None]] = []
         out: Replies = []
         for local, reply in body:
-            if isinstance(reply, WorkerLost):
+            if isinstance(reply, WorkerLost):  # as its agent saw it: where, too
                 self.inflight[local].clear()
-                out.append((workers[local], reply))
+                where = f"on node {self.node_id} ({self.host})"
+                out.append((workers[local], WorkerLost(reply.exitcode, f"{reply.reason} {where}")))
                 continue
             command = self.inflight[local].popleft()
             answered.append((command, reply))
