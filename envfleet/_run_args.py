@@ -236,6 +236,11 @@ def add_run_parser(commands: Any) -> argparse.ArgumentParser:
     )
     add_import_argument(run)
     run.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    run.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show the notices and warnings libraries and Ray print (hidden by default)",
+    )
     return run  # type: ignore[no-any-return]
 
 

@@ -15,7 +15,10 @@ Unix socket, through the loop the process backend's workers run
 (:func:`~envfleet.backends.channel.serve_connection`). Ray then only places, starts, watches
 and kills them; on one machine that makes the ray backend about as fast as the process backend.
 Actors on other machines get each command as a Ray call, their actions carried in it. A pool
-on a cluster runs one sub-pool per node instead (:func:`open_transport`, nodes.py).
+on a cluster runs one sub-pool per node instead (:func:`open_transport`, nodes.py), unless it
+talks to Ray through a Ray Client connection (``ray://``): its process is then on no node, can
+reach neither the agents' sockets nor a node's memory, and every actor takes its commands as
+Ray calls.
 
 Which Ray a pool runs on, and when that Ray is let go of, is
 :mod:`~envfleet.backends.ray_session`'s business. Ray is an optional extra (``pip install
@@ -78,9 +81,14 @@ class RayTransport(BaseTransport):
             extra = RayOptions()
         self._options = options
         self._memory: PoolMemory | None = None
-        self._connected = ray_session.connect(extra.address, dict(extra.ray_init_kwargs))
+        self._connected = ray_session.connect(
+            extra.address, dict(extra.ray_init_kwargs), extra.connect_timeout
+        )
+        # Over a Ray Client connection (ray://) this process is on no node: no actor shares
+        # its memory, every command is a Ray call.
+        self._pool_node = ray_session.pool_node()
         try:
-            if extra.ray_shared_memory and node_memory.available():
+            if extra.ray_shared_memory and node_memory.available() and self._pool_node is not None:
                 self._memory = PoolMemory(
                     options.observation_space, options.action_space, options.num_envs
                 )
@@ -110,7 +118,6 @@ class RayTransport(BaseTransport):
         self._row_bytes = row_bytes(self.batch, options.num_envs)
         self._space = options.observation_space
         self._closed = False
-        self._pool_node = ray_session.pool_node()
         try:
             self._actor_cls = ray.remote(GroupActor)
             resources = dict(extra.worker_resources)
@@ -454,8 +461,22 @@ def open_transport(options: TransportOptions) -> Any:
     if extra.nodes is False:  # its options were checked for that (RayOptions.check_per_worker)
         return RayTransport(options)
     # Held while the transport starts (it connects too): a private Ray is started once.
-    connected = ray_session.connect(extra.address, dict(extra.ray_init_kwargs))
+    connected = ray_session.connect(
+        extra.address, dict(extra.ray_init_kwargs), extra.connect_timeout
+    )
     try:
+        if ray_session.client_connected():
+            # The pool's process is on no node (ray://): it can reach neither the agents'
+            # sockets nor a node's memory, so one actor per worker, each command a Ray call.
+            if extra.nodes is not None:
+                raise ValueError(
+                    f"nodes={extra.nodes!r} runs node sub-pools, whose agents the pool's process "
+                    "must reach; over a Ray Client connection (ray://) it reaches none: leave "
+                    "nodes out (one Ray actor per worker), or run the pool on a node of the "
+                    "cluster (address='auto')"
+                )
+            extra.check_per_worker()
+            return RayTransport(options)
         if extra.nodes is None and not spans_nodes(extra):
             extra.check_per_worker()
             return RayTransport(options)

@@ -7,9 +7,14 @@ optional extra); :mod:`envfleet.backends.ray` reads them from
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+CONNECT_TIMEOUT = 20.0
+"""The default of ``connect_timeout`` (``envfleet.backends.ray_session.CONNECT_TIMEOUT`` is
+the same figure: this module imports no Ray)."""
 
 COMPRESS = ("lz4", "zlib")
 """The values of ``compress=`` besides ``None`` (:mod:`envfleet.backends.compression`)."""
@@ -51,7 +56,23 @@ class RayOptions:
     row) each node sends the pool, losslessly; ``None`` (default): raw bytes
     (:mod:`envfleet.backends.compression`)."""
 
+    connect_timeout: float = CONNECT_TIMEOUT
+    """Seconds that joining a cluster (``address`` a ``host:port``, ``"auto"`` or
+    ``"ray://host:port"``) may take in all (default 20). Nothing listening at the address fails
+    at once; past the timeout, as when something that is not Ray answers there, the join fails
+    with a :class:`ConnectionError` naming the address and how to start a Ray there. A private
+    local Ray (no ``address``, or ``"local"``) and a Ray this process is already connected to
+    are not bounded by it."""
+
     def __post_init__(self) -> None:
+        timeout = self.connect_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(
+                f"connect_timeout must be a number of seconds, got {type(timeout).__name__}"
+            )
+        if not (timeout > 0 and math.isfinite(timeout)):
+            raise ValueError(f"connect_timeout must be a positive number of seconds, got {timeout}")
+        object.__setattr__(self, "connect_timeout", float(timeout))
         if self.compress is not None and self.compress not in COMPRESS:
             raise ValueError(
                 f"compress must be one of {', '.join(map(repr, COMPRESS))} or None, "

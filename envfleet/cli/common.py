@@ -184,6 +184,8 @@ BANNERS = (
     re.compile(r"^See the migration guide at"),
     # Ray's notices and warnings as its logger formats them (errors still show).
     re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(INFO|WARNING) \S+\.py:\d+ -- "),
+    # ... and as its C++ core does (a GCS it cannot reach: a line every few seconds).
+    re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [IW] \d+ \d+\] "),
 )
 """Lines libraries print on import or start-up whatever happens (ale-py, legacy gym, Ray)."""
 
@@ -200,10 +202,12 @@ class OutputCapture:
     Args:
         replay: at the end (even on an error), write what was captured, less the known
             banners (:data:`BANNERS`), to stderr.
+        verbose: replay the known banners too (``--verbose``).
     """
 
-    def __init__(self, replay: bool = False) -> None:
+    def __init__(self, replay: bool = False, verbose: bool = False) -> None:
         self.replay = replay
+        self.verbose = verbose
         self.stderr: TextIO | None = None
         self.text = ""
         self._saved: list[int] = []
@@ -251,6 +255,8 @@ class OutputCapture:
     def unexpected(self) -> str:
         """What was captured, less the known banners (:data:`BANNERS`)."""
         lines = self.text.splitlines(keepends=True)
+        if self.verbose:
+            return "".join(lines)
         return "".join(ln for ln in lines if not any(b.search(ln) for b in BANNERS))
 
 

@@ -83,7 +83,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy) if args.policy is not None else None
     # Libraries and envs print banners (ale-py's in every worker) and warnings: captured, and
     # what is not a known banner is shown after the run.
-    with OutputCapture(replay=True) as captured:
+    with OutputCapture(replay=True, verbose=getattr(args, "verbose", False)) as captured:
         stderr, live = progress_console(args, captured.stderr)
         stages.console = stderr
         building = time.perf_counter()
