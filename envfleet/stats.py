@@ -107,7 +107,7 @@ class PoolStats:
         fields themselves: ``repr()``, :meth:`as_dict`)."""
         rate = self.steps / self.seconds if self.seconds > 0 else 0.0
         lines = [
-            f"{self.seconds:.1f} s: {self.steps:,} steps ({rate:,.0f}/s), "
+            f"{self.steps:,} steps in {self.seconds:.1f} s ({rate:,.0f}/s), "
             f"{self.episodes:,} episodes, {self.restarts:,} restarts"
             + (f", {self.recycled} workers recycled" if self.recycled else "")
         ]
