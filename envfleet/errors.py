@@ -20,14 +20,32 @@ from gymnasium.error import (
 
 
 class OnError(enum.Enum):
-    """What the pool does when an env raises, its worker dies or it hangs."""
+    """What the pool does when an env raises, its worker dies or it hangs: ``make(on_error=)``,
+    which takes the member or its value (``"raise"``, ``"restart"``).
+
+    Attributes:
+        RAISE: the failure is raised as an :class:`EnvError` naming the env, phase and worker;
+            the pool is then broken (:class:`BrokenPoolError`) and only ``close()`` is left.
+        RESTART: the env that failed (or every env of a worker that died or hung) is built
+            again and reset, its episode reported truncated with
+            ``infos["envfleet/restarted"]``; past ``max_restarts`` restarts of one env,
+            :class:`RestartLimitError` is raised.
+    """
 
     RAISE = "raise"
     RESTART = "restart"
 
 
 class Phase(enum.Enum):
-    """What an environment was doing when it failed."""
+    """What an environment was doing when it failed: :attr:`EnvError.phase`.
+
+    Attributes:
+        MAKE: being built (``make()``, or rebuilt by a restart).
+        RESET: ``reset``.
+        STEP: ``step`` (an autoreset included).
+        CALL: ``call``, ``get_attr`` or ``set_attr``.
+        CLOSE: ``close``.
+    """
 
     MAKE = "make"
     RESET = "reset"
@@ -37,7 +55,12 @@ class Phase(enum.Enum):
 
 
 class RemoteTraceback(Exception):
-    """The formatted traceback of an exception raised in a worker, kept for display."""
+    """The formatted traceback of an exception raised in a worker, kept for display: the
+    ``__cause__`` of the env's own exception, so that Python prints it under the error.
+
+    Attributes:
+        tb: the traceback text, as the worker formatted it.
+    """
 
     def __init__(self, tb: str) -> None:
         super().__init__(tb)
@@ -48,7 +71,13 @@ class RemoteTraceback(Exception):
 
 
 class RemoteError(Exception):
-    """Stands in for a worker exception that could not be pickled or rebuilt in the parent."""
+    """Stands in for a worker exception that could not be pickled or rebuilt in the parent
+    (it is then the :class:`EnvError`'s ``__cause__``).
+
+    Attributes:
+        type_name: the qualified name of the exception's type in the worker.
+        message: its message, or what could be made of it.
+    """
 
     def __init__(self, type_name: str, message: str) -> None:
         super().__init__(f"{type_name}: {message}")
@@ -59,11 +88,26 @@ class RemoteError(Exception):
 class EnvError(RuntimeError):
     """An environment failed; the pool names which one, where and doing what.
 
+    The base of every env failure: :class:`EnvRaisedError` (the env's code raised),
+    :class:`WorkerDiedError` (its worker exited or was killed), :class:`EnvTimeoutError` (it
+    hung past ``step_timeout``) and :class:`RestartLimitError`. Under ``on_error="raise"`` the
+    pool is unusable after one (:class:`BrokenPoolError`); close it.
+
     Attributes:
         env_index: global index of the env in the pool (``None`` when a whole worker failed
-            before any env could be blamed).
-        phase: what the env was doing.
-        worker: index of the worker that held the env.
+            before any env could be blamed, or the env failed while ``make()`` first built it
+            to read its spaces).
+        phase: what the env was doing (:class:`Phase`).
+        worker: index of the worker that held the env (``-1``: the caller's process).
+
+    Examples:
+        >>> import envfleet
+        >>> with envfleet.make("CartPole-v1", 2, backend="serial") as pool:
+        ...     try:
+        ...         pool.call("no_such_method")
+        ...     except envfleet.EnvError as exc:
+        ...         print(exc.env_index, exc.phase.value, isinstance(exc, AttributeError))
+        0 call True
     """
 
     completed: tuple[Any, ...] | None
@@ -142,7 +186,14 @@ def _combine(kind: type[BaseException]) -> type[EnvRaisedError]:
 
 
 class WorkerDiedError(EnvError):
-    """The worker process holding the env exited or was killed."""
+    """The worker holding the env exited or was killed (a segfault, ``os._exit``, the OOM
+    killer, a lost node); every env of that worker was lost with it.
+
+    Attributes:
+        exitcode: the worker's exit status (negative: the signal that killed it), or ``None``
+            where it is not known (a Ray actor, a lost node).
+        env_ids: the envs the worker held.
+    """
 
     def __init__(
         self,
@@ -160,15 +211,20 @@ class WorkerDiedError(EnvError):
 
 
 class EnvTimeoutError(WorkerDiedError):
-    """An env took longer than ``step_timeout``; its worker was killed."""
+    """An env took longer than its bound (``step_timeout`` for a reset, step or call;
+    ``start_timeout`` to build): its worker was killed, and is handled as dead."""
 
 
 class RestartLimitError(EnvError):
-    """An env failed more than ``max_restarts`` times (the last failure is ``__cause__``)."""
+    """Under ``on_error="restart"``, an env failed more than ``max_restarts`` times (the last
+    failure is ``__cause__``); the pool is then broken."""
 
 
 class PoolStateError(RuntimeError):
-    """Base class for misuse of the pool's send/recv state machine."""
+    """Base class for misuse of the pool: a call out of order (``recv`` with nothing sent, a
+    ``send`` to an env already in flight, a step before a reset) or after ``close()`` or a
+    failure. Raised before anything is sent, naming the envs concerned; each subclass is also
+    the ``gymnasium.error`` exception Gymnasium raises in that case."""
 
 
 class ClosedPoolError(PoolStateError, ClosedEnvironmentError):
@@ -177,7 +233,8 @@ class ClosedPoolError(PoolStateError, ClosedEnvironmentError):
 
 
 class BrokenPoolError(PoolStateError):
-    """The pool was used after an env failure left it unusable; only ``close()`` is allowed."""
+    """The pool was used after an env failure left it unusable (``on_error="raise"``, or a
+    :class:`RestartLimitError`); only ``close()`` is allowed. The message names the failure."""
 
 
 class NoPendingError(PoolStateError, NoAsyncCallError):

@@ -88,6 +88,22 @@ class Pool(GymnasiumAsync, PoolRollouts, VectorEnv):  # type: ignore[misc]
             which the next step of those envs overwrites (Gymnasium's ``copy``).
         check_actions: whether each action is checked against the action space before it is
             sent (``make(check_actions=True)``); by default only the batch's shape is.
+
+    Examples:
+        Gymnasium's loop, and the first envs ready with ``send``/``recv``:
+
+        >>> import envfleet
+        >>> with envfleet.make("CartPole-v1", num_envs=4, num_workers=2, seed=0) as pool:
+        ...     obs, infos = pool.reset()
+        ...     obs, rewards, terminations, truncations, infos = pool.step([0, 1, 0, 1])
+        >>> obs.shape, pool.num_workers
+        ((4, 4), 2)
+        >>> with envfleet.make("CartPole-v1", num_envs=4, batch_size=2, seed=0) as pool:
+        ...     pool.async_reset()
+        ...     obs, rewards, terminations, truncations, infos = pool.recv()  # 2 envs ready
+        ...     pool.send([0, 1], infos["env_id"])
+        >>> obs.shape, len(infos["env_id"])
+        ((2, 4), 2)
     """
 
     def __init__(
@@ -325,14 +341,22 @@ class Pool(GymnasiumAsync, PoolRollouts, VectorEnv):  # type: ignore[misc]
     def stats(self) -> PoolStats:
         """Per-worker step latency (p50/p99), idle fraction, steps, episodes and restarts.
 
-        Example:
+        Returns:
+            PoolStats: the figures since the pool was made; ``print()`` it for a readable
+                summary (a line per worker, and per node on a cluster), read its fields, or
+                ``as_dict()`` for JSON.
+
+        Examples:
             >>> import envfleet
             >>> with envfleet.make("CartPole-v1", 2, backend="serial", seed=0) as pool:
             ...     _ = pool.reset()
             ...     _ = pool.step([0, 0])
             ...     stats = pool.stats()
-            >>> stats.steps, len(stats.workers)
-            (2, 1)
+            >>> stats.steps, len(stats.workers), stats.workers[0].env_ids
+            (2, 1, (0, 1))
+            >>> print(stats)  # doctest: +ELLIPSIS
+            2 steps in ... s (...), 0 episodes, 0 restarts
+              worker 0 (envs 0-1): latency p50 ... ms, p99 ... ms, idle ...%, 2 steps, ...
         """
         stats = self._stats.snapshot(self._recovery.restarts, self._recovery.recycled)
         nodes = self._transport.nodes()

@@ -66,11 +66,14 @@ class RandomPolicy:
         action_space: the single action space of the pool (``pool.single_action_space``).
         seed: the base seed (``None``: unseeded).
 
-    Example:
+    Examples:
+        >>> import numpy as np
         >>> from gymnasium import spaces
+        >>> from envfleet import RandomPolicy
         >>> policy = RandomPolicy(spaces.Discrete(3), seed=0)
-        >>> a = policy(None, np.array([0, 1, 2]))
-        >>> bool((a == RandomPolicy(spaces.Discrete(3), seed=0)(None, np.array([0, 1, 2]))).all())
+        >>> a = policy(None, np.array([0, 1, 2]))  # one action per env, env i seeded 0 + i
+        >>> again = RandomPolicy(spaces.Discrete(3), seed=0)(None, np.array([0, 1, 2]))
+        >>> bool((a == again).all())
         True
     """
 
@@ -130,6 +133,14 @@ class Rollout:
     Arrays are shaped ``(steps, num_envs, ...)`` with the spaces' dtypes (a Dict or Tuple
     space gives a dict or tuple of them); ``[t]`` is what the ``t``-th of as many
     ``pool.step(actions)`` calls took and returned.
+
+    Examples:
+        >>> import envfleet
+        >>> with envfleet.make("CartPole-v1", 2, backend="serial", seed=0) as pool:
+        ...     _ = pool.reset()
+        ...     out = pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 0), 10)
+        >>> out.steps, out.rewards.shape, out.rewards.dtype, out.terminations.dtype
+        (10, (10, 2), dtype('float64'), dtype('bool'))
     """
 
     observations: Any
@@ -137,8 +148,13 @@ class Rollout:
     actions: Any
     """The policy's actions (stored in the action space's dtype)."""
     rewards: np.ndarray
+    """The rewards, ``float64`` ``(steps, num_envs)``, as ``pool.step`` returns them."""
     terminations: np.ndarray
+    """Whether each env's episode ended at that step (a terminal state), ``bool``
+    ``(steps, num_envs)``."""
     truncations: np.ndarray
+    """Whether each env's episode was cut at that step (a time limit, or a restart under
+    ``on_error="restart"``), ``bool`` ``(steps, num_envs)``."""
     infos: list[dict[str, Any]]
     """Each step's infos, merged Gymnasium's way (``_key`` masks)."""
     final_observations: Any
@@ -194,7 +210,8 @@ class PoolRollouts:
             steps: vector steps, at least 1.
 
         Returns:
-            A :class:`Rollout`: arrays shaped ``(steps, num_envs, ...)``.
+            Rollout: the observations, actions, rewards, flags and infos of every step, as
+                arrays shaped ``(steps, num_envs, ...)``.
 
         Raises:
             ValueError, TypeError: ``steps`` or ``policy`` is not usable, or a space is not
@@ -205,7 +222,7 @@ class PoolRollouts:
                 pool is broken, as after a failed step); or the policy failed on a worker
                 (its envs stand where it stopped; the pool stays usable).
 
-        Example:
+        Examples:
             >>> import envfleet
             >>> with envfleet.make("CartPole-v1", 4, num_workers=2, backend="thread") as pool:
             ...     _ = pool.reset(seed=0)

@@ -67,6 +67,19 @@ class EnvSpec:
             installed in a worker before it builds an env, so that a factory calling
             ``gymnasium.make(id)`` on an id registered in the caller (``import ale_py``,
             ``gymnasium.register``) builds it in spawned workers and Ray actors too.
+
+    :func:`envfleet.make` makes one from what it is given (:meth:`from_user`); build one
+    yourself to check, before starting workers, that an env resolves and builds.
+
+    Examples:
+        >>> from envfleet import EnvSpec
+        >>> spec = EnvSpec.from_user("CartPole-v1", {"max_episode_steps": 50})
+        >>> spec.name
+        'CartPole-v1'
+        >>> env = spec.build()
+        >>> env.spec.max_episode_steps
+        50
+        >>> env.close()
     """
 
     target: str | EnvFactory

@@ -25,7 +25,18 @@ from envfleet.backends.ray_options import RayOptions
 
 
 class Backend(enum.Enum):
-    """The built-in backends (where the envs run)."""
+    """The built-in backends: where the envs run. ``make(backend=)`` takes the member or its
+    name in any case (``"process"``, ``"Process"``); see the user guide's "Choosing a backend".
+
+    Attributes:
+        SERIAL: in the caller's thread, one after another: the reference semantics, for
+            debugging.
+        THREAD: threads of the caller's process: envs that sleep, wait on I/O or release the
+            GIL, and are thread-safe.
+        PROCESS: worker processes writing their rows into shared memory (the default): any env,
+            isolated from crashes.
+        RAY: Ray actors, on this machine or a cluster (``address=``); one sub-pool per node.
+    """
 
     SERIAL = "serial"
     THREAD = "thread"
