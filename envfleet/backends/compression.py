@@ -120,7 +120,7 @@ class Lz4(Codec):
         for start in range(0, out.nbytes, step):
             if at + _BLOCK_SIZE.size > data.size:
                 raise ValueError(f"lz4 blocks that do not hold {out.nbytes} bytes")
-            (size,) = _BLOCK_SIZE.unpack_from(data, at)
+            (size,) = _BLOCK_SIZE.unpack(data[at : at + _BLOCK_SIZE.size].tobytes())
             at += _BLOCK_SIZE.size
             super().decompress_into(data[at : at + size], flat[start : start + step])
             at += size
