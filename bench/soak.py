@@ -13,6 +13,8 @@ Usage::
     python bench/soak.py                      # 10^6 steps x 2 pools, p=1e-4: 30-40 s on 2 cores
     python bench/soak.py --quick              # 50k steps, p=1e-3 (so failures happen): ~10 s
     python bench/soak.py --steps 2000000 --workers 4 --step-timeout 0.5
+    python bench/soak.py --nodes 3 --workers 6 --steps 20000 --p-fail 0.01 --step-timeout 1
+                                              # node sub-pools on a fake 3-node Ray cluster
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import faulthandler
 import json
@@ -33,6 +36,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -65,6 +69,7 @@ class SoakConfig:
     chunks: int = 10  # alternations between the pools
     seed: int = 0  # the pools' seed
     stall_s: float | None = None  # a longer pool.step stalls the run (max(60, 40 x timeout))
+    nodes: int = 0  # > 0: node sub-pools (backend="ray") over a fake Ray cluster of this many
 
     def __post_init__(self) -> None:
         if self.workers < 2:
@@ -84,17 +89,21 @@ class SoakRun:
         self.worker_of = {i: w for w, ids in enumerate(self.assignment) for i in ids}
         env: dict[str, Any] = dict(p_fail=p_fail, kinds=tuple(args.kinds), hang_s=args.hang_s)
         env.update(log_path=self.log_path, max_steps=args.episode_steps, work_us=args.work_us)
+        where: dict[str, Any] = {"backend": "process", "context": "fork"}
+        if args.nodes:  # every node of the fake cluster (ray.init'ed by run_soak)
+            import ray
+
+            where = {"backend": "ray", "nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]]}
         self.pool = envfleet.make(
             SoakEnv,
             args.num_envs,
-            backend="process",
             num_workers=args.workers,
             seed=args.seed,
             on_error="restart",
             step_timeout=args.step_timeout,
             max_restarts=10**9,
-            context="fork",
             env_kwargs=env,
+            **where,
         )
         obs, _ = self.pool.reset()
         n = self.num_envs
@@ -198,10 +207,15 @@ class SoakRun:
 
         unexplained, missing = beyond(self.flags, expected), beyond(expected, self.flags)
         kinds = collections.Counter(kind for kind, *_ in events)
+        near = {  # the failures injected on or just before each of the first unexplained steps
+            s: [list(e[:3]) for e in events if s - 2 <= e[2] <= s]
+            for s in list(unexplained)[:MAX_EXAMPLES]
+        }
         return {
             "failures_injected": len(events),
             "by_kind": {k: kinds.get(k, 0) for k in KINDS},
             "steps_with_unexplained_flags": len(unexplained),
+            "unexplained_near": {str(k): v for k, v in near.items()},
             "unexplained_examples": dict(list(unexplained.items())[:MAX_EXAMPLES]),
             "steps_with_missing_flags": len(missing),
             "missing_examples": dict(list(missing.items())[:MAX_EXAMPLES]),
@@ -327,6 +341,28 @@ def soak_checks(faulty: dict[str, Any], clean: dict[str, Any]) -> dict[str, bool
     return out
 
 
+@contextlib.contextmanager
+def fake_cluster(nodes: int) -> Iterator[None]:
+    """A Ray cluster of ``nodes`` nodes on this machine (one CPU each), connected; none if 0."""
+    if not nodes:
+        yield
+        return
+    import ray
+    from ray.cluster_utils import Cluster
+
+    node = {"num_cpus": 1, "object_store_memory": 80 << 20}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    try:
+        for _ in range(nodes - 1):
+            cluster.add_node(**node)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
 def run_soak(args: SoakConfig, json_path: Path) -> int:
     """Run the soak, print what it found, write it to ``json_path``; 0 when every check held,
     1 when one failed (2, from the watchdog, when a step stalled)."""
@@ -338,9 +374,10 @@ def run_soak(args: SoakConfig, json_path: Path) -> int:
         f"{args.num_envs} envs over {args.workers} workers, {pool_steps * args.num_envs:,} steps "
         f"per pool in {chunks} alternating chunks; p_fail={args.p_fail:g} per step "
         f"({', '.join(args.kinds)}), step_timeout={args.step_timeout:g} s, on_error=restart"
+        + (f"; node sub-pools on a fake cluster of {args.nodes} nodes" if args.nodes else "")
     )
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="envfleet-soak-") as log_dir:
+    with fake_cluster(args.nodes), tempfile.TemporaryDirectory(prefix="envfleet-soak-") as log_dir:
         runs: dict[str, SoakRun] = {}
         try:
             stall_s = args.stall_s or max(60.0, 40 * args.step_timeout)

@@ -680,7 +680,10 @@ def test_a_hung_worker_is_killed_by_its_agent_and_only_its_envs_restart(
     cluster: Cluster, tmp_path: Any
 ) -> None:
     """step_timeout on one hung worker: its agent kills it and rebuilds it; the node's agent,
-    and every other env, go on untouched."""
+    and every other env, go on untouched. The timeout, 1 s, is under the agent's wait slice
+    (``WAIT_SLICE``) plus its hold: an agent that held its fast workers' replies until the
+    round was whole (or a slice passed) would get them judged hung beside the hung one. A
+    healthy CartPole step's reply reaches the pool in milliseconds."""
     marker = str(tmp_path / "hung")
     fns = [functools.partial(hang_once, i, marker) for i in range(NUM_ENVS)]
     with envfleet.make(
@@ -690,7 +693,7 @@ def test_a_hung_worker_is_killed_by_its_agent_and_only_its_envs_restart(
         nodes=all_nodes(cluster)[1:],
         seed=0,
         on_error="restart",
-        step_timeout=node_step_timeout(),
+        step_timeout=1.0,
     ) as pool:
         pool.reset()
         pids = [node.pid for node in pool._transport._nodes]
@@ -704,6 +707,7 @@ def test_a_hung_worker_is_killed_by_its_agent_and_only_its_envs_restart(
                 restarted |= now
         assert os.path.exists(marker)
         assert restarted.tolist() == [i in pool._assignment[0] for i in range(NUM_ENVS)]
+        assert pool.restarts.tolist() == restarted.astype(int).tolist()
         assert [node.pid for node in pool._transport._nodes] == pids, "an agent was replaced"
 
 

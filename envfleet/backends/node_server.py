@@ -134,10 +134,17 @@ class NodeServer:
         timeout = max(0.0, self.held_since + limit - time.monotonic()) if self.held else WAIT_SLICE
         if self.frames.whole():  # the pool's next message is in already: only look
             timeout = 0.0
-        replies = self.local.wait(min(timeout, WAIT_SLICE), want)
+        began = time.monotonic()
+        # Nothing held yet: once the first reply is in, ``limit`` more at most (a wait for the
+        # whole round would hold its fast workers' replies while a slow one hangs, past the
+        # pool's step_timeout, and the pool would judge them hung too).
+        linger = None if self.held else limit
+        replies = self.local.wait(min(timeout, WAIT_SLICE), want, linger)
         now = time.monotonic()
         if replies and not self.held:
-            self.held_since = now
+            # The first came ``limit`` before a wait it ended short (or when the wait began).
+            short = len(replies) < want and not self.frames.whole()
+            self.held_since = max(began, now - limit) if short else now
         for worker, reply in replies:
             self.receive(worker, reply)
         if self.held and (self.complete or self.bad or now - self.held_since >= limit):

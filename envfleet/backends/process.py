@@ -297,12 +297,14 @@ class ProcessTransport(BaseTransport):
             slot.last = command
 
     def wait(
-        self, timeout: float | None, want: int = 1
+        self, timeout: float | None, want: int = 1, linger: float | None = None
     ) -> list[tuple[int, Reply | WorkerLost | None]]:
         """Replies that have arrived, waiting up to ``timeout`` for the first.
 
         Keeps waiting (within ``timeout``) until ``want`` replies are in, a worker is lost or a
-        reply reports a failure, so that a synchronous step is taken in one go.
+        reply reports a failure, so that a synchronous step is taken in one go; ``linger``:
+        at most that long after the first reply is in (a node agent holds its fast workers'
+        replies that long at most, whatever a slow worker does).
         """
         with self._wake_lock:
             if self._closed:
@@ -310,7 +312,7 @@ class ProcessTransport(BaseTransport):
             self._waiting += 1
         try:
             began = time.perf_counter()
-            replies = self._wait(timeout, want)
+            replies = self._wait(timeout, want, linger)
             if timeout != 0 and len(replies) >= want:
                 self._quick = time.perf_counter() - began < SPIN_LIMIT
             return replies
@@ -327,7 +329,7 @@ class ProcessTransport(BaseTransport):
         self._poller.register(fd, select.POLLIN)
 
     def _wait(
-        self, timeout: float | None, want: int
+        self, timeout: float | None, want: int, linger: float | None = None
     ) -> list[tuple[int, Reply | WorkerLost | None]]:
         poll = self._poller.poll
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -370,6 +372,10 @@ class ProcessTransport(BaseTransport):
                     return replies  # a worker lost or a failure: the pool sees to it at once
             if len(replies) >= want or timeout == 0:
                 return replies
+            if linger is not None and replies:  # the first is in: ``linger`` more at most
+                lingered = time.monotonic() + linger
+                deadline = lingered if deadline is None else min(deadline, lingered)
+                linger = None
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
