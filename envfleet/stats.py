@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,9 @@ class WorkerStats:
     restarts: int
     recycled: int = 0
     """Times the worker was replaced for going over ``worker_memory_limit``."""
+    node: str | None = None
+    """The Ray node id of the node that runs the worker, where the pool runs node sub-pools
+    (the node of :attr:`PoolStats.nodes` that lists it); ``None`` otherwise."""
 
     def __str__(self) -> str:
         """One line, rounded: ``worker 0 (envs 0-3): p50 0.41 ms, p99 1.2 ms, idle 12%, ...``."""
@@ -74,13 +77,31 @@ class NodeStats:
     memory and take each command over a local socket, without an agent; ``messages`` and
     ``answers`` count one per worker per command, nothing is copied (``bytes_*`` are 0) and
     ``round_trip_ms`` is ``None``."""
+    worker_ids: tuple[int, ...] = ()
+    """The pool's workers that run on the node, in order."""
+    env_ids: tuple[int, ...] = ()
+    """The envs those workers hold (their rows of the batch), in order: consecutive, as a
+    node's workers are."""
+
+
+def env_range(ids: Sequence[int]) -> str:
+    """``envs 0-3`` for consecutive ids, else ``envs 0,2``; ``env 5`` for one."""
+    if len(ids) > 1 and list(ids) == list(range(ids[0], ids[-1] + 1)):
+        return f"envs {ids[0]}-{ids[-1]}"
+    return f"env{'s' * (len(ids) != 1)} {','.join(map(str, ids))}"
 
 
 def node_layout(nodes: Sequence[NodeStats]) -> str:
-    """``repr(pool)``'s node layout: each node's id (its first 8 characters), envs, workers."""
+    """``repr(pool)``'s node layout, in the order of the rows the nodes hold: each node's id
+    (its first 8 characters), envs, workers and which envs."""
     if not nodes:
         return ""
-    parts = "; ".join(f"{n.node[:8]} {n.envs} envs/{n.workers} workers" for n in nodes)
+    ordered = sorted(nodes, key=lambda n: n.env_ids[0] if n.env_ids else -1)
+    parts = "; ".join(
+        f"{n.node[:8]} {n.envs} envs/{n.workers} workers"
+        + (f" ({env_range(n.env_ids)})" if n.env_ids else "")
+        for n in ordered
+    )
     return f", nodes=[{parts}]"
 
 
@@ -96,7 +117,16 @@ class PoolStats:
     recycled: int = 0
     """Workers replaced for going over ``worker_memory_limit``, in all."""
     nodes: tuple[NodeStats, ...] = ()
-    """Per node, where the pool runs node sub-pools; empty otherwise."""
+    """Per node, where the pool runs node sub-pools, in the order of the rows they hold (each
+    with its ``worker_ids`` and ``env_ids``; each worker's ``node`` says it too); empty
+    otherwise."""
+
+    def __post_init__(self) -> None:
+        """Each worker's ``node``, from the node that lists it (:attr:`NodeStats.worker_ids`)."""
+        where = {w: node.node for node in self.nodes for w in node.worker_ids}
+        if where and any(w.node != where.get(w.worker, w.node) for w in self.workers):
+            workers = tuple(replace(w, node=where.get(w.worker, w.node)) for w in self.workers)
+            object.__setattr__(self, "workers", workers)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain types, for JSON."""

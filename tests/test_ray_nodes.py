@@ -25,6 +25,7 @@ import numpy as np
 import psutil
 import pytest
 import ray
+from gymnasium.envs.classic_control import CartPoleEnv
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from ray.cluster_utils import Cluster
 
@@ -185,21 +186,26 @@ def test_default_on_a_cluster_is_one_sub_pool_per_node_one_message_each(cluster:
         nodes = pool.stats().nodes
         assert sorted(n.node for n in nodes) == sorted(all_nodes(cluster))
         assert [n.workers for n in nodes] == [2, 2, 2]
-        # The pool's own node (the head): its workers are actors on the pool's memory.
-        assert nodes[0].node == cluster.head_node.node_id and nodes[0].shared_memory
+        # The pool's own node (the head): its workers are actors on the pool's memory. The
+        # nodes come in the order of their rows, which is Ray's order of its nodes.
+        assert [n.node for n in nodes if n.shared_memory] == [cluster.head_node.node_id]
+
+        def messages() -> list[tuple[bool, int]]:  # the pool's own node last
+            return sorted((n.shared_memory, n.messages) for n in pool.stats().nodes)
+
         here = transport._here
         assert here is not None and here.transport.same_machine() == [True, True]
         got = trajectory(pool, 20)
         # A reset and 20 steps: one message per node each, one per worker on the pool's node.
-        assert [n.messages for n in pool.stats().nodes] == [42, 21, 21]
+        assert messages() == [(False, 21), (False, 21), (True, 42)]
         assert pool.call("get_wrapper_attr", "np_random_seed") == reference.call(
             "get_wrapper_attr", "np_random_seed"
         )
         pool.set_attr("marker", list(range(NUM_ENVS)))
         assert pool.get_attr("marker") == tuple(range(NUM_ENVS))
-        assert [n.messages for n in pool.stats().nodes] == [48, 24, 24]
+        assert messages() == [(False, 24), (False, 24), (True, 48)]
         pool.reset(seed=1, options={"reset_mask": np.arange(NUM_ENVS) % 2 == 0})
-        assert [n.messages for n in pool.stats().nodes] == [49, 25, 25]
+        assert messages() == [(False, 25), (False, 25), (True, 49)]
     reference.close()
     assert_same(want, got)
 
@@ -394,13 +400,19 @@ def test_repr_stats_and_one_message_per_node(cluster: Cluster) -> None:
         layout = [(n.node_id, n.host, len(n.workers)) for n in transport._nodes]
         assert sorted(n[0] for n in layout) == sorted(n.node_id for n in cluster.worker_nodes)
         pool.reset()
-        before = [n.messages for n in pool.stats().nodes]
+
+        # The pool's own node first, then the agents' in their order (the rows' order is
+        # Ray's order of its nodes: test_stats_and_repr_place_each_env_on_its_node_in_row_order).
+        def own_first() -> list[Any]:
+            return sorted(pool.stats().nodes, key=lambda n: not n.shared_memory)
+
+        before = [n.messages for n in own_first()]
         for _ in range(10):
             pool.step(np.ones(NUM_ENVS, dtype=np.int64))
-        after = [n.messages for n in pool.stats().nodes]
+        after = [n.messages for n in own_first()]
         assert "envs/" in repr(transport)
         # The layout and each node's traffic reach the pool's own stats() and repr().
-        here, *nodes = pool.stats().nodes
+        here, *nodes = own_first()
         # The pool's own node: one actor per worker on the pool's memory, no agent, no copy.
         assert here.node == cluster.head_node.node_id and here.shared_memory
         assert here.bytes_in == here.bytes_out == 0 and here.round_trip_ms is None
@@ -417,9 +429,59 @@ def test_repr_stats_and_one_message_per_node(cluster: Cluster) -> None:
             assert node.round_trip_ms is not None and node.round_trip_ms > 0
         for node in (here, *nodes):
             assert f"{node.node[:8]} {node.envs} envs/{node.workers} workers" in repr(pool)
-        assert pool.stats().as_dict()["nodes"][0]["envs"] == nodes[0].envs  # plain, for JSON
+        assert pool.stats().as_dict()["nodes"][0]["envs"] == pool.stats().nodes[0].envs  # JSON
         check_a_lost_worker_on_the_pools_own_node_restarts_alone(pool)
     assert "nodes=" not in repr(pool)  # closed: no layout to ask for
+
+
+class PidCartPole(CartPoleEnv):
+    """CartPole that knows the process it was built in (``pid``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pid = os.getpid()
+
+
+def test_stats_and_repr_place_each_env_on_its_node_in_row_order(cluster: Cluster) -> None:
+    """The pool's own node holds the last rows (``nodes=`` lists it last): ``stats().nodes``
+    and ``repr(pool)`` list the nodes in the order of their rows, each node names its workers
+    and envs, each worker its node, and each env does run there (its process is one of that
+    node's: an actor of the pool's own node, or a worker process under that node's agent)."""
+    head, *others = all_nodes(cluster)
+    with envfleet.make(
+        PidCartPole, NUM_ENVS, backend="ray", num_workers=3, nodes=[*others, head], seed=0
+    ) as pool:
+        transport = pool._transport
+        assert isinstance(transport, NodeTransport)
+        stats = pool.stats()
+        nodes = stats.nodes
+        assert [n.node for n in nodes] == [*others, head]
+        assert [n.shared_memory for n in nodes] == [False, False, True]
+        assert [n.env_ids for n in nodes] == [(0, 1), (2, 3), (4, 5)]
+        assert [n.worker_ids for n in nodes] == [(0,), (1,), (2,)]
+        assert all(n.envs == len(n.env_ids) and n.workers == len(n.worker_ids) for n in nodes)
+        listed = {w: n.node for n in nodes for w in n.worker_ids}
+        assert [w.node for w in stats.workers] == [listed[w.worker] for w in stats.workers]
+        assert [w.node for w in stats.workers] == transport.node_ids()
+        assert stats.as_dict()["workers"][2]["node"] == head  # plain, for JSON
+        text = repr(pool)
+        at = [text.index(f"{n.node[:8]} {n.envs} envs/{n.workers} workers") for n in nodes]
+        assert at == sorted(at), text
+        assert f"{head[:8]} 2 envs/1 workers (envs 4-5)" in text
+        assert [repr(transport).index(n.node[:8]) for n in nodes] == sorted(
+            repr(transport).index(n.node[:8]) for n in nodes
+        )
+        pids = pool.get_attr("pid")
+        assert transport._here is not None
+        actors = {slot.pid for slot in transport._here.transport._workers}
+        agents = {link.node_id: link.pid for link in transport._nodes}
+        for node in nodes:
+            for i in node.env_ids:
+                if node.shared_memory:
+                    assert pids[i] in actors, (i, node.node)
+                else:
+                    parents = {p.pid for p in psutil.Process(pids[i]).parents()}
+                    assert agents[node.node] in parents, (i, node.node)
 
 
 def test_pools_without_node_sub_pools_report_no_nodes() -> None:

@@ -133,17 +133,21 @@ class DriverNode:
         return self.transport.memory(local)
 
     def stats(self) -> NodeStats:
+        """The node's layout (its workers and their envs) and the commands it took."""
+        env_ids = tuple(i for w in self.workers for i in self._assignment[w])
         return NodeStats(
             node=self.node_id,
             address=self.host,
             workers=len(self.workers),
-            envs=sum(len(self._assignment[w]) for w in self.workers),
+            envs=len(env_ids),
             messages=self.messages,
             answers=self.answers,
             bytes_out=0,
             bytes_in=0,
             round_trip_ms=None,
             shared_memory=True,
+            worker_ids=tuple(self.workers),
+            env_ids=env_ids,
         )
 
     def forked(self) -> None:

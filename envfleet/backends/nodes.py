@@ -30,6 +30,7 @@ still has it, else wherever Ray finds room, which builds all that node's envs re
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import pickle
 import secrets
@@ -57,7 +58,7 @@ from envfleet.backends.ray_session import START_ATTEMPTS, await_start, connect, 
 from envfleet.buffers import Batch, ObjectRows
 from envfleet.errors import EnvTimeoutError
 from envfleet.protocol import Command
-from envfleet.stats import NodeStats
+from envfleet.stats import NodeStats, env_range
 
 KILL_GRACE = 2.0
 """Seconds an agent has to report lost a worker the pool asked it to kill before the pool kills
@@ -219,14 +220,25 @@ class NodeTransport(BaseTransport):
         return node.memory[local]
 
     def node_ids(self) -> list[str]:
-        """The Ray node of each worker."""
+        """The Ray node of each worker, in the workers' order (as :meth:`nodes` lists each
+        node's ``worker_ids``)."""
         here = "" if self._here is None else self._here.node_id
         return [here if node is None else node.node_id for node, _ in self._where]
 
     def nodes(self) -> tuple[NodeStats, ...]:
-        """Per node (the pool's own first, where it runs workers): layout and traffic."""
-        local = () if self._here is None else (self._here.stats(),)
-        return local + tuple(node.stats(self._options.assignment) for node in self._nodes)
+        """Per node, in the order of the rows they hold (the pool's own node among them, where
+        it runs workers): layout (its workers and envs) and traffic."""
+        assignment = self._options.assignment
+        stats = [] if self._here is None else [self._here.stats()]
+        stats += [
+            dataclasses.replace(
+                node.stats(assignment),
+                worker_ids=tuple(node.workers),
+                env_ids=node.env_ids(assignment),
+            )
+            for node in self._nodes
+        ]
+        return tuple(sorted(stats, key=lambda n: n.worker_ids[0] if n.worker_ids else -1))
 
     def forked(self) -> None:
         """In a forked child: the agents, the actors and the Ray are the parent's."""
@@ -237,7 +249,11 @@ class NodeTransport(BaseTransport):
             forked()
 
     def __repr__(self) -> str:
-        parts = [f"{n.node[:8]}: {n.envs} envs/{n.workers} workers" for n in self.nodes()]
+        """The nodes in the order of the rows they hold: id, envs, workers, which envs."""
+        parts = [
+            f"{n.node[:8]}: {n.envs} envs/{n.workers} workers ({env_range(n.env_ids)})"
+            for n in self.nodes()
+        ]
         return f"NodeTransport({'; '.join(parts)})"
 
     # -- commands out --------------------------------------------------------------------------
