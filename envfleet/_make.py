@@ -149,8 +149,10 @@ def make(
             ``ray_shared_memory`` (``False``: every command a Ray call), ``nodes``
             (``None``: one sub-pool per node on a cluster of several nodes, each command one
             message per node; ``"auto"`` or Ray node ids: always; ``False``: one actor per
-            worker) and ``compress`` (node sub-pools: ``"lz4"`` or ``"zlib"``, lossless
-            compression of image observations on their way to the pool).
+            worker), ``compress`` (node sub-pools: ``"lz4"`` or ``"zlib"``, lossless
+            compression of image observations on their way to the pool) and
+            ``connect_timeout`` (seconds a join of a cluster may take, default 20; no Ray at
+            the address: a :class:`ConnectionError` naming it, at once where nothing listens).
 
     Returns:
         Pool: the envs, behind one ``gymnasium.vector.VectorEnv``; close it (or use it as a
@@ -159,6 +161,8 @@ def make(
     Raises:
         ValueError, TypeError: an argument is invalid; the message says what was expected.
         EnvError: building the env failed.
+        ConnectionError: ``backend="ray"`` with an ``address``: no Ray answered there within
+            ``connect_timeout``.
 
     Examples:
         >>> import envfleet
