@@ -21,8 +21,10 @@ so that the reaper, or a later pool, removes those left behind.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -350,6 +352,20 @@ def _speaks_grpc(address: str, endpoint: str, deadline: float, timeout: float) -
 _joining: threading.Thread | None = None  # a join given up on (timed out), still in ray.init
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    """The SIGTERM handler ``ray.init`` sets when it runs in the main thread (:func:`join`
+    runs it in another, and sets it itself)."""
+    sys.exit(signum)
+
+
+class _NotInTheMainThread(logging.Filter):
+    """Drops ``ray.init``'s warning that it set no SIGTERM handler, outside the main thread:
+    :func:`join` set it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("SIGTERM handler is not set")
+
+
 def join(address: str, kwargs: dict[str, Any], timeout: float) -> None:
     """``ray.init(**kwargs)`` to join the cluster at ``address``, within ``timeout`` seconds.
 
@@ -379,12 +395,19 @@ def join(address: str, kwargs: dict[str, Any], timeout: float) -> None:
     state: dict[str, Any] = {}
     state_lock = threading.Lock()
     done = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)  # as ray.init does in the main thread
 
     def run() -> None:
+        quiet = _NotInTheMainThread()
+        worker_logger = logging.getLogger(ray_worker.__name__)
+        worker_logger.addFilter(quiet)
         try:
             ray.init(**kwargs)
         except BaseException as exc:  # SystemExit too: Ray exits when its GCS never answers
             state["error"] = exc
+        finally:
+            worker_logger.removeFilter(quiet)
         with state_lock:
             done.set()
             abandoned = state.get("abandoned", False)
