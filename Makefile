@@ -28,11 +28,17 @@ test: lint
 	$(BIN)/python -m pytest -q -n 2
 
 # The documentation site (MkDocs, Material, mkdocstrings): site/. --strict turns a broken link or
-# an unreadable docstring into an error. tests/test_docs.py builds it too, under `make test`.
-docs: $(VENV)/.installed-dev
+# an unreadable docstring into an error. tests/test_readme.py and tests/test_docs_api.py build it
+# too, under `make test`.
+# `make docs` needs only the docs extra (MkDocs and the library itself, not torch or Ray).
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-docs-serve: $(VENV)/.installed-dev
+docs-serve: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 # The plot on docs/benchmarks.md, written by `envfleet bench` (about a minute on 2 cores).

@@ -11,6 +11,7 @@ no-ops; 4 frames stacked), the Nature-DQN network, GAE, the clipped objective.
     python examples/ppo_atari_async.py --async-batches 1            # envfleet, synchronous
     python examples/ppo_atari_async.py --env-backend gymnasium      # gymnasium AsyncVectorEnv
     python examples/ppo_atari_async.py --total-timesteps 10000000   # a real run (learns Pong)
+    python examples/ppo_atari_async.py --backend ray --address auto # on a Ray cluster
 
 Each iteration prints the rollout speed (env steps per second of collection, inference
 included) and the episodes' returns; the learning curve and the rollout speed are saved as a
@@ -65,7 +66,11 @@ class Args:
     async_batches: int = 2
     """envfleet: batches the envs are split in (2: double buffering; 1: synchronous)"""
     num_workers: int | None = None
-    """envfleet worker processes (default: usable cores)"""
+    """envfleet worker processes (default: usable cores; on a cluster, in all)"""
+    backend: str = "process"
+    """envfleet backend: process (this machine) or ray (a Ray cluster: see --address)"""
+    address: str | None = None
+    """ray backend: the cluster to join ("auto" on one of its nodes); default: a local Ray"""
     learning_rate: float = 2.5e-4
     """the optimizer's learning rate (annealed to 0)"""
     num_steps: int = 128
@@ -152,8 +157,9 @@ class Envs:
             self.pool: Any = envfleet.make(
                 factory,
                 args.num_envs,
-                backend="process",
+                backend=args.backend,
                 num_workers=args.num_workers,
+                **({} if args.address is None else {"address": args.address}),
                 batch_size=args.num_envs // args.async_batches,
                 seed=args.seed,
                 autoreset_mode=same_step,
