@@ -252,3 +252,32 @@ def test_the_command_line_hides_rays_own_warnings_unless_verbose() -> None:
     quiet.text = verbose.text = warning + error
     assert quiet.unexpected() == error
     assert verbose.unexpected() == warning + error
+
+
+@pytest.mark.parametrize(
+    ("found", "says"),
+    [
+        ("Could not find any running Ray instance.", "no Ray answered at auto"),
+        ("Found multiple active Ray instances: {'a:1', 'b:2'}.", "found several Rays"),
+    ],
+    ids=["none", "several"],
+)
+def test_auto_that_finds_no_single_ray_says_so_at_once(
+    monkeypatch: pytest.MonkeyPatch, found: str, says: str
+) -> None:
+    """``"auto"`` with no ``RAY_ADDRESS``, on a machine that runs no Ray (or several, none of
+    them the latest ``ray start``): Ray's own finding, in words, before anything is tried."""
+    from ray._private import services
+
+    def canonical(address: str) -> str:
+        raise ConnectionError(found)
+
+    def init(**kwargs: Any) -> None:
+        raise AssertionError("ray.init was called")
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(services, "canonicalize_bootstrap_address_or_die", canonical)
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(ConnectionError, match=says) as caught:
+        ray_session.connect("auto", {}, timeout=LONG)
+    assert "RAY_ADDRESS" in str(caught.value)

@@ -279,7 +279,13 @@ def _endpoints(address: str) -> list[tuple[str, int]]:
         try:
             target = services.canonicalize_bootstrap_address_or_die("auto")
         except ConnectionError as exc:
-            raise no_ray("auto", f"none runs on this machine, nor at RAY_ADDRESS: {exc}") from exc
+            text = " ".join(str(exc).split())
+            if "multiple" in text.lower():  # several, none of them Ray's latest: which one?
+                raise ConnectionError(
+                    f"address='auto' found several Rays on this machine ({text}): give the "
+                    "address of one, or set RAY_ADDRESS"
+                ) from exc
+            raise no_ray("auto", "none runs on this machine, and RAY_ADDRESS is not set") from exc
         except Exception:
             return []
     host, sep, port = target.rpartition(":")
