@@ -41,7 +41,7 @@ docs: $(VENV)/.installed-docs
 docs-serve: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
-# The plot on docs/benchmarks.md, written by `envfleet bench` (about a minute on 2 cores).
+# The plot on docs/benchmarks.md, written by `envfleet bench` (one to two minutes on 2 cores).
 docs-plots: $(VENV)/.installed-dev
 	$(BIN)/envfleet bench CartPole-v1 --num-envs 8,32,64 --out docs/assets/bench-cartpole
 
