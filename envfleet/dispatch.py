@@ -1,12 +1,15 @@
-"""Dispatch: the pool's side of the conversation with its workers.
+"""Dispatch: the pool's side of the conversation with its workers, and its only speaker.
 
 The face (:class:`~envfleet.Pool`) checks what the caller asks and says what to send; the
-dispatch turns it into commands per worker, sends them and takes the replies in::
+dispatch turns it into commands per worker, sends them and takes the replies in. It alone calls
+the transport (and the workers' lifecycle: kill, restart, memory); recovery decides what a
+reply means and hands back what to do, and the ledger changes only through its own verbs::
 
     face ──► submit_step / submit_reset / call ──► ledger (sent) ──► transport (to the workers)
-    face ◄── collect / first_ready ◄── pump ◄── recovery (take: ledger took; failed envs, lost
-                                                and hung workers) ◄── transport.wait (rows
-                                                already in the batch arrays)
+    face ◄── collect / first_ready ◄── pump ◄── recovery.take (ledger took; an error, or a
+                                                Rebuild the dispatch carries out) ◄──
+                                                transport.wait (rows already in the batch)
+             pump ── recovery.overdue? read what arrived first ── recovery.hung ── kill
 
 Every command of a call is serialised before the first is sent (a call that fails on the
 caller's side leaves the pool as it was), and every wait is bounded by recovery's timeout. The
@@ -18,6 +21,7 @@ the face's ``gather`` weakly and is told when the pool closes.
 from __future__ import annotations
 
 import operator
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from envfleet.backends import Transport
-from envfleet.errors import ClosedPoolError
+from envfleet.errors import ClosedPoolError, EnvError
 from envfleet.ledger import Ledger
 from envfleet.protocol import Call, Command, Reply, Reset, Sample, SetAttr, Step
-from envfleet.recovery import Recovery
+from envfleet.recovery import DRAIN_TIMEOUT, Rebuild, Recovery
 
 _worker_of, _reply_of = operator.itemgetter(0), operator.itemgetter(1)  # of (worker, reply)
 
@@ -71,9 +75,88 @@ class Dispatch:
         assert gather is not None  # the face is in use while its dispatch takes replies in
         return gather(env_ids)
 
+    # -- what the face asks of the transport --------------------------------------------------
+
+    @property
+    def spares(self) -> Any:
+        """The transport's spare observation buffers (``None``: it has none)."""
+        return self._transport.spares
+
+    def nodes(self) -> tuple[Any, ...]:
+        """Per node, the transport's layout and traffic (empty: not node sub-pools)."""
+        return self._transport.nodes()
+
+    def forked(self) -> None:
+        """In a forked child: the transport's workers are the parent's."""
+        self._transport.forked()
+
+    # -- the workers' lifecycle ----------------------------------------------------------------
+
     def recycle_over_limit(self) -> None:
-        """Replace the workers over ``worker_memory_limit`` (before a command is sent)."""
-        self._recovery.recycle_over_limit(self._gather, self.pump)
+        """Replace each worker over ``worker_memory_limit`` (before a command is sent), between
+        its own commands: if it still owes replies (async ``send``/``recv`` keeps a worker
+        busy), they are taken in first, so its results stay ready for ``recv`` and nothing of
+        it is in flight when it is replaced."""
+        recovery, ledger = self._recovery, self._ledger
+        for worker in recovery.over_limit(self._transport.memory):
+            while ledger.pending[worker]:
+                self.pump(True)
+            error = self._rebuild(recovery.recycle(worker))
+            if error is not None:  # the replacement could not build its envs
+                self.fail(error)
+
+    def _rebuild(self, rebuild: Rebuild) -> EnvError | None:
+        """Have the transport rebuild a worker, then resend what it owed; the time it takes is
+        told to recovery (no other worker's ``step_timeout`` counts it). Returns the error of
+        a replacement that could not build its envs."""
+        start = time.monotonic()
+        try:
+            self._transport.restart(rebuild.worker, rebuild.rebuilds)
+        except EnvError as exc:
+            return exc
+        finally:
+            self._recovery.rebuilt(start, time.monotonic())
+        for command in rebuild.resend:
+            self._ledger.sent(rebuild.worker, command)
+            self._transport.submit(rebuild.worker, command)
+        return None
+
+    def _take(self, worker: int, reply: Any) -> EnvError | None:
+        """One reply through recovery; a rebuild it asks for is carried out here."""
+        verdict = self._recovery.take(worker, reply)
+        if isinstance(verdict, Rebuild):
+            return self._rebuild(verdict)
+        return verdict
+
+    def fail(self, error: EnvError) -> None:
+        """Break the pool, gather what other envs completed onto the error, and raise it.
+
+        The results of ready envs, as ``recv`` would return them, go on ``error.completed``;
+        the replies still on their way are waited for (at most :data:`DRAIN_TIMEOUT`, or
+        ``step_timeout`` if shorter), with no more rebuilds.
+        """
+        recovery, ledger = self._recovery, self._ledger
+        recovery.broken = error
+        recovery.draining = True
+        try:
+            limit = min(DRAIN_TIMEOUT, recovery.step_timeout or DRAIN_TIMEOUT)
+            deadline = time.monotonic() + limit
+            while ledger.any_in_flight(ledger.all_ids):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                for worker, reply in self._transport.wait(remaining):
+                    self._take(worker, reply)
+            ready = ledger.drain_ready()
+            if ready is not None:
+                error.completed = self._gather(ready)
+        except Exception:
+            pass  # the original error matters more than what could not be gathered
+        finally:
+            recovery.draining = False
+        raise error
+
+    # -- commands out --------------------------------------------------------------------------
 
     def submit_reset(
         self, env_ids: np.ndarray, seeds: list[int | None], options: dict[str, Any] | None
@@ -200,13 +283,14 @@ class Dispatch:
         ):
             ledger.took_all_plain(map(_worker_of, replies), collecting)
         else:
+            take = self._take
             for worker, reply in replies:
-                error = recovery.take(worker, reply)
+                error = take(worker, reply)
                 first = first or error
         if recovery.step_timeout is not None:
             first = self._judge_hung(first)
         if first is not None:
-            recovery.fail(first, self._gather)
+            self.fail(first)
 
     def _judge_hung(self, first: Any) -> Any:
         """Kill the workers past ``step_timeout``, once the replies that arrived are read.
@@ -223,9 +307,10 @@ class Dispatch:
             if not replies:
                 break
             for worker, reply in replies:
-                error = recovery.take(worker, reply)
+                error = self._take(worker, reply)
                 first = first or error
-        recovery.kill_hung()
+        for worker in recovery.hung():
+            self._transport.kill(worker)
         return first
 
 

@@ -284,6 +284,7 @@ class Ledger:
 
     def dropped(self, worker: int) -> list[Command]:
         """``worker`` was lost: forget what it owed (its envs go idle); return what to resend."""
+        self.all_out = None
         resend: list[Command] = []
         for command in self.pending[worker]:
             if isinstance(command, EnvCommand):

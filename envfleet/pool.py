@@ -152,7 +152,6 @@ class Pool(GymnasiumAsync, PoolRollouts, VectorEnv):  # type: ignore[misc]
         self._ledger = ledger = Ledger(assignment, self._stats)
         self._recovery = Recovery(
             ledger,
-            transport,
             env_name=env_name,
             on_error=on_error,
             step_timeout=step_timeout,
@@ -249,7 +248,7 @@ class Pool(GymnasiumAsync, PoolRollouts, VectorEnv):  # type: ignore[misc]
         ``step``; otherwise it is :meth:`send` followed by :meth:`recv`.
         """
         if env_id is None and self.batch_size == self.num_envs:
-            spares = self._transport.spares if self.copy else None
+            spares = self._dispatch.spares if self.copy else None
             try:  # with spares, the workers copy the observations into one, handed out as is
                 self._send(actions, None, spare=spares is not None)
                 self._dispatch.collect(self._all_ids)
@@ -359,7 +358,7 @@ class Pool(GymnasiumAsync, PoolRollouts, VectorEnv):  # type: ignore[misc]
               worker 0 (envs 0-1): latency p50 ... ms, p99 ... ms, idle ...%, 2 steps, ...
         """
         stats = self._stats.snapshot(self._recovery.restarts, self._recovery.recycled)
-        nodes = self._transport.nodes()
+        nodes = self._dispatch.nodes()
         return dataclasses.replace(stats, nodes=nodes) if nodes else stats
 
     def describe(self) -> dict[str, Any]:
@@ -496,7 +495,7 @@ class Pool(GymnasiumAsync, PoolRollouts, VectorEnv):  # type: ignore[misc]
         return check_seeds(seed, env_ids, per_env, self.num_envs)
 
     def __repr__(self) -> str:
-        nodes = "" if self.closed else node_layout(self._transport.nodes())
+        nodes = "" if self.closed else node_layout(self._dispatch.nodes())
         return (
             f"Pool({self._env_name}, num_envs={self.num_envs}, workers={len(self._assignment)}, "
             f"batch_size={self.batch_size}{nodes})"
@@ -513,7 +512,7 @@ def _forked() -> None:
     exit cannot stop the parent's workers (they were sent Close, and SIGTERM)."""
     for pool in list(_LIVE):
         pool.closed = True
-        pool._transport.forked()
+        pool._dispatch.forked()
     _LIVE.clear()
 
 

@@ -1,21 +1,27 @@
 """Recovery: what a pool does when an env fails, a worker dies or hangs.
 
-The pool's face (:mod:`envfleet.pool`) hands every reply its transport returns to
-:meth:`Recovery.take`, which books it in the :class:`~envfleet.ledger.Ledger` and turns what
-went wrong into an :class:`~envfleet.EnvError`:
+Recovery decides; it never speaks to the workers. The pool's dispatch
+(:class:`~envfleet.dispatch.Dispatch`, the one owner of the conversation with the workers)
+hands it every reply, and carries out what it answers::
+
+    dispatch ── take(worker, reply) ──► recovery ── books it in the ledger (its verbs) ──►
+             ◄─ an EnvError, a Rebuild (restart this worker, resend what it owed), or None
+    dispatch ── hung() ──► recovery ── the workers past step_timeout, to kill
+    dispatch ── over_limit(memory) / recycle(worker) ──► the workers to replace for memory
+
+What goes wrong becomes an :class:`~envfleet.EnvError`:
 
 - an env that raised: the failure its group reported (the group restarted it already under
   ``on_error="restart"``; recovery counts those restarts against ``max_restarts``);
-- a lost worker (:class:`~envfleet.backends.WorkerLost`: it died, or recovery killed it for
-  hanging past ``step_timeout``): under ``"raise"`` an error naming its envs; under
-  ``"restart"`` the transport rebuilds it and recovery resends what it owed;
+- a lost worker (:class:`~envfleet.backends.WorkerLost`: it died, or was killed for hanging
+  past ``step_timeout``): under ``"raise"`` an error naming its envs; under ``"restart"`` a
+  :class:`Rebuild` (the dispatch has the worker rebuilt and resends what it owed);
 - a worker over ``worker_memory_limit``, between its own commands: replaced (recycled), its
   envs restarted; recycles are counted apart from restarts and never against ``max_restarts``.
 
-The face then calls :meth:`Recovery.fail` with the first error: the pool breaks, the other
-envs' results already on their way are gathered onto the error (``error.completed``) and it is
-raised. Recovery knows the ledger and the transport, never the face (the face passes in how to
-gather results).
+A worker is judged hung on its own time: the spans the pool spent rebuilding other workers
+(reading no reply) do not count (:meth:`rebuilt`), and the dispatch reads the replies that
+arrived before it asks :meth:`hung`.
 """
 
 from __future__ import annotations
@@ -23,11 +29,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
-from envfleet.backends import Transport, WorkerLost
+from envfleet.backends import WorkerLost
 from envfleet.errors import (
     EnvError,
     EnvTimeoutError,
@@ -37,7 +43,7 @@ from envfleet.errors import (
     WorkerDiedError,
 )
 from envfleet.ledger import Ledger
-from envfleet.protocol import EnvCommand, EnvFailure, Reply
+from envfleet.protocol import Command, EnvCommand, EnvFailure, Reply
 
 DEFAULT_MAX_RESTARTS = 100
 MEMORY_CHECK_INTERVAL = 1.0
@@ -48,12 +54,22 @@ HUNG_POLL = 0.05
 """Seconds the pool blocks at a time while a worker killed for hanging is not yet reported lost."""
 
 
+@dataclass(frozen=True)
+class Rebuild:
+    """Recovery's answer to a lost (or recycled) worker: rebuild it, its envs restarted with
+    these counts (``rebuilds``: per env, how often it was rebuilt so far), then resend what it
+    owed (``resend``, in order)."""
+
+    worker: int
+    rebuilds: dict[int, int]
+    resend: tuple[Command, ...] = ()
+
+
 class Recovery:
     """Failures, lost and hung workers, restarts and their limits for one pool.
 
     Args:
         ledger: the pool's ledger.
-        transport: the pool's transport (restarts and kills its workers).
         env_name: the env's name, for messages.
         on_error: the failure policy.
         step_timeout: seconds a worker may owe a reply before it is killed (``None``: never).
@@ -64,7 +80,6 @@ class Recovery:
     def __init__(
         self,
         ledger: Ledger,
-        transport: Transport,
         *,
         env_name: str,
         on_error: OnError = OnError.RAISE,
@@ -73,7 +88,6 @@ class Recovery:
         worker_memory_limit: int | None = None,
     ) -> None:
         self.ledger = ledger
-        self.transport = transport
         self.env_name = env_name
         self.on_error = on_error
         self.step_timeout = step_timeout
@@ -89,19 +103,20 @@ class Recovery:
         self._over_limit: set[int] = set()  # workers seen over the limit, not yet replaced
         self.broken: BaseException | None = None
         """The error that broke the pool, if one did."""
+        self.draining = False
+        """Set while a failing call gathers the other envs' results: no more rebuilds."""
         self._hung: dict[int, float] = {}  # workers killed for hanging: how long they hung
         # Spans (start, end) the pool spent rebuilding a worker, reading no reply: they do not
         # count against the other workers' step_timeout (their replies may sit unread).
         self._deaf: list[tuple[float, float]] = []
-        self._draining = False
         self._memory_checked = time.monotonic()
 
     # -- each reply ----------------------------------------------------------------------------
 
-    def take(self, worker: int, reply: Reply | WorkerLost | None) -> EnvError | None:
-        """Book one reply in the ledger; return the error it reports, if any."""
+    def take(self, worker: int, reply: Reply | WorkerLost | None) -> EnvError | Rebuild | None:
+        """Book one reply in the ledger; return the error it reports, or the rebuild a lost
+        worker needs, if any."""
         if isinstance(reply, WorkerLost):
-            self.ledger.all_out = None
             return self.lost(worker, reply)
         command = self.ledger.took(worker, reply)
         if reply is None:
@@ -116,8 +131,8 @@ class Recovery:
             return failure.to_error(worker, self.env_name)
         return error
 
-    def lost(self, worker: int, lost: WorkerLost) -> EnvError | None:
-        """A worker died (or was killed for hanging): the error, or restart it and resend."""
+    def lost(self, worker: int, lost: WorkerLost) -> EnvError | Rebuild:
+        """A worker died (or was killed for hanging): the error, or the rebuild it needs."""
         ledger = self.ledger
         ids = ledger.assignment[worker]
         in_flight = ledger.in_flight_of(worker)
@@ -141,28 +156,17 @@ class Recovery:
             env_ids=ids,
         )
         resend = ledger.dropped(worker)
-        if self.on_error is OnError.RAISE or self._draining:
+        if self.on_error is OnError.RAISE or self.draining:
             return error
         self.restarts[list(ids)] += 1
         over = [i for i in ids if self.restarts[i] > self.max_restarts]
         if over:
             return self._restart_limit(over[0], worker, error)
-        try:
-            self._restart(worker, ids)
-        except EnvError as exc:  # the replacement could not even build its envs
-            return exc
-        for resent in resend:
-            ledger.sent(worker, resent)
-            self.transport.submit(worker, resent)
-        return None
+        return Rebuild(worker, self._rebuilds(ids), tuple(resend))
 
-    def _restart(self, worker: int, ids: tuple[int, ...]) -> None:
-        """Have the transport rebuild ``worker``; the time it takes is a deaf span."""
-        start = time.monotonic()
-        try:
-            self.transport.restart(worker, self._rebuilds(ids))
-        finally:
-            self._deaf.append((start, time.monotonic()))
+    def rebuilt(self, start: float, end: float) -> None:
+        """The pool spent ``start .. end`` rebuilding a worker, reading no reply."""
+        self._deaf.append((start, end))
 
     def _count_restarts(self, worker: int, failures: tuple[EnvFailure, ...]) -> EnvError | None:
         for failure in failures:
@@ -220,8 +224,8 @@ class Recovery:
     def overdue(self) -> bool:
         """Whether a worker not yet killed owes a reply past its ``step_timeout``.
 
-        The pool then reads the replies that have arrived (:meth:`take`) before
-        :meth:`kill_hung` judges anyone: a reply that waits unread is no hang.
+        The dispatch then reads the replies that have arrived (:meth:`take`) before
+        :meth:`hung` judges anyone: a reply that waits unread is no hang.
         """
         if self.step_timeout is None:
             return False
@@ -231,44 +235,40 @@ class Recovery:
             for worker, pending in enumerate(self.ledger.pending)
         )
 
-    def kill_hung(self) -> None:
-        """Kill each worker that has owed a reply for ``step_timeout`` (the spans the pool
-        spent rebuilding other workers not counted); the transport then reports it lost, and
-        :meth:`lost` names it hung. Call it once the replies that arrived were taken."""
+    def hung(self) -> list[int]:
+        """The workers that have owed a reply for ``step_timeout`` (the spans the pool spent
+        rebuilding other workers not counted), each named once: the dispatch kills them, the
+        transport then reports them lost, and :meth:`lost` names them hung. Ask once the
+        replies that arrived were taken."""
         assert self.step_timeout is not None
         now = time.monotonic()
         ledger = self.ledger
         oldest = now
+        killed = []
         for worker, pending in enumerate(ledger.pending):
             if pending and worker not in self._hung:
                 since = ledger.busy_since[worker]
                 oldest = min(oldest, since)
                 if now >= self._due(worker, now):
                     self._hung[worker] = now - since - self._deaf_since(since, now)
-                    self.transport.kill(worker)
+                    killed.append(worker)
         # Spans that ended before every pending command began count for none of them.
         self._deaf = [span for span in self._deaf if span[1] > oldest]
+        return killed
 
     # -- memory --------------------------------------------------------------------------------
 
-    def recycle_over_limit(
-        self, gather: Callable[[np.ndarray], Any], pump: Callable[[bool], None]
-    ) -> None:
-        """Replace each worker whose memory is over ``worker_memory_limit`` (a leaking env
-        would otherwise grow until the machine runs out); its envs restart as after a failure
-        (their episodes reported truncated, ``infos["envfleet/restarted"]``).
+    def over_limit(self, memory: Callable[[int], int | None]) -> list[int]:
+        """The workers to replace for their memory, lowest first: ``memory(worker)`` (its
+        resident bytes) is read at most once per :data:`MEMORY_CHECK_INTERVAL`; a worker seen
+        over ``worker_memory_limit`` stays listed until :meth:`recycle` replaced it.
 
-        Called before the pool sends a command. The workers' memory is read at most once per
-        :data:`MEMORY_CHECK_INTERVAL`; a worker seen over the limit is replaced before its next
-        command, whatever the other workers do: if it still owes replies (async ``send``/
-        ``recv`` keeps a worker busy), ``pump(True)`` takes them in first, so its results stay
-        ready for ``recv`` and nothing of it is in flight when it is replaced. Recycles count
-        in ``recycled``, never against ``max_restarts``.
+        A leaking env would otherwise grow until the machine runs out; its envs restart as
+        after a failure (their episodes reported truncated, ``infos["envfleet/restarted"]``).
         """
         limit = self.worker_memory_limit
         if limit is None:
-            return
-        memory = self.transport.memory
+            return []
         now = time.monotonic()
         if now - self._memory_checked >= MEMORY_CHECK_INTERVAL:
             self._memory_checked = now
@@ -276,53 +276,21 @@ class Recovery:
                 used = memory(worker)
                 if used is not None and used > limit:
                     self._over_limit.add(worker)
-        ledger = self.ledger
-        while self._over_limit:
-            worker = min(self._over_limit)
-            while ledger.pending[worker]:  # between its own commands: what it owes comes in
-                pump(True)
-            self._over_limit.discard(worker)
-            ids = ledger.assignment[worker]
-            self._recycled_envs[list(ids)] += 1
-            self.recycled[worker] += 1
-            try:
-                self._restart(worker, ids)
-            except EnvError as exc:  # the replacement could not build its envs
-                self.fail(exc, gather)
+        return sorted(self._over_limit)
+
+    def recycle(self, worker: int) -> Rebuild:
+        """Replace ``worker`` (over the limit, owing nothing): counted in ``recycled``, never
+        against ``max_restarts``."""
+        self._over_limit.discard(worker)
+        ids = self.ledger.assignment[worker]
+        self._recycled_envs[list(ids)] += 1
+        self.recycled[worker] += 1
+        return Rebuild(worker, self._rebuilds(ids))
 
     def _rebuilds(self, ids: tuple[int, ...]) -> dict[int, int]:
         """How often each of ``ids`` was rebuilt (restarts and recycles): a replacement worker
         continues these counts, and restarted envs' seeds derive from them."""
         return {i: int(self.restarts[i] + self._recycled_envs[i]) for i in ids}
 
-    # -- the failure policy --------------------------------------------------------------------
 
-    def fail(self, error: EnvError, gather: Callable[[np.ndarray], Any]) -> None:
-        """Break the pool, gather what other envs completed onto the error, and raise it.
-
-        ``gather(env_ids)`` returns the results of ready envs as ``recv`` would
-        (``error.completed``).
-        """
-        self.broken = error
-        self._draining = True
-        ledger = self.ledger
-        try:
-            limit = min(DRAIN_TIMEOUT, self.step_timeout or DRAIN_TIMEOUT)
-            deadline = time.monotonic() + limit
-            while ledger.any_in_flight(ledger.all_ids):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                for worker, reply in self.transport.wait(remaining):
-                    self.take(worker, reply)
-            ready = ledger.drain_ready()
-            if ready is not None:
-                error.completed = gather(ready)
-        except Exception:
-            pass  # the original error matters more than what could not be gathered
-        finally:
-            self._draining = False
-        raise error
-
-
-__all__ = ["DEFAULT_MAX_RESTARTS", "Recovery"]
+__all__ = ["DEFAULT_MAX_RESTARTS", "DRAIN_TIMEOUT", "Rebuild", "Recovery"]

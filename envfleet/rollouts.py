@@ -283,7 +283,7 @@ class PoolRollouts:
                 parts.append((worker, part))
         if failed is not None:
             worker, failure = failed
-            self._recovery.fail(failure.to_error(worker, self._env_name), self._gather)
+            self._dispatch.fail(failure.to_error(worker, self._env_name))
         obs_space, act_space = self.single_observation_space, self.single_action_space
         batch = self._batch
         for _, part in parts:  # the pool's rows: where each env stands now

@@ -68,7 +68,7 @@ class ScriptedWorkers:
                 self.batch.rewards[i] = 10 * i + step
             self.done.append((worker, reply))
 
-    def wait(self, timeout: float | None, want: int = 1) -> Replies:
+    def wait(self, timeout: float | None, want: int = 1, linger: float | None = None) -> Replies:
         if len(self.done) < want:
             return []
         done, self.done = self.done, []

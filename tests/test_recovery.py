@@ -1,4 +1,5 @@
-"""Recovery on its own, over a fake transport that records what it is asked to do."""
+"""Recovery's decisions on their own, and the dispatch carrying them out over a fake transport
+that records what it is asked to do."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from envfleet import recovery as recovery_module
 from envfleet.backends import WorkerLost
+from envfleet.dispatch import Dispatch
 from envfleet.errors import (
     EnvRaisedError,
     EnvTimeoutError,
@@ -20,7 +22,7 @@ from envfleet.errors import (
 )
 from envfleet.ledger import EnvState, Ledger
 from envfleet.protocol import Call, Command, EnvFailure, Reply, Step
-from envfleet.recovery import Recovery
+from envfleet.recovery import Rebuild, Recovery
 from envfleet.stats import StatsRecorder
 
 ASSIGNMENT = [(0, 1), (2, 3)]
@@ -38,6 +40,12 @@ class FakeTransport:
 
     def submit(self, worker: int, command: Command) -> None:
         self.submitted.append((worker, command))
+
+    def submit_many(self, commands: list[tuple[int, Command]]) -> None:
+        self.submitted.extend(commands)
+
+    def prepare(self, worker: int, command: Command) -> None:
+        pass
 
     def wait(
         self, timeout: float | None, want: int = 1
@@ -59,8 +67,25 @@ class FakeTransport:
 def setup(**kwargs: Any) -> tuple[Ledger, FakeTransport, Recovery]:
     ledger = Ledger(ASSIGNMENT, StatsRecorder(ASSIGNMENT, 4))
     transport = FakeTransport()
-    recovery = Recovery(ledger, transport, env_name="Fake-v0", **kwargs)
+    recovery = Recovery(ledger, env_name="Fake-v0", **kwargs)
     return ledger, transport, recovery
+
+
+class Face:
+    """What the dispatch gathers a failing call's completed results from (held weakly)."""
+
+    def __init__(self) -> None:
+        self.gathered: list[list[int]] = []
+
+    def gather(self, env_ids: np.ndarray) -> Any:
+        self.gathered.append(env_ids.tolist())
+        return ("results", env_ids)
+
+
+def dispatching(
+    ledger: Ledger, transport: FakeTransport, recovery: Recovery, face: Face
+) -> Dispatch:
+    return Dispatch(transport, ledger, recovery, "Fake-v0", face.gather)  # type: ignore[arg-type]
 
 
 def failure(env: int | None, phase: Phase = Phase.STEP) -> EnvFailure:
@@ -86,10 +111,18 @@ def test_lost_worker_under_raise_names_its_envs_and_phase() -> None:
 
 def test_lost_worker_under_restart_is_rebuilt_and_its_commands_resent() -> None:
     ledger, transport, recovery = setup(on_error=OnError.RESTART)
+    face = Face()
+    dispatch = dispatching(ledger, transport, recovery, face)
     step, call = Step((2, 3)), Call("render")
     ledger.sent(1, step)
     ledger.sent(1, call)
-    assert recovery.take(1, LOST) is None
+    assert recovery.take(1, LOST) == Rebuild(1, {2: 1, 3: 1}, (step, call))  # decided only
+    assert transport.restarted == [] and transport.submitted == []
+    ledger.sent(1, step)
+    ledger.sent(1, call)
+    recovery.restarts[:] = 0
+    transport.replies.append((1, LOST))
+    dispatch.pump(block=False)  # the dispatch carries it out
     assert transport.restarted == [(1, {2: 1, 3: 1})]
     assert transport.submitted == [(1, step), (1, call)]
     assert list(ledger.pending[1]) == [step, call]
@@ -98,12 +131,11 @@ def test_lost_worker_under_restart_is_rebuilt_and_its_commands_resent() -> None:
 
 
 def test_restart_limit_stops_restarting() -> None:
-    ledger, transport, recovery = setup(on_error=OnError.RESTART, max_restarts=1)
-    for expected in (None, RestartLimitError):
+    ledger, _, recovery = setup(on_error=OnError.RESTART, max_restarts=1)
+    for expected in (Rebuild, RestartLimitError):
         ledger.sent(0, Step((0, 1)))
         error = recovery.take(0, LOST)
-        assert error is None if expected is None else isinstance(error, expected)
-    assert len(transport.restarted) == 1
+        assert isinstance(error, expected)
     assert isinstance(error, RestartLimitError) and error.env_index == 0
     assert isinstance(error.__cause__, WorkerDiedError)
 
@@ -127,17 +159,14 @@ def test_a_failed_env_is_an_error_and_goes_idle() -> None:
 
 
 def test_hung_worker_is_killed_and_reported_as_timed_out() -> None:
-    ledger, transport, recovery = setup(step_timeout=5.0)
+    ledger, _, recovery = setup(step_timeout=5.0)
     assert recovery.wait_timeout() is None  # nothing owed: no bound
     ledger.sent(0, Step((0, 1)))
     assert 0 < recovery.wait_timeout() <= 5.0  # type: ignore[operator]
-    recovery.kill_hung()
-    assert transport.killed == []  # not yet
+    assert recovery.hung() == []  # not yet
     ledger.busy_since[0] -= 10.0  # as if it had owed the reply for 10 s
     assert recovery.wait_timeout() == 0.0
-    recovery.kill_hung()
-    recovery.kill_hung()
-    assert transport.killed == [0]  # once
+    assert recovery.hung() + recovery.hung() == [0]  # once
     # Killed, not yet reported lost (a stopped Ray actor takes Ray seconds): the pool waits
     # for the loss in slices, without spinning on a deadline already past.
     assert recovery.wait_timeout() == pytest.approx(recovery_module.HUNG_POLL, abs=0.01)
@@ -156,11 +185,13 @@ def test_fail_breaks_the_pool_and_gathers_what_completed() -> None:
     error = recovery.take(0, Reply(env_ids=(0, 1), failures=(failure(1),)))
     assert error is not None
     transport.replies.append((1, None))  # worker 1's step comes in while draining
-    gathered: list[list[int]] = []
+    face = Face()
+    dispatch = dispatching(ledger, transport, recovery, face)
+    assert isinstance(error, EnvRaisedError)
     with pytest.raises(EnvRaisedError) as raised:
-        recovery.fail(error, lambda ids: gathered.append(ids.tolist()) or ("results", ids))
+        dispatch.fail(error)
     assert raised.value is error and recovery.broken is error
-    assert gathered == [[0, 2, 3]]
+    assert face.gathered == [[0, 2, 3]]
     assert error.completed[0] == "results"  # type: ignore[index]
     assert ledger.state.tolist() == [EnvState.IDLE] * 4
 
@@ -171,9 +202,11 @@ def test_a_rebuilds_time_does_not_count_against_the_other_workers_step_timeout(
     """Worker 0 is rebuilt for 10 s (the pool reads nothing meanwhile): worker 1, which owed a
     reply for 1 s before it, is not past a 5 s ``step_timeout`` after it."""
     ledger, transport, recovery = setup(on_error=OnError.RESTART, step_timeout=5.0)
+    face = Face()
+    dispatch = dispatching(ledger, transport, recovery, face)
     clock = [100.0]
-    monkeypatch.setattr(recovery_module.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr("envfleet.ledger.time.monotonic", lambda: clock[0])
+    for module in ("envfleet.recovery", "envfleet.ledger", "envfleet.dispatch"):
+        monkeypatch.setattr(f"{module}.time.monotonic", lambda: clock[0])
 
     def slow_restart(worker: int, restarts: dict[int, int]) -> None:
         clock[0] += 10.0
@@ -183,15 +216,42 @@ def test_a_rebuilds_time_does_not_count_against_the_other_workers_step_timeout(
     ledger.sent(0, Step((0, 1)))
     ledger.sent(1, Step((2, 3)))
     clock[0] += 1.0
-    assert recovery.take(0, LOST) is None  # rebuilt, its step resent
+    transport.replies.append((0, LOST))
+    dispatch.pump(block=False)  # rebuilt, its step resent
+    assert transport.restarted == [(0, {0: 1, 1: 1})] and transport.killed == []
     assert not recovery.overdue()
     assert recovery.wait_timeout() == pytest.approx(4.0)  # worker 1: 5 s less the 1 s it owed
-    recovery.kill_hung()
-    assert transport.killed == []
     clock[0] += 4.5  # now past: 5.5 s of its own time, the rebuild not counted
     assert recovery.overdue()
-    recovery.kill_hung()
+    dispatch.pump(block=False)
     assert transport.killed == [1]
     recovery.on_error = OnError.RAISE
     error = recovery.take(1, LOST)  # named hung for its own 5.5 s, not the rebuild's 15.5
     assert isinstance(error, EnvTimeoutError) and "no reply after 5.5s" in str(error)
+
+
+def test_a_reply_that_arrived_is_read_before_its_worker_is_judged_hung(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Worker 1 is past ``step_timeout`` by the clock, but its reply is in: the dispatch reads
+    it before it asks who hangs, and kills nobody."""
+    ledger, transport, recovery = setup(on_error=OnError.RESTART, step_timeout=5.0)
+    face = Face()
+    dispatch = dispatching(ledger, transport, recovery, face)
+    clock = [100.0]
+    for module in ("envfleet.recovery", "envfleet.ledger", "envfleet.dispatch"):
+        monkeypatch.setattr(f"{module}.time.monotonic", lambda: clock[0])
+    waits: list[float | None] = []
+    replies = iter([[], [(1, None)]])  # nothing the first time it waits; then worker 1's
+
+    def wait(timeout: float | None, want: int = 1) -> list[Any]:
+        waits.append(timeout)
+        clock[0] += 6.0
+        return next(replies, [])
+
+    monkeypatch.setattr(transport, "wait", wait)
+    ledger.sent(1, Step((2, 3)))
+    dispatch.pump(block=True)
+    assert waits == [5.0, 0.0]  # the bound, then a look at what arrived, without waiting
+    assert transport.killed == [] and not ledger.pending[1]
+    assert ledger.state[2:].tolist() == [EnvState.READY] * 2
