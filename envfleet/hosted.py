@@ -1,0 +1,529 @@
+"""Hosted VectorEnvs: a worker steps a batched simulator for its block of envs.
+
+Many fast simulators are batched already (Gymnasium's ``vector_entry_point`` envs such as
+``CartPole-v1``'s numpy ``CartPoleVectorEnv``, ale-py's C++ ``AtariVectorEnv``, EnvPool). A
+pool made with ``vectorization_mode="vector_entry_point"`` (or ``vector_env_fns=[...]``) has
+each worker build one ``gymnasium.vector.VectorEnv`` for its block of ``k`` consecutive envs
+and step it with one call; its results land in the batch with one copy per field::
+
+    pool.step(actions) ── one command per worker ──► HostedGroup.step(block)
+                                                     venv.step(actions[block])   (one call)
+                                                     batch[block] = obs, rewards, flags
+                                                     infos: one dict per env that has one
+
+The pool stays the same ``VectorEnv``: global indices, ``seed + i`` per env where the hosted
+env takes a seed per env (``SyncVectorEnv``, ``AsyncVectorEnv``, ale-py's ``AtariVectorEnv``;
+Gymnasium's numpy vector envs take one seed: their block gets ``seed + i0``, its first env's),
+the autoreset mode (the hosted env's must be the pool's), infos merged Gymnasium's way,
+``call``/``get_attr``/``set_attr``, rollouts and restarts: a hosted VectorEnv that raises is
+rebuilt whole under ``on_error="restart"``, and every env of its block reports its episode
+truncated (reward 0, ``infos["envfleet/restarted"]``, the last observation kept); a worker that
+dies or hangs is rebuilt by its transport as any other.
+
+Rewards come back as ``float64`` whatever the hosted env's dtype (numpy vector envs give
+``float32``): the pool's arrays are those of every envfleet pool and of ``SyncVectorEnv``; the
+values are the same (a ``float32`` is exact in ``float64``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import concatenate, create_empty_array
+
+from envfleet.buffers import Batch, fits_dtype, put, view_rows
+from envfleet.errors import OnError, Phase
+from envfleet.guards import env_errors
+from envfleet.protocol import EnvFailure, Reply
+from envfleet.spec import EnvSpec
+
+RESTARTED = "envfleet/restarted"
+
+VectorFactory = Callable[[], VectorEnv[Any, Any, Any]]
+
+
+@dataclass(frozen=True)
+class HostedRecipe:
+    """How each worker builds its hosted VectorEnv: ``make_vec(env_id, k,
+    vectorization_mode="vector_entry_point", **kwargs)`` for a block of ``k`` envs, or the
+    block's own factory (``vector_env_fns``); ``blocks``: each block's first env and size."""
+
+    blocks: tuple[tuple[int, int], ...]
+    env_id: str | None = None
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    factories: tuple[VectorFactory, ...] = ()
+
+    def build(self, block: int) -> VectorEnv[Any, Any, Any]:
+        """The hosted VectorEnv of block ``block``."""
+        if self.factories:
+            venv = self.factories[block]()
+        else:
+            assert self.env_id is not None
+            size = self.blocks[block][1]
+            venv = gymnasium.make_vec(
+                self.env_id, size, vectorization_mode="vector_entry_point", **self.kwargs
+            )
+        if not isinstance(venv, VectorEnv):
+            raise TypeError(
+                f"a hosted env factory must return a gymnasium.vector.VectorEnv, got "
+                f"{type(venv).__name__}"
+            )
+        if venv.num_envs != self.blocks[block][1]:
+            raise ValueError(
+                f"the hosted VectorEnv of block {block} has {venv.num_envs} envs, "
+                f"{self.blocks[block][1]} expected"
+            )
+        return venv
+
+    def block_of(self, env: int) -> int:
+        """The block holding env ``env``."""
+        for b, (start, size) in enumerate(self.blocks):
+            if start <= env < start + size:
+                return b
+        raise ValueError(f"env {env} is in no block of {self.blocks}")
+
+
+@dataclass(frozen=True)
+class HostedSpec(EnvSpec):
+    """An :class:`~envfleet.EnvSpec` whose workers host VectorEnvs (:class:`HostedRecipe`)."""
+
+    recipe: HostedRecipe | None = None
+
+
+def hosted_plan(
+    env: Any,
+    num_envs: int | None,
+    env_kwargs: Any,
+    vectorization_mode: str | None,
+    vector_env_fns: Sequence[VectorFactory] | None,
+    num_workers: int | None,
+) -> tuple[HostedSpec, dict[str, Any]] | None:
+    """What :func:`envfleet.make` needs for a hosted pool: its spec (with the blocks) and the
+    probe (spaces, metadata, render mode, the hosted env's autoreset mode); ``None`` when the
+    pool hosts single envs. Builds one VectorEnv per factory here (their sizes), or one of one
+    env for an id, and closes them."""
+    if vector_env_fns is None and vectorization_mode in (None, "none"):
+        return None
+    if vector_env_fns is not None:
+        if env is not None:
+            raise TypeError("make() takes env or vector_env_fns, not both")
+        if vectorization_mode not in (None, "vector_entry_point"):
+            raise ValueError(
+                f"vectorization_mode={vectorization_mode!r} with vector_env_fns: the "
+                "factories build the VectorEnvs; omit vectorization_mode"
+            )
+        factories = tuple(vector_env_fns)
+        if not factories or not all(callable(f) for f in factories):
+            raise TypeError("vector_env_fns must be a non-empty sequence of callables")
+        probes = [_probe_factory(f) for f in factories]
+        sizes = [p.num_envs for p in probes]
+        probe = probes[0]
+        for other in probes[1:]:
+            other.close()
+        if num_workers is not None and num_workers != len(factories):
+            probe.close()
+            raise ValueError(
+                f"num_workers={num_workers} but {len(factories)} vector_env_fns: one worker "
+                "hosts each VectorEnv; omit num_workers"
+            )
+        name = getattr(probe, "spec", None)
+        target: Any = name.id if name is not None and getattr(name, "id", None) else factories[0]
+        recipe_args: dict[str, Any] = {"factories": factories}
+    else:
+        if vectorization_mode != "vector_entry_point":
+            raise ValueError(
+                f"vectorization_mode must be 'vector_entry_point' (or None), got "
+                f"{vectorization_mode!r}"
+            )
+        if not isinstance(env, str):
+            raise TypeError(
+                "vectorization_mode='vector_entry_point' needs a registered env id (a str), "
+                f"got {type(env).__name__}"
+            )
+        if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
+            raise TypeError("env_kwargs must be a mapping for a hosted VectorEnv")
+        if num_envs is None:
+            raise TypeError("make() needs num_envs with vectorization_mode")
+        kwargs = dict(env_kwargs or {})
+        try:
+            probe = gymnasium.make_vec(env, 1, vectorization_mode="vector_entry_point", **kwargs)
+        except gymnasium.error.Error as exc:
+            raise ValueError(
+                f"{env} has no vector entry point to host ({exc}); use the default "
+                "vectorization (single envs)"
+            ) from exc
+        workers = num_workers if num_workers is not None else 1
+        sizes = [len(b) for b in np.array_split(np.arange(num_envs), workers)]
+        target = env
+        recipe_args = {"env_id": env, "kwargs": kwargs}
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist()
+    blocks = tuple((int(s), int(n)) for s, n in zip(starts, sizes, strict=True))
+    try:
+        info = {
+            "observation_space": probe.single_observation_space,
+            "action_space": probe.single_action_space,
+            "metadata": dict(probe.metadata),
+            "render_mode": probe.render_mode,
+            "autoreset_mode": probe.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP),
+            "num_envs": int(sum(sizes)),
+        }
+    finally:
+        probe.close()
+    recipe = HostedRecipe(blocks=blocks, **recipe_args)
+    return HostedSpec(target=target, recipe=recipe), info
+
+
+def _probe_factory(factory: VectorFactory) -> VectorEnv[Any, Any, Any]:
+    venv = factory()
+    if not isinstance(venv, VectorEnv):
+        raise TypeError(
+            f"vector_env_fns must build gymnasium.vector.VectorEnv, got {type(venv).__name__}"
+        )
+    return venv
+
+
+@dataclass
+class _Block:
+    """One hosted VectorEnv and the rows it owns."""
+
+    index: int
+    ids: tuple[int, ...]
+    rows: slice
+    venv: VectorEnv[Any, Any, Any]
+    restarts: int = 0
+    owe_truncation: bool = False  # rebuilt: its next step reports the episodes truncated
+    owe_reset: bool = False  # rebuilt and reported: its next step resets it (NEXT_STEP)
+    per_env_seeds: bool | None = None  # whether its reset takes one seed per env
+
+
+class HostedGroup:
+    """The worker's group when it hosts VectorEnvs: one or more blocks of consecutive envs,
+    each stepped with one call of its VectorEnv (the :class:`~envfleet.protocol.Group` a
+    worker serves, as :class:`~envfleet.group.EnvGroup` is for single envs)."""
+
+    def __init__(
+        self,
+        recipe: HostedRecipe,
+        env_ids: Sequence[int],
+        batch: Batch,
+        autoreset_mode: AutoresetMode,
+        observation_space: spaces.Space[Any],
+        action_space: spaces.Space[Any],
+        on_error: OnError = OnError.RAISE,
+        seed_base: int | None = None,
+        restarts: Mapping[int, int] | None = None,
+        restarted: bool = False,
+    ) -> None:
+        self.recipe = recipe
+        self.batch = batch
+        self.mode = autoreset_mode
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.on_error = on_error
+        self.seed_base = seed_base
+        self.blocks: list[_Block] = []
+        ids = list(env_ids)
+        try:
+            while ids:
+                b = recipe.block_of(ids[0])
+                start, size = recipe.blocks[b]
+                block_ids = tuple(range(start, start + size))
+                if tuple(ids[:size]) != block_ids:
+                    raise ValueError(
+                        f"a worker hosting VectorEnvs holds whole blocks; envs {ids[:size]} "
+                        f"are not block {b} ({block_ids})"
+                    )
+                count = max(((restarts or {}).get(i, 0) for i in block_ids), default=0)
+                block = _Block(b, block_ids, slice(start, start + size), self._build(b), count)
+                block.owe_truncation = restarted
+                self.blocks.append(block)
+                ids = ids[size:]
+        except BaseException:
+            self.close()
+            raise
+        self._by_first = {block.ids[0]: block for block in self.blocks}
+
+    def _build(self, b: int) -> VectorEnv[Any, Any, Any]:
+        venv = self.recipe.build(b)
+        mode = venv.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        if AutoresetMode(mode) is not self.mode:
+            venv.close()
+            raise ValueError(
+                f"the hosted VectorEnv's autoreset mode is {AutoresetMode(mode).value}, the "
+                f"pool's {self.mode.value}: make the pool with autoreset_mode={mode!r}"
+            )
+        return venv
+
+    def _blocks_of(self, env_ids: Sequence[int]) -> list[_Block]:
+        out, ids = [], list(env_ids)
+        while ids:
+            block = self._by_first.get(ids[0])
+            if block is None or tuple(ids[: len(block.ids)]) != block.ids:
+                raise ValueError(
+                    f"envs {list(env_ids)}: a hosted VectorEnv steps and resets its whole "
+                    "block of envs at once (send whole blocks: a batch_size that is a "
+                    "multiple of the envs per worker)"
+                )
+            out.append(block)
+            ids = ids[len(block.ids) :]
+        return out
+
+    # -- the Group protocol --------------------------------------------------------------------
+
+    def reset(
+        self, env_ids: Sequence[int], seeds: Sequence[int | None], options: dict[str, Any] | None
+    ) -> Reply:
+        """Reset ``env_ids`` (whole blocks; a subset of a block through ``reset_mask``)."""
+        wanted = set(env_ids)
+        seed_of = dict(zip(env_ids, seeds, strict=True))
+        infos: dict[int, Any] = {}
+        failures: list[EnvFailure] = []
+        for block in self.blocks:
+            mine = [i for i in block.ids if i in wanted]
+            if not mine:
+                continue
+            opts = dict(options or {})
+            if len(mine) < len(block.ids):
+                opts["reset_mask"] = np.isin(np.array(block.ids), mine)
+            restarted = block.owe_truncation or block.owe_reset
+            # A subset of a block is reset through its mask, with the hosted env's own seeds.
+            seeds_here: list[int | None] = (
+                [seed_of[i] for i in block.ids] if len(mine) == len(block.ids) else [None]
+            )
+            try:
+                obs, info = self._reset_block(block, seeds_here, opts or None)
+                self._write_obs(block, obs)
+            except env_errors() as exc:
+                failures.append(EnvFailure.capture(block.ids[0], Phase.RESET, exc))
+                continue
+            block.owe_truncation = block.owe_reset = False
+            rows = block.rows
+            self.batch.terminations[rows] = False
+            self.batch.truncations[rows] = False
+            per_env = unbatch_infos(info, len(block.ids))
+            for j, i in enumerate(block.ids):
+                if i not in wanted:
+                    continue
+                env_info = per_env[j]
+                if restarted:
+                    env_info = {**env_info, RESTARTED: True}
+                if env_info:
+                    infos[i] = env_info
+        return Reply(env_ids=tuple(env_ids), infos=infos or None, failures=tuple(failures))
+
+    def _reset_block(
+        self, block: _Block, seeds: list[int | None], options: dict[str, Any] | None
+    ) -> tuple[Any, dict[str, Any]]:
+        if all(s is None for s in seeds):
+            return block.venv.reset(options=options)
+        if block.per_env_seeds is not False and len(seeds) == len(block.ids):
+            try:
+                per_env: Any = np.array(seeds, dtype=np.int64)  # VectorEnv's stub says int
+                out = block.venv.reset(seed=per_env, options=options)
+                block.per_env_seeds = True
+                return out
+            except (TypeError, ValueError, gymnasium.error.Error):
+                if block.per_env_seeds:
+                    raise
+                block.per_env_seeds = False  # one seed for the batch: its first env's
+        return block.venv.reset(seed=seeds[0], options=options)
+
+    def step(self, env_ids: Sequence[int], actions: dict[int, Any] | None = None) -> Reply:
+        """Step whole blocks with the actions in their batch rows (or ``actions``)."""
+        infos: dict[int, Any] = {}
+        failures: list[EnvFailure] = []
+        recovered: list[EnvFailure] = []
+        kept: list[int] = []
+        batch = self.batch
+        for block in self._blocks_of(env_ids):
+            rows = block.rows
+            if block.owe_truncation:  # rebuilt: the interrupted episodes end here
+                self._report_truncated(block, infos, kept)
+                continue
+            try:
+                if block.owe_reset:  # the rebuilt env's first result: its reset
+                    obs, info = self._reset_block(
+                        block, [self._derived_seed(i, block) for i in block.ids], None
+                    )
+                    block.owe_reset = False
+                    self._write_obs(block, obs)
+                    batch.rewards[rows] = 0.0
+                    batch.terminations[rows] = False
+                    batch.truncations[rows] = False
+                else:
+                    acts = self._actions(block, actions)
+                    obs, rewards, terminations, truncations, info = block.venv.step(acts)
+                    self._write_obs(block, obs)
+                    batch.rewards[rows] = rewards
+                    batch.terminations[rows] = terminations
+                    batch.truncations[rows] = truncations
+            except env_errors() as exc:
+                if self.on_error is OnError.RAISE:
+                    failures.append(EnvFailure.capture(block.ids[0], Phase.STEP, exc))
+                    continue
+                self._rebuild(block, exc, recovered)
+                self._report_truncated(block, infos, kept)
+                continue
+            for j, env_info in enumerate(unbatch_infos(info, len(block.ids))):
+                if env_info:
+                    infos[block.ids[j]] = env_info
+        return Reply(
+            env_ids=tuple(env_ids),
+            infos=infos or None,
+            failures=tuple(failures),
+            restarts=tuple(recovered),
+            kept=tuple(kept),
+        )
+
+    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Reply:
+        """Call ``name`` on each hosted VectorEnv (``call`` where it has one, one value per
+        env; else its own attribute or method, the same value for each of its envs)."""
+        values: dict[int, Any] = {}
+        failures: list[EnvFailure] = []
+        for block in self.blocks:
+            try:
+                got = _vector_call(block.venv, name, args, kwargs)
+            except env_errors() as exc:
+                failures.append(EnvFailure.capture(block.ids[0], Phase.CALL, exc))
+                continue
+            if isinstance(got, (tuple, list)) and len(got) == len(block.ids):
+                values.update(zip(block.ids, got, strict=True))
+            else:
+                values.update((i, got) for i in block.ids)
+        return Reply(values=values, failures=tuple(failures))
+
+    def set_attr(self, name: str, values: dict[int, Any]) -> Reply:
+        """Set ``name`` on each hosted VectorEnv: per env where it has ``set_attr``, else one
+        value for all its envs (refused when they differ)."""
+        failures: list[EnvFailure] = []
+        for block in self.blocks:
+            mine = [values[i] for i in block.ids if i in values]
+            try:
+                if hasattr(block.venv, "set_attr"):
+                    block.venv.set_attr(name, mine)
+                elif all(v is mine[0] or v == mine[0] for v in mine):
+                    setattr(block.venv, name, mine[0])
+                else:
+                    raise ValueError(
+                        f"set_attr({name!r}): the hosted {type(block.venv).__name__} has no "
+                        "set_attr: give every env of its block the same value"
+                    )
+            except env_errors() as exc:
+                failures.append(EnvFailure.capture(block.ids[0], Phase.CALL, exc))
+        return Reply(failures=tuple(failures))
+
+    def close(self) -> Reply:
+        """Close every hosted VectorEnv."""
+        for block in self.blocks:
+            try:
+                block.venv.close()
+            except Exception:
+                pass
+        return Reply()
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _actions(self, block: _Block, carried: dict[int, Any] | None) -> Any:
+        """The block's actions: a view of its rows of the batch, or the carried ones."""
+        if carried is None:
+            return view_rows(
+                self.action_space, self.batch.actions, block.rows.start, block.rows.stop
+            )
+        out: Any = create_empty_array(self.action_space, len(block.ids))
+        return concatenate(self.action_space, [carried[i] for i in block.ids], out)
+
+    def _write_obs(self, block: _Block, obs: Any) -> None:
+        """The block's observations into its rows, with one copy per field; a dtype that does
+        not fit the space without an unsafe cast is refused, as ``SyncVectorEnv`` does."""
+        for value, space in _leaves(obs, self.observation_space):
+            array = np.asarray(value)
+            if not fits_dtype(array, space.dtype):  # type: ignore[arg-type]
+                raise TypeError(
+                    f"Cannot cast observations of dtype {array.dtype} to the space's "
+                    f"{space.dtype} according to the rule 'same_kind'"
+                )
+        put(self.observation_space, self.batch.observations, block.rows, obs)
+
+    def _rebuild(self, block: _Block, exc: BaseException, recovered: list[EnvFailure]) -> None:
+        """Replace ``block``'s VectorEnv after it raised; each of its envs counts a restart."""
+        try:
+            block.venv.close()
+        except Exception:
+            pass
+        recovered.extend(EnvFailure.capture(i, Phase.STEP, exc) for i in block.ids)
+        block.restarts += 1
+        block.venv = self._build(block.index)
+        block.owe_truncation = True
+
+    def _report_truncated(self, block: _Block, infos: dict[int, Any], kept: list[int]) -> None:
+        """The rebuilt block's interrupted episodes, reported truncated (reward 0, their last
+        observation kept); its next step resets it (NEXT_STEP), or the caller does."""
+        rows = block.rows
+        self.batch.rewards[rows] = 0.0
+        self.batch.terminations[rows] = False
+        self.batch.truncations[rows] = True
+        for i in block.ids:
+            infos[i] = {RESTARTED: True}
+        kept.extend(block.ids)
+        block.owe_truncation = False
+        block.owe_reset = self.mode is AutoresetMode.NEXT_STEP
+
+    def _derived_seed(self, env: int, block: _Block) -> int | None:
+        if self.seed_base is None:
+            return None
+        return int(
+            np.random.SeedSequence([self.seed_base, env, block.restarts]).generate_state(1)[0]
+        )
+
+
+def _vector_call(venv: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    call = getattr(type(venv), "call", None)
+    if call is not None and call is not getattr(VectorEnv, "call", None):
+        return venv.call(name, *args, **kwargs)
+    value = getattr(venv, name)
+    return value(*args, **kwargs) if callable(value) else value
+
+
+def _leaves(value: Any, space: spaces.Space[Any]) -> list[tuple[Any, spaces.Space[Any]]]:
+    if isinstance(space, spaces.Dict):
+        return [leaf for key, sub in space.spaces.items() for leaf in _leaves(value[key], sub)]
+    if isinstance(space, spaces.Tuple):
+        return [
+            leaf for sub, v in zip(space.spaces, value, strict=True) for leaf in _leaves(v, sub)
+        ]
+    return [(value, space)]
+
+
+def unbatch_infos(infos: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
+    """A vector env's infos (arrays, and ``_key`` masks) as one dict per env, holding only what
+    that env has: what the pool merges back Gymnasium's way."""
+    out: list[dict[str, Any]] = [{} for _ in range(n)]
+    for key, value in infos.items():
+        if key.startswith("_"):
+            continue
+        mask = infos.get("_" + key)
+        if isinstance(value, Mapping):
+            for j, sub in enumerate(unbatch_infos(value, n)):
+                if sub and (mask is None or mask[j]):
+                    out[j][key] = sub
+            continue
+        for j in range(n):
+            if mask is None or mask[j]:
+                out[j][key] = value[j]
+    return out
+
+
+__all__ = [
+    "HostedGroup",
+    "HostedRecipe",
+    "HostedSpec",
+    "VectorFactory",
+    "hosted_plan",
+    "unbatch_infos",
+]
