@@ -248,6 +248,7 @@ class HostedGroup:
             self.close()
             raise
         self._by_first = {block.ids[0]: block for block in self.blocks}
+        self._last: tuple[Sequence[int] | None, list[_Block]] = (None, [])
 
     def _build(self, b: int) -> VectorEnv[Any, Any, Any]:
         venv = self.recipe.build(b)
@@ -261,17 +262,21 @@ class HostedGroup:
         return venv
 
     def _blocks_of(self, env_ids: Sequence[int]) -> list[_Block]:
-        out, ids = [], list(env_ids)
-        while ids:
-            block = self._by_first.get(ids[0])
-            if block is None or tuple(ids[: len(block.ids)]) != block.ids:
+        if env_ids is self._last[0]:  # the same command's ids every step
+            return self._last[1]
+        out, ids, at = [], tuple(env_ids), 0
+        while at < len(ids):
+            block = self._by_first.get(ids[at])
+            size = 0 if block is None else len(block.ids)
+            if block is None or ids[at : at + size] != block.ids:
                 raise ValueError(
                     f"envs {list(env_ids)}: a hosted VectorEnv steps and resets its whole "
                     "block of envs at once (send whole blocks: a batch_size that is a "
                     "multiple of the envs per worker)"
                 )
             out.append(block)
-            ids = ids[len(block.ids) :]
+            at += size
+        self._last = (env_ids, out)
         return out
 
     # -- the Group protocol --------------------------------------------------------------------
@@ -310,7 +315,7 @@ class HostedGroup:
             for j, i in enumerate(block.ids):
                 if i not in wanted:
                     continue
-                env_info = per_env[j]
+                env_info = per_env.get(j, {})
                 if restarted:
                     env_info = {**env_info, RESTARTED: True}
                 if env_info:
@@ -370,9 +375,10 @@ class HostedGroup:
                 self._rebuild(block, exc, recovered)
                 self._report_truncated(block, infos, kept)
                 continue
-            for j, env_info in enumerate(unbatch_infos(info, len(block.ids))):
-                if env_info:
-                    infos[block.ids[j]] = env_info
+            if info:
+                first = block.ids[0]
+                for j, env_info in unbatch_infos(info, len(block.ids)).items():
+                    infos[first + j] = env_info
         return Reply(
             env_ids=tuple(env_ids),
             infos=infos or None,
@@ -500,23 +506,25 @@ def _leaves(value: Any, space: spaces.Space[Any]) -> list[tuple[Any, spaces.Spac
     return [(value, space)]
 
 
-def unbatch_infos(infos: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
-    """A vector env's infos (arrays, and ``_key`` masks) as one dict per env, holding only what
-    that env has: what the pool merges back Gymnasium's way."""
-    out: list[dict[str, Any]] = [{} for _ in range(n)]
+def unbatch_infos(infos: Mapping[str, Any], n: int) -> dict[int, dict[str, Any]]:
+    """A vector env's infos (arrays, and ``_key`` masks) as a dict per env that has any
+    (by its index in the batch), holding only what that env has: what the pool merges back
+    Gymnasium's way. No infos (the common step): nothing done per env."""
+    out: dict[int, dict[str, Any]] = {}
     for key, value in infos.items():
         if key.startswith("_"):
             continue
         mask = infos.get("_" + key)
+        where = range(n) if mask is None else np.flatnonzero(mask).tolist()
         if isinstance(value, Mapping):
-            for j, sub in enumerate(unbatch_infos(value, n)):
-                if sub and (mask is None or mask[j]):
-                    out[j][key] = sub
+            subs = unbatch_infos(value, n)
+            for j in where:
+                if j in subs:
+                    out.setdefault(j, {})[key] = subs[j]
             continue
-        for j in range(n):
-            if mask is None or mask[j]:
-                out[j][key] = value[j]
-    return out
+        for j in where:
+            out.setdefault(j, {})[key] = value[j]
+    return dict(sorted(out.items()))
 
 
 __all__ = [

@@ -119,7 +119,7 @@ class Alone:
         pairs = [
             (info, start + j)
             for (start, size), got in zip(blocks, parts, strict=True)
-            for j, info in enumerate(unbatch_infos(got, size))
+            for j, info in unbatch_infos(got, size).items()
         ]
         return merge_infos(pairs, sum(self.sizes))
 
@@ -147,7 +147,7 @@ def assert_same(want: list[Any], got: list[Any]) -> None:
     for k, (x, y) in enumerate(zip(want, got, strict=True)):
         if isinstance(x, dict):
             assert x.keys() == y.keys(), f"item {k}: info keys {sorted(x)} != {sorted(y)}"
-            assert_same(list(x.values()), list(y.values()))
+            assert_same([x[key] for key in sorted(x)], [y[key] for key in sorted(x)])
             continue
         np.testing.assert_array_equal(x, y, err_msg=f"item {k}")
         assert np.asarray(x).dtype == np.asarray(y).dtype, f"item {k}: dtype"
