@@ -141,6 +141,14 @@ def hosted_plan(
                 f"vectorization_mode must be 'vector_entry_point' (or None), got "
                 f"{vectorization_mode!r}"
             )
+        if isinstance(env, EnvSpec) and isinstance(env.target, str) and not env.per_env:
+            if env.wrappers or env.legacy_gym:  # a wrapper wraps one env, not a batch
+                raise ValueError(
+                    f"vectorization_mode='vector_entry_point' hosts {env.target}'s own "
+                    "VectorEnv: it takes no wrappers and no legacy gym id"
+                )
+            env_kwargs = {**env.kwargs, **(env_kwargs or {})}
+            env = env.target
         if not isinstance(env, str):
             raise TypeError(
                 "vectorization_mode='vector_entry_point' needs a registered env id (a str), "

@@ -314,3 +314,20 @@ def test_ale_pys_atari_vector_env_hosted_is_the_vector_env_alone() -> None:
         got = run(pool, alone.sizes, seed=3, steps=40)
     assert want[0].dtype == np.uint8 and want[0].shape == (4, 4, 84, 84)
     assert_same(want, got)
+
+
+def test_envfleet_run_hosts_the_envs_vector_entry_point(capsys: pytest.CaptureFixture[str]) -> None:
+    """``envfleet run --vectorization-mode vector_entry_point``: a worker per hosted block,
+    episodes counted from the hosted env's flags; a mode it does not know is a usage error."""
+    import json
+
+    from envfleet.cli import main
+
+    argv = ["run", "CartPole-v1", "--backend", "thread", "--num-envs", "8", "--steps", "4000"]
+    argv += ["--num-workers", "2", "--json"]
+    assert main([*argv, "--vectorization-mode", "vector_entry_point"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["vectorization_mode"] == "vector_entry_point"
+    assert summary["num_workers"] == 2 and summary["steps"] == 4000
+    assert summary["episodes"] > 50  # CartPole's random episodes last ~22 steps
+    assert main([*argv, "--vectorization-mode", "bogus"]) == 2
