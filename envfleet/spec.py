@@ -13,6 +13,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import pickle
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -278,6 +279,23 @@ class CallerRegistry:
             if registry.get(spec.id) != spec:
                 registry[spec.id] = spec
         _INSTALLED.add(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Each entry travels on its own: one whose entry point the worker cannot import (a
+        # module of the caller's only, say a test suite's) stays behind there, and a pool of
+        # another env still starts (an env that needs it fails by its own id: NameNotFound).
+        return _arrived, (tuple(cloudpickle.dumps(spec) for spec in self.entries), self.pid)
+
+
+def _arrived(blobs: tuple[bytes, ...], pid: int) -> CallerRegistry:
+    """A :class:`CallerRegistry` as it arrives in a worker: the entries it can rebuild."""
+    entries = []
+    for blob in blobs:
+        try:
+            entries.append(pickle.loads(blob))
+        except Exception:
+            continue
+    return CallerRegistry(tuple(entries), pid)
 
 
 _SNAPSHOT: dict[tuple[int, ...], CallerRegistry] = {}

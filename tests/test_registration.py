@@ -259,3 +259,46 @@ def test_only_entries_that_differ_from_a_fresh_registry_travel() -> None:
         travelling = {spec.id for spec in CallerRegistry.snapshot().entries}
     assert {"CartPole-v1", "envfleet-test/MyCartPole-v0"} <= travelling
     assert not (own - {"CartPole-v1"}) & travelling
+
+
+def test_an_entry_a_worker_cannot_import_stays_behind_and_the_others_arrive(
+    tmp_path: Any,
+) -> None:
+    """An id registered from a module the worker cannot import (the caller's own, here one
+    only this process has on its path) does not keep the registry from arriving: the worker
+    gets the other entries and builds its envs (a Ray client's workers, say, have no test
+    suite on their path)."""
+    import pickle
+    import subprocess
+    import sys
+    import textwrap
+
+    module = tmp_path / "only_here_envs.py"
+    module.write_text(
+        "import gymnasium\nclass OnlyHere(gymnasium.Env):\n    pass\n", encoding="utf-8"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import only_here_envs  # type: ignore[import-not-found]
+
+        gymnasium.register("envfleet-test/OnlyHere-v0", entry_point=only_here_envs.OnlyHere)
+        gymnasium.register(
+            "envfleet-test/Travels-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv"
+        )
+        blob = pickle.dumps(CallerRegistry.snapshot())
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in ("envfleet-test/OnlyHere-v0", "envfleet-test/Travels-v0"):
+            gymnasium.registry.pop(name, None)
+        sys.modules.pop("only_here_envs", None)
+    script = textwrap.dedent(
+        """
+        import pickle, sys
+        registry = pickle.loads(sys.stdin.buffer.read())
+        print(sorted(s.id for s in registry.entries if s.id.startswith("envfleet-test/")))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], input=blob, capture_output=True, timeout=120, check=True
+    )
+    assert done.stdout.decode().strip() == "['envfleet-test/Travels-v0']"
