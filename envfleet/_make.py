@@ -25,6 +25,7 @@ from envfleet.backends.registry import (
 )
 from envfleet.errors import EnvRaisedError, EnvTimeoutError, OnError, Phase, env_raised_error
 from envfleet.guards import Abandoned, build_within, env_errors
+from envfleet.hosted import hosted_plan
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
 from envfleet.protocol import EnvFailure
 from envfleet.spec import CallerRegistry, EnvSpec
@@ -36,7 +37,7 @@ T = TypeVar("T")
 
 
 def make(
-    env: Any,
+    env: Any = None,
     num_envs: int | None = None,
     *,
     backend: str | Backend | TransportKind = Backend.PROCESS,
@@ -55,6 +56,8 @@ def make(
     worker_memory_limit: int | None = None,
     threads_per_worker: int = 1,
     cpu_affinity: CpuAffinity | None = None,
+    vectorization_mode: str | None = None,
+    vector_env_fns: Sequence[Callable[[], Any]] | None = None,
     **options: Any,
 ) -> Pool:
     """Run ``num_envs`` environments in parallel behind one ``VectorEnv``.
@@ -176,9 +179,25 @@ def make(
     can = kind.capabilities  # what it honours: asked below, never its name
     own = backend_options(kind, options)  # routed to the backend that declared them
     mode: AutoresetMode = _enum(AutoresetMode, autoreset_mode, "autoreset_mode")
-    spec = EnvSpec.from_user(env, env_kwargs)
+    hosted = _hosted(
+        env, num_envs, env_kwargs, vectorization_mode, vector_env_fns, num_workers, kind, mode
+    )
+    spec = hosted[0] if hosted is not None else EnvSpec.from_user(env, env_kwargs)
     # Ids the caller registered, for factories that gymnasium.make them in fresh workers.
     spec = dataclasses.replace(spec, caller_registry=CallerRegistry.snapshot())
+    if hosted is not None:
+        if num_envs is not None and num_envs != hosted[1]["num_envs"]:
+            raise ValueError(
+                f"num_envs={num_envs} but the vector_env_fns build {hosted[1]['num_envs']} "
+                "envs in all: omit num_envs"
+            )
+        num_envs = hosted[1]["num_envs"]
+        num_workers = len(hosted[1]["blocks"])
+        if threads_per_worker != 1:
+            raise ValueError(
+                "threads_per_worker: a worker hosting a VectorEnv steps it with one call "
+                "(give the hosted env its own threads, as AtariVectorEnv's num_threads)"
+            )
     if num_envs is None:
         if spec.num_envs is None:
             raise TypeError(
@@ -197,6 +216,13 @@ def make(
     batch_size = num_envs if batch_size is None else _positive_int(batch_size, "batch_size")
     if batch_size > num_envs:
         raise ValueError(f"batch_size={batch_size} exceeds num_envs={num_envs}")
+    if hosted is not None and batch_size < num_envs:
+        sizes = {size for _, size in hosted[1]["blocks"]}
+        if len(sizes) != 1 or batch_size % next(iter(sizes)):
+            raise ValueError(
+                f"batch_size={batch_size}: a hosted VectorEnv steps its whole block of envs, "
+                f"so an async batch is whole blocks; the blocks hold {sorted(sizes)} envs"
+            )
     auto = num_workers == "auto"
     # An async pool whose layout is left to us is laid out as "auto" would: envs that wait get
     # more workers, so that a slow env holds few others back (issue 23).
@@ -247,9 +273,9 @@ def make(
     # the pool's env i draws what SyncVectorEnv's env i draws.
     global_rngs = np.random.get_state(), random.getstate()
     probe_started = time.perf_counter()
-    probe = _probe(spec, bound)
+    probe = hosted[1] if hosted is not None else _probe(spec, bound)
     probe_seconds = time.perf_counter() - probe_started
-    if auto or async_default:
+    if (auto or async_default) and hosted is None:
         why = "num_workers='auto'" if auto else "the layout of an async pool"
         profile: EnvProfile | None
         try:
@@ -283,6 +309,9 @@ def make(
     assignment = [
         tuple(int(i) for i in ids) for ids in np.array_split(np.arange(num_envs), num_workers)
     ]
+    if hosted is not None:  # a worker per hosted VectorEnv (the serial backend: all of them)
+        blocks = [tuple(range(s, s + n)) for s, n in hosted[1]["blocks"]]
+        assignment = [sum(blocks, ())] if can.one_worker else blocks
     transport_options = TransportOptions(
         spec=spec,
         assignment=assignment,
@@ -328,6 +357,44 @@ def make(
     except BaseException:
         transport.close(1.0)  # whatever fails after the workers started stops them
         raise
+
+
+def _hosted(
+    env: Any,
+    num_envs: int | None,
+    env_kwargs: Any,
+    vectorization_mode: str | None,
+    vector_env_fns: Sequence[Callable[[], Any]] | None,
+    num_workers: Any,
+    kind: TransportKind,
+    mode: AutoresetMode,
+) -> tuple[EnvSpec, dict[str, Any]] | None:
+    """A hosted pool's spec and probe (:mod:`envfleet.hosted`), or ``None``: single envs."""
+    if vector_env_fns is None and vectorization_mode in (None, "none"):
+        return None
+    can = kind.capabilities
+    workers = None
+    if vector_env_fns is None:  # one block per worker: the cores, or one (the serial backend)
+        if can.one_worker:
+            workers = 1
+        elif isinstance(num_workers, int | np.integer) and not isinstance(num_workers, bool):
+            workers = _positive_int(num_workers, "num_workers")
+        elif num_envs is not None:
+            workers = min(len(usable_cpus()), _positive_int(num_envs, "num_envs"))
+    elif isinstance(num_workers, int | np.integer) and not can.one_worker:
+        workers = int(num_workers)
+    planned = hosted_plan(env, num_envs, env_kwargs, vectorization_mode, vector_env_fns, workers)
+    assert planned is not None
+    spec, probe = planned
+    hosted_mode = AutoresetMode(probe["autoreset_mode"])
+    if hosted_mode is not mode:
+        raise ValueError(
+            f"the hosted VectorEnv's autoreset mode is {hosted_mode.value}, the pool's "
+            f"{mode.value}: make the pool with autoreset_mode={hosted_mode.value!r}"
+        )
+    assert spec.recipe is not None
+    probe["blocks"] = spec.recipe.blocks
+    return spec, probe
 
 
 def _probe(spec: EnvSpec, timeout: float | None = None) -> dict[str, Any]:

@@ -167,6 +167,14 @@ def add_run_parser(commands: Any) -> argparse.ArgumentParser:
         "envs that sleep or release the GIL; default: 1)",
     )
     run.add_argument(
+        "--vectorization-mode",
+        choices=("none", "vector_entry_point"),
+        default="none",
+        help="'vector_entry_point': each worker hosts the env's own batched VectorEnv for its "
+        "block of envs (gymnasium.make_vec's mode: CartPole-v1's numpy env, ale-py's "
+        "AtariVectorEnv for ALE/*); default: none (single envs)",
+    )
+    run.add_argument(
         "--cpu-affinity",
         type=cpu_affinity,
         metavar="CPUS",

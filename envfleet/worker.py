@@ -21,6 +21,7 @@ from envfleet.buffers import Batch
 from envfleet.errors import OnError, Phase
 from envfleet.group import EnvGroup, GroupStartError
 from envfleet.guards import env_errors
+from envfleet.hosted import HostedGroup
 from envfleet.protocol import Command, EnvFailure, Group, Reply
 from envfleet.spec import EnvSpec
 from envfleet.threads import ThreadedGroup, split_ids
@@ -57,8 +58,9 @@ def build_group(
     restarts: dict[int, int] | None = None,
     rebuild_timeout: float | None = None,
     rebuild_thread_timeout: float | None = None,
-) -> EnvGroup | ThreadedGroup:
-    """The group a worker runs: one :class:`EnvGroup`, or several on threads.
+) -> EnvGroup | ThreadedGroup | HostedGroup:
+    """The group a worker runs: one :class:`EnvGroup`, several on threads, or the hosted
+    VectorEnvs of its blocks (:class:`~envfleet.hosted.HostedGroup`).
 
     Runs in the worker (its thread, process or actor): first pins it to its CPUs if the pool
     was made with ``cpu_affinity``, so its envs are built and stepped there, and threads it
@@ -66,6 +68,20 @@ def build_group(
     """
     if options.cpu_affinity is not None:
         pin_worker(options.cpu_affinity, _worker_index(options, env_ids))
+    recipe = getattr(options.spec, "recipe", None)
+    if recipe is not None:  # a hosted VectorEnv for each block of envs
+        return HostedGroup(
+            recipe,
+            env_ids,
+            batch,
+            options.autoreset_mode,
+            options.observation_space,
+            options.action_space,
+            on_error=options.on_error,
+            seed_base=options.seed_base,
+            restarts=restarts,
+            restarted=bool(restarts),
+        )
 
     def group(ids: Sequence[int]) -> EnvGroup:
         return EnvGroup(
@@ -140,3 +156,6 @@ def serve(group: Group, command: Command) -> Reply:
         return command.run(group)
     except env_errors() as exc:
         return Reply(failures=(EnvFailure.capture(None, Phase.STEP, exc),))
+
+
+__all__ = ["WorkerOptions", "build_group", "serve", "start_group"]

@@ -180,6 +180,9 @@ def _make_pool(args: argparse.Namespace, spec: Any) -> envfleet.Pool:
             autoreset_mode=AutoresetMode.NEXT_STEP,
             threads_per_worker=args.threads_per_worker,
             cpu_affinity=args.cpu_affinity,
+            vectorization_mode=None
+            if args.vectorization_mode == "none"
+            else args.vectorization_mode,
             on_error=args.on_error,
             step_timeout=args.step_timeout,
             max_restarts=args.max_restarts,
@@ -203,6 +206,7 @@ def _summary(args: argparse.Namespace, result: RunSummary, out: Path | None) -> 
         "batch_size": args.batch_size or args.num_envs,
         "seed": args.seed,
         "threads_per_worker": args.threads_per_worker,
+        "vectorization_mode": args.vectorization_mode,
         "cpu_affinity": args.cpu_affinity,
         "on_error": args.on_error,
         "policy": args.policy or "random",
