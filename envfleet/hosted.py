@@ -37,7 +37,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import concatenate, create_empty_array
 
-from envfleet.buffers import Batch, fits_dtype, put, view_rows
+from envfleet.buffers import Batch, fits_dtype, put, take, view_rows
 from envfleet.errors import OnError, Phase
 from envfleet.guards import env_errors
 from envfleet.protocol import EnvFailure, Reply
@@ -357,7 +357,7 @@ class HostedGroup:
         for block in self._blocks_of(env_ids):
             rows = block.rows
             if block.owe_truncation:  # rebuilt: the interrupted episodes end here
-                self._report_truncated(block, infos, kept)
+                self._report_truncated(block, infos, kept, failures)
                 continue
             try:
                 if block.owe_reset:  # the rebuilt env's first result: its reset
@@ -381,7 +381,7 @@ class HostedGroup:
                     failures.append(EnvFailure.capture(block.ids[0], Phase.STEP, exc))
                     continue
                 self._rebuild(block, exc, recovered)
-                self._report_truncated(block, infos, kept)
+                self._report_truncated(block, infos, kept, failures)
                 continue
             if info:
                 first = block.ids[0]
@@ -475,18 +475,45 @@ class HostedGroup:
         block.venv = self._build(block.index)
         block.owe_truncation = True
 
-    def _report_truncated(self, block: _Block, infos: dict[int, Any], kept: list[int]) -> None:
-        """The rebuilt block's interrupted episodes, reported truncated (reward 0, their last
-        observation kept); its next step resets it (NEXT_STEP), or the caller does."""
+    def _report_truncated(
+        self,
+        block: _Block,
+        infos: dict[int, Any],
+        kept: list[int],
+        failures: list[EnvFailure],
+    ) -> None:
+        """The rebuilt block's interrupted episodes, reported truncated (reward 0). NEXT_STEP
+        and DISABLED: their last observation kept, the next step (or the caller) resets it;
+        SAME_STEP: reset now, the last observation in ``infos["final_obs"]``, as Gymnasium's
+        vector envs end an episode in that mode."""
         rows = block.rows
+        block.owe_truncation = False
+        if self.mode is AutoresetMode.SAME_STEP:
+            final = take(self.observation_space, self.batch.observations, np.arange(*_span(rows)))
+            seeds = [self._derived_seed(i, block) for i in block.ids]
+            try:
+                obs, reset_info = self._reset_block(block, seeds, None)
+                self._write_obs(block, obs)
+            except env_errors() as exc:
+                failures.append(EnvFailure.capture(block.ids[0], Phase.RESET, exc))
+                return
+            per_env = unbatch_infos(reset_info, len(block.ids))
+            for j, i in enumerate(block.ids):
+                final_obs = _row(final, j)
+                infos[i] = {
+                    "final_obs": final_obs,
+                    "final_info": {},
+                    **per_env.get(j, {}),
+                    RESTARTED: True,
+                }
+        else:
+            for i in block.ids:
+                infos[i] = {RESTARTED: True}
+            kept.extend(block.ids)
+            block.owe_reset = self.mode is AutoresetMode.NEXT_STEP
         self.batch.rewards[rows] = 0.0
         self.batch.terminations[rows] = False
         self.batch.truncations[rows] = True
-        for i in block.ids:
-            infos[i] = {RESTARTED: True}
-        kept.extend(block.ids)
-        block.owe_truncation = False
-        block.owe_reset = self.mode is AutoresetMode.NEXT_STEP
 
     def _derived_seed(self, env: int, block: _Block) -> int | None:
         if self.seed_base is None:
@@ -494,6 +521,19 @@ class HostedGroup:
         return int(
             np.random.SeedSequence([self.seed_base, env, block.restarts]).generate_state(1)[0]
         )
+
+
+def _span(rows: slice) -> tuple[int, int]:
+    return rows.start, rows.stop
+
+
+def _row(batch: Any, j: int) -> Any:
+    """Row ``j`` of a batch laid out by a space (arrays, dicts and tuples of them), a copy."""
+    if isinstance(batch, dict):
+        return {key: _row(value, j) for key, value in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(_row(value, j) for value in batch)
+    return np.array(batch[j])
 
 
 def _vector_call(venv: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -331,3 +331,33 @@ def test_envfleet_run_hosts_the_envs_vector_entry_point(capsys: pytest.CaptureFi
     assert summary["num_workers"] == 2 and summary["steps"] == 4000
     assert summary["episodes"] > 50  # CartPole's random episodes last ~22 steps
     assert main([*argv, "--vectorization-mode", "bogus"]) == 2
+
+
+class SameStepCounting(CountingVectorEnv):
+    """:class:`CountingVectorEnv` declaring Gymnasium's SAME_STEP mode (its episodes here
+    never end: only the restart of a broken one is looked at)."""
+
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+
+
+def same_step(num_envs: int, **kwargs: Any) -> VectorEnv[Any, Any, Any]:
+    return SameStepCounting(num_envs, length=1000, **kwargs)
+
+
+def test_a_restart_in_same_step_mode_resets_at_once_with_the_final_observation() -> None:
+    fns = [functools.partial(same_step, 2), functools.partial(same_step, 2, fail_at=3)]
+    with envfleet.make(
+        vector_env_fns=fns, backend="serial", seed=0, on_error="restart", autoreset_mode="SameStep"
+    ) as pool:
+        obs, _ = pool.reset()
+        for _ in range(2):
+            last = obs.copy()
+            obs, *_ = pool.step(np.ones(4, dtype=np.int64))
+        last = obs.copy()
+        obs, rewards, terminations, truncations, infos = pool.step(np.ones(4, dtype=np.int64))
+        assert infos["_envfleet/restarted"].tolist() == [False, False, True, True]
+        assert truncations.tolist() == [False, False, True, True] and not terminations.any()
+        assert (rewards[2:] == 0).all() and (obs[2:, 1] == 0).all()  # reset: t = 0
+        np.testing.assert_array_equal(np.stack(infos["final_obs"][2:]), last[2:])
+        obs, *_ = pool.step(np.ones(4, dtype=np.int64))
+        assert (obs[2:, 1] == 2).all()  # stepping on from the reset
