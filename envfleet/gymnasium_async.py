@@ -1,25 +1,33 @@
 """Gymnasium's ``AsyncVectorEnv`` API over the pool's own ``send``/``recv``.
 
 ``step_async``/``step_wait``, ``reset_async``/``reset_wait`` and ``call_async``/``call_wait``
-let code written for Gymnasium run unchanged on a :class:`~envfleet.Pool`. At most one of them
-is pending at a time: its kind is one :class:`PendingCall` (Gymnasium's ``AsyncState``), checked
-by one guard on each side (:meth:`GymnasiumAsync._start_call`, :meth:`GymnasiumAsync._end_call`)
+let code written for Gymnasium run unchanged on a :class:`~envfleet.Pool`. The pool holds one
+:class:`GymnasiumAsync` and hands these calls to it. At most one of them is pending at a time:
+its kind is one :class:`PendingCall` (Gymnasium's ``AsyncState``), kept with its arguments and
+checked by one guard on each side (:meth:`GymnasiumAsync._start`, :meth:`GymnasiumAsync._end`)
 that raises Gymnasium's own misuse errors.
+
+``reset_wait`` and ``call_wait`` are the pool's ``reset`` and ``call``, and ``step_async`` its
+``send``: this object reaches the face's public API through a :func:`weakref.proxy` (it holds
+no strong reference to it, so that a pool dropped unclosed still closes at once, in its
+``__del__``), and ``step_wait`` collects the step through the pool's exchange.
 """
 
 from __future__ import annotations
 
 import enum
+import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from envfleet.episodes import Episodes
 from envfleet.errors import AlreadyPendingError, NoPendingError
+from envfleet.exchange import Exchange
+from envfleet.lifecycle import Lifecycle
+from envfleet.results import Results
 from envfleet.validation import check_options, check_reset_mask
-
-if TYPE_CHECKING:
-    from envfleet.dispatch import Dispatch
 
 
 class PendingCall(enum.Enum):
@@ -31,131 +39,102 @@ class PendingCall(enum.Enum):
     CALL = "call"
 
 
+class Face(Protocol):
+    """What :class:`GymnasiumAsync` uses of the pool: its public API."""
+
+    copy: bool
+
+    def send(self, actions: Any, env_id: Sequence[int] | np.ndarray | None = None) -> None: ...
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, dict[str, Any]]: ...
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]: ...
+
+
 class GymnasiumAsync:
-    """The ``*_async``/``*_wait`` half of :class:`~envfleet.Pool` (a mixin: the pool gives it
-    ``send``, ``reset``, ``call`` and its checks)."""
+    """The ``*_async``/``*_wait`` calls of one pool, their pending call and its arguments.
 
-    _pending_call: PendingCall = PendingCall.NONE
-    _pending_args: Any = None
+    Args:
+        face: the pool (held weakly): its ``send``, ``reset``, ``call`` and ``copy``.
+        life: the pool's lifecycle (the first check of every call).
+        episodes: the pool's seeds, checked by ``reset_async``.
+        exchange: the pool's exchange, which ``step_wait`` collects the step through.
+    """
 
-    if TYPE_CHECKING:  # what the pool provides
-        num_envs: int
-        _all_ids: np.ndarray
-        _dispatch: Dispatch
+    def __init__(self, face: Face, life: Lifecycle, episodes: Episodes, exchange: Exchange) -> None:
+        self._face: Face = weakref.proxy(face)
+        self._life = life
+        self._episodes = episodes
+        self._exchange = exchange
+        self.pending = PendingCall.NONE
+        """The call pending."""
+        self.args: Any = None
+        """The arguments kept for the pending call's ``*_wait``."""
 
-        def _check_usable(self) -> None: ...
-        def send(self, actions: Any, env_id: Sequence[int] | np.ndarray | None = None) -> None: ...
-        def _results(
-            self, env_ids: np.ndarray, *, with_env_id: bool
-        ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]: ...
-        def _seeds_for(
-            self, seed: int | Sequence[int | None] | None, env_ids: np.ndarray, per_env: int
-        ) -> list[int | None]: ...
-        def reset(
-            self,
-            *,
-            seed: int | Sequence[int | None] | None = None,
-            options: dict[str, Any] | None = None,
-        ) -> tuple[Any, dict[str, Any]]: ...
-        def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]: ...
-
-    def _start_call(self, name: str) -> None:
+    def _start(self, name: str) -> None:
         """The guard of every ``*_async``: nothing of Gymnasium's may be pending."""
-        self._check_usable()
-        if self._pending_call is not PendingCall.NONE:
+        self._life.check()
+        if self.pending is not PendingCall.NONE:
             raise AlreadyPendingError(
                 f"{name}() while a step_async, reset_async or call_async is pending: call "
                 "step_wait(), reset_wait() or call_wait() first",
                 name=name,
             )
 
-    def _end_call(self, kind: PendingCall, name: str, start: str) -> Any:
+    def _end(self, kind: PendingCall, name: str, start: str) -> Any:
         """The guard of every ``*_wait``: its ``*_async`` (``start``) must be the one pending.
         Returns the arguments kept for it."""
-        self._check_usable()
-        if self._pending_call is not kind:
+        self._life.check()
+        if self.pending is not kind:
             raise NoPendingError(
                 f"{name}() with no {start.partition('(')[0]}() pending: call {start} first",
                 name=name,
             )
-        args, self._pending_call, self._pending_args = self._pending_args, PendingCall.NONE, None
+        args, self.pending, self.args = self.args, PendingCall.NONE, None
         return args
 
     def step_async(self, actions: Any) -> None:
-        """``AsyncVectorEnv.step_async``: start stepping every env; :meth:`step_wait` returns
-        the results. Code written for Gymnasium runs unchanged (prefer :meth:`send`/:meth:`recv`,
-        which also return the first ``batch_size`` envs ready).
+        """``Pool.step_async``: the pool's ``send`` of every env, pending until ``step_wait``."""
+        self._start("step_async")
+        self._face.send(actions)
+        self.pending = PendingCall.STEP
 
-        Raises:
-            AlreadyPendingError: a ``step_async`` or ``reset_async`` is still pending (a
-                ``gymnasium.error.AlreadyPendingCallError``).
-        """
-        self._start_call("step_async")
-        self.send(actions)
-        self._pending_call = PendingCall.STEP
-
-    def step_wait(
-        self, timeout: float | None = None
-    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """``AsyncVectorEnv.step_wait``: the results of :meth:`step_async`, as :meth:`step`
-        returns them. ``timeout`` is accepted for Gymnasium's signature; the pool's waits are
-        bounded by ``step_timeout``.
-
-        Raises:
-            NoPendingError: no ``step_async`` is pending (a ``gymnasium.error.NoAsyncCallError``).
-        """
-        self._end_call(PendingCall.STEP, "step_wait", "step_async(actions)")
-        self._dispatch.collect(self._all_ids)
-        return self._results(self._all_ids, with_env_id=False)
+    def step_wait(self) -> Results:
+        """``Pool.step_wait``: every env's results, as ``step`` returns them."""
+        self._end(PendingCall.STEP, "step_wait", "step_async(actions)")
+        return self._exchange.wait_all(self._face.copy)
 
     def reset_async(
-        self,
-        seed: int | Sequence[int | None] | None = None,
-        options: dict[str, Any] | None = None,
+        self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None
     ) -> None:
-        """``AsyncVectorEnv.reset_async``: :meth:`reset_wait` resets the envs as
-        :meth:`reset` does and returns what it returns (the reset starts there).
-
-        Raises:
-            AlreadyPendingError: a ``step_async`` or ``reset_async`` is still pending.
-        """
-        self._start_call("reset_async")
+        """``Pool.reset_async``: the arguments checked and kept for ``reset_wait``."""
+        self._start("reset_async")
         # Checked now, as AsyncVectorEnv does: a mistake raises here and leaves nothing pending.
         checked = check_options(options)
-        env_ids = self._all_ids
+        episodes = self._episodes
+        env_ids = np.arange(episodes.num_envs)
         if checked is not None and "reset_mask" in checked:
-            env_ids = np.flatnonzero(check_reset_mask(checked["reset_mask"], self.num_envs))
-        self._seeds_for(seed, env_ids, per_env=self.num_envs)
-        self._pending_call, self._pending_args = PendingCall.RESET, (seed, options)
+            env_ids = np.flatnonzero(check_reset_mask(checked["reset_mask"], episodes.num_envs))
+        episodes.seeds(seed, env_ids, per_env=episodes.num_envs)
+        self.pending, self.args = PendingCall.RESET, (seed, options)
 
-    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
-        """``AsyncVectorEnv.reset_wait``: the reset that :meth:`reset_async` asked for.
+    def reset_wait(self) -> tuple[Any, dict[str, Any]]:
+        """``Pool.reset_wait``: the pool's ``reset`` with the arguments kept."""
+        seed, options = self._end(PendingCall.RESET, "reset_wait", "reset_async()")
+        return self._face.reset(seed=seed, options=options)
 
-        Raises:
-            NoPendingError: no ``reset_async`` is pending (a ``gymnasium.error.NoAsyncCallError``).
-        """
-        seed, options = self._end_call(PendingCall.RESET, "reset_wait", "reset_async()")
-        return self.reset(seed=seed, options=options)
+    def call_async(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """``Pool.call_async``: the call kept for ``call_wait``."""
+        self._start("call_async")
+        self.pending, self.args = PendingCall.CALL, (name, args, kwargs)
 
-    def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
-        """``AsyncVectorEnv.call_async``: :meth:`call_wait` calls method ``name`` of every env
-        (or reads attribute ``name``) as :meth:`call` does and returns what it returns (the call
-        starts there).
+    def call_wait(self) -> tuple[Any, ...]:
+        """``Pool.call_wait``: the pool's ``call`` with the arguments kept."""
+        name, args, kwargs = self._end(PendingCall.CALL, "call_wait", "call_async(name)")
+        return self._face.call(name, *args, **kwargs)
 
-        Raises:
-            AlreadyPendingError: a ``step_async``, ``reset_async`` or ``call_async`` is still
-                pending (a ``gymnasium.error.AlreadyPendingCallError``).
-        """
-        self._start_call("call_async")
-        self._pending_call, self._pending_args = PendingCall.CALL, (name, args, kwargs)
 
-    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
-        """``AsyncVectorEnv.call_wait``: the results of the :meth:`call_async` pending, one per
-        env. ``timeout`` is accepted for Gymnasium's signature; the pool's waits are bounded by
-        ``step_timeout``.
-
-        Raises:
-            NoPendingError: no ``call_async`` is pending (a ``gymnasium.error.NoAsyncCallError``).
-        """
-        name, args, kwargs = self._end_call(PendingCall.CALL, "call_wait", "call_async(name)")
-        return self.call(name, *args, **kwargs)
+__all__ = ["Face", "GymnasiumAsync", "PendingCall"]

@@ -16,35 +16,23 @@ The trajectories are those of ``T`` calls of ``pool.step`` with the policy's act
 autoreset, restarts, infos and flags; a policy whose actions depend only on each env's
 observations and id (:class:`RandomPolicy`: one generator per env) gives the same arrays
 whatever the backend and the layout of workers and nodes.
+
+This module holds what a caller meets (:class:`Policy`, :class:`RandomPolicy`, :class:`Rollout`);
+the pool's side, which builds the commands and assembles the replies, is the collaborator the
+pool holds for its rollouts (:class:`envfleet.pool_rollouts.PoolRollouts`).
 """
 
 from __future__ import annotations
 
 import copy
-import operator
 import pickle
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import cloudpickle
 import numpy as np
 from gymnasium import spaces
-from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import concatenate, create_empty_array
-
-from envfleet.buffers import is_array_space, put, take
-from envfleet.errors import AlreadyPendingError, ResetNeededError
-from envfleet.infos import merge_infos
-from envfleet.protocol import EnvFailure, Reply, Sample
-from envfleet.rollout_loop import Sampled, empty_steps, tree
-
-if TYPE_CHECKING:
-    from envfleet.buffers import Batch
-    from envfleet.dispatch import Dispatch
-    from envfleet.ledger import Ledger
-    from envfleet.recovery import Recovery
-    from envfleet.stats import StatsRecorder
 
 
 class Policy(Protocol):
@@ -126,6 +114,28 @@ class RandomPolicy:
         return f"RandomPolicy({self.action_space}, seed={self.seed})"
 
 
+def policy_bytes(policy: Policy) -> bytes:
+    """``policy`` pickled as cloudpickle would: by pickle's C pickler when that refers to no
+    ``__main__`` name (cloudpickle's, in Python, costs the driver twice as much, once per
+    rollout), else (a lambda, a closure, anything of ``__main__``, which a worker elsewhere
+    cannot import) by cloudpickle, by value. What a rollout sends the workers."""
+    if type(policy) is RandomPolicy:
+        return policy._pickled()
+    try:
+        blob = pickle.dumps(policy, protocol=pickle.HIGHEST_PROTOCOL)
+        if b"__main__" not in blob:
+            return blob
+    except Exception:
+        pass
+    try:
+        data: bytes = cloudpickle.dumps(policy, protocol=pickle.HIGHEST_PROTOCOL)
+        return data
+    except Exception as exc:
+        raise TypeError(
+            f"the policy must pickle (with cloudpickle) to reach the workers: {exc}"
+        ) from exc
+
+
 @dataclass(frozen=True)
 class Rollout:
     """What :meth:`~envfleet.Pool.rollout` returns: ``steps`` vector steps of every env.
@@ -171,225 +181,4 @@ class Rollout:
         return len(self.rewards)
 
 
-class PoolRollouts:
-    """:meth:`rollout`, the pool's rollouts (a mixin: the pool gives it its parts)."""
-
-    if TYPE_CHECKING:  # what the pool provides
-        num_envs: int
-        check_actions: bool
-        autoreset_mode: AutoresetMode
-        single_observation_space: spaces.Space[Any]
-        single_action_space: spaces.Space[Any]
-        _env_name: str
-        _all_ids: np.ndarray
-        _assignment: list[tuple[int, ...]]
-        _batch: Batch
-        _dispatch: Dispatch
-        _ledger: Ledger
-        _recovery: Recovery
-        _stats: StatsRecorder
-        _needs_reset: np.ndarray
-        _never_reset: np.ndarray
-
-        def _check_usable(self) -> None: ...
-        def _gather(self, env_ids: np.ndarray) -> tuple[Any, ...]: ...
-
-    def rollout(self, policy: Policy, steps: int) -> Rollout:
-        """Step every env ``steps`` times with ``policy``'s actions, the policy running on the
-        workers: one message per worker (per node, on a cluster) for the whole rollout.
-
-        The same as ``steps`` calls of ``pool.step(policy(obs, np.arange(num_envs)))`` (with
-        a policy that decides per env): autoreset, restarts, infos and flags; afterwards the
-        pool stands where those steps would leave it, and ``step`` or another rollout goes
-        on from there. Each worker keeps its copy of the policy while the same policy (the
-        same pickled bytes) comes again: a stateful policy continues where it was.
-
-        Args:
-            policy: ``policy(observations, env_ids) -> actions`` (:class:`Policy`); it must
-                pickle with cloudpickle.
-            steps: vector steps, at least 1.
-
-        Returns:
-            Rollout: the observations, actions, rewards, flags and infos of every step, as
-                arrays shaped ``(steps, num_envs, ...)``.
-
-        Raises:
-            ValueError, TypeError: ``steps`` or ``policy`` is not usable, or a space is not
-                laid out as arrays (checked before anything is sent: the pool stays usable).
-            AlreadyPendingError: an env has a step or result pending (async mode).
-            ResetNeededError: an env was never reset.
-            EnvError: an env failed, as ``step`` would raise it (``on_error="raise"``: the
-                pool is broken, as after a failed step); or the policy failed on a worker
-                (its envs stand where it stopped; the pool stays usable).
-
-        Examples:
-            >>> import envfleet
-            >>> with envfleet.make("CartPole-v1", 4, num_workers=2, backend="thread") as pool:
-            ...     _ = pool.reset(seed=0)
-            ...     out = pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 0), 50)
-            >>> out.observations.shape, out.actions.dtype, out.rewards.shape
-            ((50, 4, 4), dtype('int64'), (50, 4))
-        """
-        self._check_usable()
-        commands = self._sample_commands(policy, steps)
-        dispatch = self._dispatch
-        if self._recovery.worker_memory_limit is not None:
-            dispatch.recycle_over_limit()
-        replies = dispatch.replies(commands, pickles=True)  # the policy is bytes already
-        return self._assemble(replies, steps)
-
-    def _sample_commands(self, policy: Policy, steps: int) -> list[Sample]:
-        """One :class:`Sample` per worker, or the error of what makes the rollout impossible."""
-        if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
-            raise ValueError(f"steps must be an int >= 1, got {steps!r}")
-        if not callable(policy):
-            raise TypeError(
-                f"policy must be callable (observations, env_ids) -> actions, got {policy!r}"
-            )
-        for what, space in (
-            ("observation", self.single_observation_space),
-            ("action", self.single_action_space),
-        ):
-            if not is_array_space(space):
-                raise ValueError(
-                    f"rollout() needs spaces laid out as arrays (Box, Discrete, MultiDiscrete, "
-                    f"MultiBinary, Dict/Tuple of them); the {what} space is {space}: use step()"
-                )
-        busy = self._ledger.busy(self._all_ids)
-        if busy.size or any(self._ledger.pending):
-            raise AlreadyPendingError(
-                f"rollout() needs every env idle, but envs {busy.tolist()} have a step or "
-                "result pending; recv() them first",
-                name="rollout",
-            )
-        if self._never_reset.any():
-            raise ResetNeededError(
-                f"envs {np.flatnonzero(self._never_reset).tolist()} have not been reset yet: "
-                "call reset() before rollout(); nothing was sent"
-            )
-        blob = _pickled(policy)  # once: every worker gets the same bytes
-        return [Sample(ids, int(steps), blob, self.check_actions) for ids in self._assignment]
-
-    def _assemble(self, replies: list[Reply], steps: int) -> Rollout:
-        """The workers' parts as one :class:`Rollout`; the pool's rows set as after the steps,
-        or the failure raised (an env's breaks the pool, as a failed step does)."""
-        failed: tuple[int, EnvFailure] | None = None
-        parts: list[tuple[int, Sampled]] = []
-        for worker, reply in enumerate(replies):
-            if reply.failures and failed is None:
-                failed = (worker, reply.failures[0])
-            part = (reply.values or {}).get(self._assignment[worker][0])
-            if isinstance(part, Sampled):
-                parts.append((worker, part))
-        if failed is not None:
-            worker, failure = failed
-            self._dispatch.fail(failure.to_error(worker, self._env_name))
-        obs_space, act_space = self.single_observation_space, self.single_action_space
-        batch = self._batch
-        for _, part in parts:  # the pool's rows: where each env stands now
-            rows = _columns(part.env_ids)
-            put(obs_space, batch.observations, rows, part.final_observations)
-            if part.steps:  # else its rows are as they were
-                batch.rewards[rows] = part.rewards[-1]
-                batch.terminations[rows] = part.terminations[-1]
-                batch.truncations[rows] = part.truncations[-1]
-                self._needs_reset[rows] = part.terminations[-1] | part.truncations[-1]
-        for worker, part in parts:
-            if part.error is not None:  # the policy's: its envs stand where it stopped
-                raise part.error.to_error(worker, self._env_name)
-        n = self.num_envs
-        out = _Out(empty_steps(obs_space, steps, n), empty_steps(act_space, steps, n), steps, n)
-        for _, part in parts:
-            out.add(part, _columns(part.env_ids), obs_space, act_space)
-        self._stats.ended_many((out.terminations | out.truncations).sum(axis=0))
-        return out.rollout(
-            [part for _, part in parts],
-            n,
-            take(obs_space, batch.observations, None),
-        )
-
-
-def _pickled(policy: Policy) -> bytes:
-    """``policy`` pickled as cloudpickle would: by pickle's C pickler when that refers to no
-    ``__main__`` name (cloudpickle's, in Python, costs the driver twice as much, once per
-    rollout), else (a lambda, a closure, anything of ``__main__``, which a worker elsewhere
-    cannot import) by cloudpickle, by value."""
-    if type(policy) is RandomPolicy:
-        return policy._pickled()
-    try:
-        blob = pickle.dumps(policy, protocol=pickle.HIGHEST_PROTOCOL)
-        if b"__main__" not in blob:
-            return blob
-    except Exception:
-        pass
-    try:
-        data: bytes = cloudpickle.dumps(policy, protocol=pickle.HIGHEST_PROTOCOL)
-        return data
-    except Exception as exc:
-        raise TypeError(
-            f"the policy must pickle (with cloudpickle) to reach the workers: {exc}"
-        ) from exc
-
-
-class _Out:
-    """The rollout's arrays, filled column block by column block from the workers' parts."""
-
-    def __init__(self, observations: Any, actions: Any, steps: int, n: int) -> None:
-        self.observations = observations
-        self.actions = actions
-        self.rewards = np.empty((steps, n), dtype=np.float64)
-        self.terminations = np.empty((steps, n), dtype=np.bool_)
-        self.truncations = np.empty((steps, n), dtype=np.bool_)
-
-    def add(
-        self,
-        part: Sampled,
-        rows: slice | np.ndarray,
-        obs_space: spaces.Space[Any],
-        act_space: spaces.Space[Any],
-    ) -> None:
-        def fill(leaf: np.ndarray, value: np.ndarray) -> None:
-            leaf[:, rows] = value
-
-        tree(obs_space, fill, self.observations, part.observations)
-        tree(act_space, fill, self.actions, part.actions)
-        self.rewards[:, rows] = part.rewards
-        self.terminations[:, rows] = part.terminations
-        self.truncations[:, rows] = part.truncations
-
-    def rollout(self, parts: Sequence[Sampled], n: int, final: Any) -> Rollout:
-        steps = len(self.rewards)
-        reset_infos = _merged([p.reset_infos for p in parts], steps, n)
-        return Rollout(
-            observations=self.observations,
-            actions=self.actions,
-            rewards=self.rewards,
-            terminations=self.terminations,
-            truncations=self.truncations,
-            infos=_merged([p.infos for p in parts], steps, n),
-            final_observations=final,
-            reset_infos=reset_infos,
-        )
-
-
-def _merged(
-    per_part: list[dict[int, dict[int, dict[str, Any]]]], steps: int, n: int
-) -> list[dict[str, Any]]:
-    """Each step's infos from the parts' (by step, then env), merged Gymnasium's way."""
-    merged: list[dict[str, Any]] = [{} for _ in range(steps)]
-    for t in sorted({t for infos in per_part for t in infos}):
-        pairs: list[tuple[dict[str, Any] | None, int]] = sorted(
-            ((info, i) for infos in per_part for i, info in infos.get(t, {}).items() if info),
-            key=operator.itemgetter(1),
-        )
-        if pairs:
-            merged[t] = merge_infos(pairs, n)
-    return merged
-
-
-def _columns(env_ids: tuple[int, ...]) -> slice | np.ndarray:
-    """``env_ids`` as a slice when consecutive (views, not copies), else an index array."""
-    first, last = env_ids[0], env_ids[-1]
-    if last - first + 1 == len(env_ids) and list(env_ids) == list(range(first, last + 1)):
-        return slice(first, last + 1)
-    return np.array(env_ids, dtype=np.intp)
+__all__ = ["Policy", "RandomPolicy", "Rollout"]

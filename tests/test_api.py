@@ -473,7 +473,7 @@ def test_copy_false_async_batches_of_one_worker_are_views(where: str) -> None:
         # Rows that are not consecutive (envs 0 and 2): a copy, whatever copy= says.
         rows = np.array([0, 2])
         assert not np.shares_memory(
-            views._read.observations(rows, False), views._batch.observations
+            views._exchange._read.observations(rows, False), views._batch.observations
         )
 
 

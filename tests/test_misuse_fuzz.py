@@ -114,7 +114,7 @@ def _call(pool: envfleet.Pool, op: tuple[Any, ...]) -> None:
 def _settle(pool: envfleet.Pool) -> None:
     """Take in whatever the calls left in flight, as a caller would: recv() what is owed,
     sending the idle envs first when fewer than a batch are."""
-    pool._pending_call = PendingCall.NONE  # a step_async or reset_async left pending
+    pool._gymnasium.pending = PendingCall.NONE  # a step_async or reset_async left pending
     idle = np.flatnonzero(pool._ledger.state == 0)
     if idle.size and 0 < pool._ledger.owed() < pool.batch_size:
         pool.send(ACTIONS[idle], idle)

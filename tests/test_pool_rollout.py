@@ -420,7 +420,7 @@ def test_a_policy_of_main_pickles_by_value() -> None:
     sys.modules["__main__"].ScriptPolicy = main  # type: ignore[attr-defined]
     try:
         for policy in (main(9), FailingPolicy(9)):
-            blob = rollouts._pickled(policy)
+            blob = rollouts.policy_bytes(policy)
             code = "import pickle, sys; print(type(pickle.loads(sys.stdin.buffer.read())).__name__)"
             done = subprocess.run(
                 [sys.executable, "-c", code], input=blob, capture_output=True, timeout=60
@@ -465,12 +465,12 @@ def test_random_policy_on_discrete_draws_what_the_space_would(
         own = copy.deepcopy(space)
         own.seed(3 + i)
         assert [own.sample() for _ in range(4)] == [int(d[i]) for d in draws]
-    before = rollouts._pickled(policy)
-    assert rollouts._pickled(policy) is before  # kept: the driver's copy did not move
+    before = rollouts.policy_bytes(policy)
+    assert rollouts.policy_bytes(policy) is before  # kept: the driver's copy did not move
     fifth = policy(None, np.arange(5))  # it moves: what travels next is where it is now
     np.testing.assert_array_equal(pickle.loads(before)(None, np.arange(5)), fifth)
-    moved = pickle.loads(rollouts._pickled(policy))
+    moved = pickle.loads(rollouts.policy_bytes(policy))
     np.testing.assert_array_equal(moved(None, np.arange(5)), policy(None, np.arange(5)))
-    kept = rollouts._pickled(policy)
+    kept = rollouts.policy_bytes(policy)
     policy.seed = 10  # another seed: pickled anew
-    assert pickle.loads(rollouts._pickled(policy)).seed == 10 and kept is not None
+    assert pickle.loads(rollouts.policy_bytes(policy)).seed == 10 and kept is not None
