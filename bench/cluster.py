@@ -114,7 +114,7 @@ def codec_costs(frames: np.ndarray, block: int, repeats: int) -> dict[str, tuple
     """Per codec: bytes a frame, encode and decode microseconds a frame (best of ``repeats``),
     on blocks of ``block`` consecutive frames decoded straight into a batch array, and decoded
     into a new buffer then copied (the Python call's way, the fallback)."""
-    from envfleet.backends.compression import codec
+    from envfleet.backends.nodes.compression import codec
 
     out = {}
     target = np.zeros((2 * block, *frames.shape[1:]), np.uint8)

@@ -42,7 +42,7 @@ import numpy as np
 import envfleet
 from bench.envs import NoOpEnv
 from envfleet import benchmark
-from envfleet.backends import process
+from envfleet.backends.local import process
 
 
 def _busy_loop() -> None:

@@ -14,8 +14,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envfleet.affinity import CpuAffinity, check_affinity, usable_cpus
-from envfleet.backends.base import DEFAULT_START_TIMEOUT, TransportOptions
-from envfleet.backends.registry import (
+from envfleet.backends.contract.base import DEFAULT_START_TIMEOUT, TransportOptions
+from envfleet.backends.contract.registry import (
     Backend,
     TransportKind,
     backend_options,
@@ -144,8 +144,9 @@ def make(
             on that core. CPU-bound envs want ``"spread"`` at most. The caller's thread is
             never pinned.
         **options: the backend's own options, routed to it (each backend declares them in
-            the registry, :mod:`envfleet.backends.registry`; ``None`` stands for the default).
-            The ray backend's (:class:`~envfleet.backends.ray_options.RayOptions`):
+            the registry, :mod:`envfleet.backends.contract.registry`; ``None`` stands for the
+            default).
+            The ray backend's (:class:`~envfleet.backends.ray.options.RayOptions`):
             ``address`` (``None``: the Ray this process is connected to, else a private local
             one; ``"auto"`` or ``"ray://host:port"``: join a cluster), ``ray_init_kwargs``
             (for ``ray.init``), ``worker_resources`` (``.options()`` of each actor),

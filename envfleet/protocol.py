@@ -2,13 +2,15 @@
 
 A command is a small frozen dataclass that knows which :class:`~envfleet.group.EnvGroup` method
 serves it (``command.run(group)``), so workers dispatch without an ``if``/``elif`` chain on
-strings. Every command gets exactly one :class:`Reply`, in order, per worker.
+strings; a :class:`Sample`'s loop is :func:`envfleet.rollout_loop.sample`, which the worker runs
+(:func:`envfleet.worker.run_command`), so that this module imports none of the group's. Every
+command gets exactly one :class:`Reply`, in order, per worker.
 
 The commands are a closed set of two kinds, told apart by type (never by a flag):
 
 - an :class:`EnvCommand` (:class:`Step`, :class:`Reset`) *delivers envs*: it names
   ``env_ids``, and once its reply is in, those envs' rows are in the batch arrays (the
-  transport's job, see :mod:`envfleet.backends.base`) and they are ready for ``recv``;
+  transport's job, see :mod:`envfleet.backends.contract.base`) and they are ready for ``recv``;
 - a :class:`ValueCommand` (:class:`Call`, :class:`SetAttr`, :class:`Sample`) *returns values*:
   its reply carries one value per env (:class:`Sample`: one for the worker), which the pool
   matches to the very command object it sent (these compare and hash by identity);
@@ -133,7 +135,7 @@ class Rows:
     they were written (a remote Ray actor; observations of a space shared memory cannot hold).
 
     They never reach the pool: the transport writes them into its batch before ``wait``
-    returns (:mod:`envfleet.backends.rows`).
+    returns (:mod:`envfleet.backends.contract.rows`).
     """
 
     env_ids: np.ndarray
@@ -234,19 +236,16 @@ class SetAttr(ValueCommand):
 class Sample(ValueCommand):
     """Step ``env_ids`` ``steps`` times in a row with a policy run on the worker
     (:meth:`envfleet.Pool.rollout`), as that many :class:`Step` s would: the loop is
-    :func:`envfleet.rollout_loop.sample`. Its reply's ``values`` hold one
-    :class:`~envfleet.rollout_loop.Sampled` under the first of ``env_ids``."""
+    :func:`envfleet.rollout_loop.sample`, which the worker runs
+    (:func:`envfleet.worker.run_command`: a rollout is a loop, not one method of the group). Its
+    reply's ``values`` hold one :class:`~envfleet.rollout_loop.Sampled` under the first of
+    ``env_ids``."""
 
     env_ids: tuple[int, ...]
     steps: int
     policy: bytes  # pickled as cloudpickle would; each worker keeps its copy while these come
     check_actions: bool = False
     phase: ClassVar[Phase] = Phase.STEP
-
-    def run(self, group: Group) -> Reply:
-        from envfleet.rollout_loop import sample  # the loop needs the group's modules
-
-        return sample(group, self)
 
 
 @dataclass(frozen=True)

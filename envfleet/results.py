@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from envfleet.backends.spares import Spares
+from envfleet.backends.contract.spares import Spares
 from envfleet.buffers import Batch, take, view_rows
 from envfleet.infos import merge_infos
 from envfleet.ledger import Ledger

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from envfleet.affinity import usable_cpus
-from envfleet.backends.registry import Backend, Capabilities, kind_of
+from envfleet.backends.contract.registry import Backend, Capabilities, kind_of
 from envfleet.spec import EnvSpec
 
 ASYNC_WORKERS_PER_CORE = 4
@@ -174,7 +174,7 @@ def choose_layout(
     batch_size: int | None = None,
 ) -> tuple[int, int, bool]:
     """Workers, threads per worker, and whether the choice is for ``batch_size``, for a backend
-    that can do ``can`` (:mod:`envfleet.backends.registry`: asked, never its name).
+    that can do ``can`` (:mod:`envfleet.backends.contract.registry`: asked, never its name).
 
     An async pool (``batch_size < num_envs``) of envs that wait gets workers enough that each
     holds at most half a batch (and at least one per core, at most

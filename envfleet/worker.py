@@ -22,7 +22,8 @@ from envfleet.errors import OnError, Phase
 from envfleet.group import EnvGroup, GroupStartError
 from envfleet.guards import env_errors
 from envfleet.hosted import HostedGroup
-from envfleet.protocol import Command, EnvFailure, Group, Reply
+from envfleet.protocol import Command, EnvFailure, Group, Reply, Sample
+from envfleet.rollout_loop import sample
 from envfleet.spec import EnvSpec
 from envfleet.threads import ThreadedGroup, split_ids
 
@@ -150,12 +151,20 @@ def _worker_index(options: WorkerOptions, env_ids: Sequence[int]) -> int:
     raise ValueError(f"env {first} is not in the pool's assignment")
 
 
+def run_command(group: Group, command: Command) -> Reply:
+    """Run one command on ``group``: a rollout (:class:`~envfleet.protocol.Sample`) through its
+    loop, :func:`envfleet.rollout_loop.sample`; any other through the group method it names."""
+    if isinstance(command, Sample):
+        return sample(group, command)
+    return command.run(group)
+
+
 def serve(group: Group, command: Command) -> Reply:
     """Run one command; anything it raises (beyond one env's failure) becomes a failure reply."""
     try:
-        return command.run(group)
+        return run_command(group, command)
     except env_errors() as exc:
         return Reply(failures=(EnvFailure.capture(None, Phase.STEP, exc),))
 
 
-__all__ = ["WorkerOptions", "build_group", "serve", "start_group"]
+__all__ = ["WorkerOptions", "build_group", "run_command", "serve", "start_group"]

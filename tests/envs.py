@@ -140,7 +140,7 @@ class FaultyEnv(gymnasium.Env[np.ndarray, np.int64]):
 class FramesEnv(FaultyEnv):
     """:class:`FaultyEnv` with image observations (64x64x3 uint8), drawn from its seeded
     ``np_random`` and its step count: a batch of a few is past the size that gets spare rows
-    (``envfleet.backends.spares``); the hooks, episodes and rewards are FaultyEnv's."""
+    (``envfleet.backends.contract.spares``); the hooks, episodes and rewards are FaultyEnv's."""
 
     SHAPE = (64, 64, 3)
 

@@ -19,10 +19,10 @@ from typing import Any
 import cloudpickle
 
 from envfleet.backends import BaseTransport, Capabilities, TransportKind, TransportOptions
-from envfleet.backends.base import Replies
-from envfleet.backends.channel import plain, unpicklable
-from envfleet.backends.rows import deliver, pack
-from envfleet.backends.serial import SerialTransport
+from envfleet.backends.contract.base import Replies
+from envfleet.backends.contract.channel import plain, unpicklable
+from envfleet.backends.contract.rows import deliver, pack
+from envfleet.backends.local.serial import SerialTransport
 from envfleet.buffers import Batch, is_array_space, make_reader
 from envfleet.protocol import Command, Reply, Step
 

@@ -15,7 +15,7 @@ from multiprocessing.connection import Client, Connection
 
 import pytest
 
-from envfleet.backends import channel
+from envfleet.backends.contract import channel
 
 KEY = b"k" * 32
 

@@ -392,7 +392,7 @@ def test_the_early_starting_line_leaves_what_it_cannot_tell_to_the_command_line(
 
 def test_what_the_early_line_knows_of_the_library_is_the_librarys() -> None:
     from envfleet.affinity import usable_cpus
-    from envfleet.backends.registry import kind_of
+    from envfleet.backends.contract.registry import kind_of
     from envfleet.pool import DEFAULT_MAX_RESTARTS
 
     assert tuple(backend.value for backend in envfleet.Backend) == run_args.BACKENDS

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from envfleet.backends import node_wire as wire
-from envfleet.backends.compression import Codec, codec, compressible
+from envfleet.backends.nodes import wire
+from envfleet.backends.nodes.compression import Codec, codec, compressible
 
 
 def fields(n: int, rng: np.random.Generator) -> list[np.ndarray]:

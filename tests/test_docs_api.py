@@ -29,7 +29,7 @@ DOCUMENTED_MODULES = (
     "envfleet.spec",
     "envfleet.stats",
     "envfleet.registration",
-    "envfleet.backends.registry",
+    "envfleet.backends.contract.registry",
     "envfleet.gymnasium_async",
 )
 

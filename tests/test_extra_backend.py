@@ -20,7 +20,7 @@ from gymnasium.vector import AutoresetMode
 
 import envfleet
 from envfleet.backends import register, unregister
-from envfleet.backends.registry import KINDS, kind_of
+from envfleet.backends.contract.registry import KINDS, kind_of
 from tests import loopback_backend
 from tests.envs import FaultyEnv
 from tests.test_equivalence import (

@@ -30,7 +30,7 @@ import psutil
 import pytest
 
 import envfleet
-from envfleet.backends.registry import kind_of
+from envfleet.backends.contract.registry import kind_of
 from envfleet.pool import DEFAULT_CLOSE_TIMEOUT
 from tests import matrix_hooks as hooks
 from tests import timing

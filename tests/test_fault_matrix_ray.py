@@ -30,7 +30,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import envfleet  # noqa: E402
-from envfleet.backends.ray_session import loopback  # noqa: E402
+from envfleet.backends.ray.session import loopback  # noqa: E402
 from tests import matrix_hooks as hooks  # noqa: E402
 from tests.envs import FaultyEnv  # noqa: E402
 from tests.ray_helpers import ray_leak_check  # noqa: E402

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import envfleet
-from envfleet.backends import channel
+from envfleet.backends.contract import channel
 from envfleet.errors import Phase
 from envfleet.infos import InfoTable, column_dicts, info_columns, layout_of, merge_infos
 from envfleet.protocol import EnvFailure, Reply

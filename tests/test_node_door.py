@@ -33,9 +33,10 @@ import psutil
 import pytest
 
 import envfleet
-from envfleet.backends import channel, node_agent
-from envfleet.backends.node_frames import Frames, SendTimeout, send
-from envfleet.backends.node_link import connect_agent
+from envfleet.backends.contract import channel
+from envfleet.backends.nodes import agent as node_agent
+from envfleet.backends.nodes.frames import Frames, SendTimeout, send
+from envfleet.backends.nodes.link import connect_agent
 from tests import timing
 from tests.ray_helpers import ray_leak_check
 
@@ -350,9 +351,9 @@ def test_a_large_command_to_a_stopped_agent_loses_its_node_within_step_timeout(
 def test_a_worker_lost_on_a_node_is_named_with_its_node() -> None:
     """A worker that the agent reports lost (its reason as the agent saw it: "exit code 255")
     reaches the pool naming the node and its address too."""
-    from envfleet.backends import node_wire as wire
-    from envfleet.backends.base import WorkerLost
-    from envfleet.backends.node_link import NodeLink
+    from envfleet.backends.contract.base import WorkerLost
+    from envfleet.backends.nodes import wire
+    from envfleet.backends.nodes.link import NodeLink
 
     node = NodeLink(0, "n0de", [3, 4], host="10.0.0.7")
     node.started()

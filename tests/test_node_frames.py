@@ -1,4 +1,4 @@
-"""Whole messages from a pool-agent connection (:class:`~envfleet.backends.node_frames.Frames`),
+"""Whole messages from a pool-agent connection (:class:`~envfleet.backends.nodes.frames.Frames`),
 as ``multiprocessing``'s ``Connection.send_bytes`` frames them, read in as few reads as the
 bytes allow."""
 
@@ -13,8 +13,8 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from envfleet.backends import node_frames
-from envfleet.backends.node_frames import Frames
+from envfleet.backends.nodes import frames as node_frames
+from envfleet.backends.nodes.frames import Frames
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from envfleet.backends.node_memory import NodeMemory, PoolMemory
+from envfleet.backends.ray.memory import NodeMemory, PoolMemory
 
 OBS = spaces.Dict(
     {

@@ -1,7 +1,7 @@
-"""A node agent's loop (:class:`~envfleet.backends.node_server.NodeServer`) without Ray.
+"""A node agent's loop (:class:`~envfleet.backends.nodes.server.NodeServer`) without Ray.
 
 The agent's local process pool is replaced by a scripted stand-in whose workers reply when the
-test says so, and the pool's side is a :class:`~envfleet.backends.node_link.NodeLink` on the
+test says so, and the pool's side is a :class:`~envfleet.backends.nodes.link.NodeLink` on the
 other end of a socket pair: what the agent sends, and when, is read as the pool reads it. The
 agent's time limits are set out of reach, so an answer goes only because a round is all in.
 """
@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from envfleet.backends import node_server, node_wire
-from envfleet.backends.base import Replies
-from envfleet.backends.node_link import NodeLink
-from envfleet.backends.node_server import NodeServer
+from envfleet.backends.contract.base import Replies
+from envfleet.backends.nodes import server as node_server
+from envfleet.backends.nodes import wire as node_wire
+from envfleet.backends.nodes.link import NodeLink
+from envfleet.backends.nodes.server import NodeServer
 from envfleet.buffers import Batch
 from envfleet.errors import Phase
 from envfleet.infos import info_columns

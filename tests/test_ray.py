@@ -34,8 +34,8 @@ import ray
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import envfleet
-import envfleet.backends.ray
-from envfleet.backends.ray_session import loopback
+import envfleet.backends.ray.transport
+from envfleet.backends.ray.session import loopback
 from tests import faults, gates, timing
 from tests import test_gymnasium_dropin as dropin
 from tests.envs import DictTupleEnv, FaultyEnv
@@ -93,7 +93,7 @@ def make_ray(env: Any, path: str = "socket", **kwargs: Any) -> envfleet.Pool:
 
 
 def same_machine(pool: envfleet.Pool) -> list[bool]:
-    transport: envfleet.backends.ray.RayTransport = pool._transport  # type: ignore[assignment]
+    transport: envfleet.backends.ray.transport.RayTransport = pool._transport  # type: ignore[assignment]
     return transport.same_machine()
 
 
@@ -204,7 +204,7 @@ def test_no_address_asks_ray_for_a_local_one(
     """What ``ray.init`` is asked when no address is given (``ray_init_kwargs`` with
     ``address=None`` too): ``"local"``, which Ray never reads as ``RAY_ADDRESS`` or its record of
     the last cluster started on the machine, as it does a bare ``ray.init()``."""
-    from envfleet.backends import ray_session as connection
+    from envfleet.backends.ray import session as connection
 
     asked: list[dict[str, Any]] = []
     monkeypatch.setattr(connection.ray, "is_initialized", lambda: False)
@@ -228,7 +228,7 @@ def test_pool_leaves_a_ray_it_joined_running(ray_session: None) -> None:
       directory, and leaves the Ray it joined running;
     - the batch memory goes with the pool (the observations it returned may still be in use).
     """
-    from envfleet.backends.ray_session import SOCKET_DIR_PREFIX
+    from envfleet.backends.ray.session import SOCKET_DIR_PREFIX
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -339,7 +339,7 @@ def test_ctrl_c_while_actors_close_still_kills_them(
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(envfleet.backends.ray.ray, "wait", interrupted)
+    monkeypatch.setattr(envfleet.backends.ray.transport.ray, "wait", interrupted)
     with pytest.raises(KeyboardInterrupt):
         pool.close(timeout=30.0)
     monkeypatch.undo()
@@ -622,10 +622,10 @@ def test_dead_actor(
     """The victim's actor process exits mid-step (os._exit), as if killed.
 
     ``restart-pieces``: every result travels in pieces (as large observations do), see
-    :meth:`envfleet.backends.ray_actor.GroupActor.run_chunked`.
+    :meth:`envfleet.backends.ray.actor.GroupActor.run_chunked`.
     """
     if on_error == "restart-pieces":
-        monkeypatch.setattr(envfleet.backends.ray, "CHUNK_BYTES", 16)
+        monkeypatch.setattr(envfleet.backends.ray.transport, "CHUNK_BYTES", 16)
         on_error = "restart"
     hook = faults.exit_in_step
     with make_ray(FaultyEnv, path, env_kwargs={"step_hook": hook}, on_error=on_error) as pool:

@@ -23,8 +23,8 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from ray.cluster_utils import Cluster
 
 import envfleet
-from envfleet.backends import ray_session
-from envfleet.backends.ray import RayTransport
+from envfleet.backends.ray import session as ray_session
+from envfleet.backends.ray.transport import RayTransport
 from tests import ray_helpers
 
 T = TypeVar("T")

@@ -21,7 +21,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 import envfleet
-from envfleet.backends.ray_session import loopback
+from envfleet.backends.ray.session import loopback
 from tests.ray_helpers import ray_leak_check
 
 NUM_ENVS = 8

@@ -21,7 +21,7 @@ import pytest
 import ray
 
 import envfleet
-from envfleet.backends import ray_session
+from envfleet.backends.ray import session as ray_session
 from envfleet.cli import main
 
 QUICK = 30.0

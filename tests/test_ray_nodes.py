@@ -32,13 +32,14 @@ from ray.cluster_utils import Cluster
 import envfleet
 import envfleet.infos
 import envfleet.results
-from envfleet.backends import node_agent, node_wire
-from envfleet.backends.node_agent import NodeAgent, node_options
-from envfleet.backends.node_link import NodeLink, connect_agent
-from envfleet.backends.node_placement import place
-from envfleet.backends.nodes import NodeTransport
-from envfleet.backends.ray import RayTransport
-from envfleet.backends.ray_options import RayOptions
+from envfleet.backends.nodes import agent as node_agent
+from envfleet.backends.nodes import wire as node_wire
+from envfleet.backends.nodes.agent import NodeAgent, node_options
+from envfleet.backends.nodes.link import NodeLink, connect_agent
+from envfleet.backends.nodes.placement import place
+from envfleet.backends.nodes.transport import NodeTransport
+from envfleet.backends.ray.options import RayOptions
+from envfleet.backends.ray.transport import RayTransport
 from envfleet.infos import column_dicts, info_columns
 from tests import timing
 from tests.ray_helpers import ray_leak_check
@@ -621,7 +622,7 @@ def test_agent_socket_refuses_a_wrong_key(cluster: Cluster) -> None:
 
 def _options(cluster: Cluster) -> Any:
     """Node options for one worker of two CartPoles, built as make() builds them."""
-    from envfleet.backends.base import TransportOptions
+    from envfleet.backends.contract.base import TransportOptions
     from envfleet.spec import EnvSpec
 
     env = gymnasium.make("CartPole-v1")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from envfleet.backends.runnable import LOADAVG, Runnable
+from envfleet.backends.local.runnable import LOADAVG, Runnable
 
 
 @pytest.mark.skipif(not Path(LOADAVG).exists(), reason="Linux's /proc/loadavg only")

@@ -1,9 +1,9 @@
 """A batch that ``/dev/shm`` has no room for (Docker's 64 MB): memfd memory, not a disk file.
 
-The free space of ``/dev/shm`` is simulated (:func:`envfleet.backends.shm.free_bytes`); the pool
-must then give the same results as with room, under ``fork`` and ``spawn`` (whose workers get
-the memory as passed descriptors), from memory that is neither in ``/dev/shm`` nor in the temp
-dir. Without memfd, one warning names the size and Docker's ``--shm-size``.
+The free space of ``/dev/shm`` is simulated (:func:`envfleet.backends.local.shm.free_bytes`);
+the pool must then give the same results as with room, under ``fork`` and ``spawn`` (whose
+workers get the memory as passed descriptors), from memory that is neither in ``/dev/shm`` nor
+in the temp dir. Without memfd, one warning names the size and Docker's ``--shm-size``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import envfleet
-from envfleet.backends import shm
+from envfleet.backends.local import shm
 from tests.envs import FaultyEnv
 
 NUM_ENVS = 4

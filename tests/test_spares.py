@@ -1,6 +1,7 @@
-"""Spare observation rows (``envfleet.backends.spares``): a sync step with ``copy=True`` hands
-out the block the workers copied its frames into, never one the caller still holds, with the
-values Gymnasium's ``SyncVectorEnv`` gives; a step whose rows did not all come plainly copies."""
+"""Spare observation rows (``envfleet.backends.contract.spares``): a sync step with
+``copy=True`` hands out the block the workers copied its frames into, never one the caller still
+holds, with the values Gymnasium's ``SyncVectorEnv`` gives; a step whose rows did not all come
+plainly copies."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import envfleet
-from envfleet.backends import spares as spares_module
-from envfleet.backends.spares import Spares
+from envfleet.backends.contract import spares as spares_module
+from envfleet.backends.contract.spares import Spares
 from tests import faults
 from tests.envs import FaultyEnv, FramesEnv
 from tests.test_equivalence import assert_same

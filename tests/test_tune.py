@@ -145,5 +145,5 @@ def test_the_probe_module_never_imports_the_pool() -> None:
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     envfleet_modules = {m for m in imported if m and m.startswith("envfleet")}
     # backends.registry: the backends' capabilities, which the layout asks (no pool there).
-    allowed = {"envfleet.affinity", "envfleet.spec", "envfleet.backends.registry"}
+    allowed = {"envfleet.affinity", "envfleet.spec", "envfleet.backends.contract.registry"}
     assert envfleet_modules <= allowed, envfleet_modules

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import envfleet
-from envfleet.backends import process
+from envfleet.backends.local import process
 from tests.envs import FaultyEnv
 
 

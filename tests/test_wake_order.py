@@ -1,4 +1,4 @@
-"""The order a sync step's commands go out in (``envfleet.backends.wake_order``): workers last
+"""The order a sync step's commands go out in (``envfleet.backends.local.wake_order``): workers last
 seen on another core than the pool's thread first, those on its core last; the workers really
 note their CPU; quick steps and unknown CPUs keep the workers' own order."""
 
@@ -13,7 +13,7 @@ import pytest
 
 import envfleet
 from envfleet.affinity import usable_cpus
-from envfleet.backends import wake_order
+from envfleet.backends.local import wake_order
 from tests.envs import FaultyEnv
 
 

@@ -1,7 +1,7 @@
-"""The process backend's wire (:mod:`envfleet.backends.channel`): one byte for a repeated command
-and for a plain reply, frames for the rest. Its edges: a reply larger than a pipe's buffer, a
-reply that cannot be pickled, a worker that dies halfway through a reply, and the end of the
-command pipe when the pool goes."""
+"""The process backend's wire (:mod:`envfleet.backends.contract.channel`): one byte for a
+repeated command and for a plain reply, frames for the rest. Its edges: a reply larger than a
+pipe's buffer, a reply that cannot be pickled, a worker that dies halfway through a reply, and
+the end of the command pipe when the pool goes."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from gymnasium import spaces
 
 import envfleet
-from envfleet.backends import channel
+from envfleet.backends.contract import channel
 from envfleet.errors import EnvError, WorkerDiedError
 from envfleet.protocol import Reply, Step
 

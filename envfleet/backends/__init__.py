@@ -1,15 +1,34 @@
 """Transports that carry commands from the pool to its env groups and replies back.
 
-:mod:`~envfleet.backends.base` is the contract, :mod:`~envfleet.backends.registry` the list of
-backends; each backend is one module (two for Ray: the pool's side and its actor's).
+The backends come in families, each importing only those before it::
+
+    contract  ←  local  ←  ray  ←  nodes        (ray_backend: above ray and nodes)
+
+- :mod:`~envfleet.backends.contract`: :class:`Transport`, the one contract every backend
+  implements and all the pool ever calls, the registry of backends, and the pieces more than
+  one family shares;
+- :mod:`~envfleet.backends.local`: ``serial``, ``thread`` and ``process``, on this machine;
+- :mod:`~envfleet.backends.ray`: one Ray actor per worker;
+- :mod:`~envfleet.backends.nodes`: one sub-pool per Ray node, each run by an agent on its node;
+- :mod:`~envfleet.backends.ray_backend`: the ``ray`` backend, which picks one of the two.
+
+This package re-exports the contract; nothing here imports a family.
 """
 
-from envfleet.backends.base import BaseTransport, Transport, TransportOptions, WorkerLost
-from envfleet.backends.registry import (
+from envfleet.backends.contract.base import (
+    BaseTransport,
+    LocalPool,
+    Replies,
+    Transport,
+    TransportOptions,
+    WorkerLost,
+)
+from envfleet.backends.contract.registry import (
     Backend,
     Capabilities,
     TransportKind,
     open_transport,
+    refusal,
     register,
     unregister,
 )
@@ -18,11 +37,14 @@ __all__ = [
     "Backend",
     "BaseTransport",
     "Capabilities",
+    "LocalPool",
+    "Replies",
     "Transport",
     "TransportKind",
     "TransportOptions",
     "WorkerLost",
     "open_transport",
+    "refusal",
     "register",
     "unregister",
 ]

@@ -16,13 +16,13 @@ from typing import Any, cast
 
 import psutil
 
+from envfleet._clock import clock
 from envfleet.affinity import usable_cpus
 from envfleet.benchmark import base
 from envfleet.benchmark.peers import version
 from envfleet.benchmark.registry import RUNNERS, Availability, availability
 from envfleet.benchmark.report import Report
 from envfleet.benchmark.wakeups import wake_round_trips
-from envfleet.cli.common import clock
 from envfleet.spec import EnvSpec
 
 KILL_GRACE = 10.0

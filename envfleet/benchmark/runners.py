@@ -197,8 +197,8 @@ def open_envfleet(
 
 def open_process_copy(workload: base.Workload, timing: base.Timing) -> base.Runner:
     """The process backend with the pool copying each step's observations itself, as before
-    spare rows (:mod:`envfleet.backends.spares`): what they save, side by side."""
-    from envfleet.backends import spares
+    spare rows (:mod:`envfleet.backends.contract.spares`): what they save, side by side."""
+    from envfleet.backends.contract import spares
 
     least = spares.MIN_BYTES
     spares.MIN_BYTES = 1 << 62  # no batch is large enough: this pool gets no spares

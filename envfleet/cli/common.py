@@ -24,6 +24,7 @@ import numpy.typing as npt
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 
+from envfleet._clock import clock as clock
 from envfleet._run_args import PROG as PROG
 from envfleet._run_args import CliError as CliError
 from envfleet._run_args import Parser as Parser
@@ -164,14 +165,6 @@ class StageLog:
         if self.enabled and now >= self._next_progress:
             self._next_progress = now + self.interval
             self.line(text())
-
-
-def clock(seconds: float) -> str:
-    """``1:05`` for 65 s, ``1:02:03`` past an hour."""
-    seconds = max(0, round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 BANNERS = (

@@ -94,7 +94,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             pool = _make_pool(args, spec)
         with pool:
             if args.address is not None:  # which cluster "auto" (or the address) was
-                from envfleet.backends.ray_session import describe_cluster
+                from envfleet.backends.ray.session import describe_cluster
 
                 stages.line(f"joined {describe_cluster()}")
             stages.line(

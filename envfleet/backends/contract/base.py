@@ -1,0 +1,241 @@
+"""The backend contract: a transport moves commands out and delivers envs back.
+
+It knows nothing of autoreset, episodes or validation (that is the pool's and the group's job);
+it starts the workers, hands each command to the right group, reports replies as they come and
+turns a worker that disappears into a :class:`WorkerLost` reply instead of a hang.
+
+**The transport owns delivery.** Once :meth:`Transport.wait` returns the reply to a
+:class:`~envfleet.protocol.EnvCommand`, the rows of its envs (observations, rewards,
+termination and truncation flags) are in :attr:`Transport.batch` and the reply carries only
+what the pool still needs (infos, failures, restarts). How they got there is the transport's
+business: written in place by a worker over shared memory (process, thread, serial, Ray on this
+machine), or shipped back as :class:`~envfleet.protocol.Rows` (a remote Ray actor; a space that
+shared memory cannot hold) and written by the transport's pool side
+(:mod:`envfleet.backends.contract.rows`).
+
+:class:`Transport` is the whole contract: every method the pool and its recovery call.
+:class:`BaseTransport` gives the optional ones their defaults; a backend subclasses it and
+overrides what it does better. Which backends exist, and what each can do, is the registry's
+(:mod:`envfleet.backends.contract.registry`).
+
+:class:`LocalPool` is the other interface declared here: what a node's agent (the node
+sub-pools, :mod:`envfleet.backends.nodes`) asks of the pool of worker processes it runs on its
+node. The node family runs its node's workers through it alone, and the local family provides
+one (:func:`envfleet.backends.local.process.open_local_pool`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import gymnasium
+from gymnasium.vector import AutoresetMode
+
+from envfleet.affinity import Affinity
+from envfleet.backends.contract.spares import Spares
+from envfleet.buffers import Batch
+from envfleet.errors import OnError
+from envfleet.protocol import Command, Reply
+from envfleet.spec import EnvSpec
+from envfleet.stats import NodeStats
+
+DEFAULT_START_TIMEOUT = 120.0
+"""Seconds a worker may take to build its envs (at ``make()`` or a restart) by default."""
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    """A worker exited or was killed; its in-flight commands will never be answered."""
+
+    exitcode: int | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class TransportOptions:
+    """Everything a transport needs to start its workers."""
+
+    spec: EnvSpec
+    assignment: Sequence[tuple[int, ...]]  # global env ids per worker
+    observation_space: gymnasium.Space[Any]
+    action_space: gymnasium.Space[Any]
+    autoreset_mode: AutoresetMode
+    context: str | None = None
+    on_error: OnError = OnError.RAISE
+    seed_base: int | None = None
+    threads_per_worker: int = 1
+    cpu_affinity: Affinity | None = None  # applied by each worker to itself (affinity.py)
+    start_timeout: float = DEFAULT_START_TIMEOUT  # seconds a worker may take to build its envs
+    step_timeout: float | None = None  # the pool's; bounds what a transport cannot hand off
+    copy: bool = True  # the pool hands out copies of the observations (it may keep spares)
+    backend_options: Any = None
+    """The backend's own options: an instance of its registered options type, or ``None``."""
+
+    @property
+    def num_envs(self) -> int:
+        return sum(len(ids) for ids in self.assignment)
+
+
+Replies = list[tuple[int, Reply | WorkerLost | None]]
+"""What :meth:`Transport.wait` returns: ``(worker, reply)`` pairs, in order per worker."""
+
+
+class Transport(Protocol):
+    """What every backend implements, and all the pool and its recovery ever call."""
+
+    batch: Batch
+    """The pool-side view of the batch arrays the groups fill."""
+
+    spares: Spares | None
+    """Spare observation rows the workers copy a sync step's rows into, for the pool to hand
+    out instead of a copy of its own (:mod:`~envfleet.backends.contract.spares`); ``None`` (the
+    default): the pool copies. The pool arms one before a whole-pool step (:meth:`submit_all`);
+    the transport spoils it when rows of that step reach the batch another way than a worker's
+    plain reply (a worker lost or restarted, rows delivered from a reply)."""
+
+    def prepare(self, worker: int, command: Command) -> None:
+        """Serialise ``command`` for ``worker`` now, before the pool changes any state, so that
+        a command that cannot travel fails with the pool as it was; :meth:`submit` then does
+        not fail on the caller's data. Called before :meth:`submit` for every command but the
+        whole-pool step (:meth:`submit_all`). Default: nothing to serialise."""
+
+    def submit(self, worker: int, command: Command) -> None:
+        """Hand ``command`` to ``worker``; its reply comes back through :meth:`wait`."""
+
+    def submit_all(self, commands: Sequence[Command]) -> None:
+        """Hand ``commands[w]`` to each worker ``w`` at once: the whole-pool step, sent only
+        when every worker owes nothing. Default: :meth:`submit` each."""
+
+    def submit_many(self, commands: Sequence[tuple[int, Command]]) -> None:
+        """Hand each ``(worker, command)`` pair over, in order (a reset, a call, an async step:
+        each prepared first); a transport that sends several commands in one message does so
+        here. Default: :meth:`submit` each."""
+
+    def wait(self, timeout: float | None, want: int = 1) -> Replies:
+        """Replies that are in, in order per worker; block up to ``timeout`` for at least one.
+
+        The envs of each reply to a step or reset are delivered: their rows are in
+        :attr:`batch` (see the module docstring).
+
+        ``None`` stands for a reply with nothing to report (the command simply succeeded).
+        ``want`` is a hint: the pool will not act before that many replies are in (a transport
+        may wait for them before waking it; it never exceeds the commands pending).
+        """
+
+    def kill(self, worker: int) -> None:
+        """Kill a hung worker at once; :meth:`wait` then reports it lost."""
+
+    def restart(self, worker: int, restarts: dict[int, int]) -> None:
+        """Replace a lost worker by a fresh one whose envs all start restarted."""
+
+    def memory(self, worker: int) -> int | None:
+        """Bytes of memory ``worker`` uses (``worker_memory_limit``); ``None``: unknown.
+        Default: ``None`` (a backend without worker processes of its own)."""
+
+    def nodes(self) -> tuple[NodeStats, ...]:
+        """Per machine its workers run on, where they run on several, what it runs there
+        (``pool.stats().nodes``, ``repr(pool)``). Default: ``()`` (one machine)."""
+
+    def forked(self) -> None:
+        """Called in a forked child that inherited this transport: the workers are the
+        parent's, and must be let go of without being touched. Default: nothing."""
+
+    def close(self, timeout: float) -> None:
+        """Stop every worker and free every resource; idempotent."""
+
+
+class BaseTransport:
+    """The defaults of :class:`Transport`'s optional methods; subclass it for a backend."""
+
+    batch: Batch
+    spares: Spares | None = None
+
+    def prepare(self, worker: int, command: Command) -> None:
+        pass  # nothing is serialised before submit
+
+    def submit(self, worker: int, command: Command) -> None:
+        raise NotImplementedError
+
+    def submit_all(self, commands: Sequence[Command]) -> None:
+        submit = self.submit
+        for worker, command in enumerate(commands):
+            submit(worker, command)
+
+    def submit_many(self, commands: Sequence[tuple[int, Command]]) -> None:
+        submit = self.submit
+        for worker, command in commands:
+            submit(worker, command)
+
+    def wait(self, timeout: float | None, want: int = 1) -> Replies:
+        raise NotImplementedError
+
+    def kill(self, worker: int) -> None:
+        raise NotImplementedError
+
+    def restart(self, worker: int, restarts: dict[int, int]) -> None:
+        raise NotImplementedError
+
+    def memory(self, worker: int) -> int | None:
+        return None  # no worker process of its own to measure
+
+    def nodes(self) -> tuple[NodeStats, ...]:
+        return ()  # one machine's workers
+
+    def forked(self) -> None:
+        pass  # nothing of the parent's to let go of
+
+    def close(self, timeout: float) -> None:
+        raise NotImplementedError
+
+
+class LocalPool(Protocol):
+    """A pool of worker processes on one machine, as a node's agent runs it for its node.
+
+    What the agent asks of it beyond a :class:`Transport`'s submit and wait: to wait with a
+    ``linger`` (hold a fast worker's reply that long at most for the others) and to stop waiting
+    when the agent's own connection speaks (:meth:`watch`). Its workers hold the pool's global
+    env indices (rows of a batch as large as the whole pool's). One is opened by the local
+    family's ``open_local_pool(options, info_columns, cores)``: infos the workers send as
+    columns go, as they came, to ``info_columns``; ``cores`` are the cores its waits may count
+    on.
+    """
+
+    batch: Batch
+
+    def submit(self, worker: int, command: Command) -> None:
+        """Hand ``command`` to ``worker``."""
+
+    def submit_all(self, commands: Sequence[Command]) -> None:
+        """Hand ``commands[w]`` to each worker ``w`` at once (a sync step)."""
+
+    def wait(self, timeout: float | None, want: int = 1, linger: float | None = None) -> Replies:
+        """Replies that are in, as :meth:`Transport.wait`; with ``linger``, at most that long
+        after the first is in."""
+
+    def watch(self, fd: int) -> None:
+        """Have :meth:`wait` also end, with what is in, once ``fd`` is readable."""
+
+    def kill(self, worker: int) -> None:
+        """Kill ``worker`` at once; :meth:`wait` then reports it lost."""
+
+    def restart(self, worker: int, restarts: dict[int, int]) -> None:
+        """Replace ``worker`` by a fresh one whose envs start restarted ``restarts`` times."""
+
+    def memory(self, worker: int) -> int | None:
+        """Bytes of memory ``worker`` uses; ``None``: unknown."""
+
+    def close(self, timeout: float) -> None:
+        """Stop every worker and free every resource; idempotent."""
+
+
+__all__ = [
+    "DEFAULT_START_TIMEOUT",
+    "BaseTransport",
+    "LocalPool",
+    "Replies",
+    "Transport",
+    "TransportOptions",
+    "WorkerLost",
+]

@@ -1,0 +1,492 @@
+"""The process backend: worker processes, shared-memory batch arrays, pipes for signalling.
+
+::
+
+    pool (parent)                                     worker w (child process)
+    ─────────────                                     ────────────────────────
+    write actions into shared rows ──┐
+    1 byte "repeat the step" ────────┼─ command ──►   os.read (blocks in the kernel)
+      (or a framed pickled command)  │   pipe         group.step(ids): envs write obs, rewards,
+                                     │                terminations, truncations into their rows
+    poll(reply pipes + sentinels) ◄──┴── reply ────   1 byte "plain" (or a framed pickled Reply
+      until every pending reply is in    pipe           when there are infos, failures, ...)
+    read rows
+
+Each worker has two one-way pipes (cheaper than a duplex socket) and speaks the raw
+byte protocol of :mod:`envfleet.backends.contract.channel`: the whole-pool step, sent every step,
+is one byte each way, with no pickling on either side. A synchronous step asks :meth:`wait`
+for every pending reply (``want``): it keeps polling, within the pool's bound, until they are
+all in, so the pool takes them in one go rather than one wake-up per worker.
+
+Waiting blocks in ``poll``/``read`` on both sides, so on a machine with few cores the envs get
+every cycle (docs/benchmarks.md, "Waiting strategy"), except for the pool's bounded spins
+(:data:`SPIN_LIMIT`). A worker that dies wakes the parent through its process sentinel (a reply
+it had half written is dropped); a worker whose parent dies sees EOF on its command pipe, is
+killed by the kernel (``PR_SET_PDEATHSIG``) or, failing both, is stopped by a watchdog thread.
+
+This module is the transport (submit, wait, restart, close over all the workers); what runs in
+a worker process and the pool's handle on one (start it, read its replies, bury or stop it) are
+:mod:`envfleet.backends.local.worker_process`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.forkserver
+import os
+import select
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cloudpickle
+
+from envfleet.affinity import usable_cpus
+from envfleet.backends.contract import spares as spare_rows
+from envfleet.backends.contract.base import BaseTransport, LocalPool, TransportOptions, WorkerLost
+from envfleet.backends.contract.channel import (
+    REPEAT_BYTES,
+    PickledCommands,
+    frame,
+)
+from envfleet.backends.contract.rows import deliver
+from envfleet.backends.local import wake_order
+from envfleet.backends.local.lifeline import sigint_held
+from envfleet.backends.local.runnable import Runnable
+from envfleet.backends.local.shm import batch_allocator
+from envfleet.backends.local.worker_process import (
+    SPIN_SECONDS,
+    WorkerProcess,
+    describe_exit,
+    worker_main,
+)
+from envfleet.buffers import SharedBatch
+from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
+from envfleet.infos import Columns
+from envfleet.protocol import Close, Command, Reply
+
+SPIN_LIMIT = 0.0002
+"""The longest the pool polls without sleeping for replies, in two cases only: for the last
+replies of a wait once some are in and fewer workers still owe one than the machine has usable
+cores (the finished workers' cores are idle), and at the start of a wait when its previous wait
+got every reply within this limit (workers that fast lose little to a spin that short). Never on
+one core (a node agent's on a 1-CPU node, where it holds the core the workers need) nor while
+the machine runs or queues more tasks than the pool's (itself and, of its workers, one per
+core) and than its cores
+(:class:`~envfleet.backends.local.runnable.Runnable`: the spin would hold a core others wait for).
+Each saves the pool a sleep and a wake-up (tens of µs on a virtual machine) on most sync steps
+of fast envs (docs/benchmarks.md, "The fixed cost of a step")."""
+
+SPIN_YIELDS_AFTER = 20e-6
+"""Past this much of a spin, a poll that finds nothing is followed by ``sched_yield``: the pool
+may be woken on the core of a worker it still waits for, and a plain spin would hold that
+worker off it while the other core idles (CartPole x 64 on 2 workers: 370 µs a step, against
+218 yielding and 287 for the bare pool; ``python bench/spin.py --env cartpole``). The first
+20 µs poll plainly: most quick replies come within them, and a yield is a system call."""
+
+
+_ONE_PLAIN: list[Reply | None] = [None]
+"""What a worker's reply pipe holds after most steps: one plain reply."""
+
+
+class ProcessTransport(BaseTransport):
+    """One process per worker; the batch arrays live in shared memory.
+
+    Args:
+        options: what to start.
+        info_columns: infos the workers send as columns go into :attr:`batch` (its
+            :class:`~envfleet.infos.InfoTable`, which the pool reads) when True, to this
+            callable when one is given (a node agent, which forwards them to its pool as they
+            came), and their replies read as plain; when False, the replies carry them.
+        spares: keep spare rows for a sync step's frames
+            (:mod:`~envfleet.backends.contract.spares`).
+        cores: the cores its waits may count on (default: the process's usable CPUs).
+    """
+
+    def __init__(
+        self,
+        options: TransportOptions,
+        *,
+        info_columns: bool | Callable[[Columns], None] = False,
+        spares: bool = False,
+        cores: int | None = None,
+    ) -> None:
+        self._ctx = multiprocessing.get_context(options.context)
+        spaces = options.observation_space, options.action_space, options.num_envs
+        spare = spare_rows.SPARES * spare_rows.spare_bytes(*spaces[::2]) if spares else 0
+        allocator = batch_allocator(self._ctx, SharedBatch.nbytes(*spaces) + spare)
+        self._shared: SharedBatch | None = SharedBatch.allocate(*spaces, allocator)
+        self.batch = self._shared.views()
+        self._spare_mem, self.spares, self._spoil = spare_rows.setup(*spaces[::2], allocator, spare)
+        workers = len(options.assignment)
+        self._wake_mem = wake_order.allocate(allocator, workers)  # each worker's last CPU
+        self._wake_order = wake_order.WakeOrder(self._wake_mem, workers)
+        self._workers: list[WorkerProcess] = []
+        self._writing: set[int] = set()  # workers whose outbox holds bytes (polled for room)
+        self._closed = False
+        self._poller = select.poll()
+        self._quick = False  # the last wait got every reply within SPIN_LIMIT
+        self._cores = cores or len(usable_cpus())  # fewer workers owing one: it may spin
+        self._runnable = Runnable()  # and only while the machine has nothing else to run
+        # close() from another thread while wait() polls: a byte on this pipe wakes the poll,
+        # which then touches none of the workers' descriptors (close() is closing them).
+        self._wake_lock = threading.Lock()
+        self._waiting = 0
+        self._wake: tuple[int, int] | None = os.pipe()
+        os.set_blocking(self._wake[1], False)
+        self._poller.register(self._wake[0], select.POLLIN)
+        self._watched: int | None = None  # see watch()
+        self._pickled = PickledCommands()
+        self._options = options
+        self._info_columns: Callable[[Columns], None] | None = None
+        if info_columns is True:
+            self._info_columns = self.batch.infos.put
+        elif info_columns is not False:
+            self._info_columns = info_columns
+        self._options_blob = cloudpickle.dumps(options)
+        try:
+            with sigint_held():
+                for worker in range(len(options.assignment)):
+                    self._start(worker, {})
+            self._await_start(range(len(options.assignment)))
+        except BaseException:
+            self.close(1.0)
+            raise
+
+    def _start(self, worker: int, restarts: dict[int, int]) -> None:
+        assert self._shared is not None
+        slot = WorkerProcess.start(
+            self._ctx,
+            worker,
+            worker_main,
+            (
+                self._options_blob,
+                self._shared,
+                os.getpid(),
+                restarts,
+                threading.current_thread() is threading.main_thread(),
+                self._spare_mem,
+                self._wake_mem,
+            ),
+            functools.partial(self._watcher, worker),
+            self._info_columns,
+        )
+        if worker < len(self._workers):
+            self._workers[worker] = slot
+        else:
+            self._workers.append(slot)
+        self._poller.register(slot.reply_fd, select.POLLIN)
+        self._poller.register(slot.sentinel, select.POLLIN)
+
+    def _watcher(self, worker: int, command_fd: int) -> Callable[[bool], None]:
+        """What ``worker``'s outbox calls when bytes start or stop waiting in it."""
+
+        def watch(waiting: bool) -> None:
+            if waiting and worker not in self._writing:
+                self._writing.add(worker)
+                self._poller.register(command_fd, select.POLLOUT)
+            elif not waiting and worker in self._writing:
+                self._writing.discard(worker)
+                self._poller.unregister(command_fd)
+
+        return watch
+
+    def forked(self) -> None:
+        """In a forked child: the workers are the parent's, taken out of multiprocessing's
+        ``_children`` (inherited through ``os.fork``), whose exit handler would kill them."""
+        children = getattr(multiprocessing.process, "_children", None)
+        if isinstance(children, set):
+            children.difference_update(slot.proc for slot in self._workers)
+
+    def pids(self) -> list[int | None]:
+        """Each worker's process id (a diagnostic: the processes may be gone)."""
+        return [slot.proc.pid for slot in self._workers]
+
+    def kill(self, worker: int) -> None:
+        proc = self._workers[worker].proc
+        if proc.is_alive():
+            proc.kill()
+
+    def memory(self, worker: int) -> int | None:
+        """Resident memory of ``worker``'s process in bytes (``None``: gone or unknown)."""
+        return self._workers[worker].memory()
+
+    def restart(self, worker: int, restarts: dict[int, int]) -> None:
+        self._spoil()
+        old = self._workers[worker]
+        if old.alive:  # replaced alive (recycled)
+            self._poller.unregister(old.reply_fd)
+            self._poller.unregister(old.sentinel)
+        old.discard()
+        with sigint_held():
+            self._start(worker, restarts)
+        self._await_start([worker])
+
+    def _start_failed(self, kind: type[WorkerDiedError], worker: int, what: str) -> WorkerDiedError:
+        """The error for ``worker`` that could not build its envs (``what`` happened)."""
+        return kind(
+            f"worker {worker} {what}",
+            env_index=None,
+            phase=Phase.MAKE,
+            worker=worker,
+            exitcode=self._workers[worker].proc.exitcode,
+            env_ids=tuple(self._options.assignment[worker]),
+        )
+
+    def _await_start(self, workers: Sequence[int]) -> None:
+        """Wait for each of ``workers`` to report its envs built.
+
+        Only their own pipes and sentinels are watched: when one worker is restarted mid-run,
+        the other workers' replies stay in their pipes for the pool's next wait.
+        """
+        options = self._options
+        deadline = time.monotonic() + options.start_timeout
+        for worker in workers:
+            slot = self._workers[worker]
+            proc = slot.proc
+            got: list[Reply | None] = []
+            lost = False
+            while not got and not lost:
+                remaining = max(0.0, deadline - time.monotonic())
+                ready = multiprocessing.connection.wait([slot.reply_fd, slot.sentinel], remaining)
+                if not ready:
+                    proc.kill()  # still building its envs: a constructor that hangs
+                    proc.join(1.0)
+                    raise self._start_failed(
+                        EnvTimeoutError,
+                        worker,
+                        f"did not build its envs {list(options.assignment[worker])} "
+                        f"within start_timeout={options.start_timeout:g}s; killed",
+                    )
+                lost = not slot.read(got)
+            if not got:
+                proc.join(1.0)
+                raise self._start_failed(
+                    WorkerDiedError,
+                    worker,
+                    f"died while building its envs {list(options.assignment[worker])} "
+                    f"({describe_exit(proc.exitcode)})",
+                )
+            reply = got[0]
+            if reply is not None and reply.failures:
+                raise reply.failures[0].to_error(worker, options.spec.name)
+
+    def prepare(self, worker: int, command: Command) -> None:
+        """Pickle ``command`` now (kept for :meth:`submit`): what cannot travel fails here."""
+        self._pickled.dumps(command)
+
+    def submit_all(self, commands: Sequence[Command]) -> None:
+        """A sync step: the workers on other cores than this thread's first
+        (:mod:`~envfleet.backends.local.wake_order`), unless steps are quick (the last wait had
+        every reply within ``SPIN_LIMIT``: a worker that starts late loses little, and the
+        order would cost more than it saves)."""
+        submit = self.submit
+        for worker in range(len(commands)) if self._quick else self._wake_order.order():
+            submit(worker, commands[worker])
+
+    def submit(self, worker: int, command: Command) -> None:
+        slot = self._workers[worker]
+        if command is slot.last:
+            slot.outbox.send(REPEAT_BYTES)
+        else:
+            slot.outbox.send(frame(self._pickled.dumps(command)))
+            slot.last = command
+
+    def wait(
+        self, timeout: float | None, want: int = 1, linger: float | None = None
+    ) -> list[tuple[int, Reply | WorkerLost | None]]:
+        """Replies that have arrived, waiting up to ``timeout`` for the first.
+
+        Keeps waiting (within ``timeout``) until ``want`` replies are in, a worker is lost or a
+        reply reports a failure, so that a synchronous step is taken in one go; ``linger``:
+        at most that long after the first reply is in (a node agent holds its fast workers'
+        replies that long at most, whatever a slow worker does).
+        """
+        with self._wake_lock:
+            if self._closed:
+                return []
+            self._waiting += 1
+        try:
+            began = time.perf_counter()
+            replies = self._wait(timeout, want, linger)
+            if timeout != 0 and len(replies) >= want:
+                self._quick = time.perf_counter() - began < SPIN_LIMIT
+            return replies
+        finally:
+            with self._wake_lock:
+                self._waiting -= 1
+                if self._closed and not self._waiting:
+                    self._close_wake()
+
+    def watch(self, fd: int) -> None:
+        """Have :meth:`wait` also end, with what is in, once ``fd`` is readable (a node agent's
+        connection to its pool: the pool's next message is read at once, not after a slice)."""
+        self._watched = fd
+        self._poller.register(fd, select.POLLIN)
+
+    def _wait(
+        self, timeout: float | None, want: int, linger: float | None = None
+    ) -> list[tuple[int, Reply | WorkerLost | None]]:
+        poll = self._poller.poll
+        deadline = None if timeout is None else time.monotonic() + timeout
+        replies: list[tuple[int, Reply | WorkerLost | None]] = []
+        ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+        cores = self._cores
+        # Its own tasks: itself and, of its workers, as many as it has cores (a spin waits on
+        # fewer than ``cores`` of them; those that just answered may still be on their way to
+        # sleep). Counting every worker let a pool of more workers than cores spin on a
+        # machine busy with other work.
+        own = 1 + min(len(self._workers), cores)
+        while True:
+            events: list[tuple[int, int]] = []
+            spin = SPIN_SECONDS
+            idle = want - len(replies) < cores if replies else self._quick  # or quick steps
+            if cores > 1 and idle and self._runnable.only(own, cores):
+                spin = max(spin, SPIN_LIMIT)  # not on one core, nor on a busy machine
+            if spin > 0 and ms != 0:
+                now = time.perf_counter()
+                spin_until, yield_after = now + spin, now + SPIN_YIELDS_AFTER
+                while not events and now < spin_until:
+                    events = poll(0)
+                    now = time.perf_counter()
+                    if not events and now > yield_after:
+                        os.sched_yield()
+            if not events:
+                try:
+                    events = poll(ms)
+                except InterruptedError:  # pragma: no cover - PEP 475 retries
+                    continue
+            if self._closed:  # by another thread: its descriptors are no longer ours to read
+                return replies
+            if events:
+                ready = dict(events)  # fd -> its events: what is ready, looked up by fd
+                if self._writing:  # commands wait for room in their pipes
+                    for w in list(self._writing):
+                        if self._workers[w].command_fd in ready:
+                            self._workers[w].outbox.flush()
+                if self._take_events(ready, replies) or self._watched in ready:
+                    return replies  # a worker lost or a failure: the pool sees to it at once
+            if len(replies) >= want or timeout == 0:
+                return replies
+            if linger is not None and replies:  # the first is in: ``linger`` more at most
+                lingered = time.monotonic() + linger
+                deadline = lingered if deadline is None else min(deadline, lingered)
+                linger = None
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return replies
+                ms = math.ceil(left * 1000)
+
+    def _take_events(
+        self, ready: dict[int, int], replies: list[tuple[int, Reply | WorkerLost | None]]
+    ) -> bool:
+        """Read the replies of the workers ``ready`` names; True if one of them is lost or
+        reports a failure (raised at once, not after the other replies)."""
+        stop = False
+        got: list[Reply | None] = []
+        for w, slot in enumerate(self._workers):
+            if not slot.alive:
+                continue
+            died = slot.sentinel in ready
+            if slot.reply_fd in ready or died:  # replies it sent before dying come first
+                if not slot.read(got):
+                    died = True
+                if got == _ONE_PLAIN:  # the hot path: one reply, nothing to report
+                    replies.append((w, None))
+                    got.clear()
+                elif got:
+                    for reply in got:
+                        if reply is not None:
+                            if reply.rows is not None:  # into the batch
+                                deliver(self.batch, self._options.observation_space, reply)
+                                self._spoil()
+                            stop = stop or bool(reply.failures)
+                    replies.extend([(w, reply) for reply in got])
+                    got.clear()
+            if died:
+                gone = slot.bury(got)  # with what it sent between the first read and its exit
+                replies.extend([(w, reply) for reply in got])
+                got.clear()
+                self._poller.unregister(slot.reply_fd)
+                self._poller.unregister(slot.sentinel)
+                replies.append((w, gone))
+                stop = True
+                self._spoil()
+        return stop
+
+    def close(self, timeout: float) -> None:
+        with self._wake_lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._waiting:  # another thread polls: wake it (it closes the pipe when done)
+                with contextlib.suppress(OSError):
+                    os.write(self._wake[1], b"\0")  # type: ignore[index]
+            else:
+                self._close_wake()
+        workers = self._workers
+        # A Ctrl-C while the envs close still stops every worker (the finally) before it
+        # goes on: the pool is already marked closed, and another close() would do nothing.
+        try:
+            for w, slot in enumerate(workers):
+                if slot.alive:
+                    self.submit(w, Close())
+            deadline = time.monotonic() + timeout
+            while any(slot.proc.is_alive() for slot in workers):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                for slot in workers:
+                    if slot.outbox and slot.alive:
+                        slot.outbox.flush()  # the Close queued behind a large command
+                # Drain replies so that no worker blocks writing to a full pipe while exiting.
+                running = [slot for slot in workers if slot.proc.is_alive()]
+                reply_fds = {slot.reply_fd for slot in running}
+                handles: list[Any] = [slot.reply_fd for slot in running]
+                handles += [slot.sentinel for slot in running]
+                for handle in multiprocessing.connection.wait(handles, min(remaining, 0.1)):
+                    if handle in reply_fds:
+                        with contextlib.suppress(OSError):
+                            while os.read(handle, 1 << 16):
+                                pass
+        finally:
+            for slot in workers:
+                slot.stop()
+            self._shared = None
+
+    def _close_wake(self) -> None:
+        """Close the wake-up pipe (under ``_wake_lock``, with no wait() polling it)."""
+        if self._wake is not None:
+            self._poller.unregister(self._wake[0])
+            for fd in self._wake:
+                os.close(fd)
+            self._wake = None
+            self._runnable.close()
+
+
+def open_transport(options: TransportOptions) -> ProcessTransport:
+    return ProcessTransport(options, info_columns=True, spares=options.copy)
+
+
+def open_local_pool(
+    options: TransportOptions, info_columns: Callable[[Columns], None], cores: int
+) -> LocalPool:
+    """A node's pool of worker processes, as its agent runs it (the contract's
+    :class:`~envfleet.backends.contract.base.LocalPool`): infos the workers send as columns go
+    to ``info_columns`` as they came; its waits count on ``cores`` cores."""
+    return ProcessTransport(options, info_columns=info_columns, cores=cores)
+
+
+__all__ = [
+    "SPIN_LIMIT",
+    "SPIN_YIELDS_AFTER",
+    "ProcessTransport",
+    "open_local_pool",
+    "open_transport",
+]

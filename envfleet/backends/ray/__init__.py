@@ -1,0 +1,19 @@
+"""One Ray actor per worker (Ray is an optional extra: this package's modules import it).
+
+- :mod:`~envfleet.backends.ray.transport`:
+  :class:`~envfleet.backends.ray.transport.RayTransport`, the pool's side;
+- :mod:`~envfleet.backends.ray.actor`: the actor, and :mod:`~envfleet.backends.ray.worker_actor`
+  the pool's handle on one;
+- :mod:`~envfleet.backends.ray.session`: which Ray a pool runs on, and when it is let go of;
+- :mod:`~envfleet.backends.ray.options`: :class:`~envfleet.backends.ray.options.RayOptions`,
+  the backend's own options (importing it does not import Ray);
+- :mod:`~envfleet.backends.ray.memory`: the batch memory shared with the actors of the pool's
+  own machine.
+
+These import the contract (and the local family's pieces) only, never the node sub-pools;
+whether a ``backend="ray"`` pool runs one actor per worker or node sub-pools is
+:mod:`envfleet.backends.ray_backend`'s choice. This ``__init__`` imports nothing, so that the
+options are read without starting Ray.
+"""
+
+__all__: list[str] = []
