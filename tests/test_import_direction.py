@@ -17,7 +17,8 @@ The rules:
     contract's re-exports), and the ``ray`` backend's chooser (``backends/ray_backend.py``) sits
     above ``ray`` and ``nodes``;
 (c) no backend imports the face (the pool and what drives it, ``make()``, the command line,
-    the benchmark engine);
+    the benchmark engine): outside ``envfleet.backends`` a backend imports only the worker side
+    and the plain figures of :data:`SHARED` (so a new module of the face is covered too);
 (d) the worker side (what runs in a worker: ``envfleet.worker`` and everything it imports, and
     the other modules named in :data:`WORKER_SIDE`) imports neither the face nor a backend;
 (e) only the node sub-pools themselves and the chooser import ``envfleet.backends.nodes``;
@@ -47,11 +48,16 @@ FACE = frozenset(
         "envfleet._make",
         "envfleet.actions",
         "envfleet.dispatch",
+        "envfleet.episodes",
+        "envfleet.exchange",
         "envfleet.gymnasium_async",
         "envfleet.ledger",
+        "envfleet.lifecycle",
         "envfleet.pool",
+        "envfleet.pool_rollouts",
         "envfleet.recovery",
         "envfleet.registration",
+        "envfleet.report",
         "envfleet.results",
         "envfleet.rollouts",
         "envfleet.sb3",
@@ -61,6 +67,9 @@ FACE = frozenset(
 """The pool and what builds and drives it; with every module under :data:`FACE_PACKAGES`."""
 
 FACE_PACKAGES = ("envfleet.adapters", "envfleet.benchmark", "envfleet.cli")
+
+SHARED = frozenset({"envfleet.stats"})
+"""Modules of neither side that a backend may import: plain data the contract returns."""
 
 WORKER_SIDE = (
     "envfleet.worker",
@@ -275,12 +284,26 @@ def upward(graph: dict[str, list[Edge]]) -> list[Edge]:
     return wrong
 
 
+def worker_side(graph: dict[str, list[Edge]]) -> set[str]:
+    """The modules of :data:`WORKER_SIDE` and every module they import, transitively."""
+    seen = {m for m in WORKER_SIDE if m in graph}
+    frontier = list(seen)
+    while frontier:
+        frontier = [e.target for v in frontier for e in graph[v] if e.target not in seen]
+        seen.update(frontier)
+    return seen
+
+
 def backends_to_face(graph: dict[str, list[Edge]]) -> list[Edge]:
+    """Backend imports of anything outside the backends but the worker side and SHARED."""
+    allowed = worker_side(graph) | SHARED
     return [
         edge
         for edges in graph.values()
         for edge in edges
-        if family(edge.source) is not None and is_face(edge.target)
+        if family(edge.source) is not None
+        and family(edge.target) is None
+        and (is_face(edge.target) or edge.target not in allowed)
     ]
 
 
@@ -401,6 +424,7 @@ def test_the_checks_catch_what_they_forbid(tmp_path: Path) -> None:
             "envfleet/protocol.py": "def run():\n    from envfleet.rollout_loop import sample\n",
             "envfleet/rollout_loop.py": "import envfleet.protocol\n",
             "envfleet/stats.py": "from envfleet.backends.nodes.agent import Agent\n",
+            "envfleet/exchange.py": "",
             "envfleet/benchmark/__init__.py": "",
             "envfleet/benchmark/measure.py": "from envfleet.cli.common import clock\n",
             "envfleet/cli/__init__.py": "",
@@ -415,6 +439,7 @@ def test_the_checks_catch_what_they_forbid(tmp_path: Path) -> None:
             "envfleet/backends/local/__init__.py": "",
             "envfleet/backends/local/process.py": (
                 "from envfleet.backends.ray import session\nimport envfleet.pool\n"
+                "from envfleet import exchange\n"
             ),
             "envfleet/backends/ray/__init__.py": "",
             "envfleet/backends/ray/session.py": "",
@@ -431,7 +456,7 @@ def test_the_checks_catch_what_they_forbid(tmp_path: Path) -> None:
     assert [str(e) for e in upward(made)] == [
         "envfleet.backends.local.process -> envfleet.backends.ray.session (line 1, module level)"
     ]
-    assert [e.target for e in backends_to_face(made)] == ["envfleet.pool"]
+    assert [e.target for e in backends_to_face(made)] == ["envfleet.pool", "envfleet.exchange"]
     leaks = worker_side_leaks(made)
     assert not leaks  # protocol and rollout_loop import no backend
     assert [e.source for e in nodes_named_outside(made)] == ["envfleet.stats"]
