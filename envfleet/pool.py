@@ -377,7 +377,7 @@ class Pool(VectorEnv):
                 laid out as arrays (checked before anything is sent: the pool stays usable).
             AlreadyPendingError, ResetNeededError: an env is pending (async), or never reset.
             EnvError: an env failed, as ``step`` raises it (``on_error="raise"``: the pool is
-                broken); or the policy failed on a worker (the pool stays usable).
+                broken); or the policy failed (its envs stand where it stopped; the pool usable).
 
         Examples:
             >>> import envfleet
