@@ -85,5 +85,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return cli_main(args, announced=starting is not None)
 
 
+__all__ = [
+    "CLI_PACKAGES",
+    "COMMANDS",
+    "HELP_FLAGS",
+    "help_without_cli",
+    "main",
+    "missing_cli_packages",
+]
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -123,7 +123,7 @@ def add_import_argument(parser: argparse.ArgumentParser) -> None:
 def add_run_parser(commands: Any) -> argparse.ArgumentParser:
     """Add the ``run`` subcommand to ``commands`` (the top-level parser's subparsers) and
     return its parser (without a handler: :mod:`envfleet.cli.run` sets it)."""
-    run = commands.add_parser(
+    run: argparse.ArgumentParser = commands.add_parser(
         "run",
         help="step an environment with a policy and report throughput and returns",
         description=(
@@ -249,7 +249,7 @@ def add_run_parser(commands: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="also show the notices and warnings libraries and Ray print (hidden by default)",
     )
-    return run  # type: ignore[no-any-return]
+    return run
 
 
 def check_run_args(args: argparse.Namespace) -> None:
@@ -394,3 +394,28 @@ def early_starting_line(argv: Sequence[str]) -> str | None:
     if args.env not in gymnasium_builtin_ids() and not is_installed_ale_id(args.env):
         return None
     return starting_line(args)
+
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_MAX_RESTARTS",
+    "DEFAULT_STEPS",
+    "PROG",
+    "CliError",
+    "Parser",
+    "UsageError",
+    "add_import_argument",
+    "add_run_parser",
+    "check_run_args",
+    "cpu_affinity",
+    "early_starting_line",
+    "gymnasium_builtin_ids",
+    "int_at_least",
+    "is_installed_ale_id",
+    "non_negative_int",
+    "out_path",
+    "positive_float",
+    "positive_int",
+    "starting_line",
+    "workers",
+]

@@ -82,3 +82,6 @@ class ActionWriter:
         for i, item in zip(env_ids.tolist(), items, strict=True):
             carried[worker_of[i]][i] = item
         return carried
+
+
+__all__ = ["ActionWriter"]

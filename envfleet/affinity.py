@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypeGuard
 
 import numpy as np
 
@@ -121,11 +121,11 @@ def pin_worker(affinity: Affinity | None, worker: int) -> None:
         ) from exc
 
 
-def _is_cpu(value: object) -> bool:
+def _is_cpu(value: object) -> TypeGuard[int | np.integer[Any]]:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
-def _is_cpu_set(value: object) -> bool:
+def _is_cpu_set(value: object) -> TypeGuard[Sequence[object] | set[object] | frozenset[object]]:
     return not isinstance(value, str | bytes) and isinstance(value, Sequence | set | frozenset)
 
 
@@ -135,24 +135,37 @@ def _sequence(value: object, whole: object) -> list[object]:
             f"cpu_affinity must be None, 'spread', a sequence of CPU ids or a sequence of such "
             f"sequences (one per worker, cycled); got {_show(whole)}"
         )
-    return list(value)  # type: ignore[call-overload,no-any-return]
+    return list(value)
 
 
 def _cpus(entries: Sequence[object], whole: object) -> tuple[int, ...]:
     if not entries:
         raise ValueError(f"cpu_affinity={_show(whole)} has an empty CPU set")
+    cpus: set[int] = set()
     for entry in entries:
         if not _is_cpu(entry):
             raise TypeError(
                 f"cpu_affinity={_show(whole)}: CPU ids must be ints, got {entry!r} "
                 f"({type(entry).__name__})"
             )
-        if int(entry) < 0:  # type: ignore[call-overload]
+        if int(entry) < 0:
             raise ValueError(f"cpu_affinity={_show(whole)}: CPU ids are >= 0, got {entry}")
-    return tuple(sorted({int(entry) for entry in entries}))  # type: ignore[call-overload]
+        cpus.add(int(entry))
+    return tuple(sorted(cpus))
 
 
 def _show(value: object) -> str:
     if isinstance(value, set | frozenset):
         return repr(sorted(value))
     return repr(value)
+
+
+__all__ = [
+    "SPREAD",
+    "Affinity",
+    "CpuAffinity",
+    "check_affinity",
+    "cpus_for",
+    "pin_worker",
+    "usable_cpus",
+]

@@ -179,3 +179,6 @@ class BatchRows:
         except Exception:
             return None
         return True, terminations, truncations, infos
+
+
+__all__ = ["SMALL_ROW_BYTES", "BatchRows", "Written", "row_index"]

@@ -203,7 +203,8 @@ def make_reader(space: spaces.Space[Any], batch: Any) -> Reader:
 @make_reader.register(spaces.MultiBinary)
 def _read_array(space: spaces.Space[Any], batch: Any) -> Reader:
     if isinstance(batch, ObjectRows) or batch.ndim == 1:  # a scalar per env: a copy already
-        return batch.__getitem__  # type: ignore[no-any-return]
+        read: Reader = batch.__getitem__
+        return read
     # A copy of the row, not a view: an env that keeps its action (to penalise the next one's
     # change, say) must not see the next step's actions written over it.
     return lambda i: batch[i].copy()
@@ -343,7 +344,7 @@ class Batch:
         )
 
 
-_FLAGS: spaces.Space[Any] = spaces.Box(0, 1, shape=(), dtype=np.bool_)  # type: ignore[arg-type]
+_FLAGS: spaces.Space[Any] = spaces.Box(0, 1, shape=(), dtype=np.bool_)
 _REWARDS = spaces.Box(-np.inf, np.inf, shape=(), dtype=np.float64)
 
 
@@ -430,3 +431,25 @@ class SharedBatch:
 def rows(batch: Any, ids: Sequence[int]) -> dict[int, Any]:
     """The entries ``ids`` of a pickled-path batch, to send back to the parent."""
     return {i: batch[i] for i in ids}
+
+
+__all__ = [
+    "Batch",
+    "ObjectRows",
+    "RawAllocator",
+    "Reader",
+    "SharedBatch",
+    "Writer",
+    "allocate_local",
+    "allocate_shared",
+    "cast_refused",
+    "fits_dtype",
+    "is_array_space",
+    "make_reader",
+    "make_writer",
+    "put",
+    "rows",
+    "take",
+    "view_rows",
+    "view_shared",
+]

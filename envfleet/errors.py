@@ -258,3 +258,23 @@ class AlreadyPendingError(PoolStateError, AlreadyPendingCallError):
     def __init__(self, message: str, name: str = "send") -> None:
         RuntimeError.__init__(self, message)
         self.name = name
+
+
+__all__ = [
+    "AlreadyPendingError",
+    "BrokenPoolError",
+    "ClosedPoolError",
+    "EnvError",
+    "EnvRaisedError",
+    "EnvTimeoutError",
+    "NoPendingError",
+    "OnError",
+    "Phase",
+    "PoolStateError",
+    "RemoteError",
+    "RemoteTraceback",
+    "ResetNeededError",
+    "RestartLimitError",
+    "WorkerDiedError",
+    "env_raised_error",
+]

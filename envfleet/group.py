@@ -498,3 +498,6 @@ def _close_quietly(env: Any) -> None:
         env.close()
     except BaseException:  # a daemon thread's last act: nothing to report to
         pass
+
+
+__all__ = ["BATCHED_MIN_ENVS", "RESTARTED", "EnvGroup", "GroupStartError", "derive_seed"]

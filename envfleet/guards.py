@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -119,33 +119,38 @@ def build_within(
     :class:`Abandoned` (a :class:`TimeoutError`), the stuck thread (a daemon, which cannot be
     stopped) abandoned; should it finish after all, ``discard`` gets what it built. What
     ``build`` raises is raised here."""
-    done: list[tuple[bool, Any]] = []
+    built: list[T] = []
+    failed: list[BaseException] = []  # raised again in the waiting thread
     lock = threading.Lock()
     abandoned = False
 
     def run() -> None:
         try:
-            result: tuple[bool, Any] = (True, build())
-        except BaseException as exc:  # raised again in the waiting thread
-            result = (False, exc)
+            value = build()
+        except BaseException as exc:
+            with lock:
+                failed.append(exc)
+            return
         with lock:
             if not abandoned:
-                done.append(result)
+                built.append(value)
                 return
-        if result[0] and discard is not None:
-            discard(result[1])
+        if discard is not None:
+            discard(value)
 
     helper = threading.Thread(target=run, name=name, daemon=True)
     helper.start()
     helper.join(seconds)
     with lock:
-        abandoned = not done
+        abandoned = not built and not failed
     if abandoned:
         raise Abandoned(
             f"rebuilding the env took longer than start_timeout={seconds:g}s; the thread "
             "building it cannot be stopped and was abandoned"
         )
-    ok, value = done[0]
-    if not ok:
-        raise value
-    return value  # type: ignore[no-any-return]
+    if failed:
+        raise failed[0]
+    return built[0]
+
+
+__all__ = ["Abandoned", "build_within", "claim_base_exceptions", "env_errors", "exit_if_longer"]

@@ -457,7 +457,7 @@ class HostedGroup:
         not fit the space without an unsafe cast is refused, as ``SyncVectorEnv`` does."""
         for value, space in _leaves(obs, self.observation_space):
             array = np.asarray(value)
-            if not fits_dtype(array, space.dtype):  # type: ignore[arg-type]
+            if not fits_dtype(array, np.dtype(space.dtype)):  # a leaf written in place has one
                 raise TypeError(
                     f"Cannot cast observations of dtype {array.dtype} to the space's "
                     f"{space.dtype} according to the rule 'same_kind'"

@@ -179,3 +179,16 @@ def unknown_id_message(env_id: str) -> str:
         except ImportError as exc:
             message += f"; importing {module_name!r} failed: {exc}"
     return message
+
+
+__all__ = [
+    "ATARI_GAMES",
+    "EXTRA_PACKAGES",
+    "MARGIN",
+    "MAX_SUGGESTIONS",
+    "SIMILARITY",
+    "extra_for",
+    "is_atari_id",
+    "nearest_ids",
+    "unknown_id_message",
+]

@@ -35,13 +35,15 @@ def _uniform_scalars(infos: list[dict[str, Any] | None]) -> bool:
     first = infos[0]
     if not first:
         return False
+    if not all(type(value) in _SCALARS or isinstance(value, np.number) for value in first.values()):
+        return False
     keys = first.keys()
     for info in infos:
         if not info or info.keys() != keys:
             return False
-    return all(
-        type(value) in _SCALARS or isinstance(value, np.number) for value in first.values()
-    ) and all(type(info[k]) is type(first[k]) for info in infos for k in keys)  # type: ignore[index]
+        if any(type(info[k]) is not type(first[k]) for k in keys):
+            return False
+    return True
 
 
 def _stack_scalar_infos(pairs: list[tuple[Any, int]], size: int) -> dict[str, Any]:
@@ -159,7 +161,8 @@ class _Packer:
         self.blob = _pickled((keys, types))
         self.dtype = _record(types)
         codes = [_CODES.get((field.kind, field.itemsize)) for field in map(np.dtype, types)]
-        self.code = "".join(codes) if all(codes) else None  # type: ignore[arg-type]
+        known = [code for code in codes if code is not None]
+        self.code = "".join(known) if len(known) == len(codes) else None
         self._structs: dict[int, struct.Struct] = {}
 
     def pack(self, values: list[Any], count: int) -> bytes:
@@ -382,3 +385,14 @@ def _rows(env_ids: tuple[int, ...]) -> slice | np.ndarray:
     if env_ids == tuple(range(first, first + len(env_ids))):
         return slice(first, first + len(env_ids))
     return np.array(env_ids, dtype=np.intp)
+
+
+__all__ = [
+    "Columns",
+    "InfoTable",
+    "Layout",
+    "column_dicts",
+    "info_columns",
+    "layout_of",
+    "merge_infos",
+]

@@ -146,7 +146,10 @@ def _shimmy_wrapper(env: Any, takes_seed: bool) -> Callable[..., gymnasium.Env[A
         return None  # Shimmy converts gym spaces only
     from shimmy.openai_gym_compatibility import GymV21CompatibilityV0, GymV26CompatibilityV0
 
-    return GymV26CompatibilityV0 if takes_seed else GymV21CompatibilityV0  # type: ignore[no-any-return]
+    wrapper: Callable[..., gymnasium.Env[Any, Any]] = (
+        GymV26CompatibilityV0 if takes_seed else GymV21CompatibilityV0
+    )
+    return wrapper
 
 
 def _without_numpy2_broken_checker(env: Any) -> Any:
@@ -227,10 +230,10 @@ class LegacyEnv(gymnasium.Env[Any, Any]):
         if options is not None:
             kwargs["options"] = options
         try:
-            parameters = inspect.signature(env.reset).parameters
+            asks_for_info = "return_info" in inspect.signature(env.reset).parameters
         except (TypeError, ValueError):
-            parameters = {}  # type: ignore[assignment]
-        if "return_info" in parameters:  # gym 0.22-0.25 returned only obs unless asked
+            asks_for_info = False
+        if asks_for_info:  # gym 0.22-0.25 returned only obs unless asked
             kwargs["return_info"] = True
         obs, info = env.reset(**kwargs)
         return obs, dict(info)
@@ -302,3 +305,13 @@ def convert_space(space: Any) -> spaces.Space[Any]:
         f"cannot convert the legacy space {space!r} to a Gymnasium space: "
         "give the env Gymnasium spaces (gymnasium.spaces)"
     )
+
+
+__all__ = [
+    "LegacyEnv",
+    "as_gymnasium",
+    "convert_space",
+    "in_legacy_gym_registry",
+    "is_legacy_env",
+    "legacy_gym_make",
+]

@@ -236,3 +236,6 @@ def _policy_failure(exc: BaseException, what: str) -> EnvFailure:
     """The failure of the policy (``what`` it did), not of an env."""
     failure = EnvFailure.capture(None, Phase.STEP, exc)
     return dataclasses.replace(failure, message=f"the rollout's policy {what}: {failure.message}")
+
+
+__all__ = ["Sampled", "empty_steps", "joined", "sample", "tree"]

@@ -104,6 +104,7 @@ class EnvSpec:
         either gives a recipe per env.
         """
         per_env_kwargs = _per_env_kwargs(env_kwargs)
+        shared = env_kwargs if isinstance(env_kwargs, Mapping) else None  # one for every env
         if _is_env_list(env):
             targets = list(env)
             if not targets:
@@ -114,17 +115,14 @@ class EnvSpec:
                     "give one mapping per env, or one mapping for all"
                 )
             specs = tuple(
-                cls.from_user(
-                    target,
-                    per_env_kwargs[i] if per_env_kwargs is not None else env_kwargs,  # type: ignore[arg-type]
-                )
+                cls.from_user(target, per_env_kwargs[i] if per_env_kwargs is not None else shared)
                 for i, target in enumerate(targets)
             )
             return cls.of_envs(specs)
         if per_env_kwargs is not None:
             single = cls.from_user(env)
             return cls.of_envs(tuple(cls.from_user(single, kw) for kw in per_env_kwargs))
-        kwargs = dict(env_kwargs or {})  # type: ignore[arg-type]
+        kwargs = dict(shared or {})
         if isinstance(env, EnvSpec):
             if env.per_env:
                 return cls.of_envs(tuple(cls.from_user(one, kwargs) for one in env.per_env))
@@ -208,7 +206,7 @@ class EnvSpec:
     def build(self) -> gymnasium.Env[Any, Any]:
         """Build one environment (env 0 of a per-env recipe); a legacy gym env comes back
         converted to Gymnasium's API."""
-        env: Any
+        env: gymnasium.Env[Any, Any]
         if self.caller_registry is not None:
             self.caller_registry.install()
         if isinstance(self.target, str) and self.legacy_gym:
@@ -222,17 +220,16 @@ class EnvSpec:
             _register_for(self.target)
             env = gymnasium.make(self.target, **self.kwargs)
         else:
-            env = self.target(**self.kwargs)
-            if not isinstance(env, gymnasium.Env):
-                if not is_legacy_env(env):
-                    raise TypeError(
-                        f"the env factory {self.name} returned {type(env).__name__}, "
-                        "expected a gymnasium.Env (or a legacy gym.Env)"
-                    )
-                env = as_gymnasium(env)
+            made = self.target(**self.kwargs)
+            if not isinstance(made, gymnasium.Env) and not is_legacy_env(made):
+                raise TypeError(
+                    f"the env factory {self.name} returned {type(made).__name__}, "
+                    "expected a gymnasium.Env (or a legacy gym.Env)"
+                )
+            env = as_gymnasium(made)
         for wrapper in self.wrappers:
             env = wrapper(env)
-        return env  # type: ignore[no-any-return]
+        return env
 
 
 @dataclass(frozen=True, eq=False)
@@ -426,3 +423,6 @@ def _in_gymnasium_registry_after_import(env_id: str) -> bool:
     except ImportError:
         return False
     return bare_id in gymnasium.registry
+
+
+__all__ = ["CallerRegistry", "EnvFactory", "EnvSpec", "EnvWrapper"]

@@ -283,3 +283,14 @@ class StatsRecorder:
             workers=tuple(workers),
             recycled=int(sum(recycled)),
         )
+
+
+__all__ = [
+    "LATENCY_WINDOW",
+    "NodeStats",
+    "PoolStats",
+    "StatsRecorder",
+    "WorkerStats",
+    "env_range",
+    "node_layout",
+]

@@ -104,3 +104,6 @@ def split_ids(env_ids: Sequence[int], parts: int) -> list[tuple[int, ...]]:
     """``env_ids`` in ``parts`` contiguous blocks (fewer when there are fewer envs)."""
     blocks = np.array_split(np.asarray(env_ids), min(parts, len(env_ids)))
     return [tuple(int(i) for i in block) for block in blocks]
+
+
+__all__ = ["ThreadedGroup", "merge_replies", "split_ids"]

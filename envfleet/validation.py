@@ -79,7 +79,7 @@ def check_actions(
                 f"expected a batch of {count} actions (one per env, action space {space}), "
                 f"got the scalar {actions!r}"
             )
-        expected = (count, *space.shape)  # type: ignore[misc]
+        expected = (count, *(space.shape or ()))
         if arr.shape != expected:  # a wrong count too: Gymnasium raises ValueError for both
             raise ValueError(
                 f"expected actions of shape {expected} ({count} envs, action space {space}), "
@@ -338,3 +338,22 @@ def check_seeds(
     if per_env == num_envs:
         return [seeds[i] for i in env_ids]
     return seeds
+
+
+__all__ = [
+    "ActionCheck",
+    "ActionKeyError",
+    "SeedTypeError",
+    "SeedValueError",
+    "bounds_nbytes",
+    "check_actions",
+    "check_attr_values",
+    "check_close_timeout",
+    "check_env_ids",
+    "check_memory_limit",
+    "check_options",
+    "check_reset_mask",
+    "check_seeds",
+    "keeps_dtype",
+    "same_space",
+]

@@ -4,3 +4,5 @@ Each adapter lives in its own submodule and imports its library only when import
 
 - :mod:`envfleet.adapters.sb3`: Stable-Baselines3's ``VecEnv`` (``pip install 'envfleet[sb3]'``).
 """
+
+__all__: list[str] = []  # the adapters are its submodules

@@ -53,3 +53,6 @@ class Sb3Bridge(gymnasium.Wrapper[Any, Any, Any, Any]):
         """Set attribute ``name`` of the wrapped env when this env is selected."""
         if self.envfleet_sb3_selected:
             self.env.set_wrapper_attr(name, value)
+
+
+__all__ = ["IS_BRIDGED", "SELECTED", "Sb3Bridge"]

@@ -56,7 +56,7 @@ TERMINAL_OBSERVATION = "terminal_observation"
 TIME_LIMIT_TRUNCATED = "TimeLimit.truncated"
 
 
-class VecEnv(_Sb3VecEnv):  # type: ignore[misc]
+class VecEnv(_Sb3VecEnv):
     """SB3's ``VecEnv`` over an envfleet :class:`~envfleet.Pool`.
 
     Args:
@@ -100,7 +100,7 @@ class VecEnv(_Sb3VecEnv):  # type: ignore[misc]
         seeds: list[int | None] = list(self._seeds)
         seed_arg = seeds if any(s is not None for s in seeds) else None
         groups = _group_by_options(self._options)
-        obs: Any = None
+        obs: VecEnvObs  # every env is in one of the groups, so a reset sets it
         infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         for options, ids in groups:
             if len(groups) == 1:
@@ -117,7 +117,7 @@ class VecEnv(_Sb3VecEnv):  # type: ignore[misc]
         self.reset_infos = infos
         self._reset_seeds()
         self._reset_options()
-        return obs  # type: ignore[no-any-return]
+        return obs
 
     def step_async(self, actions: np.ndarray) -> None:
         space = self.pool.single_action_space

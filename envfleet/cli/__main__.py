@@ -4,4 +4,6 @@ import sys
 
 from envfleet.cli import main
 
+__all__: list[str] = []  # run, not imported
+
 sys.exit(main())

@@ -323,3 +323,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             f"the messages are in {json_path}"
         )
     return EXIT_OK
+
+
+__all__ = [
+    "DEFAULT_BENCH_NUM_ENVS",
+    "DEFAULT_BENCH_OUT",
+    "DEFAULT_BENCH_REPEATS",
+    "DEFAULT_BENCH_SECONDS",
+    "DEFAULT_STARTUP_LIMIT",
+    "QUICK_NUM_ENVS",
+    "QUICK_REPEATS",
+    "QUICK_RUNNERS",
+    "QUICK_SECONDS",
+    "add_parser",
+    "fill_defaults",
+]

@@ -115,6 +115,12 @@ class Recorder:
     def save(self, path: Path) -> None:
         # An interrupt may land between two appends: keep the batches every column has.
         batches = min((len(chunks) for chunks in self._columns.values()), default=0)
-        arrays = {name: np.concatenate(chunks[:batches]) for name, chunks in self._columns.items()}
+        # Any: as keywords, numpy's stub would let a column fill its ``allow_pickle`` flag.
+        arrays: dict[str, Any] = {
+            name: np.concatenate(chunks[:batches]) for name, chunks in self._columns.items()
+        }
         with path.open("wb") as file:
-            np.savez_compressed(file, **arrays)  # type: ignore[arg-type]
+            np.savez_compressed(file, **arrays)
+
+
+__all__ = ["Recorder"]

@@ -31,7 +31,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 import envfleet
@@ -297,7 +297,7 @@ def _stats_table(stats: dict[str, Any], synchronous: bool) -> Table:
         caption_justify="left",
     )
     idle = [w["idle_fraction"] for w in workers]
-    columns = [
+    columns: list[tuple[str, str, JustifyMethod]] = [
         ("worker", "total", "left"),
         ("envs", str(sum(len(w["env_ids"]) for w in workers)), "left"),
         ("steps", f"{stats['steps']:,}", "right"),
@@ -308,7 +308,7 @@ def _stats_table(stats: dict[str, Any], synchronous: bool) -> Table:
         ("idle", f"{sum(idle) / len(idle):.0%}" if idle else "-", "right"),
     ]
     for header, footer, justify in columns:
-        table.add_column(header, footer=footer, justify=justify)  # type: ignore[arg-type]
+        table.add_column(header, footer=footer, justify=justify)
     for w in workers:
         table.add_row(
             str(w["worker"]),
@@ -321,3 +321,6 @@ def _stats_table(stats: dict[str, Any], synchronous: bool) -> Table:
             f"{w['idle_fraction']:.0%}",
         )
     return table
+
+
+__all__ = ["add_parser"]

@@ -357,3 +357,19 @@ class RunLoop:
                 lambda: progress_text(steps, elapsed, self.steps_limit, self.seconds_limit)
             )
         return result.steps > 0 and (result.steps >= self.max_steps or elapsed >= self.max_seconds)
+
+
+__all__ = [
+    "RECENT_EPISODES",
+    "REFRESH_INTERVAL",
+    "EpisodeTracker",
+    "LiveDisplay",
+    "Policy",
+    "PolicyError",
+    "RandomPolicy",
+    "RunLoop",
+    "RunSummary",
+    "load_policy",
+    "progress_text",
+    "remaining",
+]
