@@ -528,3 +528,6 @@ def _positive_int(value: Any, name: str) -> int:
     if value < 1:
         raise ValueError(f"{name} must be at least 1, got {value}")
     return int(value)
+
+
+__all__ = ["PROBE_CLOSE_TIMEOUT", "START_METHODS", "make"]

@@ -259,3 +259,20 @@ class Close:
 
 
 Command = Reset | Step | Call | SetAttr | Sample | Close
+
+
+__all__ = [
+    "Call",
+    "Close",
+    "Command",
+    "EnvCommand",
+    "EnvFailure",
+    "Group",
+    "Reply",
+    "Reset",
+    "Rows",
+    "Sample",
+    "SetAttr",
+    "Step",
+    "ValueCommand",
+]

@@ -120,3 +120,6 @@ class ResultReader:
             return table.take(env_ids, positions, size, pairs, whole)
         assert pairs is not None  # the ledger holds infos: else nothing was pending (above)
         return merge_infos(pairs, size)
+
+
+__all__ = ["ResultReader", "Results"]

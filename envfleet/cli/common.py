@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +35,8 @@ from envfleet._run_args import non_negative_int as non_negative_int
 from envfleet._run_args import positive_float as positive_float
 from envfleet._run_args import positive_int as positive_int
 from envfleet.spec import EnvSpec
+
+_ColorSystem = Literal["standard", "256", "truecolor", "windows"] | None
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -124,7 +126,8 @@ def print_whole(console: Console, *renderables: RenderableType) -> None:
             file=console.file,
             width=needed,
             highlight=False,
-            color_system=console.color_system,  # type: ignore[arg-type]
+            # rich types the property as any str; it is one of the names the parameter takes
+            color_system=cast(_ColorSystem, console.color_system),
             force_terminal=console.is_terminal,
         )
     for renderable in renderables:
@@ -256,3 +259,33 @@ class OutputCapture:
 def one_line(text: str) -> str:
     """``text`` with its lines stripped and joined by spaces (for one-line error reports)."""
     return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+__all__ = [
+    "BANNERS",
+    "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "PROG",
+    "BoolArray",
+    "CliError",
+    "IntArray",
+    "OutputCapture",
+    "Parser",
+    "StageLog",
+    "UsageError",
+    "add_import_argument",
+    "clock",
+    "current_directory_on_path",
+    "env_spec",
+    "import_modules",
+    "import_user_module",
+    "int_at_least",
+    "non_negative_int",
+    "one_line",
+    "positive_float",
+    "positive_int",
+    "print_whole",
+    "progress_console",
+]

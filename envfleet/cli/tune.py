@@ -365,17 +365,9 @@ def _layouts_table(
     """One row per layout; the title names what chose the actions (``--policy``, or random)."""
     actions = "random actions" if policy is None else f"actions by {policy}"
     table = Table(title=f"layouts, {actions}", title_justify="left")
-    for header, justify in (
-        ("backend", "left"),
-        ("workers", "right"),
-        ("threads/worker", "right"),
-        ("batch", "right"),
-        ("cpus", "right"),
-        ("window s", "right"),
-        ("steps/s", "right"),
-        ("/ best", "right"),
-    ):
-        table.add_column(header, justify=justify)  # type: ignore[arg-type]
+    table.add_column("backend", justify="left")
+    for header in ("workers", "threads/worker", "batch", "cpus", "window s", "steps/s", "/ best"):
+        table.add_column(header, justify="right")
     table.add_column("note")
     top = best.steps_per_second or 0.0
     for timing in timings:
@@ -490,3 +482,19 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     )
     console.print(line, markup=False, soft_wrap=True)
     return EXIT_OK
+
+
+__all__ = [
+    "DEFAULT_TUNE_BUDGET",
+    "MIN_STEPS_PER_ENV",
+    "TUNE_GOOD_WINDOW",
+    "TUNE_MIN_WINDOW",
+    "TUNE_SETUP_GUESS",
+    "LayoutTiming",
+    "Measurement",
+    "add_parser",
+    "human_seconds",
+    "suggested_budget",
+    "time_layout",
+    "tune_layouts",
+]
