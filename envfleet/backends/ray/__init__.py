@@ -10,7 +10,7 @@
 - :mod:`~envfleet.backends.ray.memory`: the batch memory shared with the actors of the pool's
   own machine.
 
-These import the contract (and the local family's pieces) only, never the node sub-pools;
+These import the contract, never the node sub-pools;
 whether a ``backend="ray"`` pool runs one actor per worker or node sub-pools is
 :mod:`envfleet.backends.ray_backend`'s choice. This ``__init__`` imports nothing, so that the
 options are read without starting Ray.
