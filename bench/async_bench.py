@@ -46,9 +46,14 @@ def layouts(prefix: str, batches: Sequence[int], opener: Callable[..., Any], **k
     ]
 
 
+def sync_of(name: str) -> str:
+    """The sync row of an async row's layout (``prefix B=8``: ``prefix sync``)."""
+    return name.rsplit(" B=", 1)[0] + SYNC
+
+
 def own_sync(report: Report, name: str, n: int) -> str:
     """``/ own sync``: an async row (``... B=8``) over the sync row of its layout."""
-    ratio = report.ratio(name, n, name.rsplit(" B=", 1)[0] + SYNC)
+    ratio = report.ratio(name, n, sync_of(name))
     return "-" if " B=" not in name or ratio is None else f"{ratio:.2f}"
 
 
@@ -122,24 +127,22 @@ def main(argv: list[str] | None = None) -> int:
     timing = common.timing_from(args)
     # EnvPool's spaces: "Box low's precision lowered by casting to float32".
     warnings.filterwarnings("ignore", message=".*precision lowered.*")
-    with common.session(args.json, width=140) as console:
-        machine = common.print_machine(console, ("envpool", "pufferlib-core", "pufferlib"))
-        report: dict[str, Any] = {"machine": machine, "workloads": {}}
+    peers = ("envpool", "pufferlib-core", "pufferlib")
+    with common.script_run(args.json, peers, width=140) as (console, report):
+        report["workloads"] = {}
         for name in args.workloads:
             title, env, n, cases = SCENARIOS[name]
-            workload = Workload.of(env, n)
             columns = [("/ own sync", own_sync)]
             measured = common.measure_table(
-                console, title, cases, workload, timing, columns=columns
+                console, title, cases, Workload.of(env, n), timing, columns=columns
             )
-            checks = []
-            for case in cases if name == "heavytail" else []:
-                if case.name.startswith("envfleet") and " B=" in case.name:
-                    value = measured.ratio(case.name, n, case.name.rsplit(" B=", 1)[0] + SYNC)
-                    label = f"{case.name} / sync"
-                    checks.append(common.target(console, label, value, ASYNC_TARGET, end=""))
+            checks = [
+                common.target(console, f"{c.name} / sync", ratio, ASYNC_TARGET, end="")
+                for c in cases
+                if name == "heavytail" and c.name.startswith("envfleet") and " B=" in c.name
+                for ratio in [measured.ratio(c.name, n, sync_of(c.name))]
+            ]
             report["workloads"][name] = {**common.rows(measured), "async_targets": checks}
-    common.save_json(args.json, report, console)
     return 0
 
 

@@ -29,11 +29,11 @@ from typing import Any
 import gymnasium
 import numpy as np
 import psutil
-import ray
 from gymnasium import spaces
-from ray.cluster_utils import Cluster
 
 import envfleet
+from bench import common
+from bench.common import timed
 from bench.envs import NoOpEnv
 from envfleet import benchmark
 
@@ -51,7 +51,7 @@ def ale_info(t: int) -> dict[str, Any]:
 
 class PongReplay(NoOpEnv):
     """Replays recorded Pong frames, from a start its seed picks: the wire sees real frames
-    while the nodes' CPUs are not spent emulating Atari."""
+    while the nodes' CPUs are not spent emulating Atari. ``infos``: ALE's, else none."""
 
     def __init__(self, frames: np.ndarray, infos: bool = False) -> None:
         super().__init__(frames.shape[1:], np.uint8)
@@ -61,34 +61,32 @@ class PongReplay(NoOpEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         super().reset(seed=seed)
         self._t = int(self.np_random.integers(len(self._frames)))
-        return self._frames[self._t], self._info()
+        return self._frames[self._t], ale_info(self._t) if self._infos else {}
 
     def step(self, action: int) -> Any:
         self._t = (self._t + 1) % len(self._frames)
-        return self._frames[self._t], 0.0, False, False, self._info()
-
-    def _info(self) -> dict[str, Any]:
-        """ALE's infos (``infos=True``): three plain scalars every step; else none."""
-        return ale_info(self._t) if self._infos else {}
+        return self._frames[self._t], 0.0, False, False, ale_info(self._t) if self._infos else {}
 
 
 class AtariInfoNoOp(NoOpEnv):
     """:class:`bench.envs.NoOpEnv` with ALE's infos: three plain scalars every step."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._t = 0
+    _t = 0
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         super().reset(seed=seed)
-        return self._obs, self._info()
+        return self._obs, ale_info(self._t)
 
     def step(self, action: int) -> Any:
         self._t += 1
-        return self._obs, 0.0, False, False, self._info()
+        return self._obs, 0.0, False, False, ale_info(self._t)
 
-    def _info(self) -> dict[str, Any]:
-        return ale_info(self._t)
+
+class RLlibNoOp(NoOpEnv):
+    """:class:`bench.envs.NoOpEnv` built as RLlib builds an env (from its ``env_config``)."""
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__()
 
 
 def pong_frames(count: int) -> np.ndarray:
@@ -196,13 +194,6 @@ def info_rows(workers: list[str], head: str, steps: int, repeats: int) -> list[d
     return rows
 
 
-class RLlibNoOp(NoOpEnv):
-    """:class:`bench.envs.NoOpEnv` built as RLlib builds an env (from its ``env_config``)."""
-
-    def __init__(self, config: Any = None) -> None:
-        super().__init__()
-
-
 def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, Any]]:
     """RLlib's EnvRunnerGroup (2 runners x 32 no-op envs on the 2 "pair" nodes, random actions)
     against node pools (64 no-op envs, 2 nodes x 2 workers): env-steps per driver CPU-second,
@@ -232,7 +223,7 @@ def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, A
             r = row(
                 f"node pools, rollout of {length} steps",
                 64,
-                *measure_rollout(pool, policy, length, max(3, steps // length), repeats),
+                *measure(pool, max(3, steps // length), repeats, length, policy),
             )
             r["env-steps per driver CPU-s"] = ours[length] = 64 / r["driver CPU ms/step"] * 1e3
             rows.append(r)
@@ -298,31 +289,29 @@ ROLLOUTS = (50, 200)
 """Rollout lengths measured, against RLlib's fragments of the same length."""
 
 
-def measure_rollout(
-    pool: envfleet.Pool, policy: envfleet.RandomPolicy, length: int, rounds: int, repeats: int
+def measure(
+    pool: envfleet.Pool, rounds: int, repeats: int, length: int = 0, policy: Any = None
 ) -> tuple[float, float, float]:
-    """Best of ``repeats`` of ``rounds`` rollouts of ``length`` steps, per vector step: wall ms,
-    driver CPU ms and the caller's thread CPU ms (as :func:`measure`)."""
+    """Best of ``repeats`` of ``rounds`` steps (or with ``length``, rollouts of that many steps
+    by ``policy``), per vector step: wall ms, driver CPU ms (the whole process: Ray's own
+    threads in it too) and the caller's thread CPU ms (the pool's own work)."""
     pool.reset(seed=0)
-    pool.rollout(policy, length)  # warm up: the workers unpickle the policy once
-    runs = [timed(lambda: pool.rollout(policy, length), rounds) for _ in range(repeats)]
-    per_step = rounds * length
-    return min(tuple(t * 1e3 / per_step for t in run) for run in runs)  # type: ignore[return-value]
-
-
-def measure(pool: envfleet.Pool, steps: int, repeats: int) -> tuple[float, float, float]:
-    """Best of ``repeats``, per vector step: wall ms, driver CPU ms (the whole process: Ray's
-    own threads in it too) and the caller's thread CPU ms (the pool's own work)."""
     actions = np.ones(pool.num_envs, dtype=np.int64)
-    pool.reset(seed=0)
-    for _ in range(max(5, steps // 10)):
-        pool.step(actions)
-    runs = [timed(lambda: pool.step(actions), steps) for _ in range(repeats)]
-    return min(tuple(t * 1e3 / steps for t in run) for run in runs)  # type: ignore[return-value]
+
+    def call() -> object:
+        return pool.rollout(policy, length) if length else pool.step(actions)
+
+    for _ in range(1 if length else max(5, rounds // 10)):  # a rollout: the policy unpickled
+        call()
+    runs = [timed(call, rounds) for _ in range(repeats)]
+    per_step = rounds * max(1, length)
+    return min(tuple(t * 1e3 / per_step for t in run) for run in runs)  # type: ignore[return-value]
 
 
 ONE_MACHINE: dict[str, Any] = {"backend": "process", "num_workers": 2}
 """The pool every cluster row is set against: the process backend on this machine."""
+PAIR = {"pair": 1}
+"""Where one actor per worker goes: the first 2 worker nodes (the custom resource "pair")."""
 
 
 def eight_on_two(workers: list[str]) -> dict[str, Any]:
@@ -350,15 +339,8 @@ def against_the_least(workers: list[str], seconds: float, repeats: int) -> dict[
     }
     timing = benchmark.Timing.scaled(seconds, repeats)
     wakes = [benchmark.wake_round_trips()]  # what a wake-up costs now, before and after
-    results = benchmark.measure(
-        list(openers), benchmark.Workload.of(NoOpEnv, 64), timing, openers=openers
-    )
+    got = common.measured(openers, benchmark.Workload.of(NoOpEnv, 64), timing)
     wakes.append(benchmark.wake_round_trips())
-    got: dict[str, benchmark.RunResult] = {}
-    for name, result in results.items():
-        if not isinstance(result, benchmark.RunResult):
-            raise SystemExit(f"{name} failed: {result}")
-        got[name] = result
     us = {name: 64e6 / result.median for name, result in got.items()}
     ratios = {
         "target": got["node pools"].over(got["process"]),
@@ -466,15 +448,6 @@ def cpu_by_process(workers: list[str], seconds: float, rounds: int = 2) -> None:
         bare.close()
 
 
-def timed(call: Callable[[], object], rounds: int) -> list[float]:
-    """Seconds ``rounds`` calls of ``call`` take: wall, driver CPU and the caller's thread CPU."""
-    clocks = (time.perf_counter, time.process_time, time.thread_time)
-    start = [clock() for clock in clocks]
-    for _ in range(rounds):
-        call()
-    return [clock() - s for clock, s in zip(clocks, start, strict=True)]
-
-
 def row(name: str, envs: int, wall: float, cpu: float, own: float) -> dict[str, Any]:
     result = {"row": name, "envs": envs, "ms/step": wall, "driver CPU ms/step": cpu}
     result.update({"thread CPU ms/step": own, "env-steps/s": envs / wall * 1e3})
@@ -503,16 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     steps = 200 if args.quick else 1000
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False, "object_store_memory": 80 << 20},
-    )
-    try:
-        for k in range(4):
-            cluster.add_node(
-                num_cpus=1, resources={"pair": 100} if k < 2 else {}, object_store_memory=80 << 20
-            )
-        ray.init(address=cluster.address, log_to_driver=False)
+    with common.fake_cluster(5, [{"pair": 100}] * 2) as cluster:  # 2 "pair" nodes
         workers = [n.node_id for n in cluster.worker_nodes]
         if args.compress or args.rllib or args.infos or args.bare:
             if args.bare:
@@ -531,20 +495,10 @@ def main(argv: list[str] | None = None) -> int:
             return {"nodes": workers[:n], "num_workers": w, **more}
 
         def actors(w: int) -> dict[str, Any]:  # one actor per worker on the 2 "pair" nodes
-            return {
-                "nodes": False,
-                "num_workers": w,
-                "worker_resources": {"resources": {"pair": 1}},
-            }
+            return {"nodes": False, "num_workers": w, "worker_resources": {"resources": PAIR}}
 
         cases: list[tuple[str, Any, int, int, dict[str, Any]]] = [
-            (
-                "process, 1 machine, 2 workers",
-                noop,
-                64,
-                steps,
-                ONE_MACHINE,
-            ),
+            ("process, 1 machine, 2 workers", noop, 64, steps, ONE_MACHINE),
             *(
                 (f"node pools, {n} node(s) x 2 workers", noop, 64, steps, pools(n, 2 * n))
                 for n in (1, 2, 4)
@@ -597,9 +551,6 @@ def main(argv: list[str] | None = None) -> int:
             "no-op x 64, 8 workers on 2 nodes vs process backend (rows above): "
             f"{eight['env-steps/s'] / process:.3f}x (target >= 0.25x)"
         )
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
     return 0
 
 

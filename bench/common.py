@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import json
 import os
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -174,6 +175,18 @@ def add_choice(parser: argparse.ArgumentParser, flag: str, choices: Sequence[str
     )
 
 
+@contextlib.contextmanager
+def script_run(
+    json_path: Path, packages: Sequence[str] = (), width: int = 120
+) -> Iterator[tuple[Console, dict[str, Any]]]:
+    """A script's run: its :func:`session`, the machine printed (:func:`print_machine`), and
+    the JSON document it fills, written to ``json_path`` at the end."""
+    with session(json_path, width) as console:
+        document = {"machine": print_machine(console, packages)}
+        yield console, document
+    save_json(json_path, document, console)
+
+
 def print_machine(console: Console, packages: Sequence[str] = ()) -> dict[str, Any]:
     """Print a one-line summary of :func:`~envfleet.benchmark.machine_info`; return it."""
     machine = benchmark.machine_info(packages)
@@ -194,3 +207,55 @@ def save_json(path: Path, report: dict[str, Any], console: Console | None = None
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     if console is not None:
         console.print(f"results written to {path}")
+
+
+# -- what the scripts that time by hand share ----------------------------------------------------
+
+
+def int_list(text: str) -> list[int]:
+    """``"2,64"`` as ``[2, 64]`` (an option's type)."""
+    return [int(n) for n in text.split(",")]
+
+
+def measured(
+    openers: dict[str, Any], workload: benchmark.Workload, timing: benchmark.Timing, **hooks: Any
+) -> dict[str, benchmark.RunResult]:
+    """:func:`envfleet.benchmark.measure` of a script's own runners, their windows interleaved;
+    one that failed ends the script."""
+    results = benchmark.measure(list(openers), workload, timing, openers=openers, **hooks)
+    for name, result in results.items():
+        if not isinstance(result, benchmark.RunResult):
+            raise SystemExit(f"{name} failed: {result}")
+    return results  # type: ignore[return-value]
+
+
+def timed(call: Callable[[], object], rounds: int) -> list[float]:
+    """Seconds ``rounds`` calls of ``call`` take: wall, this process's CPU and this thread's."""
+    clocks = (time.perf_counter, time.process_time, time.thread_time)
+    start = [clock() for clock in clocks]
+    for _ in range(rounds):
+        call()
+    return [clock() - s for clock, s in zip(clocks, start, strict=True)]
+
+
+@contextlib.contextmanager
+def fake_cluster(nodes: int, resources: Sequence[dict[str, float]] = ()) -> Iterator[Any]:
+    """A Ray cluster of ``nodes`` nodes on this machine (one CPU each; the ``k``-th after the
+    head with ``resources[k]``), connected; ``None`` and no Ray if ``nodes`` is 0."""
+    if not nodes:
+        yield None
+        return
+    import ray
+    from ray.cluster_utils import Cluster
+
+    node = {"num_cpus": 1, "object_store_memory": 80 << 20}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    try:
+        for k in range(nodes - 1):
+            cluster.add_node(**node, resources=resources[k] if k < len(resources) else {})
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

@@ -21,26 +21,17 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
-import time
-from collections.abc import Callable
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from bench.common import int_list, timed
 from bench.envs import NoOpEnv
 from envfleet.buffers import Batch
 from envfleet.group import EnvGroup
 from envfleet.spec import EnvSpec
 
 TARGET_US = 0.3  # the loop's own work per env, microseconds
-
-
-def _time(call: Callable[[], object], calls: int) -> float:
-    """Seconds per call of ``call``, over one window of ``calls`` calls."""
-    start = time.perf_counter()
-    for _ in range(calls):
-        call()
-    return (time.perf_counter() - start) / calls
 
 
 def measure(n: int, calls: int, repeats: int) -> tuple[float, float]:
@@ -71,17 +62,15 @@ def measure(n: int, calls: int, repeats: int) -> tuple[float, float]:
     loops: list[float] = []
     groups: list[float] = []
     for _ in range(repeats):
-        loops.append(_time(plain, calls) / n * 1e6)
-        groups.append(_time(grouped, calls) / n * 1e6)
+        loops.append(timed(plain, calls)[0] / calls / n * 1e6)
+        groups.append(timed(grouped, calls)[0] / calls / n * 1e6)
     group.close()
     return min(loops), min(groups)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument(
-        "--num-envs", type=lambda v: [int(n) for n in v.split(",")], default=[32, 64]
-    )
+    parser.add_argument("--num-envs", type=int_list, default=[32, 64])
     parser.add_argument("--calls", type=int, default=20, help="calls per timed window")
     parser.add_argument("--repeats", type=int, default=500, help="windows of each")
     parser.add_argument("--quick", action="store_true", help="20 windows each")

@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     timing = common.timing_from(args)
     import ray
 
-    with common.session(args.json) as console:  # Ray's warnings go to the log, not the screen
-        output: dict[str, Any] = {"machine": common.print_machine(console, ("ray", "ale-py"))}
+    # Ray's warnings go to the log, not the screen.
+    with common.script_run(args.json, ("ray", "ale-py")) as (console, output):
         if ray.is_initialized():
             raise SystemExit("run this with no Ray connected: it times Ray's start-up")
         start = time.perf_counter()
@@ -140,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
                 output[name] = {**common.rows(report), "target": check}
         finally:
             ray.shutdown()
-    common.save_json(args.json, output, console)
     return 0
 
 

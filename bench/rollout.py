@@ -214,10 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     timing = common.timing_from(args, full=(1.0, 3))
-    with common.session(args.json) as console:
-        machine, threads = common.print_machine(console, ["torch"]), torch.get_num_threads()
+    with common.script_run(args.json, ["torch"]) as (console, report):
+        threads = report["torch_threads"] = torch.get_num_threads()
         console.print(f"torch threads {threads}")
-        report: dict[str, Any] = {"machine": machine, "torch_threads": threads, "workloads": {}}
+        report["workloads"] = {}
         for name in args.workloads:
             torch.manual_seed(args.seed)
             case = WORKLOADS[name]()
@@ -237,7 +237,6 @@ def main(argv: list[str] | None = None) -> int:
                 value = top / bottom if top and bottom else None
                 checks.append(common.target(console, f"{a} / {b}", value, minimum, end=""))
             report["workloads"][name] = {**common.rows(measured), "targets": checks}
-    common.save_json(args.json, report, console)
     return 0
 
 

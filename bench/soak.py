@@ -27,7 +27,6 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 import argparse
 import collections
-import contextlib
 import dataclasses
 import faulthandler
 import json
@@ -36,7 +35,6 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -45,7 +43,7 @@ import psutil
 from rich.console import Console
 
 import envfleet
-from bench.common import RESULTS, print_machine, save_json
+from bench.common import RESULTS, fake_cluster, print_machine, save_json
 from bench.envs import CALLS, ENV_INDEX, EPISODE_STEP, KINDS, POOL_STEP, SoakEnv, read_log
 
 RESTARTED = "envfleet/restarted"
@@ -339,28 +337,6 @@ def soak_checks(faulty: dict[str, Any], clean: dict[str, Any]) -> dict[str, bool
             out[f"{label}: {check}"] = ok
     out["fault_free: nothing flagged"] = clean["lost_flagged"] == 0
     return out
-
-
-@contextlib.contextmanager
-def fake_cluster(nodes: int) -> Iterator[None]:
-    """A Ray cluster of ``nodes`` nodes on this machine (one CPU each), connected; none if 0."""
-    if not nodes:
-        yield
-        return
-    import ray
-    from ray.cluster_utils import Cluster
-
-    node = {"num_cpus": 1, "object_store_memory": 80 << 20}
-    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
-    try:
-        for _ in range(nodes - 1):
-            cluster.add_node(**node)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False)
-        yield
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def run_soak(args: SoakConfig, json_path: Path) -> int:

@@ -32,7 +32,6 @@ import itertools
 import multiprocessing
 import os
 import statistics
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -40,6 +39,7 @@ from typing import Any
 import numpy as np
 
 import envfleet
+from bench.common import int_list, timed
 from bench.envs import NoOpEnv
 from envfleet import benchmark
 from envfleet.backends.local import process
@@ -66,10 +66,8 @@ def busy(loops: int) -> Iterator[None]:
 
 def window(step: Callable[[], object], steps: int) -> tuple[float, float]:
     """µs per call of ``step`` and this thread's CPU µs per call, over ``steps`` calls."""
-    wall, cpu = time.perf_counter(), time.thread_time()
-    for _ in range(steps):
-        step()
-    return (time.perf_counter() - wall) / steps * 1e6, (time.thread_time() - cpu) / steps * 1e6
+    wall, _, cpu = timed(step, steps)
+    return wall / steps * 1e6, cpu / steps * 1e6
 
 
 ENVS: dict[str, Any] = {"noop": NoOpEnv, "cartpole": "CartPole-v1", "pong": "ALE/Pong-v5"}
@@ -133,9 +131,7 @@ def measure(env: Any, n: int, windows: int, steps: int, workers: int = 2) -> dic
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument(
-        "--num-envs", type=lambda v: [int(n) for n in v.split(",")], default=[2, 64]
-    )
+    parser.add_argument("--num-envs", type=int_list, default=[2, 64])
     parser.add_argument("--env", choices=sorted(ENVS), default="noop")
     parser.add_argument("--busy", type=int, default=0, help="busy loops beside the run")
     parser.add_argument("--workers", type=int, default=2, help="the pools' workers")

@@ -24,19 +24,17 @@ import functools
 import statistics
 from typing import Any
 
-from bench.common import RESULTS, print_machine, progress, save_json, session
+from bench.common import RESULTS, int_list, measured, print_machine, progress, save_json, session
 from bench.envs import NoOpEnv
 from envfleet import benchmark
 
 DEFAULT_JSON = RESULTS / "step_cost.json"
-TARGET = 1.3  # envfleet process / bare pool, per step (issue 23)
+TARGET = 1.3  # envfleet process / bare pool, per step
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--num-envs", type=lambda v: [int(n) for n in v.split(",")], default=[2, 64]
-    )
+    parser.add_argument("--num-envs", type=int_list, default=[2, 64])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=None, help="timed window (default 2)")
     parser.add_argument("--repeats", type=int, default=None, help="windows (default 3)")
@@ -60,14 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 def measure(n: int, workers: int, openers: Any, timing: Any, console: Any) -> dict[str, Any]:
     """envfleet process and the bare pool on ``n`` no-op envs: µs per vector step, ratio."""
     with progress(console, f"no-op x {n}") as hooks:
-        results = benchmark.measure(
-            list(openers), benchmark.Workload.of(NoOpEnv, n), timing, openers=openers, **hooks
-        )
-    got: dict[str, benchmark.RunResult] = {}
-    for name, result in results.items():
-        if not isinstance(result, benchmark.RunResult):
-            raise SystemExit(f"{name} failed: {result}")
-        got[name] = result
+        got = measured(openers, benchmark.Workload.of(NoOpEnv, n), timing, **hooks)
     us = {name: [1e6 * n / rate for rate in r.throughputs] for name, r in got.items()}
     medians = {name: statistics.median(v) for name, v in us.items()}  # µs per vector step
     ratio = got[benchmark.BARE_POOL].over(got["process"])  # time per step, paired by round

@@ -130,15 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     common.add_choice(parser, "--parts", list(PARTS))
     args = parser.parse_args(argv)
     timing = common.timing_from(args)
-    with common.session(args.json, width=140) as console:
-        report: dict[str, Any] = {"machine": common.print_machine(console), "parts": {}}
+    with common.script_run(args.json, width=140) as (console, report):
+        report["parts"] = {}
         for part in args.parts:
             title, cases, workload, reference, minimum = PARTS[part]
             measured = common.measure_table(console, title, cases, workload, timing, reference)
             value = measured.ratio("envfleet thread", workload.num_envs, reference)
             check = common.target(console, f"envfleet thread / {reference}", value, minimum)
             report["parts"][part] = {**common.rows(measured), "target": check}
-    common.save_json(args.json, report, console)
     return 0
 
 

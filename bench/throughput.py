@@ -30,11 +30,9 @@ from bench.common import (
     RESULTS,
     add_choice,
     measure_table,
-    print_machine,
     rows,
-    save_json,
     script_parser,
-    session,
+    script_run,
     timing_from,
 )
 from bench.envs import TARGETS, Target
@@ -99,13 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     timing = timing_from(args)
-    with session(args.json) as console:  # ale-py's banners go to the log, not the screen
-        report: dict[str, Any] = {"machine": print_machine(console), "timing": timing.as_dict()}
+    with script_run(args.json) as (console, report):  # ale-py's banners go to the log
+        report["timing"] = timing.as_dict()
         report["workloads"] = {
             name: run_workload(TARGETS[name], args.runners, timing, console)
             for name in args.workloads
         }
-    save_json(args.json, report, console)
     return 0
 
 

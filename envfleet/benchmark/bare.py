@@ -18,7 +18,6 @@ import contextlib
 import multiprocessing
 import os
 import socket
-from collections.abc import Callable
 from typing import Any
 
 from envfleet.affinity import usable_cpus
@@ -46,94 +45,6 @@ def _bare_worker(
             os.write(outbox, _DONE)
     finally:
         _close(envs)
-
-
-class BarePool:
-    """``num_workers`` processes woken by one byte each per step (see the module docstring)."""
-
-    def __init__(self, workload: Workload, timing: Timing, num_workers: int | None = None) -> None:
-        workers = num_workers or min(len(usable_cpus()), workload.num_envs)
-        workers = min(workers, workload.num_envs)
-        counts, firsts = blocks(workload.num_envs, workers)
-        self.num_workers = workers
-        ctx = multiprocessing.get_context()
-        self._commands: list[int] = []
-        self._replies: list[int] = []
-        self._procs: list[Any] = []
-        self._conns: list[Any] = []
-        try:
-            for i in range(workers):
-                command_r, command_w = ctx.Pipe(duplex=False)
-                reply_r, reply_w = ctx.Pipe(duplex=False)
-                proc = ctx.Process(
-                    target=_bare_worker,
-                    args=(workload, counts[i], firsts[i], timing, command_r, reply_w),
-                    daemon=True,
-                )
-                proc.start()
-                command_r.close()
-                reply_w.close()
-                self._conns += [command_w, reply_r]
-                self._commands.append(command_w.fileno())
-                self._replies.append(reply_r.fileno())
-                self._procs.append(proc)
-            self._gather()
-        except BaseException:
-            self.close()
-            raise
-
-    def _gather(self) -> None:
-        for fd in self._replies:
-            if os.read(fd, 1) != _DONE:
-                raise RuntimeError("a bare-pool worker died")
-
-    def step(self, _actions: object = None) -> None:
-        """One vector step: a byte to every worker, then a byte from every worker."""
-        for fd in self._commands:
-            os.write(fd, _GO)
-        self._gather()
-
-    def close(self) -> None:
-        _stop(self._commands, self._procs)
-        for conn in self._conns:
-            conn.close()
-        self._procs, self._conns, self._commands, self._replies = [], [], [], []
-
-
-def _stop(fds: list[int], procs: list[Any]) -> None:
-    """Ask each process behind ``fds`` to stop, and see that every one of ``procs`` has ended."""
-    for fd in fds:
-        with contextlib.suppress(OSError):  # already gone
-            os.write(fd, _STOP)
-    for proc in procs:
-        proc.join(timeout=10.0)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join()
-
-
-def _runner(
-    name: str,
-    step: Callable[[], object],
-    close: Callable[[], object],
-    workload: Workload,
-    timing: Timing,
-    **info: Any,
-) -> Runner:
-    """A runner of a bare pool's ``step`` (a vector step of every env)."""
-    n = workload.num_envs
-
-    def advance() -> int:
-        step()
-        return n
-
-    return CallRunner(name, advance, close, timing, **info)
-
-
-def open_bare_pool(workload: Workload, timing: Timing, num_workers: int | None = None) -> Runner:
-    """See :class:`BarePool` (``num_workers``: default as the process backend's)."""
-    pool = BarePool(workload, timing, num_workers)
-    return _runner(BARE_POOL, pool.step, pool.close, workload, timing, workers=pool.num_workers)
 
 
 def _bare_agent(link: socket.socket, commands: list[Any], replies: list[Any]) -> None:
@@ -168,7 +79,83 @@ def _loopback_pair() -> tuple[socket.socket, socket.socket]:
     return near, far
 
 
-class BareNodePool:
+class BarePool:
+    """``num_workers`` processes (default: as the process backend's) woken by one byte each per
+    step; with ``nodes``, behind that many agents, a node's workers consecutive (see the module
+    docstring)."""
+
+    def __init__(
+        self, workload: Workload, timing: Timing, num_workers: int | None = None, nodes: int = 0
+    ) -> None:
+        workers = min(num_workers or len(usable_cpus()), workload.num_envs)
+        counts, firsts = blocks(workload.num_envs, workers)
+        layout = split_ids(range(workers), nodes) if nodes else [(i,) for i in range(workers)]
+        self.num_workers, self.layout = workers, [len(node) for node in layout]
+        self.pids: dict[str, list[int]] = {"agents": [], "workers": []}
+        """The process ids of its agents (with ``nodes``) and of its workers."""
+        self._what = "bare-nodes worker or agent" if nodes else "bare-pool worker"
+        self._links: list[tuple[Any, Any]] = []  # per worker or agent: (to it, from it)
+        self._procs: list[Any] = []
+        ctx = multiprocessing.get_context()
+        try:
+            for node in layout:
+                commands, replies = [], []  # the pool's or the agent's ends of the pipes
+                for i in node:
+                    command_r, command_w = ctx.Pipe(duplex=False)
+                    reply_r, reply_w = ctx.Pipe(duplex=False)
+                    args = (workload, counts[i], firsts[i], timing, command_r, reply_w)
+                    self._start(ctx, "workers", _bare_worker, args, command_r, reply_w)
+                    commands.append(command_w)
+                    replies.append(reply_r)
+                if not nodes:
+                    self._links.append((commands[0], replies[0]))
+                    continue
+                near, far = _loopback_pair()
+                self._links.append((near, near))
+                self._start(ctx, "agents", _bare_agent, (far, commands, replies), far, *commands)
+                for end in replies:  # like its other ends here, the agent's alone
+                    end.close()
+            self._gather()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, ctx: Any, role: str, target: Any, args: tuple[Any, ...], *ends: Any) -> None:
+        """Start ``target(*args)``, then close ``ends`` here (the new process's alone)."""
+        proc = ctx.Process(target=target, args=args, daemon=True)
+        proc.start()
+        self._procs.append(proc)
+        self.pids[role].append(proc.pid)
+        for end in ends:
+            end.close()
+
+    def _gather(self) -> None:
+        for _, inbox in self._links:
+            if os.read(inbox.fileno(), 1) != _DONE:
+                raise RuntimeError(f"a {self._what} died")
+
+    def step(self, _actions: object = None) -> None:
+        """One vector step: a byte to every worker (or agent), then a byte from every one."""
+        for outbox, _ in self._links:
+            os.write(outbox.fileno(), _GO)
+        self._gather()
+
+    def close(self) -> None:
+        for outbox, _ in self._links:
+            with contextlib.suppress(OSError):  # already gone
+                os.write(outbox.fileno(), _STOP)
+        for proc in self._procs:
+            proc.join(timeout=10.0)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+        for ends in self._links:
+            for end in set(ends):
+                end.close()
+        self._procs, self._links = [], []
+
+
+class BareNodePool(BarePool):
     """``nodes`` agent processes, each with ``workers_per_node`` bare workers (see the module
     docstring); the envs split over all the workers in order, a node's workers consecutive."""
 
@@ -179,66 +166,24 @@ class BareNodePool:
             raise ValueError(
                 f"nodes and workers_per_node must be >= 1, got {nodes} and {workers_per_node}"
             )
-        workers = min(nodes * workers_per_node, workload.num_envs)
-        counts, firsts = blocks(workload.num_envs, workers)
-        layout = split_ids(range(workers), nodes)  # a node's workers: consecutive
-        self.layout = [len(node) for node in layout]
-        self.pids: dict[str, list[int]] = {"agents": [], "workers": []}
-        """The process ids of its agents and of its workers."""
-        ctx = multiprocessing.get_context()
-        self._links: list[socket.socket] = []
-        self._procs: list[Any] = []
-        try:
-            for node in layout:
-                # The agent's ends of its workers' pipes.
-                commands: list[Any] = []
-                replies: list[Any] = []
-                for i in node:
-                    command_r, command_w = ctx.Pipe(duplex=False)
-                    reply_r, reply_w = ctx.Pipe(duplex=False)
-                    commands.append(command_w)
-                    replies.append(reply_r)
-                    self._start(
-                        ctx,
-                        "workers",
-                        _bare_worker,
-                        (workload, counts[i], firsts[i], timing, command_r, reply_w),
-                    )
-                    command_r.close()  # the worker's alone: its death is the agent's EOF
-                    reply_w.close()
-                near, far = _loopback_pair()
-                self._links.append(near)
-                self._start(ctx, "agents", _bare_agent, (far, commands, replies))
-                far.close()  # the agent's alone, as are its ends of the pipes
-                for end in (*commands, *replies):
-                    end.close()
-            self._gather()
-        except BaseException:
-            self.close()
-            raise
+        super().__init__(workload, timing, nodes * workers_per_node, nodes)
 
-    def _start(self, ctx: Any, role: str, target: Any, args: tuple[Any, ...]) -> None:
-        proc = ctx.Process(target=target, args=args, daemon=True)
-        proc.start()
-        self._procs.append(proc)
-        self.pids[role].append(proc.pid)
 
-    def _gather(self) -> None:
-        for link in self._links:
-            if os.read(link.fileno(), 1) != _DONE:
-                raise RuntimeError("a bare-nodes worker or agent died")
+def _runner(name: str, pool: BarePool, workload: Workload, timing: Timing, **info: Any) -> Runner:
+    """A runner of a bare pool's ``step`` (a vector step of every env)."""
+    n = workload.num_envs
 
-    def step(self, _actions: object = None) -> None:
-        """One vector step: a byte to every agent, then a byte from every agent."""
-        for link in self._links:
-            os.write(link.fileno(), _GO)
-        self._gather()
+    def advance() -> int:
+        pool.step()
+        return n
 
-    def close(self) -> None:
-        _stop([link.fileno() for link in self._links], self._procs)
-        for link in self._links:
-            link.close()
-        self._procs, self._links = [], []
+    return CallRunner(name, advance, pool.close, timing, **info)
+
+
+def open_bare_pool(workload: Workload, timing: Timing, num_workers: int | None = None) -> Runner:
+    """See :class:`BarePool` (``num_workers``: default as the process backend's)."""
+    pool = BarePool(workload, timing, num_workers)
+    return _runner(BARE_POOL, pool, workload, timing, workers=pool.num_workers)
 
 
 def open_bare_nodes(
@@ -246,4 +191,14 @@ def open_bare_nodes(
 ) -> Runner:
     """See :class:`BareNodePool`."""
     pool = BareNodePool(workload, timing, nodes, workers_per_node)
-    return _runner(BARE_NODES, pool.step, pool.close, workload, timing, nodes=pool.layout)
+    return _runner(BARE_NODES, pool, workload, timing, nodes=pool.layout)
+
+
+__all__ = [
+    "BARE_NODES",
+    "BARE_POOL",
+    "BareNodePool",
+    "BarePool",
+    "open_bare_nodes",
+    "open_bare_pool",
+]

@@ -332,3 +332,28 @@ def open_vector(
         vec.close()
         raise
     return CallRunner(name, advance, vec.close, timing, settle_s=settle_s, **info)
+
+
+__all__ = [
+    "CEILING",
+    "FAILED",
+    "LOOP",
+    "NOT_INSTALLED",
+    "OK",
+    "PARTIAL",
+    "SKIPPED",
+    "UNAVAILABLE",
+    "UNSUPPORTED",
+    "CallRunner",
+    "OtherLoad",
+    "RunResult",
+    "Runner",
+    "Skipped",
+    "StartupTimeout",
+    "Timing",
+    "Workload",
+    "cycle",
+    "open_vector",
+    "sample_actions",
+    "time_calls",
+]

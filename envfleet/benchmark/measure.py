@@ -328,3 +328,16 @@ def sweep(
         report.interrupted = True
     report.seconds = time.perf_counter() - start
     return report
+
+
+__all__ = [
+    "EXPECTED_MARGIN",
+    "KILL_GRACE",
+    "PACKAGES",
+    "Hook",
+    "Opener",
+    "machine_info",
+    "measure",
+    "open_bounded",
+    "sweep",
+]

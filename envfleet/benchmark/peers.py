@@ -252,3 +252,21 @@ def open_ale_vector(workload: Workload, timing: Timing) -> Runner:
         AtariVectorEnv, game, workload.num_envs, num_threads=threads, **options
     )
     return open_vector("ale-vector", build, timing, threads=threads, ale_py=version("ale-py"))
+
+
+__all__ = [
+    "AS_ALE_V5",
+    "PUFFER_SETTLE_S",
+    "QuietEnvPool",
+    "ale_vector_check",
+    "ale_vector_options",
+    "envpool_check",
+    "envpool_id",
+    "open_ale_vector",
+    "open_envpool",
+    "open_pufferlib",
+    "open_sb3",
+    "puffer_env",
+    "quiet",
+    "version",
+]

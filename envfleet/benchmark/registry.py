@@ -149,3 +149,6 @@ def availability(name: str, spec: EnvSpec) -> Availability:
         if reason is not None:
             return Availability(base.UNSUPPORTED, reason)
     return Availability(base.OK)
+
+
+__all__ = ["ALIASES", "RUNNERS", "Availability", "RunnerKind", "availability", "parse_runners"]

@@ -286,3 +286,15 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return str(value)
+
+
+__all__ = [
+    "Column",
+    "Report",
+    "plot_label",
+    "report_notes",
+    "report_table",
+    "startup_table",
+    "write_json",
+    "write_plot",
+]

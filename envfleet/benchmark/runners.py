@@ -119,7 +119,7 @@ class CeilingRunner(base.Runner):
         self._go, self._seconds, self._results = ctx.Barrier(count + 1), ctx.Value("d"), ctx.Queue()
         args = (workload, counts, firsts, timing)
         self._workers = [
-            ctx.Process(  # type: ignore[attr-defined]
+            ctx.Process(
                 target=_ceiling_worker,
                 args=(*args, i, self._go, self._seconds, self._results),
                 daemon=True,
@@ -234,3 +234,16 @@ def open_gym_async(
         policy=policy,
         processes=workload.num_envs,
     )
+
+
+__all__ = [
+    "CEILING_TIMEOUT",
+    "CeilingRunner",
+    "blocks",
+    "envfleet_opener",
+    "open_envfleet",
+    "open_gym_async",
+    "open_gym_sync",
+    "open_loop",
+    "open_process_copy",
+]

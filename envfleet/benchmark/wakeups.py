@@ -98,3 +98,6 @@ def describe_wakes(*measured: dict[str, float] | None) -> str | None:
         " and ".join(f"{m[key]:g}" for m in measured if m) for key in ("same core", "across cores")
     )
     return f"{same} us on one core, {across} us across two"
+
+
+__all__ = ["describe_wakes", "wake_round_trips"]
