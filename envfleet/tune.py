@@ -230,3 +230,16 @@ def candidate_layouts(
         if layout not in unique:
             unique.append(layout)
     return unique
+
+
+__all__ = [
+    "ASYNC_WORKERS_PER_CORE",
+    "BLOCKING_STEPS",
+    "WAITING_CPU_SHARE",
+    "EnvProfile",
+    "Layout",
+    "auto_layout",
+    "candidate_layouts",
+    "choose_layout",
+    "profile_env",
+]
