@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import gymnasium
 import numpy as np
 
 from envfleet.affinity import usable_cpus
@@ -75,6 +76,8 @@ class Layout:
     threads_per_worker: int = 1
     batch_size: int | None = None
     cpu_affinity: str | tuple[int, ...] | None = None
+    vectorization_mode: str | None = None
+    """``"vector_entry_point"``: each worker hosts the env's own VectorEnv for its block."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.backend, Backend):  # its name, at the edge
@@ -89,11 +92,23 @@ class Layout:
         if self.cpu_affinity is not None:
             affinity = self.cpu_affinity
             kwargs["cpu_affinity"] = affinity if isinstance(affinity, str) else list(affinity)
+        if self.vectorization_mode is not None:
+            kwargs["vectorization_mode"] = self.vectorization_mode
         return kwargs
 
     def describe(self, env: str, num_envs: int) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.make_kwargs().items())
         return f"envfleet.make({env!r}, {num_envs}, {args})"
+
+
+def has_vector_entry_point(spec: EnvSpec) -> bool:
+    """Whether ``spec`` is a registered id (with no wrappers) that Gymnasium can build as its
+    own batched VectorEnv (``gymnasium.make_vec(..., vectorization_mode="vector_entry_point")``)."""
+    target = spec.target
+    if not isinstance(target, str) or spec.per_env or spec.wrappers or spec.legacy_gym:
+        return False
+    entry = gymnasium.registry.get(target)
+    return entry is not None and entry.vector_entry_point is not None
 
 
 def profile_env(spec: EnvSpec, seconds: float = 0.3, max_steps: int = 2000) -> EnvProfile:
@@ -197,13 +212,20 @@ def choose_layout(
 
 
 def candidate_layouts(
-    profile: EnvProfile, num_envs: int, cores: int, *, policy_in_loop: bool = False
+    profile: EnvProfile,
+    num_envs: int,
+    cores: int,
+    *,
+    policy_in_loop: bool = False,
+    hosted: bool = False,
 ) -> list[Layout]:
     """Layouts worth timing for ``envfleet tune`` (a handful, bounded by the time budget).
 
     ``policy_in_loop``: a policy runs between ``recv`` and ``send``; double-buffered async
     layouts (``batch_size = num_envs / 2``) overlap it with stepping, and one of them leaves a
-    core to the policy (a worker fewer than cores).
+    core to the policy (a worker fewer than cores). ``hosted``: the env has a vector entry
+    point; layouts where each worker hosts it for its block of envs (one worker, one per core)
+    join the candidates.
     """
     candidates: list[Layout] = []
     for workers in sorted({1, max(1, cores // 2), cores, min(num_envs, 2 * cores)}):
@@ -225,6 +247,11 @@ def candidate_layouts(
         candidates.insert(0, Layout(Backend.PROCESS, min(cores, num_envs), batch_size=half))
         if cores > 1:
             candidates.insert(1, Layout(Backend.PROCESS, min(cores - 1, num_envs), batch_size=half))
+    if hosted:  # the env's own batched simulator, one per worker: few workers, large blocks
+        mode = "vector_entry_point"
+        candidates.append(Layout(Backend.SERIAL, 1, vectorization_mode=mode))
+        if cores > 1 and num_envs >= cores:
+            candidates.append(Layout(Backend.PROCESS, cores, vectorization_mode=mode))
     unique: list[Layout] = []
     for layout in candidates:
         if layout not in unique:
@@ -241,5 +268,6 @@ __all__ = [
     "auto_layout",
     "candidate_layouts",
     "choose_layout",
+    "has_vector_entry_point",
     "profile_env",
 ]

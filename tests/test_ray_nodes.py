@@ -1476,3 +1476,28 @@ def test_a_nodes_slow_replacement_restarts_no_env_of_the_other_nodes(
             _, _, _, _, infos = pool.step(np.ones(NUM_ENVS, dtype=np.int64))
             assert "envfleet/restarted" not in infos
         assert (pool.restarts == lost).all(), f"restarts per env: {pool.restarts.tolist()}"
+
+
+def test_hosted_vector_envs_on_three_nodes_are_the_vector_envs_alone(cluster: Cluster) -> None:
+    """One hosted VectorEnv per worker, a worker per node (the pool's own node too): the
+    values, flags and infos of the same VectorEnvs alone; one that raises is rebuilt on its
+    node, only its envs flagged."""
+    from tests.test_hosted import Alone, assert_same, counting, run
+
+    fns = [
+        functools.partial(counting, 2),
+        functools.partial(counting, 3, length=4),
+        functools.partial(counting, 1, fail_at=6),
+    ]
+    alone = Alone([fn() for fn in fns])  # five steps: before the third one's failure
+    with envfleet.make(
+        vector_env_fns=fns, backend="ray", nodes=all_nodes(cluster), seed=2, on_error="restart"
+    ) as pool:
+        assert len(pool.stats().nodes) == 3
+        assert sorted(len(n.env_ids) for n in pool.stats().nodes) == [1, 2, 3]
+        got = run(pool, [2, 3, 1], seed=2, steps=5)
+        _, rewards, _, truncations, infos = pool.step(np.ones(6, dtype=np.int64))
+        assert infos["_envfleet/restarted"].tolist() == [False] * 5 + [True]
+        assert truncations[5] and rewards[5] == 0
+    want = run(alone, alone.sizes, seed=2, steps=5)
+    assert_same(want, got)

@@ -147,3 +147,22 @@ def test_the_probe_module_never_imports_the_pool() -> None:
     # backends.registry: the backends' capabilities, which the layout asks (no pool there).
     allowed = {"envfleet.affinity", "envfleet.spec", "envfleet.backends.contract.registry"}
     assert envfleet_modules <= allowed, envfleet_modules
+
+
+def test_an_env_with_a_vector_entry_point_adds_hosted_layouts() -> None:
+    """CartPole-v1 has Gymnasium's numpy VectorEnv: tune times it hosted (one worker, one per
+    core) beside the single-env layouts; an id with none, or a factory, adds nothing."""
+    from envfleet.tune import has_vector_entry_point
+
+    assert has_vector_entry_point(EnvSpec.from_user("CartPole-v1"))
+    assert not has_vector_entry_point(EnvSpec.from_user("FrozenLake-v1"))
+    assert not has_vector_entry_point(EnvSpec.from_user(functools.partial(len, [])))
+    profile = _profile(cpu_share=1.0)
+    hosted = [
+        layout
+        for layout in candidate_layouts(profile, 8, cores=2, hosted=True)
+        if layout.vectorization_mode == "vector_entry_point"
+    ]
+    assert [(h.backend.value, h.num_workers) for h in hosted] == [("serial", 1), ("process", 2)]
+    assert hosted[1].make_kwargs()["vectorization_mode"] == "vector_entry_point"
+    assert not any(layout.vectorization_mode for layout in candidate_layouts(profile, 8, cores=2))

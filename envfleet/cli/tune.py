@@ -36,7 +36,14 @@ from envfleet.cli.common import (
 )
 from envfleet.cli.runner import Policy, load_policy
 from envfleet.spec import EnvSpec
-from envfleet.tune import EnvProfile, Layout, auto_layout, candidate_layouts, profile_env
+from envfleet.tune import (
+    EnvProfile,
+    Layout,
+    auto_layout,
+    candidate_layouts,
+    has_vector_entry_point,
+    profile_env,
+)
 
 DEFAULT_TUNE_BUDGET = 20.0
 TUNE_MIN_WINDOW = 0.1
@@ -243,7 +250,13 @@ def tune_layouts(
         probe_s = time.perf_counter() - built
     except Exception as exc:
         raise CliError(f"probing {spec.name} failed: {type(exc).__name__}: {exc}") from exc
-    candidates = candidate_layouts(profile, num_envs, cores, policy_in_loop=policy is not None)
+    candidates = candidate_layouts(
+        profile,
+        num_envs,
+        cores,
+        policy_in_loop=policy is not None,
+        hosted=has_vector_entry_point(spec),
+    )
     layouts = _by_promise(candidates, profile, num_envs, cores)
     # Starting a pool builds and resets every env (spread over workers) on top of a fixed cost.
     build_s = max(0.0, probe_s - min(0.3, budget / 20)) + profile.reset_seconds
@@ -313,6 +326,8 @@ def _layout_text(layout: Layout) -> str:
         parts.append(f"batch {layout.batch_size}")
     if layout.cpu_affinity is not None:
         parts.append(f"cpus {_cpus_text(layout)}")
+    if layout.vectorization_mode is not None:
+        parts.append("hosted VectorEnv per worker")
     return ", ".join(parts)
 
 
@@ -369,6 +384,8 @@ def _layouts_table(
     for header in ("workers", "threads/worker", "batch", "cpus", "window s", "steps/s", "/ best"):
         table.add_column(header, justify="right")
     table.add_column("note")
+    if any(timing.layout.vectorization_mode for timing in timings):
+        table.caption = "(hosted): each worker hosts the env's own VectorEnv for its block"
     top = best.steps_per_second or 0.0
     for timing in timings:
         layout, rate = timing.layout, timing.steps_per_second
@@ -381,7 +398,7 @@ def _layouts_table(
         else:
             shown, ratio, note = f"{rate:,.0f}", f"{rate / top:.2f}" if top else "-", ""
         table.add_row(
-            layout.backend.value,
+            layout.backend.value + (" (hosted)" if layout.vectorization_mode else ""),
             str(layout.num_workers),
             str(layout.threads_per_worker),
             "all" if layout.batch_size is None else str(layout.batch_size),
