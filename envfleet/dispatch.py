@@ -257,16 +257,25 @@ class Dispatch:
             self.pump(block=True, want=sum(command not in answers for command in commands))
         return [ledger.answer(command) for command in commands]
 
-    def pump(self, block: bool, want: int = 1, collecting: bool = False) -> None:
+    def pump(
+        self,
+        block: bool,
+        want: int = 1,
+        collecting: bool = False,
+        limit: float | None = None,
+    ) -> None:
         """Take in the replies that have arrived (waiting for at least one if ``block``).
 
         ``want`` tells the transport how many replies are worth waking up for: a sync step waits
         for every pending command anyway. ``collecting``: every env is handed out once all are
         in (:meth:`collect` of the whole pool), so a whole-pool step's plain replies take its
-        envs straight back to idle, without the ready FIFO.
+        envs straight back to idle, without the ready FIFO. ``limit``: seconds to block at
+        most (the caller's own timeout).
         """
         recovery, ledger = self._recovery, self._ledger
         timeout = recovery.wait_timeout() if block else 0.0
+        if limit is not None:
+            timeout = limit if timeout is None else min(timeout, limit)
         first = None
         try:
             replies = self._transport.wait(timeout, want)

@@ -18,7 +18,7 @@ import os
 import weakref
 
 from envfleet.dispatch import Dispatch
-from envfleet.errors import BrokenPoolError, ClosedPoolError
+from envfleet.errors import AlreadyPendingError, BrokenPoolError, ClosedPoolError
 from envfleet.recovery import Recovery
 from envfleet.validation import check_close_timeout
 
@@ -41,10 +41,14 @@ class Lifecycle:
         self._env_name = env_name
         self._dispatch = dispatch
         self._recovery = recovery
+        self.rolling_out = False
+        """Whether parts of an asynchronous rollout are out (or in, not handed over): only
+        rollouts may be started or waited for then."""
         _LIVE.add(self)
 
-    def check(self) -> None:
-        """Raise unless the pool may be used: open, in its owner's process, not broken."""
+    def check(self, rollouts: bool = False) -> None:
+        """Raise unless the pool may be used: open, in its owner's process, not broken, and
+        (unless the caller is a rollout's, ``rollouts``) no asynchronous rollout pending."""
         if self.closed:
             if self.owner_pid != os.getpid():
                 raise ClosedPoolError(
@@ -58,6 +62,12 @@ class Lifecycle:
                 f"this pool of {self._env_name} is broken by an earlier failure "
                 f"({broken}); close() it and make a new one"
             ) from broken
+        if self.rolling_out and not rollouts:
+            raise AlreadyPendingError(
+                f"this pool of {self._env_name} has an asynchronous rollout pending: "
+                "rollout_wait() its parts before a step, reset or call",
+                name="rollout_async",
+            )
 
     def close(self, timeout: float | None) -> None:
         """Stop every worker, letting envs close for ``timeout`` seconds (``None``: the

@@ -1,9 +1,8 @@
 """Pool: the ``gymnasium.vector.VectorEnv`` users hold, over any backend.
 
-The face: the API users call, with its docstrings. Each call goes to the collaborator that owns
-it and its state, in a module of its own, given the parts it needs: the exchange (``reset``,
-``step``, ``send``, ``recv``), Gymnasium's async calls, the rollouts, the lifecycle, the episodes,
-the report. None holds the face strongly: a pool dropped unclosed closes at once.
+The face: the API users call, with its docstrings; each call goes to the part that owns it and
+its state (:mod:`envfleet.pool_parts` wires them). None holds the face strongly: a pool
+dropped unclosed closes at once.
 """
 
 from __future__ import annotations
@@ -18,18 +17,13 @@ from gymnasium.vector.utils import batch_space
 
 from envfleet.backends import Transport
 from envfleet.backends.contract.registry import TransportKind, refusal
-from envfleet.dispatch import Dispatch
-from envfleet.episodes import Episodes
 from envfleet.errors import OnError
-from envfleet.exchange import Exchange
-from envfleet.gymnasium_async import GymnasiumAsync
-from envfleet.ledger import EnvState, Ledger
-from envfleet.lifecycle import DEFAULT_CLOSE_TIMEOUT, Lifecycle
-from envfleet.pool_rollouts import PoolRollouts
-from envfleet.recovery import DEFAULT_MAX_RESTARTS, Recovery
-from envfleet.report import Report
+from envfleet.ledger import EnvState
+from envfleet.lifecycle import DEFAULT_CLOSE_TIMEOUT
+from envfleet.pool_parts import Parts
+from envfleet.recovery import DEFAULT_MAX_RESTARTS
 from envfleet.rollouts import Policy, Rollout
-from envfleet.stats import PoolStats, StatsRecorder
+from envfleet.stats import PoolStats
 from envfleet.validation import check_memory_limit
 
 
@@ -48,18 +42,12 @@ class Pool(VectorEnv):
             sent (``make(check_actions=True)``); by default only the batch's shape is.
 
     Examples:
-        >>> import envfleet  # Gymnasium's loop, then the first envs ready with send/recv
+        >>> import envfleet  # Gymnasium's loop
         >>> with envfleet.make("CartPole-v1", num_envs=4, num_workers=2, seed=0) as pool:
         ...     obs, infos = pool.reset()
         ...     obs, rewards, terminations, truncations, infos = pool.step([0, 1, 0, 1])
         >>> obs.shape, pool.num_workers
         ((4, 4), 2)
-        >>> with envfleet.make("CartPole-v1", num_envs=4, batch_size=2, seed=0) as pool:
-        ...     pool.async_reset()
-        ...     obs, rewards, terminations, truncations, infos = pool.recv()  # 2 envs ready
-        ...     pool.send([0, 1], infos["env_id"])
-        >>> obs.shape, len(infos["env_id"])
-        ((2, 4), 2)
     """
 
     def __init__(
@@ -94,26 +82,14 @@ class Pool(VectorEnv):
             self.action_space.seed(seed)
             self.single_action_space.seed(seed)
         self._transport, self._backend = transport, backend
-        self._batch = batch = transport.batch
-        stats = StatsRecorder([tuple(ids) for ids in assignment], self.num_envs)
-        self._ledger = ledger = Ledger(assignment, stats)
-        self._assignment = ledger.assignment
-        self._recovery = recovery = Recovery(
-            ledger,
-            env_name=env_name,
-            on_error=on_error,
-            step_timeout=step_timeout,
-            max_restarts=max_restarts,
-            worker_memory_limit=worker_memory_limit,
-        )
-        self._dispatch = dispatch = Dispatch(transport, ledger, recovery, env_name, self._gather)
-        self._life = life = Lifecycle(env_name, dispatch, recovery)
-        episodes = Episodes(self.num_envs, autoreset_mode, seed)
-        parts = life, episodes, dispatch, ledger, recovery, batch, stats
-        self._exchange = exchange = Exchange(*parts, observation_space, action_space)
-        self._gymnasium = GymnasiumAsync(self, life, episodes, exchange)
-        self._rollouts = PoolRollouts(*parts, observation_space, action_space)
-        self._report = Report(stats, ledger, recovery, dispatch)
+        self._batch = transport.batch
+        recovery = dict(on_error=on_error, step_timeout=step_timeout, max_restarts=max_restarts)
+        recovery["worker_memory_limit"] = worker_memory_limit
+        parts = Parts.wire(self, transport, assignment, env_name, seed, recovery)
+        self._ledger, self._recovery, self._dispatch = parts.ledger, parts.recovery, parts.dispatch
+        self._assignment = parts.ledger.assignment
+        self._life, self._exchange, self._gymnasium = parts.life, parts.exchange, parts.gymnasium
+        self._rollouts, self._report = parts.rollouts, parts.report
 
     @property
     def closed(self) -> bool:  # Gymnasium's attribute, kept by the lifecycle
@@ -255,9 +231,8 @@ class Pool(VectorEnv):
         return self._report.stats()
 
     def describe(self) -> dict[str, Any]:
-        """Where the pool stands, as plain values: per worker the commands sent and not
-        answered, the envs in flight and ready, and each env's restarts. Read-only, and safe to
-        call from another thread while a step waits (what a watchdog reports on a stall)."""
+        """Where the pool stands, as plain values (per worker the commands unanswered, the envs
+        in flight and ready, each env's restarts); safe from another thread while a step waits."""
         return self._report.describe()
 
     @property
@@ -356,38 +331,63 @@ class Pool(VectorEnv):
 
     def rollout(self, policy: Policy, steps: int) -> Rollout:
         """Step every env ``steps`` times with ``policy``'s actions, the policy running on the
-        workers: one message per worker (per node, on a cluster) for the whole rollout.
-
-        The same as ``steps`` calls of ``pool.step(policy(obs, np.arange(num_envs)))`` (with
-        a policy that decides per env): autoreset, restarts, infos and flags; the pool then
-        stands where those steps leave it. Each worker keeps its copy of the policy while the
-        same policy (the same pickled bytes) comes again: a stateful policy goes on.
+        workers: one message per worker (per node, on a cluster). The same as ``steps`` calls
+        of ``pool.step(policy(obs, np.arange(num_envs)))``: autoreset, restarts, infos, flags;
+        :meth:`rollout_async` of every env, then :meth:`rollout_wait` of all.
 
         Args:
-            policy: ``policy(observations, env_ids) -> actions`` (:class:`Policy`); it must
-                pickle with cloudpickle.
+            policy: ``policy(observations, env_ids) -> actions`` (:class:`Policy`), picklable
+                by cloudpickle; with ``weights()``/``load_weights`` its code travels once.
             steps: vector steps, at least 1.
 
         Returns:
-            Rollout: the observations, actions, rewards, flags and infos of every step, as
-                arrays shaped ``(steps, num_envs, ...)``.
+            Rollout: every step's arrays, shaped ``(steps, num_envs, ...)``.
 
         Raises:
-            ValueError, TypeError: ``steps`` or ``policy`` is not usable, or a space is not
-                laid out as arrays (checked before anything is sent: the pool stays usable).
-            AlreadyPendingError, ResetNeededError: an env is pending (async), or never reset.
-            EnvError: an env failed, as ``step`` raises it (``on_error="raise"``: the pool is
-                broken); or the policy failed (its envs stand where it stopped; the pool usable).
+            ValueError, TypeError: unusable ``steps``, ``policy`` or spaces (nothing sent).
+            AlreadyPendingError, ResetNeededError: an env is pending, or was never reset.
+            EnvError: an env failed, as ``step`` raises it; or the policy did (its envs stand
+                where it stopped, the pool usable).
 
         Examples:
-            >>> import envfleet
-            >>> with envfleet.make("CartPole-v1", 4, num_workers=2, backend="thread") as pool:
-            ...     _ = pool.reset(seed=0)
-            ...     out = pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 0), 50)
-            >>> out.observations.shape, out.actions.dtype, out.rewards.shape
-            ((50, 4, 4), dtype('int64'), (50, 4))
+            See :class:`Rollout`.
         """
         return self._rollouts.rollout(policy, steps, self.check_actions)
+
+    def rollout_async(
+        self,
+        policy: Policy,
+        steps: int,
+        env_ids: Sequence[int] | np.ndarray | None = None,
+        version: int | None = None,
+    ) -> int:
+        """Start a rollout of ``env_ids`` (whole workers' envs; default all); return the
+        version that acts. A policy with ``weights()``/``load_weights(mapping)`` sends its code
+        once, each version's weights once per worker lacking them (once per node's message).
+
+        Args:
+            policy: as for :meth:`rollout`.
+            steps: vector steps, at least 1.
+            env_ids: the envs to roll out (``r.env_ids`` of a :class:`Rollout` handed over).
+            version: stamped on every action; ``None``: counted (one more on new weights).
+
+        Raises:
+            AlreadyPendingError: an env of ``env_ids`` has a step, result or rollout pending.
+        """
+        return self._rollouts.start(policy, steps, env_ids, version, self.check_actions)
+
+    def rollout_wait(
+        self, min_envs: int | None = None, timeout: float | None = None, max_lag: int | None = None
+    ) -> Rollout:
+        """The parts of pending rollouts done: all (``min_envs=None``), or once ``min_envs``
+        envs' are (the rest come later), or those done within ``timeout`` s. Parts acting
+        more than ``max_lag`` versions behind the newest are dropped; ``stats()`` counts lags.
+
+        Raises:
+            NoPendingError: no rollout is pending.
+            TimeoutError: no part was done within ``timeout`` (they still come later).
+        """
+        return self._rollouts.wait(min_envs, timeout, max_lag)
 
     def _gather(self, env_ids: np.ndarray) -> tuple[Any, ...]:
         """Results of ready ``env_ids`` as ``recv`` returns them (gathered onto an error)."""

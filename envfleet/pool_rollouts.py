@@ -14,8 +14,9 @@ and the pool's rows, reset flags and statistics are left as after the steps::
 
 from __future__ import annotations
 
-import operator
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,15 +25,16 @@ from gymnasium import spaces
 from envfleet.buffers import Batch, is_array_space, put, take
 from envfleet.dispatch import Dispatch
 from envfleet.episodes import Episodes
-from envfleet.errors import AlreadyPendingError
-from envfleet.infos import merge_infos
+from envfleet.errors import AlreadyPendingError, NoPendingError
 from envfleet.ledger import Ledger
 from envfleet.lifecycle import Lifecycle
 from envfleet.protocol import EnvFailure, Reply, Sample
 from envfleet.recovery import Recovery
-from envfleet.rollout_loop import Sampled, empty_steps, tree
-from envfleet.rollouts import Policy, Rollout, policy_bytes
+from envfleet.rollout_loop import Sampled, empty_steps
+from envfleet.rollouts import Out, Policy, Rollout, columns, relabelled
+from envfleet.shipping import Shipper
 from envfleet.stats import StatsRecorder
+from envfleet.validation import check_env_ids
 
 
 class PoolRollouts:
@@ -72,19 +74,151 @@ class PoolRollouts:
         self._observation_space = observation_space
         self._action_space = action_space
         self._env_name = recovery.env_name
+        self._out: dict[Sample, _Part] = {}  # parts sent, their replies not yet in
+        self._done: list[_Part] = []  # parts in, not yet handed over
+        self._shipper = Shipper()
+
+    # -- the synchronous rollout: start every env's part, wait for all ---------------------------
 
     def rollout(self, policy: Policy, steps: int, check_actions: bool) -> Rollout:
         """``Pool.rollout``; ``check_actions``: each action against the action space."""
-        self._life.check()
-        commands = self._sample_commands(policy, steps, check_actions)
+        if self._out:
+            raise AlreadyPendingError(
+                f"rollout() while parts of an asynchronous rollout are out (envs "
+                f"{sorted(self.pending_envs())}): rollout_wait() them first",
+                name="rollout",
+            )
+        self.start(policy, steps, None, None, check_actions)
+        return self.wait(None, None, None)
+
+    # -- asynchronous, versioned rollouts --------------------------------------------------------
+
+    def pending_envs(self) -> set[int]:
+        """The envs whose part of a rollout is out (or in, not yet handed over)."""
+        return {i for part in [*self._out.values(), *self._done] for i in part.env_ids}
+
+    def start(
+        self,
+        policy: Policy,
+        steps: int,
+        env_ids: Sequence[int] | np.ndarray | None,
+        version: int | None,
+        check_actions: bool,
+    ) -> int:
+        """``Pool.rollout_async``: one :class:`Sample` per worker of ``env_ids`` (whole
+        workers' blocks) sent; returns the version that acts. Nothing is sent when a check
+        fails."""
+        self._life.check(rollouts=True)
+        workers = self._workers_of(env_ids)
+        self._check_rollout(policy, steps, workers)
+        version = self._shipper.prepare(policy, version)
+        assignment, ship = self._ledger.assignment, self._shipper.command
+        commands = [(w, ship(w, assignment[w], steps, version, check_actions)) for w in workers]
         dispatch = self._dispatch
         if self._recovery.worker_memory_limit is not None:
             dispatch.recycle_over_limit()
-        replies = dispatch.replies(commands, pickles=True)  # the policy is bytes already
-        return self._assemble(replies, steps)
+        dispatch.submit_many(commands, True)  # the policy is bytes already
+        for worker, command in commands:
+            self._out[command] = _Part(worker, command.env_ids, int(steps), version, check_actions)
+        self._life.rolling_out = True
+        return version
 
-    def _sample_commands(self, policy: Policy, steps: int, check_actions: bool) -> list[Sample]:
-        """One :class:`Sample` per worker, or the error of what makes the rollout impossible."""
+    def wait(self, min_envs: int | None, timeout: float | None, max_lag: int | None) -> Rollout:
+        """``Pool.rollout_wait``: the parts done once at least ``min_envs`` envs' are (all
+        the parts out when ``None``), or those done after ``timeout`` seconds (at least one).
+        Parts of one ``steps`` go together; those of another wait for a later call."""
+        self._life.check(rollouts=True)
+        if not self._out and not self._done:
+            raise NoPendingError(
+                "rollout_wait() with no rollout pending: call rollout_async() first",
+                name="rollout_wait",
+            )
+        owed = sum(len(p.env_ids) for p in [*self._out.values(), *self._done])
+        want = owed if min_envs is None else _min_envs(min_envs, owed)
+        deadline = None if timeout is None else time.monotonic() + _timeout(timeout)
+        dispatch = self._dispatch
+        while True:
+            self._take_answers()
+            done = sum(len(p.env_ids) for p in self._done)
+            if done >= want and self._done:
+                break
+            if deadline is not None and time.monotonic() >= deadline and self._done:
+                break  # what is done so far
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if left == 0.0:
+                raise TimeoutError(
+                    f"rollout_wait(timeout={timeout}): no part done yet; the envs "
+                    f"{sorted(self.pending_envs())} are still out (a later rollout_wait() "
+                    "returns them)"
+                )
+            dispatch.pump(block=True, want=1, limit=left)
+        return self._hand_over(_max_lag(max_lag))
+
+    def _take_answers(self) -> None:
+        """Move the parts whose replies are in from ``_out`` to ``_done`` (a worker that lacked
+        the code or the weights is sent them, and its part stays out)."""
+        answers = self._ledger.answers
+        for command in [c for c in self._out if c in answers]:
+            part = self._out.pop(command)
+            reply = self._ledger.answer(command)
+            got = (reply.values or {}).get(part.env_ids[0])
+            if (
+                isinstance(got, Sampled)
+                and got.error is not None
+                and got.error.type_name.endswith("MissingPolicy")
+            ):
+                # Rebuilt since: it gets the code and the newest weights, which then act.
+                part.version = self._shipper.version
+                again = self._shipper.command(
+                    part.worker,
+                    part.env_ids,
+                    part.steps,
+                    part.version,
+                    part.check_actions,
+                    force=True,
+                )
+                self._dispatch.submit_many([(part.worker, again)], True)
+                self._out[again] = part
+                continue
+            part.reply = reply
+            self._done.append(part)
+
+    def _hand_over(self, max_lag: int | None) -> Rollout:
+        """The parts done (of the first one's ``steps``) as one :class:`Rollout` over their
+        envs; parts past ``max_lag`` are dropped and counted."""
+        steps = self._done[0].steps
+        parts = [p for p in self._done if p.steps == steps]
+        self._done = [p for p in self._done if p.steps != steps]
+        self._life.rolling_out = bool(self._out or self._done)
+        kept = []
+        for part in parts:
+            lag = self._shipper.version - part.version
+            dropped = max_lag is not None and lag > max_lag
+            self._stats.rollout_part(lag, dropped, part.steps * len(part.env_ids))
+            if dropped:
+                self._assemble([part], steps)  # its envs stand where it left them
+            else:
+                kept.append(part)
+        return self._assemble(kept, steps)
+
+    def _workers_of(self, env_ids: Sequence[int] | np.ndarray | None) -> list[int]:
+        """The workers whose blocks make ``env_ids`` (all when ``None``), or the error."""
+        ledger = self._ledger
+        if env_ids is None:
+            return list(range(ledger.num_workers))
+        ids = check_env_ids(env_ids, ledger.num_envs)
+        workers = sorted(set(ledger.worker_of[ids].tolist()))
+        whole = {i for w in workers for i in ledger.assignment[w]}
+        if whole != set(ids.tolist()):
+            raise ValueError(
+                f"rollout_async(env_ids=...): a rollout runs whole workers' envs; "
+                f"{sorted(whole - set(ids.tolist()))} share a worker with the envs given "
+                "(pass the env_ids a Rollout returned, or whole workers' blocks)"
+            )
+        return workers
+
+    def _check_rollout(self, policy: Policy, steps: int, workers: list[int]) -> None:
+        """What makes the rollout impossible, raised before anything is sent."""
         if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
             raise ValueError(f"steps must be an int >= 1, got {steps!r}")
         if not callable(policy):
@@ -101,119 +235,99 @@ class PoolRollouts:
                     f"MultiBinary, Dict/Tuple of them); the {what} space is {space}: use step()"
                 )
         ledger = self._ledger
-        busy = ledger.busy(ledger.all_ids)
-        if busy.size or any(ledger.pending):
+        ids = np.array([i for w in workers for i in ledger.assignment[w]], dtype=np.intp)
+        busy = ledger.busy(ids)
+        out = self.pending_envs() & set(ids.tolist())
+        if busy.size or any(ledger.pending[w] for w in workers) or out:
             raise AlreadyPendingError(
-                f"rollout() needs every env idle, but envs {busy.tolist()} have a step or "
-                "result pending; recv() them first",
+                f"rollout() needs its envs idle, but envs {sorted(set(busy.tolist()) | out)} "
+                "have a step, a result or a rollout pending; recv() or rollout_wait() them "
+                "first",
                 name="rollout",
             )
         self._episodes.check_rollout()
-        blob = policy_bytes(policy)  # once: every worker gets the same bytes
-        return [Sample(ids, int(steps), blob, check_actions) for ids in ledger.assignment]
 
-    def _assemble(self, replies: list[Reply], steps: int) -> Rollout:
-        """The workers' parts as one :class:`Rollout`; the pool's rows set as after the steps,
-        or the failure raised (an env's breaks the pool, as a failed step does)."""
+    def _assemble(self, done: list[_Part], steps: int) -> Rollout:
+        """The parts as one :class:`Rollout` over their envs; the pool's rows set as after
+        the steps, or the failure raised (an env's breaks the pool, as a failed step does)."""
         failed: tuple[int, EnvFailure] | None = None
-        parts: list[tuple[int, Sampled]] = []
-        assignment = self._ledger.assignment
-        for worker, reply in enumerate(replies):
+        parts: list[tuple[_Part, Sampled]] = []
+        for part in sorted(done, key=lambda p: p.env_ids[0]):  # in the envs' order
+            reply = part.reply
+            assert reply is not None
             if reply.failures and failed is None:
-                failed = (worker, reply.failures[0])
-            part = (reply.values or {}).get(assignment[worker][0])
-            if isinstance(part, Sampled):
-                parts.append((worker, part))
+                failed = (part.worker, reply.failures[0])
+            got = (reply.values or {}).get(part.env_ids[0])
+            if isinstance(got, Sampled):
+                parts.append((part, got))
         if failed is not None:
             worker, failure = failed
             self._dispatch.fail(failure.to_error(worker, self._env_name))
         obs_space, act_space = self._observation_space, self._action_space
         batch, needs_reset = self._batch, self._episodes.needs_reset
-        for _, part in parts:  # the pool's rows: where each env stands now
-            rows = _columns(part.env_ids)
-            put(obs_space, batch.observations, rows, part.final_observations)
-            if part.steps:  # else its rows are as they were
-                batch.rewards[rows] = part.rewards[-1]
-                batch.terminations[rows] = part.terminations[-1]
-                batch.truncations[rows] = part.truncations[-1]
-                needs_reset[rows] = part.terminations[-1] | part.truncations[-1]
-        for worker, part in parts:
-            if part.error is not None:  # the policy's: its envs stand where it stopped
-                raise part.error.to_error(worker, self._env_name)
-        n = self._ledger.num_envs
-        out = _Out(empty_steps(obs_space, steps, n), empty_steps(act_space, steps, n), steps, n)
-        for _, part in parts:
-            out.add(part, _columns(part.env_ids), obs_space, act_space)
-        self._stats.ended_many((out.terminations | out.truncations).sum(axis=0))
+        for _, got in parts:  # the pool's rows: where each env stands now
+            rows = columns(got.env_ids)
+            put(obs_space, batch.observations, rows, got.final_observations)
+            if got.steps:  # else its rows are as they were
+                batch.rewards[rows] = got.rewards[-1]
+                batch.terminations[rows] = got.terminations[-1]
+                batch.truncations[rows] = got.truncations[-1]
+                needs_reset[rows] = got.terminations[-1] | got.truncations[-1]
+        for part, got in parts:
+            if got.error is not None:  # the policy's: its envs stand where it stopped
+                raise got.error.to_error(part.worker, self._env_name)
+        # A node's agent joins its workers' parts: one Sampled over all its envs (the others'
+        # replies carry none), so the columns follow each Sampled's own envs.
+        env_ids = np.array([i for _, got in parts for i in got.env_ids], dtype=np.int64)
+        n = len(env_ids)
+        out = Out(empty_steps(obs_space, steps, n), empty_steps(act_space, steps, n), steps, n)
+        at = 0
+        for part, got in parts:
+            width = len(got.env_ids)
+            out.add(got, slice(at, at + width), obs_space, act_space)
+            out.versions[:, at : at + width] = part.version
+            at += width
+        ended = np.zeros(self._ledger.num_envs, dtype=np.int64)
+        ended[env_ids] = (out.terminations | out.truncations).sum(axis=0)
+        self._stats.ended_many(ended)
         return out.rollout(
-            [part for _, part in parts],
+            [relabelled(got, env_ids) for _, got in parts],
             n,
-            take(obs_space, batch.observations, None),
+            take(obs_space, batch.observations, env_ids),
+            env_ids,
         )
 
 
-class _Out:
-    """The rollout's arrays, filled column block by column block from the workers' parts."""
+@dataclass
+class _Part:
+    """A worker's part of a rollout: what was asked, and its reply once in."""
 
-    def __init__(self, observations: Any, actions: Any, steps: int, n: int) -> None:
-        self.observations = observations
-        self.actions = actions
-        self.rewards = np.empty((steps, n), dtype=np.float64)
-        self.terminations = np.empty((steps, n), dtype=np.bool_)
-        self.truncations = np.empty((steps, n), dtype=np.bool_)
-
-    def add(
-        self,
-        part: Sampled,
-        rows: slice | np.ndarray,
-        obs_space: spaces.Space[Any],
-        act_space: spaces.Space[Any],
-    ) -> None:
-        def fill(leaf: np.ndarray, value: np.ndarray) -> None:
-            leaf[:, rows] = value
-
-        tree(obs_space, fill, self.observations, part.observations)
-        tree(act_space, fill, self.actions, part.actions)
-        self.rewards[:, rows] = part.rewards
-        self.terminations[:, rows] = part.terminations
-        self.truncations[:, rows] = part.truncations
-
-    def rollout(self, parts: Sequence[Sampled], n: int, final: Any) -> Rollout:
-        steps = len(self.rewards)
-        reset_infos = _merged([p.reset_infos for p in parts], steps, n)
-        return Rollout(
-            observations=self.observations,
-            actions=self.actions,
-            rewards=self.rewards,
-            terminations=self.terminations,
-            truncations=self.truncations,
-            infos=_merged([p.infos for p in parts], steps, n),
-            final_observations=final,
-            reset_infos=reset_infos,
-        )
+    worker: int
+    env_ids: tuple[int, ...]
+    steps: int
+    version: int
+    check_actions: bool
+    reply: Reply | None = None
 
 
-def _merged(
-    per_part: list[dict[int, dict[int, dict[str, Any]]]], steps: int, n: int
-) -> list[dict[str, Any]]:
-    """Each step's infos from the parts' (by step, then env), merged Gymnasium's way."""
-    merged: list[dict[str, Any]] = [{} for _ in range(steps)]
-    for t in sorted({t for infos in per_part for t in infos}):
-        pairs: list[tuple[dict[str, Any] | None, int]] = sorted(
-            ((info, i) for infos in per_part for i, info in infos.get(t, {}).items() if info),
-            key=operator.itemgetter(1),
-        )
-        if pairs:
-            merged[t] = merge_infos(pairs, n)
-    return merged
+def _min_envs(min_envs: Any, owed: int) -> int:
+    if isinstance(min_envs, bool) or not isinstance(min_envs, int | np.integer) or min_envs < 1:
+        raise ValueError(f"min_envs must be an int >= 1 or None, got {min_envs!r}")
+    return min(int(min_envs), owed)
 
 
-def _columns(env_ids: tuple[int, ...]) -> slice | np.ndarray:
-    """``env_ids`` as a slice when consecutive (views, not copies), else an index array."""
-    first, last = env_ids[0], env_ids[-1]
-    if last - first + 1 == len(env_ids) and list(env_ids) == list(range(first, last + 1)):
-        return slice(first, last + 1)
-    return np.array(env_ids, dtype=np.intp)
+def _max_lag(max_lag: Any) -> int | None:
+    if max_lag is not None and (
+        isinstance(max_lag, bool) or not isinstance(max_lag, int | np.integer) or max_lag < 0
+    ):
+        raise ValueError(f"max_lag must be an int >= 0 or None, got {max_lag!r}")
+    return None if max_lag is None else int(max_lag)
+
+
+def _timeout(timeout: Any) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+        raise ValueError(f"timeout must be seconds >= 0 or None, got {timeout!r}")
+    return float(timeout)
 
 
 __all__ = ["PoolRollouts"]

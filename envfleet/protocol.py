@@ -243,8 +243,16 @@ class Sample(ValueCommand):
 
     env_ids: tuple[int, ...]
     steps: int
-    policy: bytes  # pickled as cloudpickle would; each worker keeps its copy while these come
+    policy: bytes | None  # pickled as cloudpickle would; None: the copy the worker keeps
     check_actions: bool = False
+    version: int = 0
+    """The version of the policy's weights that acts (stamped on every step recorded)."""
+    code: str = ""
+    """A digest of ``policy``'s bytes: the worker keeps the policy under it, so that a later
+    command may carry no code (``policy=None``), only new ``weights``."""
+    weights: bytes | None = None
+    """``policy.weights()`` of ``version``, pickled, for ``policy.load_weights``; ``None``:
+    the worker has them (or the policy has no weights apart from its code)."""
     phase: ClassVar[Phase] = Phase.STEP
 
 

@@ -26,7 +26,7 @@ import pickle
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from gymnasium import spaces
@@ -41,9 +41,7 @@ from envfleet.validation import check_actions, keeps_dtype
 
 _FLAT_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
-_policies: weakref.WeakKeyDictionary[Any, tuple[bytes, Callable[..., Any]]] = (
-    weakref.WeakKeyDictionary()
-)
+_policies: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 """Per group, the policy bytes last received and the policy unpickled from them."""
 
 
@@ -70,6 +68,8 @@ class Sampled:
     """The envs' observations after the last step (their rewards and flags: the last step's)."""
     error: EnvFailure | None = None
     """The policy's failure that stopped the rollout (its envs stand where it stopped)."""
+    version: int = 0
+    """The version of the policy's weights that chose every action of this part."""
 
 
 def tree(space: spaces.Space[Any], fn: Callable[..., Any], *nests: Any) -> Any:
@@ -109,10 +109,19 @@ def sample(group: Group, command: Sample) -> Reply:
     failures: tuple[EnvFailure, ...] = ()
     restarts: list[EnvFailure] = []
     try:
-        policy = _policy(group, command.policy)
+        policy = _policy(group, command)
+    except MissingPolicy as exc:  # the pool sends the code or the weights, and asks again
+        record.error = EnvFailure.capture(None, Phase.STEP, exc)
+        policy = None
+    except _WeightsFailed as exc:
+        record.error = _policy_failure(
+            exc.__cause__ or exc, f"could not load the weights of version {command.version}"
+        )
+        policy = None
     except env_errors() as exc:
         record.error = _policy_failure(exc, "could not be unpickled on the worker")
         policy = None
+    record.version = command.version
     disabled = group.mode is AutoresetMode.DISABLED
     flat = isinstance(act_space, _FLAT_SPACES) and isinstance(batch.actions, np.ndarray)
     for t in range(steps):
@@ -176,7 +185,10 @@ def joined(parts: list[Sampled]) -> Sampled | None:
     order, their arrays side by side: one block per node for the pool to lay out, not one per
     worker. ``None`` when a part is not whole (the policy failed, or it stopped early)."""
     first = parts[0]
-    if any(p.error is not None or p.steps != first.steps or not p.steps for p in parts):
+    if any(
+        p.error is not None or p.steps != first.steps or not p.steps or p.version != first.version
+        for p in parts
+    ):
         return None
     return Sampled(
         env_ids=tuple(i for p in parts for i in p.env_ids),
@@ -189,6 +201,7 @@ def joined(parts: list[Sampled]) -> Sampled | None:
         infos=_by_step([p.infos for p in parts]),
         reset_infos=_by_step([p.reset_infos for p in parts]),
         final_observations=_side_by_side([p.final_observations for p in parts], 0),
+        version=first.version,
     )
 
 
@@ -222,14 +235,39 @@ def _set_step(space: spaces.Space[Any], record: Any, t: int, value: Any) -> None
     tree(space, set_leaf, record, value)
 
 
-def _policy(group: Group, blob: bytes) -> Callable[..., Any]:
-    """The policy ``blob`` unpickled, or the one this group unpickled from the same bytes."""
+class MissingPolicy(Exception):
+    """The worker lacks the policy's code or the weights of the version asked for (it was
+    rebuilt since the pool sent them): the pool sends them again with the same rollout."""
+
+
+class _WeightsFailed(Exception):
+    """``policy.load_weights`` raised (its ``__cause__``)."""
+
+
+def _policy(group: Group, command: Sample) -> Callable[..., Any]:
+    """The policy of ``command``: unpickled from its code, or the one this group keeps under
+    the same code (a stateful policy continues), with the weights of ``command.version``
+    loaded (``policy.load_weights``) when they came with it."""
+    key = command.code or command.policy
     cached = _policies.get(group)
-    if cached is not None and cached[0] == blob:
-        return cached[1]
-    policy: Callable[..., Any] = pickle.loads(blob)
-    _policies[group] = (blob, policy)
-    return policy
+    if command.policy is not None and (cached is None or cached[0] != key):
+        cached = [key, pickle.loads(command.policy), None]
+        _policies[group] = cached
+    elif cached is None or cached[0] != key:
+        raise MissingPolicy("code")
+    policy = cached[1]
+    if command.weights is not None:
+        try:
+            policy.load_weights(pickle.loads(command.weights))
+        except env_errors() as exc:
+            cached[2] = None
+            raise _WeightsFailed(str(exc)) from exc
+        cached[2] = command.version
+    elif cached[2] is not None and cached[2] != command.version:
+        raise MissingPolicy("weights")
+    elif cached[2] is None and hasattr(policy, "load_weights") and command.code:
+        cached[2] = command.version  # the code's own weights are this version's
+    return cast(Callable[..., Any], policy)
 
 
 def _policy_failure(exc: BaseException, what: str) -> EnvFailure:
@@ -238,4 +276,4 @@ def _policy_failure(exc: BaseException, what: str) -> EnvFailure:
     return dataclasses.replace(failure, message=f"the rollout's policy {what}: {failure.message}")
 
 
-__all__ = ["Sampled", "empty_steps", "joined", "sample", "tree"]
+__all__ = ["MissingPolicy", "Sampled", "empty_steps", "joined", "sample", "tree"]

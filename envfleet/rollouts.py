@@ -25,14 +25,20 @@ pool holds for its rollouts (:class:`envfleet.pool_rollouts.PoolRollouts`).
 from __future__ import annotations
 
 import copy
+import dataclasses
+import operator
 import pickle
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import cloudpickle
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import concatenate, create_empty_array
+
+from envfleet.infos import merge_infos
+from envfleet.rollout_loop import Sampled, tree
 
 
 class Policy(Protocol):
@@ -174,6 +180,13 @@ class Rollout:
     episode ended before their next step, as ``reset(options={"reset_mask": ...})`` would;
     each step's entry holds the infos of the envs reset before it (their observations are
     those in ``observations[t]``)."""
+    env_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """The envs of the columns, in order: every env for :meth:`~envfleet.Pool.rollout`; those
+    whose parts were done for :meth:`~envfleet.Pool.rollout_wait`."""
+    policy_versions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
+    """The version of the policy's weights that chose each action, ``int64``
+    ``(steps, len(env_ids))``: the caller's ``version=``, or counted by the pool (one more
+    each time the policy's weights differ from the last sent)."""
 
     @property
     def steps(self) -> int:
@@ -181,4 +194,81 @@ class Rollout:
         return len(self.rewards)
 
 
-__all__ = ["Policy", "RandomPolicy", "Rollout"]
+class Out:
+    """The rollout's arrays, filled column block by column block from the workers' parts."""
+
+    def __init__(self, observations: Any, actions: Any, steps: int, n: int) -> None:
+        self.observations = observations
+        self.actions = actions
+        self.rewards = np.empty((steps, n), dtype=np.float64)
+        self.terminations = np.empty((steps, n), dtype=np.bool_)
+        self.truncations = np.empty((steps, n), dtype=np.bool_)
+        self.versions = np.zeros((steps, n), dtype=np.int64)
+
+    def add(
+        self,
+        part: Sampled,
+        rows: slice | np.ndarray,
+        obs_space: spaces.Space[Any],
+        act_space: spaces.Space[Any],
+    ) -> None:
+        def fill(leaf: np.ndarray, value: np.ndarray) -> None:
+            leaf[:, rows] = value
+
+        tree(obs_space, fill, self.observations, part.observations)
+        tree(act_space, fill, self.actions, part.actions)
+        self.rewards[:, rows] = part.rewards
+        self.terminations[:, rows] = part.terminations
+        self.truncations[:, rows] = part.truncations
+
+    def rollout(self, parts: Sequence[Sampled], n: int, final: Any, env_ids: np.ndarray) -> Rollout:
+        steps = len(self.rewards)
+        reset_infos = merged([p.reset_infos for p in parts], steps, n)
+        return Rollout(
+            observations=self.observations,
+            actions=self.actions,
+            rewards=self.rewards,
+            terminations=self.terminations,
+            truncations=self.truncations,
+            infos=merged([p.infos for p in parts], steps, n),
+            final_observations=final,
+            reset_infos=reset_infos,
+            env_ids=env_ids,
+            policy_versions=self.versions,
+        )
+
+
+def merged(
+    per_part: list[dict[int, dict[int, dict[str, Any]]]], steps: int, n: int
+) -> list[dict[str, Any]]:
+    """Each step's infos from the parts' (by step, then env), merged Gymnasium's way."""
+    merged: list[dict[str, Any]] = [{} for _ in range(steps)]
+    for t in sorted({t for infos in per_part for t in infos}):
+        pairs: list[tuple[dict[str, Any] | None, int]] = sorted(
+            ((info, i) for infos in per_part for i, info in infos.get(t, {}).items() if info),
+            key=operator.itemgetter(1),
+        )
+        if pairs:
+            merged[t] = merge_infos(pairs, n)
+    return merged
+
+
+def columns(env_ids: tuple[int, ...]) -> slice | np.ndarray:
+    """``env_ids`` as a slice when consecutive (views, not copies), else an index array."""
+    first, last = env_ids[0], env_ids[-1]
+    if last - first + 1 == len(env_ids) and list(env_ids) == list(range(first, last + 1)):
+        return slice(first, last + 1)
+    return np.array(env_ids, dtype=np.intp)
+
+
+def relabelled(part: Sampled, env_ids: np.ndarray) -> Sampled:
+    """``part`` with its infos under their columns in the rollout (positions, not env ids)."""
+    column = {int(i): k for k, i in enumerate(env_ids.tolist())}
+
+    def moved(infos: dict[int, dict[int, dict[str, Any]]]) -> dict[int, dict[int, dict[str, Any]]]:
+        return {t: {column[i]: info for i, info in by_env.items()} for t, by_env in infos.items()}
+
+    return dataclasses.replace(part, infos=moved(part.infos), reset_infos=moved(part.reset_infos))
+
+
+__all__ = ["Out", "Policy", "RandomPolicy", "Rollout", "columns", "relabelled"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -120,6 +120,12 @@ class PoolStats:
     """Per node, where the pool runs node sub-pools, in the order of the rows they hold (each
     with its ``worker_ids`` and ``env_ids``; each worker's ``node`` says it too); empty
     otherwise."""
+    rollout_lags: dict[int, int] = field(default_factory=dict)
+    """Parts of rollouts handed over (or dropped), by their lag: how many versions of the
+    policy's weights behind the newest sent they acted (``Pool.rollout_wait``)."""
+    rollout_parts_dropped: int = 0
+    rollout_steps_dropped: int = 0
+    """Parts (and their env-steps) dropped for acting more than ``max_lag`` versions behind."""
 
     def __post_init__(self) -> None:
         """Each worker's ``node``, from the node that lists it (:attr:`NodeStats.worker_ids`)."""
@@ -164,6 +170,8 @@ class StatsRecorder:
     def __init__(self, assignment: list[tuple[int, ...]], num_envs: int) -> None:
         self.assignment = assignment
         self.created = time.monotonic()
+        self.rollout_lags: dict[int, int] = {}
+        self.rollout_parts_dropped = self.rollout_steps_dropped = 0
         workers = len(assignment)
         self.latency = np.zeros((workers, LATENCY_WINDOW))  # a ring per worker
         self.replies = np.zeros(workers, dtype=np.int64)  # commands answered, per worker
@@ -282,7 +290,17 @@ class StatsRecorder:
             restarts=int(restarts.sum()),
             workers=tuple(workers),
             recycled=int(sum(recycled)),
+            rollout_lags=dict(sorted(self.rollout_lags.items())),
+            rollout_parts_dropped=self.rollout_parts_dropped,
+            rollout_steps_dropped=self.rollout_steps_dropped,
         )
+
+    def rollout_part(self, lag: int, dropped: bool, env_steps: int) -> None:
+        """A rollout's part handed over (or ``dropped``) ``lag`` versions behind the newest."""
+        self.rollout_lags[lag] = self.rollout_lags.get(lag, 0) + 1
+        if dropped:
+            self.rollout_parts_dropped += 1
+            self.rollout_steps_dropped += env_steps
 
 
 __all__ = [

@@ -1501,3 +1501,53 @@ def test_hosted_vector_envs_on_three_nodes_are_the_vector_envs_alone(cluster: Cl
         assert truncations[5] and rewards[5] == 0
     want = run(alone, alone.sizes, seed=2, steps=5)
     assert_same(want, got)
+
+
+class BigLinear:
+    """A policy whose weights are 1 MB apart from its code (``weights()``/``load_weights``)."""
+
+    def __init__(self, fill: float) -> None:
+        self.w = np.full((4, 2), fill)
+        self.big = np.zeros(1 << 17, dtype=np.float64)  # 1 MiB
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {"w": self.w, "big": self.big}
+
+    def load_weights(self, weights: dict[str, np.ndarray]) -> None:
+        self.w, self.big = weights["w"], weights["big"]
+
+    def __call__(self, observations: Any, env_ids: np.ndarray) -> np.ndarray:
+        return np.asarray(np.argmax(np.asarray(observations) @ self.w, axis=1), dtype=np.int64)
+
+
+def test_each_versions_weights_cross_to_each_node_once(cluster: Cluster) -> None:
+    """Two nodes of two workers each: a new version's weights (1 MiB) go to each node once,
+    whatever its workers; the code once; the same weights again, not at all; the versions
+    stamped are those the pool counted."""
+    policy = BigLinear(0.5)
+    with envfleet.make(
+        "CartPole-v1", 8, backend="ray", num_workers=4, nodes=all_nodes(cluster)[1:], seed=0
+    ) as pool:
+        pool.reset()
+
+        def sent() -> list[int]:
+            return [n.bytes_out for n in pool.stats().nodes]
+
+        before = sent()
+        assert pool.rollout_async(policy, 2) == 1
+        first = pool.rollout_wait()
+        code = [a - b for a, b in zip(sent(), before, strict=True)]
+        policy.w = np.full((4, 2), -0.5)
+        before = sent()
+        assert pool.rollout_async(policy, 2) == 2
+        second = pool.rollout_wait()
+        per_version = [a - b for a, b in zip(sent(), before, strict=True)]
+        before = sent()
+        assert pool.rollout_async(policy, 2) == 2  # the same weights: nothing to send
+        pool.rollout_wait()
+        again = [a - b for a, b in zip(sent(), before, strict=True)]
+    mib = 1 << 20
+    assert all(mib < c < 2.2 * mib for c in code), code  # code and weights, once per node
+    assert all(mib < v < 1.1 * mib for v in per_version), per_version
+    assert all(a < 0.05 * mib for a in again), again
+    assert (first.policy_versions == 1).all() and (second.policy_versions == 2).all()
