@@ -82,7 +82,13 @@ TARGETS: dict[str, Target] = {
     "cartpole": Target("cartpole", "CartPole-v1", 64, target=0.7),
     "pong": Target("pong", "ALE/Pong-v5", 8, target=0.85),
     "sleep": Target("sleep", SleepEnv, 32),
+    # Batched simulators hosted by the workers (vectorization_mode="vector_entry_point"):
+    # CartPole's numpy VectorEnv, and ale-py's AtariVectorEnv for the Pong id.
+    "cartpole-1024": Target("cartpole-1024", "CartPole-v1", 1024),
+    "pong-16": Target("pong-16", "ALE/Pong-v5", 16),
 }
+HOSTED = ("cartpole-1024", "pong-16")
+"""Workloads whose default runners are the hosted ones (:data:`HOSTED_RUNNERS`)."""
 
 
 # -- the soak's env (bench/soak.py) ------------------------------------------------------

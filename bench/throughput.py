@@ -11,6 +11,7 @@ Usage::
     python bench/throughput.py                        # everything, about 5 minutes on 2 cores
     python bench/throughput.py --quick                # smoke run: 1 window of 0.5 s
     python -m bench.throughput --workloads pong --seconds 5 --repeats 5
+    python bench/throughput.py --workloads cartpole-1024,pong-16   # hosted VectorEnvs
 """
 
 from __future__ import annotations
@@ -35,13 +36,16 @@ from bench.common import (
     script_run,
     timing_from,
 )
-from bench.envs import TARGETS, Target
+from bench.envs import HOSTED, TARGETS, Target
 from envfleet import benchmark
 from envfleet.benchmark import BARE_POOL, Workload
 
 DEFAULT_JSON = RESULTS / "throughput.json"
 DEFAULT_RUNNERS = ["loop", "ceiling", "bare-pool", "gym-sync", "gym-async", "serial", "process"]
 DEFAULT_RUNNERS += ["ale-vector"]  # Pong only: left out where it cannot run
+HOSTED_RUNNERS = ["vector", "vector-ceiling", "hosted", "process"]
+"""For the hosted workloads: the VectorEnv alone, its ceiling, envfleet hosting it, and
+envfleet's single-env path."""
 SUBJECT = "process"
 
 
@@ -57,6 +61,15 @@ def run_workload(
 ) -> dict[str, Any]:
     n = workload.num_envs
     report = measure_table(console, workload.name, runners, Workload.of(workload.env, n), timing)
+    if "hosted" in runners:
+        for reference, label in (
+            ("vector-ceiling", "the VectorEnv's ceiling (one per core)"),
+            ("vector", "the VectorEnv alone in one process"),
+            ("process", "envfleet's single-env path"),
+        ):
+            ratio = report.ratio("hosted", n, reference)
+            if ratio is not None:
+                console.print(f"[bold]{workload.name}: hosted / {label} = {ratio:.2f}[/bold]\n")
     ratios = {ref: report.ratio(SUBJECT, n, ref) for ref in ("ceiling", BARE_POOL, "ale-vector")}
     subject, target = ratios["ceiling"], workload.target
     meets = None if subject is None or target is None else subject >= target
@@ -83,6 +96,11 @@ def run_workload(
         "envfleet_process_over_bare_pool": ratios[BARE_POOL],
         "envfleet_process_over_ale_vector": ratios["ale-vector"],
         "meets_target": meets,
+        **{
+            f"hosted_over_{ref.replace('-', '_')}": report.ratio("hosted", n, ref)
+            for ref in ("vector-ceiling", "vector", "process")
+            if "hosted" in runners
+        },
     }
 
 
@@ -92,15 +110,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--runners",
         type=_runners,
-        default=DEFAULT_RUNNERS,
-        help=f"comma-separated, from {','.join(benchmark.RUNNERS)}",
+        default=None,
+        help=f"comma-separated, from {','.join(benchmark.RUNNERS)} (default: "
+        f"{','.join(DEFAULT_RUNNERS)}; on {','.join(HOSTED)}: {','.join(HOSTED_RUNNERS)})",
     )
     args = parser.parse_args(argv)
     timing = timing_from(args)
     with script_run(args.json) as (console, report):  # ale-py's banners go to the log
         report["timing"] = timing.as_dict()
         report["workloads"] = {
-            name: run_workload(TARGETS[name], args.runners, timing, console)
+            name: run_workload(
+                TARGETS[name],
+                args.runners or (HOSTED_RUNNERS if name in HOSTED else DEFAULT_RUNNERS),
+                timing,
+                console,
+            )
             for name in args.workloads
         }
     return 0

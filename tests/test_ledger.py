@@ -182,7 +182,10 @@ def test_dependencies_point_down_face_to_recovery_to_ledger() -> None:
     assert not {"envfleet.pool", "envfleet.dispatch"} & imports("recovery.py")
     assert "envfleet.pool" not in imports("dispatch.py")
     assert {"envfleet.ledger", "envfleet.recovery"} <= imports("dispatch.py")
-    assert {"envfleet.ledger", "envfleet.recovery", "envfleet.dispatch"} <= imports("pool.py")
+    # The face's parts are wired in pool_parts.py, which the face imports.
+    assert "envfleet.pool_parts" in imports("pool.py")
+    assert {"envfleet.ledger", "envfleet.recovery", "envfleet.dispatch"} <= imports("pool_parts.py")
+    assert not {"envfleet.pool", "envfleet.pool_parts"} & imports("dispatch.py")
 
 
 def test_whole_pool_steps_recorded_lazily_match_per_worker_replies() -> None:

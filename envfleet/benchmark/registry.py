@@ -3,6 +3,7 @@ an env here (:func:`availability`)."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +53,26 @@ RUNNERS: dict[str, RunnerKind] = {
             runners.open_process_copy,
         ),
         RunnerKind("thread", "envfleet, thread backend", runners.envfleet_opener("thread")),
+        RunnerKind(
+            "hosted",
+            "envfleet, process backend, each worker hosting the id's own VectorEnv",
+            runners.envfleet_opener(
+                "process", name="hosted", vectorization_mode="vector_entry_point"
+            ),
+            check=runners.vector_check,
+        ),
+        RunnerKind(
+            "vector",
+            "the id's own VectorEnv (its vector entry point), alone in this process",
+            runners.open_vector_alone,
+            check=runners.vector_check,
+        ),
+        RunnerKind(
+            "vector-ceiling",
+            "the id's own VectorEnv, one per core, never communicating, throughputs summed",
+            functools.partial(runners.CeilingRunner, vectorized=True),
+            check=runners.vector_check,
+        ),
         RunnerKind("gym-sync", "Gymnasium SyncVectorEnv", runners.open_gym_sync),
         RunnerKind("gym-async", "Gymnasium AsyncVectorEnv (shared memory)", runners.open_gym_async),
         RunnerKind(

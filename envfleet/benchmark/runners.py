@@ -69,6 +69,46 @@ def _for_loop(
     return sweep, actions, envs
 
 
+def _vector_loop(
+    workload: base.Workload, count: int, timing: base.Timing, first_index: int = 0
+) -> tuple[Callable[[Any], object], list[Any], Any]:
+    """Build and reset the id's own VectorEnv of ``count`` envs (its vector entry point);
+    return its step, its actions and the env."""
+    venv = _make_vec(workload.spec, count)
+    try:
+        venv.reset(seed=timing.seed + first_index)
+        space = venv.action_space
+        space.seed(timing.seed + first_index)
+        actions = [space.sample() for _ in range(timing.action_batches)]
+    except BaseException:
+        venv.close()
+        raise
+    return venv.step, actions, venv
+
+
+def vector_check(spec: Any) -> str | None:
+    """Why ``spec`` has no VectorEnv of its own to host (``None``: it has one)."""
+    from envfleet.tune import has_vector_entry_point
+
+    if has_vector_entry_point(spec):
+        return None
+    return f"{spec.name} has no vector entry point (gymnasium.make_vec's vector_entry_point)"
+
+
+def open_vector_alone(workload: base.Workload, timing: base.Timing) -> base.Runner:
+    """The id's own VectorEnv of every env, alone in this process."""
+    return base.open_vector("vector", lambda: _make_vec(workload.spec, workload.num_envs), timing)
+
+
+def _make_vec(spec: Any, count: int) -> Any:
+    """The id's own VectorEnv of ``count`` envs (:func:`vector_check` said it has one)."""
+    if not isinstance(spec.target, str):
+        raise ValueError(vector_check(spec) or f"{spec.name}: no registered id")
+    return gymnasium.make_vec(
+        spec.target, count, vectorization_mode="vector_entry_point", **dict(spec.kwargs)
+    )
+
+
 def open_loop(workload: base.Workload, timing: base.Timing) -> base.Runner:
     """A Python for-loop over the envs in this process, resetting finished ones."""
     sweep, actions, envs = _for_loop(workload, workload.num_envs, timing)
@@ -85,11 +125,14 @@ def _ceiling_worker(
     go: Any,
     seconds: Any,
     results: Any,
+    vectorized: bool = False,
 ) -> None:
-    """Build process ``index``'s share of the envs (``counts[index]`` of them); at each ``go``,
-    time a window of ``seconds.value`` of for-loop sweeps over them (<= 0: stop)."""
+    """Build process ``index``'s share of the envs (``counts[index]`` of them; ``vectorized``:
+    as the id's own VectorEnv); at each ``go``, time a window of ``seconds.value`` of sweeps
+    over them (<= 0: stop)."""
     try:
-        sweep, actions, _ = _for_loop(workload, counts[index], timing, firsts[index])
+        build = _vector_loop if vectorized else _for_loop
+        sweep, actions, _ = build(workload, counts[index], timing, firsts[index])
         step = base.cycle(sweep, actions, counts[index])
         results.put((index, "ready", None))
         while True:
@@ -111,17 +154,20 @@ class CeilingRunner(base.Runner):
     and adds up what the processes measured inside it.
     """
 
-    def __init__(self, workload: base.Workload, timing: base.Timing) -> None:
+    def __init__(
+        self, workload: base.Workload, timing: base.Timing, vectorized: bool = False
+    ) -> None:
         count = min(len(usable_cpus()), workload.num_envs)
         counts, firsts = blocks(workload.num_envs, count)
-        self.name, self.info = base.CEILING, {"processes": count, "envs_per_process": counts}
+        self.name = "vector-ceiling" if vectorized else base.CEILING
+        self.info = {"processes": count, "envs_per_process": counts}
         ctx = multiprocessing.get_context()
         self._go, self._seconds, self._results = ctx.Barrier(count + 1), ctx.Value("d"), ctx.Queue()
         args = (workload, counts, firsts, timing)
         self._workers = [
             ctx.Process(
                 target=_ceiling_worker,
-                args=(*args, i, self._go, self._seconds, self._results),
+                args=(*args, i, self._go, self._seconds, self._results, vectorized),
                 daemon=True,
             )
             for i in range(count)
@@ -246,4 +292,6 @@ __all__ = [
     "open_gym_sync",
     "open_loop",
     "open_process_copy",
+    "open_vector_alone",
+    "vector_check",
 ]

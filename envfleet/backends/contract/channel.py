@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from multiprocessing.connection import (  # type: ignore[attr-defined]
+from multiprocessing.connection import (
     Connection,
     answer_challenge,
     deliver_challenge,

@@ -42,7 +42,7 @@ class MemfdBuffer:
         fd = os.memfd_create("envfleet-batch", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, size)
-            arena = multiprocessing.heap.Arena(size, fd)  # type: ignore[call-arg]
+            arena = multiprocessing.heap.Arena(size, fd)
         except BaseException:
             os.close(fd)
             raise

@@ -32,7 +32,7 @@ def _sched_getcpu() -> Callable[[], int] | None:
         return None
     function.restype = ctypes.c_int
     function.argtypes = []
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 _getcpu = _sched_getcpu()
