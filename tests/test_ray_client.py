@@ -80,9 +80,10 @@ def client_address() -> Iterator[str]:
         cluster.shutdown()
 
 
-SERVER_START_FAILED = "Starting Ray client server failed"
-"""Ray's error when the head's client server could not start the server process of a client
-(seen on a busy machine: the process exits as it starts); the connection is tried again."""
+SERVER_START_FAILED = ("Starting Ray client server failed", "start_specific_server")
+"""Ray's errors when the head's client server could not start the server process of a client
+(the process exits as it starts: Ray says so, or its proxier's ``start_specific_server`` trips
+over the process gone zombie); the connection is tried again."""
 
 
 def with_retries(connect: Callable[[], T], attempts: int = 3) -> T:
@@ -92,7 +93,8 @@ def with_retries(connect: Callable[[], T], attempts: int = 3) -> T:
         try:
             return connect()
         except ConnectionError as exc:
-            if attempt == attempts or SERVER_START_FAILED not in f"{exc} {exc.__cause__}":
+            text = f"{exc} {exc.__cause__}"
+            if attempt == attempts or not any(sign in text for sign in SERVER_START_FAILED):
                 raise
     raise AssertionError("unreachable")
 
