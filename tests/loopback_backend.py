@@ -20,7 +20,7 @@ import cloudpickle
 
 from envfleet.backends import BaseTransport, Capabilities, TransportKind, TransportOptions
 from envfleet.backends.contract.base import Replies
-from envfleet.backends.contract.channel import plain, unpicklable
+from envfleet.backends.contract.replies import plain, unpicklable
 from envfleet.backends.contract.rows import deliver, pack
 from envfleet.backends.local.serial import SerialTransport
 from envfleet.buffers import Batch, is_array_space, make_reader

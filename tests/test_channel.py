@@ -15,14 +15,14 @@ from multiprocessing.connection import Client, Connection
 
 import pytest
 
-from envfleet.backends.contract import channel
+from envfleet.backends.contract import connections
 
 KEY = b"k" * 32
 
 
 @pytest.fixture
 def listener() -> Iterator[tuple[socket.socket, str]]:
-    server, address, directory = channel.open_listener()
+    server, address, directory = connections.open_listener()
     try:
         yield server, address
     finally:
@@ -34,7 +34,7 @@ def listener() -> Iterator[tuple[socket.socket, str]]:
 def _accept_in_thread(server: socket.socket) -> tuple[threading.Thread, list[Connection]]:
     accepted: list[Connection] = []
     thread = threading.Thread(
-        target=lambda: accepted.append(channel.accept_pool(server, KEY)), daemon=True
+        target=lambda: accepted.append(connections.accept_pool(server, KEY)), daemon=True
     )
     thread.start()
     return thread, accepted
@@ -44,7 +44,7 @@ def _accept_in_thread(server: socket.socket) -> tuple[threading.Thread, list[Con
 def test_strangers_are_dropped_and_the_pool_still_gets_in(
     listener: tuple[socket.socket, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(channel, "HANDSHAKE_TIMEOUT", 0.5)
+    monkeypatch.setattr(connections, "HANDSHAKE_TIMEOUT", 0.5)
     server, address = listener
     thread, accepted = _accept_in_thread(server)
     started = time.monotonic()
@@ -55,7 +55,7 @@ def test_strangers_are_dropped_and_the_pool_still_gets_in(
     garbage.sendall(b"\xff" * 64)
     with pytest.raises((AuthenticationError, EOFError, OSError)):
         Client(address, authkey=b"wrong key")
-    conn = channel.connect_pool(address, KEY, timeout=10.0)
+    conn = connections.connect_pool(address, KEY, timeout=10.0)
     thread.join(10.0)
     assert accepted, "the actor never took the pool's connection"
     assert time.monotonic() - started < 10.0
@@ -76,7 +76,7 @@ def test_a_silent_actor_does_not_hang_the_pool() -> None:
     server.listen(1)
     started = time.monotonic()
     with pytest.raises(OSError):
-        channel.connect_pool(address, KEY, timeout=0.5)
+        connections.connect_pool(address, KEY, timeout=0.5)
     assert time.monotonic() - started < 5.0
     server.close()
 

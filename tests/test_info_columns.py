@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import envfleet
-from envfleet.backends.contract import channel
+from envfleet.backends.contract import framing
 from envfleet.errors import Phase
 from envfleet.infos import InfoTable, column_dicts, info_columns, layout_of, merge_infos
 from envfleet.protocol import EnvFailure, Reply
@@ -59,36 +59,36 @@ def test_plain_scalar_infos_travel_as_columns_and_come_back_as_sent() -> None:
 )
 def test_other_infos_travel_as_dicts(infos: dict[int, dict[str, Any]]) -> None:
     assert info_columns(infos) is None
-    encoded = channel.encode_reply(Reply(env_ids=tuple(infos), infos=infos))
-    assert encoded[0] == channel.FRAME
+    encoded = framing.encode_reply(Reply(env_ids=tuple(infos), infos=infos))
+    assert encoded[0] == framing.FRAME
 
 
 def test_a_columns_reply_reads_as_plain_with_its_infos_in_the_table() -> None:
     infos = {0: {"lives": 3, "frame": 10}, 1: {"lives": 3, "frame": 11}}
-    encoded = channel.encode_reply(Reply(env_ids=(0, 1, 2), infos=infos))
-    assert encoded[0] == channel.COLUMNS
+    encoded = framing.encode_reply(Reply(env_ids=(0, 1, 2), infos=infos))
+    assert encoded[0] == framing.COLUMNS
     table = InfoTable(3)
     out: list[Reply | None] = []
-    channel.FrameReader(table.put).feed(encoded + encoded[:5], out)  # and the start of the next
+    framing.FrameReader(table.put).feed(encoded + encoded[:5], out)  # and the start of the next
     assert out == [None] and table.pending
     got = table.take(np.arange(3), None, 3, None)
     assert_same(got, gymnasium_infos([infos[0], infos[1], None]))
     assert not table.pending
     # With no table (a node agent's transport, which forwards replies): the reply, as sent.
     out = []
-    channel.FrameReader().feed(encoded, out)
+    framing.FrameReader().feed(encoded, out)
     assert isinstance(out[0], Reply) and out[0].env_ids == (0, 1, 2) and out[0].infos == infos
     # An env id that does not fit the columns frame's 4 bytes: the reply goes pickled.
     far = {2**40: infos[0]}
-    encoded = channel.encode_reply(Reply(env_ids=(2**40,), infos=far))
-    assert encoded[0] == channel.FRAME
+    encoded = framing.encode_reply(Reply(env_ids=(2**40,), infos=far))
+    assert encoded[0] == framing.FRAME
     out = []
-    channel.FrameReader(InfoTable(3).put).feed(encoded, out)
+    framing.FrameReader(InfoTable(3).put).feed(encoded, out)
     assert isinstance(out[0], Reply) and out[0].infos == far
     # Failures, restarts or values alongside: the whole reply as a frame.
     failure = EnvFailure.capture(1, Phase.STEP, ValueError("x"))
-    encoded = channel.encode_reply(Reply(env_ids=(0, 1), infos=infos, failures=(failure,)))
-    assert encoded[0] == channel.FRAME
+    encoded = framing.encode_reply(Reply(env_ids=(0, 1), infos=infos, failures=(failure,)))
+    assert encoded[0] == framing.FRAME
 
 
 def test_columns_replies_are_read_without_unpickling_and_in_any_pieces(
@@ -99,8 +99,8 @@ def test_columns_replies_are_read_without_unpickling_and_in_any_pieces(
     whole = {0: {"lives": 3, "frame": 10}, 1: {"lives": 2, "frame": 11}}
     some = {5: {"lives": 1, "frame": 12}}
     replies = [Reply(env_ids=(0, 1), infos=whole), Reply(env_ids=(4, 5, 6), infos=some)]
-    encoded = [channel.encode_reply(reply) for reply in replies]
-    assert [data[0] for data in encoded] == [channel.COLUMNS] * 2
+    encoded = [framing.encode_reply(reply) for reply in replies]
+    assert [data[0] for data in encoded] == [framing.COLUMNS] * 2
 
     def no_pickle(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a columns reply was unpickled")
@@ -109,16 +109,16 @@ def test_columns_replies_are_read_without_unpickling_and_in_any_pieces(
     assert columns is not None
     layout_of(columns[1])  # a layout is unpickled once, the first time it comes
 
-    monkeypatch.setattr(channel.pickle, "loads", no_pickle)
+    monkeypatch.setattr(framing.pickle, "loads", no_pickle)
     for pieces in (encoded, [bytes([byte]) for data in encoded for byte in data]):
         out: list[Reply | None] = []
-        reader = channel.FrameReader()  # no table: the replies come back as sent
+        reader = framing.FrameReader()  # no table: the replies come back as sent
         for data in pieces:
             reader.feed(data, out)
         assert [(r.env_ids, r.infos) for r in out] == [(r.env_ids, r.infos) for r in replies]  # type: ignore[union-attr]
         table = InfoTable(7)
         out = []
-        reader = channel.FrameReader(table.put)
+        reader = framing.FrameReader(table.put)
         for data in pieces:
             reader.feed(data, out)
         assert out == [None, None] and not reader.partial
@@ -141,10 +141,10 @@ def test_a_reader_takes_each_columns_reply_for_what_it_says() -> None:
         Reply(env_ids=(1, 2, 4), infos={2: {"c": 5.0, "d": 6}, 4: {"c": 7.0, "d": 8}}),
         Reply(env_ids=(2, 4), infos={2: {"c": 1.0, "d": 2}, 4: {"c": 3.0, "d": 4}}),
     ]
-    reader = channel.FrameReader()
+    reader = framing.FrameReader()
     for reply in sent:
         out: list[Reply | None] = []
-        reader.feed(channel.encode_reply(reply), out)
+        reader.feed(framing.encode_reply(reply), out)
         assert len(out) == 1 and isinstance(out[0], Reply)
         assert (out[0].env_ids, out[0].infos) == (reply.env_ids, reply.infos)
         for i, info in reply.infos.items():  # type: ignore[union-attr]

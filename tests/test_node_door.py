@@ -33,7 +33,7 @@ import psutil
 import pytest
 
 import envfleet
-from envfleet.backends.contract import channel
+from envfleet.backends.contract import connections
 from envfleet.backends.nodes import agent as node_agent
 from envfleet.backends.nodes.frames import Frames, SendTimeout, send
 from envfleet.backends.nodes.link import connect_agent
@@ -53,7 +53,7 @@ def no_leaked_processes_or_shared_memory() -> Iterator[None]:
 
 
 class Door:
-    """An agent's listening socket, its :func:`~channel.accept_pool` on a thread."""
+    """An agent's listening socket, its :func:`~connections.accept_pool` on a thread."""
 
     def __init__(self) -> None:
         self.server = socket.create_server(("127.0.0.1", 0), backlog=8)
@@ -63,7 +63,7 @@ class Door:
         self.thread.start()
 
     def _accept(self) -> None:
-        self.accepted.append(channel.accept_pool(self.server, KEY))
+        self.accepted.append(connections.accept_pool(self.server, KEY))
 
     def close(self) -> None:
         if self.thread.is_alive():  # let it return: the pool's own connection
@@ -127,7 +127,7 @@ def test_a_slow_stranger_does_not_keep_the_pool_from_its_agent(
     """A stranger connects first and drips its answer (its handshake bound made two minutes
     here): the pool's connection, made after it, is accepted while the stranger still drips,
     and the stranger is dropped then."""
-    monkeypatch.setattr(channel, "HANDSHAKE_TIMEOUT", 120.0)
+    monkeypatch.setattr(connections, "HANDSHAKE_TIMEOUT", 120.0)
     stranger = Stranger(door.port, every=0.5)
     try:
         time.sleep(0.5)  # the stranger's connection is taken (and checked) first
@@ -148,7 +148,7 @@ def test_a_slow_stranger_does_not_keep_the_pool_from_its_agent(
 def test_a_stranger_gets_one_deadline_for_the_whole_handshake(door: Door, monkeypatch: Any) -> None:
     """A stranger sending a byte of its answer every 0.2 s, far within a per-read bound, is
     dropped once the whole handshake's bound (1 s here) has passed, not 51 s later."""
-    monkeypatch.setattr(channel, "HANDSHAKE_TIMEOUT", 1.0)
+    monkeypatch.setattr(connections, "HANDSHAKE_TIMEOUT", 1.0)
     stranger = Stranger(door.port, every=0.2)
     try:
         deadline = time.monotonic() + WAIT / 2  # its answer would take 51 s

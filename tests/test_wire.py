@@ -1,4 +1,5 @@
-"""The process backend's wire (:mod:`envfleet.backends.contract.channel`): one byte for a
+"""The process backend's wire (:mod:`envfleet.backends.contract.framing`, served by
+:func:`~envfleet.backends.contract.channel.serve_pipes`): one byte for a
 repeated command and for a plain reply, frames for the rest. Its edges: a reply larger than a
 pipe's buffer, a reply that cannot be pickled, a worker that dies halfway through a reply, and
 the end of the command pipe when the pool goes."""
@@ -18,7 +19,7 @@ import pytest
 from gymnasium import spaces
 
 import envfleet
-from envfleet.backends.contract import channel
+from envfleet.backends.contract import channel, framing
 from envfleet.errors import EnvError, WorkerDiedError
 from envfleet.protocol import Reply, Step
 
@@ -141,7 +142,7 @@ def _serve_in_thread(group: _Group) -> tuple[threading.Thread, int, int]:
 
 
 def _read_replies(fd: int, count: int) -> list[Reply | None]:
-    reader, out = channel.FrameReader(), []  # type: ignore[var-annotated]
+    reader, out = framing.FrameReader(), []  # type: ignore[var-annotated]
     while len(out) < count:
         data = os.read(fd, 4096)  # small reads: frames arrive in pieces
         assert data, "EOF before the replies"
@@ -157,11 +158,11 @@ def test_repeat_runs_the_last_command_and_eof_closes_the_group() -> None:
     thread, command_w, reply_r = _serve_in_thread(group)
     try:
         command = Step((0,))
-        channel.write_all(command_w, channel.frame(channel.ForkingPickler.dumps(command)))
-        channel.write_all(command_w, channel.REPEAT_BYTES * 3)
+        framing.write_all(command_w, framing.frame(framing.ForkingPickler.dumps(command)))
+        framing.write_all(command_w, framing.REPEAT_BYTES * 3)
         assert _read_replies(reply_r, 4) == [None] * 4  # plain: one byte each
         group.reply = big
-        channel.write_all(command_w, channel.REPEAT_BYTES)
+        framing.write_all(command_w, framing.REPEAT_BYTES)
         (reply,) = _read_replies(reply_r, 1)
         assert isinstance(reply, Reply) and reply.infos == big.infos
         assert group.served == 5
@@ -177,9 +178,9 @@ def test_repeat_runs_the_last_command_and_eof_closes_the_group() -> None:
 
 
 def test_a_frame_cut_short_stays_partial() -> None:
-    body = channel.encode_reply(Reply(env_ids=(3,), infos={3: {"k": "v"}}))
-    assert body[0] == channel.FRAME and channel.encode_reply(Reply(env_ids=(3,))) == b"\0"
-    reader, out = channel.FrameReader(), []  # type: ignore[var-annotated]
+    body = framing.encode_reply(Reply(env_ids=(3,), infos={3: {"k": "v"}}))
+    assert body[0] == framing.FRAME and framing.encode_reply(Reply(env_ids=(3,))) == b"\0"
+    reader, out = framing.FrameReader(), []  # type: ignore[var-annotated]
     reader.feed(b"\0" + body[:-1], out)
     assert out == [None] and reader.partial
     reader.feed(body[-1:] + b"\0", out)

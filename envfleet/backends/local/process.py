@@ -49,11 +49,8 @@ import cloudpickle
 from envfleet.affinity import usable_cpus
 from envfleet.backends.contract import spares as spare_rows
 from envfleet.backends.contract.base import BaseTransport, LocalPool, TransportOptions, WorkerLost
-from envfleet.backends.contract.channel import (
-    REPEAT_BYTES,
-    PickledCommands,
-    frame,
-)
+from envfleet.backends.contract.framing import REPEAT_BYTES, frame
+from envfleet.backends.contract.replies import PickledCommands
 from envfleet.backends.contract.rows import deliver
 from envfleet.backends.local import wake_order
 from envfleet.backends.local.lifeline import sigint_held

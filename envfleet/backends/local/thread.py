@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from envfleet.backends.contract.base import BaseTransport, TransportOptions, WorkerLost
-from envfleet.backends.contract.channel import plain
+from envfleet.backends.contract.replies import plain
 from envfleet.buffers import Batch
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Close, Command, EnvFailure, Group, Reply

@@ -3,7 +3,7 @@
 A :class:`WorkerProcess` is the process and the pool's ends of its two one-way pipes: commands
 go out through its :class:`~envfleet.backends.contract.outbox.Outbox` (never blocking the
 pool), replies come in through a non-blocking read framed by
-:class:`~envfleet.backends.contract.channel.FrameReader`,
+:class:`~envfleet.backends.contract.framing.FrameReader`,
 and its end is seen through the process sentinel. It starts the process, reads what it sent,
 buries it once it is gone (keeping the replies it sent before dying) and stops it.
 :func:`worker_main` is what runs in the process; how the pool waits on many of them together is
@@ -24,7 +24,8 @@ from typing import Any
 
 from envfleet.backends.contract import spares as spare_rows
 from envfleet.backends.contract.base import TransportOptions, WorkerLost
-from envfleet.backends.contract.channel import FrameReader, encode_reply, serve_pipes, write_all
+from envfleet.backends.contract.channel import serve_pipes
+from envfleet.backends.contract.framing import FrameReader, encode_reply, write_all
 from envfleet.backends.contract.outbox import Outbox
 from envfleet.backends.contract.rows import Shipping
 from envfleet.backends.local import wake_order

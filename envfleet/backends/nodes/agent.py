@@ -33,7 +33,7 @@ import ray
 
 from envfleet.affinity import usable_cpus
 from envfleet.backends.contract.base import LocalPool, TransportOptions
-from envfleet.backends.contract.channel import accept_pool
+from envfleet.backends.contract.connections import accept_pool
 from envfleet.backends.local.process import open_local_pool
 from envfleet.backends.nodes.compression import Codec, codec
 from envfleet.backends.nodes.placement import alive_nodes, node_cpus

@@ -25,7 +25,7 @@ import psutil
 import ray
 
 from envfleet.backends.contract.base import Replies, WorkerLost
-from envfleet.backends.contract.channel import handshake
+from envfleet.backends.contract.connections import handshake
 from envfleet.backends.contract.rows import deliver
 from envfleet.backends.nodes import wire
 from envfleet.backends.nodes.frames import Frames, Message

@@ -21,12 +21,9 @@ import numpy as np
 import ray
 
 from envfleet.backends.contract.base import TransportOptions
-from envfleet.backends.contract.channel import (
-    accept_pool,
-    open_listener,
-    serve_connection,
-    unpicklable,
-)
+from envfleet.backends.contract.channel import serve_connection
+from envfleet.backends.contract.connections import accept_pool, open_listener
+from envfleet.backends.contract.replies import unpicklable
 from envfleet.backends.contract.rows import Shipping, pack
 from envfleet.backends.ray.memory import NodeMemory
 from envfleet.buffers import Batch, ObjectRows

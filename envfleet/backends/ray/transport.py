@@ -45,8 +45,9 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from envfleet.backends.contract.base import BaseTransport, TransportOptions, WorkerLost
-from envfleet.backends.contract.channel import PickledCommands, connect_pool
+from envfleet.backends.contract.connections import connect_pool
 from envfleet.backends.contract.outbox import Outbox
+from envfleet.backends.contract.replies import PickledCommands
 from envfleet.backends.contract.rows import deliver, row_bytes
 from envfleet.backends.ray import memory as node_memory
 from envfleet.backends.ray import session as ray_session
