@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import gymnasium
 import numpy as np
@@ -354,7 +354,9 @@ class HostedGroup:
         recovered: list[EnvFailure] = []
         kept: list[int] = []
         batch = self.batch
-        for block in self._blocks_of(env_ids):
+        blocks = self._blocks_of(env_ids)
+        sent = self._send_all(blocks, actions)
+        for block in blocks:
             rows = block.rows
             if block.owe_truncation:  # rebuilt: the interrupted episodes end here
                 self._report_truncated(block, infos, kept, failures)
@@ -369,13 +371,16 @@ class HostedGroup:
                     batch.rewards[rows] = 0.0
                     batch.terminations[rows] = False
                     batch.truncations[rows] = False
+                elif block.index in sent:  # its actions are out: its results
+                    error = sent[block.index]
+                    if error is not None:
+                        raise error
+                    obs, rewards, terminations, truncations, info = cast(Any, block.venv).recv()
+                    self._write_step(block, obs, rewards, terminations, truncations)
                 else:
                     acts = self._actions(block, actions)
                     obs, rewards, terminations, truncations, info = block.venv.step(acts)
-                    self._write_obs(block, obs)
-                    batch.rewards[rows] = rewards
-                    batch.terminations[rows] = terminations
-                    batch.truncations[rows] = truncations
+                    self._write_step(block, obs, rewards, terminations, truncations)
             except env_errors() as exc:
                 if self.on_error is OnError.RAISE:
                     failures.append(EnvFailure.capture(block.ids[0], Phase.STEP, exc))
@@ -443,6 +448,26 @@ class HostedGroup:
 
     # -- internals -----------------------------------------------------------------------------
 
+    def _send_all(
+        self, blocks: list[_Block], carried: dict[int, Any] | None
+    ) -> dict[int, BaseException | None]:
+        """Where two or more blocks of this step host VectorEnvs with their own ``send`` and
+        ``recv`` (ale-py's ``AtariVectorEnv``, EnvPool) stepping all their envs at once, each
+        gets its actions before any is waited for, so that they step side by side on their
+        own threads; ``step`` is ``send`` then ``recv`` for them. By block: ``None`` (sent) or
+        the error its ``send`` raised (raised again where its ``step`` would have been)."""
+        ready = [b for b in blocks if not (b.owe_truncation or b.owe_reset) and _sends(b.venv)]
+        if len(ready) < 2:
+            return {}
+        sent: dict[int, BaseException | None] = {}
+        for block in ready:
+            try:
+                cast(Any, block.venv).send(self._actions(block, carried))
+                sent[block.index] = None
+            except env_errors() as exc:
+                sent[block.index] = exc
+        return sent
+
     def _actions(self, block: _Block, carried: dict[int, Any] | None) -> Any:
         """The block's actions: a view of its rows of the batch, or the carried ones."""
         if carried is None:
@@ -451,6 +476,16 @@ class HostedGroup:
             )
         out: Any = create_empty_array(self.action_space, len(block.ids))
         return concatenate(self.action_space, [carried[i] for i in block.ids], out)
+
+    def _write_step(
+        self, block: _Block, obs: Any, rewards: Any, terminations: Any, truncations: Any
+    ) -> None:
+        """A step's results of ``block`` into its rows of the batch."""
+        self._write_obs(block, obs)
+        rows = block.rows
+        self.batch.rewards[rows] = rewards
+        self.batch.terminations[rows] = terminations
+        self.batch.truncations[rows] = truncations
 
     def _write_obs(self, block: _Block, obs: Any) -> None:
         """The block's observations into its rows, with one copy per field; a dtype that does
@@ -521,6 +556,16 @@ class HostedGroup:
         return int(
             np.random.SeedSequence([self.seed_base, env, block.restarts]).generate_state(1)[0]
         )
+
+
+def _sends(venv: Any) -> bool:
+    """Whether ``venv`` steps through ``send``/``recv`` of all its envs at once (a
+    ``batch_size``, where it has one, of all its envs: a smaller one answers part of them)."""
+    return (
+        callable(getattr(venv, "send", None))
+        and callable(getattr(venv, "recv", None))
+        and getattr(venv, "batch_size", venv.num_envs) == venv.num_envs
+    )
 
 
 def _span(rows: slice) -> tuple[int, int]:

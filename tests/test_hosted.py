@@ -303,14 +303,16 @@ def atari(num_envs: int) -> VectorEnv[Any, Any, Any]:
     return AtariVectorEnv("pong", num_envs, num_threads=1)
 
 
-def test_ale_pys_atari_vector_env_hosted_is_the_vector_env_alone() -> None:
-    """ale-py's C++ ``AtariVectorEnv``: a seed per env, frames and infos as alone."""
+@pytest.mark.parametrize("where", ["serial", "process"])
+def test_ale_pys_atari_vector_env_hosted_is_the_vector_env_alone(where: str) -> None:
+    """ale-py's C++ ``AtariVectorEnv``: a seed per env, frames and infos as alone (serial: one
+    worker hosts both, stepped through their ``send``/``recv``, side by side)."""
     fns = [functools.partial(atari, 2), functools.partial(atari, 2)]
     alone = Alone([fn() for fn in fns])
     want = run(alone, alone.sizes, seed=3, steps=40)
     for venv in alone.venvs:
         venv.close()
-    with envfleet.make(vector_env_fns=fns, backend="process", seed=3) as pool:
+    with envfleet.make(vector_env_fns=fns, backend=where, seed=3) as pool:
         got = run(pool, alone.sizes, seed=3, steps=40)
     assert want[0].dtype == np.uint8 and want[0].shape == (4, 4, 84, 84)
     assert_same(want, got)
@@ -361,3 +363,64 @@ def test_a_restart_in_same_step_mode_resets_at_once_with_the_final_observation()
         np.testing.assert_array_equal(np.stack(infos["final_obs"][2:]), last[2:])
         obs, *_ = pool.step(np.ones(4, dtype=np.int64))
         assert (obs[2:, 1] == 2).all()  # stepping on from the reset
+
+
+class SendingVectorEnv(CountingVectorEnv):
+    """A :class:`CountingVectorEnv` with ``send``/``recv`` (``step`` is ``send`` then
+    ``recv``), each call written to ``log`` under the env's ``name``; ``send_fails_at``: its
+    send raises on that call (once per instance)."""
+
+    def __init__(
+        self, num_envs: int, name: str, log: list[str], send_fails_at: int | None = None, **kw: Any
+    ) -> None:
+        super().__init__(num_envs, **kw)
+        self.name, self.log, self.send_fails_at, self.sends = name, log, send_fails_at, 0
+        self._actions: Any = None
+
+    def send(self, actions: Any) -> None:
+        self.log.append(f"send {self.name}")
+        self.sends += 1
+        if self.sends == self.send_fails_at:
+            raise RuntimeError(f"send {self.sends} of {self.name} broke")
+        self._actions = np.array(actions)
+
+    def recv(self) -> Any:
+        self.log.append(f"recv {self.name}")
+        return super().step(self._actions)
+
+    def step(self, actions: Any) -> Any:
+        self.send(actions)
+        return self.recv()
+
+
+@pytest.mark.parametrize("fails", [None, "send_fails_at", "fail_at"])
+def test_a_workers_vector_envs_with_send_and_recv_all_get_their_actions_first(
+    fails: str | None,
+) -> None:
+    """Two hosted VectorEnvs with ``send``/``recv`` on one worker: each step sends both their
+    actions before waiting for either (so that their threads step side by side), and gives
+    what they give alone; the second's fifth ``send`` or ``recv`` raising restarts its block
+    only (its envs truncated at that step, the first's envs as alone)."""
+    log: list[str] = []
+    fns = [
+        functools.partial(SendingVectorEnv, 2, "a", log),
+        functools.partial(SendingVectorEnv, 3, "b", log, **({fails: 5} if fails else {})),
+    ]
+    alone = Alone([CountingVectorEnv(2), CountingVectorEnv(3)])
+    want = run(alone, alone.sizes, seed=4, steps=12)
+    with envfleet.make(
+        vector_env_fns=fns, backend="serial", num_workers=1, seed=4, on_error="restart"
+    ) as pool:
+        log.clear()
+        got = run(pool, alone.sizes, seed=4, steps=12)
+    assert log[:4] == ["send a", "send b", "recv a", "recv b"], log
+    if fails is None:
+        assert log == log[:4] * 12, log
+        assert_same(want, got)
+        return
+    truncated_5, infos_5 = got[25], got[26]  # step 5: items 2 + 5 * 4 + 3 and + 4
+    assert truncated_5[2:].all() and infos_5["envfleet/restarted"][2:].all()
+    assert not infos_5["_envfleet/restarted"][:2].any()
+    for k in range(2, len(want)):  # block a's envs: every step as alone
+        if not isinstance(want[k], dict):
+            np.testing.assert_array_equal(want[k][:2], got[k][:2], err_msg=f"item {k}")
