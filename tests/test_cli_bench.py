@@ -386,3 +386,27 @@ def test_bench_piped_prints_a_line_per_stage_with_its_place(tmp_path: Path) -> N
     ]
     assert stages[0][0] == "[0%" and all(", ETA " in share for share, _ in stages[1:])
     assert "starting" not in result.stdout  # the table's stream has the results alone
+
+
+def test_bench_vectorization_mode_measures_the_hosted_vector_env_beside_its_own(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``--vectorization-mode vector_entry_point``: the id's VectorEnv alone, its ceiling,
+    envfleet hosting it and envfleet's single envs, side by side; an id without a vector entry
+    point is a usage error naming it, before anything runs."""
+    status, _, err = bench(
+        capsys, tmp_path / "h", "--num-envs", "16", "--vectorization-mode", "vector_entry_point"
+    )
+    assert status == 0, err
+    document = json.loads((tmp_path / "h" / "bench.json").read_text())
+    assert list(document["runners"]) == ["vector", "vector-ceiling", "hosted", "process"]
+    for name, entry in document["runners"].items():
+        assert entry["status"] == "ok", (name, entry)
+    hosted = document["runners"]["hosted"]["results"][0]
+    assert hosted["num_envs"] == 16 and hosted["steps_per_s"] > 0
+    status, _, err = run_cli(
+        capsys, "bench", "FrozenLake-v1", *TINY, "--out", str(tmp_path / "never"),
+        "--vectorization-mode", "vector_entry_point",
+    )  # fmt: skip
+    assert status == 2 and "FrozenLake-v1 has no vector entry point" in err
+    assert not (tmp_path / "never").exists()

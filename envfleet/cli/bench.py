@@ -40,6 +40,7 @@ from envfleet.cli.common import (
     progress_console,
 )
 from envfleet.spec import EnvSpec
+from envfleet.tune import has_vector_entry_point
 
 DEFAULT_BENCH_NUM_ENVS = (8, 32, 64)
 DEFAULT_BENCH_OUT = Path("envfleet-bench")
@@ -52,6 +53,9 @@ tried at larger env counts (nor is one expected to be far slower: see
 DEFAULT_BENCH_REPEATS = 3
 QUICK_NUM_ENVS = (8,)
 QUICK_RUNNERS = ("loop", "ceiling", "process", "gym-async")
+HOSTED_RUNNERS = ("vector", "vector-ceiling", "hosted", "process")
+"""``--vectorization-mode vector_entry_point``: the id's own VectorEnv alone and one per core
+(its ceiling), envfleet hosting it, and envfleet's single-env path."""
 QUICK_SECONDS = 0.2
 QUICK_REPEATS = 1
 """``--quick``: one env count, the for-loop, the ceiling, envfleet's process backend and
@@ -157,6 +161,14 @@ def add_parser(commands: Any) -> None:
         ),
     )
     bench.add_argument(
+        "--vectorization-mode",
+        choices=("none", "vector_entry_point"),
+        default="none",
+        help="'vector_entry_point': measure the env's own batched VectorEnv hosted by envfleet "
+        "against it alone, its ceiling and envfleet's single envs (runners "
+        f"{','.join(HOSTED_RUNNERS)} unless --runners is given); default: none",
+    )
+    bench.add_argument(
         "--seed", type=non_negative_int, default=0, help="seeds resets and actions (default: 0)"
     )
     bench.add_argument(
@@ -186,6 +198,9 @@ def _check_builds(spec: EnvSpec) -> None:
 def fill_defaults(args: argparse.Namespace) -> None:
     """The options not given: ``--quick``'s where it is given, the full run's otherwise."""
     quick = bool(args.quick)
+    if args.vectorization_mode == "vector_entry_point" and args.runners is None:
+        args.runners = list(HOSTED_RUNNERS)
+        args.quick_runners = True  # the mode's runners, not the caller's
     if args.num_envs is None:
         args.num_envs = list(QUICK_NUM_ENVS if quick else DEFAULT_BENCH_NUM_ENVS)
     if args.runners is None and quick:
@@ -200,6 +215,11 @@ def fill_defaults(args: argparse.Namespace) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     fill_defaults(args)
     spec = env_spec(args.env)
+    if args.vectorization_mode == "vector_entry_point" and not has_vector_entry_point(spec):
+        raise UsageError(
+            f"--vectorization-mode vector_entry_point: {args.env} has no vector entry point "
+            "(a registered id with no wrappers that gymnasium.make_vec can build batched)"
+        )
     names: list[str] = args.runners or list(benchmark.RUNNERS)
     explicit = args.runners is not None and not getattr(args, "quick_runners", False)
     out: Path = args.out
