@@ -1,34 +1,10 @@
-"""Hosted VectorEnvs: a worker steps a batched simulator for its block of envs.
-
-Many fast simulators are batched already (Gymnasium's ``vector_entry_point`` envs such as
-``CartPole-v1``'s numpy ``CartPoleVectorEnv``, ale-py's C++ ``AtariVectorEnv``, EnvPool). A
-pool made with ``vectorization_mode="vector_entry_point"`` (or ``vector_env_fns=[...]``) has
-each worker build one ``gymnasium.vector.VectorEnv`` for its block of ``k`` consecutive envs
-and step it with one call; its results land in the batch with one copy per field::
-
-    pool.step(actions) ── one command per worker ──► HostedGroup.step(block)
-                                                     venv.step(actions[block])   (one call)
-                                                     batch[block] = obs, rewards, flags
-                                                     infos: one dict per env that has one
-
-The pool stays the same ``VectorEnv``: global indices, ``seed + i`` per env where the hosted
-env takes a seed per env (``SyncVectorEnv``, ``AsyncVectorEnv``, ale-py's ``AtariVectorEnv``;
-Gymnasium's numpy vector envs take one seed: their block gets ``seed + i0``, its first env's),
-the autoreset mode (the hosted env's must be the pool's), infos merged Gymnasium's way,
-``call``/``get_attr``/``set_attr``, rollouts and restarts: a hosted VectorEnv that raises is
-rebuilt whole under ``on_error="restart"``, and every env of its block reports its episode
-truncated (reward 0, ``infos["envfleet/restarted"]``, the last observation kept); a worker that
-dies or hangs is rebuilt by its transport as any other.
-
-Rewards come back as ``float64`` whatever the hosted env's dtype (numpy vector envs give
-``float32``): the pool's arrays are those of every envfleet pool and of ``SyncVectorEnv``; the
-values are the same (a ``float32`` is exact in ``float64``).
-"""
+"""The worker's group when it hosts VectorEnvs: one or more blocks of consecutive envs, each
+stepped with one call of its VectorEnv (see :mod:`envfleet.hosted`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import gymnasium
@@ -40,160 +16,9 @@ from gymnasium.vector.utils import concatenate, create_empty_array
 from envfleet.buffers import Batch, fits_dtype, put, take, view_rows
 from envfleet.errors import OnError, Phase
 from envfleet.guards import env_errors
+from envfleet.hosted.batches import leaves, row, sends, span, unbatch_infos, vector_call
+from envfleet.hosted.recipe import RESTARTED, HostedRecipe
 from envfleet.protocol import EnvFailure, Reply
-from envfleet.spec import EnvSpec
-
-RESTARTED = "envfleet/restarted"
-
-VectorFactory = Callable[[], VectorEnv[Any, Any, Any]]
-
-
-@dataclass(frozen=True)
-class HostedRecipe:
-    """How each worker builds its hosted VectorEnv: ``make_vec(env_id, k,
-    vectorization_mode="vector_entry_point", **kwargs)`` for a block of ``k`` envs, or the
-    block's own factory (``vector_env_fns``); ``blocks``: each block's first env and size."""
-
-    blocks: tuple[tuple[int, int], ...]
-    env_id: str | None = None
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-    factories: tuple[VectorFactory, ...] = ()
-
-    def build(self, block: int) -> VectorEnv[Any, Any, Any]:
-        """The hosted VectorEnv of block ``block``."""
-        if self.factories:
-            venv = self.factories[block]()
-        else:
-            assert self.env_id is not None
-            size = self.blocks[block][1]
-            venv = gymnasium.make_vec(
-                self.env_id, size, vectorization_mode="vector_entry_point", **self.kwargs
-            )
-        if not isinstance(venv, VectorEnv):
-            raise TypeError(
-                f"a hosted env factory must return a gymnasium.vector.VectorEnv, got "
-                f"{type(venv).__name__}"
-            )
-        if venv.num_envs != self.blocks[block][1]:
-            raise ValueError(
-                f"the hosted VectorEnv of block {block} has {venv.num_envs} envs, "
-                f"{self.blocks[block][1]} expected"
-            )
-        return venv
-
-    def block_of(self, env: int) -> int:
-        """The block holding env ``env``."""
-        for b, (start, size) in enumerate(self.blocks):
-            if start <= env < start + size:
-                return b
-        raise ValueError(f"env {env} is in no block of {self.blocks}")
-
-
-@dataclass(frozen=True)
-class HostedSpec(EnvSpec):
-    """An :class:`~envfleet.EnvSpec` whose workers host VectorEnvs (:class:`HostedRecipe`)."""
-
-    recipe: HostedRecipe | None = None
-
-
-def hosted_plan(
-    env: Any,
-    num_envs: int | None,
-    env_kwargs: Any,
-    vectorization_mode: str | None,
-    vector_env_fns: Sequence[VectorFactory] | None,
-    num_workers: int | None,
-) -> tuple[HostedSpec, dict[str, Any]] | None:
-    """What :func:`envfleet.make` needs for a hosted pool: its spec (with the blocks) and the
-    probe (spaces, metadata, render mode, the hosted env's autoreset mode); ``None`` when the
-    pool hosts single envs. Builds one VectorEnv per factory here (their sizes), or one of one
-    env for an id, and closes them."""
-    if vector_env_fns is None and vectorization_mode in (None, "none"):
-        return None
-    if vector_env_fns is not None:
-        if env is not None:
-            raise TypeError("make() takes env or vector_env_fns, not both")
-        if vectorization_mode not in (None, "vector_entry_point"):
-            raise ValueError(
-                f"vectorization_mode={vectorization_mode!r} with vector_env_fns: the "
-                "factories build the VectorEnvs; omit vectorization_mode"
-            )
-        factories = tuple(vector_env_fns)
-        if not factories or not all(callable(f) for f in factories):
-            raise TypeError("vector_env_fns must be a non-empty sequence of callables")
-        probes = [_probe_factory(f) for f in factories]
-        sizes = [p.num_envs for p in probes]
-        probe = probes[0]
-        for other in probes[1:]:
-            other.close()
-        if num_workers is not None and num_workers != len(factories):
-            probe.close()
-            raise ValueError(
-                f"num_workers={num_workers} but {len(factories)} vector_env_fns: one worker "
-                "hosts each VectorEnv; omit num_workers"
-            )
-        name = getattr(probe, "spec", None)
-        target: Any = name.id if name is not None and getattr(name, "id", None) else factories[0]
-        recipe_args: dict[str, Any] = {"factories": factories}
-    else:
-        if vectorization_mode != "vector_entry_point":
-            raise ValueError(
-                f"vectorization_mode must be 'vector_entry_point' (or None), got "
-                f"{vectorization_mode!r}"
-            )
-        if isinstance(env, EnvSpec) and isinstance(env.target, str) and not env.per_env:
-            if env.wrappers or env.legacy_gym:  # a wrapper wraps one env, not a batch
-                raise ValueError(
-                    f"vectorization_mode='vector_entry_point' hosts {env.target}'s own "
-                    "VectorEnv: it takes no wrappers and no legacy gym id"
-                )
-            env_kwargs = {**env.kwargs, **(env_kwargs or {})}
-            env = env.target
-        if not isinstance(env, str):
-            raise TypeError(
-                "vectorization_mode='vector_entry_point' needs a registered env id (a str), "
-                f"got {type(env).__name__}"
-            )
-        if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
-            raise TypeError("env_kwargs must be a mapping for a hosted VectorEnv")
-        if num_envs is None:
-            raise TypeError("make() needs num_envs with vectorization_mode")
-        kwargs = dict(env_kwargs or {})
-        try:
-            probe = gymnasium.make_vec(env, 1, vectorization_mode="vector_entry_point", **kwargs)
-        except gymnasium.error.Error as exc:
-            raise ValueError(
-                f"{env} has no vector entry point to host ({exc}); use the default "
-                "vectorization (single envs)"
-            ) from exc
-        workers = num_workers if num_workers is not None else 1
-        sizes = [len(b) for b in np.array_split(np.arange(num_envs), workers)]
-        target = env
-        recipe_args = {"env_id": env, "kwargs": kwargs}
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist()
-    blocks = tuple((int(s), int(n)) for s, n in zip(starts, sizes, strict=True))
-    try:
-        info = {
-            "observation_space": probe.single_observation_space,
-            "action_space": probe.single_action_space,
-            "metadata": dict(probe.metadata),
-            "render_mode": probe.render_mode,
-            "autoreset_mode": probe.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP),
-            "num_envs": int(sum(sizes)),
-        }
-    finally:
-        probe.close()
-    recipe = HostedRecipe(blocks=blocks, **recipe_args)
-    return HostedSpec(target=target, recipe=recipe), info
-
-
-def _probe_factory(factory: VectorFactory) -> VectorEnv[Any, Any, Any]:
-    venv = factory()
-    if not isinstance(venv, VectorEnv):
-        raise TypeError(
-            f"vector_env_fns must build gymnasium.vector.VectorEnv, got {type(venv).__name__}"
-        )
-    return venv
 
 
 @dataclass
@@ -407,7 +232,7 @@ class HostedGroup:
         failures: list[EnvFailure] = []
         for block in self.blocks:
             try:
-                got = _vector_call(block.venv, name, args, kwargs)
+                got = vector_call(block.venv, name, args, kwargs)
             except env_errors() as exc:
                 failures.append(EnvFailure.capture(block.ids[0], Phase.CALL, exc))
                 continue
@@ -456,7 +281,7 @@ class HostedGroup:
         gets its actions before any is waited for, so that they step side by side on their
         own threads; ``step`` is ``send`` then ``recv`` for them. By block: ``None`` (sent) or
         the error its ``send`` raised (raised again where its ``step`` would have been)."""
-        ready = [b for b in blocks if not (b.owe_truncation or b.owe_reset) and _sends(b.venv)]
+        ready = [b for b in blocks if not (b.owe_truncation or b.owe_reset) and sends(b.venv)]
         if len(ready) < 2:
             return {}
         sent: dict[int, BaseException | None] = {}
@@ -490,7 +315,7 @@ class HostedGroup:
     def _write_obs(self, block: _Block, obs: Any) -> None:
         """The block's observations into its rows, with one copy per field; a dtype that does
         not fit the space without an unsafe cast is refused, as ``SyncVectorEnv`` does."""
-        for value, space in _leaves(obs, self.observation_space):
+        for value, space in leaves(obs, self.observation_space):
             array = np.asarray(value)
             if not fits_dtype(array, np.dtype(space.dtype)):  # a leaf written in place has one
                 raise TypeError(
@@ -524,7 +349,7 @@ class HostedGroup:
         rows = block.rows
         block.owe_truncation = False
         if self.mode is AutoresetMode.SAME_STEP:
-            final = take(self.observation_space, self.batch.observations, np.arange(*_span(rows)))
+            final = take(self.observation_space, self.batch.observations, np.arange(*span(rows)))
             seeds = [self._derived_seed(i, block) for i in block.ids]
             try:
                 obs, reset_info = self._reset_block(block, seeds, None)
@@ -534,7 +359,7 @@ class HostedGroup:
                 return
             per_env = unbatch_infos(reset_info, len(block.ids))
             for j, i in enumerate(block.ids):
-                final_obs = _row(final, j)
+                final_obs = row(final, j)
                 infos[i] = {
                     "final_obs": final_obs,
                     "final_info": {},
@@ -558,73 +383,4 @@ class HostedGroup:
         )
 
 
-def _sends(venv: Any) -> bool:
-    """Whether ``venv`` steps through ``send``/``recv`` of all its envs at once (a
-    ``batch_size``, where it has one, of all its envs: a smaller one answers part of them)."""
-    return (
-        callable(getattr(venv, "send", None))
-        and callable(getattr(venv, "recv", None))
-        and getattr(venv, "batch_size", venv.num_envs) == venv.num_envs
-    )
-
-
-def _span(rows: slice) -> tuple[int, int]:
-    return rows.start, rows.stop
-
-
-def _row(batch: Any, j: int) -> Any:
-    """Row ``j`` of a batch laid out by a space (arrays, dicts and tuples of them), a copy."""
-    if isinstance(batch, dict):
-        return {key: _row(value, j) for key, value in batch.items()}
-    if isinstance(batch, tuple):
-        return tuple(_row(value, j) for value in batch)
-    return np.array(batch[j])
-
-
-def _vector_call(venv: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    call = getattr(type(venv), "call", None)
-    if call is not None and call is not getattr(VectorEnv, "call", None):
-        return venv.call(name, *args, **kwargs)
-    value = getattr(venv, name)
-    return value(*args, **kwargs) if callable(value) else value
-
-
-def _leaves(value: Any, space: spaces.Space[Any]) -> list[tuple[Any, spaces.Space[Any]]]:
-    if isinstance(space, spaces.Dict):
-        return [leaf for key, sub in space.spaces.items() for leaf in _leaves(value[key], sub)]
-    if isinstance(space, spaces.Tuple):
-        return [
-            leaf for sub, v in zip(space.spaces, value, strict=True) for leaf in _leaves(v, sub)
-        ]
-    return [(value, space)]
-
-
-def unbatch_infos(infos: Mapping[str, Any], n: int) -> dict[int, dict[str, Any]]:
-    """A vector env's infos (arrays, and ``_key`` masks) as a dict per env that has any
-    (by its index in the batch), holding only what that env has: what the pool merges back
-    Gymnasium's way. No infos (the common step): nothing done per env."""
-    out: dict[int, dict[str, Any]] = {}
-    for key, value in infos.items():
-        if key.startswith("_"):
-            continue
-        mask = infos.get("_" + key)
-        where = range(n) if mask is None else np.flatnonzero(mask).tolist()
-        if isinstance(value, Mapping):
-            subs = unbatch_infos(value, n)
-            for j in where:
-                if j in subs:
-                    out.setdefault(j, {})[key] = subs[j]
-            continue
-        for j in where:
-            out.setdefault(j, {})[key] = value[j]
-    return dict(sorted(out.items()))
-
-
-__all__ = [
-    "HostedGroup",
-    "HostedRecipe",
-    "HostedSpec",
-    "VectorFactory",
-    "hosted_plan",
-    "unbatch_infos",
-]
+__all__ = ["HostedGroup"]

@@ -1,0 +1,74 @@
+"""A hosted VectorEnv's batches seen env by env: its infos per env, rows of its
+observations, the leaves of a space, how it is called and whether it has ``send``/``recv``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import VectorEnv
+
+
+def sends(venv: Any) -> bool:
+    """Whether ``venv`` steps through ``send``/``recv`` of all its envs at once (a
+    ``batch_size``, where it has one, of all its envs: a smaller one answers part of them)."""
+    return (
+        callable(getattr(venv, "send", None))
+        and callable(getattr(venv, "recv", None))
+        and getattr(venv, "batch_size", venv.num_envs) == venv.num_envs
+    )
+
+
+def span(rows: slice) -> tuple[int, int]:
+    return rows.start, rows.stop
+
+
+def row(batch: Any, j: int) -> Any:
+    """Row ``j`` of a batch laid out by a space (arrays, dicts and tuples of them), a copy."""
+    if isinstance(batch, dict):
+        return {key: row(value, j) for key, value in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(row(value, j) for value in batch)
+    return np.array(batch[j])
+
+
+def vector_call(venv: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    call = getattr(type(venv), "call", None)
+    if call is not None and call is not getattr(VectorEnv, "call", None):
+        return venv.call(name, *args, **kwargs)
+    value = getattr(venv, name)
+    return value(*args, **kwargs) if callable(value) else value
+
+
+def leaves(value: Any, space: spaces.Space[Any]) -> list[tuple[Any, spaces.Space[Any]]]:
+    if isinstance(space, spaces.Dict):
+        return [leaf for key, sub in space.spaces.items() for leaf in leaves(value[key], sub)]
+    if isinstance(space, spaces.Tuple):
+        return [leaf for sub, v in zip(space.spaces, value, strict=True) for leaf in leaves(v, sub)]
+    return [(value, space)]
+
+
+def unbatch_infos(infos: Mapping[str, Any], n: int) -> dict[int, dict[str, Any]]:
+    """A vector env's infos (arrays, and ``_key`` masks) as a dict per env that has any
+    (by its index in the batch), holding only what that env has: what the pool merges back
+    Gymnasium's way. No infos (the common step): nothing done per env."""
+    out: dict[int, dict[str, Any]] = {}
+    for key, value in infos.items():
+        if key.startswith("_"):
+            continue
+        mask = infos.get("_" + key)
+        where = range(n) if mask is None else np.flatnonzero(mask).tolist()
+        if isinstance(value, Mapping):
+            subs = unbatch_infos(value, n)
+            for j in where:
+                if j in subs:
+                    out.setdefault(j, {})[key] = subs[j]
+            continue
+        for j in where:
+            out.setdefault(j, {})[key] = value[j]
+    return dict(sorted(out.items()))
+
+
+__all__ = ["leaves", "row", "sends", "span", "unbatch_infos", "vector_call"]
