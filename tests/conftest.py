@@ -41,6 +41,15 @@ SHM_GRACE = 1.0
 CHILD_EXIT_GRACE = 3.0
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _sb3_logs_under_pytests_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """SB3's logger makes a folder ``SB3-<date>`` in the system's temp dir for each model
+    unless ``SB3_LOGDIR`` names one: the suite's go under pytest's own temp dir instead of
+    staying behind in ``/tmp`` (subprocesses inherit it)."""
+    os.environ.setdefault("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3-logs")))
+    yield
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames:
         metafunc.parametrize("backend", BACKENDS)
