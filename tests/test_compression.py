@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from envfleet.backends.nodes import wire
+from envfleet.backends.nodes import raw_rows
 from envfleet.backends.nodes.compression import Codec, codec, compressible
 
 
@@ -34,13 +34,13 @@ def test_rows_round_trip(name: str, direct: bool, sel: Any, monkeypatch: Any) ->
     assert squeeze is not None
     if not direct:  # as where the C library's call is not found
         monkeypatch.setattr(type(squeeze), "_into", lambda self: None)
-    codecs = wire.row_codecs(source, squeeze)
+    codecs = raw_rows.row_codecs(source, squeeze)
     assert codecs is not None and [c is not None for c in codecs] == [True, False, False, False]
-    data = b"X" + b"".join(wire.pack(source, sel, codecs)) + b"tail"
+    data = b"X" + b"".join(raw_rows.pack(source, sel, codecs)) + b"tail"
     raw = sum(f[sel].nbytes for f in source)
     assert len(data) < raw  # the frames were compressed
     target = [np.zeros_like(f) for f in source]
-    end = wire.unpack(target, sel, len(source[0][sel]), data, 1, codecs)
+    end = raw_rows.unpack(target, sel, len(source[0][sel]), data, 1, codecs)
     assert data[end:] == b"tail"
     for got, want in zip(target, source, strict=True):
         np.testing.assert_array_equal(got[sel], want[sel])
@@ -51,9 +51,9 @@ def test_rows_round_trip(name: str, direct: bool, sel: Any, monkeypatch: Any) ->
 
 def test_no_rows_send_nothing() -> None:
     source = fields(4, np.random.default_rng(1))
-    codecs = wire.row_codecs(source, codec("lz4"))
-    data = b"".join(wire.pack(source, slice(0, 0), codecs))
-    assert wire.unpack(source, slice(0, 0), 0, b"X" + data, 1, codecs) == 1
+    codecs = raw_rows.row_codecs(source, codec("lz4"))
+    data = b"".join(raw_rows.pack(source, slice(0, 0), codecs))
+    assert raw_rows.unpack(source, slice(0, 0), 0, b"X" + data, 1, codecs) == 1
 
 
 @pytest.mark.parametrize("name", ["lz4", "zlib"])
@@ -71,7 +71,7 @@ def test_only_images_are_compressed_and_names_are_checked() -> None:
     assert compressible(np.zeros((4, 2, 2), np.uint8))
     assert not compressible(np.zeros((4, 2), np.uint8))
     assert not compressible(np.zeros((4, 2, 2), np.float32))
-    assert wire.row_codecs([np.zeros((4, 2), np.float32)], codec("zlib")) is None
+    assert raw_rows.row_codecs([np.zeros((4, 2), np.float32)], codec("zlib")) is None
     assert codec(None) is None
     with pytest.raises(ValueError, match="compress must be one of 'lz4', 'zlib' or None"):
         codec("gzip")
@@ -115,12 +115,12 @@ def test_lz4_rows_past_its_block_limit_travel_as_several_blocks(
     if not direct:
         monkeypatch.setattr(type(squeeze), "_into", lambda self: None)
     source = fields(8, np.random.default_rng(3))  # 1008 bytes of frame a row
-    codecs = wire.row_codecs(source, squeeze)
-    data = b"X" + b"".join(wire.pack(source, sel, codecs)) + b"tail"
+    codecs = raw_rows.row_codecs(source, squeeze)
+    data = b"X" + b"".join(raw_rows.pack(source, sel, codecs)) + b"tail"
     rows = len(source[0][sel])
     assert strict.blocks == -(-rows * source[0][0].nbytes // limit)  # ceil: the last shorter
     target = [np.zeros_like(f) for f in source]
-    end = wire.unpack(target, sel, rows, data, 1, codecs)
+    end = raw_rows.unpack(target, sel, rows, data, 1, codecs)
     assert data[end:] == b"tail"
     for got, want in zip(target, source, strict=True):
         np.testing.assert_array_equal(got[sel], want[sel])

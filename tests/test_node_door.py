@@ -35,8 +35,8 @@ import pytest
 import envfleet
 from envfleet.backends.contract import connections
 from envfleet.backends.nodes import agent as node_agent
+from envfleet.backends.nodes.actors import connect_agent
 from envfleet.backends.nodes.frames import Frames, SendTimeout, send
-from envfleet.backends.nodes.link import connect_agent
 from tests import timing
 from tests.ray_helpers import ray_leak_check
 

@@ -34,8 +34,9 @@ import envfleet.infos
 import envfleet.results
 from envfleet.backends.nodes import agent as node_agent
 from envfleet.backends.nodes import wire as node_wire
+from envfleet.backends.nodes.actors import connect_agent
 from envfleet.backends.nodes.agent import NodeAgent, node_options
-from envfleet.backends.nodes.link import NodeLink, connect_agent
+from envfleet.backends.nodes.link import NodeLink
 from envfleet.backends.nodes.placement import place
 from envfleet.backends.nodes.transport import NodeTransport
 from envfleet.backends.ray.options import RayOptions

@@ -5,9 +5,12 @@
 - :mod:`~envfleet.backends.nodes.agent`: the Ray actor on each node, whose loop is
   :mod:`~envfleet.backends.nodes.server`; it runs its node's pool through the contract's
   :class:`~envfleet.backends.contract.base.LocalPool`;
+- :mod:`~envfleet.backends.nodes.actors`: the agents as Ray actors, started, connected to,
+  started again and ended;
 - :mod:`~envfleet.backends.nodes.link`: the pool's connection to one agent;
-  :mod:`~envfleet.backends.nodes.wire`, :mod:`~envfleet.backends.nodes.frames` and
-  :mod:`~envfleet.backends.nodes.compression`: the messages between them;
+  :mod:`~envfleet.backends.nodes.wire`, :mod:`~envfleet.backends.nodes.frames`,
+  :mod:`~envfleet.backends.nodes.raw_rows` and :mod:`~envfleet.backends.nodes.compression`:
+  the messages between them;
 - :mod:`~envfleet.backends.nodes.placement`: which nodes, and how many workers on each;
 - :mod:`~envfleet.backends.nodes.driver_node`: the pool's own node, on its shared memory (the
   ray family's actors).

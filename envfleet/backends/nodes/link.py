@@ -3,8 +3,11 @@
 :class:`NodeLink` turns a round of commands for the node's workers into one message
 (:meth:`NodeLink.round`) and one message from the agent into the replies it carries, writing
 the node's rows into the pool's batch on the way (:meth:`NodeLink.take`); the messages are
-:mod:`envfleet.backends.nodes.wire`'s. :class:`~envfleet.backends.nodes.transport.NodeTransport`
-holds one link per node and does the waiting, the killing and the restarting.
+:mod:`envfleet.backends.nodes.wire`'s; it asks the agent to kill a hung worker and says when
+the agent is past its grace (:meth:`NodeLink.ask_kill`, :meth:`NodeLink.overdue_kill`).
+:class:`~envfleet.backends.nodes.transport.NodeTransport` holds one link per node and does the
+waiting and the restarting; the agents' lives as Ray actors are
+:mod:`~envfleet.backends.nodes.actors`'.
 """
 
 from __future__ import annotations
@@ -21,22 +24,24 @@ from typing import Any
 
 import gymnasium
 import numpy as np
-import psutil
 import ray
 
 from envfleet.backends.contract.base import Replies, WorkerLost
-from envfleet.backends.contract.connections import handshake
 from envfleet.backends.contract.rows import deliver
-from envfleet.backends.nodes import wire
+from envfleet.backends.nodes import raw_rows, wire
 from envfleet.backends.nodes.frames import Frames, Message
 from envfleet.buffers import Batch
 from envfleet.errors import Phase, WorkerDiedError
 from envfleet.protocol import Command, Reply
 from envfleet.stats import NodeStats
 
-CONNECT_TIMEOUT = 30.0
-"""Seconds the pool gives an agent's socket to accept it and prove the key (the connection and
-the whole handshake)."""
+KILL_GRACE = 2.0
+"""Seconds an agent has to report lost a worker the pool asked it to kill before the pool kills
+the agent itself (stopped, or its node gone); :data:`SILENT_GRACE` once it has said nothing for
+:data:`SILENT` seconds: a live agent answers its other workers within ``HOLD_LIMIT`` (50 ms) of
+a round, so it is stopped, or every worker of its node hangs (its envs are lost either way)."""
+
+SILENT, SILENT_GRACE = 0.5, 1.0
 
 _Plain = tuple[
     list[int], list[Command], np.ndarray, "slice | np.ndarray", "list[memoryview] | None", Replies
@@ -100,6 +105,8 @@ class NodeLink:
             bytes_out=self.bytes_out,
             bytes_in=self.bytes_in,
             round_trip_ms=self.seconds / self.messages * 1e3 if self.messages else None,
+            worker_ids=tuple(self.workers),
+            env_ids=self.env_ids(assignment),
         )
 
     def start_failed(
@@ -151,12 +158,68 @@ class NodeLink:
             self.outlet.close()
         self.outlet = self.outlet_of = None
 
+    def disconnect(self) -> None:
+        """Close the connection to the agent (it sees EOF), if there is one."""
+        if self.conn is not None:
+            self.drop_sock()
+            self.conn.close()
+            self.conn = None
+            self.frames = None
+
+    def lose(self, why: str) -> None:
+        """The agent is gone (``why``): disconnected and killed; its workers are reported lost
+        by :meth:`lost_replies`."""
+        self.alive = False
+        self.lost = False
+        self.why = why
+        self.disconnect()
+        self.kill_agent()
+
     def kill_agent(self) -> None:
         if self.agent is not None:
             try:
                 ray.kill(self.agent, no_restart=True)
             except Exception:
                 pass
+
+    def measured(self, local: int) -> int | None:
+        """Resident bytes of worker ``local``'s process as the agent last reported them
+        (``None``: not yet, or the agent is gone); asks the agent for fresh figures when it
+        answered the last ask. Raises ``OSError``: the connection broke."""
+        if not self.alive:
+            return None  # its figures are the gone agent's
+        if not self.measuring and self.conn is not None:
+            self.conn.send_bytes(wire.MEMORY)
+            self.measuring = True
+        return self.memory[local]
+
+    def ask_restart(self, local: int, restarts: dict[int, int]) -> None:
+        """Ask the agent to replace worker ``local`` with ``restarts``: what it had in flight
+        is dropped. Raises ``OSError``: the connection broke."""
+        assert self.conn is not None
+        self.inflight[local].clear()
+        self.last = None
+        self.conn.send_bytes(wire.header(wire.RESTART, (local, restarts)))
+
+    def ask_kill(self, local: int) -> None:
+        """Ask the agent to kill its worker ``local`` (it hangs), giving it :data:`KILL_GRACE`
+        to report it lost (:data:`SILENT_GRACE` when it has said nothing for :data:`SILENT`
+        seconds). Raises ``OSError``: the connection broke."""
+        assert self.conn is not None
+        self.conn.send_bytes(wire.KILL + bytes([local >> 8, local & 0xFF]))
+        silent = time.perf_counter() - self.heard_at >= SILENT
+        grace = SILENT_GRACE if silent else KILL_GRACE
+        self.killing.setdefault(local, (time.monotonic() + grace, grace))
+
+    def overdue_kill(self, replies: Replies) -> str | None:
+        """Forget the kills the agent reported in ``replies``; why the agent itself must be
+        killed when one is past its grace (``None``: none is)."""
+        reported = {w for w, r in replies if isinstance(r, WorkerLost)}
+        for local in [k for k in self.killing if self.workers[k] in reported]:
+            del self.killing[local]
+        if self.killing and time.monotonic() > (due := min(self.killing.values()))[0]:
+            return f"killed: it did not stop a hung worker within {due[1]:g}s"
+        return None
 
     def started(self) -> None:
         """A new agent: nothing in flight, nothing to repeat."""
@@ -192,11 +255,11 @@ class NodeLink:
         if actions:
             cached = self.actions
             if cached is None or not repeat:
-                ids = wire.action_ids(commands)
-                sel = wire.selection(ids)
-                cached = self.actions = (ids, sel, wire.row_views(actions, sel))
+                ids = raw_rows.action_ids(commands)
+                sel = raw_rows.selection(ids)
+                cached = self.actions = (ids, sel, raw_rows.row_views(actions, sel))
             _, sel, views = cached
-            parts += views if views is not None else wire.pack(actions, sel)
+            parts += views if views is not None else raw_rows.pack(actions, sel)
         self.messages += 1
         self.bytes_out += sum(map(len, parts))  # bytes: views of the actions' rows cast to B
         self.sent_at = time.perf_counter()
@@ -211,7 +274,7 @@ class NodeLink:
         batch: Batch,
         space: gymnasium.Space[Any],
         restarts: np.ndarray,
-        codecs: wire.Codecs = None,
+        codecs: raw_rows.Codecs = None,
     ) -> Replies:
         """The replies one message from the agent carries (the pool's worker indices); its rows
         are written into ``rows`` (the batch's arrays) first (decompressed by ``codecs``), infos
@@ -245,14 +308,14 @@ class NodeLink:
             inflight = self.inflight
             commands = [inflight[k].popleft() for k in order]
             if len(known) != len(commands) or not all(map(is_, known, commands)):
-                ids = wire.row_ids((c, None) for c in commands)
-                sel = wire.selection(ids)
-                views = None if codecs else wire.row_views(rows, sel)
+                ids = raw_rows.row_ids((c, None) for c in commands)
+                sel = raw_rows.selection(ids)
+                views = None if codecs else raw_rows.row_views(rows, sel)
                 self.plain[key] = (order, commands, ids, sel, views, replies)
             if views is not None:
-                wire.copy_into(views, data, at)
+                raw_rows.copy_into(views, data, at)
             else:
-                wire.unpack(rows, sel, ids.size, data, at, codecs)
+                raw_rows.unpack(rows, sel, ids.size, data, at, codecs)
             return replies.copy()
         if tag == wire.ACK:  # pragma: no cover - only in answer to a restart or close
             return []
@@ -276,67 +339,9 @@ class NodeLink:
                 if reply.rows is not None:  # pickled observations
                     deliver(batch, space, reply)
             out.append((workers[local], reply))
-        ids = wire.row_ids(answered)
-        wire.unpack(rows, wire.selection(ids), ids.size, data, at, codecs)
+        ids = raw_rows.row_ids(answered)
+        raw_rows.unpack(rows, raw_rows.selection(ids), ids.size, data, at, codecs)
         return out
 
 
-def local_agents(nodes: Sequence[NodeLink]) -> list[psutil.Process]:
-    """The processes of ``nodes``' agents that run on this machine, and theirs (the agent's fork
-    server, its workers): what ``close`` waits for after killing the agents."""
-    if not ray.is_initialized():
-        return []
-    here = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
-    out: list[psutil.Process] = []
-    for node in nodes:
-        if node.pid <= 0 or node.host != here:
-            continue
-        try:
-            agent = psutil.Process(node.pid)
-            # Its own, not a process that took its pid since it ended.
-            if "NodeAgent" not in agent.name() + " ".join(agent.cmdline()):
-                continue
-            out += [agent, *agent.children(recursive=True)]
-        except psutil.Error:
-            continue
-    return out
-
-
-def bury(processes: list[psutil.Process], timeout: float) -> None:
-    """Wait up to ``timeout`` for ``processes`` to end, then end those still there (and wait
-    for them as long again)."""
-    try:
-        _, alive = psutil.wait_procs(processes, timeout=timeout)
-        for process in alive:
-            try:
-                process.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=timeout)
-    except psutil.Error:
-        pass
-
-
-def connect_agent(
-    host: str, port: int, authkey: bytes, timeout: float = CONNECT_TIMEOUT
-) -> Connection:
-    """A connection to an agent that proved it knows ``authkey`` (and to which we proved it),
-    the connection and the whole handshake within ``timeout`` seconds.
-
-    Raises:
-        AuthenticationError: either side's key was wrong.
-        OSError, EOFError: nothing answered in time (``TimeoutError``), or the connection
-            broke.
-    """
-    deadline = time.monotonic() + timeout
-    sock = socket.create_connection((host, port), timeout=timeout)
-    try:
-        sock.settimeout(None)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        handshake(sock, authkey, deadline - time.monotonic(), accepting=False)
-        return Connection(sock.detach())
-    finally:
-        sock.close()  # a no-op once detached
-
-
-__all__ = ["CONNECT_TIMEOUT", "NodeLink", "bury", "connect_agent", "local_agents"]
+__all__ = ["KILL_GRACE", "SILENT", "SILENT_GRACE", "NodeLink"]

@@ -49,6 +49,21 @@ def place(nodes: Sequence[tuple[str, float]], workers: int) -> list[list[int]]:
     return runs
 
 
+def split_here(
+    chosen: Sequence[tuple[str, float]], runs: Sequence[list[int]], here: str | None
+) -> tuple[list[int], list[tuple[str, list[int]]]]:
+    """The workers of ``runs`` (one run per node of ``chosen``) on the pool's own node ``here``,
+    and every other node with its workers (a node given none left out)."""
+    mine: list[int] = []
+    others: list[tuple[str, list[int]]] = []
+    for (node_id, _), workers in zip(chosen, runs, strict=True):
+        if node_id == here:
+            mine = workers
+        elif workers:
+            others.append((node_id, workers))
+    return mine, others
+
+
 def has_room(node: dict[str, Any], resources: dict[str, Any]) -> bool:
     """Whether ``node`` has (in all, not free now) the resources one actor asks for:
     ``num_gpus`` and the custom ``resources`` of ``.options()``."""
@@ -93,4 +108,12 @@ def spans_nodes(extra: RayOptions) -> bool:
     return sum(has_room(node, resources) for node in alive_nodes()) > 1
 
 
-__all__ = ["alive_nodes", "choose_nodes", "has_room", "node_cpus", "place", "spans_nodes"]
+__all__ = [
+    "alive_nodes",
+    "choose_nodes",
+    "has_room",
+    "node_cpus",
+    "place",
+    "spans_nodes",
+    "split_here",
+]

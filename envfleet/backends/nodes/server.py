@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from envfleet.backends.contract.base import LocalPool, WorkerLost
-from envfleet.backends.nodes import wire
+from envfleet.backends.nodes import raw_rows, wire
 from envfleet.backends.nodes.compression import Codec
 from envfleet.backends.nodes.frames import Frames, Message, send
 from envfleet.buffers import ObjectRows
@@ -84,12 +84,10 @@ class NodeServer:
         local.watch(conn.fileno())  # its wait ends when the pool speaks
         batch = local.batch
         self.batch = batch
-        self.rows = wire.row_fields(batch)
-        self.codecs = wire.row_codecs(self.rows, codec)
+        self.rows = raw_rows.row_fields(batch)
+        self.codecs = raw_rows.row_codecs(self.rows, codec)
         self.objects = isinstance(batch.observations, ObjectRows)
-        self.actions = (
-            wire.leaves(batch.actions) if not isinstance(batch.actions, ObjectRows) else []
-        )
+        self.actions = raw_rows.action_fields(batch)
         # Per local worker, its commands not answered yet, each with its round's number.
         self.inflight: list[deque[tuple[Command, int]]] = [deque() for _ in range(workers)]
         self.left: dict[int, int] = {}  # per round in flight: its replies not in yet
@@ -226,14 +224,14 @@ class NodeServer:
         if self.actions:
             cached = self.last_actions
             if cached is None:
-                ids = wire.action_ids(c for _, c in commands)
-                sel = wire.selection(ids)
-                cached = self.last_actions = (ids, sel, wire.row_views(self.actions, sel))
+                ids = raw_rows.action_ids(c for _, c in commands)
+                sel = raw_rows.selection(ids)
+                cached = self.last_actions = (ids, sel, raw_rows.row_views(self.actions, sel))
             ids, sel, views = cached
             if views is not None:
-                wire.copy_into(views, view, at)
+                raw_rows.copy_into(views, view, at)
             else:
-                wire.unpack(self.actions, sel, ids.size, view, at)
+                raw_rows.unpack(self.actions, sel, ids.size, view, at)
         if not commands:
             return
         number = self.rounds
@@ -266,14 +264,14 @@ class NodeServer:
         for _, command, reply in held:
             if command is not None and not isinstance(reply, WorkerLost):
                 answered.append((command, reply))
-        rows = wire.pack(self.rows, wire.selection(wire.row_ids(answered)), self.codecs)
+        rows = raw_rows.pack(self.rows, raw_rows.selection(raw_rows.row_ids(answered)), self.codecs)
         replies: list[tuple[int, Any]] = [(worker, reply) for worker, _, reply in held]
         if self.objects:
             observations = self.batch.observations
             replies = []
             for worker, command, reply in held:
                 if command is not None and not isinstance(reply, WorkerLost):
-                    got = wire.row_ids([(command, reply)])
+                    got = raw_rows.row_ids([(command, reply)])
                     if got.size:
                         reply = reply if reply is not None else Reply(env_ids=tuple(got.tolist()))
                         reply.rows = Rows(got, [observations[i] for i in got.tolist()])
@@ -293,12 +291,12 @@ class NodeServer:
         if cached is None or not all(map(is_, cached[0], commands)):
             if len(self.plain) > 64:
                 self.plain.clear()
-            ids = wire.row_ids((command, None) for command in commands)
-            sel = wire.selection(ids)
-            views = None if self.codecs else wire.row_views(self.rows, sel)
+            ids = raw_rows.row_ids((command, None) for command in commands)
+            sel = raw_rows.selection(ids)
+            views = None if self.codecs else raw_rows.row_views(self.rows, sel)
             cached = self.plain[key] = (commands, wire.plain_workers(key), sel, views)
         _, workers, sel, views = cached
-        rows = views if views is not None else wire.pack(self.rows, sel, self.codecs)
+        rows = views if views is not None else raw_rows.pack(self.rows, sel, self.codecs)
         if columns:
             send(self.conn.fileno(), [wire.INFOS, workers, wire.pickled(columns), *rows])
         else:

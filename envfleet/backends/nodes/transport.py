@@ -10,7 +10,8 @@
       sockets; rows land with one slice assignment per field
 
 Ray places one :class:`~envfleet.backends.nodes.agent.NodeAgent` on each chosen node (pinned
-with ``NodeAffinitySchedulingStrategy``), watches it and kills it; the data itself goes over a
+with ``NodeAffinitySchedulingStrategy``: :mod:`~envfleet.backends.nodes.actors`), watches it
+and kills it; the data itself goes over a
 TCP connection between the pool and each agent (listening on the node's Ray address, opened
 with a per-pool secret handed to the agent through Ray, ``multiprocessing``'s challenge: a
 stranger without it is dropped). The pool's workers are laid over the nodes in contiguous runs,
@@ -19,8 +20,9 @@ written with ``np.frombuffer`` and one slice assignment, with no Python per env.
 
 Which nodes, and how many workers on each, is :mod:`~envfleet.backends.nodes.placement`'s; each
 node's agent, as the pool sees it (its connection, what it owes, a round in one message each
-way), is a :class:`~envfleet.backends.nodes.link.NodeLink`; this transport waits on them all,
-kills and restarts.
+way), is a :class:`~envfleet.backends.nodes.link.NodeLink`; the agents' lives as Ray actors
+(started, connected to, started again, ended) are :mod:`~envfleet.backends.nodes.actors`'; this
+transport routes the commands, waits on the nodes, kills and restarts.
 
 A node whose agent dies (or is killed: it did not stop a hung worker when asked) loses all its
 workers: each is reported lost (:class:`~envfleet.backends.contract.base.WorkerLost` naming
@@ -31,42 +33,32 @@ still has it, else wherever Ray finds room, which builds all that node's envs re
 
 from __future__ import annotations
 
-import dataclasses
-import functools
+import contextlib
 import pickle
 import secrets
 import select
 import time
 from collections.abc import Sequence
-from multiprocessing import AuthenticationError
 from typing import Any
 
 import numpy as np
 import ray
-from ray.exceptions import GetTimeoutError, RayError
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from envfleet.backends.contract.base import BaseTransport, Replies, TransportOptions, WorkerLost
-from envfleet.backends.nodes import compression, wire
-from envfleet.backends.nodes.agent import NodeAgent, node_options, remove_dead_agents_dirs
+from envfleet.backends.nodes import compression, raw_rows, wire
+from envfleet.backends.nodes.actors import AgentActors, ask_to_close, end_agents, local_agents
 from envfleet.backends.nodes.driver_node import DriverNode, shared_node
-from envfleet.backends.nodes.frames import SEND_TIMEOUT, Frames, Message, SendTimeout, send
-from envfleet.backends.nodes.link import NodeLink, bury, connect_agent, local_agents
-from envfleet.backends.nodes.placement import choose_nodes, place
+from envfleet.backends.nodes.frames import SEND_TIMEOUT, Message, SendTimeout, send
+from envfleet.backends.nodes.link import NodeLink
+from envfleet.backends.nodes.placement import choose_nodes, place, split_here
 from envfleet.backends.ray.options import RayOptions
-from envfleet.backends.ray.session import START_ATTEMPTS, await_start, connect, disconnect, forked
-from envfleet.buffers import Batch, ObjectRows
+from envfleet.backends.ray.session import connect, disconnect, forked
+from envfleet.buffers import Batch
 from envfleet.errors import EnvTimeoutError
 from envfleet.protocol import Command
 from envfleet.stats import NodeStats, env_range
 
-KILL_GRACE = 2.0
-"""Seconds an agent has to report lost a worker the pool asked it to kill before the pool kills
-the agent itself (stopped, or its node gone); :data:`SILENT_GRACE` once it has said nothing for
-:data:`SILENT` seconds: a live agent answers its other workers within ``HOLD_LIMIT`` (50 ms) of
-a round, so it is stopped, or every worker of its node hangs (its envs are lost either way)."""
-
-SILENT, SILENT_GRACE = 0.5, 1.0
+__all__ = ["NodeTransport", "open_transport"]
 
 
 class NodeTransport(BaseTransport):
@@ -84,12 +76,7 @@ class NodeTransport(BaseTransport):
             options.step_timeout if options.step_timeout is not None else SEND_TIMEOUT
         )
         codec = compression.codec(extra.compress)
-        probe = Batch.local(options.observation_space, options.action_space, 1)
-        if extra.compress is not None and wire.row_codecs(wire.row_fields(probe), codec) is None:
-            raise ValueError(
-                f"compress={extra.compress!r} compresses image observations (uint8 arrays of "
-                f"two or more dimensions a row); {options.observation_space} has none"
-            )
+        raw_rows.check_compress(extra.compress, codec, options)
         self._connected = connect(extra.address, dict(extra.ray_init_kwargs))
         self._space = options.observation_space
         self._authkey = secrets.token_bytes(32)
@@ -105,22 +92,17 @@ class NodeTransport(BaseTransport):
             wanted = extra.nodes if isinstance(extra.nodes, (str, tuple)) else "auto"
             chosen = choose_nodes(wanted, dict(extra.worker_resources))
             runs = place(chosen, len(options.assignment))
-            where: dict[int, tuple[NodeLink | None, int]] = {}
-            here, here_workers = shared_node(extra), []
-            for (node_id, _), workers in zip(chosen, runs, strict=True):
-                if node_id == here:
-                    here_workers = workers
-                    where.update((w, (None, k)) for k, w in enumerate(workers))
-                elif workers:
-                    node = NodeLink(len(self._nodes), node_id, workers)
-                    self._nodes.append(node)
-                    where.update((w, (node, k)) for k, w in enumerate(workers))
-            self._where = [where[w] for w in range(len(options.assignment))]
-            self._agent_cls = ray.remote(NodeAgent)
-            self._resources = {k: v for k, v in extra.worker_resources.items()}
-            self._resources.setdefault("num_cpus", 0)
+            here = shared_node(extra)
+            here_workers, others = split_here(chosen, runs, here)
+            self._nodes = [NodeLink(k, node_id, run) for k, (node_id, run) in enumerate(others)]
+            where: dict[int, tuple[NodeLink | None, int]]
+            where = {w: (None, k) for k, w in enumerate(here_workers)}
             for node in self._nodes:
-                self._spawn(node, {}, soft=False)
+                where.update((w, (node, k)) for k, w in enumerate(node.workers))
+            self._where = [where[w] for w in range(len(options.assignment))]
+            self._actors = AgentActors(options, extra, self._authkey, self._connected_to)
+            for node in self._nodes:
+                self._actors.spawn(node, {}, soft=False)
             if here_workers:  # its actors start while the agents do
                 assert here is not None
                 self._here = DriverNode(options, here_workers, here, extra, self._poller)
@@ -130,73 +112,19 @@ class NodeTransport(BaseTransport):
                 if self._here is not None
                 else Batch.local(options.observation_space, options.action_space, options.num_envs)
             )
-            self._rows = wire.row_fields(self.batch)
-            self._codecs = wire.row_codecs(self._rows, codec)
-            self._actions = (
-                wire.leaves(self.batch.actions)
-                if not isinstance(self.batch.actions, ObjectRows)
-                else []
-            )
-            self._await(self._nodes)
+            self._rows = raw_rows.row_fields(self.batch)
+            self._codecs = raw_rows.row_codecs(self._rows, codec)
+            self._actions = raw_rows.action_fields(self.batch)
+            self._actors.start(self._nodes)
         except BaseException:
             self.close(1.0)
             raise
 
-    # -- starting agents -----------------------------------------------------------------------
-
-    def _spawn(self, node: NodeLink, restarts: dict[int, int], soft: bool) -> None:
-        node.spawned = (restarts, soft)
-        strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=soft)
-        node.agent = self._agent_cls.options(
-            max_concurrency=1, max_restarts=0, scheduling_strategy=strategy, **self._resources
-        ).remote(node_options(self._options, node.workers), restarts)
-        node.started()
-
-    def _respawn(self, node: NodeLink) -> Any:
-        """Another agent for ``node`` (the last one died starting, placed on a node that just
-        died): wherever Ray finds room; its start call's ref."""
-        restarts, _ = node.spawned
-        self._spawn(node, restarts, soft=True)
-        return node.agent.start.remote(self._authkey)
-
-    def _await(self, nodes: Sequence[NodeLink]) -> None:
-        """Wait until each of ``nodes`` has started its workers, then connect to it."""
-        timeout = self._options.start_timeout
-        deadline = time.monotonic() + timeout
-        started = [(node, node.agent.start.remote(self._authkey)) for node in nodes]
-        for node, ref in started:
-            try:
-                error, node_id, host, port, pid = await_start(
-                    ref, deadline, functools.partial(self._respawn, node)
-                )
-            except GetTimeoutError as exc:
-                node.kill_agent()
-                raise node.start_failed(
-                    self._options.assignment,
-                    f"did not start within start_timeout={timeout:g}s",
-                    EnvTimeoutError,
-                ) from exc
-            except RayError as exc:
-                raise node.start_failed(
-                    self._options.assignment,
-                    f"died while starting ({START_ATTEMPTS} agents in a row): {exc}",
-                ) from exc
-            if error is not None:
-                node.kill_agent()
-                raise wire.rebuild(error, node.workers, self._options.spec.name)
-            node.node_id, node.host, node.pid = node_id, host, pid
-            node.serving = node.agent.serve.remote()
-            try:
-                node.conn = connect_agent(host, port, self._authkey)
-            except (OSError, EOFError, AuthenticationError) as exc:
-                node.kill_agent()
-                raise node.start_failed(
-                    self._options.assignment, f"could not be reached at {host}:{port}"
-                ) from exc
-            node.frames = Frames(node.conn.fileno())
-            node.alive, node.lost = True, False
-            self._by_fd[node.conn.fileno()] = node
-            self._poller.register(node.conn.fileno(), select.POLLIN)
+    def _connected_to(self, node: NodeLink) -> None:
+        """``node``'s agent is connected: its messages are waited on from now on."""
+        assert node.conn is not None
+        self._by_fd[node.conn.fileno()] = node
+        self._poller.register(node.conn.fileno(), select.POLLIN)
 
     # -- what the pool sees --------------------------------------------------------------------
 
@@ -208,16 +136,11 @@ class NodeTransport(BaseTransport):
         if node is None:  # on the pool's own node: its actor's, read here
             assert self._here is not None
             return self._here.memory(local)
-        if not node.alive:
-            return None  # its figures are the gone agent's
-        if not node.measuring and node.conn is not None:
-            try:
-                node.conn.send_bytes(wire.MEMORY)
-            except OSError:
-                self._lose(node, "its connection broke")
-                return None
-            node.measuring = True
-        return node.memory[local]
+        try:
+            return node.measured(local)
+        except OSError:
+            self._lose(node, "its connection broke")
+            return None
 
     def node_ids(self) -> list[str]:
         """The Ray node of each worker, in the workers' order (as :meth:`nodes` lists each
@@ -230,14 +153,7 @@ class NodeTransport(BaseTransport):
         it runs workers): layout (its workers and envs) and traffic."""
         assignment = self._options.assignment
         stats = [] if self._here is None else [self._here.stats()]
-        stats += [
-            dataclasses.replace(
-                node.stats(assignment),
-                worker_ids=tuple(node.workers),
-                env_ids=node.env_ids(assignment),
-            )
-            for node in self._nodes
-        ]
+        stats += [node.stats(assignment) for node in self._nodes]
         return tuple(sorted(stats, key=lambda n: n.worker_ids[0] if n.worker_ids else -1))
 
     def forked(self) -> None:
@@ -347,8 +263,8 @@ class NodeTransport(BaseTransport):
                 assert here is not None
                 replies += here.wait()
             for node in self._nodes:
-                if node.killing and node.alive:
-                    self._check_kills(node, replies)
+                if node.killing and node.alive and (why := node.overdue_kill(replies)):
+                    self._lose(node, why)  # it did not stop a hung worker in time
                 if not node.alive and not node.lost:
                     replies += node.lost_replies()
             if len(replies) >= want or timeout == 0:
@@ -385,28 +301,19 @@ class NodeTransport(BaseTransport):
         """The node's agent is gone: each of its workers is reported lost on the next wait."""
         if not node.alive:
             return
-        node.alive = False
-        node.lost = False
-        node.why = why
-        if node.conn is not None:
+        if node.conn is not None:  # no longer waited on
             fd = node.conn.fileno()
-            try:
-                self._poller.unregister(fd)
-            except (KeyError, ValueError):
-                pass
             self._by_fd.pop(fd, None)
-            node.drop_sock()
-            node.conn.close()
-            node.conn = None
-            node.frames = None
-        node.kill_agent()
+            with contextlib.suppress(KeyError, ValueError):
+                self._poller.unregister(fd)
+        node.lose(why)
 
     # -- killing and restarting ----------------------------------------------------------------
 
     def kill(self, worker: int) -> None:
         """Have ``worker``'s agent kill it (it hangs); should the agent not report it lost
-        within :data:`KILL_GRACE` (the agent hangs too), the agent is killed: its whole node is
-        lost."""
+        within its grace (:data:`~envfleet.backends.nodes.link.KILL_GRACE`: the agent hangs
+        too), the agent is killed: its whole node is lost."""
         node, local = self._where[worker]
         if node is None:
             assert self._here is not None
@@ -415,22 +322,9 @@ class NodeTransport(BaseTransport):
         if not node.alive:
             return
         try:
-            assert node.conn is not None
-            node.conn.send_bytes(wire.KILL + bytes([local >> 8, local & 0xFF]))
+            node.ask_kill(local)
         except OSError:
             self._lose(node, "its connection broke")
-            return
-        silent = time.perf_counter() - node.heard_at >= SILENT
-        grace = SILENT_GRACE if silent else KILL_GRACE
-        node.killing.setdefault(local, (time.monotonic() + grace, grace))
-
-    def _check_kills(self, node: NodeLink, replies: Replies) -> None:
-        """Forget the kills the agent reported; kill the agent past the grace of one."""
-        reported = {w for w, r in replies if isinstance(r, WorkerLost)}
-        for local in [k for k in node.killing if node.workers[k] in reported]:
-            del node.killing[local]
-        if node.killing and time.monotonic() > (due := min(node.killing.values()))[0]:
-            self._lose(node, f"killed: it did not stop a hung worker within {due[1]:g}s")
 
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
         node, local = self._where[worker]
@@ -440,29 +334,13 @@ class NodeTransport(BaseTransport):
             return
         for i, count in restarts.items():
             self._restarts[i] = count
-        if not node.alive:
-            # A new agent for the whole node: its other workers were reported lost too and will
-            # be restarted with one more restart each, as the pool's recovery counts them.
-            assignment = self._options.assignment
-            counts = {
-                i: int(self._restarts[i]) + (0 if w == worker else 1)
-                for w in node.workers
-                for i in assignment[w]
-            }
-            counts.update(restarts)
-            node.rebuilt = {
-                k: {i: counts[i] for i in assignment[w]} for k, w in enumerate(node.workers)
-            }
-            self._spawn(node, counts, soft=True)
-            self._await([node])
+        if not node.alive:  # a new agent for the whole node
+            self._actors.rebuild(node, worker, restarts, self._restarts)
         rebuilt = node.rebuilt.pop(local, None)
         if rebuilt is not None and rebuilt == restarts:
             return
-        assert node.conn is not None
-        node.inflight[local].clear()
-        node.last = None
         try:
-            node.conn.send_bytes(wire.header(wire.RESTART, (local, restarts)))
+            node.ask_restart(local, restarts)
             error = self._ack(node)
         except (EOFError, OSError):
             # The agent went while it replaced its worker (its node was removed: the worker
@@ -502,38 +380,11 @@ class NodeTransport(BaseTransport):
         try:
             deadline = time.monotonic() + timeout
             here = local_agents(self._nodes)
-            for node in self._nodes:
-                if node.alive and node.conn is not None:
-                    try:
-                        node.conn.send_bytes(wire.CLOSE)
-                    except OSError:
-                        pass
-            serving = [n.serving for n in self._nodes if n.alive and n.serving is not None]
-            if serving and ray.is_initialized():
-                try:
-                    ray.wait(
-                        serving,
-                        num_returns=len(serving),
-                        timeout=max(0.0, deadline - time.monotonic()),
-                    )
-                except Exception:
-                    pass
+            ask_to_close(self._nodes, deadline)
             if self._here is not None:
                 self._here.close(max(0.0, deadline - time.monotonic()))
         finally:
-            for node in self._nodes:
-                if node.conn is not None:
-                    node.drop_sock()
-                    node.conn.close()
-                    node.conn = None
-                    node.frames = None
-                node.alive = False
-                if ray.is_initialized():
-                    node.kill_agent()
-            # ray.kill returns at once: the agents here (their workers too) end within
-            # ``timeout`` more, or are ended; then what they left in the temp dir goes.
-            bury(here, timeout)
-            remove_dead_agents_dirs()
+            end_agents(self._nodes, here, timeout)
             if self._here is not None:
                 self._here.close(0.0)  # idempotent; after a failure above
             if self._connected:
@@ -543,6 +394,3 @@ class NodeTransport(BaseTransport):
 
 def open_transport(options: TransportOptions) -> NodeTransport:
     return NodeTransport(options)
-
-
-__all__ = ["KILL_GRACE", "NodeTransport", "open_transport"]
