@@ -1,7 +1,8 @@
 """envfleet: run many copies of any Gymnasium environment in parallel, behind one VectorEnv.
 
 Everything public is here: :func:`make` builds a :class:`Pool` (a ``gymnasium.vector.VectorEnv``);
-:class:`Rollout`, :class:`RandomPolicy` and :class:`Policy` are ``Pool.rollout``'s;
+:class:`Rollout`, :class:`RandomPolicy` and :class:`Policy` are ``Pool.rollout``'s, and
+:class:`TorchPolicy` a PyTorch module as such a policy (torch imported only when it is built);
 :class:`EnvError` and its subclasses say which env failed, in which :class:`Phase`;
 :func:`register_vector` and :class:`EnvSpec` describe envs; :func:`make_sb3` (with
 ``envfleet[sb3]``) wraps a pool as a Stable-Baselines3 ``VecEnv``.
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from envfleet.registration import register_vector
     from envfleet.rollouts import Policy, RandomPolicy, Rollout
     from envfleet.spec import EnvSpec
+    from envfleet.torch_policy import TorchPolicy
 
 __version__ = "0.1.0"
 
@@ -68,6 +70,7 @@ __all__ = [
     "ResetNeededError",
     "RestartLimitError",
     "Rollout",
+    "TorchPolicy",
     "WorkerDiedError",
     "__version__",
     "make",
@@ -101,6 +104,7 @@ _HOMES: dict[str, str] = {
     "Policy": "envfleet.rollouts",
     "RandomPolicy": "envfleet.rollouts",
     "Rollout": "envfleet.rollouts",
+    "TorchPolicy": "envfleet.torch_policy",
     "make": "envfleet._make",
     "register_vector": "envfleet.registration",
     **dict.fromkeys(_ERRORS, "envfleet.errors"),

@@ -27,6 +27,7 @@ EXPECTED_ALL = {
     "PoolStateError",
     "RandomPolicy",
     "Rollout",
+    "TorchPolicy",
     "RemoteError",
     "ResetNeededError",
     "RemoteTraceback",

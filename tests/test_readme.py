@@ -262,6 +262,7 @@ def test_the_install_matches_what_the_pages_say() -> None:
     assert setuptools["package-data"]["envfleet"] == ["py.typed"]
     assert (ROOT / "envfleet" / "py.typed").is_file()
     getting_started = PAGES["docs/getting-started.md"]
-    for extra in ("cli", "atari", "ray", "sb3", "legacy"):
+    assert {re.split(r"[<>=]", dep)[0] for dep in extras["torch"]} == {"torch"}
+    for extra in ("cli", "atari", "ray", "sb3", "torch", "legacy"):
         assert f"`envfleet[{extra}]`" in README
         assert f"`envfleet[{extra}]`" in getting_started
