@@ -34,6 +34,7 @@ import ray
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import envfleet
+import envfleet.backends.ray.call_path
 import envfleet.backends.ray.transport
 from envfleet.backends.ray.session import loopback
 from tests import faults, gates, timing
@@ -625,7 +626,7 @@ def test_dead_actor(
     :meth:`envfleet.backends.ray.actor.GroupActor.run_chunked`.
     """
     if on_error == "restart-pieces":
-        monkeypatch.setattr(envfleet.backends.ray.transport, "CHUNK_BYTES", 16)
+        monkeypatch.setattr(envfleet.backends.ray.call_path, "CHUNK_BYTES", 16)
         on_error = "restart"
     hook = faults.exit_in_step
     with make_ray(FaultyEnv, path, env_kwargs={"step_hook": hook}, on_error=on_error) as pool:

@@ -1,7 +1,9 @@
 """One Ray actor per worker (Ray is an optional extra: this package's modules import it).
 
 - :mod:`~envfleet.backends.ray.transport`:
-  :class:`~envfleet.backends.ray.transport.RayTransport`, the pool's side;
+  :class:`~envfleet.backends.ray.transport.RayTransport`, the pool's side, with its two paths
+  to an actor: :mod:`~envfleet.backends.ray.socket_path` (on the pool's machine, over a Unix
+  socket) and :mod:`~envfleet.backends.ray.call_path` (Ray calls);
 - :mod:`~envfleet.backends.ray.actor`: the actor, and :mod:`~envfleet.backends.ray.worker_actor`
   the pool's handle on one;
 - :mod:`~envfleet.backends.ray.session`: which Ray a pool runs on, and when it is let go of;

@@ -4,7 +4,8 @@ The naive pattern (an actor per env, a remote call per env step) pays Ray's per-
 every env step; here one ``run.remote(Step(ids))`` steps all of an actor's envs and returns
 their rows packed in arrays, calls stay in flight on every actor at once, and ``ray.wait``
 hands back whichever actors finish first (the async mode). Results larger than Ray returns
-inline (images) travel in pieces that it does (the actor's side is
+inline (images) travel in pieces that it does (this call path is
+:mod:`~envfleet.backends.ray.call_path`; the actor's side is
 :mod:`~envfleet.backends.ray.actor`). A dead actor or node surfaces as a
 :class:`~envfleet.backends.contract.base.WorkerLost`, like a dead process; an actor that dies
 before it has built its envs (placed on a node that just died) is replaced.
@@ -12,7 +13,8 @@ before it has built its envs (placed on a node that just died) is replaced.
 Actors on the pool's own machine skip Ray's per-call path altogether: the batch arrays live in
 memory they map too (:mod:`~envfleet.backends.ray.memory`) and commands and replies go over a
 Unix socket, through the loop the process backend's workers run
-(:func:`~envfleet.backends.contract.channel.serve_connection`). Ray then only places, starts,
+(:func:`~envfleet.backends.contract.channel.serve_connection`; this socket path is
+:mod:`~envfleet.backends.ray.socket_path`). Ray then only places, starts,
 watches and kills them; on one machine that makes the ray backend about as fast as the process
 backend. Actors on other machines get each command as a Ray call, their actions carried in it.
 A pool on a cluster runs one sub-pool per node instead (:mod:`envfleet.backends.nodes`, as
@@ -28,41 +30,34 @@ envfleet[ray]``): only the backends' Ray modules import it.
 from __future__ import annotations
 
 import functools
-import math
-import pickle
 import secrets
-import select
 import shutil
-import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from multiprocessing import AuthenticationError
 from typing import Any
 
 import cloudpickle
 import psutil
 import ray
-from ray.exceptions import GetTimeoutError, RayError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayError
 
 from envfleet.backends.contract.base import BaseTransport, TransportOptions, WorkerLost
-from envfleet.backends.contract.connections import connect_pool
-from envfleet.backends.contract.outbox import Outbox
 from envfleet.backends.contract.replies import PickledCommands
-from envfleet.backends.contract.rows import deliver, row_bytes
+from envfleet.backends.contract.rows import row_bytes
 from envfleet.backends.ray import memory as node_memory
 from envfleet.backends.ray import session as ray_session
-from envfleet.backends.ray.actor import GroupActor, unpack
+from envfleet.backends.ray.actor import GroupActor
+from envfleet.backends.ray.call_path import submit_call, wait_calls
 from envfleet.backends.ray.memory import PoolMemory
 from envfleet.backends.ray.options import RayOptions
+from envfleet.backends.ray.socket_path import ActorSockets
 from envfleet.backends.ray.worker_actor import ActorSlot, close_actors, message
 from envfleet.buffers import Batch, is_array_space, make_reader
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
-from envfleet.protocol import Close, Command, EnvCommand, EnvFailure, Reply, Step
+from envfleet.protocol import Close, Command, Reply
 
-CHUNK_BYTES = 90 * 1024
-"""Results of a step or reset expected to be larger travel in pieces of about this size (under
-Ray's 100 KiB limit for results returned inline), see
-:meth:`~envfleet.backends.ray.actor.GroupActor.run_chunked`."""
+__all__ = ["MIXED_WAIT_SLICE", "RayTransport", "open_transport"]
 
 MIXED_WAIT_SLICE = 0.001
 """With commands in flight both on same-machine actors (sockets) and on others (Ray calls), the
@@ -108,10 +103,11 @@ class RayTransport(BaseTransport):
         )
         workers = len(options.assignment)
         self._workers = [ActorSlot() for _ in range(workers)]
-        self._writing: set[int] = set()  # workers whose outbox holds bytes
-        self._poller = select.poll()
         self._pickled = PickledCommands()
         self._authkey = secrets.token_bytes(32)
+        self._sockets = ActorSockets(
+            self._workers, self._authkey, self.batch, options.observation_space
+        )
         # The actors on this machine put their sockets in this directory (mode 0700: only this
         # user enters), which close() removes: an actor killed before the pool connected to it
         # leaves nothing behind.
@@ -196,34 +192,12 @@ class RayTransport(BaseTransport):
         )
 
     def _connect_socket(self, worker: int, address: str) -> None:
-        slot = self._workers[worker]
-        slot.serving = slot.handle.serve.remote()
         try:
-            conn = connect_pool(address, self._authkey)
+            self._sockets.connect(worker, address)
         except (OSError, EOFError, AuthenticationError) as exc:
             raise self._start_failed(
                 worker, f"built them but its socket could not be reached: {exc}"
             ) from exc
-        sock = socket.socket(fileno=conn.fileno())  # detached when dropped
-        fd = conn.fileno()
-        slot.conn, slot.sock, slot.owed = conn, sock, 0
-        slot.outbox = Outbox(
-            lambda data: sock.send(data, socket.MSG_DONTWAIT), self._watcher(worker, fd)
-        )
-        self._poller.register(fd, select.POLLIN)
-
-    def _watcher(self, worker: int, fd: int) -> Callable[[bool], None]:
-        """What ``worker``'s outbox calls when bytes start or stop waiting in it."""
-
-        def watch(waiting: bool) -> None:
-            if waiting:
-                self._writing.add(worker)
-                self._poller.modify(fd, select.POLLIN | select.POLLOUT)
-            elif worker in self._writing:
-                self._writing.discard(worker)
-                self._poller.modify(fd, select.POLLIN)
-
-        return watch
 
     def memory(self, worker: int) -> int | None:
         """Resident memory of ``worker``'s actor process in bytes; ``None``: unknown (gone, or
@@ -250,7 +224,7 @@ class RayTransport(BaseTransport):
 
     def busy(self) -> bool:
         """Whether a reply may come with no event on :meth:`sockets` (Ray calls, full sockets)."""
-        return bool(self._writing) or any(slot.refs for slot in self._workers)
+        return bool(self._sockets.writing) or any(slot.refs for slot in self._workers)
 
     def prepare(self, worker: int, command: Command) -> None:
         """Serialise ``command`` now: what cannot travel fails before anything changes."""
@@ -265,20 +239,7 @@ class RayTransport(BaseTransport):
             slot.owed += 1
             slot.outbox.send(message(self._pickled.dumps(command)))
             return
-        if isinstance(command, Step) and command.actions is None and self._read_action:
-            # The pool wrote the actions to the batch, which this actor does not see.
-            read = self._read_action
-            command = Step(command.env_ids, {i: read(i) for i in command.env_ids})
-        actor = slot.handle
-        chunks = 1
-        if isinstance(command, EnvCommand) and self._row_bytes is not None:
-            size = len(command.env_ids) * self._row_bytes
-            chunks = -(-size // CHUNK_BYTES)
-        if chunks > 1:
-            refs = actor.run_chunked.options(num_returns=chunks).remote(command, chunks)
-        else:
-            refs = [actor.run.remote(command)]
-        slot.refs.append((refs, command))
+        submit_call(slot, command, self._read_action, self._row_bytes)
 
     def wait(
         self, timeout: float | None, want: int = 1
@@ -286,98 +247,18 @@ class RayTransport(BaseTransport):
         on_sockets = any(slot.owed for slot in self._workers)
         on_calls = any(slot.refs for slot in self._workers)
         if not on_calls:
-            return self._wait_sockets(timeout) if on_sockets else []
+            return self._sockets.wait(timeout) if on_sockets else []
         if not on_sockets:
-            return self._wait_calls(timeout)
+            return wait_calls(self._workers, timeout, self.batch, self._space)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             slice_ = MIXED_WAIT_SLICE
             if deadline is not None:
                 slice_ = max(0.0, min(slice_, deadline - time.monotonic()))
-            replies = self._wait_sockets(slice_) + self._wait_calls(0.0)
+            replies = self._sockets.wait(slice_)
+            replies += wait_calls(self._workers, 0.0, self.batch, self._space)
             if replies or (deadline is not None and time.monotonic() >= deadline):
                 return replies
-
-    def _wait_sockets(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost | None]]:
-        ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
-        while True:
-            try:
-                events = self._poller.poll(ms)
-                break
-            except InterruptedError:  # pragma: no cover - PEP 475 retries already
-                continue
-        ready = {fd for fd, mask in events if mask != select.POLLOUT}
-        workers = self._workers
-        if self._writing:  # commands wait for room in their sockets
-            writable = {fd for fd, mask in events if mask & select.POLLOUT}
-            for worker in list(self._writing):
-                slot = workers[worker]
-                if slot.conn is not None and slot.outbox and slot.conn.fileno() in writable:
-                    slot.outbox.flush()
-        replies: list[tuple[int, Reply | WorkerLost | None]] = []
-        for worker, slot in enumerate(workers):
-            conn = slot.conn
-            if conn is None or conn.fileno() not in ready:
-                continue
-            try:
-                reply = conn.recv()  # one per wake-up, as in the process one
-                if type(reply) is tuple:  # nothing but infos, as columns: into the table
-                    self.batch.infos.put(reply)
-                    reply = None
-                elif reply is not None and reply.rows is not None:
-                    deliver(self.batch, self._space, reply)
-                replies.append((worker, reply))
-                slot.owed -= 1
-            except (EOFError, OSError):
-                self._drop_socket(worker)
-                replies.append((worker, WorkerLost(None, "ray actor exited (its socket closed)")))
-        return replies
-
-    def _drop_socket(self, worker: int) -> None:
-        slot = self._workers[worker]
-        conn = slot.conn
-        if conn is None:
-            return
-        if slot.outbox is not None:
-            slot.outbox.drop()
-        sock = slot.sock
-        slot.conn = slot.sock = slot.outbox = None
-        if sock is not None:
-            sock.detach()  # the connection owns the descriptor
-        slot.owed = 0
-        try:
-            self._poller.unregister(conn.fileno())
-        except (KeyError, ValueError):
-            pass
-        conn.close()
-
-    def _wait_calls(self, timeout: float | None) -> list[tuple[int, Reply | WorkerLost | None]]:
-        workers = self._workers
-        heads = [slot.refs[0][0][-1] for slot in workers if slot.refs]
-        if not heads:
-            return []
-        ready, _ = ray.wait(heads, num_returns=1, timeout=timeout)
-        if not ready:
-            return []
-        # Everything else already done comes too, without waiting.
-        pending = [ref for slot in workers for pieces, _ in slot.refs for ref in pieces]
-        done = set(ray.wait(pending, num_returns=len(pending), timeout=0)[0]) | set(ready)
-        replies: list[tuple[int, Reply | WorkerLost | None]] = []
-        for worker, slot in enumerate(workers):
-            refs = slot.refs
-            while refs and refs[0][0][-1] in done:  # the pieces of a result come together
-                pieces, command = refs.popleft()
-                try:
-                    values = ray.get(pieces)
-                    result = values[0] if len(values) == 1 else pickle.loads(b"".join(values))
-                    reply = unpack(result)  # the rows travelled back: into the batch
-                    replies.append((worker, deliver(self.batch, self._space, reply)))
-                except RayTaskError as exc:  # the actor lives but the call failed (a bug)
-                    replies.append((worker, _task_failed(command, exc)))
-                except RayError as exc:  # actor, worker process or node died; result lost
-                    refs.clear()
-                    replies.append((worker, WorkerLost(None, f"ray actor lost: {exc}")))
-        return replies
 
     def forked(self) -> None:
         """In a forked child: the actors, the connection and the Ray are the parent's."""
@@ -412,7 +293,7 @@ class RayTransport(BaseTransport):
         self.kill(worker)
         slot = self._workers[worker]
         slot.pid = slot.process = None
-        self._drop_socket(worker)
+        self._sockets.drop(worker)
         slot.refs.clear()
         slot.handle = self._spawn(worker, restarts)
         self._await_start([worker], restarts)
@@ -427,7 +308,7 @@ class RayTransport(BaseTransport):
         finally:
             for worker, slot in enumerate(self._workers):
                 slot.handle = None
-                self._drop_socket(worker)
+                self._sockets.drop(worker)
                 slot.refs.clear()
             if self._memory is not None:
                 self._memory.close()
@@ -447,19 +328,7 @@ class RayTransport(BaseTransport):
         close_actors(self._workers, self._pickled.dumps(Close()), timeout)
 
 
-def _task_failed(command: Command, exc: RayTaskError) -> Reply:
-    """The reply to a call the actor could not run: every env it named failed."""
-    phase = command.phase
-    if isinstance(command, EnvCommand):
-        ids = command.env_ids
-        return Reply(env_ids=ids, failures=tuple(EnvFailure.capture(i, phase, exc) for i in ids))
-    return Reply(failures=(EnvFailure.capture(None, phase, exc),))
-
-
 def open_transport(options: TransportOptions) -> RayTransport:
     """One actor per worker, whatever the cluster (the ``ray`` backend chooses between this and
     node sub-pools: :mod:`envfleet.backends.ray_backend`)."""
     return RayTransport(options)
-
-
-__all__ = ["CHUNK_BYTES", "MIXED_WAIT_SLICE", "RayTransport", "open_transport"]
