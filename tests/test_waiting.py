@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import envfleet
-from envfleet.backends.local import process
+from envfleet.backends.local import spin
 from tests.envs import FaultyEnv
 
 
@@ -70,10 +70,10 @@ def _five_steps(
 
 @pytest.fixture
 def spin_limit(request: pytest.FixtureRequest) -> Iterator[float]:
-    """``process.SPIN_LIMIT`` set to the test's parameter for its duration."""
-    old, process.SPIN_LIMIT = process.SPIN_LIMIT, request.param
+    """``spin.SPIN_LIMIT`` set to the test's parameter for its duration."""
+    old, spin.SPIN_LIMIT = spin.SPIN_LIMIT, request.param
     yield request.param
-    process.SPIN_LIMIT = old
+    spin.SPIN_LIMIT = old
 
 
 @pytest.mark.parametrize("spin_limit", [0.0002], indirect=True)
@@ -134,9 +134,9 @@ def test_no_spin_while_every_core_has_a_busy_worker(spin_limit: float) -> None:
     pool, waits = _logged_pool(fns, cores=1)
     try:
         pool.reset(seed=0)
-        process.SPIN_LIMIT = 0.0002  # the reset and this step: slower than the limit
+        spin.SPIN_LIMIT = 0.0002  # the reset and this step: slower than the limit
         pool.step(np.zeros(2, dtype=np.int64))
-        process.SPIN_LIMIT = spin_limit
+        spin.SPIN_LIMIT = spin_limit
         del waits[:]
         waits.append([])
         pool.step(np.zeros(2, dtype=np.int64))
@@ -202,8 +202,8 @@ def test_a_spin_past_its_first_microseconds_yields_the_core(
     the core away (``sched_yield``), since the pool may sit on the core of the worker it waits
     for; a spin that ends within it (here: yielding only after 1 s) never yields."""
     yielded: list[None] = []
-    monkeypatch.setattr(process.os, "sched_yield", lambda: yielded.append(None))
-    monkeypatch.setattr(process, "SPIN_YIELDS_AFTER", yields_after)
+    monkeypatch.setattr(spin.os, "sched_yield", lambda: yielded.append(None))
+    monkeypatch.setattr(spin, "SPIN_YIELDS_AFTER", yields_after)
     fns = [functools.partial(FaultyEnv, sleep=s, episode_length=1000) for s in (0.0, 0.03)]
     pool, waits = _logged_pool(fns, cores=2)
     try:

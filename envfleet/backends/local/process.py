@@ -13,20 +13,22 @@
     read rows
 
 Each worker has two one-way pipes (cheaper than a duplex socket) and speaks the raw
-byte protocol of :mod:`envfleet.backends.contract.channel`: the whole-pool step, sent every step,
+byte protocol of :mod:`envfleet.backends.contract.framing`: the whole-pool step, sent every step,
 is one byte each way, with no pickling on either side. A synchronous step asks :meth:`wait`
 for every pending reply (``want``): it keeps polling, within the pool's bound, until they are
 all in, so the pool takes them in one go rather than one wake-up per worker.
 
 Waiting blocks in ``poll``/``read`` on both sides, so on a machine with few cores the envs get
 every cycle (docs/benchmarks.md, "Waiting strategy"), except for the pool's bounded spins
-(:data:`SPIN_LIMIT`). A worker that dies wakes the parent through its process sentinel (a reply
-it had half written is dropped); a worker whose parent dies sees EOF on its command pipe, is
-killed by the kernel (``PR_SET_PDEATHSIG``) or, failing both, is stopped by a watchdog thread.
+(:mod:`~envfleet.backends.local.spin`). A worker that dies wakes the parent through its
+process sentinel (a reply it had half written is dropped); a worker whose parent dies sees EOF
+on its command pipe, is killed by the kernel (``PR_SET_PDEATHSIG``) or, failing both, is
+stopped by a watchdog thread.
 
 This module is the transport (submit, wait, restart, close over all the workers); what runs in
 a worker process and the pool's handle on one (start it, read its replies, bury or stop it) are
-:mod:`envfleet.backends.local.worker_process`'s.
+:mod:`envfleet.backends.local.worker_process`'s, the waits for the workers to build their envs
+and to exit :mod:`envfleet.backends.local.workers`'.
 """
 
 from __future__ import annotations
@@ -35,14 +37,12 @@ import contextlib
 import functools
 import math
 import multiprocessing
-import multiprocessing.connection
 import multiprocessing.forkserver
 import os
 import select
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import cloudpickle
 
@@ -56,36 +56,14 @@ from envfleet.backends.local import wake_order
 from envfleet.backends.local.lifeline import sigint_held
 from envfleet.backends.local.runnable import Runnable
 from envfleet.backends.local.shm import batch_allocator
-from envfleet.backends.local.worker_process import (
-    SPIN_SECONDS,
-    WorkerProcess,
-    describe_exit,
-    worker_main,
-)
+from envfleet.backends.local.spin import poll_spinning, quick, spin_seconds
+from envfleet.backends.local.worker_process import SPIN_SECONDS, WorkerProcess, worker_main
+from envfleet.backends.local.workers import await_built, wait_for_exit
 from envfleet.buffers import SharedBatch
-from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.infos import Columns
 from envfleet.protocol import Close, Command, Reply
 
-SPIN_LIMIT = 0.0002
-"""The longest the pool polls without sleeping for replies, in two cases only: for the last
-replies of a wait once some are in and fewer workers still owe one than the machine has usable
-cores (the finished workers' cores are idle), and at the start of a wait when its previous wait
-got every reply within this limit (workers that fast lose little to a spin that short). Never on
-one core (a node agent's on a 1-CPU node, where it holds the core the workers need) nor while
-the machine runs or queues more tasks than the pool's (itself and, of its workers, one per
-core) and than its cores
-(:class:`~envfleet.backends.local.runnable.Runnable`: the spin would hold a core others wait for).
-Each saves the pool a sleep and a wake-up (tens of µs on a virtual machine) on most sync steps
-of fast envs (docs/benchmarks.md, "The fixed cost of a step")."""
-
-SPIN_YIELDS_AFTER = 20e-6
-"""Past this much of a spin, a poll that finds nothing is followed by ``sched_yield``: the pool
-may be woken on the core of a worker it still waits for, and a plain spin would hold that
-worker off it while the other core idles (CartPole x 64 on 2 workers: 370 µs a step, against
-218 yielding and 287 for the bare pool; ``python bench/spin.py --env cartpole``). The first
-20 µs poll plainly: most quick replies come within them, and a yield is a system call."""
-
+__all__ = ["ProcessTransport", "open_local_pool", "open_transport"]
 
 _ONE_PLAIN: list[Reply | None] = [None]
 """What a worker's reply pipe holds after most steps: one plain reply."""
@@ -127,7 +105,7 @@ class ProcessTransport(BaseTransport):
         self._writing: set[int] = set()  # workers whose outbox holds bytes (polled for room)
         self._closed = False
         self._poller = select.poll()
-        self._quick = False  # the last wait got every reply within SPIN_LIMIT
+        self._quick = False  # the last wait got every reply within spin.SPIN_LIMIT
         self._cores = cores or len(usable_cpus())  # fewer workers owing one: it may spin
         self._runnable = Runnable()  # and only while the machine has nothing else to run
         # close() from another thread while wait() polls: a byte on this pipe wakes the poll,
@@ -213,6 +191,9 @@ class ProcessTransport(BaseTransport):
         """Resident memory of ``worker``'s process in bytes (``None``: gone or unknown)."""
         return self._workers[worker].memory()
 
+    def _await_start(self, workers: Sequence[int]) -> None:
+        await_built(self._workers, workers, self._options)
+
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
         self._spoil()
         old = self._workers[worker]
@@ -224,55 +205,6 @@ class ProcessTransport(BaseTransport):
             self._start(worker, restarts)
         self._await_start([worker])
 
-    def _start_failed(self, kind: type[WorkerDiedError], worker: int, what: str) -> WorkerDiedError:
-        """The error for ``worker`` that could not build its envs (``what`` happened)."""
-        return kind(
-            f"worker {worker} {what}",
-            env_index=None,
-            phase=Phase.MAKE,
-            worker=worker,
-            exitcode=self._workers[worker].proc.exitcode,
-            env_ids=tuple(self._options.assignment[worker]),
-        )
-
-    def _await_start(self, workers: Sequence[int]) -> None:
-        """Wait for each of ``workers`` to report its envs built.
-
-        Only their own pipes and sentinels are watched: when one worker is restarted mid-run,
-        the other workers' replies stay in their pipes for the pool's next wait.
-        """
-        options = self._options
-        deadline = time.monotonic() + options.start_timeout
-        for worker in workers:
-            slot = self._workers[worker]
-            proc = slot.proc
-            got: list[Reply | None] = []
-            lost = False
-            while not got and not lost:
-                remaining = max(0.0, deadline - time.monotonic())
-                ready = multiprocessing.connection.wait([slot.reply_fd, slot.sentinel], remaining)
-                if not ready:
-                    proc.kill()  # still building its envs: a constructor that hangs
-                    proc.join(1.0)
-                    raise self._start_failed(
-                        EnvTimeoutError,
-                        worker,
-                        f"did not build its envs {list(options.assignment[worker])} "
-                        f"within start_timeout={options.start_timeout:g}s; killed",
-                    )
-                lost = not slot.read(got)
-            if not got:
-                proc.join(1.0)
-                raise self._start_failed(
-                    WorkerDiedError,
-                    worker,
-                    f"died while building its envs {list(options.assignment[worker])} "
-                    f"({describe_exit(proc.exitcode)})",
-                )
-            reply = got[0]
-            if reply is not None and reply.failures:
-                raise reply.failures[0].to_error(worker, options.spec.name)
-
     def prepare(self, worker: int, command: Command) -> None:
         """Pickle ``command`` now (kept for :meth:`submit`): what cannot travel fails here."""
         self._pickled.dumps(command)
@@ -280,7 +212,7 @@ class ProcessTransport(BaseTransport):
     def submit_all(self, commands: Sequence[Command]) -> None:
         """A sync step: the workers on other cores than this thread's first
         (:mod:`~envfleet.backends.local.wake_order`), unless steps are quick (the last wait had
-        every reply within ``SPIN_LIMIT``: a worker that starts late loses little, and the
+        every reply within ``spin.SPIN_LIMIT``: a worker that starts late loses little, and the
         order would cost more than it saves)."""
         submit = self.submit
         for worker in range(len(commands)) if self._quick else self._wake_order.order():
@@ -312,7 +244,7 @@ class ProcessTransport(BaseTransport):
             began = time.perf_counter()
             replies = self._wait(timeout, want, linger)
             if timeout != 0 and len(replies) >= want:
-                self._quick = time.perf_counter() - began < SPIN_LIMIT
+                self._quick = quick(time.perf_counter() - began)
             return replies
         finally:
             with self._wake_lock:
@@ -341,18 +273,10 @@ class ProcessTransport(BaseTransport):
         own = 1 + min(len(self._workers), cores)
         while True:
             events: list[tuple[int, int]] = []
-            spin = SPIN_SECONDS
-            idle = want - len(replies) < cores if replies else self._quick  # or quick steps
-            if cores > 1 and idle and self._runnable.only(own, cores):
-                spin = max(spin, SPIN_LIMIT)  # not on one core, nor on a busy machine
+            owing = want - len(replies) if replies else None
+            spin = spin_seconds(SPIN_SECONDS, owing, self._quick, cores, own, self._runnable)
             if spin > 0 and ms != 0:
-                now = time.perf_counter()
-                spin_until, yield_after = now + spin, now + SPIN_YIELDS_AFTER
-                while not events and now < spin_until:
-                    events = poll(0)
-                    now = time.perf_counter()
-                    if not events and now > yield_after:
-                        os.sched_yield()
+                events = poll_spinning(poll, spin)
             if not events:
                 try:
                     events = poll(ms)
@@ -434,24 +358,7 @@ class ProcessTransport(BaseTransport):
             for w, slot in enumerate(workers):
                 if slot.alive:
                     self.submit(w, Close())
-            deadline = time.monotonic() + timeout
-            while any(slot.proc.is_alive() for slot in workers):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                for slot in workers:
-                    if slot.outbox and slot.alive:
-                        slot.outbox.flush()  # the Close queued behind a large command
-                # Drain replies so that no worker blocks writing to a full pipe while exiting.
-                running = [slot for slot in workers if slot.proc.is_alive()]
-                reply_fds = {slot.reply_fd for slot in running}
-                handles: list[Any] = [slot.reply_fd for slot in running]
-                handles += [slot.sentinel for slot in running]
-                for handle in multiprocessing.connection.wait(handles, min(remaining, 0.1)):
-                    if handle in reply_fds:
-                        with contextlib.suppress(OSError):
-                            while os.read(handle, 1 << 16):
-                                pass
+            wait_for_exit(workers, timeout)
         finally:
             for slot in workers:
                 slot.stop()
@@ -478,12 +385,3 @@ def open_local_pool(
     :class:`~envfleet.backends.contract.base.LocalPool`): infos the workers send as columns go
     to ``info_columns`` as they came; its waits count on ``cores`` cores."""
     return ProcessTransport(options, info_columns=info_columns, cores=cores)
-
-
-__all__ = [
-    "SPIN_LIMIT",
-    "SPIN_YIELDS_AFTER",
-    "ProcessTransport",
-    "open_local_pool",
-    "open_transport",
-]
