@@ -180,5 +180,34 @@ class BatchRows:
             return None
         return True, terminations, truncations, infos
 
+    def write_and_book(
+        self,
+        results: list[Any],
+        write_obs: Callable[[int, Any], None],
+        reset_ids: list[int],
+        owe_reset: set[int],
+        infos: dict[int, Any],
+    ) -> bool:
+        """:meth:`write`, then the group's autoreset bookkeeping: the envs this step reset
+        (``reset_ids``) leave ``owe_reset``, those whose episode ended join it, and the
+        non-empty infos go into ``infos``; False, nothing booked, when a result does not fit
+        (the group then writes env by env, so that the failure names its env)."""
+        written = self.write(results, write_obs)
+        if written is None:
+            return False
+        ended, terminations, truncations, env_infos = written
+        env_ids = self.env_ids
+        if reset_ids:
+            owe_reset.difference_update(reset_ids)
+        if ended:
+            owe_reset.update(
+                i for i, te, tr in zip(env_ids, terminations, truncations, strict=True) if te or tr
+            )
+        if any(env_infos):
+            for i, info in zip(env_ids, env_infos, strict=True):
+                if info:
+                    infos[i] = info
+        return True
+
 
 __all__ = ["SMALL_ROW_BYTES", "BatchRows", "Written", "row_index"]

@@ -7,14 +7,15 @@ backends. It applies the autoreset mode and catches each env's exceptions as
 
 Under ``on_error="restart"`` a failed env is rebuilt here, at once, and its interrupted episode
 is reported as truncated (reward 0, ``infos["envfleet/restarted"]``); the fresh env is reset
-with a seed derived from the pool seed, the env index and its restart count.
+with a seed derived from the pool seed, the env index and its restart count. Building,
+rebuilding, calling and closing the envs themselves is :mod:`envfleet.group_envs`'s.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -23,35 +24,17 @@ from gymnasium.vector import AutoresetMode
 from envfleet.batch_rows import BatchRows
 from envfleet.buffers import Batch, make_reader, make_writer
 from envfleet.errors import OnError, Phase
-from envfleet.guards import build_within, env_errors, exit_if_longer
+from envfleet.group_envs import RESTARTED, GroupEnvs, GroupStartError, derive_seed
+from envfleet.guards import env_errors
 from envfleet.protocol import EnvFailure, Reply
 from envfleet.spec import EnvSpec
-from envfleet.validation import same_space
 
-T = TypeVar("T")
-
-RESTARTED = "envfleet/restarted"
-"""Info key set on the result that reports an env's restart."""
+__all__ = ["BATCHED_MIN_ENVS", "RESTARTED", "EnvGroup", "GroupStartError", "derive_seed"]
 
 BATCHED_MIN_ENVS = 6
 """Groups stepping at least this many envs write their results with one assignment per field;
 smaller ones env by env, which costs less below it (numpy's fixed cost per assignment;
 ``bench/group_cost.py --num-envs 4,8``: 3.5 against 3.8 µs a step at 4, 6.1 against 4.9 at 8)."""
-
-
-def derive_seed(seed_base: int | None, env_index: int, restarts: int) -> int | None:
-    """The seed a restarted env is reset with: deterministic when the pool is seeded."""
-    if seed_base is None:
-        return None
-    return int(np.random.SeedSequence([seed_base, env_index, restarts]).generate_state(1)[0])
-
-
-class GroupStartError(Exception):
-    """Building an env of the group failed; carries the failure record."""
-
-    def __init__(self, failure: EnvFailure) -> None:
-        super().__init__(failure.message)
-        self.failure = failure
 
 
 class EnvGroup:
@@ -68,13 +51,9 @@ class EnvGroup:
         seed_base: the pool's seed, from which restarted envs' seeds derive.
         restarts: restarts so far per env (a restarted worker continues the count).
         restarted: this group replaces a worker that died: every env starts restarted.
-        rebuild_timeout: in a worker process of its own (never the caller's): seconds the
-            rebuild of a failed env may take (``start_timeout``) before the process ends itself
-            (:func:`exit_if_longer`), so that the pool sees a dead worker instead of waiting
-            for ever; ``None``: not bounded here.
-        rebuild_thread_timeout: in a worker thread of the caller's process (the thread
-            backend): seconds the rebuild of a failed env may take (``start_timeout``); it
-            runs on a helper thread, abandoned past it, and the env fails (phase ``make``).
+        rebuild_timeout, rebuild_thread_timeout: the bound on the rebuild of a failed env,
+            in a worker process or in a worker thread
+            (:class:`~envfleet.group_envs.GroupEnvs`).
     """
 
     def __init__(
@@ -93,8 +72,6 @@ class EnvGroup:
         rebuild_thread_timeout: float | None = None,
     ) -> None:
         self.spec = spec
-        self.rebuild_timeout = rebuild_timeout
-        self.rebuild_thread_timeout = rebuild_thread_timeout
         self.env_ids = tuple(env_ids)
         self.batch = batch
         self.mode = autoreset_mode
@@ -102,12 +79,7 @@ class EnvGroup:
         self.seed_base = seed_base
         self.observation_space = observation_space
         self.action_space = action_space
-        self.restarts = {i: (restarts or {}).get(i, 0) for i in self.env_ids}
-        self.envs: dict[int, gymnasium.Env[Any, Any]] = {}
         self._owe_reset: set[int] = set()  # envs whose episode ended (NEXT_STEP: reset next)
-        self._truncate_next: set[int] = set()  # restarted envs owing a truncated result
-        self._reset_seed: dict[int, int | None] = {}  # seeds for restarted envs' next reset
-        self._restart_log: list[EnvFailure] = []
         self._write_obs = make_writer(observation_space, batch.observations)
         self._read_obs = make_reader(observation_space, batch.observations)
         self._read_action = make_reader(action_space, batch.actions)
@@ -117,14 +89,27 @@ class EnvGroup:
             isinstance(batch.actions, np.ndarray) and autoreset_mode is not AutoresetMode.SAME_STEP
         )
         self._rows: BatchRows | None = None  # those of the command repeated every step
-        for i in self.env_ids:
-            try:
-                self.envs[i] = self._build(i)
-            except env_errors() as exc:
-                self.close()
-                raise GroupStartError(EnvFailure.capture(i, Phase.MAKE, exc)) from exc
-            if restarted:
-                self._owe_truncation(i)
+        self._members = GroupEnvs(
+            spec,
+            self.env_ids,
+            observation_space,
+            action_space,
+            seed_base,
+            restarts,
+            restarted,
+            rebuild_timeout,
+            rebuild_thread_timeout,
+        )
+
+    @property
+    def envs(self) -> dict[int, gymnasium.Env[Any, Any]]:
+        """The group's envs by global index."""
+        return self._members.envs
+
+    @property
+    def restarts(self) -> dict[int, int]:
+        """Restarts so far per env."""
+        return self._members.restarts
 
     def reset(
         self,
@@ -133,14 +118,14 @@ class EnvGroup:
         options: dict[str, Any] | None,
     ) -> Reply:
         """Reset ``env_ids``, writing their first observations."""
-        batch = self.batch
+        batch, members = self.batch, self._members
         infos: dict[int, Any] = {}
         failures: list[EnvFailure] = []
         for i, seed in zip(env_ids, seeds, strict=True):
             if seed is None:
-                seed = self._reset_seed.pop(i, None)
-            restarted = i in self._truncate_next
-            self._truncate_next.discard(i)
+                seed = members.reset_seed.pop(i, None)
+            restarted = i in members.truncate_next
+            members.truncate_next.discard(i)
             try:
                 obs, info = self.envs[i].reset(seed=seed, options=options)
                 self._write_obs(i, obs)
@@ -150,12 +135,12 @@ class EnvGroup:
                     failures.append(failure)
                     continue
                 try:
-                    obs, info = self.envs[i].reset(seed=self._reset_seed.pop(i), options=options)
+                    obs, info = self.envs[i].reset(seed=members.reset_seed.pop(i), options=options)
                     self._write_obs(i, obs)
                 except env_errors() as exc2:
                     failures.append(EnvFailure.capture(i, Phase.RESET, exc2))
                     continue
-                self._truncate_next.discard(i)
+                members.truncate_next.discard(i)
                 restarted = True
             batch.terminations[i] = batch.truncations[i] = False
             self._owe_reset.discard(i)
@@ -170,7 +155,7 @@ class EnvGroup:
         if (
             actions is None
             and self._batched
-            and not self._truncate_next
+            and not self._members.truncate_next
             and len(env_ids) >= BATCHED_MIN_ENVS
         ):
             return self._step_batched(env_ids)
@@ -202,7 +187,7 @@ class EnvGroup:
                 for i, env, action in zip(env_ids, rows.envs, actions):  # noqa: B905
                     if i in owe:
                         reset_ids.append(i)
-                        obs, info = env.reset(seed=self._reset_seed.pop(i, None))
+                        obs, info = env.reset(seed=self._members.reset_seed.pop(i, None))
                         append((obs, 0.0, False, False, info))
                     else:
                         append(env.step(action))
@@ -212,12 +197,12 @@ class EnvGroup:
         except env_errors() as exc:
             return self._step_failed(env_ids, results, reset_ids, exc)
         infos: dict[int, Any] = {}
-        if not self._write_rows(rows, results, reset_ids, infos):
+        if not rows.write_and_book(results, self._write_obs, reset_ids, self._owe_reset, infos):
             failures: list[EnvFailure] = []
             kept: list[int] = []
             self._write_each(env_ids, results, infos, failures, kept)
             return self._reply(env_ids, infos, failures, kept)
-        if self._restart_log:
+        if self._members.log:
             return self._reply(env_ids, infos, [])
         return Reply(env_ids=tuple(env_ids), infos=infos or None)
 
@@ -234,34 +219,11 @@ class EnvGroup:
         kept: list[int] = []
         done = env_ids[:k]
         rows = BatchRows(self.batch, done, [self.envs[i] for i in done])
-        if not self._write_rows(rows, results, reset_ids, infos):
+        if not rows.write_and_book(results, self._write_obs, reset_ids, self._owe_reset, infos):
             self._write_each(done, results, infos, failures, kept)
         self._failed(env_ids[k], exc, infos, failures, kept)
         self._step_each(env_ids[k + 1 :], None, infos, failures, kept)
         return self._reply(env_ids, infos, failures, kept)
-
-    def _write_rows(
-        self, rows: BatchRows, results: list[Any], reset_ids: list[int], infos: dict[int, Any]
-    ) -> bool:
-        """Write ``results`` into ``rows`` at once and do the autoreset bookkeeping; False, the
-        bookkeeping untouched, when a result does not fit (then written env by env,
-        :meth:`_write_each`, so that the failure names its env)."""
-        written = rows.write(results, self._write_obs)
-        if written is None:
-            return False
-        ended, terminations, truncations, env_infos = written
-        env_ids = rows.env_ids
-        if reset_ids:
-            self._owe_reset.difference_update(reset_ids)
-        if ended:
-            self._owe_reset.update(
-                i for i, te, tr in zip(env_ids, terminations, truncations, strict=True) if te or tr
-            )
-        if any(env_infos):
-            for i, info in zip(env_ids, env_infos, strict=True):
-                if info:
-                    infos[i] = info
-        return True
 
     def _write_each(
         self,
@@ -309,7 +271,7 @@ class EnvGroup:
         envs, owe, write_obs = self.envs, self._owe_reset, self._write_obs
         next_step = self.mode is AutoresetMode.NEXT_STEP
         same_step = self.mode is AutoresetMode.SAME_STEP
-        truncate_next = self._truncate_next
+        truncate_next, reset_seed = self._members.truncate_next, self._members.reset_seed
         for i in env_ids:
             if truncate_next and i in truncate_next:
                 self._truncate(i, infos, failures, kept)
@@ -318,13 +280,13 @@ class EnvGroup:
             reward: Any
             try:
                 if next_step and i in owe:
-                    obs, info = env.reset(seed=self._reset_seed.pop(i, None))
+                    obs, info = env.reset(seed=reset_seed.pop(i, None))
                     reward, terminated, truncated = 0.0, False, False
                 else:
                     obs, reward, terminated, truncated, info = env.step(read_action(i))
                     if same_step and (terminated or truncated):
                         final = {"final_obs": obs, "final_info": info}
-                        obs, info = env.reset(seed=self._reset_seed.pop(i, None))
+                        obs, info = env.reset(seed=reset_seed.pop(i, None))
                         info = {**final, **info}
                 write_obs(i, obs)
             except env_errors() as exc:
@@ -370,95 +332,35 @@ class EnvGroup:
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Reply:
         """Call ``name`` on each env (or read it, when it is not callable)."""
-        values: dict[int, Any] = {}
-        failures: list[EnvFailure] = []
-        for i, env in self.envs.items():
-            try:
-                attr = env.get_wrapper_attr(name)
-                values[i] = attr(*args, **kwargs) if callable(attr) else attr
-            except env_errors() as exc:
-                failures.append(EnvFailure.capture(i, Phase.CALL, exc))
-        return Reply(values=values, failures=tuple(failures))
+        return self._members.call(name, args, kwargs)
 
     def set_attr(self, name: str, values: dict[int, Any]) -> Reply:
         """Set attribute ``name`` of each env to its value."""
-        failures: list[EnvFailure] = []
-        for i, value in values.items():
-            try:
-                self.envs[i].set_wrapper_attr(name, value)
-            except env_errors() as exc:
-                failures.append(EnvFailure.capture(i, Phase.CALL, exc))
-        return Reply(failures=tuple(failures))
+        return self._members.set_attr(name, values)
 
     def close(self) -> Reply:
         """Close every env, reporting (not raising) what fails."""
-        failures: list[EnvFailure] = []
-        for i, env in self.envs.items():
-            try:
-                env.close()
-            except env_errors() as exc:
-                failures.append(EnvFailure.capture(i, Phase.CLOSE, exc))
-        self.envs.clear()
         self._rows = None
-        return Reply(failures=tuple(failures))
+        return self._members.close()
 
     # -- restarts ----------------------------------------------------------------------------
 
-    def _build(self, i: int) -> gymnasium.Env[Any, Any]:
-        """Build env ``i`` with its own recipe (``env_fns[i]``) and check its spaces."""
-        spec = self.spec.for_env(i)
-        env = spec.build()
-        for what, got, expected in (
-            ("observation", env.observation_space, self.observation_space),
-            ("action", env.action_space, self.action_space),
-        ):
-            if not same_space(got, expected):
-                env.close()
-                raise ValueError(
-                    f"env {i} ({spec.name}) has {what} space {got}, but env 0's is {expected}: "
-                    "every env of a pool must have the same spaces (Gymnasium's vector envs "
-                    "raise RuntimeError here too)"
-                )
-        return env
-
     def _restart(self, i: int, failure: EnvFailure, failures: list[EnvFailure]) -> bool:
         """Replace env ``i`` by a fresh one; False (and a failure recorded) if that fails."""
-        self.restarts[i] += 1
-        self._restart_log.append(failure)
         self._rows = None  # the env list it keeps holds the env replaced here
-        try:
-            self.envs[i].close()
-        except env_errors():
-            pass  # the env is broken; its close may be too
-        try:
-            if self.rebuild_thread_timeout is not None:
-                self.envs[i] = build_within(
-                    self.rebuild_thread_timeout, lambda: self._build(i), _close_quietly
-                )
-            else:
-                with exit_if_longer(self.rebuild_timeout):
-                    self.envs[i] = self._build(i)
-        except env_errors() as exc:
-            failures.append(EnvFailure.capture(i, Phase.MAKE, exc))
-            return False
-        self._owe_truncation(i)
-        return True
-
-    def _owe_truncation(self, i: int) -> None:
-        self._truncate_next.add(i)
-        self._reset_seed[i] = derive_seed(self.seed_base, i, self.restarts[i])
+        return self._members.restart(i, failure, failures)
 
     def _truncate(
         self, i: int, infos: dict[int, Any], failures: list[EnvFailure], kept: list[int]
     ) -> None:
         """Report the interrupted episode of restarted env ``i`` as truncated."""
         self._flags_written()
-        self._truncate_next.discard(i)
+        self._members.truncate_next.discard(i)
         info: dict[str, Any] = {RESTARTED: True}
         if self.mode is AutoresetMode.SAME_STEP:
             final_obs = copy.deepcopy(self._read_obs(i))
             try:
-                obs, reset_info = self.envs[i].reset(seed=self._reset_seed.pop(i, None))
+                obs, reset_info = self.envs[i].reset(seed=self._members.reset_seed.pop(i, None))
                 self._write_obs(i, obs)
             except env_errors() as exc:
                 failures.append(EnvFailure.capture(i, Phase.RESET, exc))
@@ -482,7 +384,7 @@ class EnvGroup:
         failures: list[EnvFailure],
         kept: Sequence[int] = (),
     ) -> Reply:
-        restarts, self._restart_log = tuple(self._restart_log), []
+        restarts = self._members.take_log()
         return Reply(
             env_ids=tuple(env_ids),
             infos=infos or None,
@@ -490,14 +392,3 @@ class EnvGroup:
             restarts=restarts,
             kept=tuple(kept),
         )
-
-
-def _close_quietly(env: Any) -> None:
-    """Close an env built too late to be used (its rebuild was abandoned)."""
-    try:
-        env.close()
-    except BaseException:  # a daemon thread's last act: nothing to report to
-        pass
-
-
-__all__ = ["BATCHED_MIN_ENVS", "RESTARTED", "EnvGroup", "GroupStartError", "derive_seed"]
