@@ -162,6 +162,7 @@ class PoolRollouts:
             part = self._out.pop(command)
             reply = self._ledger.answer(command)
             got = (reply.values or {}).get(part.env_ids[0])
+            self._untaken(part, reply, got)
             if (
                 isinstance(got, Sampled)
                 and got.error is not None
@@ -182,6 +183,19 @@ class PoolRollouts:
                 continue
             part.reply = reply
             self._done.append(part)
+
+    def _untaken(self, part: _Part, reply: Reply, got: Any) -> None:
+        """Take back from the worker's count the env-steps its reply did not take: the ledger
+        counts a :class:`Sample` answered as all its steps, but a part that stopped early (its
+        policy failed, or the worker lacked it: sent again, and counted then) took fewer."""
+        if reply.values is None:  # the command failed as a whole: no step recorded
+            taken = 0
+        elif isinstance(got, Sampled) and got.env_ids == part.env_ids:
+            taken = got.steps
+        else:  # a node's parts joined into another's reply: all whole
+            return
+        if taken < part.steps:
+            self._stats.steps[part.worker] -= (part.steps - taken) * len(part.env_ids)
 
     def _hand_over(self, max_lag: int | None) -> Rollout:
         """The parts done (of the first one's ``steps``) as one :class:`Rollout` over their

@@ -33,6 +33,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envfleet.errors import EnvError, Phase, RemoteError, RemoteTraceback, env_raised_error
+from envfleet.weight_frames import SegmentRef
 
 if TYPE_CHECKING:
     from envfleet.buffers import Batch
@@ -243,15 +244,18 @@ class Sample(ValueCommand):
 
     env_ids: tuple[int, ...]
     steps: int
-    policy: bytes | None  # pickled as cloudpickle would; None: the copy the worker keeps
+    policy: bytes | SegmentRef | None
+    """Pickled as cloudpickle would (inline, or where it is in the machine's shared memory);
+    ``None``: the copy the worker keeps."""
     check_actions: bool = False
     version: int = 0
     """The version of the policy's weights that acts (stamped on every step recorded)."""
     code: str = ""
     """A digest of ``policy``'s bytes: the worker keeps the policy under it, so that a later
     command may carry no code (``policy=None``), only new ``weights``."""
-    weights: bytes | None = None
-    """``policy.weights()`` of ``version``, pickled, for ``policy.load_weights``; ``None``:
+    weights: bytes | SegmentRef | None = None
+    """``policy.weights()`` of ``version`` as a frame (:mod:`envfleet.weight_frames`), for
+    ``policy.load_weights``: inline, or where it is in the machine's shared memory; ``None``:
     the worker has them (or the policy has no weights apart from its code)."""
     phase: ClassVar[Phase] = Phase.STEP
 

@@ -38,6 +38,8 @@ from envfleet.errors import Phase
 from envfleet.guards import env_errors
 from envfleet.protocol import EnvFailure, Group, Reply, Sample
 from envfleet.validation import check_actions, keeps_dtype
+from envfleet.weight_frames import code as code_of
+from envfleet.weight_frames import load
 
 _FLAT_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
@@ -251,14 +253,14 @@ def _policy(group: Group, command: Sample) -> Callable[..., Any]:
     key = command.code or command.policy
     cached = _policies.get(group)
     if command.policy is not None and (cached is None or cached[0] != key):
-        cached = [key, pickle.loads(command.policy), None]
+        cached = [key, pickle.loads(code_of(command.policy)), None]
         _policies[group] = cached
     elif cached is None or cached[0] != key:
         raise MissingPolicy("code")
     policy = cached[1]
     if command.weights is not None:
         try:
-            policy.load_weights(pickle.loads(command.weights))
+            policy.load_weights(load(command.weights))  # inline, or in a segment
         except env_errors() as exc:
             cached[2] = None
             raise _WeightsFailed(str(exc)) from exc

@@ -7,9 +7,15 @@ worker's :class:`~envfleet.protocol.Sample` carries the code only where the work
 and the weights only where it holds another version::
 
     rollout_async(policy) ── version: the caller's, or one more when the weights changed
-    Sample(code=digest, policy=code | None, version, weights=bytes | None) per worker
+    Sample(code=digest, policy=code | None, version, weights=frame | None) per worker
     worker: the policy kept under its digest; load_weights(weights) when they came
-    node agents: one message per node, pickled at once: the same bytes go once per node
+    node agents: one message per node, pickled at once: the same frame goes once per node
+    worker processes: the frame once per machine in shared memory, the Sample names it
+
+The weights are pickled once per version into a frame (:mod:`envfleet.weight_frames`): the
+version's snapshot, whatever the caller does to its arrays afterwards. The process backend's
+pool side, and each node's agent, writes a frame once into a segment of shared memory that its
+workers map (:mod:`envfleet.backends.local.shared_weights`); the other backends carry it inline.
 
 A worker that was rebuilt since (it lost what it held) answers
 :class:`~envfleet.rollout_loop.MissingPolicy`; the pool forgets what it thought the worker had
@@ -20,11 +26,11 @@ and sends its part again with the code and the weights (:meth:`Shipper.command` 
 from __future__ import annotations
 
 import hashlib
-import pickle
 from typing import Any
 
 from envfleet.protocol import Sample
 from envfleet.rollouts import Policy, policy_bytes
+from envfleet.weight_frames import digest, pack
 
 
 class Shipper:
@@ -51,8 +57,8 @@ class Shipper:
             self._have.clear()
         own: Any = policy  # a policy with weights apart from its code
         if callable(getattr(own, "weights", None)) and callable(getattr(own, "load_weights", None)):
-            self._weights = pickle.dumps(own.weights(), protocol=pickle.HIGHEST_PROTOCOL)
-            key = hashlib.blake2b(self._weights, digest_size=16).hexdigest()
+            self._weights = pack(own.weights())  # the version's snapshot: one copy
+            key = digest(self._weights).hex()
         else:
             self._weights, key = None, self._digest
         if version is None:

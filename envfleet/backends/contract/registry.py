@@ -118,7 +118,7 @@ _BUILT_IN = (
     ),
     TransportKind(
         "process",
-        "envfleet.backends.local.process",
+        "envfleet.backends.local.shared_weights",  # process.py's, each version's weights shared
         Capabilities(
             step_timeout=True,
             threads_per_worker=True,

@@ -3,8 +3,10 @@
 Ray places one agent on each node of the pool (pinned there), and it starts the node's worker
 processes as a :class:`~envfleet.backends.contract.base.LocalPool`, the process backend's own
 (:mod:`envfleet.backends.local.process`: shared memory, the same worker loop and stepping
-loop), holding the pool's *global* env indices, seeds and restart counts, so trajectories are
-those of one machine. It then serves the pool over one
+loop; :mod:`envfleet.backends.local.shared_weights`: each version of a rollout's weights
+written once into the node's shared memory, not down each worker's pipe), holding the pool's
+*global* env indices, seeds and restart counts, so trajectories are those of one machine. It
+then serves the pool over one
 authenticated TCP connection (:meth:`NodeAgent.serve`: the loop of
 :mod:`envfleet.backends.nodes.server`, the messages of :mod:`envfleet.backends.nodes.wire`): a
 round of commands in, the local replies and rows of the whole node out, one message each way.
@@ -34,7 +36,7 @@ import ray
 from envfleet.affinity import usable_cpus
 from envfleet.backends.contract.base import LocalPool, TransportOptions
 from envfleet.backends.contract.connections import accept_pool
-from envfleet.backends.local.process import open_local_pool
+from envfleet.backends.local.shared_weights import open_local_pool
 from envfleet.backends.nodes.compression import Codec, codec
 from envfleet.backends.nodes.placement import alive_nodes, node_cpus
 from envfleet.backends.nodes.server import NodeServer

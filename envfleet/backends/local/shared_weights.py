@@ -1,0 +1,207 @@
+"""The process backend's transport: worker processes, with each version's weights shared.
+
+A rollout's :class:`~envfleet.protocol.Sample` carries a version's weights (a frame of
+:mod:`envfleet.weight_frames`) to the workers that lack it. Sent as they come, a pipe per
+worker would carry the frame once per worker. Here the pool's side of the machine (the pool's
+process, or a node's agent for its node) writes each version once into a segment of shared
+memory and each worker's command carries only where it is::
+
+    submit(Sample(weights=frame)) ── the frame's segment (written once per version) ──►
+        Sample(weights=SegmentRef(pid, fd, size, digest, version)) down the worker's pipe
+    worker: maps the segment copy-on-write (rollout_loop: weight_frames.load)
+
+A policy's code travels once per worker (the first rollout, a rebuilt worker), pickled whole
+with the weights its object holds then: when it is large, it goes through a segment as well,
+so that no command is larger than a pipe holds (a pipe has room for 64 KiB: a larger command
+would wait in the pool until its next wait, and ``rollout_async`` would return before its
+workers could start).
+
+A segment stays while a command that names it is unanswered (its worker may not have read it
+yet) or while its version is the newest sent; then it is closed. A worker lost or replaced owes
+nothing more; the pool's close closes them all. Segments are memfds, named nowhere: one the
+pool (or an agent) still held when it was killed goes with its process and its workers.
+
+:class:`SharedWeightsTransport` is :class:`~envfleet.backends.local.process.ProcessTransport`
+with :class:`Segments` on its way in and out; everything else is the process backend's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections import deque
+from collections.abc import Callable
+
+from envfleet.backends.contract.base import LocalPool, TransportOptions, WorkerLost
+from envfleet.backends.local.process import ProcessTransport
+from envfleet.infos import Columns
+from envfleet.protocol import Command, Reply, Sample
+from envfleet.weight_frames import Segment, SegmentRef, digest, is_frame, segments_available
+
+CODE_IN_SEGMENT = 16 << 10
+"""A policy's code at least this large goes through a segment too (it holds the weights of the
+moment, pickled whole); a smaller one goes down the pipes."""
+
+
+class Segments:
+    """The segments of one pool's side of a machine, and which commands name each.
+
+    Args:
+        workers: how many workers it sends to.
+        enabled: write segments (else every command goes as it came: no memfd here).
+    """
+
+    def __init__(self, workers: int, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._live: dict[bytes, _Live] = {}  # by the digest of the bytes they hold
+        self._owed: list[deque[tuple[bytes, ...]]] = [deque() for _ in range(workers)]
+        # (version, digest) of the newest weights: kept for the workers that will want them
+        # (a policy's code goes once per worker: its segment goes once they all answered).
+        self._newest: dict[str, tuple[int, bytes]] = {}
+        self.written = 0
+        """Bytes written into segments (each version's once while it is kept)."""
+
+    def outgoing(self, worker: int, command: Command) -> Command:
+        """What goes to ``worker`` for ``command``: a :class:`Sample` whose weights (and large
+        code) are in segments names them instead of carrying them."""
+        if not self.enabled or not isinstance(command, Sample):
+            self._owed[worker].append(())
+            return command
+        keys: list[bytes] = []
+        weights, policy = command.weights, command.policy
+        if isinstance(weights, bytes) and is_frame(weights):
+            weights = self._share("weights", weights, digest(weights), command.version, keys)
+        if isinstance(policy, bytes) and len(policy) >= CODE_IN_SEGMENT and command.code:
+            with contextlib.suppress(ValueError):  # a digest of another form: inline
+                key = bytes.fromhex(command.code)
+                policy = self._share("code", policy, key, command.version, keys)
+        self._owed[worker].append(tuple(keys))
+        if weights is command.weights and policy is command.policy:
+            return command
+        return dataclasses.replace(command, weights=weights, policy=policy)
+
+    def _share(
+        self, kind: str, data: bytes, key: bytes, version: int, keys: list[bytes]
+    ) -> bytes | SegmentRef:
+        """``data``'s segment (written now if it has none), named by one more command."""
+        live = self._live.get(key)
+        if live is None:
+            try:
+                live = self._live[key] = _Live(Segment(data, key))
+            except OSError:  # no memory for it (or no memfd after all): it goes inline
+                return data
+            self.written += len(data)
+        live.users += 1
+        keys.append(key)
+        newest = self._newest.get(kind)
+        if kind == "weights" and (newest is None or version >= newest[0]):
+            self._newest[kind] = (version, key)
+            if newest is not None and newest[1] != key:
+                self._release(newest[1], 0)  # superseded: gone once no command names it
+        return live.segment.ref(version)
+
+    def answered(self, worker: int) -> None:
+        """``worker`` answered its oldest command."""
+        owed = self._owed[worker]
+        for key in owed.popleft() if owed else ():
+            self._release(key, 1)
+
+    def lost(self, worker: int) -> None:
+        """``worker`` is gone (or replaced): it owes nothing more."""
+        owed = self._owed[worker]
+        while owed:
+            for key in owed.popleft():
+                self._release(key, 1)
+
+    def held(self) -> int:
+        """How many segments are kept now."""
+        return len(self._live)
+
+    def close(self) -> None:
+        """Close every segment (the workers are gone)."""
+        for live in self._live.values():
+            live.segment.close()
+        self._live.clear()
+        for owed in self._owed:
+            owed.clear()
+        self._newest.clear()
+
+    def _release(self, key: bytes, users: int) -> None:
+        live = self._live.get(key)
+        if live is None:
+            return
+        live.users -= users
+        if live.users <= 0 and all(key != newest[1] for newest in self._newest.values()):
+            del self._live[key]
+            live.segment.close()
+
+
+@dataclasses.dataclass
+class _Live:
+    segment: Segment
+    users: int = 0  # commands naming it, unanswered
+
+
+class SharedWeightsTransport(ProcessTransport):
+    """:class:`~envfleet.backends.local.process.ProcessTransport`, each version's weights
+    written once into a segment its workers map (see the module docstring)."""
+
+    def __init__(
+        self,
+        options: TransportOptions,
+        *,
+        info_columns: bool | Callable[[Columns], None] = False,
+        spares: bool = False,
+        cores: int | None = None,
+    ) -> None:
+        self.segments = Segments(len(options.assignment), segments_available())
+        super().__init__(options, info_columns=info_columns, spares=spares, cores=cores)
+
+    def submit(self, worker: int, command: Command) -> None:
+        super().submit(worker, self.segments.outgoing(worker, command))
+
+    def wait(
+        self, timeout: float | None, want: int = 1, linger: float | None = None
+    ) -> list[tuple[int, Reply | WorkerLost | None]]:
+        replies = super().wait(timeout, want, linger)
+        segments = self.segments
+        for worker, reply in replies:
+            if isinstance(reply, WorkerLost):
+                segments.lost(worker)
+            else:
+                segments.answered(worker)
+        return replies
+
+    def restart(self, worker: int, restarts: dict[int, int]) -> None:
+        self.segments.lost(worker)
+        super().restart(worker, restarts)
+
+    def close(self, timeout: float) -> None:
+        try:
+            super().close(timeout)
+        finally:
+            self.segments.close()
+
+
+def open_transport(options: TransportOptions) -> SharedWeightsTransport:
+    """The process backend's transport (what the registry opens for ``backend="process"``)."""
+    return SharedWeightsTransport(options, info_columns=True, spares=options.copy)
+
+
+def open_local_pool(
+    options: TransportOptions, info_columns: Callable[[Columns], None], cores: int
+) -> LocalPool:
+    """A node's pool of worker processes, as its agent runs it (the contract's
+    :class:`~envfleet.backends.contract.base.LocalPool`), each version's weights once in the
+    node's shared memory: infos the workers send as columns go to ``info_columns`` as they
+    came; its waits count on ``cores`` cores."""
+    return SharedWeightsTransport(options, info_columns=info_columns, cores=cores)
+
+
+__all__ = [
+    "CODE_IN_SEGMENT",
+    "Segments",
+    "SharedWeightsTransport",
+    "open_local_pool",
+    "open_transport",
+]
