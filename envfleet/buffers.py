@@ -4,14 +4,15 @@ One array per field (observations, actions, rewards, terminations, truncations) 
 of the pool; env ``i`` owns row ``i``. Workers write their rows in place, so observations never
 travel through a pipe on the hot path. Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple
 nests of them are shared; any other space (Text, Graph, Sequence, OneOf, custom) falls back to a
-Python list per pool whose entries the workers send back pickled.
+Python list per pool whose entries the workers send back pickled. How one env's row is written
+and read, per space, is :mod:`envfleet.row_access`'s.
 """
 
 from __future__ import annotations
 
 import ctypes
 import multiprocessing.context
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import singledispatch
 from typing import Any, Protocol
@@ -21,9 +22,6 @@ from gymnasium import spaces
 from gymnasium.vector.utils import concatenate, create_empty_array
 
 from envfleet.infos import InfoTable
-
-Writer = Callable[[int, Any], None]
-Reader = Callable[[int], Any]
 
 _ARRAY_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
@@ -41,60 +39,6 @@ def is_array_space(space: spaces.Space[Any]) -> bool:
 
 class ObjectRows(list[Any]):
     """Per-env storage for observations of spaces that do not fit arrays (pickled path)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Row writers and readers: resolved once per space, called per env per step.
-
-
-@singledispatch
-def make_writer(space: spaces.Space[Any], batch: Any) -> Writer:
-    """Return ``write(i, value)`` that stores one env's value in row ``i`` of ``batch``."""
-    if isinstance(batch, ObjectRows):
-        return batch.__setitem__
-    raise TypeError(f"no row writer for space {space}")
-
-
-@make_writer.register(spaces.Box)
-@make_writer.register(spaces.Discrete)
-@make_writer.register(spaces.MultiDiscrete)
-@make_writer.register(spaces.MultiBinary)
-def _write_array(space: spaces.Space[Any], batch: Any) -> Writer:
-    if isinstance(batch, ObjectRows):
-        return batch.__setitem__
-    shape = batch.shape[1:]
-    dtype = batch.dtype
-
-    def write(i: int, value: Any) -> None:
-        # An observation of another shape would be broadcast (a (1,) into every slot of a (4,)
-        # row) or fail with no env named; one of another dtype would be cast whatever it holds
-        # (300.7 or nan into uint8): refuse both, in the env's own failure path.
-        if getattr(value, "shape", None) != shape and not (
-            not shape and isinstance(value, int | float)  # a plain scalar for a scalar space
-        ):
-            value = _fitting(space, value, shape, dtype)
-        elif getattr(value, "dtype", None) is not dtype and not fits_dtype(value, dtype):
-            raise cast_refused(space, value, dtype)
-        batch[i] = value
-
-    return write
-
-
-def _fitting(
-    space: spaces.Space[Any], value: Any, shape: tuple[int, ...], dtype: np.dtype[Any]
-) -> Any:
-    """``value`` as an array of ``shape``, or ``ValueError`` saying why it does not fit
-    (``TypeError`` when only its dtype does not, see :func:`fits_dtype`)."""
-    array = np.asarray(value)
-    if array.shape != shape:
-        what = "None" if value is None else f"shape {array.shape}, dtype {array.dtype}"
-        raise ValueError(
-            f"the env returned an observation ({what}) that does not fit its observation space "
-            f"{space} (shape {shape})"
-        )
-    if not fits_dtype(array, dtype):
-        raise cast_refused(space, array, dtype)
-    return array
 
 
 _CASTS: dict[tuple[Any, np.dtype[Any]], bool] = {}
@@ -124,106 +68,6 @@ def fits_dtype(value: Any, dtype: np.dtype[Any]) -> bool:
         source = key if isinstance(key, np.dtype) else np.asarray(value).dtype
         fits = _CASTS[(key, dtype)] = bool(np.can_cast(source, dtype, "same_kind"))
     return fits
-
-
-def cast_refused(space: spaces.Space[Any], value: Any, dtype: np.dtype[Any]) -> TypeError:
-    """The ``TypeError`` for an observation whose dtype does not fit (:func:`fits_dtype`)."""
-    source = getattr(value, "dtype", None)
-    if not isinstance(source, np.dtype):
-        source = np.asarray(value).dtype
-    return TypeError(
-        f"the env returned an observation of dtype {source} that does not fit its observation "
-        f"space {space} (dtype {dtype}) without an unsafe cast: cannot cast {source} to "
-        f"{dtype} according to the rule 'same_kind' (Gymnasium's vector envs raise TypeError "
-        "here too)"
-    )
-
-
-def _stored_whole(space: spaces.Dict | spaces.Tuple[Any], batch: ObjectRows) -> Writer:
-    """A writer for a Dict or Tuple whose values are stored whole (a part of it has no array
-    layout: Text, Graph, ...): its array parts are checked first as Gymnasium's
-    ``concatenate`` will write them (shape, dtype), by writing them into a scratch row."""
-    check = make_writer(space, _scratch(space))
-
-    def write(i: int, value: Any) -> None:
-        check(0, value)
-        batch[i] = value
-
-    return write
-
-
-def _scratch(space: spaces.Space[Any]) -> Any:
-    """One row of ``space``, nested like it: arrays where the space has a layout."""
-    if isinstance(space, spaces.Dict):
-        return {key: _scratch(sub) for key, sub in space.spaces.items()}
-    if isinstance(space, spaces.Tuple):
-        return tuple(_scratch(sub) for sub in space.spaces)
-    if isinstance(space, _ARRAY_SPACES):
-        return create_empty_array(space, 1, fn=np.zeros)
-    return ObjectRows([None])
-
-
-@make_writer.register(spaces.Dict)
-def _write_dict(space: spaces.Dict, batch: Any) -> Writer:
-    if isinstance(batch, ObjectRows):
-        return _stored_whole(space, batch)
-    writers = [(key, make_writer(sub, batch[key])) for key, sub in space.spaces.items()]
-
-    def write(i: int, value: Any) -> None:
-        for key, writer in writers:
-            writer(i, value[key])
-
-    return write
-
-
-@make_writer.register(spaces.Tuple)
-def _write_tuple(space: spaces.Tuple[Any], batch: Any) -> Writer:
-    if isinstance(batch, ObjectRows):
-        return _stored_whole(space, batch)
-    writers = [make_writer(sub, part) for sub, part in zip(space.spaces, batch, strict=True)]
-
-    def write(i: int, value: Any) -> None:
-        for writer, item in zip(writers, value, strict=True):
-            writer(i, item)
-
-    return write
-
-
-@singledispatch
-def make_reader(space: spaces.Space[Any], batch: Any) -> Reader:
-    """Return ``read(i)`` giving row ``i`` of ``batch`` as one env's value."""
-    if isinstance(batch, ObjectRows):
-        return batch.__getitem__
-    raise TypeError(f"no row reader for space {space}")
-
-
-@make_reader.register(spaces.Box)
-@make_reader.register(spaces.Discrete)
-@make_reader.register(spaces.MultiDiscrete)
-@make_reader.register(spaces.MultiBinary)
-def _read_array(space: spaces.Space[Any], batch: Any) -> Reader:
-    if isinstance(batch, ObjectRows) or batch.ndim == 1:  # a scalar per env: a copy already
-        read: Reader = batch.__getitem__
-        return read
-    # A copy of the row, not a view: an env that keeps its action (to penalise the next one's
-    # change, say) must not see the next step's actions written over it.
-    return lambda i: batch[i].copy()
-
-
-@make_reader.register(spaces.Dict)
-def _read_dict(space: spaces.Dict, batch: Any) -> Reader:
-    if isinstance(batch, ObjectRows):
-        return batch.__getitem__
-    readers = [(key, make_reader(sub, batch[key])) for key, sub in space.spaces.items()]
-    return lambda i: {key: reader(i) for key, reader in readers}
-
-
-@make_reader.register(spaces.Tuple)
-def _read_tuple(space: spaces.Tuple[Any], batch: Any) -> Reader:
-    if isinstance(batch, ObjectRows):
-        return batch.__getitem__
-    readers = [make_reader(sub, part) for sub, part in zip(space.spaces, batch, strict=True)]
-    return lambda i: tuple(reader(i) for reader in readers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -437,16 +281,11 @@ __all__ = [
     "Batch",
     "ObjectRows",
     "RawAllocator",
-    "Reader",
     "SharedBatch",
-    "Writer",
     "allocate_local",
     "allocate_shared",
-    "cast_refused",
     "fits_dtype",
     "is_array_space",
-    "make_reader",
-    "make_writer",
     "put",
     "rows",
     "take",

@@ -22,11 +22,12 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envfleet.batch_rows import BatchRows
-from envfleet.buffers import Batch, make_reader, make_writer
+from envfleet.buffers import Batch
 from envfleet.errors import OnError, Phase
 from envfleet.group_envs import RESTARTED, GroupEnvs, GroupStartError, derive_seed
 from envfleet.guards import env_errors
 from envfleet.protocol import EnvFailure, Reply
+from envfleet.row_access import make_reader, make_writer
 from envfleet.spec import EnvSpec
 
 __all__ = ["BATCHED_MIN_ENVS", "RESTARTED", "EnvGroup", "GroupStartError", "derive_seed"]

@@ -23,8 +23,9 @@ from envfleet.backends.contract.base import Replies
 from envfleet.backends.contract.replies import plain, unpicklable
 from envfleet.backends.contract.rows import deliver, pack
 from envfleet.backends.local.serial import SerialTransport
-from envfleet.buffers import Batch, is_array_space, make_reader
+from envfleet.buffers import Batch, is_array_space
 from envfleet.protocol import Command, Reply, Step
+from envfleet.row_access import make_reader
 
 KIND = TransportKind("loopback", __name__, Capabilities())
 """How the tests register it: no capability beyond the defaults (no worker to kill)."""

@@ -23,11 +23,10 @@ from envfleet.buffers import (
     SharedBatch,
     allocate_local,
     is_array_space,
-    make_reader,
-    make_writer,
     put,
     take,
 )
+from envfleet.row_access import make_reader, make_writer
 
 N = 5
 

@@ -53,9 +53,10 @@ from envfleet.backends.ray.memory import PoolMemory
 from envfleet.backends.ray.options import RayOptions
 from envfleet.backends.ray.socket_path import ActorSockets
 from envfleet.backends.ray.worker_actor import ActorSlot, close_actors, message
-from envfleet.buffers import Batch, is_array_space, make_reader
+from envfleet.buffers import Batch, is_array_space
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
 from envfleet.protocol import Close, Command, Reply
+from envfleet.row_access import make_reader
 
 __all__ = ["MIXED_WAIT_SLICE", "RayTransport", "open_transport"]
 
