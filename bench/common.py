@@ -1,6 +1,6 @@
 """What the ``bench/`` scripts share: their rows (:class:`Case`) measured and tabulated by
 :mod:`envfleet.benchmark` (:func:`measure_table`), the options every script takes, a console
-whose libraries' output goes to a log, and the ideal row.
+whose libraries' output goes to a log, timed calls and a fake Ray cluster.
 """
 
 from __future__ import annotations
@@ -26,13 +26,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 @dataclass(frozen=True)
 class Case:
-    """One row of a script's table: a name and an opener with a registered runner's signature;
-    ``forks``: it starts processes, so it is opened before the rows that start threads in this
-    process (forking a process full of threads is asking for trouble)."""
+    """One row of a script's table: a name and an opener with a registered runner's signature."""
 
     name: str
     open: Callable[[benchmark.Workload, benchmark.Timing], benchmark.Runner]
-    forks: bool = False
 
 
 @contextlib.contextmanager
@@ -71,9 +68,8 @@ def measure_table(
     columns: Sequence[benchmark.Column] = (),
 ) -> benchmark.Report:
     """Measure ``cases`` (or the registry's runners, by name) side by side on ``workload``
-    (:func:`envfleet.benchmark.sweep`, forking rows opened first), print ``title`` and the
-    engine's table (ratios to row ``reference``, and ``columns``) with its notes; a failed row
-    prints its traceback."""
+    (:func:`envfleet.benchmark.sweep`), print ``title`` and the engine's table (ratios to row
+    ``reference``, and ``columns``) with its notes; a failed row prints its traceback."""
 
     def failed(name: str, _n: int, exc: BaseException) -> None:
         console.print(f"[red]{name} failed[/red]: {type(exc).__name__}: {str(exc)[:300]}")
@@ -83,18 +79,16 @@ def measure_table(
 
     own = {c.name: c for c in cases if isinstance(c, Case)}
     names = [c if isinstance(c, str) else c.name for c in cases]
-    ordered = sorted(names, key=lambda name: not (name in own and own[name].forks))
     with progress(console, f"{title}: {len(cases)} runners") as hooks:
         report = benchmark.sweep(
             workload.spec,
             [workload.num_envs],
-            ordered,
+            names,
             timing,
             on_error=failed,
             openers={name: c.open for name, c in own.items()},
             **hooks,
         )
-    report.runners = names  # shown in the order given
     console.print(f"[bold]{title}[/bold]")
     console.print(benchmark.report_table(report, reference or "ceiling", columns))
     for note in benchmark.report_notes(report):
@@ -117,14 +111,6 @@ def target(
     shown = "-" if value is None else f"{value:.2f}"
     console.print(f"[bold]{label} = {shown}[/bold] (target >= {minimum:g}){mark}{end}")
     return {"ratio": label, "value": value, "minimum": minimum, "met": met}
-
-
-def open_ideal(workload: benchmark.Workload, timing: benchmark.Timing) -> benchmark.Runner:
-    """One env stepped alone, counted ``num_envs`` times: ``num_envs / mean step time``, what
-    stepping every env at once could reach."""
-    loop = benchmark.open_loop(benchmark.Workload(workload.spec, 1), timing)
-    n = workload.num_envs
-    return benchmark.CallRunner("ideal", lambda: n * loop.advance(), loop.close, timing)  # type: ignore[attr-defined]
 
 
 # -- options, machine, JSON --------------------------------------------------------------------
@@ -210,23 +196,6 @@ def save_json(path: Path, report: dict[str, Any], console: Console | None = None
 
 
 # -- what the scripts that time by hand share ----------------------------------------------------
-
-
-def int_list(text: str) -> list[int]:
-    """``"2,64"`` as ``[2, 64]`` (an option's type)."""
-    return [int(n) for n in text.split(",")]
-
-
-def measured(
-    openers: dict[str, Any], workload: benchmark.Workload, timing: benchmark.Timing, **hooks: Any
-) -> dict[str, benchmark.RunResult]:
-    """:func:`envfleet.benchmark.measure` of a script's own runners, their windows interleaved;
-    one that failed ends the script."""
-    results = benchmark.measure(list(openers), workload, timing, openers=openers, **hooks)
-    for name, result in results.items():
-        if not isinstance(result, benchmark.RunResult):
-            raise SystemExit(f"{name} failed: {result}")
-    return results  # type: ignore[return-value]
 
 
 def timed(call: Callable[[], object], rounds: int) -> list[float]:

@@ -67,30 +67,6 @@ class SleepEnv(NoOpEnv):
         return self._obs.copy(), 1.0, False, self._t >= self.max_steps, {}
 
 
-@dataclass(frozen=True)
-class Target:
-    """A throughput case: its name on the command line (``cartpole``), the env, how many
-    copies, and the least ratio of envfleet process to the ceiling, if any."""
-
-    name: str
-    env: str | type[gymnasium.Env[Any, Any]]  # picklable by reference
-    num_envs: int
-    target: float | None = None
-
-
-TARGETS: dict[str, Target] = {
-    "cartpole": Target("cartpole", "CartPole-v1", 64, target=0.7),
-    "pong": Target("pong", "ALE/Pong-v5", 8, target=0.85),
-    "sleep": Target("sleep", SleepEnv, 32),
-    # Batched simulators hosted by the workers (vectorization_mode="vector_entry_point"):
-    # CartPole's numpy VectorEnv, and ale-py's AtariVectorEnv for the Pong id.
-    "cartpole-1024": Target("cartpole-1024", "CartPole-v1", 1024),
-    "pong-16": Target("pong-16", "ALE/Pong-v5", 16),
-}
-HOSTED = ("cartpole-1024", "pong-16")
-"""Workloads whose default runners are the hosted ones (:data:`HOSTED_RUNNERS`)."""
-
-
 # -- the soak's env (bench/soak.py) ------------------------------------------------------
 
 KINDS = ("raise", "exit", "hang")
@@ -239,3 +215,42 @@ def make_pong() -> gymnasium.Env[Any, Any]:
     env = gymnasium.make(PONG, frameskip=1)
     env = gymnasium.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=84, noop_max=30)
     return gymnasium.wrappers.FrameStackObservation(env, 4)
+
+
+# -- the workloads of bench/throughput.py ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """A workload of ``bench/throughput.py``: its name on the command line (``cartpole``), the
+    env, how many copies, the runners it measures by default, the row its ratios are to, and
+    its target: a row and its least ratio to ``reference``."""
+
+    name: str
+    env: str | type[gymnasium.Env[Any, Any]]  # picklable by reference
+    num_envs: int
+    runners: tuple[str, ...] = ("loop", "ceiling", "bare-pool", "gym-sync", "gym-async")
+    reference: str = "ceiling"
+    target: tuple[str, float] | None = None
+
+
+_PROCESS = ("serial", "process", "ale-vector")  # ale-vector: Pong only, left out elsewhere
+_HOSTED = ("vector", "vector-ceiling", "hosted", "process")
+"""For the hosted workloads: the VectorEnv alone, its ceiling, envfleet hosting it, and
+envfleet's single-env path."""
+_ASYNC, _PROCESS_THREADS = "process:batch_size=8", "process:num_workers=2:threads_per_worker=16"
+_SLEEP = ("loop", "bare-threads", "thread", "thread:cpu_affinity=[1]", "gym-async")
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target("cartpole", "CartPole-v1", 64, Target.runners + _PROCESS, target=("process", 0.7)),
+        Target("pong", "ALE/Pong-v5", 8, Target.runners + _PROCESS, target=("process", 0.85)),
+        Target("sleep", SleepEnv, 32, (*_SLEEP, _PROCESS_THREADS), "loop"),
+        # Async: the first 8 envs ready of a heavy tail (HeavyTailEnv), against sync.
+        Target("heavytail", HeavyTailEnv, 32, ("process", _ASYNC), "process", (_ASYNC, 1.5)),
+        # Batched simulators hosted by the workers (vectorization_mode="vector_entry_point"):
+        # CartPole's numpy VectorEnv, and ale-py's AtariVectorEnv for the Pong id.
+        Target("cartpole-1024", "CartPole-v1", 1024, _HOSTED, "vector"),
+        Target("pong-16", "ALE/Pong-v5", 16, _HOSTED, "vector"),
+    )
+}

@@ -1,21 +1,21 @@
-"""The benchmark engine's own runners (the bare pool, the ceiling, ale-py's vector env),
-a script's cases, the sweep's progress and the plot's notes."""
+"""The benchmark engine's own runners (the bare pools against SyncVectorEnv, the ceiling,
+ale-py's vector env, envfleet's variants), CPU by role, a script's cases, the sweep's progress
+and the plot's notes."""
 
 from __future__ import annotations
 
 import os
-from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import psutil
 import pytest
+from gymnasium.vector import SyncVectorEnv
 
+import envfleet
 from bench.common import script_parser, timing_from
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
-from envfleet.benchmark.bare import BareNodePool
 from envfleet.spec import EnvSpec
 from tests.envs import FaultyEnv
 
@@ -36,52 +36,121 @@ def test_bare_pool_steps_every_env_on_the_process_backend_layout() -> None:
 
 
 def test_bare_pool_worker_that_cannot_build_is_an_error() -> None:
-    with pytest.raises(RuntimeError, match="bare-pool worker died"):
-        benchmark.open_bare_pool(benchmark.Workload.of(_broken, 2), TIMING, num_workers=2)
+    workload = benchmark.Workload.of(_builds_here_only, 2)
+    with pytest.raises(RuntimeError, match="a bare worker died"):
+        benchmark.open_bare_pool(workload, TIMING, num_workers=2)
+    with pytest.raises(RuntimeError, match="a bare-nodes worker or agent died"):
+        benchmark.open_bare_pool(benchmark.Workload.of(_builds_here_only, 4), TIMING, 2, nodes=2)
+    with pytest.raises(ValueError, match="1 workers cannot serve 2 nodes"):
+        benchmark.BarePool(benchmark.Workload.of(FaultyEnv, 4), TIMING, 1, nodes=2)
 
 
-class _Logged(FaultyEnv):
-    """Writes its reset seed and its process to ``path`` at every step."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__()
-        self.path = path
-
-    def step(self, action: Any) -> Any:
-        with open(self.path, "a") as log:
-            log.write(f"{self.seed_used} {os.getpid()}\n")
-        return super().step(action)
+HERE = os.getpid()
 
 
-def test_bare_node_pool_steps_every_env_once_a_step_on_its_layout(tmp_path: Path) -> None:
-    path = tmp_path / "steps"
-    workload = benchmark.Workload.of(_Logged, 10, {"path": str(path)})
-    pool = BareNodePool(workload, TIMING, nodes=2, workers_per_node=2)
-    pool_pids = {role: list(pids) for role, pids in pool.pids.items()}
-    procs = [psutil.Process(pid) for pids in pool_pids.values() for pid in pids]
+def _builds_here_only() -> FaultyEnv:
+    """An env that builds in this process (the bare pool's probe) and in no other."""
+    if os.getpid() != HERE:
+        raise OSError("no simulator here")
+    return FaultyEnv()
+
+
+@pytest.mark.parametrize(("workers", "nodes"), [(2, 0), (3, 0), (4, 2)])
+def test_bare_pool_rows_are_those_of_sync_vector_env_for_the_same_actions(
+    workers: int, nodes: int
+) -> None:
+    # CartPole's rows depend on every action, and its episodes end (and autoreset) within the
+    # 60 steps; every field of every row is compared with SyncVectorEnv's (NEXT_STEP autoreset).
+    workload = benchmark.Workload.of("CartPole-v1", 7)
+    pool = benchmark.BarePool(workload, benchmark.Timing(seed=5), workers, nodes)
+    processes = [psutil.Process(pid) for pids in pool.pids.values() for pid in pids]
+    reference = SyncVectorEnv([workload.factory()] * 7)
+    reference.reset(seed=5)
+    rng = np.random.default_rng(0)
     try:
-        assert pool.layout == [2, 2]
-        for _ in range(3):
-            pool.step()
+        assert pool.layout == ([2, 2] if nodes else [workers])
+        assert (len(pool.pids["agents"]), len(pool.pids["workers"])) == (nodes, workers)
+        ended = 0
+        for _ in range(60):
+            actions = rng.integers(0, 2, size=7)
+            got, want = pool.step(actions), reference.step(actions)[:4]
+            for field, a, b in zip(benchmark.FIELDS, got, want, strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=field)
+            ended += int(np.sum(want[2] | want[3]))
+        assert ended > 0
     finally:
         pool.close()
-    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs)
-    steps = [line.split() for line in path.read_text().splitlines()]
-    assert Counter(seed for seed, _ in steps) == {str(TIMING.seed + i): 3 for i in range(10)}
-    by_process: dict[str, set[int]] = {}
-    for seed, pid in steps:
-        by_process.setdefault(pid, set()).add(int(seed) - TIMING.seed)
-    # 4 workers (2 nodes x 2), each a consecutive block of the envs, as np.array_split makes them
-    assert sorted(map(sorted, by_process.values())) == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
-    assert len(pool_pids["agents"]) == 2
-    assert sorted(pool_pids["workers"]) == sorted(int(pid) for pid in by_process)
+        reference.close()
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in processes)
 
 
-def test_bare_node_pool_worker_that_cannot_build_is_an_error() -> None:
-    with pytest.raises(RuntimeError, match="bare-nodes worker or agent died"):
-        benchmark.open_bare_nodes(benchmark.Workload.of(_broken, 4), TIMING, 2, 2)
-    with pytest.raises(ValueError, match="workers_per_node must be >= 1"):
-        benchmark.open_bare_nodes(benchmark.Workload.of(FaultyEnv, 4), TIMING, 2, 0)
+def test_bare_pool_runner_steps_with_sampled_actions() -> None:
+    workload = benchmark.Workload.of(FaultyEnv, 3)
+    runner = benchmark.open_bare_pool(workload, TIMING, 2, nodes=2)
+    try:
+        assert runner.info == {"workers": 2, "nodes": [1, 1]}
+        assert runner.advance() == 3  # type: ignore[attr-defined]
+    finally:
+        runner.close()
+
+
+def _windows(*figures: tuple[float, float]) -> list[benchmark.CpuWindow]:
+    return [benchmark.CpuWindow(wall, {"driver": cpu}, cpu, 2 * wall) for wall, cpu in figures]
+
+
+def test_a_cpu_ratio_pairs_the_rounds_and_compare_names_every_role() -> None:
+    mine = _windows((10.0, 4.0), (30.0, 9.0), (20.0, 6.0))
+    bare = _windows((5.0, 2.0), (10.0, 3.0), (40.0, 2.0))
+    # per round 2, 3, 0.5: the median of those, not 20 / 10
+    assert benchmark.paired_ratio(mine, bare, lambda w: w.wall_us) == 2.0
+    zero = _windows((1.0, 0.0), (1.0, 0.0), (1.0, 0.0))
+    assert benchmark.paired_ratio(mine, zero, lambda w: w.cpu_us) is None
+    compared = benchmark.compare(mine, bare)
+    assert list(compared) == ["driver", "all processes", "thread", "wall", "machine"]
+    assert compared["driver"] == {"envfleet_us": 6.0, "bare_us": 2.0, "ratio": 3.0}
+
+
+def test_roles_name_the_driver_each_worker_and_the_rest() -> None:
+    with envfleet.make(FaultyEnv, 4, backend="process", num_workers=2) as pool:
+        roles = benchmark.pool_roles(pool)
+        children = {p.pid for p in psutil.Process().children(recursive=True)}
+        assert roles["driver"] == [psutil.Process()]
+        workers = [roles[f"worker {i}"][0].pid for i in range(2)]
+        assert set(workers) <= children and len(set(workers)) == 2
+        assert set(roles) == {"driver", "worker 0", "worker 1", "other"}
+        assert all(p.pid in children and p.pid not in workers for p in roles["other"])
+    bare = benchmark.BarePool(benchmark.Workload.of(FaultyEnv, 4), TIMING, 2, nodes=2)
+    try:
+        roles = benchmark.roles(psutil.Process(), **bare.pids)
+        assert list(roles) == ["driver", "agent 0", "agent 1", "worker 0", "worker 1", "other"]
+        assert [roles[f"worker {i}"][0].ppid() for i in range(2)] == bare.pids["agents"]
+        assert roles["other"] == []
+        layout = benchmark.Layout("bare", lambda: bare.step([0] * 4), roles)
+        windows = benchmark.paired([layout], 2, 0.02)["bare"]
+        assert len(windows) == 2 and set(windows[0].roles_us) == set(roles)
+    finally:
+        bare.close()
+
+
+def test_variants_of_envfleets_runners_take_make_options() -> None:
+    assert benchmark.parse_runners("process:batch_size=2, envfleet-thread:cpu_affinity=[0]") == [
+        "process:batch_size=2",
+        "thread:cpu_affinity=[0]",
+    ]
+    kind, options = benchmark.variant("process:batch_size=2:context=fork")
+    assert kind.name == "process" and options == {"batch_size": 2, "context": "fork"}
+    for wrong, why in (
+        ("loop:x=1", "loop takes no options"),
+        ("process:batch_size", "options are :key=value"),
+        ("nope:x=1", "unknown runner 'nope'"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            benchmark.parse_runners(wrong)
+    spec = EnvSpec.from_user(FaultyEnv)
+    assert benchmark.availability("serial:batch_size=2", spec).ok
+    workload = benchmark.Workload.of(FaultyEnv, 4)
+    result = benchmark.measure(["serial:batch_size=2"], workload, TIMING)["serial:batch_size=2"]
+    assert isinstance(result, benchmark.RunResult) and result.info["batch_size"] == 2
 
 
 def test_ceiling_splits_the_envs_over_processes_and_reports_a_failure() -> None:
@@ -191,7 +260,7 @@ def test_every_bench_script_takes_quick() -> None:
     root = Path(__file__).resolve().parent.parent
     scripts = {p.name: p.read_text() for p in (root / "bench").glob("*.py")}
     scripts = {name: text for name, text in scripts.items() if "__main__" in text}
-    assert len(scripts) >= 10
+    assert len(scripts) >= 6
     # The shared parser's --quick, or an option of the script's own.
     assert {
         n for n, t in scripts.items() if "script_parser(" not in t and '"--quick"' not in t

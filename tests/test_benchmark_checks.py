@@ -1,5 +1,5 @@
-"""The bench scripts' checking parts: the fault soak's accounting and stall report, the GIL
-probe, the statistics on/off comparison and what the scripts share."""
+"""The bench scripts' checking parts: the fault soak's accounting and stall report, bare threads,
+hand-batched Ray actors and what the scripts share."""
 
 from __future__ import annotations
 
@@ -17,21 +17,17 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from bench.async_bench import layouts, own_sync
-from bench.common import Case, add_choice, measure_table, open_ideal, target
+from bench.common import Case, add_choice, measure_table, target
 from bench.envs import read_log
 from bench.ray_bench import BatchActor
 from bench.soak import SoakConfig, SoakRun, run_soak, soak_checks
-from bench.thread_bench import open_bare_threads
 from envfleet.benchmark import (
-    OK,
-    Availability,
     CallRunner,
-    Report,
     Runner,
     RunResult,
     Timing,
     Workload,
+    open_bare_threads,
     open_envfleet,
 )
 from tests.envs import FaultyEnv
@@ -129,51 +125,6 @@ def test_bare_threads_make_one_env_step_per_env_off_the_callers_thread() -> None
         runner.close()
 
 
-def test_layouts_pair_each_async_row_with_its_sync_row() -> None:
-    cases = layouts("pool", (8, 4), _opener, backend="process")
-    assert [(c.name, c.forks) for c in cases] == [
-        ("pool sync", True),
-        ("pool B=8", True),
-        ("pool B=4", True),
-    ]
-    assert cases[1].open.keywords == {"batch_size": 8, "backend": "process"}  # type: ignore[attr-defined]
-    assert not any(c.forks for c in layouts("pool", (8,), _opener, backend="thread"))
-    ok = {name: Availability(OK) for name in ("pool sync", "pool B=8", "pool B=4")}
-    report = Report("env", [4], list(ok), TIMING, ok)
-    report.results = {
-        "pool sync": {4: RunResult("pool sync", [100.0], 0.0)},
-        "pool B=8": {4: RunResult("pool B=8", [150.0, 250.0, 200.0], 0.0)},
-        "pool B=4": {4: "RuntimeError: no"},
-    }
-    assert own_sync(report, "pool B=8", 4) == "2.00"
-    assert own_sync(report, "pool sync", 4) == own_sync(report, "pool B=4", 4) == "-"
-
-
-def test_a_ratio_pairs_the_windows_of_each_round() -> None:
-    # The machine runs 1x, 2x and 3x as fast in rounds 1-3; "b" is 0.9, 0.7 and 0.8 of "a" in
-    # the same round. The ratio of the medians (140 / 200) takes b's worst round; paired, the
-    # middle one.
-    a = RunResult("a", [100.0, 200.0, 300.0], 0.0)
-    b = RunResult("b", [90.0, 140.0, 240.0], 0.0)
-    assert b.over(a) == pytest.approx(0.8)
-    assert b.median / a.median == pytest.approx(0.7)
-    assert a.over(a) == 1.0
-    ok = {name: Availability(OK) for name in "ab"}
-    report = Report("env", [4], list(ok), TIMING, ok)
-    report.results = {"a": {4: a}, "b": {4: b}}
-    assert report.ratio("b", 4, "a") == pytest.approx(0.8)
-    assert report.ratio("b", 8, "a") is None  # not measured there
-    # A runner dropped after a failure has fewer windows: the medians, unpaired.
-    short = RunResult("b", [90.0, 140.0], 0.0)
-    assert short.over(a) == pytest.approx(115.0 / 200.0)
-    stalled = RunResult("a", [100.0, 0.0, 300.0], 0.0)  # a window with no step in it
-    assert b.over(stalled) == pytest.approx(140.0 / 100.0)
-
-
-def _opener(workload: Workload, timing: Timing, **kw: Any) -> Runner:
-    raise AssertionError("not opened")
-
-
 def test_target_and_choices() -> None:
     console = Console(file=io.StringIO())
     assert target(console, "a / b", 1.2, 1.0)["met"] is True
@@ -185,19 +136,6 @@ def test_target_and_choices() -> None:
     assert parser.parse_args(["--parts", "pong, gil"]).parts == ["pong", "gil"]
     with pytest.raises(SystemExit):
         parser.parse_args(["--parts", "sleep,nap"])
-
-
-def test_the_ideal_steps_one_env_alone_and_counts_it_num_envs_times() -> None:
-    STEPPED.clear()
-    runner = open_ideal(Workload.of(functools.partial(FaultyEnv, step_hook=_record), 8), TIMING)
-    try:
-        envs = {env for env, _ in STEPPED}  # the warm-up's
-        before = len(STEPPED)
-        assert runner.advance() == 8  # type: ignore[attr-defined]
-        assert len(STEPPED) == before + 1 and {env for env, _ in STEPPED} == envs
-        assert len(envs) == 1
-    finally:
-        runner.close()
 
 
 @pytest.mark.parametrize("batch_size", [None, 2])
@@ -251,14 +189,14 @@ def test_measure_table_shows_the_rows_in_order_with_their_ratios_and_failures() 
 
     cases = [
         Case("one", noting("one", _steady(1))),
-        Case("three", noting("three", _steady(3)), forks=True),
+        Case("three", noting("three", _steady(3))),
         Case("broken", noting("broken", _refuses)),
     ]
     out = io.StringIO()
     console = Console(file=out, width=200)
     report = measure_table(console, "t", cases, Workload.of(FaultyEnv, 1), TIMING, "one")
-    assert opened == ["three", "one", "broken"]  # rows that fork are opened first
-    assert report.runners == ["one", "three", "broken"]  # and shown in the order given
+    assert opened == ["one", "three", "broken"]
+    assert report.runners == ["one", "three", "broken"]  # shown in the order given
     assert report.ratio("one", 1, "one") == 1.0
     assert 1.2 < report.ratio("three", 1, "one") < 8.0  # type: ignore[operator]
     assert report.results["broken"][1] == "RuntimeError: no runner here"

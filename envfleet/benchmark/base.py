@@ -153,7 +153,7 @@ class StartupTimeout(Exception):
 # -- load from elsewhere ---------------------------------------------------------------------
 
 
-def _busy_cpu_s() -> float:
+def busy_cpu_s() -> float:
     """CPU seconds the whole machine has spent busy (``guest`` is already inside ``user``)."""
     t = psutil.cpu_times()
     return float(sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq")))
@@ -179,13 +179,13 @@ class OtherLoad:
 
     def __enter__(self) -> OtherLoad:
         self.cores = 0.0
-        self._start = (time.perf_counter(), _busy_cpu_s(), _own_cpu_s())
+        self._start = (time.perf_counter(), busy_cpu_s(), _own_cpu_s())
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         wall, busy, own = self._start
         wall = time.perf_counter() - wall
-        other = (_busy_cpu_s() - busy) - (_own_cpu_s() - own)
+        other = (busy_cpu_s() - busy) - (_own_cpu_s() - own)
         self.cores = max(0.0, other / wall) if wall > 0 else 0.0
 
 
@@ -352,6 +352,7 @@ __all__ = [
     "StartupTimeout",
     "Timing",
     "Workload",
+    "busy_cpu_s",
     "cycle",
     "open_vector",
     "sample_actions",

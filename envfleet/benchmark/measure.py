@@ -20,7 +20,7 @@ from envfleet._clock import clock
 from envfleet.affinity import usable_cpus
 from envfleet.benchmark import base
 from envfleet.benchmark.peers import version
-from envfleet.benchmark.registry import RUNNERS, Availability, availability
+from envfleet.benchmark.registry import Availability, availability, opener
 from envfleet.benchmark.report import Report
 from envfleet.benchmark.wakeups import wake_round_trips
 from envfleet.spec import EnvSpec
@@ -92,7 +92,8 @@ def measure(
     """Open the runners ``names`` on ``workload`` and time their windows, interleaved.
 
     Args:
-        names: keys of :data:`RUNNERS` (available ones: see :func:`availability`).
+        names: keys of :data:`RUNNERS` or their variants (available ones: see
+            :func:`availability`).
         on_error: called with the runner name and the exception when a runner fails; the
             runner is then dropped and its entry in the result is the error message.
         progress: called with a short description of what starts next (each opening and
@@ -124,9 +125,9 @@ def measure(
             progress(text)
             on_stage(text)
             try:
-                opener = openers[name] if openers and name in openers else RUNNERS[name].open
+                how = openers[name] if openers and name in openers else opener(name)
                 start = time.perf_counter()
-                opened[name] = runner = open_bounded(name, opener, workload, timing)
+                opened[name] = runner = open_bounded(name, how, workload, timing)
                 if not runner.setup_s:  # not timed by the runner itself
                     runner.setup_s = time.perf_counter() - start - runner.warmup_s
             except base.StartupTimeout as exc:

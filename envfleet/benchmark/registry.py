@@ -1,12 +1,19 @@
 """Every runner by name (:data:`RUNNERS`), the names accepted for them, and whether each can run
-an env here (:func:`availability`)."""
+an env here (:func:`availability`).
+
+envfleet's own runners take ``make()`` options after their name, each ``:key=value`` (a Python
+literal, else a string): ``process:batch_size=8``, ``thread:cpu_affinity=[1]``,
+``process:num_workers=2:threads_per_worker=16`` (:func:`opener`).
+"""
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from envfleet.benchmark import bare, base, peers, runners
 from envfleet.spec import EnvSpec
@@ -23,6 +30,7 @@ class RunnerKind:
         module: a module that must import for the runner to be available (a peer library).
         check: why an env cannot run on this runner, or ``None`` when it can.
         extra: the ``envfleet[...]`` extra that installs ``module``, named when it is missing.
+        make: an envfleet runner's ``make()`` options (it then takes more after its name).
     """
 
     name: str
@@ -31,6 +39,12 @@ class RunnerKind:
     module: str | None = None
     check: Callable[[EnvSpec], str | None] | None = None
     extra: str | None = None
+    make: dict[str, Any] | None = None
+
+
+def _envfleet(name: str, description: str, check: Any = None, **make: Any) -> RunnerKind:
+    opener = runners.envfleet_opener(name=name, **make)
+    return RunnerKind(name, description, opener, check=check, make=make)
 
 
 RUNNERS: dict[str, RunnerKind] = {
@@ -43,23 +57,19 @@ RUNNERS: dict[str, RunnerKind] = {
             runners.CeilingRunner,
         ),
         RunnerKind(
-            bare.BARE_POOL, "one byte in, a loop over the envs, one byte out", bare.open_bare_pool
+            bare.BARE_POOL,
+            "actions in shared memory, a loop over the envs, rows back, no more",
+            bare.open_bare_pool,
         ),
-        RunnerKind("serial", "envfleet, serial backend", runners.envfleet_opener("serial")),
-        RunnerKind("process", "envfleet, process backend", runners.envfleet_opener("process")),
-        RunnerKind(
-            "process-copy",
-            "envfleet, process backend, observations copied by the pool (no spare rows)",
-            runners.open_process_copy,
-        ),
-        RunnerKind("thread", "envfleet, thread backend", runners.envfleet_opener("thread")),
-        RunnerKind(
+        _envfleet("serial", "envfleet, serial backend", backend="serial"),
+        _envfleet("process", "envfleet, process backend", backend="process"),
+        _envfleet("thread", "envfleet, thread backend", backend="thread"),
+        _envfleet(
             "hosted",
             "envfleet, process backend, each worker hosting the id's own VectorEnv",
-            runners.envfleet_opener(
-                "process", name="hosted", vectorization_mode="vector_entry_point"
-            ),
-            check=runners.vector_check,
+            runners.vector_check,
+            backend="process",
+            vectorization_mode="vector_entry_point",
         ),
         RunnerKind(
             "vector",
@@ -113,19 +123,52 @@ ALIASES = {
 """Longer names (``envfleet-process``) also accepted by :func:`parse_runners`."""
 
 
+def variant(name: str) -> tuple[RunnerKind, dict[str, Any]]:
+    """A runner's kind and the ``make()`` options after its name (see the module docstring).
+
+    Raises:
+        ValueError: the kind is unknown, takes no options, or an option is not ``key=value``.
+    """
+    base_name, *options = name.split(":")
+    base_name = ALIASES.get(base_name, base_name)
+    if base_name not in RUNNERS:
+        raise ValueError(f"unknown runner {base_name!r}: choose from {', '.join(RUNNERS)}")
+    kind, given = RUNNERS[base_name], {}
+    if options and kind.make is None:
+        raise ValueError(f"{base_name} takes no options (envfleet's runners do): {name!r}")
+    for option in options:
+        key, equals, text = option.partition("=")
+        if not equals or not key.isidentifier():
+            raise ValueError(f"{name!r}: options are :key=value, got {option!r}")
+        try:
+            given[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            given[key] = text
+    return kind, given
+
+
+def opener(name: str) -> Callable[[base.Workload, base.Timing], base.Runner]:
+    """What opens runner ``name``, a registered one or a variant (:func:`variant`)."""
+    kind, given = variant(name)
+    if not given:
+        return kind.open
+    return runners.envfleet_opener(name=name, **{**(kind.make or {}), **given})
+
+
 def parse_runners(text: str) -> list[str]:
-    """``"loop,process"`` as runner names (aliases resolved, duplicates dropped, in order).
+    """``"loop,process"`` as runner names (aliases resolved, duplicates dropped, in order);
+    variants of envfleet's runners (``process:batch_size=8``) kept as given.
 
     Raises:
         ValueError: a name is unknown, or none is given; the message lists the known ones.
     """
     names: list[str] = []
     for raw in text.split(","):
-        name = ALIASES.get(raw.strip(), raw.strip())
+        base_name, colon, options = raw.strip().partition(":")
+        name = ALIASES.get(base_name, base_name) + colon + options
         if not name:
             continue
-        if name not in RUNNERS:
-            raise ValueError(f"unknown runner {raw.strip()!r}: choose from {', '.join(RUNNERS)}")
+        variant(name)
         if name not in names:
             names.append(name)
     if not names:
@@ -146,8 +189,8 @@ class Availability:
 
 
 def availability(name: str, spec: EnvSpec) -> Availability:
-    """Whether runner ``name`` is installed here and can run ``spec``'s env."""
-    kind = RUNNERS[name]
+    """Whether runner ``name`` (or a variant) is installed here and can run ``spec``'s env."""
+    kind = variant(name)[0]
     if kind.module is not None:
         try:
             with peers.quiet():
@@ -172,4 +215,13 @@ def availability(name: str, spec: EnvSpec) -> Availability:
     return Availability(base.OK)
 
 
-__all__ = ["ALIASES", "RUNNERS", "Availability", "RunnerKind", "availability", "parse_runners"]
+__all__ = [
+    "ALIASES",
+    "RUNNERS",
+    "Availability",
+    "RunnerKind",
+    "availability",
+    "opener",
+    "parse_runners",
+    "variant",
+]

@@ -241,19 +241,6 @@ def open_envfleet(
     )
 
 
-def open_process_copy(workload: base.Workload, timing: base.Timing) -> base.Runner:
-    """The process backend with the pool copying each step's observations itself, as before
-    spare rows (:mod:`envfleet.backends.contract.spares`): what they save, side by side."""
-    from envfleet.backends.contract import spares
-
-    least = spares.MIN_BYTES
-    spares.MIN_BYTES = 1 << 62  # no batch is large enough: this pool gets no spares
-    try:
-        return open_envfleet(workload, timing, name="process-copy", backend="process")
-    finally:
-        spares.MIN_BYTES = least
-
-
 def envfleet_opener(
     backend: str, name: str | None = None, **make_kwargs: Any
 ) -> Callable[[base.Workload, base.Timing], base.Runner]:
@@ -291,7 +278,6 @@ __all__ = [
     "open_gym_async",
     "open_gym_sync",
     "open_loop",
-    "open_process_copy",
     "open_vector_alone",
     "vector_check",
 ]
