@@ -23,12 +23,13 @@ from envfleet.backends.contract.registry import (
     open_transport,
     refusal,
 )
+from envfleet.caller_registry import CallerRegistry
 from envfleet.errors import EnvRaisedError, EnvTimeoutError, OnError, Phase, env_raised_error
 from envfleet.guards import Abandoned, build_within, env_errors
 from envfleet.hosted import hosted_plan
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
 from envfleet.protocol import EnvFailure
-from envfleet.spec import CallerRegistry, EnvSpec
+from envfleet.spec import EnvSpec
 from envfleet.tune import EnvProfile, choose_layout, profile_env
 from envfleet.validation import bounds_nbytes
 

@@ -13,8 +13,8 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import envfleet
+from envfleet.caller_registry import CallerRegistry
 from envfleet.registration import register_vector
-from envfleet.spec import CallerRegistry
 from tests.envs import FaultyEnv
 from tests.legacy_envs import OldApiCounterEnv
 
