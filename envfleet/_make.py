@@ -1,18 +1,22 @@
-"""``envfleet.make``: strings become Enums and checked numbers here, at the edge."""
+"""``envfleet.make``: strings become Enums and checked numbers here, at the edge.
+
+What ``make()`` runs in the caller's own process before any worker starts (building one env to
+learn its spaces, profiling it for a layout, each bounded by ``start_timeout``) is
+:mod:`envfleet.caller_build`'s.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from envfleet import caller_build
 from envfleet.affinity import CpuAffinity, check_affinity, usable_cpus
 from envfleet.backends.contract.base import DEFAULT_START_TIMEOUT, TransportOptions
 from envfleet.backends.contract.registry import (
@@ -24,17 +28,15 @@ from envfleet.backends.contract.registry import (
     refusal,
 )
 from envfleet.caller_registry import CallerRegistry
-from envfleet.errors import EnvRaisedError, EnvTimeoutError, OnError, Phase, env_raised_error
-from envfleet.guards import Abandoned, build_within, env_errors
-from envfleet.hosted import hosted_plan
+from envfleet.errors import EnvTimeoutError, OnError, Phase
+from envfleet.make_checks import as_enum, hosted_args, positive_int, seconds
 from envfleet.pool import DEFAULT_MAX_RESTARTS, Pool
-from envfleet.protocol import EnvFailure
 from envfleet.spec import EnvSpec
 from envfleet.tune import EnvProfile, choose_layout, profile_env
-from envfleet.validation import bounds_nbytes
+
+__all__ = ["START_METHODS", "make"]
 
 START_METHODS = ("fork", "forkserver", "spawn")
-T = TypeVar("T")
 
 
 def make(
@@ -180,8 +182,8 @@ def make(
     kind = kind_of(backend)
     can = kind.capabilities  # what it honours: asked below, never its name
     own = backend_options(kind, options)  # routed to the backend that declared them
-    mode: AutoresetMode = _enum(AutoresetMode, autoreset_mode, "autoreset_mode")
-    hosted = _hosted(
+    mode: AutoresetMode = as_enum(AutoresetMode, autoreset_mode, "autoreset_mode")
+    hosted = hosted_args(
         env, num_envs, env_kwargs, vectorization_mode, vector_env_fns, num_workers, kind, mode
     )
     spec = hosted[0] if hosted is not None else EnvSpec.from_user(env, env_kwargs)
@@ -207,7 +209,7 @@ def make(
                 "entry per env"
             )
         num_envs = spec.num_envs
-    num_envs = _positive_int(num_envs, "num_envs")
+    num_envs = positive_int(num_envs, "num_envs")
     if spec.num_envs is not None and spec.num_envs != num_envs:
         raise ValueError(
             f"num_envs={num_envs} but {spec.num_envs} envs were given (one per entry of env "
@@ -215,7 +217,7 @@ def make(
         )
     if not isinstance(check_actions, bool):
         raise TypeError(f"check_actions must be True or False, got {check_actions!r}")
-    batch_size = num_envs if batch_size is None else _positive_int(batch_size, "batch_size")
+    batch_size = num_envs if batch_size is None else positive_int(batch_size, "batch_size")
     if batch_size > num_envs:
         raise ValueError(f"batch_size={batch_size} exceeds num_envs={num_envs}")
     if hosted is not None and batch_size < num_envs:
@@ -240,7 +242,7 @@ def make(
     if num_workers is None:
         # Threads are for envs that wait (sleep, I/O, GIL-free C code): one per env.
         num_workers = num_envs if can.worker_per_env else min(len(usable_cpus()), num_envs)
-    num_workers = _positive_int(num_workers, "num_workers")
+    num_workers = positive_int(num_workers, "num_workers")
     if num_workers > num_envs:
         raise ValueError(f"num_workers={num_workers} exceeds num_envs={num_envs}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
@@ -249,19 +251,19 @@ def make(
         raise ValueError(f"seed must be a non-negative int (numpy seeds), got {seed}")
     if context is not None and context not in START_METHODS:
         raise ValueError(f"context must be one of {START_METHODS} or None, got {context!r}")
-    policy: OnError = _enum(OnError, on_error, "on_error")
+    policy: OnError = as_enum(OnError, on_error, "on_error")
     if step_timeout is not None:
-        step_timeout = _seconds(step_timeout, "step_timeout")
+        step_timeout = seconds(step_timeout, "step_timeout")
         if not can.step_timeout:
             raise ValueError(refusal("step_timeout", kind))
-    start_timeout = _seconds(start_timeout, "start_timeout")
+    start_timeout = seconds(start_timeout, "start_timeout")
     if worker_memory_limit is not None:
-        worker_memory_limit = _positive_int(worker_memory_limit, "worker_memory_limit")
+        worker_memory_limit = positive_int(worker_memory_limit, "worker_memory_limit")
         if not can.worker_memory_limit:
             raise ValueError(refusal("worker_memory_limit", kind))
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be a non-negative int, got {max_restarts!r}")
-    threads_per_worker = _positive_int(threads_per_worker, "threads_per_worker")
+    threads_per_worker = positive_int(threads_per_worker, "threads_per_worker")
     if threads_per_worker > 1 and not can.threads_per_worker:
         raise ValueError(refusal("threads_per_worker", kind))
     affinity = check_affinity(cpu_affinity, check_usable=can.local_cpus)
@@ -275,7 +277,7 @@ def make(
     # the pool's env i draws what SyncVectorEnv's env i draws.
     global_rngs = np.random.get_state(), random.getstate()
     probe_started = time.perf_counter()
-    probe = hosted[1] if hosted is not None else _probe(spec, bound)
+    probe = hosted[1] if hosted is not None else caller_build.probe(spec, bound)
     probe_seconds = time.perf_counter() - probe_started
     if (auto or async_default) and hosted is None:
         why = "num_workers='auto'" if auto else "the layout of an async pool"
@@ -285,10 +287,10 @@ def make(
                 profile = (
                     profile_env(spec)
                     if bound is None
-                    else _within(bound, spec, profile_env, f"profiling ({why})")
+                    else caller_build.within(bound, spec, profile_env, f"profiling ({why})")
                 )
             except Exception as exc:
-                if not _wants_main_thread(exc):
+                if not caller_build.wants_main_thread(exc):
                     raise
                 profile = profile_env(spec)  # as the probe: it failed at once, it did not hang
         except Exception:
@@ -334,7 +336,9 @@ def make(
         transport = open_transport(kind, transport_options)
     except EnvTimeoutError as exc:
         if exc.phase is Phase.MAKE and exc.args:  # past start_timeout: say what took the time
-            exc.args = (f"{exc.args[0]}. {_start_cost(probe, probe_seconds, assignment)}",)
+            exc.args = (
+                f"{exc.args[0]}. {caller_build.start_cost(probe, probe_seconds, assignment)}",
+            )
         raise
     try:
         return Pool(
@@ -359,176 +363,3 @@ def make(
     except BaseException:
         transport.close(1.0)  # whatever fails after the workers started stops them
         raise
-
-
-def _hosted(
-    env: Any,
-    num_envs: int | None,
-    env_kwargs: Any,
-    vectorization_mode: str | None,
-    vector_env_fns: Sequence[Callable[[], Any]] | None,
-    num_workers: Any,
-    kind: TransportKind,
-    mode: AutoresetMode,
-) -> tuple[EnvSpec, dict[str, Any]] | None:
-    """A hosted pool's spec and probe (:mod:`envfleet.hosted`), or ``None``: single envs."""
-    if vector_env_fns is None and vectorization_mode in (None, "none"):
-        return None
-    can = kind.capabilities
-    workers = None
-    if vector_env_fns is None:  # one block per worker: the cores, or one (the serial backend)
-        if can.one_worker:
-            workers = 1
-        elif isinstance(num_workers, int | np.integer) and not isinstance(num_workers, bool):
-            workers = _positive_int(num_workers, "num_workers")
-        elif num_envs is not None:
-            workers = min(len(usable_cpus()), _positive_int(num_envs, "num_envs"))
-    elif isinstance(num_workers, int | np.integer) and not can.one_worker:
-        workers = int(num_workers)
-    planned = hosted_plan(env, num_envs, env_kwargs, vectorization_mode, vector_env_fns, workers)
-    assert planned is not None
-    spec, probe = planned
-    hosted_mode = AutoresetMode(probe["autoreset_mode"])
-    if hosted_mode is not mode:
-        raise ValueError(
-            f"the hosted VectorEnv's autoreset mode is {hosted_mode.value}, the pool's "
-            f"{mode.value}: make the pool with autoreset_mode={hosted_mode.value!r}"
-        )
-    assert spec.recipe is not None
-    probe["blocks"] = spec.recipe.blocks
-    return spec, probe
-
-
-def _probe(spec: EnvSpec, timeout: float | None = None) -> dict[str, Any]:
-    """Build one env in the caller to learn its spaces (and fail fast on a broken factory).
-
-    With a ``timeout`` (the backends that bound construction: ``start_timeout``), the env is
-    built on a helper thread (:func:`_within`): a constructor that hangs fails ``make()``
-    before any worker starts. One that refuses to run off the main thread (it installs a
-    signal handler, say) is built again on this thread, if it is the main one: it failed at
-    once, it did not hang.
-    """
-    if timeout is None:
-        env = _build_probe(spec)
-    else:
-        try:
-            env = _within(timeout, spec, _build_probe, "building", discard=_close_probe)
-        except EnvRaisedError as exc:
-            if not _wants_main_thread(exc.__cause__):
-                raise
-            env = _build_probe(spec)
-    try:
-        return {
-            "observation_space": env.observation_space,
-            "action_space": env.action_space,
-            "metadata": dict(env.metadata),
-            "render_mode": env.render_mode,
-        }
-    finally:
-        _close_probe(env)
-
-
-def _start_cost(
-    probe: dict[str, Any], probe_seconds: float, assignment: Sequence[tuple[int, ...]]
-) -> str:
-    """What a worker's start-up costs, as measured here: for a start_timeout message."""
-    per_worker = max(len(ids) for ids in assignment)
-    nbytes = bounds_nbytes(probe["observation_space"]) + bounds_nbytes(probe["action_space"])
-    return (
-        f"Measured in this process: building one env (and closing it) took {probe_seconds:.3g}s, "
-        f"and a worker builds up to {per_worker} (about {per_worker * probe_seconds:.3g}s); "
-        f"the spaces' bounds hold {nbytes / 1e6:.3g} MB, sent to each worker and compared "
-        "with each env's spaces. Raise start_timeout if that is the cost of these envs"
-    )
-
-
-def _wants_main_thread(exc: BaseException | None) -> bool:
-    """Whether ``exc`` says that its code must run on the main thread (and this is it)."""
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    try:
-        return "main thread" in str(exc)
-    except Exception:
-        return False
-
-
-def _within(
-    timeout: float,
-    spec: EnvSpec,
-    task: Callable[[EnvSpec], T],
-    what: str,
-    discard: Callable[[T], None] | None = None,
-) -> T:
-    """``task(spec)`` on a helper thread (:func:`envfleet.guards.build_within`), waited for at
-    most ``timeout`` seconds: past it :class:`EnvTimeoutError` (phase ``make``), the stuck
-    thread abandoned; should it finish after all, ``discard`` gets its result (an env to
-    close). What ``task`` raises is raised here."""
-    try:
-        return build_within(timeout, lambda: task(spec), discard, name="envfleet-probe")
-    except Abandoned:
-        raise EnvTimeoutError(
-            f"{what} {spec.name} did not finish within start_timeout={timeout:g}s: its "
-            "constructor (or a step) hangs; the thread running it cannot be stopped and was "
-            "abandoned, and no worker was started",
-            env_index=None,
-            phase=Phase.MAKE,
-            worker=-1,
-        ) from None
-
-
-def _build_probe(spec: EnvSpec) -> Any:
-    try:
-        return spec.build()
-    except env_errors() as exc:
-        failure = EnvFailure.capture(None, Phase.MAKE, exc)
-        raise env_raised_error(
-            f"building {spec.name} failed: {failure.type_name}: {failure.message}",
-            exc,
-            env_index=None,
-            phase=Phase.MAKE,
-            worker=-1,
-        ) from exc
-
-
-PROBE_CLOSE_TIMEOUT = 5.0
-
-
-def _close_probe(env: Any) -> None:
-    """Close the probe env without letting a hanging ``close`` hang ``make``."""
-    closer = threading.Thread(target=env.close, name="envfleet-probe-close", daemon=True)
-    closer.start()
-    closer.join(PROBE_CLOSE_TIMEOUT)
-
-
-def _enum(kind: Any, value: Any, name: str) -> Any:
-    """``value`` as a member of ``kind``: a member, its value (``"SameStep"``) or its name in
-    any case (``"same_step"``, ``"SAME_STEP"``)."""
-    if isinstance(value, kind):
-        return value
-    try:
-        return kind(value)
-    except ValueError:
-        if isinstance(value, str) and value.upper() in kind.__members__:
-            return kind.__members__[value.upper()]
-        choices = ", ".join(repr(m.value) for m in kind)
-        raise ValueError(f"unknown {name} {value!r}: expected one of {choices}") from None
-
-
-def _seconds(value: Any, name: str) -> float:
-    """A finite, positive number of seconds (``inf`` and ``nan`` are refused)."""
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite, positive number of seconds, got {value!r}")
-    return float(value)
-
-
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return int(value)
-
-
-__all__ = ["PROBE_CLOSE_TIMEOUT", "START_METHODS", "make"]
