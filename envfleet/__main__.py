@@ -7,7 +7,7 @@ and the ``pip install`` that brings them; any other command says which ``pip ins
 instead of failing on an import.
 
 ``envfleet run`` prints its ``starting`` line from here, before the command line is imported,
-where :func:`envfleet._run_args.early_starting_line` can tell the input is good.
+where :func:`envfleet._starting.early_starting_line` can tell the input is good.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
-from envfleet._run_args import PROG, early_starting_line
+from envfleet._run_args import PROG
+from envfleet._starting import early_starting_line
 
 CLI_PACKAGES = ("rich", "matplotlib")
 """What ``envfleet[cli]`` installs on top of the library (see ``pyproject.toml``)."""

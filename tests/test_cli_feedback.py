@@ -20,8 +20,9 @@ from rich.console import Console
 
 import envfleet
 from envfleet import _run_args as run_args
+from envfleet import _starting as early_line
 from envfleet.__main__ import COMMANDS
-from envfleet._run_args import early_starting_line
+from envfleet._starting import early_starting_line
 from envfleet.cli import build_parser, main
 from envfleet.cli.common import StageLog, clock
 from envfleet.cli.run import _check_run_args, _starting
@@ -398,11 +399,11 @@ def test_what_the_early_line_knows_of_the_library_is_the_librarys() -> None:
     assert tuple(backend.value for backend in envfleet.Backend) == run_args.BACKENDS
     for backend in envfleet.Backend:
         can = kind_of(backend).capabilities
-        assert (backend.value in run_args._ONE_WORKER) is can.one_worker
-        assert (backend.value in run_args._WORKER_PER_ENV) is can.worker_per_env
+        assert (backend.value in early_line._ONE_WORKER) is can.one_worker
+        assert (backend.value in early_line._WORKER_PER_ENV) is can.worker_per_env
     assert run_args.DEFAULT_MAX_RESTARTS == DEFAULT_MAX_RESTARTS
-    assert tuple(run_args._usable_cpus()) == usable_cpus()
-    ids = run_args.gymnasium_builtin_ids()
+    assert tuple(early_line._usable_cpus()) == usable_cpus()
+    ids = early_line.gymnasium_builtin_ids()
     assert ENV in ids
     assert ids <= set(gymnasium.registry)
 
@@ -414,11 +415,11 @@ def test_the_early_line_knows_the_ale_ids_ale_py_registers() -> None:
     gymnasium.register_envs(ale_py)
     v5 = {env_id for env_id in gymnasium.registry if re.fullmatch(r"ALE/\w+-v5", env_id)}
     assert "ALE/Pong-v5" in v5
-    assert all(run_args.is_installed_ale_id(env_id) for env_id in v5)
+    assert all(early_line.is_installed_ale_id(env_id) for env_id in v5)
     names = {env_id[len("ALE/") : -len("-v5")] for env_id in v5}
     for rom in (Path(ale_py.__file__).parent / "roms").glob("*.bin"):
         name = rom.stem.title().replace("_", "")  # as ale_py names its ids
-        assert run_args.is_installed_ale_id(f"ALE/{name}-v5") is (name in names), rom.stem
+        assert early_line.is_installed_ale_id(f"ALE/{name}-v5") is (name in names), rom.stem
     args = build_parser().parse_args(["run", "ALE/Pong-v5", "--num-envs", "8"])
     _check_run_args(args)
     assert early_starting_line(["run", "ALE/Pong-v5", "--num-envs", "8"]) == _starting(args)

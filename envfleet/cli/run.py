@@ -35,13 +35,8 @@ from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 import envfleet
-from envfleet._run_args import (
-    add_run_parser,
-    check_run_args,
-    out_path,
-    starting_line,
-    workers,
-)
+from envfleet._run_args import add_run_parser, check_run_args, out_path
+from envfleet._starting import starting_line, workers
 from envfleet.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
