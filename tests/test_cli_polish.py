@@ -19,7 +19,8 @@ from envfleet import benchmark
 from envfleet.cli import bench as cli_bench
 from envfleet.cli import build_parser
 from envfleet.cli import tune as cli_tune
-from envfleet.cli.tune import LayoutTiming, human_seconds, suggested_budget
+from envfleet.cli.layout_timing import LayoutTiming
+from envfleet.cli.tune import human_seconds, suggested_budget
 from envfleet.stats import NodeStats, PoolStats, WorkerStats
 from envfleet.tune import Layout
 from tests.test_cli import ENV, ROOT, run_cli

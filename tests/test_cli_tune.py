@@ -12,7 +12,7 @@ import pytest
 
 import envfleet
 from envfleet.cli import TUNE_MIN_WINDOW, tune_layouts
-from envfleet.cli.tune import MIN_STEPS_PER_ENV
+from envfleet.cli.layout_timing import MIN_STEPS_PER_ENV
 from envfleet.spec import EnvSpec
 from tests import timing
 from tests.envs import FaultyEnv
@@ -116,7 +116,7 @@ def test_tune_uses_the_budget_when_a_start_up_took_longer_than_planned(
     3 s budget is left, less than the slowest start-up (0.6 s) plus a window. Stopping there
     would leave a fifth of the budget unused, and a typical start-up (0.4 s) leaves room for a
     window: a third layout is timed, and the budget holds."""
-    from envfleet.cli import tune as cli_tune
+    from envfleet.cli import layout_timing
 
     overheads = [0.2, 0.6]
     windows: list[float] = []
@@ -131,9 +131,9 @@ def test_tune_uses_the_budget_when_a_start_up_took_longer_than_planned(
         stepped = time.perf_counter() - began
         time.sleep(overhead / 2)  # close
         windows.append(seconds)
-        return cli_tune.Measurement(1000.0, 10.0, stepped)
+        return layout_timing.Measurement(1000.0, 10.0, stepped)
 
-    monkeypatch.setattr(cli_tune, "time_layout", time_layout)
+    monkeypatch.setattr(layout_timing, "time_layout", time_layout)
     start = time.perf_counter()
     _, timings = tune_layouts(EnvSpec.from_user(ENV), 8, budget=3.0, cores=2)
     elapsed = time.perf_counter() - start

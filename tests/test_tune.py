@@ -13,7 +13,7 @@ import pytest
 
 import envfleet
 import envfleet.affinity
-from envfleet.cli.tune import time_layout
+from envfleet.cli.layout_timing import time_layout
 from envfleet.spec import EnvSpec
 from envfleet.tune import EnvProfile, Layout, auto_layout, candidate_layouts, profile_env
 from tests.envs import FaultyEnv

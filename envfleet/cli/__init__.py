@@ -6,7 +6,7 @@
 * ``envfleet bench ENV`` measures envfleet against a for-loop, the independent-processes
   ceiling and the peer libraries that are installed (:mod:`envfleet.cli.bench`);
 * ``envfleet tune ENV`` probes an env and times a few pool layouts to find the fastest
-  (:mod:`envfleet.cli.tune`).
+  (:mod:`envfleet.cli.tune`; timing them within the budget: :mod:`envfleet.cli.layout_timing`).
 
 This module builds the parser and runs :func:`main` (``envfleet``, ``python -m envfleet``: see
 :mod:`envfleet.__main__`, which first checks that the ``cli`` extra is installed); what the
@@ -43,6 +43,7 @@ from envfleet.cli.common import (
     import_modules,
     one_line,
 )
+from envfleet.cli.layout_timing import TUNE_MIN_WINDOW, LayoutTiming, tune_layouts
 from envfleet.cli.recorder import Recorder
 from envfleet.cli.runner import (
     EpisodeTracker,
@@ -53,7 +54,6 @@ from envfleet.cli.runner import (
     RunSummary,
     load_policy,
 )
-from envfleet.cli.tune import TUNE_MIN_WINDOW, LayoutTiming, tune_layouts
 from envfleet.errors import EnvError, PoolStateError
 
 __all__ = [
