@@ -60,7 +60,10 @@ class TorchPolicy:
     actors, node agents' workers) runs torch on ``threads`` intra-op threads, set once in its
     process, so that workers do not oversubscribe the cores. Building or calling the policy in
     the driver's process (the ``serial`` and ``thread`` backends included) leaves torch's
-    threads as the driver set them.
+    threads as the driver set them. More than one thread in a worker forked from the process
+    that built the policy (the ``fork`` start method) is refused as the policy's error: torch's
+    OpenMP threads hang there once the parent has used them; ``make(context="forkserver")``
+    or ``"spawn"`` workers may run several.
 
     Args:
         module: the policy network, on the CPU (a GPU module is refused: keep a GPU policy on
@@ -70,8 +73,8 @@ class TorchPolicy:
         action_space: the pool's single action space: ``Discrete`` or ``Box``.
         seed: the base seed: env ``i`` draws from ``numpy.random.default_rng(seed + i)``
             (``None``: unseeded).
-        threads: torch intra-op threads in each worker process (``None``: torch's default,
-            which is every core, per worker).
+        threads: torch intra-op threads in each worker process (``None``: torch's default
+            there, every core for a worker that was not forked).
         log_std: ``Box`` only: the name of the module's log standard deviation in its
             ``state_dict``.
 
@@ -181,32 +184,45 @@ class TorchPolicy:
             self._set_threads()
         ids = np.asarray(env_ids, dtype=np.int64).reshape(-1).tolist()
         with torch.inference_mode():
-            out = self.module(self.tensors(observations))
-        out = np.asarray(out.detach().cpu().numpy(), dtype=np.float64)
+            out = self.module(self.tensors(observations)).detach()
+            if isinstance(self.action_space, spaces.Discrete):
+                return self._categorical(out, ids)
+            return self._gaussian(out, ids)
+
+    def _categorical(self, logits: torch.Tensor, ids: list[int]) -> np.ndarray:
+        """Env ``ids[k]``'s action: the first whose cumulative probability reaches its draw
+        ``u`` in (0, 1] (inverse CDF; the last action past every other boundary, whatever the
+        rounding of the sum), for every env at once."""
+        import torch
+
         space = self.action_space
-        if isinstance(space, spaces.Discrete):
-            n = int(space.n)
-            if out.shape != (len(ids), n):
-                raise ValueError(
-                    f"the module returned logits of shape {out.shape}; a Discrete({n}) action "
-                    f"space over {len(ids)} envs needs {(len(ids), n)}"
-                )
-            # Inverse CDF: the first action whose cumulative probability reaches u in (0, 1].
-            u = np.fromiter((1.0 - self._generator(i).random() for i in ids), np.float64, len(ids))
-            cdf = np.cumsum(np.exp(out - out.max(axis=1, keepdims=True)), axis=1)
-            cdf /= cdf[:, -1:]
-            index = (cdf < u[:, None]).sum(axis=1)
-            return np.asarray(index + int(space.start), dtype=space.dtype)
+        assert isinstance(space, spaces.Discrete)
+        n = int(space.n)
+        if tuple(logits.shape) != (len(ids), n):
+            raise ValueError(
+                f"the module returned logits of shape {tuple(logits.shape)}; a Discrete({n}) "
+                f"action space over {len(ids)} envs needs {(len(ids), n)}"
+            )
+        probs = torch.softmax(logits.to(torch.float64), dim=1).cpu().numpy()
+        u = np.fromiter((1.0 - self._generator(i).random() for i in ids), np.float64, len(ids))
+        index = (np.cumsum(probs[:, :-1], axis=1) < u[:, None]).sum(axis=1)
+        return np.asarray(index + int(space.start), dtype=space.dtype)
+
+    def _gaussian(self, means: torch.Tensor, ids: list[int]) -> np.ndarray:
+        """Env ``ids[k]``'s action: its mean plus the standard deviation times normal draws
+        from its generator."""
+        space = self.action_space
         assert isinstance(space, spaces.Box)
         shape = (len(ids), *space.shape)
-        if out.shape != shape:
+        if tuple(means.shape) != shape:
             raise ValueError(
-                f"the module returned means of shape {out.shape}; a Box action space of shape "
-                f"{space.shape} over {len(ids)} envs needs {shape}"
+                f"the module returned means of shape {tuple(means.shape)}; a Box action space "
+                f"of shape {space.shape} over {len(ids)} envs needs {shape}"
             )
         std = np.exp(self._log_std().detach().cpu().numpy().astype(np.float64))
         z = np.stack([self._generator(i).standard_normal(space.shape) for i in ids])
-        return np.asarray(out + std * z, dtype=space.dtype)
+        mean = means.cpu().numpy().astype(np.float64)
+        return np.asarray(mean + std * z, dtype=space.dtype)
 
     def distribution(self, observations: Any) -> torch.distributions.Distribution:
         """The action distribution for a batch of observations, with autograd (for a learner:
@@ -259,15 +275,28 @@ class TorchPolicy:
 
     def _set_threads(self) -> None:
         """In a worker's process (not the one that built the policy): torch's intra-op threads
-        set to ``threads``, once per process."""
+        set to ``threads``, once per process. A worker forked from that process may not run
+        more than one: GNU OpenMP, torch's thread pool, hangs in a forked child whose parent
+        has used it (which is why torch's own DataLoader workers run one thread)."""
         global _threads_set
-        self._ready = True
-        if self.threads is None or self._home == _process() or _threads_set == self.threads:
-            return
         import torch
 
-        torch.set_num_threads(self.threads)
-        _threads_set = self.threads
+        home, here = self._home, _process()
+        if home == here:  # the driver's own process: its threads are the driver's business
+            self._ready = True
+            return
+        wanted = torch.get_num_threads() if self.threads is None else self.threads
+        if home[0] == here[0] and wanted > 1:  # this module came with the fork
+            raise RuntimeError(
+                f"TorchPolicy(threads={self.threads}) asks for {wanted} torch threads in a worker "
+                "forked from the process that built the policy, where torch's OpenMP threads "
+                "cannot start again (it would hang): use threads=1, or workers that are not "
+                "forked (make(..., context='forkserver') or 'spawn'; Ray's actors are not)"
+            )
+        if self.threads is not None and _threads_set != self.threads:
+            torch.set_num_threads(self.threads)
+            _threads_set = self.threads
+        self._ready = True
 
     def __getstate__(self) -> dict[str, Any]:
         # Each copy's generators start at seed + i: a worker's draws do not depend on what

@@ -194,15 +194,35 @@ def test_one_torch_thread_in_each_worker_and_the_drivers_left_alone() -> None:
     runs in the driver's process (serial backend), which it leaves as it was."""
     space = gymnasium.spaces.Discrete(8)
     before = torch.get_num_threads()
+    torch.ones(1 << 16).exp().sum()  # this process has used torch's threads before the fork
     with envfleet.make(AnyAction, 4, backend="process", num_workers=2, seed=SEED) as pool:
         pool.reset()
         assert (pool.rollout(TorchPolicy(ThreadsSeen(), space), 3).actions == 1).all()
-        assert (pool.rollout(TorchPolicy(ThreadsSeen(), space, threads=3), 3).actions == 3).all()
     with envfleet.make(AnyAction, 2, backend="serial", seed=SEED) as pool:
         pool.reset()
         actions = pool.rollout(TorchPolicy(ThreadsSeen(), space, threads=1), 3).actions
     assert (actions == before).all()
     assert torch.get_num_threads() == before
+
+
+@pytest.mark.timeout(180)
+def test_more_threads_run_in_workers_not_forked_and_are_refused_in_forked_ones() -> None:
+    """A forked worker of a process that has used torch's OpenMP threads would hang starting
+    more: the policy's error, naming ``threads`` and what to do; the pool goes on. Workers of
+    the forkserver run what they are asked."""
+    space = gymnasium.spaces.Discrete(8)
+    torch.ones(1 << 16).exp().sum()
+    with envfleet.make(AnyAction, 4, backend="process", num_workers=2, seed=SEED) as pool:
+        pool.reset()
+        with pytest.raises(envfleet.EnvError, match=r"TorchPolicy\(threads=3\).*forkserver"):
+            pool.rollout(TorchPolicy(ThreadsSeen(), space, threads=3), 3)
+        assert (pool.rollout(TorchPolicy(ThreadsSeen(), space), 3).actions == 1).all()
+    with envfleet.make(
+        AnyAction, 4, backend="process", num_workers=2, seed=SEED, context="forkserver"
+    ) as pool:
+        pool.reset()
+        assert (pool.rollout(TorchPolicy(ThreadsSeen(), space, threads=3), 3).actions == 3).all()
+        assert (pool.rollout(TorchPolicy(ThreadsSeen(), space), 3).actions == 1).all()
 
 
 def test_a_new_version_acts_from_the_next_part_and_is_stamped() -> None:
