@@ -1,7 +1,7 @@
 """Measure an env and choose a pool layout: what ``envfleet tune`` and ``num_workers="auto"`` use.
 
 This module never builds a pool (``envfleet.make`` imports it for ``num_workers="auto"``);
-timing layouts with real pools is :mod:`envfleet.cli.tune`'s job.
+timing layouts with real pools is :mod:`envfleet.cli.layout_timing`'s job.
 
 The probe builds one env in this process and steps it with random actions for a fraction of a
 second. Two figures decide the layout: the step time (cheap envs want few workers with many envs
