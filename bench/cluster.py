@@ -5,11 +5,9 @@ Rows (:func:`measure`: best of ``--repeats`` runs, per vector step: wall ms, the
 process's CPU and its stepping thread's): the process backend on one machine; node pools of
 no-op envs on 1, 2 and 4 nodes x 2 workers (the driver's CPU per node beyond the first) and 8
 workers on 2 nodes; envs that sleep 10 ms a step on 1, 2 and 4 nodes; ``compress=`` on Pong
-frames (wire bytes a frame); RLlib's ``EnvRunnerGroup`` on the same nodes, in env-steps per
-driver CPU-second (when ``ray.rllib`` imports). ``--bare`` (also in the full run): the no-op
-target, 8 workers on 2 nodes, against the bare node layout
-(:class:`envfleet.benchmark.BarePool` with ``nodes=2``: actions out and rows back over TCP, one
-message per node per step), the CPU per step of every process by role, in paired rounds.
+frames; RLlib's ``EnvRunnerGroup`` on the same nodes, in env-steps per driver CPU-second.
+``--bare``: the no-op target (8 workers on 2 nodes) against the bare node layout
+(:class:`envfleet.benchmark.BarePool`), every process's CPU per step by role, paired rounds.
 ``--compress``, ``--rllib``, ``--bare``: those rows alone; ``--quick``: fewer steps.
 
     PYTHONPATH=. python bench/cluster.py --quick
@@ -184,19 +182,15 @@ def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, A
                 episodes = runner.sample(num_timesteps=n, random_actions=True)
                 return episodes if returned else sum(len(e) for e in episodes)
 
-            def steps_in(result: Any, returned: bool = returned) -> int:
-                return sum(len(e) for e in result) if returned else int(result)
+            def once(done: list[int], sample: Any = sample, returned: bool = returned) -> None:
+                for got in group.foreach_env_runner(sample, local_env_runner=False):
+                    done[0] += sum(len(e) for e in got) if returned else int(got)
 
-            group.foreach_env_runner(sample, local_env_runner=False)  # warm up
+            once([0])  # warm up
             best = (float("inf"),) * 3 + (0,)
             for _ in range(repeats):
                 done = [0]
-
-                def once(done: list[int] = done, sample: Any = sample) -> None:
-                    results = group.foreach_env_runner(sample, local_env_runner=False)
-                    done[0] += sum(steps_in(result) for result in results)
-
-                wall, cpu, own = timed(once, max(3, steps // fragment))
+                wall, cpu, own = timed(functools.partial(once, done), max(3, steps // fragment))
                 best = min(best, (wall, cpu, own, done[0]), key=lambda b: b[1] / max(b[3], 1))
             wall, cpu, own, total = best
             scale = 64e3 / total  # ms per 64 env-steps: a vector step of the pool's rows
@@ -224,7 +218,8 @@ def against_the_bare(workers: list[str], rounds: int, seconds: float) -> dict[st
     with envfleet.make(NoOpEnv, 64, seed=0, **eight_on_two(workers)) as pool:
         pool.reset(seed=0)
         actions = benchmark.sample_actions(pool.single_action_space, 64, timing)[:64]
-        bare = benchmark.BarePool(benchmark.Workload.of(NoOpEnv, 64), timing, 8, nodes=2)
+        nice = benchmark.pool_roles(pool)["agent 0"][0].nice()  # the bare agents' too
+        bare = benchmark.BarePool(benchmark.Workload.of(NoOpEnv, 64), timing, 8, 2, nice)
         try:
             mine, theirs = benchmark.versus_bare(pool, bare, actions, rounds, seconds)
         finally:

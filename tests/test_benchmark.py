@@ -62,8 +62,10 @@ def test_bare_pool_rows_are_those_of_sync_vector_env_for_the_same_actions(
     # CartPole's rows depend on every action, and its episodes end (and autoreset) within the
     # 60 steps; every field of every row is compared with SyncVectorEnv's (NEXT_STEP autoreset).
     workload = benchmark.Workload.of("CartPole-v1", 7)
-    pool = benchmark.BarePool(workload, benchmark.Timing(seed=5), workers, nodes)
+    nice = 7 if nodes else None  # the agents' and their workers', as Ray's actors have one
+    pool = benchmark.BarePool(workload, benchmark.Timing(seed=5), workers, nodes, nice)
     processes = [psutil.Process(pid) for pids in pool.pids.values() for pid in pids]
+    assert all(p.nice() == (nice or psutil.Process().nice()) for p in processes)
     reference = SyncVectorEnv([workload.factory()] * 7)
     reference.reset(seed=5)
     rng = np.random.default_rng(0)

@@ -1,19 +1,17 @@
-"""The bare pools: what a pool of envfleet's design must do and nothing else, as runners.
+"""The bare layouts: what a pool of envfleet's design must do and nothing else, as runners.
 
 One node (:class:`BarePool`): worker processes, each holding a consecutive block of the envs,
 over one batch in shared memory (actions, observations, rewards, terminated, truncated). A
-vector step writes the actions into the batch and a byte to every worker's pipe; each worker
-steps its envs with their actions (an env whose episode ended is reset instead: Gymnasium's
-``NEXT_STEP`` autoreset), writes its rows into the batch and a byte back. No infos, no checks,
-no recovery: envfleet process / bare pool is the price of everything envfleet adds.
+step writes the actions into the batch and a byte to every worker; each worker steps its envs
+with their actions (one whose episode ended is reset instead: Gymnasium's ``NEXT_STEP``
+autoreset), writes their rows into the batch and a byte back. No infos, checks or recovery.
 
-Across nodes (``nodes=k``): an agent process per node, its node's workers its children on a
-batch of its own. A vector step is one TCP message to each agent with its envs' actions, which
-it writes into its batch before it wakes its workers, and one message back with its rows, which
-the pool writes into its batch with one assignment per field: what node sub-pools
-(``backend="ray"`` on a cluster) must do, on whatever machine runs them.
+Across nodes (``nodes=k``): an agent process per node, its workers its children on a batch of
+its own. A step is one TCP message to each agent with its envs' actions, written into its
+batch before it wakes its workers, and one back with their rows, which the pool writes into
+its batch with one assignment per field: what node sub-pools must do, on whatever machine.
 
-Processes are forked (the envs need not pickle); every env ``i`` is reset with ``seed + i``.
+Processes are forked (the envs need not pickle); env ``i`` is reset with ``seed + i``.
 :func:`open_bare_threads` is the least a pool of Python threads can do.
 """
 
@@ -27,7 +25,6 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -43,11 +40,6 @@ FIELDS = ("obs", "rewards", "terminated", "truncated")
 """The rows a step writes, in the order a node's answer carries them."""
 _GO, _STOP, _DONE = b"g", b"s", b"d"
 _CTX = multiprocessing.get_context("fork")
-
-
-def _close_envs(envs: Sequence[Any]) -> None:
-    for env in envs:
-        env.close()
 
 
 class _Batch:
@@ -108,7 +100,8 @@ def _worker(
             done = [t or u for _, t, u in results]
             os.write(outbox, _DONE)
     finally:
-        _close_envs(envs)
+        for env in envs:
+            env.close()
 
 
 class _Workers:
@@ -197,13 +190,16 @@ def _agent(
     first: int,
     count: int,
     workers: int,
+    nice: int | None,
 ) -> None:
     """A node's agent: its workers on a batch of its own, their pids sent; then per message of
-    its envs' actions, the actions into the batch, a step of its workers, its rows back in one
-    message. It ends when the connection closes (``others``: the pool's ends of its link and
-    of the agents' before it, closed here so that each closes when the pool's does)."""
+    actions, a step of its workers, their rows back in one message, until the link closes.
+    ``others``: the pool's ends of links, closed here (so that each closes with the pool's);
+    ``nice``: its and its workers' niceness (``None``: the pool's)."""
     for end in others:
         end.close()
+    if nice is not None:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
     probe = workload.build()
     batch = _Batch(probe.observation_space, probe.action_space, count)
     probe.close()
@@ -231,13 +227,17 @@ def _loopback_pair() -> tuple[socket.socket, socket.socket]:
 
 
 class BarePool:
-    """``num_workers`` bare workers (default: as the process backend's) on this machine's
-    shared memory, or with ``nodes``, behind that many agents, a node's workers consecutive
-    (see the module docstring). :meth:`step` takes a batch of actions and returns the rows
-    (observations, rewards, terminated, truncated) as views of the pool's batch."""
+    """``num_workers`` bare workers (default: as the process backend's), with ``nodes`` behind
+    that many agents at niceness ``nice`` (Ray runs its actors at 15); see the module
+    docstring. :meth:`step` takes a batch of actions and returns the rows, views of the batch."""
 
     def __init__(
-        self, workload: Workload, timing: Timing, num_workers: int | None = None, nodes: int = 0
+        self,
+        workload: Workload,
+        timing: Timing,
+        num_workers: int | None = None,
+        nodes: int = 0,
+        nice: int | None = None,
     ) -> None:
         n = workload.num_envs
         if nodes < 0 or (num_workers is not None and num_workers < max(1, nodes)):
@@ -250,7 +250,6 @@ class BarePool:
         per_node = split_ids(range(workers), nodes) if nodes else [tuple(range(workers))]
         self.num_workers, self.layout = workers, [len(node) for node in per_node]
         self.pids: dict[str, list[int]] = {"agents": [], "workers": []}
-        """The process ids of its agents (with ``nodes``) and of its workers."""
         self._local: _Workers | None = None
         self._agents: list[Any] = []
         self._links: list[tuple[socket.socket, slice, memoryview, list[np.ndarray]]] = []
@@ -264,17 +263,19 @@ class BarePool:
             for node in per_node:
                 envs = [i for w in node for i in env_blocks[w]]
                 block = slice(envs[0], envs[-1] + 1)
-                self._open_agent(workload, seed, block, len(node))
+                self._open_agent(workload, seed, block, len(node), nice)
         except BaseException:
             self.close()
             raise
 
-    def _open_agent(self, workload: Workload, seed: int, block: slice, workers: int) -> None:
+    def _open_agent(
+        self, workload: Workload, seed: int, block: slice, workers: int, nice: int | None
+    ) -> None:
         near, far = _loopback_pair()
         count = block.stop - block.start
         others = [near, *(link for link, *_ in self._links)]
-        args = (far, others, workload, seed, block.start, count, workers)
-        # Not a daemon: its workers are its children. It ends when its connection closes.
+        args = (far, others, workload, seed, block.start, count, workers, nice)
+        # Not a daemon (its workers are its children): it ends when its link closes.
         agent = _CTX.Process(target=_agent, args=args)
         agent.start()
         far.close()
@@ -381,7 +382,8 @@ def open_bare_threads(workload: Workload, timing: Timing) -> Runner:
         for thread in threads:
             thread.join(1.0)
         os.close(bell)
-        _close_envs(envs)
+        for env in envs:
+            env.close()
 
     return CallRunner("bare-threads", advance, close, timing, threads=len(envs))
 

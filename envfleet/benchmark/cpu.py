@@ -1,14 +1,13 @@
 """CPU per vector step of every process of a layout, by role, beside wall time.
 
-A :class:`Layout` is a step to call and its processes by role: ``driver`` (the caller's process,
-every thread of it), ``agent 0``, ... (node agents), ``worker 0``, ... and ``other`` (processes
-of the layout that serve no step: a fork server). :func:`paired` times layouts in rounds, each
-round in another order; a window reads every process's CPU time (``psutil``) before and after
-its steps, so a figure is what the whole layout spends per step, where the caller's own thread
-would miss the workers' and a machine's wake-ups hide it in wall time. A ratio of two layouts
-is the median of their per-round ratios (:func:`paired_ratio`): a shared machine's drift moves
-both sides of a round alike. :func:`versus_bare` sets an envfleet pool against its bare layout
-(:class:`~envfleet.benchmark.bare.BarePool`) on the same actions; :func:`roles_table` prints it.
+A :class:`Layout` is a step and its processes by role: ``driver`` (the caller's process, every
+thread), ``agent 0``, ..., ``worker 0``, ... and ``other`` (processes that serve no step: a
+fork server). :func:`paired` times layouts in rounds, each round in another order, reading
+every process's CPU time around each window: what the whole layout spends, which the caller's
+thread alone misses and a machine's wake-ups hide in wall time. A ratio of two layouts is the
+median of their per-round ratios (:func:`paired_ratio`): drift moves both sides of a round
+alike. :func:`versus_bare` sets an envfleet pool against its bare layout
+(:class:`~envfleet.benchmark.bare.BarePool`) on the same actions; :func:`roles_table` shows it.
 """
 
 from __future__ import annotations
@@ -127,14 +126,6 @@ def paired_ratio(
     return statistics.median(a / b for a, b in pairs)
 
 
-def median(windows: Sequence[CpuWindow], figure: Callable[[CpuWindow], float]) -> float:
-    return statistics.median(figure(w) for w in windows)
-
-
-def _role(name: str) -> Callable[[CpuWindow], float]:
-    return lambda window: window.roles_us.get(name, 0.0)
-
-
 def roles(driver: psutil.Process, agents: Sequence[Any], workers: Sequence[Any]) -> Roles:
     """Roles of a layout from its processes (pids or ``psutil.Process``): ``other`` holds the
     workers' parents that are neither the driver nor an agent (fork servers)."""
@@ -194,23 +185,25 @@ def versus_bare(
     return got["envfleet"], got["bare"]
 
 
+def _role(name: str) -> Callable[[CpuWindow], float]:
+    return lambda window: window.roles_us.get(name, 0.0)
+
+
 def compare(mine: Sequence[CpuWindow], bare: Sequence[CpuWindow]) -> dict[str, dict[str, Any]]:
     """Per role (then ``all processes``, the caller's ``thread``, ``wall`` and ``machine``):
     the median µs per step of each side and their paired ratio."""
     names = list(dict.fromkeys([*mine[0].roles_us, *bare[0].roles_us]))
-    figures: dict[str, Callable[[CpuWindow], float]] = {name: _role(name) for name in names}
-    figures.update(
-        {
-            "all processes": lambda w: w.cpu_us,
-            "thread": lambda w: w.thread_us,
-            "wall": lambda w: w.wall_us,
-            "machine": lambda w: w.machine_us,
-        }
-    )
+    figures: dict[str, Callable[[CpuWindow], float]] = {
+        **{name: _role(name) for name in names},
+        "all processes": lambda w: w.cpu_us,
+        "thread": lambda w: w.thread_us,
+        "wall": lambda w: w.wall_us,
+        "machine": lambda w: w.machine_us,
+    }
     return {
         name: {
-            "envfleet_us": median(mine, figure),
-            "bare_us": median(bare, figure),
+            "envfleet_us": statistics.median(map(figure, mine)),
+            "bare_us": statistics.median(map(figure, bare)),
             "ratio": paired_ratio(mine, bare, figure),
         }
         for name, figure in figures.items()
@@ -235,7 +228,6 @@ __all__ = [
     "Roles",
     "compare",
     "cpu_window",
-    "median",
     "paired",
     "paired_ratio",
     "pool_roles",
