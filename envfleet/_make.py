@@ -361,5 +361,5 @@ def make(
             worker_memory_limit=worker_memory_limit,
         )
     except BaseException:
-        transport.close(1.0)  # whatever fails after the workers started stops them
+        transport.workers.close(1.0)  # whatever fails after the workers started stops them
         raise

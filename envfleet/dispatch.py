@@ -2,8 +2,9 @@
 
 The face (:class:`~envfleet.Pool`) checks what the caller asks and says what to send; the
 dispatch turns it into commands per worker, sends them and takes the replies in. It alone calls
-the transport (and the workers' lifecycle: kill, restart, memory); recovery decides what a
-reply means and hands back what to do, and the ledger changes only through its own verbs::
+the transport (the conversation) and its workers (their lifecycle: kill, restart, memory,
+close); recovery decides what a reply means and hands back what to do, and the ledger changes
+only through its own verbs::
 
     face ──► submit_step / submit_reset / call ──► ledger (sent) ──► transport (to the workers)
     face ◄── collect / first_ready ◄── pump ◄── recovery.take (ledger took; an error, or a
@@ -16,6 +17,10 @@ caller's side leaves the pool as it was), and every wait is bounded by recovery'
 dispatch keeps no strong reference to the face, so that a pool dropped unclosed still closes
 itself at once (its ``__del__``) rather than when the garbage collector breaks a cycle: it holds
 the face's ``gather`` weakly and is told when the pool closes.
+
+What only some transports have (spare observation rows, nodes, several commands in one message:
+:class:`~envfleet.backends.HasSpares`, :class:`~envfleet.backends.HasNodes`,
+:class:`~envfleet.backends.SubmitsMany`) is looked up once, when the dispatch is made.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from envfleet.backends import Transport
+from envfleet.backends import HasNodes, HasSpares, SubmitsMany, Transport
 from envfleet.errors import ClosedPoolError, EnvError
 from envfleet.ledger import Ledger
 from envfleet.protocol import Call, Command, Reply, Reset, Sample, SetAttr, Step
@@ -41,7 +46,7 @@ class Dispatch:
     """Sends a pool's commands to its workers and takes their replies in.
 
     Args:
-        transport: the pool's transport.
+        transport: the pool's transport (and, as its ``workers``, their lifecycle).
         ledger: the pool's ledger (told what is sent; what is in flight and ready).
         recovery: the pool's recovery (takes each reply; the failure policy).
         env_name: the env's name, for errors.
@@ -59,6 +64,13 @@ class Dispatch:
     ) -> None:
         self.closed = False
         self._transport = transport
+        self._workers = transport.workers
+        self.spares = transport.spares if isinstance(transport, HasSpares) else None
+        """The transport's spare observation rows (``None``: it has none, the pool copies)."""
+        self._nodes = transport.nodes if isinstance(transport, HasNodes) else None
+        self._submit_many = (
+            transport.submit_many if isinstance(transport, SubmitsMany) else self._submit_each
+        )
         self._ledger = ledger
         self._recovery = recovery
         self._env_name = env_name
@@ -66,9 +78,9 @@ class Dispatch:
         self._num_envs = ledger.num_envs
 
     def close(self, timeout: float) -> None:
-        """Close the transport; a wait in another thread then raises ``ClosedPoolError``."""
+        """Close the workers; a wait in another thread then raises ``ClosedPoolError``."""
         self.closed = True
-        self._transport.close(timeout)
+        self._workers.close(timeout)
 
     def _gather(self, env_ids: np.ndarray) -> Any:
         gather = self._gather_method()
@@ -77,18 +89,13 @@ class Dispatch:
 
     # -- what the face asks of the transport --------------------------------------------------
 
-    @property
-    def spares(self) -> Any:
-        """The transport's spare observation buffers (``None``: it has none)."""
-        return self._transport.spares
-
     def nodes(self) -> tuple[Any, ...]:
         """Per node, the transport's layout and traffic (empty: not node sub-pools)."""
-        return self._transport.nodes()
+        return () if self._nodes is None else self._nodes()
 
     def forked(self) -> None:
         """In a forked child: the transport's workers are the parent's."""
-        self._transport.forked()
+        self._workers.forked()
 
     # -- the workers' lifecycle ----------------------------------------------------------------
 
@@ -98,7 +105,7 @@ class Dispatch:
         busy), they are taken in first, so its results stay ready for ``recv`` and nothing of
         it is in flight when it is replaced."""
         recovery, ledger = self._recovery, self._ledger
-        for worker in recovery.over_limit(self._transport.memory):
+        for worker in recovery.over_limit(self._workers.memory):
             while ledger.pending[worker]:
                 self.pump(True)
             error = self._rebuild(recovery.recycle(worker))
@@ -106,12 +113,12 @@ class Dispatch:
                 self.fail(error)
 
     def _rebuild(self, rebuild: Rebuild) -> EnvError | None:
-        """Have the transport rebuild a worker, then resend what it owed; the time it takes is
+        """Have the workers rebuild one, then resend what it owed; the time it takes is
         told to recovery (no other worker's ``step_timeout`` counts it). Returns the error of
         a replacement that could not build its envs."""
         start = time.monotonic()
         try:
-            self._transport.restart(rebuild.worker, rebuild.rebuilds)
+            self._workers.restart(rebuild.worker, rebuild.rebuilds)
         except EnvError as exc:
             return exc
         finally:
@@ -194,8 +201,8 @@ class Dispatch:
             return
         ledger, transport = self._ledger, self._transport
         if ledger.sent_all():
-            if spare and transport.spares is not None:
-                transport.spares.arm()
+            if spare and self.spares is not None:
+                self.spares.arm()
             transport.submit_all(ledger.step_all)
             return
         submit = transport.submit
@@ -212,7 +219,13 @@ class Dispatch:
         sent = self._ledger.sent
         for worker, command in commands:
             sent(worker, command)
-        self._transport.submit_many(commands)  # a node sub-pool's in one message per node
+        self._submit_many(commands)  # a node sub-pool's in one message per node
+
+    def _submit_each(self, commands: Sequence[tuple[int, Command]]) -> None:
+        """A transport without :class:`~envfleet.backends.SubmitsMany`: one command at a time."""
+        submit = self._transport.submit
+        for worker, command in commands:
+            submit(worker, command)
 
     def collect(self, env_ids: np.ndarray) -> None:
         """Wait until every env of ``env_ids`` is ready and take them out of the FIFO."""
@@ -319,7 +332,7 @@ class Dispatch:
                 error = self._take(worker, reply)
                 first = first or error
         for worker in recovery.hung():
-            self._transport.kill(worker)
+            self._workers.kill(worker)
         return first
 
 

@@ -6,7 +6,11 @@ way, as over a real wire, and the far side's rows travel back as
 :class:`~envfleet.protocol.Rows` that this transport delivers into the pool's batch. So it
 exercises everything a new backend relies on (``prepare``, actions carried in the command,
 rows shipped and delivered, ``kept`` observations, plain replies) with nothing but
-:mod:`envfleet.backends`' public contract; ``tests/test_extra_backend.py`` registers it and runs
+:mod:`envfleet.backends`' public contract: a :class:`~envfleet.backends.Transport` (the
+conversation) that is its own :class:`~envfleet.backends.Workers` (their lifecycle: closed,
+never killed nor restarted), with none of the optional capabilities
+(:class:`~envfleet.backends.HasSpares`, :class:`~envfleet.backends.HasNodes`,
+:class:`~envfleet.backends.SubmitsMany`); ``tests/test_extra_backend.py`` registers it and runs
 the equivalence and failure suites on it.
 """
 
@@ -18,7 +22,13 @@ from typing import Any
 
 import cloudpickle
 
-from envfleet.backends import BaseTransport, Capabilities, TransportKind, TransportOptions
+from envfleet.backends import (
+    BaseTransport,
+    BaseWorkers,
+    Capabilities,
+    TransportKind,
+    TransportOptions,
+)
 from envfleet.backends.contract.base import Replies
 from envfleet.backends.contract.replies import plain, unpicklable
 from envfleet.backends.contract.rows import deliver, pack
@@ -31,8 +41,13 @@ KIND = TransportKind("loopback", __name__, Capabilities())
 """How the tests register it: no capability beyond the defaults (no worker to kill)."""
 
 
-class LoopbackTransport(BaseTransport):
-    """Groups served by a serial transport on arrays of their own, over a pickling wire."""
+class LoopbackTransport(BaseTransport, BaseWorkers):
+    """Groups served by a serial transport on arrays of their own, over a pickling wire.
+
+    The conversation (``prepare``, ``submit``, ``wait``; ``submit_all`` is
+    :class:`BaseTransport`'s) and, as its own ``workers``, their lifecycle (``kill``,
+    ``restart``, ``close``; ``memory`` and ``forked`` are :class:`BaseWorkers`').
+    """
 
     def __init__(self, options: TransportOptions) -> None:
         self._space = options.observation_space

@@ -19,7 +19,7 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 import envfleet
-from envfleet.backends import register, unregister
+from envfleet.backends import HasNodes, HasSpares, SubmitsMany, register, unregister
 from envfleet.backends.contract.registry import KINDS, kind_of
 from tests import loopback_backend
 from tests.envs import FaultyEnv
@@ -51,6 +51,31 @@ def test_it_is_a_backend_once_registered() -> None:
         assert pool.num_workers == 2
         obs, _ = pool.reset()
         assert obs.shape == (4, 4)
+
+
+def test_it_runs_on_the_contract_without_the_optional_capabilities() -> None:
+    """None of the capabilities only some backends have: the pool copies a sync step's
+    observations itself (no spares), reports one machine (no nodes) and submits a partial
+    reset one command at a time (no several in one message), with the same results as the
+    serial backend; closing the pool closes the transport's workers."""
+    with envfleet.make("CartPole-v1", 4, backend=LOOPBACK, seed=0) as pool:
+        transport = pool._transport
+        workers: object = transport.workers
+        assert workers is transport  # its own workers
+        assert not isinstance(transport, HasSpares | HasNodes | SubmitsMany)
+        with envfleet.make("CartPole-v1", 4, backend="serial", seed=0) as serial:
+            for run in (pool, serial):
+                run.reset(seed=3)
+                run.reset(seed=5, options={"reset_mask": np.array([False, True, False, True])})
+            actions = np.array([0, 1, 1, 0])
+            for _ in range(3):
+                obs, *_ = pool.step(actions)
+                expected, *_ = serial.step(actions)
+                np.testing.assert_array_equal(obs, expected)
+                assert not np.shares_memory(obs, transport.batch.observations)
+        assert pool.stats().nodes == ()
+        far = transport._far  # type: ignore[attr-defined]
+    assert far.groups == []  # closed through the workers' lifecycle
 
 
 def test_options_it_cannot_honour_are_refused_from_its_capabilities() -> None:

@@ -29,7 +29,7 @@ ASSIGNMENT = [(0, 1), (2, 3)]
 
 
 class FakeTransport:
-    """Scripted replies; records submits, kills and restarts."""
+    """Scripted replies; records submits, kills and restarts (it is its own workers)."""
 
     def __init__(self) -> None:
         self.submitted: list[tuple[int, Command]] = []
@@ -37,6 +37,10 @@ class FakeTransport:
         self.restarted: list[tuple[int, dict[int, int]]] = []
         self.replies: deque[tuple[int, Reply | WorkerLost | None]] = deque()
         self.batch: Any = None
+
+    @property
+    def workers(self) -> FakeTransport:
+        return self
 
     def submit(self, worker: int, command: Command) -> None:
         self.submitted.append((worker, command))

@@ -128,7 +128,7 @@ def test_a_step_restarting_envs_matches_the_pool_without_spares(
     no_spares(monkeypatch)
     plain = envfleet.make(factory, NUM_ENVS, backend="process", **options)
     try:
-        assert plain._transport.spares is None
+        assert plain._dispatch.spares is None
         want = run(plain, 2 * faults.FAIL_AT_STEP + 3)
     finally:
         plain.close()
@@ -185,7 +185,7 @@ def test_a_step_that_raises_leaves_nothing_armed() -> None:
 def test_no_spares_where_they_save_nothing(env: Any, kwargs: dict[str, Any]) -> None:
     pool = envfleet.make(env, NUM_ENVS, **{"backend": "process", "num_workers": 2, **kwargs})
     try:
-        assert pool._transport.spares is None
+        assert pool._dispatch.spares is None  # none kept, or a transport that keeps none
         pool.reset(seed=0)
         assert pool.step(np.zeros(NUM_ENVS, dtype=np.int64))[0].shape[0] == NUM_ENVS
     finally:

@@ -1,7 +1,10 @@
 """What every backend shares: the contract and the pieces more than one family uses.
 
-- :mod:`~envfleet.backends.contract.base`: :class:`Transport` (all the pool ever calls),
-  :class:`BaseTransport` (its defaults), :class:`TransportOptions`, :class:`WorkerLost`, and
+- :mod:`~envfleet.backends.contract.base`: :class:`Transport` (the conversation with the
+  workers) and :class:`Workers` (their lifecycle), all the pool ever calls, with
+  :class:`BaseTransport` and :class:`BaseWorkers` (their defaults), the capabilities only some
+  backends have (:class:`HasSpares`, :class:`HasNodes`, :class:`SubmitsMany`),
+  :class:`TransportOptions`, :class:`WorkerLost`, and
   :class:`LocalPool` (what a node's agent asks of the pool it runs on its node);
 - :mod:`~envfleet.backends.contract.registry`: every backend, what it can do, and
   ``open_transport`` (each family's module imported only when a pool is made);

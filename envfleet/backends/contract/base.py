@@ -1,8 +1,8 @@
 """The backend contract: a transport moves commands out and delivers envs back.
 
 It knows nothing of autoreset, episodes or validation (that is the pool's and the group's job);
-it starts the workers, hands each command to the right group, reports replies as they come and
-turns a worker that disappears into a :class:`WorkerLost` reply instead of a hang.
+it hands each command to the right group, reports replies as they come and turns a worker that
+disappears into a :class:`WorkerLost` reply instead of a hang.
 
 **The transport owns delivery.** Once :meth:`Transport.wait` returns the reply to a
 :class:`~envfleet.protocol.EnvCommand`, the rows of its envs (observations, rewards,
@@ -13,10 +13,23 @@ machine), or shipped back as :class:`~envfleet.protocol.Rows` (a remote Ray acto
 shared memory cannot hold) and written by the transport's pool side
 (:mod:`envfleet.backends.contract.rows`).
 
-:class:`Transport` is the whole contract: every method the pool and its recovery call.
-:class:`BaseTransport` gives the optional ones their defaults; a backend subclasses it and
-overrides what it does better. Which backends exist, and what each can do, is the registry's
-(:mod:`envfleet.backends.contract.registry`).
+The contract comes in two protocols, both called by the pool's dispatch alone:
+
+- :class:`Transport`, the conversation: ``prepare``, ``submit``, ``submit_all``, ``wait``
+  (the step path);
+- :class:`Workers`, the workers' lifecycle: ``kill``, ``restart``, ``memory``, ``forked``,
+  ``close`` (the workers start with the transport; one lost, or killed, is reported by
+  :meth:`Transport.wait` as :class:`WorkerLost`). A transport names its workers as
+  :attr:`Transport.workers`; in each family the transport is its own workers (its lifecycle
+  works on the very connections its conversation uses) and :class:`BaseWorkers` says so.
+
+What only some backends have are capabilities of their own, each a small protocol the dispatch
+checks once, when it is made: :class:`HasSpares` (spare observation rows a sync step hands
+out: the process backend), :class:`HasNodes` (what runs on each machine: node sub-pools) and
+:class:`SubmitsMany` (several commands in one message: node sub-pools). :class:`BaseTransport`
+and :class:`BaseWorkers` give the optional methods their defaults; a backend subclasses both
+and overrides what it does better. Which backends exist, and what each can do, is the
+registry's (:mod:`envfleet.backends.contract.registry`).
 
 :class:`LocalPool` is the other interface declared here: what a node's agent (the node
 sub-pools, :mod:`envfleet.backends.nodes`) asks of the pool of worker processes it runs on its
@@ -28,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import gymnasium
 from gymnasium.vector import AutoresetMode
@@ -82,18 +95,39 @@ Replies = list[tuple[int, Reply | WorkerLost | None]]
 """What :meth:`Transport.wait` returns: ``(worker, reply)`` pairs, in order per worker."""
 
 
+class Workers(Protocol):
+    """A transport's workers' lifecycle: what the pool's dispatch asks of them beyond the
+    conversation. They are started when the transport is opened (a worker that cannot build
+    its envs fails the opening); one that dies, or is killed, is reported by
+    :meth:`Transport.wait` as :class:`WorkerLost`."""
+
+    def kill(self, worker: int) -> None:
+        """Kill a hung worker at once; :meth:`Transport.wait` then reports it lost."""
+
+    def restart(self, worker: int, restarts: dict[int, int]) -> None:
+        """Replace a lost worker by a fresh one whose envs all start restarted."""
+
+    def memory(self, worker: int) -> int | None:
+        """Bytes of memory ``worker`` uses (``worker_memory_limit``); ``None``: unknown.
+        Default: ``None`` (a backend without worker processes of its own)."""
+
+    def forked(self) -> None:
+        """Called in a forked child that inherited the workers: they are the parent's, and
+        must be let go of without being touched. Default: nothing."""
+
+    def close(self, timeout: float) -> None:
+        """Stop every worker and free every resource; idempotent."""
+
+
 class Transport(Protocol):
-    """What every backend implements, and all the pool and its recovery ever call."""
+    """The conversation with the workers: all the pool's dispatch calls on a step's path."""
 
     batch: Batch
     """The pool-side view of the batch arrays the groups fill."""
 
-    spares: Spares | None
-    """Spare observation rows the workers copy a sync step's rows into, for the pool to hand
-    out instead of a copy of its own (:mod:`~envfleet.backends.contract.spares`); ``None`` (the
-    default): the pool copies. The pool arms one before a whole-pool step (:meth:`submit_all`);
-    the transport spoils it when rows of that step reach the batch another way than a worker's
-    plain reply (a worker lost or restarted, rows delivered from a reply)."""
+    @property
+    def workers(self) -> Workers:
+        """The workers' lifecycle (in each family, the transport itself)."""
 
     def prepare(self, worker: int, command: Command) -> None:
         """Serialise ``command`` for ``worker`` now, before the pool changes any state, so that
@@ -108,11 +142,6 @@ class Transport(Protocol):
         """Hand ``commands[w]`` to each worker ``w`` at once: the whole-pool step, sent only
         when every worker owes nothing. Default: :meth:`submit` each."""
 
-    def submit_many(self, commands: Sequence[tuple[int, Command]]) -> None:
-        """Hand each ``(worker, command)`` pair over, in order (a reset, a call, an async step:
-        each prepared first); a transport that sends several commands in one message does so
-        here. Default: :meth:`submit` each."""
-
     def wait(self, timeout: float | None, want: int = 1) -> Replies:
         """Replies that are in, in order per worker; block up to ``timeout`` for at least one.
 
@@ -124,33 +153,43 @@ class Transport(Protocol):
         may wait for them before waking it; it never exceeds the commands pending).
         """
 
-    def kill(self, worker: int) -> None:
-        """Kill a hung worker at once; :meth:`wait` then reports it lost."""
 
-    def restart(self, worker: int, restarts: dict[int, int]) -> None:
-        """Replace a lost worker by a fresh one whose envs all start restarted."""
+@runtime_checkable
+class HasSpares(Protocol):
+    """A transport with spare observation rows the workers copy a sync step's rows into, for
+    the pool to hand out instead of a copy of its own
+    (:mod:`~envfleet.backends.contract.spares`; the process backend). Without it, or with
+    ``spares`` ``None``, the pool copies. The pool arms one before a whole-pool step
+    (:meth:`Transport.submit_all`); the transport spoils it when rows of that step reach the
+    batch another way than a worker's plain reply (a worker lost or restarted, rows delivered
+    from a reply)."""
 
-    def memory(self, worker: int) -> int | None:
-        """Bytes of memory ``worker`` uses (``worker_memory_limit``); ``None``: unknown.
-        Default: ``None`` (a backend without worker processes of its own)."""
+    spares: Spares | None
+
+
+@runtime_checkable
+class HasNodes(Protocol):
+    """A transport whose workers run on several machines (node sub-pools)."""
 
     def nodes(self) -> tuple[NodeStats, ...]:
-        """Per machine its workers run on, where they run on several, what it runs there
-        (``pool.stats().nodes``, ``repr(pool)``). Default: ``()`` (one machine)."""
+        """Per machine, what it runs there (``pool.stats().nodes``, ``repr(pool)``). Without
+        it: ``()`` (one machine)."""
 
-    def forked(self) -> None:
-        """Called in a forked child that inherited this transport: the workers are the
-        parent's, and must be let go of without being touched. Default: nothing."""
 
-    def close(self, timeout: float) -> None:
-        """Stop every worker and free every resource; idempotent."""
+@runtime_checkable
+class SubmitsMany(Protocol):
+    """A transport that sends several workers' commands in one message (node sub-pools: one
+    per node)."""
+
+    def submit_many(self, commands: Sequence[tuple[int, Command]]) -> None:
+        """Hand each ``(worker, command)`` pair over, in order (a reset, a call, an async
+        step: each prepared first). Without it: :meth:`Transport.submit` each."""
 
 
 class BaseTransport:
     """The defaults of :class:`Transport`'s optional methods; subclass it for a backend."""
 
     batch: Batch
-    spares: Spares | None = None
 
     def prepare(self, worker: int, command: Command) -> None:
         pass  # nothing is serialised before submit
@@ -163,13 +202,17 @@ class BaseTransport:
         for worker, command in enumerate(commands):
             submit(worker, command)
 
-    def submit_many(self, commands: Sequence[tuple[int, Command]]) -> None:
-        submit = self.submit
-        for worker, command in commands:
-            submit(worker, command)
-
     def wait(self, timeout: float | None, want: int = 1) -> Replies:
         raise NotImplementedError
+
+
+class BaseWorkers:
+    """The defaults of :class:`Workers`' optional methods, for a transport that is its own
+    workers: :attr:`workers` is the transport itself."""
+
+    @property
+    def workers(self) -> Workers:
+        return self
 
     def kill(self, worker: int) -> None:
         raise NotImplementedError
@@ -179,9 +222,6 @@ class BaseTransport:
 
     def memory(self, worker: int) -> int | None:
         return None  # no worker process of its own to measure
-
-    def nodes(self) -> tuple[NodeStats, ...]:
-        return ()  # one machine's workers
 
     def forked(self) -> None:
         pass  # nothing of the parent's to let go of
@@ -233,9 +273,14 @@ class LocalPool(Protocol):
 __all__ = [
     "DEFAULT_START_TIMEOUT",
     "BaseTransport",
+    "BaseWorkers",
+    "HasNodes",
+    "HasSpares",
     "LocalPool",
     "Replies",
+    "SubmitsMany",
     "Transport",
     "TransportOptions",
     "WorkerLost",
+    "Workers",
 ]

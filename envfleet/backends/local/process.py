@@ -48,7 +48,13 @@ import cloudpickle
 
 from envfleet.affinity import usable_cpus
 from envfleet.backends.contract import spares as spare_rows
-from envfleet.backends.contract.base import BaseTransport, LocalPool, TransportOptions, WorkerLost
+from envfleet.backends.contract.base import (
+    BaseTransport,
+    BaseWorkers,
+    LocalPool,
+    TransportOptions,
+    WorkerLost,
+)
 from envfleet.backends.contract.framing import REPEAT_BYTES, frame
 from envfleet.backends.contract.replies import PickledCommands
 from envfleet.backends.contract.rows import deliver
@@ -69,7 +75,7 @@ _ONE_PLAIN: list[Reply | None] = [None]
 """What a worker's reply pipe holds after most steps: one plain reply."""
 
 
-class ProcessTransport(BaseTransport):
+class ProcessTransport(BaseTransport, BaseWorkers):
     """One process per worker; the batch arrays live in shared memory.
 
     Args:

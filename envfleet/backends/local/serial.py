@@ -6,13 +6,18 @@ import sys
 import threading
 from collections import deque
 
-from envfleet.backends.contract.base import BaseTransport, TransportOptions, WorkerLost
+from envfleet.backends.contract.base import (
+    BaseTransport,
+    BaseWorkers,
+    TransportOptions,
+    WorkerLost,
+)
 from envfleet.buffers import Batch
 from envfleet.protocol import Command, EnvFailure, Group, Reply
 from envfleet.worker import serve, start_group
 
 
-class SerialTransport(BaseTransport):
+class SerialTransport(BaseTransport, BaseWorkers):
     """Runs the commands submitted when the pool waits, in order, in the caller's thread.
 
     A command interrupted by the caller's Ctrl-C (``KeyboardInterrupt`` in an env, on the

@@ -31,7 +31,12 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from envfleet.backends.contract.base import BaseTransport, TransportOptions, WorkerLost
+from envfleet.backends.contract.base import (
+    BaseTransport,
+    BaseWorkers,
+    TransportOptions,
+    WorkerLost,
+)
 from envfleet.backends.contract.replies import plain
 from envfleet.buffers import Batch
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
@@ -70,7 +75,7 @@ class _Bell:
             os.close(self._write_fd)
 
 
-class ThreadTransport(BaseTransport):
+class ThreadTransport(BaseTransport, BaseWorkers):
     """One thread per worker, each serving its group's commands in order."""
 
     def __init__(self, options: TransportOptions) -> None:

@@ -9,26 +9,24 @@
     wait: poll the nodes' ◄── 1 msg (rows of all of A's envs) ──
       sockets; rows land with one slice assignment per field
 
-Ray places one :class:`~envfleet.backends.nodes.agent.NodeAgent` on each chosen node (pinned
-with ``NodeAffinitySchedulingStrategy``: :mod:`~envfleet.backends.nodes.actors`), watches it
-and kills it; the data itself goes over a
-TCP connection between the pool and each agent (listening on the node's Ray address, opened
-with a per-pool secret handed to the agent through Ray, ``multiprocessing``'s challenge: a
-stranger without it is dropped). The pool's workers are laid over the nodes in contiguous runs,
-so a node's envs are consecutive rows: its rows arrive as the raw bytes of each field and are
-written with ``np.frombuffer`` and one slice assignment, with no Python per env.
+Ray places one :class:`~envfleet.backends.nodes.agent.NodeAgent` on each chosen node (pinned with
+``NodeAffinitySchedulingStrategy``: :mod:`~envfleet.backends.nodes.actors`), watches it and kills
+it; the data itself goes over a TCP connection between the pool and each agent (listening on the
+node's Ray address, opened with a per-pool secret handed to the agent through Ray,
+``multiprocessing``'s challenge: a stranger without it is dropped). The pool's workers are laid over
+the nodes in contiguous runs, so a node's envs are consecutive rows: its rows arrive as the raw
+bytes of each field and are written with ``np.frombuffer`` and one slice assignment, with no Python
+per env.
 
 Which nodes, and how many workers on each, is :mod:`~envfleet.backends.nodes.placement`'s; each
-node's agent, as the pool sees it (its connection, what it owes, a round in one message each
-way), is a :class:`~envfleet.backends.nodes.link.NodeLink`; the agents' lives as Ray actors
-(started, connected to, started again, ended) are :mod:`~envfleet.backends.nodes.actors`'; this
-transport routes the commands, waits on the nodes, kills and restarts.
-
-A node whose agent dies (or is killed: it did not stop a hung worker when asked) loses all its
-workers: each is reported lost (:class:`~envfleet.backends.contract.base.WorkerLost` naming
-the node).
-Under ``on_error="restart"`` the first restart asks for a new agent, on the same node when Ray
-still has it, else wherever Ray finds room, which builds all that node's envs restarted.
+node's agent, as the pool sees it (its connection, what it owes, a round in one message each way),
+is a :class:`~envfleet.backends.nodes.link.NodeLink`; the agents' lives as Ray actors (started,
+connected to, started again, ended) are :mod:`~envfleet.backends.nodes.actors`'; this transport
+routes the commands, waits on the nodes, and is its own workers' lifecycle (kills, restarts). A node
+whose agent dies (or is killed: it did not stop a hung worker when asked) loses all its workers:
+each is reported lost (a :class:`~envfleet.backends.contract.base.WorkerLost` naming the node).
+Under ``on_error="restart"`` the first restart asks for a new agent, on the same node when Ray still
+has it, else wherever Ray finds room, which builds all that node's envs restarted.
 """
 
 from __future__ import annotations
@@ -44,7 +42,13 @@ from typing import Any
 import numpy as np
 import ray
 
-from envfleet.backends.contract.base import BaseTransport, Replies, TransportOptions, WorkerLost
+from envfleet.backends.contract.base import (
+    BaseTransport,
+    BaseWorkers,
+    Replies,
+    TransportOptions,
+    WorkerLost,
+)
 from envfleet.backends.nodes import compression, raw_rows, wire
 from envfleet.backends.nodes.actors import AgentActors, ask_to_close, end_agents, local_agents
 from envfleet.backends.nodes.driver_node import DriverNode, shared_node
@@ -61,7 +65,7 @@ from envfleet.stats import NodeStats, env_range
 __all__ = ["NodeTransport", "open_transport"]
 
 
-class NodeTransport(BaseTransport):
+class NodeTransport(BaseTransport, BaseWorkers):
     """One agent per node; each node's commands and replies travel as one message."""
 
     def __init__(self, options: TransportOptions) -> None:

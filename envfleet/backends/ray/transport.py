@@ -42,7 +42,12 @@ import psutil
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
-from envfleet.backends.contract.base import BaseTransport, TransportOptions, WorkerLost
+from envfleet.backends.contract.base import (
+    BaseTransport,
+    BaseWorkers,
+    TransportOptions,
+    WorkerLost,
+)
 from envfleet.backends.contract.replies import PickledCommands
 from envfleet.backends.contract.rows import row_bytes
 from envfleet.backends.ray import memory as node_memory
@@ -65,7 +70,7 @@ MIXED_WAIT_SLICE = 0.001
 pool waits on each kind in turn this many seconds at a time."""
 
 
-class RayTransport(BaseTransport):
+class RayTransport(BaseTransport, BaseWorkers):
     """One actor per worker; replies come back per actor, in order.
 
     An actor on this machine answers on its socket (waited on with ``poll``, like the process
