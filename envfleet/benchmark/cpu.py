@@ -150,9 +150,12 @@ def _process(p: Any) -> psutil.Process:
 def pool_roles(pool: Any) -> Roles:
     """An envfleet pool's processes by role: the process backend's workers, or node sub-pools'
     agents (on this machine: a fake cluster) and their workers, each agent's in start order."""
-    transport = pool._transport
+    transport = pool._transport  # its processes are named by the transport alone
     if hasattr(transport, "pids"):  # the process backend
         return roles(psutil.Process(), [], [pid for pid in transport.pids() if pid])
+    if not hasattr(transport, "_nodes"):
+        kind = type(transport).__name__
+        raise TypeError(f"{kind}: CPU by process reads process pools and node sub-pools only")
     agents = [psutil.Process(node.pid) for node in transport._nodes]
     workers = [
         worker
