@@ -290,17 +290,20 @@ class PoolRollouts:
         for part, got in parts:
             if got.error is not None:  # the policy's: its envs stand where it stopped
                 raise got.error.to_error(part.worker, self._env_name)
-        # A node's agent joins its workers' parts: one Sampled over all its envs (the others'
-        # replies carry none), so the columns follow each Sampled's own envs.
-        env_ids = np.array([i for _, got in parts for i in got.env_ids], dtype=np.int64)
+        # A node's agent joins the parts of its workers that answer together: one Sampled over
+        # their envs (the others' replies carry none), not always consecutive ones (workers 4,
+        # 5 and 7 in one answer, 6 in the next), so each Sampled's columns go where its envs
+        # are among all, in the envs' order.
+        env_ids = np.sort(np.array([i for _, got in parts for i in got.env_ids], dtype=np.int64))
         n = len(env_ids)
         out = Out(empty_steps(obs_space, steps, n), empty_steps(act_space, steps, n), steps, n)
-        at = 0
         for part, got in parts:
-            width = len(got.env_ids)
-            out.add(got, slice(at, at + width), obs_space, act_space)
-            out.versions[:, at : at + width] = part.version
-            at += width
+            where = np.searchsorted(env_ids, got.env_ids)
+            at = int(where[0])
+            block = (where == np.arange(at, at + len(where))).all()
+            cols = slice(at, at + len(where)) if block else where
+            out.add(got, cols, obs_space, act_space)
+            out.versions[:, cols] = part.version
         ended = np.zeros(self._ledger.num_envs, dtype=np.int64)
         ended[env_ids] = (out.terminations | out.truncations).sum(axis=0)
         self._stats.ended_many(ended)

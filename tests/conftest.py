@@ -66,6 +66,7 @@ RAY_MODULES = frozenset(
         "test_fault_matrix_ray.py",
         "test_node_door.py",
         "test_ray_client.py",
+        "test_rollout_nodes.py",
     }
 )
 """Modules that run a Ray (or a cluster of several nodes) in pytest's process for the module."""

@@ -93,15 +93,22 @@ def start_then_kill(pool: envfleet.Pool, policy: Shift, marker: Path, pid: int |
     os.kill(written if pid is None else pid, signal.SIGKILL)
 
 
-def assert_restarted_part(got: envfleet.Rollout, lost: np.ndarray, before: np.ndarray) -> None:
-    """Every env's ``STEPS`` steps, chosen by version 2; the lost envs truncated and flagged at
-    the first step, reset by the next (``NEXT_STEP``), then counting anew; the others going on
-    from ``before`` untouched."""
+def assert_restarted_part(
+    got: envfleet.Rollout,
+    lost: np.ndarray,
+    before: np.ndarray,
+    version: int = 2,
+    shift: int = 2,
+    latest_known: bool = True,
+) -> None:
+    """Every env's ``STEPS`` steps, chosen by ``version`` (actions shifted by ``shift``); the
+    lost envs truncated and flagged at the first step, reset by the next (``NEXT_STEP``), then
+    counting anew; the others going on from ``before`` untouched."""
     kept = ~lost
     assert got.env_ids.tolist() == list(range(len(lost))) and got.steps == STEPS
-    assert (got.policy_versions == 2).all()
+    assert (got.policy_versions == version).all()
     counts = got.observations[:, :, 0]
-    np.testing.assert_array_equal(got.actions, (counts + 2) % 3)  # version 2's, every step
+    np.testing.assert_array_equal(got.actions, (counts + shift) % 3)  # its own, every step
     np.testing.assert_array_equal(got.truncations[0], lost)
     np.testing.assert_array_equal(got.infos[0]["_envfleet/restarted"], lost)
     assert not got.truncations[1:].any() and not got.terminations.any()
@@ -109,16 +116,18 @@ def assert_restarted_part(got: envfleet.Rollout, lost: np.ndarray, before: np.nd
     np.testing.assert_array_equal(got.rewards[2:, lost], got.actions[2:, lost])
     np.testing.assert_array_equal(got.rewards[:, kept], got.actions[:, kept])
     np.testing.assert_array_equal(counts[0, kept], before[kept])
+    np.testing.assert_array_equal(counts[1, lost], counts[0, lost])  # the latest stands
+    anew = counts[2:, lost] - counts[2, lost]
+    np.testing.assert_array_equal(anew, np.tile(np.arange(STEPS - 2), (lost.sum(), 1)).T)
+    went_on = counts[:, kept] - before[kept]
+    np.testing.assert_array_equal(went_on, np.tile(np.arange(STEPS), (kept.sum(), 1)).T)
+    if not latest_known:
+        return
     # The lost envs stand where the killed worker's last step left them (the marked step at
     # least; those steps are lost: uncounted, never handed over), and that observation stands
     # with the truncation, as after a worker lost mid-step.
     taken = counts[0, lost] - before[lost]
     assert ((taken >= MARK_AT - 1) & (taken < STEPS)).all(), taken
-    np.testing.assert_array_equal(counts[1, lost], counts[0, lost])
-    anew = counts[2:, lost] - counts[2, lost]
-    np.testing.assert_array_equal(anew, np.tile(np.arange(STEPS - 2), (lost.sum(), 1)).T)
-    went_on = counts[:, kept] - before[kept]
-    np.testing.assert_array_equal(went_on, np.tile(np.arange(STEPS), (kept.sum(), 1)).T)
 
 
 def test_a_worker_killed_mid_rollout_restarts_its_part_counted_once(tmp_path: Path) -> None:
