@@ -163,7 +163,7 @@ def read_log(path: str) -> list[tuple[str, int, int, int, int]]:
         return [(k, int(e), int(s), int(p), int(c)) for k, e, s, p, c in map(str.split, log)]
 
 
-# -- the heavy-tailed env (bench/async_bench.py, bench/rollout.py) ------------------------------
+# -- the heavy-tailed env (bench/throughput.py's heavytail, bench/rollout.py) ------------------
 
 
 class HeavyTailEnv(SleepEnv):
