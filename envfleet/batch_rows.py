@@ -76,9 +76,12 @@ class BatchRows:
         self.row_shape = obs.shape[1:] if small else None
         """The shape of one observation gathered into the rows at once; None: written row by
         row."""
-        self.row_dtype: Any = obs.dtype if small else None
+        self.row_dtype: Any = _canonical(obs.dtype) if small else None
         """The dtype of the rows gathered at once: an observation of another one is checked
-        before anything is written (:func:`~envfleet.buffers.fits_dtype`)."""
+        before anything is written (:func:`~envfleet.buffers.fits_dtype`). numpy's own
+        object for it, so that the identity tests of :meth:`_dtypes_fit` hold for a dtype
+        that came unpickled (a node's batch): they failed on every step there, and every
+        observation was checked one by one."""
 
         def rows(array: np.ndarray) -> Any:
             return array[index] if isinstance(index, slice) else _Scattered(array, index)
@@ -208,6 +211,16 @@ class BatchRows:
                 if info:
                     infos[i] = info
         return True
+
+
+def _canonical(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """numpy's own object for a plain ``dtype`` (``np.result_type`` and arrays' dtypes are
+    those objects; an unpickled dtype is an equal copy); another dtype as it is."""
+    if dtype.names is None and dtype.subdtype is None:
+        same: np.dtype[Any] = np.dtype(dtype.str)
+        if same == dtype:
+            return same
+    return dtype
 
 
 __all__ = ["SMALL_ROW_BYTES", "BatchRows", "Written", "row_index"]

@@ -498,3 +498,34 @@ def test_call_and_set_attr_reach_every_env() -> None:
         assert {f.phase for f in reply.failures} == {Phase.CALL}
     finally:
         group.close()
+
+
+def test_observations_of_the_rows_dtype_are_not_checked_one_by_one_when_it_came_pickled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node's batch has its spaces unpickled: their dtype equals numpy's own but is another
+    object. Observations of that dtype still take the one-test path (no per-env
+    ``fits_dtype``), as in a batch made here."""
+    import pickle
+
+    import envfleet.batch_rows
+
+    probe = gymnasium.make("Pendulum-v1")
+    came = pickle.loads(pickle.dumps(probe.observation_space))
+    assert came.dtype == np.float32 and came.dtype is not np.dtype(np.float32)
+    spec = EnvSpec.from_user("Pendulum-v1", None)
+    batch = Batch.local(came, probe.action_space, 4)
+    group = EnvGroup(spec, range(4), batch, AutoresetMode.NEXT_STEP, came, probe.action_space)
+    checked: list[Any] = []
+    real = envfleet.batch_rows.fits_dtype
+
+    def counted(value: Any, dtype: Any) -> bool:
+        checked.append(value)
+        return real(value, dtype)
+
+    monkeypatch.setattr(envfleet.batch_rows, "fits_dtype", counted)
+    group.reset(range(4), [0, 1, 2, 3], None)
+    for _ in range(3):
+        group.step(range(4))
+    assert checked == []
+    group.close()
