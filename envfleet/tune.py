@@ -235,7 +235,8 @@ def candidate_layouts(
     candidates.append(waiting)
     candidates.append(Layout(Backend.THREAD, num_envs))
     if profile.waits and cores > 1 and hasattr(os, "sched_setaffinity"):
-        # Threads of waiting envs hand the GIL over faster on one core (see bench/thread_bench.py).
+        # Threads of waiting envs hand the GIL over faster on one core (measured by a probe
+        # script, bench/thread_bench.py, now in the git history).
         candidates.append(Layout(Backend.THREAD, num_envs, cpu_affinity=(usable_cpus()[-1],)))
         if waiting.threads_per_worker > 1:
             candidates.append(replace(waiting, cpu_affinity="spread"))

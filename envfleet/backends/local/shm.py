@@ -5,7 +5,7 @@ silently in a file of the temp dir otherwise: on disk, where the kernel writes t
 while the envs step (Docker gives containers a 64 MB ``/dev/shm``, less than an Atari batch of
 a few hundred envs). When ``/dev/shm`` has no room for the batch, the pool takes anonymous
 memory (``memfd_create``: shared like ``/dev/shm``, limited by the machine's memory only), as
-fast as ``/dev/shm`` (``bench/shm_fallback.py``). Where memfd is missing (not Linux) it warns
+fast as ``/dev/shm``. Where memfd is missing (not Linux) it warns
 once, naming the size and Docker's ``--shm-size``, and goes on with the temp dir.
 """
 

@@ -32,8 +32,9 @@ SPIN_YIELDS_AFTER = 20e-6
 """Past this much of a spin, a poll that finds nothing is followed by ``sched_yield``: the pool
 may be woken on the core of a worker it still waits for, and a plain spin would hold that
 worker off it while the other core idles (CartPole x 64 on 2 workers: 370 µs a step, against
-218 yielding and 287 for the bare pool; ``python bench/spin.py --env cartpole``). The first
-20 µs poll plainly: most quick replies come within them, and a yield is a system call."""
+218 yielding and 287 for the bare pool; by ``bench/spin.py``, a probe now in the git
+history). The first 20 µs poll plainly: most quick replies come within them, and a yield is
+a system call."""
 
 
 def quick(seconds: float) -> bool:
