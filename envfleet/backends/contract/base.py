@@ -230,8 +230,9 @@ class BaseWorkers:
         raise NotImplementedError
 
 
-class LocalPool(Protocol):
-    """A pool of worker processes on one machine, as a node's agent runs it for its node.
+class LocalPool(Workers, Protocol):
+    """A pool of worker processes on one machine, as a node's agent runs it for its node: its
+    own :class:`Workers` (the agent kills, restarts, measures and closes them).
 
     What the agent asks of it beyond a :class:`Transport`'s submit and wait: to wait with a
     ``linger`` (hold a fast worker's reply that long at most for the others) and to stop waiting
@@ -256,18 +257,6 @@ class LocalPool(Protocol):
 
     def watch(self, fd: int) -> None:
         """Have :meth:`wait` also end, with what is in, once ``fd`` is readable."""
-
-    def kill(self, worker: int) -> None:
-        """Kill ``worker`` at once; :meth:`wait` then reports it lost."""
-
-    def restart(self, worker: int, restarts: dict[int, int]) -> None:
-        """Replace ``worker`` by a fresh one whose envs start restarted ``restarts`` times."""
-
-    def memory(self, worker: int) -> int | None:
-        """Bytes of memory ``worker`` uses; ``None``: unknown."""
-
-    def close(self, timeout: float) -> None:
-        """Stop every worker and free every resource; idempotent."""
 
 
 __all__ = [
