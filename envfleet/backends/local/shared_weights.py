@@ -58,24 +58,30 @@ class Segments:
         # (version, digest) of the newest weights: kept for the workers that will want them
         # (a policy's code goes once per worker: its segment goes once they all answered).
         self._newest: dict[str, tuple[int, bytes]] = {}
+        self.owing = 0
+        """Commands out that name segments (none: a reply needs no look)."""
         self.written = 0
         """Bytes written into segments (each version's once while it is kept)."""
 
-    def outgoing(self, worker: int, command: Command) -> Command:
-        """What goes to ``worker`` for ``command``: a :class:`Sample` whose weights (and large
-        code) are in segments names them instead of carrying them."""
-        if not self.enabled or not isinstance(command, Sample):
-            self._owed[worker].append(())
-            return command
+    def outgoing(self, worker: int, command: Sample) -> Sample:
+        """What goes to ``worker`` for ``command``: its weights (and large code) named where
+        they are in segments instead of carried.
+
+        While a rollout is out the pool sends its workers nothing else (steps, resets and calls
+        are refused), so the next reply of ``worker`` is this command's: no other command is
+        looked at, on the way out or in (a step costs nothing more)."""
         keys: list[bytes] = []
         weights, policy = command.weights, command.policy
-        if isinstance(weights, bytes) and is_frame(weights):
+        if self.enabled and isinstance(weights, bytes) and is_frame(weights):
             weights = self._share("weights", weights, digest(weights), command.version, keys)
-        if isinstance(policy, bytes) and len(policy) >= CODE_IN_SEGMENT and command.code:
-            with contextlib.suppress(ValueError):  # a digest of another form: inline
+        code = isinstance(policy, bytes) and len(policy) >= CODE_IN_SEGMENT and command.code
+        if self.enabled and code and isinstance(policy, bytes):
+            with contextlib.suppress(ValueError):  # no digest of the code (a hand-made one)
                 key = bytes.fromhex(command.code)
                 policy = self._share("code", policy, key, command.version, keys)
-        self._owed[worker].append(tuple(keys))
+        if keys:
+            self._owed[worker].append(tuple(keys))
+            self.owing += 1
         if weights is command.weights and policy is command.policy:
             return command
         return dataclasses.replace(command, weights=weights, policy=policy)
@@ -101,15 +107,19 @@ class Segments:
         return live.segment.ref(version)
 
     def answered(self, worker: int) -> None:
-        """``worker`` answered its oldest command."""
+        """``worker`` answered its oldest command: a :class:`Sample` that named segments, if
+        it owes one (see :meth:`outgoing`)."""
         owed = self._owed[worker]
-        for key in owed.popleft() if owed else ():
-            self._release(key, 1)
+        if owed:
+            self.owing -= 1
+            for key in owed.popleft():
+                self._release(key, 1)
 
     def lost(self, worker: int) -> None:
         """``worker`` is gone (or replaced): it owes nothing more."""
         owed = self._owed[worker]
         while owed:
+            self.owing -= 1
             for key in owed.popleft():
                 self._release(key, 1)
 
@@ -124,6 +134,7 @@ class Segments:
         self._live.clear()
         for owed in self._owed:
             owed.clear()
+        self.owing = 0
         self._newest.clear()
 
     def _release(self, key: bytes, users: int) -> None:
@@ -158,18 +169,21 @@ class SharedWeightsTransport(ProcessTransport):
         super().__init__(options, info_columns=info_columns, spares=spares, cores=cores)
 
     def submit(self, worker: int, command: Command) -> None:
-        super().submit(worker, self.segments.outgoing(worker, command))
+        if type(command) is Sample:
+            command = self.segments.outgoing(worker, command)
+        super().submit(worker, command)
 
     def wait(
         self, timeout: float | None, want: int = 1, linger: float | None = None
     ) -> list[tuple[int, Reply | WorkerLost | None]]:
         replies = super().wait(timeout, want, linger)
         segments = self.segments
-        for worker, reply in replies:
-            if isinstance(reply, WorkerLost):
-                segments.lost(worker)
-            else:
-                segments.answered(worker)
+        if segments.owing:
+            for worker, reply in replies:
+                if isinstance(reply, WorkerLost):
+                    segments.lost(worker)
+                else:
+                    segments.answered(worker)
         return replies
 
     def restart(self, worker: int, restarts: dict[int, int]) -> None:
