@@ -208,3 +208,24 @@ def test_a_policy_changing_its_weights_in_place_changes_its_own_copy(kind: str) 
         np.testing.assert_array_equal(w.observations, g.observations)
     actions = np.concatenate([g.actions for g in got])
     np.testing.assert_array_equal(actions[:, 0], [0] * 30 + [1] * 30)
+
+
+def test_a_child_forked_from_the_pool_holds_none_of_its_segments() -> None:
+    """A forked child lets go of the pool's segments (a child that lives on would keep their
+    memory otherwise); the parent keeps its own and goes on."""
+    policy = Big(0.5, megabytes=1)
+    with envfleet.make("CartPole-v1", N, num_workers=WORKERS, seed=0) as pool:
+        pool.reset()
+        pool.rollout(policy, 2)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, and leave at once
+            os.write(write, str(segments_held()).encode())
+            os._exit(0)
+        os.close(write)
+        held_in_child = int(os.read(read, 16))
+        os.close(read)
+        os.waitpid(pid, 0)
+        assert held_in_child == 0 and segments_held() == 1
+        policy.w = np.full((4, 2), -0.5)
+        assert (pool.rollout(policy, 2).policy_versions == 2).all()

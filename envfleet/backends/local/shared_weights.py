@@ -190,6 +190,12 @@ class SharedWeightsTransport(ProcessTransport):
         self.segments.lost(worker)
         super().restart(worker, restarts)
 
+    def forked(self) -> None:
+        """In a forked child: the segments' descriptors are the parent's (closed here, so that
+        a child that lives on holds none of them)."""
+        super().forked()
+        self.segments.close()
+
     def close(self, timeout: float) -> None:
         try:
             super().close(timeout)
