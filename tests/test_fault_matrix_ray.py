@@ -119,6 +119,12 @@ CHILD_EXIT_BOUND = 20.0
 """Seconds a forked child may take to exit (it takes well under one; it used to hang for ever,
 in Ray's exit handler, or wait 5 s and crash in Ray's C++ one)."""
 
+ZOMBIE_HOLD = 3.0
+"""Seconds the ended child stays a zombie before its parent reaps it: several rounds of the
+reaper (one each 0.5 s), which took a zombie child of the pool's process for the end of that
+process and killed its Ray (the pool's next step then failed, and Ray ended the process 60 s
+later: its GCS was gone). A child reaped within 50 ms left the reaper a narrow window."""
+
 
 @pytest.mark.slow  # a Ray of its own in a child process: about 10 s to start here
 @pytest.mark.timeout(120)
@@ -126,7 +132,8 @@ def test_a_private_ray_survives_a_forked_child_and_nothing_of_it_outlives_the_po
     """One process with a ray pool on a Ray of its own (one Ray started for both checks):
 
     - ``sys.exit(3)`` in a child forked from it: the child ends with status 3 at once, without
-      a crash, and the parent's pool goes on stepping;
+      a crash, and the parent's pool goes on stepping, also after the child was left a zombie
+      for a while (:data:`ZOMBIE_HOLD`);
     - then SIGKILL of the pool's process: the Ray it started (daemons, agents, actors) goes
       too, and so does the directory of the actors' sockets in the temp dir (it used to stay,
       empty). Without envfleet's reaper, Ray's agents (``ray::DashboardAgent``,
@@ -154,8 +161,9 @@ def _kill_a_pool_with_its_own_ray(temp_dir: str) -> None:
                 sys.exit(3)
             deadline = time.monotonic() + {CHILD_EXIT_BOUND!r}
             while time.monotonic() < deadline:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
+                if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                    time.sleep({ZOMBIE_HOLD!r})  # ended, not reaped yet: a zombie
+                    status = os.waitpid(pid, 0)[1]
                     print("child", os.waitstatus_to_exitcode(status), flush=True)
                     break
                 time.sleep(0.05)

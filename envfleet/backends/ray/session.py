@@ -72,17 +72,24 @@ def ray_process(p):
     name = p.name()
     return name in ("gcs_server", "raylet") or name.startswith("ray::") or any(
         "/ray/" in part for part in p.cmdline())
-while True:
+def owner_gone():
     try:
-        if not owner.is_running():
-            break
-        for child in owner.children(recursive=True):
+        return not owner.is_running() or owner.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+while not owner_gone():
+    try:
+        children = owner.children(recursive=True)
+    except psutil.Error:
+        children = []
+    for child in children:
+        try:  # a child gone, or a zombie (no cmdline), is no reason to stop the owner's Ray
             if child.pid != me.pid and child.pid not in seen and ray_process(child):
                 seen[child.pid] = child
-    except psutil.NoSuchProcess:
-        break
-    except psutil.Error:
-        pass
+        except psutil.Error:
+            pass
     time.sleep(0.5)
 for child in seen.values():
     try:
@@ -97,7 +104,9 @@ and kills them once that process is gone. When the pool's process is killed (SIG
 ``close()``), Ray's own fate sharing stops ``gcs_server`` and the ``raylet``, but its agents
 (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) and idle workers were seen running 30 s
 later; the reaper ends them within about a second, and removes the pools' socket
-directories."""
+directories. Only the owner's own end counts: another of its children that ends (a forked
+child, a subprocess: gone, or a zombie without a command line until it is reaped) used to be
+taken for it, and the reaper killed the Ray of a process still using it."""
 
 
 def _start_reaper() -> None:
