@@ -1,0 +1,260 @@
+"""Asynchronous, versioned rollouts in a training loop, side by side on a fake cluster (a head
+and 2 worker nodes of ``ray.cluster_utils.Cluster``, all on this machine), every figure against
+its target in one table (:mod:`envfleet.benchmark.training` measures):
+
+(a) a learner sleeping L per update beside envs collecting for C per rollout (process backend):
+    an iteration of ``r = rollout_wait(); rollout_async(policy, steps, r.env_ids, v + 1);
+    learn(r)`` against max(L, C) and L + C, and of the synchronous ``rollout`` loop;
+(b) the bytes the driver sends per version of 4 MB of weights, 2 nodes x 2 and x 4 workers;
+(c) a straggling node (its envs sleep 3x longer a step): ``rollout_wait(min_envs=<a node's
+    envs>, max_lag=2)`` and those envs restarted at once, against both nodes healthy and the
+    synchronous loop; every env-step started is delivered or dropped;
+(d) env-steps per driver CPU-second: ``rollout_async`` of an ``envfleet.TorchPolicy`` on the
+    workers (RLlib's default model; a new version each round) against RLlib's ``EnvRunnerGroup``
+    (new API stack, its default model, weights synced and episodes returned each round) on
+    CartPole and on Pong frames (84x84x4 float32, as RLlib's Atari wrappers give them; and
+    envfleet on the same frames in uint8, normalised in the network).
+
+    PYTHONPATH=. python bench/train.py [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+import envfleet
+from bench import cluster, common
+from bench.envs import NoOpEnv
+from envfleet.benchmark import training
+from envfleet.benchmark.training import ArrayPolicy, Figure
+
+
+def overlap(quick: bool, raw: dict[str, Any]) -> list[Figure]:
+    """(a): L = C (the case overlap helps most), 2 envs on 2 workers, 10 steps a rollout."""
+    learn = 0.05 if quick else 0.2
+    env = {"sleep_s": learn / 10}
+    with envfleet.make(NoOpEnv, 2, num_workers=2, env_kwargs=env, seed=0) as pool:
+        got = raw["overlap"] = training.overlap(pool, ArrayPolicy(), 10, learn, 3 if quick else 10)
+    most, both = max(got["learn_s"], got["collect_s"]), got["learn_s"] + got["collect_s"]
+    name = f"max(L={got['learn_s']:.3f}, C={got['collect_s']:.3f})"
+    return [
+        Figure("(a) async loop: an iteration", got["async_s"], "s", name, most, high=1.1),
+        Figure("(a) async loop: an iteration", got["async_s"], "s", "L + C", both),
+        Figure("(a) sync loop: an iteration", got["sync_s"], "s", "L + C", both),
+    ]
+
+
+def weights(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:
+    """(b): one env per worker, 3 versions (1 with --quick) of 4 MB of weights."""
+    figures = []
+    for per_node in (2, 4):
+        workers = per_node * len(nodes)
+        make: dict[str, Any] = {"backend": "ray", "nodes": nodes, "num_workers": workers, "seed": 0}
+        with envfleet.make(NoOpEnv, workers, **make) as pool:
+            got = training.weight_bytes(pool, ArrayPolicy(4 << 20), 1 if quick else 3)
+        raw[f"weights {per_node} per node"] = got
+        size = got["weights_bytes"]
+        name = f"(b) bytes sent per version, 2 nodes x {per_node} workers"
+        against = f"nodes x weights ({size:,} B)"
+        figures.append(Figure(name, got["per_version"] * size, "B", against, 2 * size, 0.98, 1.02))
+    return figures
+
+
+def stragglers(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:
+    """(c): 8 envs, 2 nodes x 2 workers, 10 steps a rollout of 10 ms each (5 with --quick);
+    both pools open, their windows interleaved (3 of 2 s; 1 of 1.5 s with --quick)."""
+    (sleep, seconds), policy = (0.005, 1.5) if quick else (0.01, 2.0), ArrayPolicy()
+    make: dict[str, Any] = {"backend": "ray", "nodes": nodes, "num_workers": 4, "seed": 0}
+    runs: dict[str, dict[str, Any]] = {}
+    with contextlib.ExitStack() as stack:
+        pools = {}
+        for name, slow in (("straggler", 3), ("healthy", 1)):
+            env = [{"sleep_s": sleep}] * 4 + [{"sleep_s": slow * sleep}] * 4
+            pool = pools[name] = stack.enter_context(
+                envfleet.make(NoOpEnv, 8, env_kwargs=env, **make)
+            )
+            if sorted(n.env_ids for n in pool.stats().nodes) != [(0, 1, 2, 3), (4, 5, 6, 7)]:
+                raise SystemExit(f"not a node's envs each: {pool.stats().nodes}")
+        cases = (
+            ("straggler", "straggler", 4),
+            ("sync", "straggler", None),
+            ("healthy", "healthy", 4),
+        )
+        for _ in range(1 if quick else 3):
+            for run, name, min_envs in cases:
+                got = training.collect(pools[name], policy, 10, seconds, min_envs, max_lag=2)
+                total = runs.setdefault(run, dict.fromkeys(got, 0))
+                for key, value in got.items():
+                    total[key] = np.add(total[key], value).tolist()
+    raw["stragglers"] = runs
+
+    def rate(run: str, envs: slice) -> float:
+        return float(sum(runs[run]["per_env"][envs]) / runs[run]["seconds"])
+
+    fast, both, unit = slice(0, 4), slice(0, 8), "env-steps/s"
+    count = {k: sum(r[k] for r in runs.values()) for k in ("started", "delivered", "dropped")}
+    mixed, steps = rate("straggler", both), count["delivered"] + count["dropped"]
+    ours, healthy = rate("straggler", fast), rate("healthy", fast)
+    dropped = f"started, all runs ({count['dropped']:,} dropped)"
+    return [
+        Figure("(c) fast node beside a straggler", ours, unit, "fast node, healthy", healthy, 0.9),
+        Figure("(c) whole pool, a straggler", mixed, unit, "both healthy", rate("healthy", both)),
+        Figure("(c) whole pool, a straggler", mixed, unit, "sync loop", rate("sync", both)),
+        Figure("(c) env-steps delivered + dropped", steps, "", dropped, count["started"], 1, 1),
+    ]
+
+
+class PongFrames(NoOpEnv):
+    """Replays ``config["frames"]`` (:func:`pong_84`) from a start its seed picks; built from
+    a config, as RLlib builds an env."""
+
+    def __init__(self, config: dict[str, np.ndarray]) -> None:
+        self._frames, self._t = config["frames"], 0
+        super().__init__(self._frames.shape[1:], self._frames.dtype)
+        self.action_space = spaces.Discrete(6)  # type: ignore[assignment]
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        self._t = int(self.np_random.integers(len(self._frames)))
+        return self._frames[self._t], {}
+
+    def step(self, action: int) -> Any:
+        self._t = (self._t + 1) % len(self._frames)
+        return self._frames[self._t], 0.0, False, False, {}
+
+
+def pong_84(count: int) -> np.ndarray:
+    """``count`` frames of Pong as RLlib's Atari wrappers make them (grey, 84x84, 4 stacked),
+    uint8 (RLlib's then normalises them to float32 in [-1, 1) on the runners)."""
+    grey = cluster.pong_frames(count + 3).mean(axis=-1)
+    rows, cols = np.linspace(0, 209, 84).astype(int), np.linspace(0, 159, 84).astype(int)
+    grey = grey[:, rows][:, :, cols].astype(np.uint8)
+    return np.stack([grey[k : k + count] for k in range(4)], axis=-1)
+
+
+class ChannelsFirst(torch.nn.Module):
+    """Frames ``(batch, 84, 84, c)`` as a convolution takes them; uint8 normalised as RLlib's
+    wrappers do."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.permute(0, 3, 1, 2)
+        return x.float() / 128 - 1 if x.dtype == torch.uint8 else x
+
+
+def network(shape: tuple[int, ...], actions: int) -> torch.nn.Module:
+    """RLlib's default model's policy side for ``shape``: for frames its Atari CNN (16 8x8/4,
+    32 4x4/2, 256 11x11, a linear head), else its MLP (256, 256)."""
+    nn = torch.nn
+    if len(shape) == 1:
+        mlp = [nn.Linear(shape[0], 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh()]
+        return nn.Sequential(*mlp, nn.Linear(256, actions))
+    convs = [nn.Conv2d(shape[-1], 16, 8, 4, padding=2), nn.ReLU()]
+    convs += [nn.Conv2d(16, 32, 4, 2, padding=2), nn.ReLU(), nn.Conv2d(32, 256, 11), nn.ReLU()]
+    return nn.Sequential(ChannelsFirst(), *convs, nn.Flatten(), nn.Linear(256, actions))
+
+
+def rllib_rate(env: Any, env_config: dict[str, Any], envs: int, steps: int, rounds: int) -> Any:
+    """RLlib's EnvRunnerGroup, 2 runners of ``envs`` envs on the 2 worker nodes: each round its
+    runners' own weights synced as PPO does (``sync_weights``, a new sequence number) and
+    ``envs x steps`` env-steps sampled by each, episodes to the driver. Env-steps per driver
+    CPU-second, and the parameters of the runners' module."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core import COMPONENT_RL_MODULE
+    from ray.rllib.env.env_runner_group import EnvRunnerGroup
+    from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
+
+    config = (
+        PPOConfig()  # type: ignore[no-untyped-call]
+        .environment(env=env, env_config=env_config)
+        .env_runners(
+            num_env_runners=2,
+            num_envs_per_env_runner=envs,
+            num_cpus_per_env_runner=0,
+            custom_resources_per_env_runner=cluster.PAIR,
+        )
+    )
+    group = EnvRunnerGroup(config=config, local_env_runner=False)
+    try:  # the weights a learner hands over: the runners' own, under a new number each round
+
+        def module(runner: Any) -> Any:
+            return runner.get_state(components=[COMPONENT_RL_MODULE], inference_only=True)
+
+        state = group.foreach_env_runner(module, local_env_runner=False)[0]
+        params = sum(int(np.size(v)) for v in state[COMPONENT_RL_MODULE].values())
+
+        class Source:
+            def get_state(self, **_: Any) -> dict[str, Any]:
+                state[WEIGHTS_SEQ_NO] = state.get(WEIGHTS_SEQ_NO, 0) + 1
+                return dict(state)
+
+        source: Any = Source()
+
+        def once(done: list[int]) -> None:
+            group.sync_weights(from_worker_or_learner_group=source, inference_only=True)
+            got = group.foreach_env_runner(
+                lambda r: r.sample(num_timesteps=envs * steps), local_env_runner=False
+            )
+            done[0] += sum(len(episode) for episodes in got for episode in episodes)
+
+        once([0])
+        done = [0]
+        _, cpu, _ = common.timed(lambda: once(done), rounds)
+        return done[0] / cpu, params
+    finally:
+        group.stop()
+
+
+def per_cpu(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:
+    """(d): CartPole (2 x 8 envs, 100 steps a round, 10 rounds) and Pong frames (2 x 4 envs,
+    50 steps, 6 rounds); 2 rounds with --quick."""
+    frames = pong_84(32)
+    pong = {"frames": frames.astype(np.float32) / 128 - 1}
+    cases = {  # envfleet's env, RLlib's env and its config (None: as above), envs a node, steps
+        "CartPole": ("CartPole-v1", "CartPole-v1", {}, 8, 100),
+        "Pong frames": (functools.partial(PongFrames, pong), PongFrames, pong, 4, 50),
+        "Pong frames, uint8": (functools.partial(PongFrames, {"frames": frames}), None, {}, 4, 50),
+    }
+    figures, rllib, params = [], 0.0, 0
+    for name, (ours, theirs, config, envs, steps) in cases.items():
+        rounds = 2 if quick else 6 + 4 * (steps == 100)
+        make: dict[str, Any] = {"backend": "ray", "nodes": nodes, "num_workers": 2, "seed": 0}
+        with envfleet.make(ours, 2 * envs, **make) as pool:
+            space, shape = pool.single_action_space, pool.single_observation_space.shape or ()
+            module = network(shape, int(space.n))  # type: ignore[attr-defined]
+            got = training.per_cpu(pool, envfleet.TorchPolicy(module, space, 0), steps, rounds)
+        if theirs is not None:
+            rllib, params = rllib_rate(theirs, config, envs, steps, rounds)
+        size = sum(int(p.numel()) for p in module.parameters())
+        raw[f"(d) {name}"] = {**got, "parameters": size, "rllib": rllib, "rllib parameters": params}
+        label = f"(d) {name}: env-steps per driver CPU-s ({size:,} parameters)"
+        against = f"RLlib EnvRunnerGroup ({params:,} parameters)"
+        figures.append(Figure(label, got["env_steps"] / got["cpu_s"], "", against, rllib, 2.0))
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = common.script_parser(__doc__ or "", common.RESULTS / "train.json")
+    args = parser.parse_args(argv)
+    raw: dict[str, Any] = {}
+    with common.script_run(args.json, ("torch", "ray")) as (console, document):
+        figures: list[Figure] = []
+        with common.fake_cluster(3, [{"pair": 100}] * 2) as fake:
+            nodes = [n.node_id for n in fake.worker_nodes]
+            figures += overlap(args.quick, raw)
+            figures += weights(nodes, args.quick, raw)
+            figures += stragglers(nodes, args.quick, raw)
+            figures += per_cpu(nodes, args.quick, raw)
+        console.print(training.figure_table(figures))
+        document["figures"] = [f.as_dict() for f in figures]
+        document["measured"] = raw
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
