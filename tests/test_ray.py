@@ -211,7 +211,7 @@ def test_no_address_asks_ray_for_a_local_one(
     monkeypatch.setattr(connection.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(connection.ray, "init", lambda **kw: asked.append(kw))
     monkeypatch.setattr(connection, "_session_id", lambda: "fake")
-    monkeypatch.setattr(connection, "_start_reaper", lambda: None)
+    monkeypatch.setattr(connection.reaper, "start", lambda: None)
     monkeypatch.setattr(connection, "_session", None)
     monkeypatch.setattr(connection, "_users", 0)
     assert connection.connect(None, dict(init_kwargs)) is True
@@ -229,7 +229,7 @@ def test_pool_leaves_a_ray_it_joined_running(ray_session: None) -> None:
       directory, and leaves the Ray it joined running;
     - the batch memory goes with the pool (the observations it returned may still be in use).
     """
-    from envfleet.backends.ray.session import SOCKET_DIR_PREFIX
+    from envfleet.backends.ray.reaper import SOCKET_DIR_PREFIX
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

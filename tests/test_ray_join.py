@@ -20,6 +20,7 @@ import pytest
 import ray
 
 import envfleet
+from envfleet.backends.ray import joining as ray_joining
 from envfleet.backends.ray import session as ray_session
 from envfleet.cli import main
 
@@ -74,11 +75,11 @@ def no_ray_connected() -> Iterator[None]:
     assert not ray.is_initialized()
     yield
     assert not ray.is_initialized(), "a failed join left this process connected to Ray"
-    joining = ray_session._joining
+    joining = ray_joining._joining
     if joining is not None:
         joining.join(10)
         assert not joining.is_alive()
-        ray_session._joining = None
+        ray_joining._joining = None
 
 
 def make_joining(address: str, **kwargs: Any) -> envfleet.Pool:
@@ -145,17 +146,17 @@ def hanging_init(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         seen["shutdowns"] += 1
         connected.clear()
 
-    monkeypatch.setattr(ray_session, "_endpoints", lambda address: [])
+    monkeypatch.setattr(ray_joining, "_endpoints", lambda address: [])
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray, "shutdown", shutdown)
     try:
         yield seen
     finally:
         seen["release"].set()
-        joining = ray_session._joining
+        joining = ray_joining._joining
         if joining is not None:
             joining.join(10)
-            ray_session._joining = None
+            ray_joining._joining = None
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = QUICK) -> bool:
@@ -183,9 +184,9 @@ CTRL_C_SCRIPT = """
 import signal, sys, threading, time
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal's process has it
 import ray
-from envfleet.backends.ray import session
+from envfleet.backends.ray import joining, session
 release = threading.Event()
-session._endpoints = lambda address: []  # nothing to look at: straight to ray.init
+joining._endpoints = lambda address: []  # nothing to look at: straight to ray.init
 ray.init = lambda **kwargs: release.wait(600)  # a join to a Ray that never finishes
 ray.shutdown = lambda: None
 print("joining", flush=True)
@@ -235,7 +236,7 @@ def test_a_join_that_ray_gives_up_on_is_a_connection_error(
     def init(**kwargs: Any) -> None:
         raise SystemExit(15)
 
-    monkeypatch.setattr(ray_session, "_endpoints", lambda address: [])
+    monkeypatch.setattr(ray_joining, "_endpoints", lambda address: [])
     monkeypatch.setattr(ray, "init", init)
     with pytest.raises(ConnectionError) as caught:
         ray_session.connect("127.0.0.1:6399", {}, timeout=LONG)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CONNECT_TIMEOUT = 20.0
-"""The default of ``connect_timeout`` (``envfleet.backends.ray.session.CONNECT_TIMEOUT`` is
+"""The default of ``connect_timeout`` (``envfleet.backends.ray.joining.CONNECT_TIMEOUT`` is
 the same figure: this module imports no Ray)."""
 
 COMPRESS = ("lz4", "zlib")

@@ -13,22 +13,14 @@ the caller's Ctrl-C is taken at once; past it, one :class:`ConnectionError` name
 says that no Ray answered there and how to start one. A Ray Client connection (``ray://``) runs
 the pool's process on no node of the cluster (:func:`client_connected`, :func:`pool_node`).
 
-A Ray of envfleet's own gets a reaper, which ends its processes should the pool's process be
-killed; the pools' socket directories (actors on this machine) are named after their process,
-so that the reaper, or a later pool, removes those left behind.
+A Ray of envfleet's own gets a reaper (:mod:`~envfleet.backends.ray.reaper`), which ends its
+processes should the pool's process be killed; a join is bounded
+(:mod:`~envfleet.backends.ray.joining`).
 """
 
 from __future__ import annotations
 
 import atexit
-import logging
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,120 +32,18 @@ import ray._private.ray_constants as ray_constants
 import ray._private.worker as ray_worker
 from ray.exceptions import GetTimeoutError, RayError
 
+from envfleet.backends.ray import joining, reaper
+from envfleet.backends.ray.joining import CONNECT_TIMEOUT
+
 _lock = threading.Lock()
 _session: str | None = None  # the Ray connection envfleet made (see _session_id), if any
 _users = 0  # open transports on that connection
-_reaper: subprocess.Popen[bytes] | None = None  # ends the Ray envfleet started if we are killed
-
-CONNECT_TIMEOUT = 20.0
-"""Seconds a join of a cluster may take in all (``RayOptions.connect_timeout``), see
-:func:`join`."""
-
-PROBE_TIMEOUT = 1.0
-"""Seconds the first look at a cluster's address gives a TCP connection to open there."""
-
-WAIT_SLICE = 0.1
-"""The join waits in slices this long, so that a Ctrl-C stops it at once."""
 
 START_ATTEMPTS = 5
 START_BACKOFF = 0.5
 """An actor that dies before it has started (placed on a node that just died, which Ray may not
 know dead yet) is replaced, up to this many actors in all, ``START_BACKOFF`` seconds later and
 twice as long each time (about 8 s in all), see :func:`await_start`."""
-
-SOCKET_DIR_PREFIX = "envfleet-ray-"
-"""A pool's socket directory in the temp dir is ``envfleet-ray-<pid of its process>-<random>``:
-the reaper, or a later pool, removes those of a process that is gone."""
-
-REAPER = """
-import glob, os, shutil, sys, time, psutil
-owner, me, seen = psutil.Process(int(sys.argv[1])), psutil.Process(), {}
-def ray_process(p):
-    name = p.name()
-    return name in ("gcs_server", "raylet") or name.startswith("ray::") or any(
-        "/ray/" in part for part in p.cmdline())
-def owner_gone():
-    try:
-        return not owner.is_running() or owner.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.Error:
-        return False
-while not owner_gone():
-    try:
-        children = owner.children(recursive=True)
-    except psutil.Error:
-        children = []
-    for child in children:
-        try:  # a child gone, or a zombie (no cmdline), is no reason to stop the owner's Ray
-            if child.pid != me.pid and child.pid not in seen and ray_process(child):
-                seen[child.pid] = child
-        except psutil.Error:
-            pass
-    time.sleep(0.5)
-for child in seen.values():
-    try:
-        child.kill()
-    except psutil.Error:
-        pass
-for directory in glob.glob(sys.argv[2] + "*"):
-    shutil.rmtree(directory, ignore_errors=True)
-"""
-"""The reaper: a process of its own that notes the Ray processes envfleet's process started
-and kills them once that process is gone. When the pool's process is killed (SIGKILL: no
-``close()``), Ray's own fate sharing stops ``gcs_server`` and the ``raylet``, but its agents
-(``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) and idle workers were seen running 30 s
-later; the reaper ends them within about a second, and removes the pools' socket
-directories. Only the owner's own end counts: another of its children that ends (a forked
-child, a subprocess: gone, or a zombie without a command line until it is reaped) used to be
-taken for it, and the reaper killed the Ray of a process still using it."""
-
-
-def _start_reaper() -> None:
-    global _reaper
-    try:
-        _reaper = subprocess.Popen(
-            [sys.executable, "-c", REAPER, str(os.getpid()), _socket_dir_prefix(os.getpid())],
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # not stopped by the Ctrl-C that stops the pool
-        )
-    except OSError:
-        _reaper = None  # Ray's own fate sharing still stops its main daemons
-
-
-def _stop_reaper() -> None:
-    global _reaper
-    reaper, _reaper = _reaper, None
-    if reaper is not None:
-        reaper.kill()
-        reaper.wait()
-
-
-def _socket_dir_prefix(pid: int) -> str:
-    return os.path.join(tempfile.gettempdir(), f"{SOCKET_DIR_PREFIX}{pid}-")
-
-
-def make_socket_dir() -> str:
-    """A new socket directory for this process's pool (mode 0700), after removing those of
-    pools whose process is gone (killed: no ``close()``, and no reaper when the Ray was not
-    envfleet's own)."""
-    temp = tempfile.gettempdir()
-    try:
-        names = [name for name in os.listdir(temp) if name.startswith(SOCKET_DIR_PREFIX)]
-    except OSError:
-        names = []
-    for name in names:
-        pid = name[len(SOCKET_DIR_PREFIX) :].partition("-")[0]
-        path = os.path.join(temp, name)
-        try:
-            if not pid.isdigit() or os.stat(path).st_uid != os.getuid():
-                continue
-            os.kill(int(pid), 0)
-        except ProcessLookupError:  # its pool's process is gone (a live pid is never swept)
-            shutil.rmtree(path, ignore_errors=True)
-        except OSError:  # not ours to signal, or gone meanwhile
-            continue
-    return tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
 
 
 def await_start(ref: Any, deadline: float, replace: Callable[[], Any]) -> Any:
@@ -249,212 +139,11 @@ def connect(
             with loopback() if "_node_ip_address" not in kwargs else nullcontext():
                 ray.init(**kwargs)
         else:
-            join(str(kwargs["address"]), kwargs, timeout)
+            joining.join(str(kwargs["address"]), kwargs, timeout)
         _session, _users = _session_id(), 1
         if private:
-            _start_reaper()
+            reaper.start()
         return True
-
-
-def no_ray(address: str, why: str) -> ConnectionError:
-    """The one error of a join that found no Ray at ``address``: the address, why, the fix."""
-    if address.startswith("ray://"):
-        fix = (
-            "start one with `ray start --head` (its Ray Client server listens on port 10001 "
-            "unless --ray-client-server-port says otherwise)"
-        )
-    else:
-        fix = "start one with `ray start --head`"
-    return ConnectionError(
-        f"no Ray answered at {address} ({why}): {fix} and give its address (or set "
-        "RAY_ADDRESS and use the address 'auto'); or give no address for a private local Ray"
-    )
-
-
-def _endpoints(address: str) -> list[tuple[str, int]]:
-    """Where ``address`` should have something listening (``host``, ``port``), as it was
-    given and as Ray will dial it (a loopback host may stand for this machine's address); an
-    empty list where that cannot be told beforehand (Ray then says what it finds).
-
-    Raises:
-        ConnectionError: ``"auto"``, and no Ray runs on this machine (nor in ``RAY_ADDRESS``).
-    """
-    from ray._private import services
-
-    target = address.removeprefix("ray://")
-    if address == "auto":
-        if os.environ.get("RAY_ADDRESS", "").startswith("ray://"):
-            return []  # Ray reads it as a Ray Client address: left to Ray
-        try:
-            target = services.canonicalize_bootstrap_address_or_die("auto")
-        except ConnectionError as exc:
-            text = " ".join(str(exc).split())
-            if "multiple" in text.lower():  # several, none of them Ray's latest: which one?
-                raise ConnectionError(
-                    f"address='auto' found several Rays on this machine ({text}): give the "
-                    "address of one, or set RAY_ADDRESS"
-                ) from exc
-            raise no_ray("auto", "none runs on this machine, and RAY_ADDRESS is not set") from exc
-        except Exception:
-            return []
-    host, sep, port = target.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        return []  # Ray's own error says what is wrong with it
-    found = [(host, int(port))]
-    if not address.startswith("ray://"):
-        try:
-            dialled = services.canonicalize_bootstrap_address(target)
-        except Exception:
-            dialled = None
-        if dialled:
-            other, _, other_port = dialled.rpartition(":")
-            if other_port.isdigit() and (other.strip("[]"), int(other_port)) not in found:
-                found.append((other.strip("[]"), int(other_port)))
-    return found
-
-
-def _listening(address: str, endpoints: list[tuple[str, int]], deadline: float) -> str:
-    """The first of ``endpoints`` where a TCP connection opens, as ``host:port``.
-
-    Raises:
-        ConnectionError: none: a closed port answers at once, a silent host within
-            :data:`PROBE_TIMEOUT`.
-    """
-    why: list[str] = []
-    for host, port in endpoints:
-        left = max(0.01, min(PROBE_TIMEOUT, deadline - time.monotonic()))
-        try:
-            socket.create_connection((host, port), timeout=left).close()
-            return f"{host}:{port}"
-        except TimeoutError:
-            why.append(f"nothing answered at {host}:{port} within {left:g}s")
-        except OSError as exc:
-            why.append(f"{host}:{port}: {exc.strerror or exc}")
-    raise no_ray(address, why[0])  # as the address was given
-
-
-def _speaks_grpc(address: str, endpoint: str, deadline: float, timeout: float) -> None:
-    """Wait until ``endpoint`` completes a gRPC handshake (Ray's servers speak gRPC), by
-    ``deadline``, in slices (a Ctrl-C stops it at once). Not checked over TLS.
-
-    Raises:
-        ConnectionError: it did not, within ``timeout`` seconds.
-    """
-    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
-        return
-    import grpc
-
-    channel = grpc.insecure_channel(endpoint)
-    try:
-        ready = grpc.channel_ready_future(channel)
-        while True:
-            try:
-                ready.result(timeout=max(0.0, min(WAIT_SLICE, deadline - time.monotonic())))
-                return
-            except grpc.FutureTimeoutError:
-                if time.monotonic() >= deadline:
-                    ready.cancel()
-                    raise no_ray(
-                        address,
-                        f"something listens at {endpoint}, but it did not answer as Ray's "
-                        f"servers do within connect_timeout={timeout:g}s",
-                    ) from None
-    finally:
-        channel.close()
-
-
-_joining: threading.Thread | None = None  # a join given up on (timed out), still in ray.init
-
-
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    """The SIGTERM handler ``ray.init`` sets when it runs in the main thread (:func:`join`
-    runs it in another, and sets it itself)."""
-    sys.exit(signum)
-
-
-class _NotInTheMainThread(logging.Filter):
-    """Drops ``ray.init``'s warning that it set no SIGTERM handler, outside the main thread:
-    :func:`join` set it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("SIGTERM handler is not set")
-
-
-def join(address: str, kwargs: dict[str, Any], timeout: float) -> None:
-    """``ray.init(**kwargs)`` to join the cluster at ``address``, within ``timeout`` seconds.
-
-    First a look at the address (:func:`_endpoints`): nothing listening there fails at once,
-    something that is not Ray within the timeout; then ``ray.init`` runs in a thread of its
-    own, which the caller waits on in slices: past the timeout, or at a Ctrl-C, the caller
-    gives up at once and that thread, once Ray lets it go, disconnects what it may still have
-    connected. Ray's own errors of a failed join (a ``ConnectionError``, or the ``SystemExit``
-    of a GCS it could not reach) become one :class:`ConnectionError` (:func:`no_ray`).
-
-    Raises:
-        ConnectionError: no Ray answered at ``address`` within ``timeout``.
-    """
-    global _joining
-    deadline = time.monotonic() + timeout
-    earlier = _joining
-    if earlier is not None:
-        while earlier.is_alive() and time.monotonic() < deadline:
-            earlier.join(WAIT_SLICE)
-        if earlier.is_alive():
-            raise no_ray(address, "an earlier join that timed out still waits on Ray")
-        _joining = None
-    endpoints = _endpoints(address)
-    if endpoints:
-        endpoint = _listening(address, endpoints, deadline)
-        _speaks_grpc(address, endpoint, deadline, timeout)
-    state: dict[str, Any] = {}
-    state_lock = threading.Lock()
-    done = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)  # as ray.init does in the main thread
-
-    def run() -> None:
-        quiet = _NotInTheMainThread()
-        worker_logger = logging.getLogger(ray_worker.__name__)
-        worker_logger.addFilter(quiet)
-        try:
-            ray.init(**kwargs)
-        except BaseException as exc:  # SystemExit too: Ray exits when its GCS never answers
-            state["error"] = exc
-        finally:
-            worker_logger.removeFilter(quiet)
-        with state_lock:
-            done.set()
-            abandoned = state.get("abandoned", False)
-        if abandoned and "error" not in state:
-            ray.shutdown()  # the caller gave up on this connection
-
-    thread = threading.Thread(target=run, name="envfleet-ray-join", daemon=True)
-    thread.start()
-    try:
-        while not done.wait(max(0.0, min(WAIT_SLICE, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline:
-                raise no_ray(
-                    address, f"Ray did not finish connecting within connect_timeout={timeout:g}s"
-                )
-    except BaseException:  # the timeout, or a Ctrl-C
-        with state_lock:
-            state["abandoned"] = True
-            finished = done.is_set()
-        if finished and "error" not in state:
-            ray.shutdown()
-        elif not finished:
-            _joining = thread
-        raise
-    error = state.get("error")
-    if error is None:
-        return
-    if isinstance(error, SystemExit):
-        raise no_ray(address, "Ray gave up reaching the cluster's GCS there") from error
-    if isinstance(error, ConnectionError):
-        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        raise no_ray(address, lines[-1] if lines else type(error).__name__) from error
-    raise error
 
 
 @contextmanager
@@ -507,7 +196,7 @@ def disconnect() -> None:
         # Not if the caller shut it down and connected again meanwhile: that one is theirs.
         if ray.is_initialized() and _session_id() == session:
             ray.shutdown()
-        _stop_reaper()
+        reaper.stop()
 
 
 def leave_ray_alone() -> None:
@@ -538,29 +227,22 @@ def leave_ray_alone() -> None:
 def forked() -> None:
     """In a forked child: the connection, the Ray and its reaper are the parent's. Forget
     them, and leave Ray alone at exit (:func:`leave_ray_alone`)."""
-    global _session, _users, _reaper
-    _session, _users, _reaper = None, 0, None
+    global _session, _users
+    _session, _users = None, 0
+    reaper.forget()
     leave_ray_alone()
 
 
 __all__ = [
-    "CONNECT_TIMEOUT",
-    "PROBE_TIMEOUT",
-    "REAPER",
-    "SOCKET_DIR_PREFIX",
     "START_ATTEMPTS",
     "START_BACKOFF",
-    "WAIT_SLICE",
     "await_start",
     "client_connected",
     "connect",
     "describe_cluster",
     "disconnect",
     "forked",
-    "join",
     "leave_ray_alone",
     "loopback",
-    "make_socket_dir",
-    "no_ray",
     "pool_node",
 ]

@@ -51,6 +51,7 @@ from envfleet.backends.contract.base import (
 from envfleet.backends.contract.replies import PickledCommands
 from envfleet.backends.contract.rows import row_bytes
 from envfleet.backends.ray import memory as node_memory
+from envfleet.backends.ray import reaper as ray_reaper
 from envfleet.backends.ray import session as ray_session
 from envfleet.backends.ray.actor import GroupActor
 from envfleet.backends.ray.call_path import submit_call, wait_calls
@@ -117,7 +118,7 @@ class RayTransport(BaseTransport, BaseWorkers):
         # The actors on this machine put their sockets in this directory (mode 0700: only this
         # user enters), which close() removes: an actor killed before the pool connected to it
         # leaves nothing behind.
-        self._socket_dir = ray_session.make_socket_dir() if self._memory is not None else None
+        self._socket_dir = ray_reaper.make_socket_dir() if self._memory is not None else None
         self._row_bytes = row_bytes(self.batch, options.num_envs)
         self._space = options.observation_space
         self._closed = False
