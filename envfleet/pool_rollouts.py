@@ -14,6 +14,7 @@ and the pool's rows, reset flags and statistics are left as after the steps::
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -204,16 +205,23 @@ class PoolRollouts:
         parts = [p for p in self._done if p.steps == steps]
         self._done = [p for p in self._done if p.steps != steps]
         self._life.rolling_out = bool(self._out or self._done)
-        kept = []
+        kept: list[_Part] = []
+        dropped_ids: list[int] = []
         for part in parts:
             lag = self._shipper.version - part.version
             dropped = max_lag is not None and lag > max_lag
             self._stats.rollout_part(lag, dropped, part.steps * len(part.env_ids))
             if dropped:
                 self._assemble([part], steps)  # its envs stand where it left them
+                dropped_ids.extend(part.env_ids)
             else:
                 kept.append(part)
-        return self._assemble(kept, steps)
+        rollout = self._assemble(kept, steps)
+        if not dropped_ids:
+            return rollout
+        return dataclasses.replace(
+            rollout, dropped_env_ids=np.array(sorted(dropped_ids), dtype=np.int64)
+        )
 
     def _workers_of(self, env_ids: Sequence[int] | np.ndarray | None) -> list[int]:
         """The workers whose blocks make ``env_ids`` (all when ``None``), or the error."""

@@ -187,6 +187,10 @@ class Rollout:
     """The version of the policy's weights that chose each action, ``int64``
     ``(steps, len(env_ids))``: the caller's ``version=``, or counted by the pool (one more
     each time the policy's weights differ from the last sent)."""
+    dropped_env_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """The envs whose parts this :meth:`~envfleet.Pool.rollout_wait` dropped, acting more than
+    ``max_lag`` versions behind (counted in ``stats()``, not in the columns): free again, to be
+    started anew with the envs of ``env_ids``."""
 
     @property
     def steps(self) -> int:

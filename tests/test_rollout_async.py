@@ -147,9 +147,13 @@ def test_parts_past_the_maximum_lag_are_dropped_and_counted() -> None:
         assert pool.rollout_async(policy, 3, env_ids=[2, 3, 4, 5]) == 2
         r = pool.rollout_wait(max_lag=0)  # the envs 0-1 acted one version behind: dropped
         assert r.env_ids.tolist() == [2, 3, 4, 5] and (r.policy_versions == 2).all()
+        assert r.dropped_env_ids.tolist() == [0, 1]  # named: the caller starts them anew
         stats = pool.stats()
         assert stats.rollout_lags == {0: 2, 1: 1}
         assert (stats.rollout_parts_dropped, stats.rollout_steps_dropped) == (1, 6)
+        pool.rollout_async(policy, 3, env_ids=[*r.dropped_env_ids, *r.env_ids])
+        again = pool.rollout_wait(max_lag=0)
+        assert again.env_ids.tolist() == list(range(N)) and again.dropped_env_ids.size == 0
         pool.step(np.zeros(N, dtype=np.int64))  # every env idle again, the dropped ones too
 
 
