@@ -132,29 +132,18 @@ def collect(
     pool.reset(seed=0)
     n, got = pool.num_envs, np.zeros(pool.num_envs, np.int64)
     dropped_at, started, drained = pool.stats().rollout_steps_dropped, 0, 0
-    blocks = [list(w.env_ids) for w in pool.stats().workers]
     version = pool.rollout_async(policy, steps)
     started += steps * n
-    out, parts_dropped = set(range(n)), 0
     start = end = time.perf_counter()
     while end - start < seconds:
         r = pool.rollout_wait(min_envs=min_envs, max_lag=max_lag)
         end = time.perf_counter()
         got[r.env_ids] += r.steps
-        out -= set(r.env_ids.tolist())
         version += 1
-        if pool.stats().rollout_parts_dropped != parts_dropped:  # which: the idle ones of out
-            parts_dropped = pool.stats().rollout_parts_dropped
-            for block in (b for b in blocks if set(b) <= out):
-                try:
-                    pool.rollout_async(policy, steps, block, version=version)
-                    started += steps * len(block)
-                except envfleet.AlreadyPendingError:
-                    pass  # still out
-        if len(r.env_ids):
-            pool.rollout_async(policy, steps, r.env_ids, version=version)
-            started += steps * len(r.env_ids)
-            out |= set(r.env_ids.tolist())
+        free = np.concatenate([r.env_ids, r.dropped_env_ids])  # dropped parts' envs too
+        if len(free):
+            pool.rollout_async(policy, steps, free, version=version)
+            started += steps * len(free)
     while True:
         try:
             drained += pool.rollout_wait(max_lag=max_lag).rewards.size
