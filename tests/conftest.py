@@ -67,6 +67,7 @@ RAY_MODULES = frozenset(
         "test_node_door.py",
         "test_ray_client.py",
         "test_rollout_nodes.py",
+        "test_ppo_rollouts.py",
     }
 )
 """Modules that run a Ray (or a cluster of several nodes) in pytest's process for the module."""
