@@ -8,7 +8,9 @@ workers on 2 nodes; envs that sleep 10 ms a step on 1, 2 and 4 nodes; ``compress
 frames; RLlib's ``EnvRunnerGroup`` on the same nodes, in env-steps per driver CPU-second.
 ``--bare``: the no-op target (8 workers on 2 nodes) against the bare node layout
 (:class:`envfleet.benchmark.BarePool`), every process's CPU per step by role, paired rounds.
-``--compress``, ``--rllib``, ``--bare``: those rows alone; ``--quick``: fewer steps.
+``--hosted``: CartPole's own VectorEnv hosted on 2 nodes, the driver's CPU per env-step as
+its batch grows. ``--compress``, ``--rllib``, ``--bare``, ``--hosted``: those rows alone;
+``--quick``: fewer steps.
 
     PYTHONPATH=. python bench/cluster.py --quick
 """
@@ -242,6 +244,28 @@ def against_the_bare(workers: list[str], rounds: int, seconds: float) -> dict[st
     return {"roles": compared, "checks": checks}
 
 
+def hosted_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, Any]]:
+    """CartPole's own VectorEnv hosted by one worker on each of 2 nodes, against single envs on
+    the same workers: the driver's CPU per env-step as the envs per hosted VectorEnv grow (one
+    message per node per step whatever the batch)."""
+    rows = []
+    print("\nhosted VectorEnvs (CartPole-v1's vector entry point), 2 nodes x 1 worker")
+    for envs in (16, 128, 1024):
+        for mode in ("vector_entry_point", None):
+            if mode is None and envs > 128:
+                continue  # single envs: a Python step each, far from the hosted ones
+            label = f"{'hosted' if mode else 'single envs'}, {envs // 2} per node"
+            with envfleet.make(
+                "CartPole-v1", envs, backend="ray", nodes=workers[:2], num_workers=2, seed=0,
+                vectorization_mode=mode,
+            ) as pool:  # fmt: skip
+                r = row(label, envs, *measure(pool, steps, repeats))
+            r["driver CPU us/env-step"] = r["driver CPU ms/step"] * 1e3 / envs
+            print(f"{'':44} driver CPU {r['driver CPU us/env-step']:.2f} us/env-step", flush=True)
+            rows.append(r)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (a few seconds a row)")
@@ -249,12 +273,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compress", action="store_true", help="the Pong compress= rows alone")
     parser.add_argument("--rllib", action="store_true", help="the RLlib comparison alone")
     parser.add_argument("--bare", action="store_true", help="the bare node layout alone")
+    parser.add_argument("--hosted", action="store_true", help="the hosted VectorEnv rows alone")
     parser.add_argument("--rounds", type=int, default=7, help="--bare's paired rounds")
     args = parser.parse_args(argv)
     steps, seconds = (200, 0.3) if args.quick else (1000, 1.0)
     with common.fake_cluster(5, [{"pair": 100}] * 2) as cluster:  # 2 "pair" nodes
         workers = [n.node_id for n in cluster.worker_nodes]
-        alone = args.compress or args.rllib or args.bare
+        alone = args.compress or args.rllib or args.bare or args.hosted
+        if args.hosted or not alone:
+            hosted_rows(workers, steps, args.repeats)
         if args.bare or not alone:
             against_the_bare(workers, 2 if args.quick else args.rounds, seconds)
         if args.compress or not alone:
