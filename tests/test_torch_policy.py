@@ -25,7 +25,7 @@ from envfleet import TorchPolicy
 
 SEED, POLICY_SEED, N = 0, 7, 8
 
-LAYOUTS = [("serial", 1), ("process", 2), ("process", 4)]
+LAYOUTS = [("serial", 1), ("thread", 2), ("process", 2), ("process", 4)]
 
 
 def mlp(seed: int, out: int = 2, inputs: int = 4) -> nn.Sequential:
