@@ -25,7 +25,7 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --durations=12
 
 # The documentation site (MkDocs, Material, mkdocstrings): site/. --strict turns a broken link or
 # an unreadable docstring into an error. tests/test_readme.py and tests/test_docs_api.py build it

@@ -7,7 +7,7 @@ workers of the machine (process backend: 1 and 4 workers) or of each node (``--n
 fake nodes of 4 workers, ``ray.cluster_utils``; also what the pool sent each node). ``--off``:
 the segments turned off, each worker gets its own copy down its pipe (as before they existed).
 
-    python bench/weights_bytes.py [--nodes] [--off]
+    python bench/weights_bytes.py [--nodes] [--off] [--quick]
 """
 
 from __future__ import annotations
@@ -68,12 +68,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", action="store_true", help="two fake nodes of 4 workers")
     parser.add_argument("--off", action="store_true", help="segments off: a copy per pipe")
+    parser.add_argument("--quick", action="store_true", help="4 workers only (one machine)")
     args = parser.parse_args()
     label = "segments off" if args.off else "segments on"
     if not args.nodes:
         if args.off:
             segments_off()
-        for workers in (1, 4):
+        for workers in (4,) if args.quick else (1, 4):
             with envfleet.make("CartPole-v1", 8, num_workers=workers, seed=0) as pool:
                 pool.reset()
                 pids = [pid for pid in pool._transport.pids() if pid is not None]  # type: ignore[attr-defined]
