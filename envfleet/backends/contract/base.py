@@ -34,7 +34,7 @@ registry's (:mod:`envfleet.backends.contract.registry`).
 :class:`LocalPool` is the other interface declared here: what a node's agent (the node
 sub-pools, :mod:`envfleet.backends.nodes`) asks of the pool of worker processes it runs on its
 node. The node family runs its node's workers through it alone, and the local family provides
-one (:func:`envfleet.backends.local.process.open_local_pool`).
+one (:func:`envfleet.backends.local.shared_weights.open_local_pool`).
 """
 
 from __future__ import annotations

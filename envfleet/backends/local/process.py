@@ -51,7 +51,6 @@ from envfleet.backends.contract import spares as spare_rows
 from envfleet.backends.contract.base import (
     BaseTransport,
     BaseWorkers,
-    LocalPool,
     TransportOptions,
     WorkerLost,
 )
@@ -69,7 +68,7 @@ from envfleet.buffers import SharedBatch
 from envfleet.infos import Columns
 from envfleet.protocol import Close, Command, Reply
 
-__all__ = ["ProcessTransport", "open_local_pool", "open_transport"]
+__all__ = ["ProcessTransport"]
 
 _ONE_PLAIN: list[Reply | None] = [None]
 """What a worker's reply pipe holds after most steps: one plain reply."""
@@ -378,16 +377,3 @@ class ProcessTransport(BaseTransport, BaseWorkers):
                 os.close(fd)
             self._wake = None
             self._runnable.close()
-
-
-def open_transport(options: TransportOptions) -> ProcessTransport:
-    return ProcessTransport(options, info_columns=True, spares=options.copy)
-
-
-def open_local_pool(
-    options: TransportOptions, info_columns: Callable[[Columns], None], cores: int
-) -> LocalPool:
-    """A node's pool of worker processes, as its agent runs it (the contract's
-    :class:`~envfleet.backends.contract.base.LocalPool`): infos the workers send as columns go
-    to ``info_columns`` as they came; its waits count on ``cores`` cores."""
-    return ProcessTransport(options, info_columns=info_columns, cores=cores)
