@@ -53,7 +53,7 @@ class PongReplay(NoOpEnv):
     while the nodes' CPUs are not spent emulating Atari."""
 
     def __init__(self, frames: np.ndarray) -> None:
-        super().__init__(frames.shape[1:], np.uint8)
+        super().__init__(frames.shape[1:], frames.dtype)
         self.action_space = spaces.Discrete(6)
         self._frames, self._t = frames, 0
 

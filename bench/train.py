@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from gymnasium import spaces
 
 import envfleet
 from bench import cluster, common
@@ -110,23 +109,12 @@ def stragglers(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figur
     ]
 
 
-class PongFrames(NoOpEnv):
-    """Replays ``config["frames"]`` (:func:`pong_84`) from a start its seed picks; built from
-    a config, as RLlib builds an env."""
+class PongFrames(cluster.PongReplay):
+    """:class:`bench.cluster.PongReplay` of ``config["frames"]`` (:func:`pong_84`), built
+    from a config, as RLlib builds an env."""
 
     def __init__(self, config: dict[str, np.ndarray]) -> None:
-        self._frames, self._t = config["frames"], 0
-        super().__init__(self._frames.shape[1:], self._frames.dtype)
-        self.action_space = spaces.Discrete(6)  # type: ignore[assignment]
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
-        super().reset(seed=seed)
-        self._t = int(self.np_random.integers(len(self._frames)))
-        return self._frames[self._t], {}
-
-    def step(self, action: int) -> Any:
-        self._t = (self._t + 1) % len(self._frames)
-        return self._frames[self._t], 0.0, False, False, {}
+        super().__init__(config["frames"])
 
 
 def pong_84(count: int) -> np.ndarray:

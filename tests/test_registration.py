@@ -268,6 +268,7 @@ def test_an_entry_a_worker_cannot_import_stays_behind_and_the_others_arrive(
     only this process has on its path) does not keep the registry from arriving: the worker
     gets the other entries and builds its envs (a Ray client's workers, say, have no test
     suite on their path)."""
+    import importlib
     import pickle
     import subprocess
     import sys
@@ -279,9 +280,9 @@ def test_an_entry_a_worker_cannot_import_stays_behind_and_the_others_arrive(
     )
     sys.path.insert(0, str(tmp_path))
     try:
-        import only_here_envs  # type: ignore[import-not-found]
-
-        gymnasium.register("envfleet-test/OnlyHere-v0", entry_point=only_here_envs.OnlyHere)
+        # Made above, in tmp_path: a module only this process can import, not a dependency.
+        only_here = importlib.import_module("only_here_envs")
+        gymnasium.register("envfleet-test/OnlyHere-v0", entry_point=only_here.OnlyHere)
         gymnasium.register(
             "envfleet-test/Travels-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv"
         )

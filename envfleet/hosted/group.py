@@ -33,6 +33,10 @@ class _Block:
     owe_truncation: bool = False  # rebuilt: its next step reports the episodes truncated
     owe_reset: bool = False  # rebuilt and reported: its next step resets it (NEXT_STEP)
     per_env_seeds: bool | None = None  # whether its reset takes one seed per env
+    sends: bool = False  # its VectorEnv has send/recv of all its envs (looked at once per build)
+
+    def __post_init__(self) -> None:
+        self.sends = sends(self.venv)
 
 
 class HostedGroup:
@@ -281,7 +285,7 @@ class HostedGroup:
         gets its actions before any is waited for, so that they step side by side on their
         own threads; ``step`` is ``send`` then ``recv`` for them. By block: ``None`` (sent) or
         the error its ``send`` raised (raised again where its ``step`` would have been)."""
-        ready = [b for b in blocks if not (b.owe_truncation or b.owe_reset) and sends(b.venv)]
+        ready = [b for b in blocks if b.sends and not (b.owe_truncation or b.owe_reset)]
         if len(ready) < 2:
             return {}
         sent: dict[int, BaseException | None] = {}
@@ -333,6 +337,7 @@ class HostedGroup:
         recovered.extend(EnvFailure.capture(i, Phase.STEP, exc) for i in block.ids)
         block.restarts += 1
         block.venv = self._build(block.index)
+        block.sends = sends(block.venv)
         block.owe_truncation = True
 
     def _report_truncated(
