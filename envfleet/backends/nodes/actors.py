@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from envfleet.backends.contract.base import TransportOptions
 from envfleet.backends.contract.connections import handshake
-from envfleet.backends.nodes import wire
+from envfleet.backends.nodes import raw_rows, wire
 from envfleet.backends.nodes.agent import NodeAgent, node_options, remove_dead_agents_dirs
 from envfleet.backends.nodes.frames import Frames
 from envfleet.backends.nodes.link import NodeLink
@@ -69,21 +69,28 @@ class AgentActors:
         self._resources = dict(extra.worker_resources)
         self._resources.setdefault("num_cpus", 0)
 
-    def spawn(self, node: NodeLink, restarts: dict[int, int], soft: bool) -> None:
+    def spawn(
+        self,
+        node: NodeLink,
+        restarts: dict[int, int],
+        soft: bool,
+        rows: list[np.ndarray] | None = None,
+    ) -> None:
         """A new agent for ``node`` with ``restarts`` (per env), on its node (``soft``: or
-        wherever Ray finds room)."""
-        node.spawned = (restarts, soft)
+        wherever Ray finds room); ``rows``: its envs' rows as the pool has them (see
+        :meth:`rebuild`)."""
+        node.spawned = (restarts, soft, rows)
         strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=soft)
         node.agent = self._agent_cls.options(
             max_concurrency=1, max_restarts=0, scheduling_strategy=strategy, **self._resources
-        ).remote(node_options(self._options, node.workers), restarts)
+        ).remote(node_options(self._options, node.workers), restarts, rows)
         node.started()
 
     def _respawn(self, node: NodeLink) -> Any:
         """Another agent for ``node`` (the last one died starting, placed on a node that just
         died): wherever Ray finds room; its start call's ref."""
-        restarts, _ = node.spawned
-        self.spawn(node, restarts, soft=True)
+        restarts, _, rows = node.spawned
+        self.spawn(node, restarts, soft=True, rows=rows)
         return node.agent.start.remote(self._authkey)
 
     def start(self, nodes: Sequence[NodeLink]) -> None:
@@ -125,13 +132,26 @@ class AgentActors:
             self._connected(node)
 
     def rebuild(
-        self, node: NodeLink, worker: int, restarts: dict[int, int], counts: np.ndarray
+        self,
+        node: NodeLink,
+        worker: int,
+        restarts: dict[int, int],
+        counts: np.ndarray,
+        fields: Sequence[np.ndarray],
     ) -> None:
         """A new agent for the whole of lost ``node``, as ``worker`` restarts with
         ``restarts``: its other workers were reported lost too and will be restarted with one
         more restart each (``counts``: each env's restarts so far), as the pool's recovery
-        counts them; their restarts are then already done (``node.rebuilt``)."""
+        counts them; their restarts are then already done (``node.rebuilt``).
+
+        The new agent's envs start from their rows in the pool's batch (``fields``, as
+        :func:`~envfleet.backends.nodes.raw_rows.row_fields` lists them): the latest the pool
+        holds, where the lost agent's memory held the rows it had not sent yet. A restarted
+        env's truncation keeps its latest observation (a rollout's first row), as on one
+        machine, whose workers' rows outlive them in its shared memory."""
         assignment = self._options.assignment
+        sel = raw_rows.selection(np.array(node.env_ids(assignment), dtype=np.intp))
+        rows = [np.array(field[sel]) for field in fields]
         after = {
             i: int(counts[i]) + (0 if w == worker else 1)
             for w in node.workers
@@ -139,7 +159,7 @@ class AgentActors:
         }
         after.update(restarts)
         node.rebuilt = {k: {i: after[i] for i in assignment[w]} for k, w in enumerate(node.workers)}
-        self.spawn(node, after, soft=True)
+        self.spawn(node, after, soft=True, rows=rows)
         self.start([node])
 
 

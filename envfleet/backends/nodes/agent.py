@@ -31,12 +31,14 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import ray
 
 from envfleet.affinity import usable_cpus
 from envfleet.backends.contract.base import LocalPool, TransportOptions
 from envfleet.backends.contract.connections import accept_pool
 from envfleet.backends.local.shared_weights import open_local_pool
+from envfleet.backends.nodes import raw_rows
 from envfleet.backends.nodes.compression import Codec, codec
 from envfleet.backends.nodes.placement import alive_nodes, node_cpus
 from envfleet.backends.nodes.server import NodeServer
@@ -105,9 +107,15 @@ def node_cores(node: str) -> int:
 class NodeAgent:
     """One node's envs in a local process pool, served to the pool over one connection."""
 
-    def __init__(self, options: NodeOptions, restarts: dict[int, int]) -> None:
+    def __init__(
+        self,
+        options: NodeOptions,
+        restarts: dict[int, int],
+        rows: list[np.ndarray] | None = None,
+    ) -> None:
         self.options = options
         self.restarts = restarts
+        self.rows = rows  # a replacement's: its envs' rows as the pool holds them
         self.local: LocalPool | None = None
         self._listener: socket.socket | None = None
         self._authkey = b""
@@ -140,6 +148,12 @@ class NodeAgent:
                 counts = {i: self.restarts[i] for i in ids if i in self.restarts}
                 if counts:
                     self.local.restart(worker, counts)
+            if self.rows is not None:  # where they stand: a restarted env's latest stands
+                envs = [i for block in self.options.assignment for i in block]
+                sel = raw_rows.selection(np.array(envs, dtype=np.intp))
+                fields = raw_rows.row_fields(self.local.batch)
+                for field, rows in zip(fields, self.rows, strict=True):
+                    field[sel] = rows
         except EnvError as exc:
             return portable(exc), node, host, 0, os.getpid()
         self._authkey = authkey

@@ -73,7 +73,8 @@ class NodeLink:
         default_factory=dict
     )  # the rows of a plain answer, by the commands it answers (the same objects each step)
     why: str = ""  # why it was lost
-    spawned: tuple[dict[int, int], bool] = ({}, False)  # the restarts and affinity it got
+    # The restarts, affinity and rows (None: none) its agent got.
+    spawned: tuple[dict[int, int], bool, list[np.ndarray] | None] = ({}, False, None)
     killing: dict[int, tuple[float, float]] = field(default_factory=dict)  # deadline, grace
     rebuilt: dict[int, dict[int, int]] = field(default_factory=dict)  # by a new agent
     messages: int = 0  # sent to it

@@ -339,7 +339,7 @@ class NodeTransport(BaseTransport, BaseWorkers):
         for i, count in restarts.items():
             self._restarts[i] = count
         if not node.alive:  # a new agent for the whole node
-            self._actors.rebuild(node, worker, restarts, self._restarts)
+            self._actors.rebuild(node, worker, restarts, self._restarts, self._rows)
         rebuilt = node.rebuilt.pop(local, None)
         if rebuilt is not None and rebuilt == restarts:
             return
