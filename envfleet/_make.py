@@ -146,6 +146,11 @@ def make(
             threads packed on one core (``cpu_affinity=[1]`` on 2 cores): GIL hand-offs stay
             on that core. CPU-bound envs want ``"spread"`` at most. The caller's thread is
             never pinned.
+        vectorization_mode: ``"vector_entry_point"``: each worker hosts the id's own
+            ``VectorEnv`` (``gymnasium.make_vec``) for its block of envs (docs/hosted.md).
+        vector_env_fns: zero-argument factories, each building one ``VectorEnv`` (a block of
+            envs; ``num_envs`` is their sum): a worker per factory, or ``num_workers`` fewer,
+            each hosting a contiguous run of them (docs/hosted.md).
         **options: the backend's own options, routed to it (each backend declares them in
             the registry, :mod:`envfleet.backends.contract.registry`; ``None`` stands for the
             default).
@@ -196,7 +201,7 @@ def make(
                 "envs in all: omit num_envs"
             )
         num_envs = hosted[1]["num_envs"]
-        num_workers = len(hosted[1]["blocks"])
+        num_workers = len(hosted[1]["workers"])
         if threads_per_worker != 1:
             raise ValueError(
                 "threads_per_worker: a worker hosting a VectorEnv steps it with one call "
@@ -313,9 +318,10 @@ def make(
     assignment = [
         tuple(int(i) for i in ids) for ids in np.array_split(np.arange(num_envs), num_workers)
     ]
-    if hosted is not None:  # a worker per hosted VectorEnv (the serial backend: all of them)
+    if hosted is not None:  # each worker's run of hosted VectorEnvs (serial: all of them)
         blocks = [tuple(range(s, s + n)) for s, n in hosted[1]["blocks"]]
-        assignment = [sum(blocks, ())] if can.one_worker else blocks
+        runs = [range(len(blocks))] if can.one_worker else hosted[1]["workers"]
+        assignment = [sum((blocks[b] for b in run), ()) for run in runs]
     transport_options = TransportOptions(
         spec=spec,
         assignment=assignment,

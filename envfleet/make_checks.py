@@ -43,7 +43,7 @@ def hosted_args(
         elif num_envs is not None:
             workers = min(len(usable_cpus()), positive_int(num_envs, "num_envs"))
     elif isinstance(num_workers, int | np.integer) and not can.one_worker:
-        workers = int(num_workers)
+        workers = positive_int(num_workers, "num_workers")  # at most a worker per factory
     planned = hosted_plan(env, num_envs, env_kwargs, vectorization_mode, vector_env_fns, workers)
     assert planned is not None
     spec, probe = planned

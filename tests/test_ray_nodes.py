@@ -1509,6 +1509,32 @@ def test_hosted_vector_envs_on_three_nodes_are_the_vector_envs_alone(cluster: Cl
     assert_same(want, got)
 
 
+@pytest.mark.parametrize("nodes", ["sub-pools", "actors"])
+def test_several_hosted_vector_envs_per_ray_worker_are_the_vector_envs_alone(
+    cluster: Cluster, nodes: str
+) -> None:
+    """Four hosted VectorEnvs on two workers (on node sub-pools, or an actor each): each
+    worker hosts a contiguous run of two, and the pool gives the values, flags and infos of
+    the four alone."""
+    from tests.test_hosted import Alone, assert_same, counting, run
+
+    fns = [
+        functools.partial(counting, 2),
+        functools.partial(counting, 3, length=4),
+        functools.partial(counting, 1),
+        functools.partial(counting, 2, length=3),
+    ]
+    alone = Alone([fn() for fn in fns])
+    want = run(alone, alone.sizes, seed=2, steps=10)
+    where = all_nodes(cluster) if nodes == "sub-pools" else False
+    with envfleet.make(
+        vector_env_fns=fns, backend="ray", num_workers=2, nodes=where, seed=2
+    ) as pool:
+        assert [w.env_ids for w in pool.stats().workers] == [tuple(range(5)), (5, 6, 7)]
+        got = run(pool, alone.sizes, seed=2, steps=10)
+    assert_same(want, got)
+
+
 class BigLinear:
     """A policy whose weights are 1 MB apart from its code (``weights()``/``load_weights``)."""
 

@@ -109,7 +109,7 @@ class HostedGroup:
                 raise ValueError(
                     f"envs {list(env_ids)}: a hosted VectorEnv steps and resets its whole "
                     "block of envs at once (send whole blocks: a batch_size that is a "
-                    "multiple of the envs per worker)"
+                    "multiple of the envs per hosted VectorEnv)"
                 )
             out.append(block)
             at += size

@@ -23,9 +23,12 @@ def hosted_plan(
     num_workers: int | None,
 ) -> tuple[HostedSpec, dict[str, Any]] | None:
     """What :func:`envfleet.make` needs for a hosted pool: its spec (with the blocks) and the
-    probe (spaces, metadata, render mode, the hosted env's autoreset mode); ``None`` when the
-    pool hosts single envs. Builds one VectorEnv per factory here (their sizes), or one of one
-    env for an id, and closes them."""
+    probe (spaces, metadata, render mode, the hosted env's autoreset mode, ``"workers"``: the
+    blocks of each worker); ``None`` when the pool hosts single envs. Builds one VectorEnv per
+    factory here (their sizes), or one of one env for an id, and closes them.
+
+    ``vector_env_fns``: a block per factory, a worker per factory unless ``num_workers`` is
+    fewer (each worker then hosts a contiguous run of them; more is refused)."""
     if vector_env_fns is None and vectorization_mode in (None, "none"):
         return None
     if vector_env_fns is not None:
@@ -39,17 +42,18 @@ def hosted_plan(
         factories = tuple(vector_env_fns)
         if not factories or not all(callable(f) for f in factories):
             raise TypeError("vector_env_fns must be a non-empty sequence of callables")
+        if num_workers is not None and num_workers > len(factories):
+            raise ValueError(
+                f"num_workers={num_workers} exceeds the {len(factories)} vector_env_fns: a "
+                "worker hosts one or more whole VectorEnvs (give num_workers <= "
+                f"{len(factories)}, or omit it: a worker per VectorEnv)"
+            )
         probes = [_probe_factory(f) for f in factories]
         sizes = [p.num_envs for p in probes]
         probe = probes[0]
         for other in probes[1:]:
             other.close()
-        if num_workers is not None and num_workers != len(factories):
-            probe.close()
-            raise ValueError(
-                f"num_workers={num_workers} but {len(factories)} vector_env_fns: one worker "
-                "hosts each VectorEnv; omit num_workers"
-            )
+        workers = num_workers if num_workers is not None else len(factories)
         name = getattr(probe, "spec", None)
         target: Any = name.id if name is not None and getattr(name, "id", None) else factories[0]
         recipe_args: dict[str, Any] = {"factories": factories}
@@ -90,6 +94,9 @@ def hosted_plan(
         recipe_args = {"env_id": env, "kwargs": kwargs}
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist()
     blocks = tuple((int(s), int(n)) for s, n in zip(starts, sizes, strict=True))
+    # Each worker's blocks: a contiguous run of them, split as np.array_split splits (the
+    # first len(blocks) % workers workers one more); an id's blocks are one per worker.
+    runs = np.array_split(np.arange(len(blocks)), workers)
     try:
         info = {
             "observation_space": probe.single_observation_space,
@@ -98,6 +105,7 @@ def hosted_plan(
             "render_mode": probe.render_mode,
             "autoreset_mode": probe.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP),
             "num_envs": int(sum(sizes)),
+            "workers": tuple(tuple(int(b) for b in run) for run in runs),
         }
     finally:
         probe.close()
