@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from envfleet.backends.local.runnable import LOADAVG, Runnable
+from envfleet.backends.local import runnable as runnable_module
+from envfleet.backends.local.runnable import FRESH, LOADAVG, Runnable
 
 
 @pytest.mark.skipif(not Path(LOADAVG).exists(), reason="Linux's /proc/loadavg only")
@@ -61,3 +62,22 @@ def test_without_the_file_it_never_says_busy(tmp_path: Path) -> None:
     assert runnable.only(1, 1)
     runnable.close()
     runnable.close()  # idempotent
+
+
+def test_only_reads_the_count_at_most_once_per_fresh_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "loadavg"
+    path.write_bytes(b"1.00 1.00 1.00 2/100 7\n")
+    clock = [100.0]
+    monkeypatch.setattr(runnable_module.time, "monotonic", lambda: clock[0])
+    runnable = Runnable(str(path))
+    try:
+        assert runnable.only(2, 2)
+        path.write_bytes(b"1.00 1.00 1.00 9/100 7\n")  # the machine got busy
+        clock[0] += FRESH / 2
+        assert runnable.only(2, 2)  # the count read a moment ago still answers
+        clock[0] += FRESH
+        assert not runnable.only(2, 2)  # read again: busy
+    finally:
+        runnable.close()

@@ -53,7 +53,9 @@ def test_a_worker_notes_its_cpu_and_composes_with_another_hook() -> None:
     assert wake_order.then(None, only) is only
 
 
-def test_a_sync_step_writes_last_to_the_worker_on_the_pools_core() -> None:
+def test_a_sync_step_writes_last_to_the_worker_on_the_pools_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     if len(usable_cpus()) < 2 or wake_order.current_cpu() < 0:
         pytest.skip("needs 2 usable CPUs and sched_getcpu")
     first, second = usable_cpus()[:2]
@@ -72,6 +74,17 @@ def test_a_sync_step_writes_last_to_the_worker_on_the_pools_core() -> None:
         submit(worker, command)
 
     transport.submit = logged
+    # The sync step's repeat byte is written straight to the command pipe (its hot path): those
+    # writes are logged as well.
+    worker_of = {slot.command_fd: w for w, slot in enumerate(transport._workers)}
+    write = os.write
+
+    def written(fd: int, data: Any) -> int:
+        if fd in worker_of:
+            sent.append(worker_of[fd])
+        return write(fd, data)
+
+    monkeypatch.setattr(os, "write", written)
     os.sched_setaffinity(0, {first})
     try:
         pool.reset(seed=0)

@@ -218,10 +218,23 @@ class ProcessTransport(BaseTransport, BaseWorkers):
         """A sync step: the workers on other cores than this thread's first
         (:mod:`~envfleet.backends.local.wake_order`), unless steps are quick (the last wait had
         every reply within ``spin.SPIN_LIMIT``: a worker that starts late loses little, and the
-        order would cost more than it saves)."""
-        submit = self.submit
+        order would cost more than it saves).
+
+        A worker whose pipe is empty and whose last command was this one gets its repeat
+        byte written here at once (the sync step's hot path); anything else goes through
+        :meth:`submit`."""
+        workers, write, repeat = self._workers, os.write, REPEAT_BYTES
         for worker in range(len(commands)) if self._quick else self._wake_order.order():
-            submit(worker, commands[worker])
+            command, slot = commands[worker], workers[worker]
+            if command is slot.last and not slot.outbox:
+                try:
+                    if write(slot.command_fd, repeat):
+                        continue
+                except BlockingIOError:  # no room: the outbox keeps it (submit below)
+                    pass
+                except OSError:  # the worker is gone: its transport hears of it on the next wait
+                    continue
+            self.submit(worker, command)
 
     def submit(self, worker: int, command: Command) -> None:
         slot = self._workers[worker]
