@@ -6,11 +6,10 @@ process's CPU and its stepping thread's): the process backend on one machine; no
 no-op envs on 1, 2 and 4 nodes x 2 workers (the driver's CPU per node beyond the first) and 8
 workers on 2 nodes; envs that sleep 10 ms a step on 1, 2 and 4 nodes; ``compress=`` on Pong
 frames; RLlib's ``EnvRunnerGroup`` on the same nodes, in env-steps per driver CPU-second.
-``--bare``: the no-op target (8 workers on 2 nodes) against the bare node layout
-(:class:`envfleet.benchmark.BarePool`), every process's CPU per step by role, paired rounds.
 ``--hosted``: CartPole's own VectorEnv hosted on 2 nodes, the driver's CPU per env-step as
-its batch grows. ``--compress``, ``--rllib``, ``--bare``, ``--hosted``: those rows alone;
-``--quick``: fewer steps.
+its batch grows. ``--compress``, ``--rllib``, ``--hosted``: those rows alone; ``--quick``:
+fewer steps. The no-op pool of 8 workers on 2 nodes against the bare node layout, every
+process's CPU per step by role: ``bench/step_cost.py --workloads noop-64-nodes``.
 
     PYTHONPATH=. python bench/cluster.py --quick
 """
@@ -18,19 +17,19 @@ its batch grows. ``--compress``, ``--rllib``, ``--bare``, ``--hosted``: those ro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium
 import numpy as np
 from gymnasium import spaces
-from rich.console import Console
 
 import envfleet
 from bench import common
 from bench.common import timed
 from bench.envs import NoOpEnv
-from envfleet import benchmark
 
 ONE_MACHINE: dict[str, Any] = {"backend": "process", "num_workers": 2}
 """The pool every cluster row is set against: the process backend on this machine."""
@@ -38,14 +37,6 @@ PAIR = {"pair": 1}
 """A custom resource of the first 2 worker nodes (RLlib's runners go there)."""
 ROLLOUTS = (50, 200)
 """Rollout lengths measured, against RLlib's fragments of the same length."""
-BARE_TARGETS = {"all processes": 1.5, "each agent": 1.5, "driver per node us": 50.0}
-"""The no-op target against the bare node layout: CPU of every process and of each agent at
-most these times the bare layout's, and the driver's CPU per node per step at most 50 µs."""
-
-
-def eight_on_two(workers: list[str]) -> dict[str, Any]:
-    """The no-op target's node pools: 8 workers on the first 2 worker nodes."""
-    return {"backend": "ray", "nodes": workers[:2], "num_workers": 8}
 
 
 class PongReplay(NoOpEnv):
@@ -144,15 +135,38 @@ def compress_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str
     return rows
 
 
+@contextlib.contextmanager
+def rllib_group(env: Any, envs: int, env_config: dict[str, Any] | None = None) -> Iterator[Any]:
+    """RLlib's ``EnvRunnerGroup`` (new API stack, PPO's defaults): 2 runners of ``envs`` envs
+    each on the 2 "pair" nodes (:data:`PAIR`), ``env`` built from ``env_config``."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.env.env_runner_group import EnvRunnerGroup
+
+    config = (
+        PPOConfig()  # type: ignore[no-untyped-call]
+        .environment(env=env, env_config=env_config or {})
+        .env_runners(
+            num_env_runners=2,
+            num_envs_per_env_runner=envs,
+            num_cpus_per_env_runner=0,
+            custom_resources_per_env_runner=PAIR,
+        )
+    )
+    group = EnvRunnerGroup(config=config, local_env_runner=False)
+    try:
+        yield group
+    finally:
+        group.stop()
+
+
 def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, Any]]:
-    """RLlib's EnvRunnerGroup (2 runners x 32 no-op envs on the 2 "pair" nodes, random actions)
+    """RLlib's EnvRunnerGroup (:func:`rllib_group`, 32 no-op envs a runner, random actions)
     against node pools (64 no-op envs, 2 nodes x 2 workers): env-steps per driver CPU-second,
     with fragments of 1 step (against ``pool.step``) and of :data:`ROLLOUTS` steps (against
     ``pool.rollout`` of as many, random actions drawn on the nodes), RLlib's runners returning
     the count of env-steps alone or the episodes themselves (what a learner needs)."""
     try:
-        from ray.rllib.algorithms.ppo import PPOConfig
-        from ray.rllib.env.env_runner_group import EnvRunnerGroup
+        import ray.rllib  # noqa: F401
     except ImportError as exc:
         print(f"\nRLlib: not measured (ray.rllib does not import: {exc})", flush=True)
         return []
@@ -166,18 +180,7 @@ def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, A
             r = row(f"node pools, 2 nodes x 2 workers, {label}", 64, *timing)
             r["env-steps per driver CPU-s"] = ours[length] = 64 / r["driver CPU ms/step"] * 1e3
             rows.append(r)
-    config = (
-        PPOConfig()
-        .environment(env=RLlibNoOp)
-        .env_runners(
-            num_env_runners=2,
-            num_envs_per_env_runner=32,
-            num_cpus_per_env_runner=0,
-            custom_resources_per_env_runner=PAIR,
-        )
-    )
-    group = EnvRunnerGroup(config=config, local_env_runner=False)
-    try:
+    with rllib_group(RLlibNoOp, 32) as group:
         for fragment, returned in [(1, False)] + [(f, r) for f in ROLLOUTS for r in (False, True)]:
 
             def sample(runner: Any, n: int = 32 * fragment, returned: bool = returned) -> Any:
@@ -206,42 +209,7 @@ def rllib_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, A
                 flush=True,
             )
             rows.append(r)
-    finally:
-        group.stop()
     return rows
-
-
-def against_the_bare(workers: list[str], rounds: int, seconds: float) -> dict[str, Any]:
-    """No-op x 64, 8 workers on 2 nodes, against the bare node layout on the same actions,
-    every process's CPU per step by role (:func:`envfleet.benchmark.versus_bare`), and
-    :data:`BARE_TARGETS`."""
-    console = Console(highlight=False)
-    timing = benchmark.Timing()
-    with envfleet.make(NoOpEnv, 64, seed=0, **eight_on_two(workers)) as pool:
-        pool.reset(seed=0)
-        actions = benchmark.sample_actions(pool.single_action_space, 64, timing)[:64]
-        nice = benchmark.pool_roles(pool)["agent 0"][0].nice()  # the bare agents' too
-        bare = benchmark.BarePool(benchmark.Workload.of(NoOpEnv, 64), timing, 8, 2, nice)
-        try:
-            mine, theirs = benchmark.versus_bare(pool, bare, actions, rounds, seconds)
-        finally:
-            bare.close()
-    compared = benchmark.compare(mine, theirs)
-    title = (
-        f"\nno-op x 64, 8 workers on 2 nodes, medians of {rounds} paired rounds of {seconds:g} s"
-    )
-    console.print(benchmark.roles_table(title, compared))
-    agents = [v["ratio"] for k, v in compared.items() if k.startswith("agent")]
-    checks = {
-        "all processes": compared["all processes"]["ratio"],
-        "each agent": max(agents, key=lambda r: r or 0.0),
-        "driver per node us": compared["driver"]["envfleet_us"] / 2,
-    }
-    for name, value in checks.items():
-        bound = BARE_TARGETS[name]
-        met = value is not None and value <= bound
-        console.print(f"  {name}: {value:.2f} (target <= {bound:g}) {'met' if met else 'missed'}")
-    return {"roles": compared, "checks": checks}
 
 
 def hosted_rows(workers: list[str], steps: int, repeats: int) -> list[dict[str, Any]]:
@@ -272,18 +240,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compress", action="store_true", help="the Pong compress= rows alone")
     parser.add_argument("--rllib", action="store_true", help="the RLlib comparison alone")
-    parser.add_argument("--bare", action="store_true", help="the bare node layout alone")
     parser.add_argument("--hosted", action="store_true", help="the hosted VectorEnv rows alone")
-    parser.add_argument("--rounds", type=int, default=7, help="--bare's paired rounds")
     args = parser.parse_args(argv)
-    steps, seconds = (200, 0.3) if args.quick else (1000, 1.0)
+    steps = 200 if args.quick else 1000
     with common.fake_cluster(5, [{"pair": 100}] * 2) as cluster:  # 2 "pair" nodes
         workers = [n.node_id for n in cluster.worker_nodes]
-        alone = args.compress or args.rllib or args.bare or args.hosted
+        alone = args.compress or args.rllib or args.hosted
         if args.hosted or not alone:
             hosted_rows(workers, steps, args.repeats)
-        if args.bare or not alone:
-            against_the_bare(workers, 2 if args.quick else args.rounds, seconds)
         if args.compress or not alone:
             compress_rows(workers, steps // 4, args.repeats)
         if args.rllib or not alone:
@@ -301,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 (f"node pools, {n} node(s) x 2 workers", noop, 64, steps, pools(n, 2 * n))
                 for n in (1, 2, 4)
             ),
-            ("node pools, 8 workers on 2 nodes", noop, 64, steps, eight_on_two(workers)),
+            ("node pools, 8 workers on 2 nodes", noop, 64, steps, pools(2, 8)),
             *(
                 (f"sleep 10 ms, {n} node(s) x 32 envs", sleepy, 32 * n, steps // 10, pools(n, n))
                 for n in (1, 2, 4)

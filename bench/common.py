@@ -102,15 +102,21 @@ def rows(report: benchmark.Report) -> dict[str, Any]:
 
 
 def target(
-    console: Console, label: str, value: float | None, minimum: float, *, end: str = "\n"
+    console: Console,
+    label: str,
+    value: float | None,
+    bound: float,
+    *,
+    most: bool = False,
+    end: str = "\n",
 ) -> dict[str, Any]:
-    """Print ``label = value (target >= minimum) met/missed``; its JSON (``met`` is ``None``
-    when ``value`` was not measured)."""
-    met = None if value is None else value >= minimum
+    """Print ``label = value (target >= bound) met/missed`` (``most``: ``<= bound``); its JSON
+    (``met`` is ``None`` when ``value`` was not measured)."""
+    met = None if value is None else value <= bound if most else value >= bound
     mark = {None: "", True: " [green]met[/green]", False: " [red]missed[/red]"}[met]
-    shown = "-" if value is None else f"{value:.2f}"
-    console.print(f"[bold]{label} = {shown}[/bold] (target >= {minimum:g}){mark}{end}")
-    return {"ratio": label, "value": value, "minimum": minimum, "met": met}
+    shown, sign = "-" if value is None else f"{value:.2f}", "<=" if most else ">="
+    console.print(f"[bold]{label} = {shown}[/bold] (target {sign} {bound:g}){mark}{end}")
+    return {"ratio": label, "value": value, "maximum" if most else "minimum": bound, "met": met}
 
 
 # -- options, machine, JSON --------------------------------------------------------------------
@@ -143,8 +149,13 @@ def timing_from(args: argparse.Namespace, full: tuple[float, int] = (3.0, 3)) ->
     )
 
 
-def add_choice(parser: argparse.ArgumentParser, flag: str, choices: Sequence[str]) -> None:
-    """A ``flag`` option taking a comma-separated subset of ``choices`` (default: all), as a
+def add_choice(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    choices: Sequence[str],
+    default: Sequence[str] | None = None,
+) -> None:
+    """A ``flag`` option taking a comma-separated subset of ``choices`` (``default``: all), as a
     list, checked."""
 
     def chosen(text: str) -> list[str]:
@@ -156,8 +167,10 @@ def add_choice(parser: argparse.ArgumentParser, flag: str, choices: Sequence[str
             )
         return names
 
+    default = list(choices if default is None else default)
+    shown = "" if len(default) == len(choices) else f" (default: {','.join(default)})"
     parser.add_argument(
-        flag, type=chosen, default=list(choices), help=f"comma-separated, from {','.join(choices)}"
+        flag, type=chosen, default=default, help=f"comma-separated, from {','.join(choices)}{shown}"
     )
 
 
@@ -208,9 +221,14 @@ def timed(call: Callable[[], object], rounds: int) -> list[float]:
 
 
 @contextlib.contextmanager
-def fake_cluster(nodes: int, resources: Sequence[dict[str, float]] = ()) -> Iterator[Any]:
+def fake_cluster(
+    nodes: int,
+    resources: Sequence[dict[str, float]] = (),
+    runtime_env: dict[str, Any] | None = None,
+) -> Iterator[Any]:
     """A Ray cluster of ``nodes`` nodes on this machine (one CPU each; the ``k``-th after the
-    head with ``resources[k]``), connected; ``None`` and no Ray if ``nodes`` is 0."""
+    head with ``resources[k]``), connected with ``runtime_env``; ``None`` and no Ray if
+    ``nodes`` is 0."""
     if not nodes:
         yield None
         return
@@ -223,7 +241,7 @@ def fake_cluster(nodes: int, resources: Sequence[dict[str, float]] = ()) -> Iter
         for k in range(nodes - 1):
             cluster.add_node(**node, resources=resources[k] if k < len(resources) else {})
         cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False)
+        ray.init(address=cluster.address, log_to_driver=False, runtime_env=runtime_env or {})
         yield cluster
     finally:
         ray.shutdown()

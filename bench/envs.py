@@ -239,6 +239,7 @@ _HOSTED = ("vector", "vector-ceiling", "hosted", "process")
 """For the hosted workloads: the VectorEnv alone, its ceiling, envfleet hosting it, and
 envfleet's single-env path."""
 _ASYNC, _PROCESS_THREADS = "process:batch_size=8", "process:num_workers=2:threads_per_worker=16"
+_RAY = ("naive-ray", "batched-ray", "envfleet-ray", "envfleet-ray-calls", "process")
 _SLEEP = ("loop", "bare-threads", "thread", "thread:cpu_affinity=[1]", "gym-async")
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -252,5 +253,8 @@ TARGETS: dict[str, Target] = {
         # CartPole's numpy VectorEnv, and ale-py's AtariVectorEnv for the Pong id.
         Target("cartpole-1024", "CartPole-v1", 1024, _HOSTED, "vector"),
         Target("pong-16", "ALE/Pong-v5", 16, _HOSTED, "vector"),
+        # The ray backend against plain Ray patterns and the process backend, on a local Ray.
+        Target("ray-cartpole", "CartPole-v1", 64, _RAY, "naive-ray", ("envfleet-ray", 5.0)),
+        Target("ray-pong", "ALE/Pong-v5", 8, _RAY, "process", ("envfleet-ray", 0.8)),
     )
 }

@@ -148,31 +148,19 @@ def network(shape: tuple[int, ...], actions: int) -> torch.nn.Module:
 
 
 def rllib_rate(env: Any, env_config: dict[str, Any], envs: int, steps: int, rounds: int) -> Any:
-    """RLlib's EnvRunnerGroup, 2 runners of ``envs`` envs on the 2 worker nodes: each round its
-    runners' own weights synced as PPO does (``sync_weights``, a new sequence number) and
-    ``envs x steps`` env-steps sampled by each, episodes to the driver. Env-steps per driver
-    CPU-second, and the parameters of the runners' module."""
-    from ray.rllib.algorithms.ppo import PPOConfig
+    """RLlib's EnvRunnerGroup (:func:`bench.cluster.rllib_group`): each round its runners' own
+    weights synced as PPO does (``sync_weights``, a new sequence number) and ``envs x steps``
+    env-steps sampled by each, episodes to the driver. Env-steps per driver CPU-second, and the
+    parameters of the runners' module."""
     from ray.rllib.core import COMPONENT_RL_MODULE
-    from ray.rllib.env.env_runner_group import EnvRunnerGroup
     from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
-    config = (
-        PPOConfig()  # type: ignore[no-untyped-call]
-        .environment(env=env, env_config=env_config)
-        .env_runners(
-            num_env_runners=2,
-            num_envs_per_env_runner=envs,
-            num_cpus_per_env_runner=0,
-            custom_resources_per_env_runner=cluster.PAIR,
-        )
-    )
-    group = EnvRunnerGroup(config=config, local_env_runner=False)
-    try:  # the weights a learner hands over: the runners' own, under a new number each round
+    with cluster.rllib_group(env, envs, env_config) as group:
 
         def module(runner: Any) -> Any:
             return runner.get_state(components=[COMPONENT_RL_MODULE], inference_only=True)
 
+        # The weights a learner hands over: the runners' own, under a new number each round.
         state = group.foreach_env_runner(module, local_env_runner=False)[0]
         params = sum(int(np.size(v)) for v in state[COMPONENT_RL_MODULE].values())
 
@@ -194,8 +182,6 @@ def rllib_rate(env: Any, env_config: dict[str, Any], envs: int, steps: int, roun
         done = [0]
         _, cpu, _ = common.timed(lambda: once(done), rounds)
         return done[0] / cpu, params
-    finally:
-        group.stop()
 
 
 def per_cpu(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:

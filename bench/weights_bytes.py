@@ -1,29 +1,38 @@
 """Bytes a policy's versions put through the worker processes' pipes, segments on and off.
 
 A policy of 10 MB of weights (``weights()``/``load_weights``): its first version (code, which
-holds the weights too, and weights) and a new one (weights). Counted: what each worker process
-reads (``/proc/<pid>/io``'s ``rchar``: its pipe, its envs read no file), summed over the
-workers of the machine (process backend: 1 and 4 workers) or of each node (``--nodes``: two
-fake nodes of 4 workers, ``ray.cluster_utils``; also what the pool sent each node). ``--off``:
-the segments turned off, each worker gets its own copy down its pipe (as before they existed).
+holds the weights too, and weights) and a new one (weights). Counted:
+what each worker process reads (``/proc/<pid>/io``'s ``rchar``: its pipe, its envs read no
+file), summed over the workers of the machine (process backend: 1 and 4 workers) or of each
+node (``--nodes``: two fake nodes of 4 workers, ``ray.cluster_utils``; also what the pool sent
+each node). ``--off``: the segments turned off, each worker gets its own copy down its pipe (as
+before they existed).
 
-    python bench/weights_bytes.py [--nodes] [--off] [--quick]
+    PYTHONPATH=. python bench/weights_bytes.py [--nodes] [--off] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from typing import Any
 
 import numpy as np
 import psutil
 
 import envfleet
+from bench import common
 from envfleet.backends.local import shared_weights
 
 
 class Big:
-    """10 MB of weights; actions from the 32 bytes of ``w``."""
+    """10 MB of weights; actions from the 32 bytes of ``w``. Defined here, not imported from
+    the engine: a worker unpickling it reads no module's files beside its pipe."""
 
     def __init__(self, fill: float) -> None:
         self.w = np.full((4, 2), fill)
@@ -80,15 +89,9 @@ def main() -> None:
                 pids = [pid for pid in pool._transport.pids() if pid is not None]  # type: ignore[attr-defined]
                 versions(pool, [pids], f"process, {label}, {workers} workers")
         return
-    import ray
-    from ray.cluster_utils import Cluster
-
-    node: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 << 20}
-    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
-    try:
-        nodes = [cluster.add_node(**node).node_id for _ in range(2)]
-        hook = {"worker_process_setup_hook": "bench.weights_bytes.segments_off"}
-        ray.init(address=cluster.address, log_to_driver=False, runtime_env=hook if args.off else {})
+    hook = {"worker_process_setup_hook": "bench.weights_bytes.segments_off"} if args.off else {}
+    with common.fake_cluster(3, runtime_env=hook) as cluster:
+        nodes = [node.node_id for node in cluster.worker_nodes]
         with envfleet.make(
             "CartPole-v1", 8, backend="ray", num_workers=8, nodes=nodes, seed=0
         ) as pool:
@@ -98,9 +101,6 @@ def main() -> None:
                 [g.pid for c in psutil.Process(a).children() for g in c.children()] for a in agents
             ]
             versions(pool, machines, f"2 nodes x 4 workers, {label}")
-    finally:
-        ray.shutdown()
-        cluster.shutdown()  # type: ignore[no-untyped-call]
 
 
 if __name__ == "__main__":

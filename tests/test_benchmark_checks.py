@@ -19,8 +19,8 @@ from rich.console import Console
 
 from bench.common import Case, add_choice, measure_table, target
 from bench.envs import read_log
-from bench.ray_bench import BatchActor
 from bench.soak import SoakConfig, SoakRun, run_soak, soak_checks
+from bench.throughput import BatchActor
 from envfleet.benchmark import (
     CallRunner,
     Runner,

@@ -760,7 +760,7 @@ def test_env_fns_match_sync_vector_env_and_registered_ids_build(
 
 @pytest.mark.parametrize("pattern", ["naive", "batched"])
 def test_plain_ray_baselines_of_the_benchmark_step_and_go(ray_session: None, pattern: str) -> None:
-    from bench.ray_bench import open_batched_ray, open_naive_ray
+    from bench.throughput import open_batched_ray, open_naive_ray
     from envfleet.affinity import usable_cpus
     from envfleet.benchmark import Timing, Workload
 

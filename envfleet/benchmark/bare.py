@@ -31,7 +31,15 @@ import numpy as np
 from gymnasium import spaces
 
 from envfleet.affinity import usable_cpus
-from envfleet.benchmark.base import CallRunner, Runner, Timing, Workload, cycle, sample_actions
+from envfleet.benchmark.base import (
+    CallRunner,
+    Runner,
+    Timing,
+    Workload,
+    cycle,
+    join_all,
+    sample_actions,
+)
 from envfleet.threads import split_ids
 
 BARE_POOL = "bare-pool"
@@ -147,11 +155,7 @@ class _Workers:
         for outbox, _ in self._ends:
             with contextlib.suppress(OSError):  # already gone
                 os.write(outbox, _STOP)
-        for proc in self._procs:
-            proc.join(timeout=10.0)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join()
+        join_all(self._procs)
         for ends in self._ends:
             for fd in ends:
                 os.close(fd)
@@ -317,11 +321,7 @@ class BarePool:
             self._local = None
         for link, *_ in self._links:
             link.close()
-        for agent in self._agents:
-            agent.join(timeout=10.0)
-            if agent.is_alive():
-                agent.terminate()
-                agent.join()
+        join_all(self._agents)
         self._links, self._agents = [], []
 
 

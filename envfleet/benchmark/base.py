@@ -4,7 +4,9 @@ as one, synchronously or EnvPool-style by batch)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -159,17 +161,31 @@ def busy_cpu_s() -> float:
     return float(sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq")))
 
 
+def cpu_seconds(processes: Sequence[psutil.Process]) -> float:
+    """CPU seconds of ``processes``, every thread: from the scheduler's nanosecond count
+    (``/proc/PID/task/*/schedstat``) where there is one, else ``psutil`` (10 ms ticks)."""
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.Error, OSError):  # ended: its last figures are lost
+            try:
+                tasks = os.listdir(f"/proc/{process.pid}/task")
+            except OSError:
+                times = process.cpu_times()
+                total += times.user + times.system
+                continue
+            for task in tasks:
+                with (
+                    contextlib.suppress(OSError),
+                    open(f"/proc/{process.pid}/task/{task}/schedstat") as f,
+                ):
+                    total += int(f.read().split()[0]) * 1e-9
+    return total
+
+
 def _own_cpu_s() -> float:
     """CPU seconds used by this process and its live descendants."""
     me = psutil.Process()
-    total = 0.0
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system
-    return total
+    return cpu_seconds([me, *me.children(recursive=True)])
 
 
 class OtherLoad:
@@ -187,6 +203,16 @@ class OtherLoad:
         wall = time.perf_counter() - wall
         other = (busy_cpu_s() - busy) - (_own_cpu_s() - own)
         self.cores = max(0.0, other / wall) if wall > 0 else 0.0
+
+
+def join_all(processes: Sequence[Any], timeout: float = 10.0) -> None:
+    """Wait ``timeout`` seconds for each of ``processes`` (told to stop) to end; terminate it
+    if it has not."""
+    for process in processes:
+        process.join(timeout=timeout)
+        if process.is_alive():
+            process.terminate()
+            process.join()
 
 
 # -- the runner interface --------------------------------------------------------------------
@@ -353,7 +379,9 @@ __all__ = [
     "Timing",
     "Workload",
     "busy_cpu_s",
+    "cpu_seconds",
     "cycle",
+    "join_all",
     "open_vector",
     "sample_actions",
     "time_calls",

@@ -12,9 +12,7 @@ alike. :func:`versus_bare` sets an envfleet pool against its bare layout
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +23,7 @@ import psutil
 from rich.table import Table
 
 from envfleet.benchmark.bare import BarePool
-from envfleet.benchmark.base import busy_cpu_s
+from envfleet.benchmark.base import busy_cpu_s, cpu_seconds
 
 Roles = dict[str, list[psutil.Process]]
 """A layout's processes by role."""
@@ -57,32 +55,11 @@ class CpuWindow:
         return sum(self.roles_us.values())
 
 
-def _cpu_s(processes: list[psutil.Process]) -> float:
-    """CPU seconds of ``processes``, every thread: from the scheduler's nanosecond count
-    (``/proc/PID/task/*/schedstat``) where there is one, else ``psutil`` (10 ms ticks)."""
-    total = 0.0
-    for process in processes:
-        with contextlib.suppress(psutil.Error, OSError):  # ended: its last figures are lost
-            try:
-                tasks = os.listdir(f"/proc/{process.pid}/task")
-            except OSError:
-                times = process.cpu_times()
-                total += times.user + times.system
-                continue
-            for task in tasks:
-                with (
-                    contextlib.suppress(OSError),
-                    open(f"/proc/{process.pid}/task/{task}/schedstat") as f,
-                ):
-                    total += int(f.read().split()[0]) * 1e-9
-    return total
-
-
 def cpu_window(layout: Layout, seconds: float, warmup: int = 50) -> CpuWindow:
     """``layout.step`` called for ``seconds`` (after ``warmup`` untimed calls)."""
     for _ in range(warmup):
         layout.step()
-    before = {role: _cpu_s(ps) for role, ps in layout.roles.items()}
+    before = {role: cpu_seconds(ps) for role, ps in layout.roles.items()}
     machine, thread, start, steps = busy_cpu_s(), time.thread_time(), time.perf_counter(), 0
     deadline = start + seconds
     while True:
@@ -92,7 +69,7 @@ def cpu_window(layout: Layout, seconds: float, warmup: int = 50) -> CpuWindow:
         if now >= deadline:
             break
     thread, machine = time.thread_time() - thread, busy_cpu_s() - machine
-    used = {role: _cpu_s(ps) - before[role] for role, ps in layout.roles.items()}
+    used = {role: cpu_seconds(ps) - before[role] for role, ps in layout.roles.items()}
     per = 1e6 / steps
     return CpuWindow(
         (now - start) * per, {r: s * per for r, s in used.items()}, thread * per, machine * per
@@ -176,16 +153,16 @@ def versus_bare(
     rounds: int,
     seconds: float,
     progress: Callable[[str], object] | None = None,
-) -> tuple[list[CpuWindow], list[CpuWindow]]:
+) -> dict[str, dict[str, Any]]:
     """``pool`` (reset) and ``bare`` stepped with ``actions`` in turn, in paired rounds: the
-    windows of each."""
+    figures of their windows side by side (:func:`compare`)."""
     mine, theirs = itertools.cycle(actions), itertools.cycle(actions)
     layouts = [
         Layout("envfleet", lambda: pool.step(next(mine)), pool_roles(pool)),
         Layout("bare", lambda: bare.step(next(theirs)), roles(psutil.Process(), **bare.pids)),
     ]
     got = paired(layouts, rounds, seconds, progress)
-    return got["envfleet"], got["bare"]
+    return compare(got["envfleet"], got["bare"])
 
 
 def _role(name: str) -> Callable[[CpuWindow], float]:

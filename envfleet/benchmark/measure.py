@@ -239,12 +239,6 @@ class _Eta:
         self.show(hook, at, text)
 
 
-def _at(
-    on_error: Callable[[str, int, BaseException], object], n: int, name: str, exc: BaseException
-) -> None:
-    on_error(name, n, exc)
-
-
 def sweep(
     env: Any,
     num_envs: Sequence[int],
@@ -308,11 +302,16 @@ def sweep(
             ]
             eta.total -= (len(report.measured) - len(names_now)) * (1 + timing.repeats)
             at = f" ({count + 1} of {len(num_envs)})" if len(num_envs) > 1 else ""
+
+            def failed(name: str, exc: BaseException, n: int = n) -> None:
+                if on_error is not None:
+                    on_error(name, n, exc)
+
             results = measure(
                 names_now,
                 base.Workload(spec, n),
                 timing,
-                on_error=None if on_error is None else functools.partial(_at, on_error, n),
+                on_error=failed,
                 progress=functools.partial(eta.count, progress, at),
                 openers=openers,
                 on_stage=functools.partial(eta.show, on_stage, at),

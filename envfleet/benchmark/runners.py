@@ -208,11 +208,7 @@ class CeilingRunner(base.Runner):
         self._seconds.value = 0.0
         with contextlib.suppress(Exception):  # broken by a failed worker: terminated below
             self._go.wait(10.0)
-        for worker in self._workers:
-            worker.join(timeout=10.0)
-            if worker.is_alive():
-                worker.terminate()
-                worker.join()
+        base.join_all(self._workers)
         self._results.close()
         self._results.join_thread()
 
