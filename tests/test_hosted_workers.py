@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import envfleet
+from envfleet.hosted import unbatch_infos
 from tests.test_hosted import (
     Alone,
     CountingVectorEnv,
@@ -217,3 +218,71 @@ def test_more_workers_than_vector_env_fns_is_refused_naming_the_argument() -> No
         envfleet.make(vector_env_fns=fns, backend="process", num_workers=3)
     with pytest.raises(ValueError, match="num_workers must be at least 1"):
         envfleet.make(vector_env_fns=fns, backend="thread", num_workers=0)
+
+
+def reference_unbatch(infos: dict[str, Any], n: int) -> dict[int, dict[str, Any]]:
+    """Each env's infos, read key by key through its mask (or every env without one)."""
+    out: dict[int, dict[str, Any]] = {}
+    for key, value in infos.items():
+        if key.startswith("_"):
+            continue
+        mask = infos.get("_" + key, np.ones(n, dtype=bool))
+        nested = reference_unbatch(value, n) if isinstance(value, dict) else None
+        for j in range(n):
+            if mask[j] and nested is None:
+                out.setdefault(j, {})[key] = value[j]
+            elif mask[j] and nested is not None and j in nested:
+                out.setdefault(j, {})[key] = nested[j]
+    return dict(sorted(out.items()))
+
+
+@pytest.mark.parametrize(
+    "infos",
+    [
+        {},
+        {"_only_a_mask": np.ones(3, dtype=bool)},
+        {"lives": np.array([3, 2, 1], np.int32), "frame": np.arange(3, dtype=np.int64)},
+        {"pos": np.arange(6.0).reshape(3, 2), "name": np.array(["a", None, 3], dtype=object)},
+        {"lives": np.array([3, 2, 1], np.int32), "t": np.arange(3), "_t": np.array([0, 1, 0])},
+        {"episode": {"r": np.arange(3.0), "_r": np.array([1, 0, 1], bool)}, "x": np.ones(3)},
+        {"listed": [1, 2, 3]},
+    ],
+)
+def test_a_vector_envs_infos_per_env_are_each_envs_own(infos: dict[str, Any]) -> None:
+    """Arrays every env has (no mask: a dict per env filled key by key), masks, nested dicts:
+    each env gets what its rows say, of the arrays' own types, in env order."""
+    got, want = unbatch_infos(infos, 3), reference_unbatch(infos, 3)
+    assert list(got) == list(want)
+    for j, info in want.items():
+        assert list(got[j]) == list(info)
+        assert_same(list(info.values()), list(got[j].values()))
+        assert [type(v) for v in got[j].values()] == [type(v) for v in info.values()]
+
+
+class CastingVectorEnv(CountingVectorEnv):
+    """A :class:`CountingVectorEnv` whose observations come as ``dtype`` (its space: int64)."""
+
+    def __init__(self, num_envs: int, dtype: Any) -> None:
+        super().__init__(num_envs)
+        self.dtype = dtype
+
+    def _obs(self) -> np.ndarray:
+        return super()._obs().astype(self.dtype)
+
+
+def test_hosted_observations_of_another_dtype_are_cast_or_refused_as_gymnasium_does() -> None:
+    """int32 observations for an int64 space go in (numpy's same_kind rule); float64 ones are
+    refused, naming the block's first env, as SyncVectorEnv refuses them."""
+    fns = [functools.partial(counting, 2), functools.partial(CastingVectorEnv, 2, np.int32)]
+    with envfleet.make(vector_env_fns=fns, backend="process", num_workers=1, seed=1) as pool:
+        obs, _ = pool.reset()
+        obs, *_ = pool.step(np.ones(4, dtype=np.int64))
+    alone = Alone([CountingVectorEnv(2), CountingVectorEnv(2)])
+    alone.reset(seed=1)
+    assert obs.dtype == np.int64
+    np.testing.assert_array_equal(obs, alone.step(np.ones(4, dtype=np.int64))[0])
+    fns[1] = functools.partial(CastingVectorEnv, 2, np.float64)
+    with envfleet.make(vector_env_fns=fns, backend="process", num_workers=1, seed=1) as pool:
+        with pytest.raises(envfleet.EnvRaisedError, match="Cannot cast") as info:
+            pool.reset()
+        assert info.value.env_index == 2

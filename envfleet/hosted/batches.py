@@ -1,5 +1,6 @@
 """A hosted VectorEnv's batches seen env by env: its infos per env, rows of its
-observations, the leaves of a space, how it is called and whether it has ``send``/``recv``."""
+observations, its rows of the pool's batch, the leaves of a space, how it is called and whether
+it has ``send``/``recv``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import VectorEnv
 
+from envfleet.buffers import Batch, is_array_space, view_rows
+
 
 def sends(venv: Any) -> bool:
     """Whether ``venv`` steps through ``send``/``recv`` of all its envs at once (a
@@ -19,6 +22,17 @@ def sends(venv: Any) -> bool:
         and callable(getattr(venv, "recv", None))
         and getattr(venv, "batch_size", venv.num_envs) == venv.num_envs
     )
+
+
+def block_views(batch: Batch, action_space: spaces.Space[Any], rows: slice) -> tuple[Any, ...]:
+    """A block's rows of the pool's batch, made once for every step (the batch arrays never
+    move): its actions (``None`` unless they batch into arrays), its observations (``None``
+    unless one array), rewards, terminations and truncations."""
+    actions = None
+    if is_array_space(action_space):
+        actions = view_rows(action_space, batch.actions, rows.start, rows.stop)
+    obs = batch.observations[rows] if type(batch.observations) is np.ndarray else None
+    return actions, obs, batch.rewards[rows], batch.terminations[rows], batch.truncations[rows]
 
 
 def span(rows: slice) -> tuple[int, int]:
@@ -54,6 +68,13 @@ def unbatch_infos(infos: Mapping[str, Any], n: int) -> dict[int, dict[str, Any]]
     """A vector env's infos (arrays, and ``_key`` masks) as a dict per env that has any
     (by its index in the batch), holding only what that env has: what the pool merges back
     Gymnasium's way. No infos (the common step): nothing done per env."""
+    whole = _unmasked_arrays(infos)
+    if whole is not None:  # a dict per env, filled key by key: no merging per env and key
+        dicts: list[dict[str, Any]] = [{} for _ in range(n)] if whole else []
+        for key, value in whole:
+            for j in range(n):
+                dicts[j][key] = value[j]
+        return dict(enumerate(dicts))
     out: dict[int, dict[str, Any]] = {}
     for key, value in infos.items():
         if key.startswith("_"):
@@ -71,4 +92,17 @@ def unbatch_infos(infos: Mapping[str, Any], n: int) -> dict[int, dict[str, Any]]
     return dict(sorted(out.items()))
 
 
-__all__ = ["leaves", "row", "sends", "span", "unbatch_infos", "vector_call"]
+def _unmasked_arrays(infos: Mapping[str, Any]) -> list[tuple[str, Any]] | None:
+    """The infos' keys and values when each value is an array with no ``_key`` mask (every
+    env has it: Atari's lives and frame numbers); ``None`` otherwise."""
+    whole: list[tuple[str, Any]] = []
+    for key, value in infos.items():
+        if key.startswith("_"):
+            continue
+        if type(value) is not np.ndarray or "_" + key in infos:
+            return None
+        whole.append((key, value))
+    return whole
+
+
+__all__ = ["block_views", "leaves", "row", "sends", "span", "unbatch_infos", "vector_call"]

@@ -13,10 +13,19 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import concatenate, create_empty_array
 
-from envfleet.buffers import Batch, fits_dtype, put, take, view_rows
+from envfleet.buffers import Batch, fits_dtype, put, take
 from envfleet.errors import OnError, Phase
+from envfleet.group_envs import derive_seed
 from envfleet.guards import env_errors
-from envfleet.hosted.batches import leaves, row, sends, span, unbatch_infos, vector_call
+from envfleet.hosted.batches import (
+    block_views,
+    leaves,
+    row,
+    sends,
+    span,
+    unbatch_infos,
+    vector_call,
+)
 from envfleet.hosted.recipe import RESTARTED, HostedRecipe
 from envfleet.protocol import EnvFailure, Reply
 
@@ -34,6 +43,7 @@ class _Block:
     owe_reset: bool = False  # rebuilt and reported: its next step resets it (NEXT_STEP)
     per_env_seeds: bool | None = None  # whether its reset takes one seed per env
     sends: bool = False  # its VectorEnv has send/recv of all its envs (looked at once per build)
+    views: tuple[Any, ...] = ()  # its rows of the batch, made once (batches.block_views)
 
     def __post_init__(self) -> None:
         self.sends = sends(self.venv)
@@ -78,6 +88,7 @@ class HostedGroup:
                     )
                 count = max(((restarts or {}).get(i, 0) for i in block_ids), default=0)
                 block = _Block(b, block_ids, slice(start, start + size), self._build(b), count)
+                block.views = block_views(batch, action_space, block.rows)
                 block.owe_truncation = restarted
                 self.blocks.append(block)
                 ids = ids[size:]
@@ -193,7 +204,9 @@ class HostedGroup:
             try:
                 if block.owe_reset:  # the rebuilt env's first result: its reset
                     obs, info = self._reset_block(
-                        block, [self._derived_seed(i, block) for i in block.ids], None
+                        block,
+                        [derive_seed(self.seed_base, i, block.restarts) for i in block.ids],
+                        None,
                     )
                     block.owe_reset = False
                     self._write_obs(block, obs)
@@ -299,10 +312,9 @@ class HostedGroup:
 
     def _actions(self, block: _Block, carried: dict[int, Any] | None) -> Any:
         """The block's actions: a view of its rows of the batch, or the carried ones."""
-        if carried is None:
-            return view_rows(
-                self.action_space, self.batch.actions, block.rows.start, block.rows.stop
-            )
+        if carried is None:  # a view made once, or (actions that are no arrays) a slice
+            view = block.views[0]
+            return view if view is not None else self.batch.actions[block.rows]
         out: Any = create_empty_array(self.action_space, len(block.ids))
         return concatenate(self.action_space, [carried[i] for i in block.ids], out)
 
@@ -311,14 +323,18 @@ class HostedGroup:
     ) -> None:
         """A step's results of ``block`` into its rows of the batch."""
         self._write_obs(block, obs)
-        rows = block.rows
-        self.batch.rewards[rows] = rewards
-        self.batch.terminations[rows] = terminations
-        self.batch.truncations[rows] = truncations
+        _, _, rewards_rows, terminations_rows, truncations_rows = block.views
+        rewards_rows[...] = rewards
+        terminations_rows[...] = terminations
+        truncations_rows[...] = truncations
 
     def _write_obs(self, block: _Block, obs: Any) -> None:
         """The block's observations into its rows, with one copy per field; a dtype that does
         not fit the space without an unsafe cast is refused, as ``SyncVectorEnv`` does."""
+        rows = block.views[1]
+        if rows is not None and type(obs) is np.ndarray and obs.dtype == rows.dtype:
+            rows[...] = obs  # one array of the batch's dtype: nothing to check (the hot path)
+            return
         for value, space in leaves(obs, self.observation_space):
             array = np.asarray(value)
             if not fits_dtype(array, np.dtype(space.dtype)):  # a leaf written in place has one
@@ -355,7 +371,7 @@ class HostedGroup:
         block.owe_truncation = False
         if self.mode is AutoresetMode.SAME_STEP:
             final = take(self.observation_space, self.batch.observations, np.arange(*span(rows)))
-            seeds = [self._derived_seed(i, block) for i in block.ids]
+            seeds = [derive_seed(self.seed_base, i, block.restarts) for i in block.ids]
             try:
                 obs, reset_info = self._reset_block(block, seeds, None)
                 self._write_obs(block, obs)
@@ -379,13 +395,6 @@ class HostedGroup:
         self.batch.rewards[rows] = 0.0
         self.batch.terminations[rows] = False
         self.batch.truncations[rows] = True
-
-    def _derived_seed(self, env: int, block: _Block) -> int | None:
-        if self.seed_base is None:
-            return None
-        return int(
-            np.random.SeedSequence([self.seed_base, env, block.restarts]).generate_state(1)[0]
-        )
 
 
 __all__ = ["HostedGroup"]
