@@ -18,9 +18,10 @@ dispatch keeps no strong reference to the face, so that a pool dropped unclosed 
 itself at once (its ``__del__``) rather than when the garbage collector breaks a cycle: it holds
 the face's ``gather`` weakly and is told when the pool closes.
 
-What only some transports have (spare observation rows, nodes, several commands in one message:
-:class:`~envfleet.backends.HasSpares`, :class:`~envfleet.backends.HasNodes`,
-:class:`~envfleet.backends.SubmitsMany`) is looked up once, when the dispatch is made.
+What only some transports have (spare observation rows, nodes, several commands in one message,
+rollout parts read into the pool's arrays: :class:`~envfleet.backends.HasSpares`,
+:class:`~envfleet.backends.HasNodes`, :class:`~envfleet.backends.SubmitsMany`,
+:class:`~envfleet.backends.LandsParts`) is looked up once, when the dispatch is made.
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from envfleet.backends import HasNodes, HasSpares, SubmitsMany, Transport
+from envfleet.backends import HasNodes, HasSpares, LandsParts, SubmitsMany, Transport
 from envfleet.errors import ClosedPoolError, EnvError
 from envfleet.ledger import Ledger
 from envfleet.protocol import Call, Command, Reply, Reset, Sample, SetAttr, Step
 from envfleet.recovery import DRAIN_TIMEOUT, Rebuild, Recovery
+from envfleet.rollout_loop import Sampled
 
 _worker_of, _reply_of = operator.itemgetter(0), operator.itemgetter(1)  # of (worker, reply)
 
@@ -71,6 +73,7 @@ class Dispatch:
         self._submit_many = (
             transport.submit_many if isinstance(transport, SubmitsMany) else self._submit_each
         )
+        self._land = transport.land if isinstance(transport, LandsParts) else None
         self._ledger = ledger
         self._recovery = recovery
         self._env_name = env_name
@@ -220,6 +223,12 @@ class Dispatch:
         for worker, command in commands:
             sent(worker, command)
         self._submit_many(commands)  # a node sub-pool's in one message per node
+
+    def land(self, worker: int, command: Sample, into: Sampled) -> None:
+        """Have the transport read the part that answers ``command`` into ``into``'s arrays,
+        if it can (:class:`~envfleet.backends.LandsParts`); else the part comes in its own."""
+        if self._land is not None:
+            self._land(worker, command, into)
 
     def _submit_each(self, commands: Sequence[tuple[int, Command]]) -> None:
         """A transport without :class:`~envfleet.backends.SubmitsMany`: one command at a time."""

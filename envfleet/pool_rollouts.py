@@ -8,7 +8,9 @@ and takes the replies in; the workers' parts are then assembled column block by 
 and the pool's rows, reset flags and statistics are left as after the steps::
 
     rollout(policy, T) ── checks, policy pickled once ──► dispatch.replies(Sample per worker)
-    Rollout ◄── _Out (T, num_envs, ...) ◄── each worker's Sampled; batch rows and
+                          Out (T, its envs, ...) made; each part's columns given to the
+                          transport, which reads the part there if it can (node sub-pools)
+    Rollout ◄── Out ◄── each worker's Sampled (copied in unless read there); batch rows and
                 episodes.needs_reset as after T steps; stats told the episodes ended
 """
 
@@ -31,7 +33,7 @@ from envfleet.ledger import Ledger
 from envfleet.lifecycle import Lifecycle
 from envfleet.protocol import EnvFailure, Reply, Sample
 from envfleet.recovery import Recovery
-from envfleet.rollout_loop import Sampled, empty_steps
+from envfleet.rollout_loop import Sampled
 from envfleet.rollouts import Out, Policy, Rollout, columns, relabelled
 from envfleet.shipping import Shipper
 from envfleet.stats import StatsRecorder
@@ -118,9 +120,15 @@ class PoolRollouts:
         dispatch = self._dispatch
         if self._recovery.worker_memory_limit is not None:
             dispatch.recycle_over_limit()
+        # The rollout's arrays, made now: the parts may be read straight into their columns.
+        ids = np.array([i for w in workers for i in assignment[w]], dtype=np.int64)
+        out = Out(self._observation_space, self._action_space, int(steps), ids)
+        parts = [_Part(w, c.env_ids, int(steps), version, check_actions, out) for w, c in commands]
+        for (worker, command), part in zip(commands, parts, strict=True):
+            dispatch.land(worker, command, part.into)
         dispatch.submit_many(commands, True)  # the policy is bytes already
-        for worker, command in commands:
-            self._out[command] = _Part(worker, command.env_ids, int(steps), version, check_actions)
+        for (_, command), part in zip(commands, parts, strict=True):
+            self._out[command] = part
         self._life.rolling_out = True
         return version
 
@@ -179,6 +187,7 @@ class PoolRollouts:
                     part.check_actions,
                     force=True,
                 )
+                self._dispatch.land(part.worker, again, part.into)
                 self._dispatch.submit_many([(part.worker, again)], True)
                 self._out[again] = part
                 continue
@@ -193,7 +202,7 @@ class PoolRollouts:
             taken = 0
         elif isinstance(got, Sampled) and got.env_ids == part.env_ids:
             taken = got.steps
-        else:  # a node's parts joined into another's reply: all whole
+        else:  # no part recorded in it: nothing counted to take back
             return
         if taken < part.steps:
             self._stats.steps[part.worker] -= (part.steps - taken) * len(part.env_ids)
@@ -298,19 +307,22 @@ class PoolRollouts:
         for part, got in parts:
             if got.error is not None:  # the policy's: its envs stand where it stopped
                 raise got.error.to_error(part.worker, self._env_name)
-        # A node's agent joins the parts of its workers that answer together: one Sampled over
-        # their envs (the others' replies carry none), not always consecutive ones (workers 4,
-        # 5 and 7 in one answer, 6 in the next), so each Sampled's columns go where its envs
-        # are among all, in the envs' order.
+        # Each part's columns go where its envs are among all, in the envs' order. The arrays
+        # made when the parts were sent are the rollout's when it is all of theirs (parts
+        # read there are not copied again), else new ones.
         env_ids = np.sort(np.array([i for _, got in parts for i in got.env_ids], dtype=np.int64))
         n = len(env_ids)
-        out = Out(empty_steps(obs_space, steps, n), empty_steps(act_space, steps, n), steps, n)
+        made = parts[0][0].out if parts else None
+        if made is None or any(p.out is not made for p, _ in parts) or len(made.env_ids) != n:
+            out = Out(obs_space, act_space, steps, env_ids)
+        else:
+            out = made  # all of its envs: the same ids, in order
         for part, got in parts:
             where = np.searchsorted(env_ids, got.env_ids)
             at = int(where[0])
             block = (where == np.arange(at, at + len(where))).all()
             cols = slice(at, at + len(where)) if block else where
-            out.add(got, cols, obs_space, act_space)
+            out.add(got, cols, part.into if out is part.out else None)
             out.versions[:, cols] = part.version
         ended = np.zeros(self._ledger.num_envs, dtype=np.int64)
         ended[env_ids] = (out.terminations | out.truncations).sum(axis=0)
@@ -325,14 +337,20 @@ class PoolRollouts:
 
 @dataclass
 class _Part:
-    """A worker's part of a rollout: what was asked, and its reply once in."""
+    """A worker's part of a rollout: what was asked, the rollout's arrays it goes into (its
+    columns: ``into``), and its reply once in."""
 
     worker: int
     env_ids: tuple[int, ...]
     steps: int
     version: int
     check_actions: bool
+    out: Out
     reply: Reply | None = None
+    into: Sampled = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.into = self.out.into(self.env_ids)
 
 
 def _min_envs(min_envs: Any, owed: int) -> int:

@@ -182,52 +182,6 @@ def sample(group: Group, command: Sample) -> Reply:
     return Reply(values={ids[0]: record}, failures=failures, restarts=tuple(restarts))
 
 
-def joined(parts: list[Sampled]) -> Sampled | None:
-    """Whole parts of one rollout (a node's workers') as one part over all their envs, in
-    order, their arrays side by side: one block per node for the pool to lay out, not one per
-    worker. ``None`` when a part is not whole (the policy failed, or it stopped early)."""
-    first = parts[0]
-    if any(
-        p.error is not None or p.steps != first.steps or not p.steps or p.version != first.version
-        for p in parts
-    ):
-        return None
-    return Sampled(
-        env_ids=tuple(i for p in parts for i in p.env_ids),
-        steps=first.steps,
-        observations=_side_by_side([p.observations for p in parts], 1),
-        actions=_side_by_side([p.actions for p in parts], 1),
-        rewards=np.concatenate([p.rewards for p in parts], axis=1),
-        terminations=np.concatenate([p.terminations for p in parts], axis=1),
-        truncations=np.concatenate([p.truncations for p in parts], axis=1),
-        infos=_by_step([p.infos for p in parts]),
-        reset_infos=_by_step([p.reset_infos for p in parts]),
-        final_observations=_side_by_side([p.final_observations for p in parts], 0),
-        version=first.version,
-    )
-
-
-def _side_by_side(nests: list[Any], axis: int) -> Any:
-    """Nests of arrays (Dict/Tuple layouts as dicts and tuples) joined leaf by leaf."""
-    first = nests[0]
-    if isinstance(first, dict):
-        return {key: _side_by_side([n[key] for n in nests], axis) for key in first}
-    if isinstance(first, tuple):
-        return tuple(_side_by_side([n[k] for n in nests], axis) for k in range(len(first)))
-    return np.concatenate(nests, axis=axis)
-
-
-def _by_step(
-    per_part: list[dict[int, dict[int, dict[str, Any]]]],
-) -> dict[int, dict[int, dict[str, Any]]]:
-    """Infos by step, then env, of parts over other envs: one dict."""
-    out: dict[int, dict[int, dict[str, Any]]] = {}
-    for infos in per_part:
-        for t, by_env in infos.items():
-            out.setdefault(t, {}).update(by_env)
-    return out
-
-
 def _set_step(space: spaces.Space[Any], record: Any, t: int, value: Any) -> None:
     """Row ``t`` of ``record`` (``(steps, count, ...)`` leaves) set to the batch ``value``."""
 
@@ -278,4 +232,4 @@ def _policy_failure(exc: BaseException, what: str) -> EnvFailure:
     return dataclasses.replace(failure, message=f"the rollout's policy {what}: {failure.message}")
 
 
-__all__ = ["MissingPolicy", "Sampled", "empty_steps", "joined", "sample", "tree"]
+__all__ = ["MissingPolicy", "Sampled", "empty_steps", "sample", "tree"]

@@ -38,7 +38,7 @@ from gymnasium import spaces
 from gymnasium.vector.utils import concatenate, create_empty_array
 
 from envfleet.infos import merge_infos
-from envfleet.rollout_loop import Sampled, tree
+from envfleet.rollout_loop import Sampled, empty_steps, tree
 
 
 class Policy(Protocol):
@@ -199,23 +199,57 @@ class Rollout:
 
 
 class Out:
-    """The rollout's arrays, filled column block by column block from the workers' parts."""
+    """A rollout's arrays over ``env_ids`` (in order), made when its parts are sent: a transport
+    that can reads each part straight into its columns (:meth:`into`), the pool copies the
+    others' in (:meth:`add`); one copy of each field either way."""
 
-    def __init__(self, observations: Any, actions: Any, steps: int, n: int) -> None:
-        self.observations = observations
-        self.actions = actions
+    def __init__(
+        self,
+        obs_space: spaces.Space[Any],
+        act_space: spaces.Space[Any],
+        steps: int,
+        env_ids: np.ndarray,
+    ) -> None:
+        n = len(env_ids)
+        self.env_ids = env_ids
+        self.observations = empty_steps(obs_space, steps, n)
+        self.actions = empty_steps(act_space, steps, n)
         self.rewards = np.empty((steps, n), dtype=np.float64)
         self.terminations = np.empty((steps, n), dtype=np.bool_)
         self.truncations = np.empty((steps, n), dtype=np.bool_)
         self.versions = np.zeros((steps, n), dtype=np.int64)
+        self._spaces = (obs_space, act_space)
 
-    def add(
-        self,
-        part: Sampled,
-        rows: slice | np.ndarray,
-        obs_space: spaces.Space[Any],
-        act_space: spaces.Space[Any],
-    ) -> None:
+    def into(self, env_ids: tuple[int, ...]) -> Sampled:
+        """A part over ``env_ids`` (consecutive columns here) whose arrays are views of their
+        columns: where a transport may read the recorded arrays of that part."""
+        at = int(np.searchsorted(self.env_ids, env_ids[0]))
+        cols = slice(at, at + len(env_ids))
+        obs_space, act_space = self._spaces
+
+        def view(leaf: np.ndarray) -> np.ndarray:
+            return leaf[:, cols]
+
+        return Sampled(
+            env_ids=env_ids,
+            steps=len(self.rewards),
+            observations=tree(obs_space, view, self.observations),
+            actions=tree(act_space, view, self.actions),
+            rewards=self.rewards[:, cols],
+            terminations=self.terminations[:, cols],
+            truncations=self.truncations[:, cols],
+            infos={},
+            reset_infos={},
+            final_observations=None,
+        )
+
+    def add(self, part: Sampled, rows: slice | np.ndarray, into: Sampled | None = None) -> None:
+        """``part``'s arrays into columns ``rows``, unless they are ``into``'s very arrays
+        (the transport read them there: :meth:`into`)."""
+        obs_space, act_space = self._spaces
+        if into is not None and _landed(part, into, obs_space, act_space):
+            return
+
         def fill(leaf: np.ndarray, value: np.ndarray) -> None:
             leaf[:, rows] = value
 
@@ -240,6 +274,21 @@ class Out:
             env_ids=env_ids,
             policy_versions=self.versions,
         )
+
+
+def _landed(
+    part: Sampled, into: Sampled, obs_space: spaces.Space[Any], act_space: spaces.Space[Any]
+) -> bool:
+    """Whether every recorded array of ``part`` is ``into``'s own."""
+    same: list[bool] = []
+
+    def check(a: Any, b: Any) -> None:
+        same.append(a is b)
+
+    tree(obs_space, check, part.observations, into.observations)
+    tree(act_space, check, part.actions, into.actions)
+    same += [part.rewards is into.rewards, part.terminations is into.terminations]
+    return all(same) and part.truncations is into.truncations
 
 
 def merged(

@@ -19,7 +19,7 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 import envfleet
-from envfleet.backends import HasNodes, HasSpares, SubmitsMany, register, unregister
+from envfleet.backends import HasNodes, HasSpares, LandsParts, SubmitsMany, register, unregister
 from envfleet.backends.contract.registry import KINDS, kind_of
 from tests import loopback_backend
 from tests.envs import FaultyEnv
@@ -62,7 +62,7 @@ def test_it_runs_on_the_contract_without_the_optional_capabilities() -> None:
         transport = pool._transport
         workers: object = transport.workers
         assert workers is transport  # its own workers
-        assert not isinstance(transport, HasSpares | HasNodes | SubmitsMany)
+        assert not isinstance(transport, HasSpares | HasNodes | SubmitsMany | LandsParts)
         with envfleet.make("CartPole-v1", 4, backend="serial", seed=0) as serial:
             for run in (pool, serial):
                 run.reset(seed=3)

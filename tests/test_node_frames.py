@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
+import numpy as np
 import pytest
 
 from envfleet.backends.nodes import frames as node_frames
@@ -94,6 +95,44 @@ def test_a_large_message_is_read_into_place(
     assert len(got) == len(large) and bytes(got) == large
     assert frames.read() == b"n"
     writer.join()
+
+
+def test_a_message_is_read_straight_into_the_buffers_given(
+    pair: tuple[Connection, Frames, socket.socket],
+) -> None:
+    """Into buffers of any sizes, more than one ``readv`` takes (columns of each step of a
+    rollout's arrays): what was read ahead with the message before it first, then the socket;
+    the message after it is read whole, as always."""
+    sender, frames, _ = pair
+    columns = np.zeros((1500, 6, 3), np.float32)  # the buffers: 2 columns of each step
+    want = np.arange(1500 * 2 * 3, dtype=np.float32).reshape(1500, 2, 3)
+    buffers = [row.reshape(-1).view(np.uint8) for row in columns[:, 2:4]]
+    first = b"S" + bytes(100)
+    body = want.tobytes()
+    framed = [struct.pack("!i", len(first)), first, struct.pack("!i", len(body)), body]
+    data = b"".join([*framed, struct.pack("!i", 4), b"next"])
+    os.write(sender.fileno(), data[:3000])  # the first read takes some of it
+    writer = threading.Thread(target=os.write, args=(sender.fileno(), data[3000:]))
+    writer.start()
+    assert frames.read() == first
+    frames.read_into(buffers)
+    np.testing.assert_array_equal(columns[:, 2:4], want)
+    assert not columns[:, :2].any() and not columns[:, 4:].any()  # nothing else touched
+    assert frames.read() == b"next"
+    writer.join()
+
+
+def test_a_message_read_into_buffers_of_another_length_or_cut_short_fails(
+    pair: tuple[Connection, Frames, socket.socket],
+) -> None:
+    sender, frames, _ = pair
+    sender.send_bytes(bytes(10))
+    with pytest.raises(OSError, match="a message of 10 bytes where 12 were due"):
+        frames.read_into([bytearray(12)])
+    os.write(sender.fileno(), struct.pack("!i", 100) + bytes(40))
+    sender.close()
+    with pytest.raises(EOFError, match="mid-message"):
+        frames.read_into([bytearray(60), bytearray(40)])
 
 
 def test_the_peer_gone_is_eof_whole_or_mid_message(

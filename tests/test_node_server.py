@@ -25,9 +25,8 @@ from envfleet.backends.nodes import wire as node_wire
 from envfleet.backends.nodes.link import NodeLink
 from envfleet.backends.nodes.server import NodeServer
 from envfleet.buffers import Batch
-from envfleet.errors import Phase
 from envfleet.infos import info_columns
-from envfleet.protocol import Command, EnvFailure, Reply, Sample, Step
+from envfleet.protocol import Command, Reply, Sample, Step
 from envfleet.rollout_loop import Sampled
 from tests.test_infos import assert_same, gymnasium_infos
 
@@ -348,49 +347,3 @@ def sampled(ids: tuple[int, ...], steps: int, **changes: Any) -> Sampled:
         },
     )
     return dataclasses.replace(part, **changes)
-
-
-@pytest.mark.parametrize("case", ["whole", "policy failed", "cut short", "env failed"])
-def test_a_nodes_rollout_parts_go_to_the_pool_as_one_block(
-    pair: tuple[Connection, Connection], case: str
-) -> None:
-    """The whole parts of a rollout in one answer travel as one part over the node's envs,
-    arrays side by side, infos by step together (the pool lays out one block per node); a
-    part that is not whole (the policy's failure, fewer steps, an env's failure) leaves every
-    part as it came."""
-    server, workers, link = setup(pair)
-    pool = Batch.local(OBS, ACTIONS, ENVS)
-    ids = [tuple(range(w * PER_WORKER, (w + 1) * PER_WORKER)) for w in range(WORKERS)]
-    commands: list[Command] = [Sample(i, 4, b"policy") for i in ids]
-    assert server.handle(b"".join(link.round(range(WORKERS), commands, []) or []))
-    parts = [sampled(i, 4) for i in ids]
-    failures: tuple[EnvFailure, ...] = ()
-    if case == "policy failed":
-        parts[2].error = EnvFailure.capture(None, Phase.STEP, ValueError("policy"))
-    elif case == "cut short":
-        parts[1] = sampled(ids[1], 3)
-    elif case == "env failed":
-        failures = (EnvFailure.capture(5, Phase.STEP, ValueError("env 5")),)
-    for w in range(WORKERS):
-        reply = Reply(values={ids[w][0]: parts[w]}, failures=failures if w == 2 else ())
-        workers.finish(w, reply=reply)
-    server.collect()
-    assert link.conn is not None
-    fields = [pool.observations, pool.rewards, pool.terminations, pool.truncations]
-    got = link.take(link.conn.recv_bytes(), fields, pool, OBS, np.zeros(ENVS, np.int64))
-    values = [reply.values for _, reply in got if isinstance(reply, Reply)]
-    if case != "whole":
-        assert [v and list(v) for v in values] == [[i[0]] for i in ids]  # as they came
-        return
-    assert values[1:] == [{}] * (WORKERS - 1)
-    (whole,) = values[0].values() if values[0] else ()
-    want = sampled(tuple(range(ENVS)), 4)
-    assert isinstance(whole, Sampled) and whole.env_ids == want.env_ids and whole.steps == 4
-    for name in ("actions", "rewards", "terminations", "truncations"):
-        np.testing.assert_array_equal(getattr(whole, name), getattr(want, name), err_msg=name)
-    for nest in ("observations", "final_observations"):
-        np.testing.assert_array_equal(getattr(whole, nest)["a"], getattr(want, nest)["a"])
-        np.testing.assert_array_equal(getattr(whole, nest)["b"][0], getattr(want, nest)["b"][0])
-    assert whole.observations["a"].dtype == np.float32 and whole.actions.dtype == np.int64
-    assert whole.infos == {1: {i[0]: {"x": i[0]} for i in ids}, 2: {i[-1]: {"y": 1} for i in ids}}
-    assert whole.reset_infos == {0: {i[-1]: {"seed": i[-1]} for i in ids}}

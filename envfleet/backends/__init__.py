@@ -7,7 +7,8 @@ The backends come in families, each importing only those before it::
 - :mod:`~envfleet.backends.contract`: the contract every backend implements and all the pool
   ever calls (:class:`Transport`, the conversation with the workers; :class:`Workers`, their
   lifecycle; the capabilities only some have: :class:`HasSpares`, :class:`HasNodes`,
-  :class:`SubmitsMany`), the registry of backends, and the pieces more than one family shares;
+  :class:`SubmitsMany`, :class:`LandsParts`), the registry of backends, and the pieces more
+  than one family shares;
 - :mod:`~envfleet.backends.local`: ``serial``, ``thread`` and ``process``, on this machine;
 - :mod:`~envfleet.backends.ray`: one Ray actor per worker;
 - :mod:`~envfleet.backends.nodes`: one sub-pool per Ray node, each run by an agent on its node;
@@ -21,6 +22,7 @@ from envfleet.backends.contract.base import (
     BaseWorkers,
     HasNodes,
     HasSpares,
+    LandsParts,
     LocalPool,
     Replies,
     SubmitsMany,
@@ -46,6 +48,7 @@ __all__ = [
     "Capabilities",
     "HasNodes",
     "HasSpares",
+    "LandsParts",
     "LocalPool",
     "Replies",
     "SubmitsMany",

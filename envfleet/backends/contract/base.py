@@ -25,8 +25,10 @@ The contract comes in two protocols, both called by the pool's dispatch alone:
 
 What only some backends have are capabilities of their own, each a small protocol the dispatch
 checks once, when it is made: :class:`HasSpares` (spare observation rows a sync step hands
-out: the process backend), :class:`HasNodes` (what runs on each machine: node sub-pools) and
-:class:`SubmitsMany` (several commands in one message: node sub-pools). :class:`BaseTransport`
+out: the process backend), :class:`HasNodes` (what runs on each machine: node sub-pools),
+:class:`SubmitsMany` (several commands in one message: node sub-pools) and
+:class:`LandsParts` (a rollout's parts read straight into the pool's arrays: node sub-pools).
+:class:`BaseTransport`
 and :class:`BaseWorkers` give the optional methods their defaults; a backend subclasses both
 and overrides what it does better. Which backends exist, and what each can do, is the
 registry's (:mod:`envfleet.backends.contract.registry`).
@@ -50,7 +52,8 @@ from envfleet.affinity import Affinity
 from envfleet.backends.contract.spares import Spares
 from envfleet.buffers import Batch
 from envfleet.errors import OnError
-from envfleet.protocol import Command, Reply
+from envfleet.protocol import Command, Reply, Sample
+from envfleet.rollout_loop import Sampled
 from envfleet.spec import EnvSpec
 from envfleet.stats import NodeStats
 
@@ -186,6 +189,19 @@ class SubmitsMany(Protocol):
         step: each prepared first). Without it: :meth:`Transport.submit` each."""
 
 
+@runtime_checkable
+class LandsParts(Protocol):
+    """A transport that reads a rollout's parts straight into arrays the pool gives (node
+    sub-pools: from the socket into the rollout's columns, one copy per field). Without it,
+    a part comes in arrays of its own, which the pool copies."""
+
+    def land(self, worker: int, command: Sample, into: Sampled) -> None:
+        """Read the recorded arrays (observations, actions, rewards, terminations,
+        truncations) of the answer to ``command`` (sent to ``worker``) into ``into``'s, where
+        that part fits them (its steps, dtypes and shapes); the reply's part then holds
+        ``into``'s very arrays."""
+
+
 class BaseTransport:
     """The defaults of :class:`Transport`'s optional methods; subclass it for a backend."""
 
@@ -265,6 +281,7 @@ __all__ = [
     "BaseWorkers",
     "HasNodes",
     "HasSpares",
+    "LandsParts",
     "LocalPool",
     "Replies",
     "SubmitsMany",

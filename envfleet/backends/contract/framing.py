@@ -216,8 +216,9 @@ class FrameReader:
                 break
             if buffer[pos] == COLUMNS:
                 out.append(self._columns(_read_columns(buffer, pos + header, pos + header + size)))
-            else:
-                out.append(pickle.loads(bytes(buffer[pos + header : pos + header + size])))
+            else:  # unpickled from the buffer itself (a rollout's reply: megabytes)
+                with memoryview(buffer) as view, view[pos + header : pos + header + size] as body:
+                    out.append(pickle.loads(body))
             pos += header + size
         del buffer[:pos]
 

@@ -8,7 +8,9 @@ reads at least (the length, then the message), through a ``BytesIO``, and its ``
 selector at each call. :class:`Frames` reads what the socket holds, up to :data:`CHUNK`, in one
 read: a round's message, or a node's answer of small rows, is one system call, and what came
 after it is kept for the next :meth:`Frames.read` (so a message can be whole here while the
-socket has nothing more to read: ask :meth:`Frames.whole` before waiting on the socket).
+socket has nothing more to read: ask :meth:`Frames.whole` before waiting on the socket);
+:meth:`Frames.read_into` reads a message straight into buffers the reader gives (a rollout's
+arrays: :mod:`~envfleet.backends.nodes.raw_parts`).
 :func:`send` writes a message the same way, its length and its parts (a node's rows: views of
 its batch) in one ``writev``, where ``send_bytes`` takes one ``bytes`` (the parts joined) and
 copies it again behind its length. Given a socket and a bound, it never blocks: what the peer
@@ -26,6 +28,10 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
+
+Buffer = Any
+"""A writable bytes-like object, contiguous (a flat ``uint8`` array, a ``bytearray``)."""
 
 CHUNK = 1 << 16
 """Bytes asked for at each read of a message's start (a larger message's rest is read into a
@@ -38,6 +44,9 @@ SEND_TIMEOUT = 60.0
 """Seconds a pool waits for a node agent to take any byte of a command it is sending when the
 pool has no ``step_timeout``: a live agent reads its connection at least once a second, even
 while its workers step."""
+
+_IOV_MAX = 1024
+"""Buffers one ``readv`` takes at most (POSIX's least ``IOV_MAX``; Linux's)."""
 
 _SIZE = struct.Struct("!i")
 _LARGE = struct.Struct("!Q")
@@ -80,6 +89,44 @@ class Frames:
                 self._buffer = b""
                 raise EOFError("the connection closed" + (" mid-message" if buffer else ""))
             buffer = buffer + data if buffer else data
+
+    def read_into(self, buffers: Sequence[Buffer]) -> None:
+        """Read the next message straight into ``buffers``, one after the other (their sizes
+        sum to its length): what was read ahead of it first, the rest from the socket.
+
+        Raises:
+            EOFError: the connection closed.
+            OSError: the message is not as long as ``buffers`` (the peer does not speak
+                this protocol: the connection is of no more use).
+        """
+        buffer = self._buffer
+        size, start = _frame(buffer)
+        while size < 0:
+            data = os.read(self.fd, CHUNK)
+            if not data:
+                self._buffer = b""
+                raise EOFError("the connection closed" + (" mid-message" if buffer else ""))
+            buffer = buffer + data if buffer else data
+            size, start = _frame(buffer)
+        views = [memoryview(b).cast("B") for b in buffers]
+        if size != sum(v.nbytes for v in views):
+            self._buffer = b""
+            raise OSError(
+                f"a message of {size} bytes where {sum(v.nbytes for v in views)} were due"
+            )
+        end = min(len(buffer), start + size)
+        ahead = memoryview(buffer)[start:end]  # what was read of it already
+        self._buffer = buffer[start + size :] if len(buffer) > start + size else b""
+        while views and ahead.nbytes:
+            n = min(views[0].nbytes, ahead.nbytes)
+            views[0][:n] = ahead[:n]
+            ahead = ahead[n:]
+            views = _after_views(views, n)
+        while views:
+            n = os.readv(self.fd, views[:_IOV_MAX])
+            if n == 0:
+                raise EOFError("the connection closed mid-message")
+            views = _after_views(views, n)
 
     def _read_into(self, head: bytes, size: int) -> bytearray:
         """A message of ``size`` bytes whose first bytes, ``head``, are in."""
@@ -179,6 +226,18 @@ def _after(chunks: list[bytes | memoryview], n: int) -> list[bytes | memoryview]
             return [memoryview(chunk)[n:], *chunks[k + 1 :]]
         n -= len(chunk)
     return []
+
+
+def _after_views(views: list[memoryview], n: int) -> list[memoryview]:
+    """``views`` less their first ``n`` bytes (filled)."""
+    k = 0
+    while k < len(views) and n >= views[k].nbytes:
+        n -= views[k].nbytes
+        k += 1
+    rest = views[k:]
+    if n and rest:
+        rest[0] = rest[0][n:]
+    return rest
 
 
 def _frame(buffer: bytes) -> tuple[int, int]:

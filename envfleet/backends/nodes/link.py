@@ -28,11 +28,12 @@ import ray
 
 from envfleet.backends.contract.base import Replies, WorkerLost
 from envfleet.backends.contract.rows import deliver
-from envfleet.backends.nodes import raw_rows, wire
+from envfleet.backends.nodes import raw_parts, raw_rows, wire
 from envfleet.backends.nodes.frames import Frames, Message
 from envfleet.buffers import Batch
 from envfleet.errors import Phase, WorkerDiedError
-from envfleet.protocol import Command, Reply
+from envfleet.protocol import Command, Reply, Sample
+from envfleet.rollout_loop import Sampled
 from envfleet.stats import NodeStats
 
 KILL_GRACE = 2.0
@@ -77,6 +78,8 @@ class NodeLink:
     spawned: tuple[dict[int, int], bool, list[np.ndarray] | None] = ({}, False, None)
     killing: dict[int, tuple[float, float]] = field(default_factory=dict)  # deadline, grace
     rebuilt: dict[int, dict[int, int]] = field(default_factory=dict)  # by a new agent
+    # Per rollout command, the arrays the pool gave for its part (raw_parts), until answered.
+    landing: dict[Sample, Sampled] = field(default_factory=dict)
     messages: int = 0  # sent to it
     answers: int = 0  # received from it
     bytes_in: int = 0
@@ -281,7 +284,9 @@ class NodeLink:
         are written into ``rows`` (the batch's arrays) first (decompressed by ``codecs``), infos
         that travel as columns into ``batch.infos``, and each env restarted is counted in
         ``restarts``. An answer to :data:`~.node_wire.MEMORY` carries none: its figures go to
-        :attr:`memory`."""
+        :attr:`memory`. The answer to a rollout is followed by its parts' arrays, read here
+        from :attr:`frames` into those :attr:`landing` holds for their commands (else new
+        ones). Raises ``EOFError``, ``OSError``: the connection broke."""
         self.heard_at = now = time.perf_counter()
         if data[:1] == wire.MEMORY:
             self.memory, self.measuring = wire.read_memory(data), False
@@ -325,6 +330,7 @@ class NodeLink:
             batch.infos.put(part)
         answered: list[tuple[Command, Reply | None]] = []
         out: Replies = []
+        arrays: list[np.ndarray] | None = None  # where a rollout's arrays are read (raw_parts)
         for local, reply in body:
             if isinstance(reply, WorkerLost):  # as its agent saw it: where, too
                 self.inflight[local].clear()
@@ -333,6 +339,9 @@ class NodeLink:
                 continue
             command = self.inflight[local].popleft()
             answered.append((command, reply))
+            into = self.landing.pop(command, None) if isinstance(command, Sample) else None
+            for part in raw_parts.stripped(reply):
+                arrays = (arrays or []) + raw_parts.destinations(part, into)
             if reply is not None:
                 for failure in reply.restarts:
                     if failure.env_index is not None:
@@ -342,6 +351,9 @@ class NodeLink:
             out.append((workers[local], reply))
         ids = raw_rows.row_ids(answered)
         raw_rows.unpack(rows, raw_rows.selection(ids), ids.size, data, at, codecs)
+        if arrays is not None:  # the frame that follows: read straight into them
+            assert self.frames is not None
+            self.frames.read_into(arrays)
         return out
 
 

@@ -10,7 +10,9 @@
 
 Infos that workers send as columns (plain scalars: Atari's, MuJoCo's) reach the agent as bytes,
 never as dicts, and go on to the pool as they came (an ``I`` answer when the replies have
-nothing else to say).
+nothing else to say). The answer to a rollout is followed by its parts' recorded arrays, a frame
+of their own that the pool reads into the rollout's columns
+(:mod:`~envfleet.backends.nodes.raw_parts`).
 
 Each message from the pool is a round, and each round is answered as soon as all of its
 replies are in, whatever else the node owes: with two halves of the node's envs in flight
@@ -32,14 +34,13 @@ from typing import Any
 import numpy as np
 
 from envfleet.backends.contract.base import LocalPool, WorkerLost
-from envfleet.backends.nodes import raw_rows, wire
+from envfleet.backends.nodes import raw_parts, raw_rows, wire
 from envfleet.backends.nodes.compression import Codec
 from envfleet.backends.nodes.frames import Frames, Message, send
 from envfleet.buffers import ObjectRows
 from envfleet.errors import EnvError
 from envfleet.infos import Columns
 from envfleet.protocol import Command, Reply, Rows, Sample
-from envfleet.rollout_loop import Sampled, joined
 
 LOCAL_SLICE = 0.002
 """Seconds at most the agent holds the replies of a round that is not all in (async): past
@@ -277,10 +278,12 @@ class NodeServer:
                         reply.rows = Rows(got, [observations[i] for i in got.tolist()])
                 replies.append((worker, reply))
         rollout = any(isinstance(command, Sample) for _, command, _ in held)  # copied at once
-        if rollout:
-            join_rollout(held)
+        # A rollout's recorded arrays follow as a frame of their own, read into its columns.
+        arrays = raw_parts.strip(reply for _, _, reply in held) if rollout else None
         head = wire.header_parts(wire.GENERAL, (replies, columns), out_of_band=rollout)
         send(self.conn.fileno(), [*head, *rows])
+        if arrays is not None:
+            send(self.conn.fileno(), arrays)
 
     def answer_plain(self, held: list[_Held], columns: list[Columns]) -> None:
         """Every held reply is plain: the workers answered, the rows of their envs, and the
@@ -303,26 +306,4 @@ class NodeServer:
             send(self.conn.fileno(), [wire.PLAIN, workers, *rows])
 
 
-def join_rollout(held: list[_Held]) -> None:
-    """The whole parts of a rollout that this answer carries as one, in the first of their
-    replies' values (the others' values emptied): the pool lays out one block per node."""
-    parts: list[tuple[Reply, Sampled]] = []
-    for _, command, reply in held:
-        if isinstance(command, Sample):
-            if not isinstance(reply, Reply) or reply.failures:
-                return  # every part as it came: the pool sees to the failure
-            part = (reply.values or {}).get(command.env_ids[0])
-            if not isinstance(part, Sampled):
-                return
-            parts.append((reply, part))
-    if len(parts) < 2:
-        return
-    whole = joined([part for _, part in parts])
-    if whole is None:
-        return
-    parts[0][0].values = {whole.env_ids[0]: whole}
-    for reply, _ in parts[1:]:
-        reply.values = {}
-
-
-__all__ = ["HOLD_LIMIT", "LOCAL_SLICE", "WAIT_SLICE", "NodeServer", "join_rollout"]
+__all__ = ["HOLD_LIMIT", "LOCAL_SLICE", "WAIT_SLICE", "NodeServer"]

@@ -9,24 +9,22 @@
     wait: poll the nodes' ◄── 1 msg (rows of all of A's envs) ──
       sockets; rows land with one slice assignment per field
 
-Ray places one :class:`~envfleet.backends.nodes.agent.NodeAgent` on each chosen node (pinned with
-``NodeAffinitySchedulingStrategy``: :mod:`~envfleet.backends.nodes.actors`), watches it and kills
-it; the data itself goes over a TCP connection between the pool and each agent (listening on the
-node's Ray address, opened with a per-pool secret handed to the agent through Ray,
-``multiprocessing``'s challenge: a stranger without it is dropped). The pool's workers are laid over
-the nodes in contiguous runs, so a node's envs are consecutive rows: its rows arrive as the raw
-bytes of each field and are written with ``np.frombuffer`` and one slice assignment, with no Python
-per env.
+Ray places one :class:`~envfleet.backends.nodes.agent.NodeAgent` on each chosen node (pinned:
+:mod:`~envfleet.backends.nodes.actors`), watches it and kills it; the data goes over a TCP
+connection between the pool and each agent (on the node's Ray address, opened with a per-pool
+secret handed to the agent through Ray, ``multiprocessing``'s challenge). The pool's workers are
+laid over the nodes in contiguous runs, so a node's envs are consecutive rows: its rows arrive as
+the raw bytes of each field, written with one slice assignment each, no Python per env; a
+rollout's parts are read straight into the rollout's columns (:meth:`NodeTransport.land`).
 
 Which nodes, and how many workers on each, is :mod:`~envfleet.backends.nodes.placement`'s; each
-node's agent, as the pool sees it (its connection, what it owes, a round in one message each way),
-is a :class:`~envfleet.backends.nodes.link.NodeLink`; the agents' lives as Ray actors (started,
-connected to, started again, ended) are :mod:`~envfleet.backends.nodes.actors`'; this transport
-routes the commands, waits on the nodes, and is its own workers' lifecycle (kills, restarts). A node
-whose agent dies (or is killed: it did not stop a hung worker when asked) loses all its workers:
-each is reported lost (a :class:`~envfleet.backends.contract.base.WorkerLost` naming the node).
-Under ``on_error="restart"`` the first restart asks for a new agent, on the same node when Ray still
-has it, else wherever Ray finds room, which builds all that node's envs restarted.
+agent as the pool sees it (its connection, what it owes, a round each way) a
+:class:`~envfleet.backends.nodes.link.NodeLink`; this transport routes the commands, waits on
+the nodes, and is its own workers' lifecycle (kills, restarts). A node whose agent dies (or is
+killed: it did not stop a hung worker when asked) loses all its workers, each reported lost (a
+:class:`~envfleet.backends.contract.base.WorkerLost` naming the node); under
+``on_error="restart"`` the first restart asks for a new agent (on the same node when Ray still
+has it, else wherever Ray finds room), which builds all that node's envs restarted.
 """
 
 from __future__ import annotations
@@ -59,7 +57,8 @@ from envfleet.backends.ray.options import RayOptions
 from envfleet.backends.ray.session import connect, disconnect, forked
 from envfleet.buffers import Batch
 from envfleet.errors import EnvTimeoutError
-from envfleet.protocol import Command
+from envfleet.protocol import Command, Sample
+from envfleet.rollout_loop import Sampled
 from envfleet.stats import NodeStats, env_range
 
 __all__ = ["NodeTransport", "open_transport"]
@@ -76,9 +75,7 @@ class NodeTransport(BaseTransport, BaseWorkers):
         self._closed = False
         # A node's command goes as the agent takes it: past this long without it taking a
         # byte, the agent is stopped or unreachable, and its node is lost.
-        self._send_timeout = (
-            options.step_timeout if options.step_timeout is not None else SEND_TIMEOUT
-        )
+        self._send_timeout = SEND_TIMEOUT if options.step_timeout is None else options.step_timeout
         codec = compression.codec(extra.compress)
         raw_rows.check_compress(extra.compress, codec, options)
         self._connected = connect(extra.address, dict(extra.ray_init_kwargs))
@@ -189,6 +186,13 @@ class NodeTransport(BaseTransport, BaseWorkers):
     def submit(self, worker: int, command: Command) -> None:
         self.submit_many([(worker, command)])
 
+    def land(self, worker: int, command: Sample, into: Sampled) -> None:
+        """A rollout's part read into ``into`` (:class:`~envfleet.backends.LandsParts`): that
+        of a worker on another node (the pool's own node's come in arrays of their own)."""
+        node, _ = self._where[worker]
+        if node is not None:
+            node.landing[command] = into
+
     def submit_all(self, commands: Sequence[Command]) -> None:
         """A command for every worker: one message per node."""
         if self._here is not None:
@@ -229,12 +233,9 @@ class NodeTransport(BaseTransport, BaseWorkers):
         try:
             send(node.conn.fileno(), parts, self._send_timeout, node.sock(), take_in)
         except SendTimeout:
-            size = sum(map(len, parts))
-            self._lose(
-                node,
-                f"killed: it took no byte of a command of {size} bytes for "
-                f"{self._send_timeout:g}s (stopped, or its node unreachable)",
-            )
+            took = f"took no byte of a command of {sum(map(len, parts))} bytes"
+            why = f"{took} for {self._send_timeout:g}s (stopped, or its node unreachable)"
+            self._lose(node, f"killed: it {why}")
         except (EOFError, OSError):
             self._lose(node, "its connection broke")
 
@@ -286,12 +287,11 @@ class NodeTransport(BaseTransport, BaseWorkers):
         frames = node.frames
         assert frames is not None
         while True:
-            try:
-                data = frames.read()
+            try:  # a rollout's arrays follow its answer: read by take
+                self._take(node, frames.read(), replies)
             except (EOFError, OSError):
                 self._lose(node, "its connection closed (the agent or its node died)")
                 return
-            self._take(node, data, replies)
             if not frames.whole():
                 return
 

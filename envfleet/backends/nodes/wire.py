@@ -13,7 +13,8 @@
        columns into its InfoTable)   G + len + pickle[([(worker, reply)], columns)]
                                         + large buffers + rows
                                                       (dict infos, failures, a lost worker,
-                                                      a rollout: its arrays after the pickle)
+                                                      a rollout: its parts, their recorded
+    rollout's columns ◄────── arrays' bytes ───────── arrays in a frame of their own after it)
     K + worker (2 bytes) ───────────────────────────► kill a hung local worker (reported lost)
     X + pickle((worker, restarts)) ─────────────────► rebuild one local worker; A + pickle(error)
     C ──────────────────────────────────────────────► close; A, then the agent's loop ends
@@ -30,9 +31,11 @@ part instead. With ``compress=``, the rows of each image field
 (:func:`~envfleet.infos.info_columns`: one record per env) travel as they came, those of one
 layout joined (:func:`join_columns`), and go into the pool's
 :class:`~envfleet.infos.InfoTable` with no Python per env; other infos are the replies' dicts.
-In the general answer to a rollout, buffers of 64 KB or more (its arrays) travel after the
-pickle (pickle's protocol 5, out of band) and are unpickled as views of the message: neither
-end copies them in or out of the pickle.
+In the general answer to a rollout, the parts' recorded arrays travel in the frame after it
+(:mod:`envfleet.backends.nodes.raw_parts`: read straight into the rollout's columns), and the
+other buffers of 64 KB or more (final observations, large infos) after the pickle (pickle's
+protocol 5, out of band), unpickled as views of the message: neither end copies them in or out
+of the pickle.
 """
 
 from __future__ import annotations

@@ -1,0 +1,98 @@
+"""A rollout's parts between a node agent and the pool (:mod:`envfleet.backends.nodes.raw_parts`):
+the agent's loop (:class:`~envfleet.backends.nodes.server.NodeServer`, its workers scripted) on
+one end of a socket pair, the pool's :class:`~envfleet.backends.nodes.link.NodeLink` on the
+other, as in ``test_node_server``."""
+
+from __future__ import annotations
+
+import dataclasses
+from multiprocessing.connection import Connection
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+from envfleet.backends.nodes.frames import Frames
+from envfleet.buffers import Batch
+from envfleet.errors import Phase
+from envfleet.protocol import EnvFailure, Reply, Sample
+from envfleet.rollout_loop import Sampled
+from envfleet.rollouts import Out
+from tests.test_node_server import (
+    ACTIONS,
+    ENVS,
+    OBS,
+    PER_WORKER,
+    WORKERS,
+    pair,
+    sampled,
+    setup,
+)
+
+__all__ = ["pair"]  # test_node_server's fixture (a socket pair), used here by name
+
+
+@pytest.mark.parametrize("case", ["whole", "policy failed", "cut short", "env failed"])
+def test_a_nodes_rollout_parts_are_read_into_the_columns_the_pool_gave(
+    pair: tuple[Connection, Connection], case: str
+) -> None:
+    """Each part of a rollout travels as it came, its recorded arrays as raw bytes in a frame
+    after the answer, read straight into the columns the pool gave for its command (views of
+    the rollout's own arrays: nothing of the message to copy out); a part given none, or that
+    does not fit them (fewer steps), into arrays of its own. Every value comes back as sent,
+    in its dtype; infos, reset infos and final observations with the part."""
+    server, workers, link = setup(pair)
+    assert link.conn is not None
+    frames = link.frames = Frames(link.conn.fileno())
+    pool = Batch.local(OBS, ACTIONS, ENVS)
+    ids = [tuple(range(w * PER_WORKER, (w + 1) * PER_WORKER)) for w in range(WORKERS)]
+    commands = [Sample(i, 4, b"policy") for i in ids]
+    int8 = spaces.Box(-128, 127, (), np.int8)
+    layout = spaces.Dict({"a": spaces.Box(0, 1e3, (3,), np.float32), "b": spaces.Tuple([int8])})
+    out = Out(layout, spaces.Discrete(9), 4, np.arange(ENVS, dtype=np.int64))
+    given = {w: out.into(ids[w]) for w in range(WORKERS - 1)}  # none for the last worker
+    for w, into in given.items():
+        link.landing[commands[w]] = into
+    assert server.handle(b"".join(link.round(range(WORKERS), list(commands), []) or []))
+    parts = [sampled(i, 4) for i in ids]
+    failures: tuple[EnvFailure, ...] = ()
+    if case == "policy failed":
+        parts[2].error = EnvFailure.capture(None, Phase.STEP, ValueError("policy"))
+    elif case == "cut short":
+        parts[1] = sampled(ids[1], 3)
+    elif case == "env failed":
+        failures = (EnvFailure.capture(5, Phase.STEP, ValueError("env 5")),)
+    sent = [dataclasses.replace(part) for part in parts]  # the agent swaps its arrays out
+    for w in range(WORKERS):
+        reply = Reply(values={ids[w][0]: parts[w]}, failures=failures if w == 2 else ())
+        workers.finish(w, reply=reply)
+    server.collect()
+    data = frames.read()
+    assert len(data) < 4096  # the recorded arrays are not in it
+    fields = [pool.observations, pool.rewards, pool.terminations, pool.truncations]
+    got = link.take(data, fields, pool, OBS, np.zeros(ENVS, np.int64))
+    assert not link.landing and not frames.ready()  # each given taken; the frame read whole
+    for w, (_, answer) in enumerate(got):
+        assert isinstance(answer, Reply) and answer.values is not None
+        part, want = answer.values[ids[w][0]], sent[w]
+        assert isinstance(part, Sampled) and (part.env_ids, part.steps) == (ids[w], want.steps)
+        for name in ("actions", "rewards", "terminations", "truncations"):
+            np.testing.assert_array_equal(getattr(part, name), getattr(want, name), err_msg=name)
+            assert getattr(part, name).dtype == getattr(want, name).dtype, name
+        for nest in ("observations", "final_observations"):
+            np.testing.assert_array_equal(getattr(part, nest)["a"], getattr(want, nest)["a"])
+            np.testing.assert_array_equal(getattr(part, nest)["b"][0], getattr(want, nest)["b"][0])
+        assert part.observations["b"][0].dtype == np.int8
+        assert (part.infos, part.reset_infos) == (want.infos, want.reset_infos)
+        assert (part.error is None) is (want.error is None)
+        landed = w in given and want.steps == 4
+        assert np.shares_memory(part.observations["a"], out.observations["a"]) is landed
+        assert np.shares_memory(part.observations["b"][0], out.observations["b"][0]) is landed
+        if landed:  # the pool's own arrays, filled
+            assert part.rewards is given[w].rewards and part.actions is given[w].actions
+            columns = list(ids[w])
+            np.testing.assert_array_equal(out.observations["a"][:, columns], want.observations["a"])
+            np.testing.assert_array_equal(
+                out.observations["b"][0][:, columns], want.observations["b"][0]
+            )
+            np.testing.assert_array_equal(out.truncations[:, columns], want.truncations)
