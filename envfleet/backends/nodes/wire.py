@@ -128,6 +128,13 @@ def header(tag: bytes, body: Any) -> bytes:
     return tag + pickled(body)
 
 
+def header_apart(tag: bytes, body: Any) -> list[bytes]:
+    """:func:`header`'s bytes in two parts, for one ``writev``: the pickle is not copied behind
+    its length (a round's weights are megabytes)."""
+    blob = pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)
+    return [tag + _LENGTH.pack(len(blob)), blob]
+
+
 OUT_OF_BAND = 1 << 16
 """In the answer to a rollout, a buffer (an array's data) this large travels after the pickle,
 not inside it: not copied into the pickle by the agent, nor out of it by the pool."""
@@ -257,6 +264,7 @@ __all__ = [
     "SUBMIT",
     "Portable",
     "header",
+    "header_apart",
     "header_parts",
     "join_columns",
     "memory",
