@@ -24,7 +24,7 @@ from envfleet.backends.contract.base import TransportOptions
 from envfleet.backends.contract.channel import serve_connection
 from envfleet.backends.contract.connections import accept_pool, open_listener
 from envfleet.backends.contract.replies import unpicklable
-from envfleet.backends.contract.rows import Shipping, pack
+from envfleet.backends.contract.rows import Shipping, deliver, pack
 from envfleet.backends.ray.memory import NodeMemory
 from envfleet.buffers import Batch, ObjectRows
 from envfleet.guards import claim_base_exceptions
@@ -44,16 +44,25 @@ class GroupActor:
     On the pool's machine those are the pool's own (mapped from its memory file) and the actor
     serves commands from a socket (:meth:`serve`); elsewhere they are ``np.zeros`` of the full
     pool size, of which only this actor's rows are ever touched (untouched zero pages cost no
-    memory), and each command is a Ray call (:meth:`run`).
+    memory), and each command is a Ray call (:meth:`run`). An actor that replaces a lost one
+    there starts from its envs' rows as the pool holds them (``rows``, see
+    :meth:`~envfleet.backends.ray.transport.RayTransport.restart`), not from zeros.
     """
 
-    def __init__(self, options: TransportOptions, worker: int, restarts: dict[int, int]) -> None:
+    def __init__(
+        self,
+        options: TransportOptions,
+        worker: int,
+        restarts: dict[int, int],
+        rows: Rows | None = None,
+    ) -> None:
         # An actor's process is a worker of its own: a KeyboardInterrupt there is an env's (the
         # user's Ctrl-C reaches the pool's process), its failure like any other exception.
         claim_base_exceptions()
         self.options = options
         self.worker = worker
         self.restarts = restarts
+        self.rows = rows  # a replacement's: its envs' rows as the pool holds them
         self.batch = Batch.local(options.observation_space, options.action_space, 0)
         self.group: Group | None = None
         self._memory: mmap.mmap | None = None  # keeps the pool's memory mapped
@@ -86,6 +95,9 @@ class GroupActor:
             self.batch = Batch.local(
                 options.observation_space, options.action_space, options.num_envs
             )
+            if self.rows is not None:  # where they stand: a restarted env's latest stands
+                deliver(self.batch, options.observation_space, Reply(rows=self.rows))
+        self.rows = None
         self.group, started = start_group(
             options,
             options.assignment[self.worker],

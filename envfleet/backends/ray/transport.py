@@ -49,7 +49,7 @@ from envfleet.backends.contract.base import (
     WorkerLost,
 )
 from envfleet.backends.contract.replies import PickledCommands
-from envfleet.backends.contract.rows import row_bytes
+from envfleet.backends.contract.rows import pack, row_bytes
 from envfleet.backends.ray import memory as node_memory
 from envfleet.backends.ray import reaper as ray_reaper
 from envfleet.backends.ray import session as ray_session
@@ -61,7 +61,7 @@ from envfleet.backends.ray.socket_path import ActorSockets
 from envfleet.backends.ray.worker_actor import ActorSlot, close_actors, message
 from envfleet.buffers import Batch, is_array_space
 from envfleet.errors import EnvTimeoutError, Phase, WorkerDiedError
-from envfleet.protocol import Close, Command, Reply
+from envfleet.protocol import Close, Command, Reply, Rows
 from envfleet.row_access import make_reader
 
 __all__ = ["MIXED_WAIT_SLICE", "RayTransport", "open_transport"]
@@ -136,15 +136,23 @@ class RayTransport(BaseTransport, BaseWorkers):
             self.close(1.0)
             raise
 
-    def _spawn(self, worker: int, restarts: dict[int, int]) -> Any:
+    def _spawn(self, worker: int, restarts: dict[int, int], rows: Rows | None = None) -> Any:
         return self._actor_cls.options(max_concurrency=1, max_restarts=0, **self._resources).remote(
-            self._options, worker, restarts
+            self._options, worker, restarts, rows
         )
 
-    def _respawn(self, worker: int, restarts: dict[int, int]) -> Any:
+    def _respawn(self, worker: int, restarts: dict[int, int], rows: Rows | None) -> Any:
         """A new actor for ``worker`` (the last one died starting); its start call's ref."""
-        self._workers[worker].handle = self._spawn(worker, restarts)
+        self._workers[worker].handle = self._spawn(worker, restarts, rows)
         return self._start_call(worker)
+
+    def _rows(self, worker: int) -> Rows | None:
+        """``worker``'s envs' rows as the pool holds them (observations, rewards, flags), for
+        an actor that replaces it: one on another machine starts from them, where its own
+        arrays would start at zero (one on this machine maps them). A restarted env's
+        truncation keeps its latest observation (a rollout's first row), as on one machine."""
+        ids = tuple(self._options.assignment[worker])
+        return pack(self.batch, self._space, Reply(env_ids=ids), results=True)
 
     def _start_call(self, worker: int) -> Any:
         where = self._memory.where if self._memory is not None else None
@@ -152,9 +160,12 @@ class RayTransport(BaseTransport, BaseWorkers):
             where, self._pool_node, self._authkey, self._socket_dir
         )
 
-    def _await_start(self, workers: Iterable[int], restarts: dict[int, int]) -> None:
+    def _await_start(
+        self, workers: Iterable[int], restarts: dict[int, int], rows: Rows | None = None
+    ) -> None:
         """Wait until each of ``workers`` has built its envs; raise the first failure. An actor
-        that dies first (its node died) is replaced (:func:`ray_session.await_start`)."""
+        that dies first (its node died) is replaced (:func:`ray_session.await_start`), with
+        the same ``restarts`` and ``rows``."""
         started = [(worker, self._start_call(worker)) for worker in workers]
         timeout = self._options.start_timeout  # placing the actor and building its envs
         deadline = time.monotonic() + timeout
@@ -164,7 +175,7 @@ class RayTransport(BaseTransport, BaseWorkers):
                 reply: Reply
                 address: str | None
                 reply, slot.node, address, slot.pid = ray_session.await_start(
-                    ref, deadline, functools.partial(self._respawn, worker, restarts)
+                    ref, deadline, functools.partial(self._respawn, worker, restarts, rows)
                 )
                 slot.process = self._local_process(slot)
             except GetTimeoutError as exc:
@@ -302,8 +313,9 @@ class RayTransport(BaseTransport, BaseWorkers):
         slot.pid = slot.process = None
         self._sockets.drop(worker)
         slot.refs.clear()
-        slot.handle = self._spawn(worker, restarts)
-        self._await_start([worker], restarts)
+        rows = self._rows(worker)
+        slot.handle = self._spawn(worker, restarts, rows)
+        self._await_start([worker], restarts, rows)
 
     def close(self, timeout: float) -> None:
         if self._closed:
