@@ -238,6 +238,7 @@ _PROCESS = ("serial", "process", "ale-vector")  # ale-vector: Pong only, left ou
 _HOSTED = ("vector", "vector-ceiling", "hosted", "process")
 """For the hosted workloads: the VectorEnv alone, its ceiling, envfleet hosting it, and
 envfleet's single-env path."""
+_PONG_HOSTED = ("ale-vector", "ale-hosted", "vector", "hosted", "process")
 _ASYNC, _PROCESS_THREADS = "process:batch_size=8", "process:num_workers=2:threads_per_worker=16"
 _RAY = ("naive-ray", "batched-ray", "envfleet-ray", "envfleet-ray-calls", "process")
 _SLEEP = ("loop", "bare-threads", "thread", "thread:cpu_affinity=[1]", "gym-async")
@@ -250,9 +251,12 @@ TARGETS: dict[str, Target] = {
         # Async: the first 8 envs ready of a heavy tail (HeavyTailEnv), against sync.
         Target("heavytail", HeavyTailEnv, 32, ("process", _ASYNC), "process", (_ASYNC, 1.5)),
         # Batched simulators hosted by the workers (vectorization_mode="vector_entry_point"):
-        # CartPole's numpy VectorEnv, and ale-py's AtariVectorEnv for the Pong id.
+        # CartPole's numpy VectorEnv, and ale-py's AtariVectorEnv for the Pong id. Pong's
+        # ratios are to ale-vector (the id's frames on a thread per core); ale-hosted hosts
+        # that very AtariVectorEnv, a worker per core on one thread each; vector and hosted
+        # step make_vec's (84x84 grey frames, 4 stacked, max-pooled).
         Target("cartpole-1024", "CartPole-v1", 1024, _HOSTED, "vector"),
-        Target("pong-16", "ALE/Pong-v5", 16, _HOSTED, "vector"),
+        Target("pong-16", "ALE/Pong-v5", 16, _PONG_HOSTED, "ale-vector"),
         # The ray backend against plain Ray patterns and the process backend, on a local Ray.
         Target("ray-cartpole", "CartPole-v1", 64, _RAY, "naive-ray", ("envfleet-ray", 5.0)),
         Target("ray-pong", "ALE/Pong-v5", 8, _RAY, "process", ("envfleet-ray", 0.8)),

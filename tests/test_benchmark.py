@@ -223,6 +223,38 @@ def test_ale_vector_steps_the_frames_of_the_gymnasium_ale_env() -> None:
         env.close()
 
 
+def test_ale_hosted_steps_ale_vectors_frames_on_envfleets_workers() -> None:
+    """ale-hosted's VectorEnvs, two blocks on envfleet's workers, give what ale-vector's one
+    AtariVectorEnv gives for the same seed and actions (a seed per env, sticky actions
+    included), frame for frame; its runner opens a worker per usable core."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    spec = EnvSpec.from_user("ALE/Pong-v5")
+    fns = benchmark.ale_hosted_fns(spec, 5, 2)
+    assert [fn().num_envs for fn in fns] == [3, 2]
+    options = benchmark.ale_vector_options(spec)
+    assert options is not None
+    alone = AtariVectorEnv(options.pop("game"), 5, num_threads=2, **options)
+    actions = np.random.default_rng(0).integers(0, 6, size=(60, 5))
+    with envfleet.make(vector_env_fns=fns, backend="process", seed=3) as pool:
+        obs, _ = pool.reset(seed=3)
+        want, _ = alone.reset(seed=3)
+        np.testing.assert_array_equal(obs, want)
+        for t, step in enumerate(actions):
+            got, rewards, terminations, truncations, _ = pool.step(step)
+            want, want_rewards, want_terminations, want_truncations, _ = alone.step(step)
+            np.testing.assert_array_equal(got, want, err_msg=f"step {t}")
+            np.testing.assert_array_equal(rewards, want_rewards)
+            assert (terminations == want_terminations).all()
+            assert (truncations == want_truncations).all()
+    alone.close()
+    runner = benchmark.RUNNERS["ale-hosted"].open(benchmark.Workload.of("ALE/Pong-v5", 4), TIMING)
+    try:
+        assert runner.info["workers"] == min(4, len(usable_cpus())) and runner.window(0.05) > 0
+    finally:
+        runner.close()
+
+
 def test_sweep_reports_each_stage_with_its_place_and_the_share_done() -> None:
     stages: list[str] = []
     shown: list[str] = []

@@ -286,3 +286,23 @@ def test_hosted_observations_of_another_dtype_are_cast_or_refused_as_gymnasium_d
         with pytest.raises(envfleet.EnvRaisedError, match="Cannot cast") as info:
             pool.reset()
         assert info.value.env_index == 2
+
+
+def test_an_ale_id_is_hosted_without_importing_ale_py_first() -> None:
+    """``ALE/...`` ids are registered by importing ale_py, which a fresh process has not done:
+    make() imports it for a hosted id as for single envs (its probe, and each worker)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, envfleet\n"
+        "with envfleet.make('ALE/Pong-v5', 2, backend='process', num_workers=2, seed=0,\n"
+        "                   vectorization_mode='vector_entry_point', context='spawn') as pool:\n"
+        "    obs, _ = pool.reset()\n"
+        "    print(obs.shape, pool.step(np.zeros(2, dtype=np.int64))[0].shape)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=100, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "(2, 4, 84, 84) (2, 4, 84, 84)" in done.stdout

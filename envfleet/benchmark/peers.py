@@ -1,6 +1,7 @@
 """Runners over optional peer libraries: Stable-Baselines3, EnvPool, PufferLib and ale-py's
-C++ ``AtariVectorEnv`` (each used only if it is installed). EnvPool and PufferLib also step by
-batch (``batch_size``) for the scripts' async rows."""
+C++ ``AtariVectorEnv`` (each used only if it is installed), alone or hosted by envfleet's
+workers. EnvPool and PufferLib also step by batch (``batch_size``) for the scripts' async
+rows."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from typing import Any
 import gymnasium
 import psutil
 
+import envfleet
 from envfleet.affinity import usable_cpus
 from envfleet.benchmark.base import CallRunner, Runner, Timing, Workload, cycle, open_vector
 from envfleet.benchmark.base import sample_actions as _sample
 from envfleet.spec import EnvSpec
+from envfleet.threads import split_ids
 
 
 @contextlib.contextmanager
@@ -254,14 +257,47 @@ def open_ale_vector(workload: Workload, timing: Timing) -> Runner:
     return open_vector("ale-vector", build, timing, threads=threads, ale_py=version("ale-py"))
 
 
+def ale_hosted_fns(spec: EnvSpec, num_envs: int, parts: int) -> list[Callable[[], Any]]:
+    """``vector_env_fns`` for envfleet to host what :func:`open_ale_vector` steps: ``num_envs``
+    envs in ``parts`` consecutive blocks (fewer when there are fewer envs), each an
+    ``AtariVectorEnv`` on one thread configured by :func:`ale_vector_options`."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    options = ale_vector_options(spec)
+    if options is None:
+        raise ValueError(str(ale_vector_check(spec)))
+    game = options.pop("game")
+    return [
+        functools.partial(AtariVectorEnv, game, len(block), num_threads=1, **options)
+        for block in split_ids(range(num_envs), parts)
+    ]
+
+
+def open_ale_hosted(workload: Workload, timing: Timing) -> Runner:
+    """envfleet hosting what :func:`open_ale_vector` steps: a worker process per usable core
+    (at most one per env), each hosting an ``AtariVectorEnv`` of its block of envs on one
+    thread (:func:`ale_hosted_fns`): the same frames, and ale-vector's threads in all."""
+    fns = ale_hosted_fns(workload.spec, workload.num_envs, len(usable_cpus()))
+    return open_vector(
+        "ale-hosted",
+        lambda: envfleet.make(vector_env_fns=fns, backend="process"),
+        timing,
+        workers=len(fns),
+        threads=len(fns),
+        ale_py=version("ale-py"),
+    )
+
+
 __all__ = [
     "AS_ALE_V5",
     "PUFFER_SETTLE_S",
     "QuietEnvPool",
+    "ale_hosted_fns",
     "ale_vector_check",
     "ale_vector_options",
     "envpool_check",
     "envpool_id",
+    "open_ale_hosted",
     "open_ale_vector",
     "open_envpool",
     "open_pufferlib",

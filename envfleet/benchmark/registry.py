@@ -110,6 +110,15 @@ RUNNERS: dict[str, RunnerKind] = {
             peers.ale_vector_check,
             "atari",
         ),
+        RunnerKind(
+            "ale-hosted",
+            "envfleet, process backend, a worker per core hosting ale-vector's AtariVectorEnv "
+            "for its envs on one thread (ale-vector's threads in all)",
+            peers.open_ale_hosted,
+            "ale_py.vector_env",
+            peers.ale_vector_check,
+            "atari",
+        ),
     )
 }
 """Every runner by name, in the order they are run and shown."""

@@ -11,7 +11,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from envfleet.hosted.recipe import HostedRecipe, HostedSpec, VectorFactory
-from envfleet.spec import EnvSpec
+from envfleet.spec import EnvSpec, _register_for
 
 
 def hosted_plan(
@@ -81,6 +81,7 @@ def hosted_plan(
         if num_envs is None:
             raise TypeError("make() needs num_envs with vectorization_mode")
         kwargs = dict(env_kwargs or {})
+        _register_for(env)  # an id whose package registers it on import (ALE/...: ale_py)
         try:
             probe = gymnasium.make_vec(env, 1, vectorization_mode="vector_entry_point", **kwargs)
         except gymnasium.error.Error as exc:

@@ -10,7 +10,7 @@ from typing import Any
 import gymnasium
 from gymnasium.vector import VectorEnv
 
-from envfleet.spec import EnvSpec
+from envfleet.spec import EnvSpec, _register_for
 
 RESTARTED = "envfleet/restarted"
 
@@ -34,6 +34,7 @@ class HostedRecipe:
             venv = self.factories[block]()
         else:
             assert self.env_id is not None
+            _register_for(self.env_id)  # a worker that did not inherit the caller's registry
             size = self.blocks[block][1]
             venv = gymnasium.make_vec(
                 self.env_id, size, vectorization_mode="vector_entry_point", **self.kwargs
