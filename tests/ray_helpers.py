@@ -157,3 +157,18 @@ def envfleet_actor_pids() -> list[int]:
         except psutil.Error:
             pass
     return pids
+
+
+def local_ray() -> Iterator[None]:
+    """A module's one local Ray for its pools (``address="local"``: never another run's), on
+    loopback as a pool's own Ray is (nothing of it reachable from another machine); for a
+    module-scoped fixture: ``yield from local_ray()``."""
+    import ray
+
+    from envfleet.backends.ray.session import loopback
+
+    assert not ray.is_initialized()
+    with loopback():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()

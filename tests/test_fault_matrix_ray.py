@@ -30,10 +30,9 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import envfleet  # noqa: E402
-from envfleet.backends.ray.session import loopback  # noqa: E402
 from tests import matrix_hooks as hooks  # noqa: E402
 from tests.envs import FaultyEnv  # noqa: E402
-from tests.ray_helpers import ray_leak_check  # noqa: E402
+from tests.ray_helpers import local_ray, ray_leak_check  # noqa: E402
 from tests.test_fault_matrix import (  # noqa: E402
     check_cell,
     check_large_command_to_a_hung_worker,
@@ -66,11 +65,7 @@ def no_leaked_processes_or_shared_memory() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def ray_session() -> Iterator[None]:
-    assert not ray.is_initialized()
-    with loopback():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    yield from local_ray()
 
 
 @pytest.mark.timeout(90)

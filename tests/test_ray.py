@@ -36,11 +36,16 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 import envfleet
 import envfleet.backends.ray.call_path
 import envfleet.backends.ray.transport
-from envfleet.backends.ray.session import loopback
 from tests import faults, gates, timing
 from tests import test_gymnasium_dropin as dropin
 from tests.envs import DictTupleEnv, FaultyEnv
-from tests.ray_helpers import LOOPBACK, envfleet_actor_pids, listening_addresses, ray_leak_check
+from tests.ray_helpers import (
+    LOOPBACK,
+    envfleet_actor_pids,
+    listening_addresses,
+    local_ray,
+    ray_leak_check,
+)
 from tests.test_equivalence import (
     CASES,
     PICKLED_CASE,
@@ -76,11 +81,7 @@ def no_leaked_processes_or_shared_memory() -> Iterator[None]:
 def ray_session() -> Iterator[None]:
     """One local Ray for the module's pools to join (``address="local"``: never a cluster that
     another test run on this machine started)."""
-    assert not ray.is_initialized()
-    with loopback():  # as a pool's own Ray: nothing of it reachable from another machine
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    yield from local_ray()
 
 
 def make_ray(env: Any, path: str = "socket", **kwargs: Any) -> envfleet.Pool:

@@ -18,16 +18,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-import ray
 from gymnasium.vector import AutoresetMode
 
 import envfleet
 import envfleet.backends.ray.transport
-from envfleet.backends.ray.session import loopback
 from tests import faults
 from tests.envs import FaultyEnv
 from tests.faults import SEED
-from tests.ray_helpers import ray_leak_check
+from tests.ray_helpers import local_ray, ray_leak_check
 from tests.test_equivalence import assert_same
 from tests.test_rollout_faults import (
     MARK_AT,
@@ -55,11 +53,7 @@ def no_leaked_processes_or_shared_memory() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def ray_session() -> Iterator[None]:
     """One local Ray for the module's pools (``address="local"``: never another run's)."""
-    assert not ray.is_initialized()
-    with loopback():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    yield from local_ray()
 
 
 def same_machine(pool: envfleet.Pool) -> list[bool]:
