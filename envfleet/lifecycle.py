@@ -20,6 +20,7 @@ import weakref
 from envfleet.dispatch import Dispatch
 from envfleet.errors import AlreadyPendingError, BrokenPoolError, ClosedPoolError
 from envfleet.recovery import Recovery
+from envfleet.recycling import Recycler
 from envfleet.validation import check_close_timeout
 
 DEFAULT_CLOSE_TIMEOUT = 5.0
@@ -44,6 +45,9 @@ class Lifecycle:
         self.rolling_out = False
         """Whether parts of an asynchronous rollout are out (or in, not handed over): only
         rollouts may be started or waited for then."""
+        self.memory = Recycler()
+        """The pool's large arrays (its rollouts'), their memory used again once dropped;
+        none kept after the close."""
         _LIVE.add(self)
 
     def check(self, rollouts: bool = False) -> None:
@@ -76,6 +80,7 @@ class Lifecycle:
             return
         timeout = check_close_timeout(timeout, DEFAULT_CLOSE_TIMEOUT)
         self.closed = True
+        self.memory.clear()
         self._dispatch.close(timeout)
 
     def dropped(self) -> None:

@@ -122,7 +122,8 @@ class PoolRollouts:
             dispatch.recycle_over_limit()
         # The rollout's arrays, made now: the parts may be read straight into their columns.
         ids = np.array([i for w in workers for i in assignment[w]], dtype=np.int64)
-        out = Out(self._observation_space, self._action_space, int(steps), ids)
+        spaces = self._observation_space, self._action_space
+        out = Out(*spaces, int(steps), ids, self._life.memory.empty)
         parts = [_Part(w, c.env_ids, int(steps), version, check_actions, out) for w, c in commands]
         for (worker, command), part in zip(commands, parts, strict=True):
             dispatch.land(worker, command, part.into)
@@ -314,7 +315,7 @@ class PoolRollouts:
         n = len(env_ids)
         made = parts[0][0].out if parts else None
         if made is None or any(p.out is not made for p, _ in parts) or len(made.env_ids) != n:
-            out = Out(obs_space, act_space, steps, env_ids)
+            out = Out(obs_space, act_space, steps, env_ids, self._life.memory.empty)
         else:
             out = made  # all of its envs: the same ids, in order
         for part, got in parts:

@@ -37,12 +37,14 @@ from envfleet.buffers import put, take
 from envfleet.errors import Phase
 from envfleet.guards import env_errors
 from envfleet.protocol import EnvFailure, Group, Reply, Sample
+from envfleet.recycling import Recycler
 from envfleet.validation import check_actions, keeps_dtype
 from envfleet.weight_frames import code as code_of
 from envfleet.weight_frames import load
 
 _FLAT_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
+_RECORDS = Recycler(keep=4)  # a worker's recorded arrays, sent and dropped each rollout
 _policies: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 """Per group, the policy bytes last received and the policy unpickled from them."""
 
@@ -83,9 +85,12 @@ def tree(space: spaces.Space[Any], fn: Callable[..., Any], *nests: Any) -> Any:
     return fn(*nests)
 
 
-def empty_steps(space: spaces.Space[Any], steps: int, count: int) -> Any:
-    """Arrays of ``space``'s dtypes shaped ``(steps, count, ...)``."""
-    flat = create_empty_array(space, steps * count, fn=np.empty)
+def empty_steps(
+    space: spaces.Space[Any], steps: int, count: int, empty: Callable[..., np.ndarray] = np.empty
+) -> Any:
+    """Arrays of ``space``'s dtypes shaped ``(steps, count, ...)``, made by ``empty`` (as
+    ``np.empty``: a :class:`~envfleet.recycling.Recycler`'s)."""
+    flat = create_empty_array(space, steps * count, fn=empty)
     return tree(space, lambda a: a.reshape(steps, count, *a.shape[1:]), flat)
 
 
@@ -99,8 +104,8 @@ def sample(group: Group, command: Sample) -> Reply:
     record = Sampled(
         env_ids=ids,
         steps=0,
-        observations=empty_steps(obs_space, steps, count),
-        actions=empty_steps(act_space, steps, count),
+        observations=empty_steps(obs_space, steps, count, _RECORDS.empty),
+        actions=empty_steps(act_space, steps, count, _RECORDS.empty),
         rewards=np.empty((steps, count), dtype=batch.rewards.dtype),
         terminations=np.empty((steps, count), dtype=np.bool_),
         truncations=np.empty((steps, count), dtype=np.bool_),

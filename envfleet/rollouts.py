@@ -28,7 +28,7 @@ import copy
 import dataclasses
 import operator
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -209,11 +209,12 @@ class Out:
         act_space: spaces.Space[Any],
         steps: int,
         env_ids: np.ndarray,
+        empty: Callable[..., np.ndarray] = np.empty,
     ) -> None:
         n = len(env_ids)
         self.env_ids = env_ids
-        self.observations = empty_steps(obs_space, steps, n)
-        self.actions = empty_steps(act_space, steps, n)
+        self.observations = empty_steps(obs_space, steps, n, empty)
+        self.actions = empty_steps(act_space, steps, n, empty)
         self.rewards = np.empty((steps, n), dtype=np.float64)
         self.terminations = np.empty((steps, n), dtype=np.bool_)
         self.truncations = np.empty((steps, n), dtype=np.bool_)

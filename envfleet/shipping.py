@@ -49,7 +49,8 @@ class Shipper:
     def prepare(self, policy: Policy, version: int | None) -> int:
         """Pickle what ``policy`` sends now (its code once, its weights each time) and return
         the version that acts: ``version``, or the last one, one more when the weights (or,
-        without weights, the code) differ from those sent last."""
+        without weights, the code) differ from those sent last (weights sent under the caller's
+        version are not hashed: the next version the pool counts is one more)."""
         if policy is not self._policy:
             self._policy = policy
             self._code = policy_bytes(policy)
@@ -57,7 +58,9 @@ class Shipper:
             self._have.clear()
         own: Any = policy  # a policy with weights apart from its code
         if callable(getattr(own, "weights", None)) and callable(getattr(own, "load_weights", None)):
-            self._weights = pack(own.weights())  # the version's snapshot: one copy
+            # The version's snapshot (one copy), its contents hashed only when the pool counts
+            # the versions: the caller's version says which weights these are.
+            self._weights = pack(own.weights(), hashed=version is None)
             key = digest(self._weights).hex()
         else:
             self._weights, key = None, self._digest
