@@ -248,17 +248,17 @@ class Out:
         """``part``'s arrays into columns ``rows``, unless they are ``into``'s very arrays
         (the transport read them there: :meth:`into`)."""
         obs_space, act_space = self._spaces
-        if into is not None and _landed(part, into, obs_space, act_space):
-            return
+        read = into or part  # a field read in place is ``into``'s own array: no copy
 
-        def fill(leaf: np.ndarray, value: np.ndarray) -> None:
-            leaf[:, rows] = value
+        def fill(leaf: np.ndarray, value: np.ndarray, in_place: np.ndarray) -> None:
+            if into is None or value is not in_place:
+                leaf[:, rows] = value
 
-        tree(obs_space, fill, self.observations, part.observations)
-        tree(act_space, fill, self.actions, part.actions)
-        self.rewards[:, rows] = part.rewards
-        self.terminations[:, rows] = part.terminations
-        self.truncations[:, rows] = part.truncations
+        tree(obs_space, fill, self.observations, part.observations, read.observations)
+        tree(act_space, fill, self.actions, part.actions, read.actions)
+        fill(self.rewards, part.rewards, read.rewards)
+        fill(self.terminations, part.terminations, read.terminations)
+        fill(self.truncations, part.truncations, read.truncations)
 
     def rollout(self, parts: Sequence[Sampled], n: int, final: Any, env_ids: np.ndarray) -> Rollout:
         steps = len(self.rewards)
@@ -275,21 +275,6 @@ class Out:
             env_ids=env_ids,
             policy_versions=self.versions,
         )
-
-
-def _landed(
-    part: Sampled, into: Sampled, obs_space: spaces.Space[Any], act_space: spaces.Space[Any]
-) -> bool:
-    """Whether every recorded array of ``part`` is ``into``'s own."""
-    same: list[bool] = []
-
-    def check(a: Any, b: Any) -> None:
-        same.append(a is b)
-
-    tree(obs_space, check, part.observations, into.observations)
-    tree(act_space, check, part.actions, into.actions)
-    same += [part.rewards is into.rewards, part.terminations is into.terminations]
-    return all(same) and part.truncations is into.truncations
 
 
 def merged(

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
+from envfleet.backends.nodes import raw_parts
 from envfleet.backends.nodes.frames import Frames
 from envfleet.buffers import Batch
 from envfleet.errors import Phase
@@ -32,15 +33,23 @@ from tests.test_node_server import (
 __all__ = ["pair"]  # test_node_server's fixture (a socket pair), used here by name
 
 
+LEAST = {"in place": 0, "observations in place": 4 * PER_WORKER * 3, "copied": 1 << 30}
+"""raw_parts.LEAST_ROW: every field's step blocks read in place; only the observations' (12
+bytes an env, the rest 8 or 1); none."""
+
+
+@pytest.mark.parametrize("least", list(LEAST))
 @pytest.mark.parametrize("case", ["whole", "policy failed", "cut short", "env failed"])
 def test_a_nodes_rollout_parts_are_read_into_the_columns_the_pool_gave(
-    pair: tuple[Connection, Connection], case: str
+    pair: tuple[Connection, Connection], case: str, least: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each part of a rollout travels as it came, its recorded arrays as raw bytes in a frame
     after the answer, read straight into the columns the pool gave for its command (views of
-    the rollout's own arrays: nothing of the message to copy out); a part given none, or that
-    does not fit them (fewer steps), into arrays of its own. Every value comes back as sent,
-    in its dtype; infos, reset infos and final observations with the part."""
+    the rollout's own arrays: nothing of the message to copy out) where a step's block is
+    large; a small field, a part given none, or one that does not fit them (fewer steps), into
+    arrays of its own, which the rollout copies in. Every value comes back as sent, in its
+    dtype; infos, reset infos and final observations with the part."""
+    monkeypatch.setattr(raw_parts, "LEAST_ROW", LEAST[least])
     server, workers, link = setup(pair)
     assert link.conn is not None
     frames = link.frames = Frames(link.conn.fileno())
@@ -85,14 +94,17 @@ def test_a_nodes_rollout_parts_are_read_into_the_columns_the_pool_gave(
         assert part.observations["b"][0].dtype == np.int8
         assert (part.infos, part.reset_infos) == (want.infos, want.reset_infos)
         assert (part.error is None) is (want.error is None)
-        landed = w in given and want.steps == 4
+        landed = w in given and want.steps == 4 and least != "copied"
+        small = landed and least == "in place"  # the fields of 8 bytes or fewer an env
         assert np.shares_memory(part.observations["a"], out.observations["a"]) is landed
-        assert np.shares_memory(part.observations["b"][0], out.observations["b"][0]) is landed
-        if landed:  # the pool's own arrays, filled
-            assert part.rewards is given[w].rewards and part.actions is given[w].actions
+        assert np.shares_memory(part.observations["b"][0], out.observations["b"][0]) is small
+        assert (part.rewards is given[w].rewards) is small if w in given else True
+        if w in given and want.steps == 4:  # the rollout's columns: read in place or copied
             columns = list(ids[w])
+            out.add(part, slice(columns[0], columns[-1] + 1), given[w])
             np.testing.assert_array_equal(out.observations["a"][:, columns], want.observations["a"])
             np.testing.assert_array_equal(
                 out.observations["b"][0][:, columns], want.observations["b"][0]
             )
-            np.testing.assert_array_equal(out.truncations[:, columns], want.truncations)
+            for name in ("actions", "rewards", "terminations", "truncations"):
+                np.testing.assert_array_equal(getattr(out, name)[:, columns], getattr(want, name))

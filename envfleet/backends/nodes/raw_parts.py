@@ -30,7 +30,7 @@ import numpy as np
 from envfleet.protocol import Reply
 from envfleet.rollout_loop import Sampled
 
-__all__ = ["RECORDED", "Raw", "destinations", "strip", "stripped"]
+__all__ = ["LEAST_ROW", "RECORDED", "Raw", "destinations", "strip", "stripped"]
 
 RECORDED = ("observations", "actions", "rewards", "terminations", "truncations")
 """A part's fields that travel as raw bytes, in this order (a nest's leaves in its order)."""
@@ -88,10 +88,17 @@ def stripped(reply: Any) -> list[Sampled]:
     return [part for _, _, part in _parts([reply]) if isinstance(part.rewards, Raw)]
 
 
+LEAST_ROW = 4096
+"""The bytes of a step's column block below which a field is read whole into an array of its
+own and copied into its columns by NumPy: a read per step of CartPole's 128-byte rows cost the
+pool's process 2.7x the CPU of one read and one copy (a Pong frame's rows are 450 KB)."""
+
+
 def destinations(part: Sampled, into: Sampled | None) -> list[np.ndarray]:
     """The pool's side: ``part``'s recorded arrays set to ``into``'s where they fit (its steps,
-    dtypes and shapes: the rollout's columns), else to new arrays; returns the buffers their
-    bytes are read into, in order (flat ``uint8`` arrays: one per step of a column block)."""
+    dtypes and shapes: the rollout's columns) and each step's block is large
+    (:data:`LEAST_ROW`), else to new arrays; returns the buffers their bytes are read into, in
+    order (flat ``uint8`` arrays: one per step of a column block)."""
     fits = into is not None and into.steps == part.steps and into.env_ids == part.env_ids
     buffers: list[np.ndarray] = []
 
@@ -101,6 +108,7 @@ def destinations(part: Sampled, into: Sampled | None) -> list[np.ndarray]:
             isinstance(given, np.ndarray)
             and (given.shape, given.dtype) == (raw.shape, dtype)
             and _rows_contiguous(given)
+            and (given.flags.c_contiguous or given[0].nbytes >= LEAST_ROW)
         ):
             buffers.extend(_flat(given))
             return given
