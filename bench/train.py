@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -147,10 +148,12 @@ def network(shape: tuple[int, ...], actions: int) -> torch.nn.Module:
     return nn.Sequential(ChannelsFirst(), *convs, nn.Flatten(), nn.Linear(256, actions))
 
 
-def rllib_rate(env: Any, env_config: dict[str, Any], envs: int, steps: int, rounds: int) -> Any:
-    """RLlib's EnvRunnerGroup (:func:`bench.cluster.rllib_group`): each round its runners' own
-    weights synced as PPO does (``sync_weights``, a new sequence number) and ``envs x steps``
-    env-steps sampled by each, episodes to the driver. Env-steps per driver CPU-second, and the
+@contextlib.contextmanager
+def rllib_rate(env: Any, env_config: dict[str, Any], envs: int, steps: int) -> Iterator[Any]:
+    """RLlib's EnvRunnerGroup (:func:`bench.cluster.rllib_group`) open, as ``(rate, params)``:
+    ``rate(rounds)`` runs ``rounds`` rounds, each with its runners' own weights synced as PPO
+    does (``sync_weights``, a new sequence number) and ``envs x steps`` env-steps sampled by
+    each, episodes to the driver, and returns env-steps per driver CPU-second; ``params``: the
     parameters of the runners' module."""
     from ray.rllib.core import COMPONENT_RL_MODULE
     from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
@@ -178,16 +181,20 @@ def rllib_rate(env: Any, env_config: dict[str, Any], envs: int, steps: int, roun
             )
             done[0] += sum(len(episode) for episodes in got for episode in episodes)
 
-        once([0])
-        done = [0]
-        _, cpu, _ = common.timed(lambda: once(done), rounds)
-        return done[0] / cpu, params
+        def rate(rounds: int) -> float:
+            once([0])
+            done = [0]
+            _, cpu, _ = common.timed(lambda: once(done), rounds)
+            return done[0] / cpu
+
+        yield rate, params
 
 
 def per_cpu(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:
     """(d): CartPole (2 x 8 envs, 100 steps a round, 10 rounds) and Pong frames (2 x 4 envs,
-    50 steps, 12 rounds: the rollouts' memory is in use again from the third); 2 rounds with
-    --quick."""
+    50 steps, 12 rounds: the rollouts' memory is in use again from the third), envfleet's pool
+    and RLlib's group open side by side and measured in turn, 3 times (medians); one turn of 2
+    rounds with --quick."""
     frames = pong_84(32)
     pong = {"frames": frames.astype(np.float32) / 128 - 1}
     cases = {  # envfleet's env, RLlib's env and its config (None: as above), envs a node, steps
@@ -196,20 +203,39 @@ def per_cpu(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:
         "Pong frames, uint8": (functools.partial(PongFrames, {"frames": frames}), None, {}, 4, 50),
     }
     figures, rllib, params = [], 0.0, 0
+    turns = 1 if quick else 3
     for name, (ours, theirs, config, envs, steps) in cases.items():
         rounds = 2 if quick else 12 - 2 * (steps == 100)
         make: dict[str, Any] = {"backend": "ray", "nodes": nodes, "num_workers": 2, "seed": 0}
-        with envfleet.make(ours, 2 * envs, **make) as pool:
+        with contextlib.ExitStack() as stack:
+            pool = stack.enter_context(envfleet.make(ours, 2 * envs, **make))
             space, shape = pool.single_action_space, pool.single_observation_space.shape or ()
             module = network(shape, int(space.n))  # type: ignore[attr-defined]
-            got = training.per_cpu(pool, envfleet.TorchPolicy(module, space, 0), steps, rounds)
-        if theirs is not None:
-            rllib, params = rllib_rate(theirs, config, envs, steps, rounds)
+            policy = envfleet.TorchPolicy(module, space, 0)
+            theirs_rate = None
+            if theirs is not None:
+                theirs_rate, params = stack.enter_context(rllib_rate(theirs, config, envs, steps))
+            runs, rllib_runs = [], []
+            for _ in range(turns):
+                runs.append(training.per_cpu(pool, policy, steps, rounds))
+                if theirs_rate is not None:
+                    rllib_runs.append(theirs_rate(rounds))
+        got = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+        rate = float(np.median([r["env_steps"] / r["cpu_s"] for r in runs]))
+        if rllib_runs:
+            rllib = float(np.median(rllib_runs))
         size = sum(int(p.numel()) for p in module.parameters())
-        raw[f"(d) {name}"] = {**got, "parameters": size, "rllib": rllib, "rllib parameters": params}
+        raw[f"(d) {name}"] = {
+            **got,
+            "env_steps_per_cpu_s": [r["env_steps"] / r["cpu_s"] for r in runs],
+            "parameters": size,
+            "rllib": rllib,
+            "rllib_runs": rllib_runs,
+            "rllib parameters": params,
+        }
         label = f"(d) {name}: env-steps per driver CPU-s ({size:,} parameters)"
         against = f"RLlib EnvRunnerGroup ({params:,} parameters)"
-        figures.append(Figure(label, got["env_steps"] / got["cpu_s"], "", against, rllib, 2.0))
+        figures.append(Figure(label, rate, "", against, rllib, 2.0))
     return figures
 
 
