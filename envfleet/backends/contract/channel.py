@@ -27,6 +27,7 @@ from envfleet.backends.contract.framing import (
     PLAIN_BYTES,
     encode_reply,
     read_exact,
+    widen,
     write_all,
 )
 from envfleet.backends.contract.replies import as_columns, plain, undecodable, unpicklable
@@ -92,11 +93,14 @@ def serve_pipes(
     :mod:`~envfleet.backends.contract.spares`).
 
     The loop a worker runs every step: a repeated command and a plain reply cost one
-    ``read`` and one ``write`` of a byte, and nothing else but the command itself (issue 23).
+    ``read`` and one ``write`` of a byte, and nothing else but the command itself. The reply
+    pipe is widened (:func:`~envfleet.backends.contract.framing.widen`) before the first reply
+    that carries large arrays.
     """
     command: Command | None = None
     ready = _readable(command_fd) if spin_seconds > 0 else None
     read, write = os.read, os.write
+    widened = False
     while True:
         try:
             if ready is not None:
@@ -123,7 +127,10 @@ def serve_pipes(
             if plain(reply):  # the hot path: one byte, written whole (a blocking pipe)
                 write(reply_fd, PLAIN_BYTES)
             else:
-                write_all(reply_fd, encode_reply(reply))
+                encoded = encode_reply(reply)
+                if isinstance(encoded, list) and not widened:
+                    widened = widen(reply_fd)
+                write_all(reply_fd, encoded)
         except OSError:  # the pool is gone
             group.close()
             return

@@ -1,0 +1,121 @@
+"""Replies with large arrays on the process backend's wire: the arrays after the pickle, as they
+are, and read by the pool straight into memory of their own.
+
+Oracles: every value and dtype comes back as sent, however the bytes are cut on their way (one
+byte at a time across the headers, the pipe's pieces, a plain reply and a small frame right
+behind); large arrays come back as writable views of the reply's own memory, small and
+non-contiguous ones inside the pickle; a reply pipe is widened before its first such reply; a
+rollout of frames on the process backend is the serial backend's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import envfleet
+from envfleet.backends.contract import framing
+from envfleet.protocol import Reply
+from tests.envs import FramesEnv
+
+
+def reply_with_arrays() -> tuple[Reply, dict[str, np.ndarray]]:
+    arrays = {
+        "frames": np.arange(3 << 18, dtype=np.float32).reshape(3, 256, 1024),  # 3 MB: in place
+        "ints": np.arange(1 << 15, dtype=np.int64),  # 256 KB
+        "strided": np.arange(1 << 16, dtype=np.int32)[::2],  # not contiguous: in the pickle
+        "small": np.ones(7, dtype=np.uint8),
+        "fortran": np.asfortranarray(np.arange(1 << 16, dtype=np.int16).reshape(256, 256)),
+    }
+    return Reply(env_ids=(4, 5), values={4: arrays}, infos={5: {"k": "v"}}), arrays
+
+
+def check(got: Reply | None, want: dict[str, np.ndarray]) -> None:
+    assert isinstance(got, Reply) and got.env_ids == (4, 5) and got.infos == {5: {"k": "v"}}
+    assert got.values is not None
+    values = got.values[4]
+    for name, array in want.items():
+        np.testing.assert_array_equal(values[name], array, err_msg=name)
+        assert values[name].dtype == array.dtype and values[name].flags.writeable, name
+    assert values["frames"].base is not None  # a view: of the reply's own memory
+    values["frames"][0, 0, 0] = -1.0  # writable, and not the sender's
+    assert want["frames"][0, 0, 0] == 0.0
+
+
+def wire(reply: Reply) -> bytes:
+    encoded = framing.encode_reply(reply)
+    return encoded if isinstance(encoded, bytes) else b"".join(bytes(p) for p in encoded)
+
+
+@pytest.mark.parametrize("piece", [1, 7, 4096, 65536, 1 << 30])
+def test_large_arrays_travel_after_the_pickle_however_the_bytes_are_cut(piece: int) -> None:
+    reply, arrays = reply_with_arrays()
+    encoded = framing.encode_reply(reply)
+    assert isinstance(encoded, list) and encoded[0][0] == framing.BUFFERS
+    after = encoded[4:]  # the tag and length, the pickle's length, the pickle, the sizes
+    apart = [p for p in after if isinstance(p, memoryview) and p.nbytes >= framing.OUT_OF_BAND]
+    assert sorted(p.nbytes for p in apart) == [1 << 17, 1 << 18, 3 << 20]  # not copied
+    small = wire(Reply(env_ids=(1,), infos={1: {"x": 1}}))
+    stream = wire(reply) + framing.PLAIN_BYTES + small + wire(reply)
+    reader, out = framing.FrameReader(), []  # type: ignore[var-annotated]
+    pieces = range(0, len(stream), piece) if piece > 1 else range(0, 200)
+    at = 0
+    for start in pieces:  # byte by byte across the headers, then the rest at once
+        reader.feed(stream[start : start + piece], out)
+        at = start + piece
+    if at < len(stream):
+        reader.feed(stream[at:], out)
+    assert not reader.partial and len(out) == 4
+    check(out[0], arrays)
+    assert out[1] is None and out[2].infos == {1: {"x": 1}}
+    check(out[3], arrays)
+
+
+def test_a_large_reply_is_read_from_the_pipe_into_its_own_memory() -> None:
+    reply, arrays = reply_with_arrays()
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    try:
+        assert framing.widen(write_end)
+        if hasattr(fcntl, "F_GETPIPE_SZ"):
+            assert fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ) == framing.PIPE_SIZE
+
+        def write() -> None:
+            for _ in range(2):
+                framing.write_all(write_end, framing.encode_reply(reply))
+            framing.write_all(write_end, framing.PLAIN_BYTES)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        reader, out = framing.FrameReader(), []  # type: ignore[var-annotated]
+        deadline = time.monotonic() + 60
+        while len(out) < 3 and time.monotonic() < deadline:  # what is there, as the pool reads
+            assert reader.read(read_end, out)
+        writer.join(timeout=30)
+        check(out[0], arrays)
+        check(out[1], arrays)
+        assert out[2] is None and not reader.partial
+        assert not np.shares_memory(out[0].values[4]["frames"], out[1].values[4]["frames"])
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_rollouts_of_frames_through_the_pipes_are_the_serial_backends() -> None:
+    got: dict[str, Any] = {}
+    for backend in ("serial", "process"):
+        with envfleet.make(FramesEnv, 4, backend=backend, num_workers=2, seed=0) as pool:
+            pool.reset(seed=0)
+            policy = envfleet.RandomPolicy(pool.single_action_space, seed=3)
+            got[backend] = [pool.rollout(policy, 100) for _ in range(2)]  # 2.4 MB a part
+    for want, have in zip(got["serial"], got["process"], strict=True):
+        for name in ("observations", "actions", "rewards", "terminations", "truncations"):
+            np.testing.assert_array_equal(getattr(have, name), getattr(want, name), err_msg=name)
+            assert getattr(have, name).dtype == getattr(want, name).dtype
+        np.testing.assert_array_equal(have.final_observations, want.final_observations)
