@@ -13,7 +13,8 @@ its target in one table (:mod:`envfleet.benchmark.training` measures):
     workers (RLlib's default model; a new version each round) against RLlib's ``EnvRunnerGroup``
     (new API stack, its default model, weights synced and episodes returned each round) on
     CartPole and on Pong frames (84x84x4 float32, as RLlib's Atari wrappers give them; and
-    envfleet on the same frames in uint8, normalised in the network).
+    envfleet on the same frames in uint8, normalised in the network); and the float32 frames on
+    one machine (the process backend) against them on the nodes.
 
     PYTHONPATH=. python bench/train.py [--quick] [--json PATH]
 """
@@ -193,20 +194,25 @@ def rllib_rate(env: Any, env_config: dict[str, Any], envs: int, steps: int) -> I
 def per_cpu(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:
     """(d): CartPole (2 x 8 envs, 100 steps a round, 10 rounds) and Pong frames (2 x 4 envs,
     50 steps, 12 rounds: the rollouts' memory is in use again from the third), envfleet's pool
-    and RLlib's group open side by side and measured in turn, 3 times (medians); one turn of 2
-    rounds with --quick."""
+    and RLlib's group open side by side and measured in turn, 5 times (medians); the same Pong
+    frames on one machine (the process backend, 2 workers) against them on the 2 nodes; one
+    turn of 2 rounds with --quick."""
     frames = pong_84(32)
     pong = {"frames": frames.astype(np.float32) / 128 - 1}
     cases = {  # envfleet's env, RLlib's env and its config (None: as above), envs a node, steps
         "CartPole": ("CartPole-v1", "CartPole-v1", {}, 8, 100),
         "Pong frames": (functools.partial(PongFrames, pong), PongFrames, pong, 4, 50),
         "Pong frames, uint8": (functools.partial(PongFrames, {"frames": frames}), None, {}, 4, 50),
+        "Pong frames, one machine": (functools.partial(PongFrames, pong), None, {}, 4, 50),
     }
-    figures, rllib, params = [], 0.0, 0
-    turns = 1 if quick else 3
+    figures: list[Figure] = []
+    rllib, params = 0.0, 0
+    turns = 1 if quick else 5
     for name, (ours, theirs, config, envs, steps) in cases.items():
         rounds = 2 if quick else 12 - 2 * (steps == 100)
         make: dict[str, Any] = {"backend": "ray", "nodes": nodes, "num_workers": 2, "seed": 0}
+        if name.endswith("one machine"):  # the process backend's 2 workers, no RLlib
+            make = {"backend": "process", "num_workers": 2, "seed": 0}
         with contextlib.ExitStack() as stack:
             pool = stack.enter_context(envfleet.make(ours, 2 * envs, **make))
             space, shape = pool.single_action_space, pool.single_observation_space.shape or ()
@@ -234,6 +240,10 @@ def per_cpu(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:
             "rllib parameters": params,
         }
         label = f"(d) {name}: env-steps per driver CPU-s ({size:,} parameters)"
+        if "process" in make.values():
+            nodes_rate = next(f.value for f in figures if f.name.startswith("(d) Pong frames:"))
+            figures.append(Figure(label, rate, "", "the same on 2 nodes", nodes_rate))
+            continue
         against = f"RLlib EnvRunnerGroup ({params:,} parameters)"
         figures.append(Figure(label, rate, "", against, rllib, 2.0))
     return figures
