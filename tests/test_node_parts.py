@@ -1,7 +1,8 @@
-"""A rollout's parts between a node agent and the pool (:mod:`envfleet.backends.nodes.raw_parts`):
-the agent's loop (:class:`~envfleet.backends.nodes.server.NodeServer`, its workers scripted) on
-one end of a socket pair, the pool's :class:`~envfleet.backends.nodes.link.NodeLink` on the
-other, as in ``test_node_server``."""
+"""A rollout's parts between a node agent and the pool
+(:mod:`envfleet.backends.contract.raw_parts`): the agent's loop
+(:class:`~envfleet.backends.nodes.server.NodeServer`, its workers scripted) on one end of a
+socket pair, the pool's :class:`~envfleet.backends.nodes.link.NodeLink` on the other, as in
+``test_node_server``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from envfleet.backends.nodes import raw_parts
+from envfleet.backends.contract import raw_parts
 from envfleet.backends.nodes.frames import Frames
 from envfleet.buffers import Batch
 from envfleet.errors import Phase

@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import gymnasium
@@ -158,7 +159,7 @@ def test_repeat_runs_the_last_command_and_eof_closes_the_group() -> None:
     thread, command_w, reply_r = _serve_in_thread(group)
     try:
         command = Step((0,))
-        framing.write_all(command_w, framing.frame(framing.ForkingPickler.dumps(command)))
+        framing.write_all(command_w, framing.frame(ForkingPickler.dumps(command)))
         framing.write_all(command_w, framing.REPEAT_BYTES * 3)
         assert _read_replies(reply_r, 4) == [None] * 4  # plain: one byte each
         group.reply = big

@@ -18,10 +18,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gymnasium import spaces
 
 import envfleet
-from envfleet.backends.contract import framing
+from envfleet.backends.contract import framing, landing
 from envfleet.protocol import Reply
+from envfleet.rollout_loop import Sampled
+from envfleet.rollouts import Out
 from tests.envs import FramesEnv
 
 
@@ -59,7 +62,7 @@ def test_large_arrays_travel_after_the_pickle_however_the_bytes_are_cut(piece: i
     encoded = framing.encode_reply(reply)
     assert isinstance(encoded, list) and encoded[0][0] == framing.BUFFERS
     after = encoded[4:]  # the tag and length, the pickle's length, the pickle, the sizes
-    apart = [p for p in after if isinstance(p, memoryview) and p.nbytes >= framing.OUT_OF_BAND]
+    apart = [p for p in after if isinstance(p, memoryview) and p.nbytes >= landing.OUT_OF_BAND]
     assert sorted(p.nbytes for p in apart) == [1 << 17, 1 << 18, 3 << 20]  # not copied
     small = wire(Reply(env_ids=(1,), infos={1: {"x": 1}}))
     stream = wire(reply) + framing.PLAIN_BYTES + small + wire(reply)
@@ -82,9 +85,9 @@ def test_a_large_reply_is_read_from_the_pipe_into_its_own_memory() -> None:
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     try:
-        assert framing.widen(write_end)
+        assert landing.widen(write_end)
         if hasattr(fcntl, "F_GETPIPE_SZ"):
-            assert fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ) == framing.PIPE_SIZE
+            assert fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ) == landing.PIPE_SIZE
 
         def write() -> None:
             for _ in range(2):
@@ -119,3 +122,107 @@ def test_rollouts_of_frames_through_the_pipes_are_the_serial_backends() -> None:
             np.testing.assert_array_equal(getattr(have, name), getattr(want, name), err_msg=name)
             assert getattr(have, name).dtype == getattr(want, name).dtype
         np.testing.assert_array_equal(have.final_observations, want.final_observations)
+
+
+OBS = spaces.Box(-1e6, 1e6, shape=(32, 32), dtype=np.float32)  # 4 KB an env: read in place
+ACTS = spaces.Discrete(4)
+STEPS, IDS = 20, (2, 3)
+
+
+def part_of(ids: tuple[int, ...], steps: int) -> Sampled:
+    """A worker's part of a rollout, its values made of the steps and env ids."""
+    grid = np.add.outer(np.arange(steps) * 100, np.array(ids))
+    return Sampled(
+        env_ids=ids,
+        steps=steps,
+        observations=(grid[..., None, None] * np.ones((32, 32))).astype(np.float32),
+        actions=(grid % 4).astype(np.int64),
+        rewards=grid / 2.0,
+        terminations=grid % 3 == 0,
+        truncations=grid % 5 == 0,
+        infos={1: {ids[0]: {"x": ids[0]}}},
+        reset_infos={0: {ids[-1]: {"seed": 7}}},
+        final_observations=np.ones((len(ids), 32, 32), np.float32),
+    )
+
+
+RECORDED = ("observations", "actions", "rewards", "terminations", "truncations")
+
+
+def check_part(got: Any, want: Sampled, out: Out, into: Sampled | None) -> None:
+    assert isinstance(got, Reply) and got.values is not None
+    part = got.values[IDS[0]]
+    assert isinstance(part, Sampled) and (part.env_ids, part.steps) == (IDS, STEPS)
+    for name in RECORDED:
+        np.testing.assert_array_equal(getattr(part, name), getattr(want, name), err_msg=name)
+        assert getattr(part, name).dtype == getattr(want, name).dtype, name
+    assert (part.infos, part.reset_infos) == (want.infos, want.reset_infos)
+    np.testing.assert_array_equal(part.final_observations, want.final_observations)
+    assert np.shares_memory(part.observations, out.observations) is (into is not None)
+    assert not np.shares_memory(part.rewards, out.rewards)  # 16 bytes a step: copied in
+    if into is not None:  # the rollout's columns: the observations there, the rest copied
+        out.add(part, slice(IDS[0], IDS[-1] + 1), into)
+        for name in RECORDED:
+            column = getattr(out, name)[:, IDS[0] : IDS[-1] + 1]
+            np.testing.assert_array_equal(column, getattr(want, name), err_msg=name)
+
+
+def out_and_reader(given: bool) -> tuple[Out, framing.FrameReader, Sampled | None]:
+    """A rollout's arrays over 5 envs, and a reader given their columns of ``IDS`` if
+    ``given``."""
+    out = Out(OBS, ACTS, STEPS, np.arange(5, dtype=np.int64))
+    reader = framing.FrameReader()
+    into = out.into(IDS) if given else None
+    if into is not None:
+        reader.landing[IDS] = into
+    return out, reader, into
+
+
+@pytest.mark.parametrize("given", [True, False])
+@pytest.mark.parametrize("piece", [1, 3000, 1 << 16, 1 << 30])
+def test_a_rollouts_part_is_read_into_the_columns_given_however_its_bytes_are_cut(
+    piece: int, given: bool
+) -> None:
+    """A part's recorded arrays after its reply, read into the rollout's columns the pool gave
+    for its envs where a step's block is large (observations), into arrays of their own where
+    not (the rest) or where none were given; a plain reply and a frame right behind."""
+    want = part_of(IDS, STEPS)
+    encoded = framing.encode_reply(Reply(env_ids=IDS, values={IDS[0]: part_of(IDS, STEPS)}))
+    assert isinstance(encoded, list) and encoded[0][0] == landing.PARTS
+    assert len(encoded[1]) < 16384  # the pickle: final observations (8 KB), no recorded array
+    small = wire(Reply(env_ids=(1,), infos={1: {"x": 1}}))
+    stream = b"".join(bytes(p) for p in encoded) + framing.PLAIN_BYTES + small
+    out, reader, into = out_and_reader(given)
+    got: list[Any] = []
+    starts = list(range(0, 300)) + list(range(300, len(stream), piece)) if piece == 1 else None
+    for start in starts or range(0, len(stream), piece):
+        step = 1 if piece == 1 and start < 300 else piece
+        reader.feed(stream[start : start + step], got)
+    assert len(got) == 3 and not reader.partial and not reader.landing
+    check_part(got[0], want, out, into)
+    assert got[1] is None and got[2].infos == {1: {"x": 1}}
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_a_rollouts_part_is_read_from_the_pipe_into_the_columns(given: bool) -> None:
+    want = part_of(IDS, STEPS)
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    try:
+
+        def write() -> None:
+            reply = Reply(env_ids=IDS, values={IDS[0]: part_of(IDS, STEPS)})
+            framing.write_all(write_end, framing.encode_reply(reply))
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        out, reader, into = out_and_reader(given)
+        got: list[Any] = []
+        deadline = time.monotonic() + 60
+        while not got and time.monotonic() < deadline:
+            assert reader.read(read_end, got)
+        writer.join(timeout=30)
+        check_part(got[0], want, out, into)
+    finally:
+        os.close(read_end)
+        os.close(write_end)

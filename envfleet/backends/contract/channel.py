@@ -27,9 +27,9 @@ from envfleet.backends.contract.framing import (
     PLAIN_BYTES,
     encode_reply,
     read_exact,
-    widen,
     write_all,
 )
+from envfleet.backends.contract.landing import widen
 from envfleet.backends.contract.replies import as_columns, plain, undecodable, unpicklable
 from envfleet.infos import Columns
 from envfleet.protocol import Close, Command, Group, Reply
@@ -94,7 +94,7 @@ def serve_pipes(
 
     The loop a worker runs every step: a repeated command and a plain reply cost one
     ``read`` and one ``write`` of a byte, and nothing else but the command itself. The reply
-    pipe is widened (:func:`~envfleet.backends.contract.framing.widen`) before the first reply
+    pipe is widened (:func:`~envfleet.backends.contract.landing.widen`) before the first reply
     that carries large arrays.
     """
     command: Command | None = None

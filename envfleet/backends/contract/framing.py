@@ -17,23 +17,28 @@ growing buffer and copied out of the pickle.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
-import io
 import os
 import pickle
 import struct
 from collections.abc import Callable
-from multiprocessing.reduction import ForkingPickler
-from typing import Any
 
 import numpy as np
 
+from envfleet.backends.contract.landing import (
+    ALIGN,
+    IOV_MAX,
+    PARTS,
+    Landing,
+    encode_parts,
+    pickled_apart,
+    unpickled_apart,
+)
 from envfleet.backends.contract.replies import as_columns, plain, unpicklable
 from envfleet.infos import Columns, column_dicts
 from envfleet.protocol import Reply
 from envfleet.recycling import Recycler
+from envfleet.rollout_loop import Sampled
 
 __all__ = [
     "BUFFERS",
@@ -42,8 +47,6 @@ __all__ = [
     "FRAME_BYTES",
     "IN_PLACE",
     "LENGTH",
-    "OUT_OF_BAND",
-    "PIPE_SIZE",
     "PLAIN",
     "PLAIN_BYTES",
     "READ_SIZE",
@@ -53,7 +56,6 @@ __all__ = [
     "encode_reply",
     "frame",
     "read_exact",
-    "widen",
     "write_all",
 ]
 
@@ -72,8 +74,6 @@ BUFFERS = 3
 """Tag of a framed reply whose large buffers follow its pickle: a length, then the pickle's
 length, the pickle, the count of buffers, their lengths, and each buffer 16-byte aligned in the
 frame's body (:func:`encode_reply`)."""
-OUT_OF_BAND = 1 << 16
-"""A reply's buffer (an array's data) this large travels after the pickle, as it is."""
 IN_PLACE = 1 << 20
 """A reply this large is read straight into memory of its own (not piece by piece into the
 reader's buffer)."""
@@ -86,8 +86,6 @@ PLAIN_BYTES = bytes([PLAIN])
 FRAME_BYTES = bytes([FRAME])
 _COLUMNS_TAG = bytes([COLUMNS])
 _BUFFERS_TAG = bytes([BUFFERS])
-_ALIGN = 16
-_IOV_MAX = 1024
 _BODIES = Recycler(keep=4)  # large replies' bodies, used again once their arrays are dropped
 REPEAT_BYTES = bytes([REPEAT])
 
@@ -107,7 +105,7 @@ def write_all(fd: int, data: bytes | list[bytes | memoryview]) -> None:
         return
     pieces = [memoryview(piece).cast("B") for piece in data if len(piece)]
     while pieces:
-        sent = os.writev(fd, pieces[:_IOV_MAX])
+        sent = os.writev(fd, pieces[:IOV_MAX])
         while pieces and sent >= pieces[0].nbytes:
             sent -= pieces.pop(0).nbytes
         if sent:
@@ -144,10 +142,13 @@ def encode_reply(reply: Reply) -> bytes | list[bytes | memoryview]:
         except struct.error:  # an env id past 4 bytes: the reply goes pickled
             pass
     try:
-        body, buffers = _pickled(reply)
+        parts = encode_parts(reply)  # a rollout's part: its arrays' bytes after the reply
+        if parts is not None:
+            return parts
+        body, buffers = pickled_apart(reply)
     except Exception as exc:  # an info or call result that cannot be pickled
         failed = Reply(env_ids=reply.env_ids, failures=(unpicklable(reply, exc),))
-        body, buffers = _pickled(failed)
+        body, buffers = pickled_apart(failed)
     if not buffers:
         return frame(bytes(body))
     head = LENGTH.pack(len(body))
@@ -155,66 +156,11 @@ def encode_reply(reply: Reply) -> bytes | list[bytes | memoryview]:
     pieces: list[bytes | memoryview] = [head, body, sizes]
     at = len(head) + len(body) + len(sizes)
     for buffer in buffers:
-        if pad := -at % _ALIGN:
+        if pad := -at % ALIGN:
             pieces.append(bytes(pad))
         pieces.append(buffer)
         at += pad + buffer.nbytes
     return [_BUFFERS_TAG + LENGTH.pack(at), *pieces]
-
-
-PIPE_SIZE = 1 << 18
-"""The capacity a reply pipe is widened to before its first reply with large arrays: the
-default 64 KB had the pool read a rollout's part some 20 KB at a time (Pong frames as float32
-on 2 workers: 108 µs of the pool's CPU an env-step at 64 KB, 68 at 256 KB, 74 at 1 MB). Only
-then: pipes count against a user's pipe memory, which bounds the next pipes' capacity."""
-
-
-def widen(fd: int) -> bool:
-    """Widen the pipe ``fd`` to :data:`PIPE_SIZE` where the system allows it (Linux); whether
-    that was tried (a refusal leaves it as it was)."""
-    setting = getattr(fcntl, "F_SETPIPE_SZ", None)
-    if setting is not None:
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(fd, setting, PIPE_SIZE)
-    return True
-
-
-def _pickled(reply: Reply) -> tuple[memoryview, list[memoryview]]:
-    """``reply`` pickled, its large contiguous buffers apart (:data:`OUT_OF_BAND`)."""
-    buffers: list[memoryview] = []
-
-    def apart(buffer: pickle.PickleBuffer) -> bool:
-        try:
-            raw = buffer.raw()
-        except BufferError:  # not contiguous: inside the pickle
-            return True
-        if raw.nbytes < OUT_OF_BAND:
-            return True
-        buffers.append(raw)
-        return False
-
-    out = io.BytesIO()
-    pickler = pickle.Pickler(out, protocol=5, buffer_callback=apart)
-    # ForkingPickler's reducers (descriptors, connections): it takes no buffer_callback itself
-    pickler.dispatch_table = ForkingPickler(io.BytesIO()).dispatch_table
-    pickler.dump(reply)
-    return out.getbuffer(), buffers
-
-
-def _unpickled(body: bytearray | memoryview) -> Any:
-    """What a :data:`BUFFERS` frame's ``body`` holds, its large arrays views of ``body``."""
-    view = memoryview(body)
-    (size,) = LENGTH.unpack_from(view, 0)
-    at = LENGTH.size + size
-    (count,) = LENGTH.unpack_from(view, at)
-    sizes = struct.unpack_from(f"<{count}Q", view, at + LENGTH.size)
-    at += LENGTH.size * (1 + count)
-    buffers = []
-    for n in sizes:
-        at += -at % _ALIGN
-        buffers.append(view[at : at + n])
-        at += n
-    return pickle.loads(view[LENGTH.size : LENGTH.size + size], buffers=buffers)
 
 
 @functools.lru_cache(maxsize=256)
@@ -267,15 +213,35 @@ class FrameReader:
         self._known: tuple[bytes, int, tuple[int, ...], tuple[int, ...], bytes] | None = None
         # A large reply under way (:data:`IN_PLACE`): its tag, its body, the bytes of it in.
         self._large: tuple[int, np.ndarray, int] | None = None
+        # A rollout's reply whose parts' bytes are under way (:mod:`.landing`).
+        self._parts: Landing | None = None
+        self.landing: dict[tuple[int, ...], Sampled] = {}
+        """The arrays the pool gave for the part of these envs' rollout (their columns: the
+        transport's ``land``), taken when it comes."""
 
     @property
     def partial(self) -> bool:
         """Part of a reply has arrived, not all of it."""
-        return bool(self._buffer) or self._large is not None
+        return bool(self._buffer) or self._large is not None or self._parts is not None
 
     def read(self, fd: int, out: list[Reply | None]) -> bool:
         """Read what the non-blocking ``fd`` holds and :meth:`feed` it; False at EOF."""
         while True:
+            if self._parts is not None:  # straight into the rollout's arrays
+                parts = self._parts
+                try:
+                    n = os.readv(fd, parts.iovecs())
+                except BlockingIOError:
+                    return True
+                except OSError:
+                    return False
+                if not n:
+                    return False
+                parts.advance(n)
+                if parts.done:
+                    self._parts = None
+                    out.append(parts.reply)
+                continue
             if self._large is not None:  # straight into the reply's own memory
                 tag, body, got = self._large
                 try:
@@ -309,10 +275,18 @@ class FrameReader:
             self._large = (tag, body, got)
             return
         self._large = None
-        out.append(_unpickled(body.data) if tag == BUFFERS else pickle.loads(body.data))
+        out.append(unpickled_apart(body.data) if tag == BUFFERS else pickle.loads(body.data))
 
     def feed(self, data: bytes, out: list[Reply | None]) -> None:
         """Take ``data`` in; append each reply it completes to ``out`` (``None``: plain)."""
+        if self._parts is not None:
+            parts = self._parts
+            data = data[parts.fill(data) :]
+            if parts.done:
+                self._parts = None
+                out.append(parts.reply)
+            if not data:
+                return
         if self._large is not None:
             tag, body, got = self._large
             n = min(len(data), len(body) - got)
@@ -352,6 +326,20 @@ class FrameReader:
                 break
             (size,) = LENGTH.unpack_from(buffer, pos + 1)
             tag = buffer[pos]
+            if tag == PARTS:  # the pickle, then its parts' bytes: into their arrays
+                if end - pos < header + size + LENGTH.size:
+                    break
+                (raw,) = LENGTH.unpack_from(buffer, pos + header + size)
+                with memoryview(buffer) as view, view[pos + header : pos + header + size] as p:
+                    parts = Landing.of(p, raw, self.landing)
+                pos += header + size + LENGTH.size
+                with memoryview(buffer) as view, view[pos:end] as rest:
+                    pos += parts.fill(rest)
+                if parts.done:
+                    out.append(parts.reply)
+                    continue
+                self._parts = parts  # the rest of its bytes: read in place
+                break
             if end - pos - header < size:
                 if size >= IN_PLACE and tag != COLUMNS:  # the rest read straight into its own
                     body = _BODIES.empty(size, np.uint8)
@@ -366,7 +354,7 @@ class FrameReader:
             elif tag == BUFFERS:  # its arrays are views: of memory of their own
                 body = _BODIES.empty(size, np.uint8)
                 body[:] = np.frombuffer(buffer, np.uint8, size, start)
-                out.append(_unpickled(body.data))
+                out.append(unpickled_apart(body.data))
             else:  # unpickled from the buffer itself (no view of it outlives the call)
                 with memoryview(buffer) as view, view[start:stop] as pickled:
                     out.append(pickle.loads(pickled))

@@ -66,7 +66,8 @@ from envfleet.backends.local.worker_process import SPIN_SECONDS, WorkerProcess, 
 from envfleet.backends.local.workers import await_built, wait_for_exit
 from envfleet.buffers import SharedBatch
 from envfleet.infos import Columns
-from envfleet.protocol import Close, Command, Reply
+from envfleet.protocol import Close, Command, Reply, Sample
+from envfleet.rollout_loop import Sampled
 
 __all__ = ["ProcessTransport"]
 
@@ -235,6 +236,11 @@ class ProcessTransport(BaseTransport, BaseWorkers):
                 except OSError:  # the worker is gone: its transport hears of it on the next wait
                     continue
             self.submit(worker, command)
+
+    def land(self, worker: int, command: Sample, into: Sampled) -> None:
+        """A rollout's part read from the reply pipe into ``into``
+        (:class:`~envfleet.backends.LandsParts`; :mod:`~envfleet.backends.contract.landing`)."""
+        self._workers[worker].reader.landing[command.env_ids] = into
 
     def submit(self, worker: int, command: Command) -> None:
         slot = self._workers[worker]

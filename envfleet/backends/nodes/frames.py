@@ -10,7 +10,7 @@ read: a round's message, or a node's answer of small rows, is one system call, a
 after it is kept for the next :meth:`Frames.read` (so a message can be whole here while the
 socket has nothing more to read: ask :meth:`Frames.whole` before waiting on the socket);
 :meth:`Frames.read_into` reads a message straight into buffers the reader gives (a rollout's
-arrays: :mod:`~envfleet.backends.nodes.raw_parts`).
+arrays: :mod:`~envfleet.backends.contract.raw_parts`).
 :func:`send` writes a message the same way, its length and its parts (a node's rows: views of
 its batch) in one ``writev``, where ``send_bytes`` takes one ``bytes`` (the parts joined) and
 copies it again behind its length. Given a socket and a bound, it never blocks: what the peer

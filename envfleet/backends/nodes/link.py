@@ -26,9 +26,10 @@ import gymnasium
 import numpy as np
 import ray
 
+from envfleet.backends.contract import raw_parts
 from envfleet.backends.contract.base import Replies, WorkerLost
 from envfleet.backends.contract.rows import deliver
-from envfleet.backends.nodes import raw_parts, raw_rows, wire
+from envfleet.backends.nodes import raw_rows, wire
 from envfleet.backends.nodes.frames import Frames, Message
 from envfleet.buffers import Batch
 from envfleet.errors import Phase, WorkerDiedError

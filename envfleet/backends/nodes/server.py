@@ -12,7 +12,7 @@ Infos that workers send as columns (plain scalars: Atari's, MuJoCo's) reach the 
 never as dicts, and go on to the pool as they came (an ``I`` answer when the replies have
 nothing else to say). The answer to a rollout is followed by its parts' recorded arrays, a frame
 of their own that the pool reads into the rollout's columns
-(:mod:`~envfleet.backends.nodes.raw_parts`).
+(:mod:`~envfleet.backends.contract.raw_parts`).
 
 Each message from the pool is a round, and each round is answered as soon as all of its
 replies are in, whatever else the node owes: with two halves of the node's envs in flight
@@ -33,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from envfleet.backends.contract import raw_parts
 from envfleet.backends.contract.base import LocalPool, WorkerLost
-from envfleet.backends.nodes import raw_parts, raw_rows, wire
+from envfleet.backends.nodes import raw_rows, wire
 from envfleet.backends.nodes.compression import Codec
 from envfleet.backends.nodes.frames import Frames, Message, send
 from envfleet.buffers import ObjectRows

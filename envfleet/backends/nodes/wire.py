@@ -32,7 +32,7 @@ part instead. With ``compress=``, the rows of each image field
 layout joined (:func:`join_columns`), and go into the pool's
 :class:`~envfleet.infos.InfoTable` with no Python per env; other infos are the replies' dicts.
 In the general answer to a rollout, the parts' recorded arrays travel in the frame after it
-(:mod:`envfleet.backends.nodes.raw_parts`: read straight into the rollout's columns), and the
+(:mod:`envfleet.backends.contract.raw_parts`: read straight into the rollout's columns), and the
 other buffers of 64 KB or more (final observations, large infos) after the pickle (pickle's
 protocol 5, out of band), unpickled as views of the message: neither end copies them in or out
 of the pickle.

@@ -1,5 +1,5 @@
-"""A rollout's parts between a node agent and the pool: their recorded arrays as raw bytes,
-read by the pool straight into the rollout's arrays.
+"""A rollout's parts between a worker (or a node's agent) and the pool: their recorded arrays
+as raw bytes, read by the pool straight into the rollout's arrays.
 
 ::
 
@@ -15,7 +15,9 @@ their own, written from the arrays as they are. The pool reads the answer, finds
 part's arrays go (:func:`destinations`: the columns of the rollout the pool gave for the part's
 command, :class:`~envfleet.backends.LandsParts`, where they fit; else new arrays) and reads
 that frame into them (:meth:`~envfleet.backends.nodes.frames.Frames.read_into`): one copy per
-field, from the socket, and no array of the message to copy out of.
+field, from the socket, and no array of the message to copy out of. A process worker's reply
+pipe carries the same, as a :data:`~envfleet.backends.contract.landing.PARTS` frame
+(:mod:`envfleet.backends.contract.landing`).
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ from typing import Any
 import numpy as np
 
 from envfleet.protocol import Reply
+from envfleet.recycling import Recycler
 from envfleet.rollout_loop import Sampled
 
 __all__ = ["LEAST_ROW", "RECORDED", "Raw", "destinations", "strip", "stripped"]
+
+_NEW = Recycler(keep=4)  # a part's own arrays (none given): copied on and dropped, as a rule
 
 RECORDED = ("observations", "actions", "rewards", "terminations", "truncations")
 """A part's fields that travel as raw bytes, in this order (a nest's leaves in its order)."""
@@ -112,7 +117,7 @@ def destinations(part: Sampled, into: Sampled | None) -> list[np.ndarray]:
         ):
             buffers.extend(_flat(given))
             return given
-        array = np.empty(raw.shape, dtype)
+        array = _NEW.empty(raw.shape, dtype)
         buffers.extend(_flat(array))
         return array
 

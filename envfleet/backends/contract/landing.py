@@ -1,0 +1,195 @@
+"""Large replies on a process worker's reply pipe: arrays after the pickle; a rollout's part read
+straight into the rollout's arrays.
+
+A reply with large arrays (:data:`OUT_OF_BAND`) carries them after its pickle, as they are
+(pickle's protocol 5: :func:`pickled_apart`, :func:`unpickled_apart`, a
+:data:`~envfleet.backends.contract.framing.BUFFERS` frame), and a reply pipe is widened
+(:func:`widen`) before its first. A rollout's part goes further:
+
+::
+
+    worker: PARTS | length | the reply pickled, each part's recorded arrays swapped for Raw
+            | length | those arrays' bytes, in order            (one writev, from the arrays)
+    pool:   the reply unpickled as soon as its pickle is in; where each part's arrays go
+            (raw_parts.destinations: the rollout's columns the pool gave for those envs, where
+            they fit, else new arrays); the bytes read into them by readv as they come
+
+What :mod:`~envfleet.backends.contract.raw_parts` does for a node's answer over its socket,
+here for one worker's reply (:func:`encode_parts`, :class:`Landing`), so that a rollout of
+frames on one machine costs the pool's process one copy of each frame, the kernel's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import pickle
+import struct
+from collections.abc import Mapping
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import numpy as np
+
+from envfleet.backends.contract import raw_parts
+from envfleet.protocol import Reply
+from envfleet.rollout_loop import Sampled
+
+__all__ = [
+    "ALIGN",
+    "IOV_MAX",
+    "OUT_OF_BAND",
+    "PARTS",
+    "PIPE_SIZE",
+    "Landing",
+    "encode_parts",
+    "pickled_apart",
+    "unpickled_apart",
+    "widen",
+]
+
+PARTS = 4
+"""Tag of a reply that holds a rollout's part: the pickle's length, the reply pickled (its parts'
+recorded arrays swapped for :class:`~envfleet.backends.contract.raw_parts.Raw`), the length of
+those arrays' bytes, and the bytes."""
+IOV_MAX = 1024
+"""The most buffers one ``readv``/``writev`` takes (Linux's ``IOV_MAX``)."""
+READ_AHEAD = 1 << 20
+"""The bytes of buffers one ``readv`` of a part is given (past a widened pipe's capacity)."""
+ALIGN = 16
+"""Where an array's bytes start in a frame's body: a multiple of this."""
+OUT_OF_BAND = 1 << 16
+"""A reply's buffer (an array's data) this large travels after the pickle, as it is."""
+PIPE_SIZE = 1 << 18
+"""The capacity a reply pipe is widened to before its first reply with large arrays: the
+default 64 KB had the pool read a rollout's part some 20 KB at a time (Pong frames as float32
+on 2 workers: 108 µs of the pool's CPU an env-step at 64 KB, 68 at 256 KB, 74 at 1 MB). Only
+then: pipes count against a user's pipe memory, which bounds the next pipes' capacity."""
+_LENGTH = struct.Struct("<Q")
+_TAG = bytes([PARTS])
+
+
+def widen(fd: int) -> bool:
+    """Widen the pipe ``fd`` to :data:`PIPE_SIZE` where the system allows it (Linux); whether
+    that was tried (a refusal leaves it as it was)."""
+    setting = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if setting is not None:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, setting, PIPE_SIZE)
+    return True
+
+
+def pickled_apart(reply: Reply) -> tuple[memoryview, list[memoryview]]:
+    """``reply`` pickled, its large contiguous buffers apart (:data:`OUT_OF_BAND`)."""
+    buffers: list[memoryview] = []
+
+    def apart(buffer: pickle.PickleBuffer) -> bool:
+        try:
+            raw = buffer.raw()
+        except BufferError:  # not contiguous: inside the pickle
+            return True
+        if raw.nbytes < OUT_OF_BAND:
+            return True
+        buffers.append(raw)
+        return False
+
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=5, buffer_callback=apart)
+    # ForkingPickler's reducers (descriptors, connections): it takes no buffer_callback itself
+    pickler.dispatch_table = ForkingPickler(io.BytesIO()).dispatch_table
+    pickler.dump(reply)
+    return out.getbuffer(), buffers
+
+
+def unpickled_apart(body: bytearray | memoryview) -> Any:
+    """What a :data:`BUFFERS` frame's ``body`` holds, its large arrays views of ``body``."""
+    view = memoryview(body)
+    (size,) = _LENGTH.unpack_from(view, 0)
+    at = _LENGTH.size + size
+    (count,) = _LENGTH.unpack_from(view, at)
+    sizes = struct.unpack_from(f"<{count}Q", view, at + _LENGTH.size)
+    at += _LENGTH.size * (1 + count)
+    buffers = []
+    for n in sizes:
+        at += -at % ALIGN
+        buffers.append(view[at : at + n])
+        at += n
+    return pickle.loads(view[_LENGTH.size : _LENGTH.size + size], buffers=buffers)
+
+
+def encode_parts(reply: Reply) -> list[bytes | memoryview] | None:
+    """``reply`` as a :data:`PARTS` frame (pieces for one ``writev``), when it holds a
+    rollout's part; ``None`` otherwise. Its parts' arrays are swapped out of ``reply``
+    (the worker's, dropped once sent). Raises what pickling it raises."""
+    arrays = raw_parts.strip([reply])
+    if arrays is None:
+        return None
+    body = bytes(ForkingPickler.dumps(reply))
+    size = sum(a.nbytes for a in arrays)
+    return [_TAG + _LENGTH.pack(len(body)), body, _LENGTH.pack(size), *arrays]
+
+
+class Landing:
+    """The pool's side of a :data:`PARTS` frame whose pickle is in: its reply, and the
+    buffers its bytes go into (:meth:`fill` from bytes at hand, :meth:`iovecs` and
+    :meth:`advance` around a ``readv``)."""
+
+    def __init__(self, reply: Reply, buffers: list[np.ndarray], size: int) -> None:
+        if sum(b.nbytes for b in buffers) != size:
+            raise ValueError(f"a reply's parts hold {size} bytes, their arrays another size")
+        self.reply = reply
+        self._buffers = [b for b in buffers if b.nbytes]
+        self._views = [b.data for b in self._buffers]
+        self._k = 0  # the buffer being filled
+        self._at = 0  # its bytes in
+
+    @classmethod
+    def of(cls, pickled: Any, size: int, given: Mapping[tuple[int, ...], Sampled]) -> Landing:
+        """The reply ``pickled`` holds, its parts' arrays those ``given`` for their envs where
+        they fit (each taken out of ``given``), else new ones; ``size``: their bytes."""
+        reply = pickle.loads(pickled)
+        buffers: list[np.ndarray] = []
+        for part in raw_parts.stripped(reply):
+            into = given.pop(part.env_ids, None) if isinstance(given, dict) else None
+            buffers += raw_parts.destinations(part, into)
+        return cls(reply, buffers, size)
+
+    @property
+    def done(self) -> bool:
+        return self._k == len(self._buffers)
+
+    def iovecs(self) -> list[memoryview]:
+        """Where the next bytes go, for one ``readv``: a pipe's worth or so (a read takes
+        what the pipe holds: more buffers would only cost their views)."""
+        k, views = self._k, self._views
+        out = [views[k][self._at :]]
+        room = out[0].nbytes
+        while room < READ_AHEAD and k + len(out) < len(views) and len(out) < IOV_MAX:
+            out.append(views[k + len(out)])
+            room += out[-1].nbytes
+        return out
+
+    def advance(self, n: int) -> None:
+        """``n`` more bytes are in."""
+        buffers = self._buffers
+        while n:
+            left = buffers[self._k].nbytes - self._at
+            if n < left:
+                self._at += n
+                return
+            n -= left
+            self._k, self._at = self._k + 1, 0
+
+    def fill(self, data: bytes | bytearray | memoryview) -> int:
+        """Copy the first bytes of ``data`` in; how many it took (all, or those the reply
+        still lacked)."""
+        view = memoryview(data).cast("B")
+        taken = 0
+        while taken < len(view) and not self.done:
+            buffer = self._buffers[self._k]
+            n = min(buffer.nbytes - self._at, len(view) - taken)
+            buffer[self._at : self._at + n] = np.frombuffer(view, np.uint8, n, taken)
+            taken += n
+            self.advance(n)
+        return taken
