@@ -27,7 +27,8 @@ What only some backends have are capabilities of their own, each a small protoco
 checks once, when it is made: :class:`HasSpares` (spare observation rows a sync step hands
 out: the process backend), :class:`HasNodes` (what runs on each machine: node sub-pools),
 :class:`SubmitsMany` (several commands in one message: node sub-pools) and
-:class:`LandsParts` (a rollout's parts read straight into the pool's arrays: node sub-pools).
+:class:`LandsParts` (a rollout's parts read straight into the pool's arrays: the process
+backend, node sub-pools).
 :class:`BaseTransport`
 and :class:`BaseWorkers` give the optional methods their defaults; a backend subclasses both
 and overrides what it does better. Which backends exist, and what each can do, is the
@@ -191,9 +192,10 @@ class SubmitsMany(Protocol):
 
 @runtime_checkable
 class LandsParts(Protocol):
-    """A transport that reads a rollout's parts straight into arrays the pool gives (node
-    sub-pools: from the socket into the rollout's columns, one copy per field). Without it,
-    a part comes in arrays of its own, which the pool copies."""
+    """A transport that reads a rollout's parts straight into arrays the pool gives (the
+    process backend from each worker's pipe, node sub-pools from a node's socket: into the
+    rollout's columns, one copy per field). Without it, a part comes in arrays of its own,
+    which the pool copies."""
 
     def land(self, worker: int, command: Sample, into: Sampled) -> None:
         """Read the recorded arrays (observations, actions, rewards, terminations,
