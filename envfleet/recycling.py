@@ -11,7 +11,9 @@ env-step of its 150.
 tensor over it is gone (a finalizer on the one array all views lead back to: NumPy's views keep
 their base alive, ``torch.from_numpy`` keeps its array alive). Nothing changes for a caller who
 keeps a rollout: its memory is simply not reused while it is held. Up to ``keep`` free blocks
-of each size are kept, and none after :meth:`clear` (the pool's close).
+of each size are kept, and none after :meth:`clear`. Each has an owner it goes with: the pool
+(its rollouts' arrays, cleared at its close), a worker's group (what it records), a reply
+pipe's reader (large replies).
 """
 
 from __future__ import annotations

@@ -44,7 +44,9 @@ from envfleet.weight_frames import load
 
 _FLAT_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
-_RECORDS = Recycler(keep=4)  # a worker's recorded arrays, sent and dropped each rollout
+_RECORDS: weakref.WeakKeyDictionary[Any, Recycler] = weakref.WeakKeyDictionary()
+"""Per group, the memory of its recorded arrays (sent and dropped each rollout), used again by
+its next rollout; gone with the group."""
 _policies: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 """Per group, the policy bytes last received and the policy unpickled from them."""
 
@@ -101,11 +103,14 @@ def sample(group: Group, command: Sample) -> Reply:
     batch = group.batch
     obs_space, act_space = group.observation_space, group.action_space
     steps, count = command.steps, len(ids)
+    memory = _RECORDS.get(group)
+    if memory is None:
+        memory = _RECORDS[group] = Recycler(keep=1)
     record = Sampled(
         env_ids=ids,
         steps=0,
-        observations=empty_steps(obs_space, steps, count, _RECORDS.empty),
-        actions=empty_steps(act_space, steps, count, _RECORDS.empty),
+        observations=empty_steps(obs_space, steps, count, memory.empty),
+        actions=empty_steps(act_space, steps, count, memory.empty),
         rewards=np.empty((steps, count), dtype=batch.rewards.dtype),
         terminations=np.empty((steps, count), dtype=np.bool_),
         truncations=np.empty((steps, count), dtype=np.bool_),

@@ -137,3 +137,27 @@ def test_weights_are_hashed_when_the_pool_counts_versions_and_not_under_the_call
     assert shipper.prepare(policy, None) == 6
     policy.w = policy.w + 1
     assert shipper.prepare(policy, None) == 7
+
+
+def test_no_memory_is_kept_once_the_pool_is_closed() -> None:
+    """The serial backend records its rollouts in the pool's own process: the memory its groups
+    and the pool keep for the next rollout goes with the pool."""
+    from envfleet import rollout_loop
+
+    records = rollout_loop._RECORDS
+    before = set(map(id, records))
+    with envfleet.make(FramesEnv, 4, backend="serial", num_workers=2, seed=0) as pool:
+        pool.reset(seed=0)
+        policy = envfleet.RandomPolicy(pool.single_action_space, seed=1)
+        for _ in range(2):
+            pool.rollout(policy, 100)  # 2.4 MB of frames a worker's part, 4.8 MB in all
+        gc.collect()
+        kept = [g for g in records if id(g) not in before]
+        assert kept and all(records[g].free_bytes() for g in kept)
+        memory = pool._life.memory
+        assert memory.free_bytes() > 0  # the first rollout's, dropped
+        del kept
+    assert memory.free_bytes() == 0
+    del pool
+    gc.collect()
+    assert not [g for g in records if id(g) not in before]

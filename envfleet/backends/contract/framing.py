@@ -86,7 +86,6 @@ PLAIN_BYTES = bytes([PLAIN])
 FRAME_BYTES = bytes([FRAME])
 _COLUMNS_TAG = bytes([COLUMNS])
 _BUFFERS_TAG = bytes([BUFFERS])
-_BODIES = Recycler(keep=4)  # large replies' bodies, used again once their arrays are dropped
 REPEAT_BYTES = bytes([REPEAT])
 
 
@@ -215,6 +214,9 @@ class FrameReader:
         self._large: tuple[int, np.ndarray, int] | None = None
         # A rollout's reply whose parts' bytes are under way (:mod:`.landing`).
         self._parts: Landing | None = None
+        # Large replies' memory (bodies, parts' own arrays): used again once their arrays are
+        # dropped; one block of each size kept, gone with the reader.
+        self._memory = Recycler(keep=1)
         self.landing: dict[tuple[int, ...], Sampled] = {}
         """The arrays the pool gave for the part of these envs' rollout (their columns: the
         transport's ``land``), taken when it comes."""
@@ -331,7 +333,7 @@ class FrameReader:
                     break
                 (raw,) = LENGTH.unpack_from(buffer, pos + header + size)
                 with memoryview(buffer) as view, view[pos + header : pos + header + size] as p:
-                    parts = Landing.of(p, raw, self.landing)
+                    parts = Landing.of(p, raw, self.landing, self._memory.empty)
                 pos += header + size + LENGTH.size
                 with memoryview(buffer) as view, view[pos:end] as rest:
                     pos += parts.fill(rest)
@@ -342,7 +344,7 @@ class FrameReader:
                 break
             if end - pos - header < size:
                 if size >= IN_PLACE and tag != COLUMNS:  # the rest read straight into its own
-                    body = _BODIES.empty(size, np.uint8)
+                    body = self._memory.empty(size, np.uint8)
                     got = end - pos - header
                     body[:got] = np.frombuffer(buffer, np.uint8, got, pos + header)
                     self._land(tag, body, got, out)
@@ -352,7 +354,7 @@ class FrameReader:
             if tag == COLUMNS:
                 out.append(self._columns(_read_columns(buffer, start, stop)))
             elif tag == BUFFERS:  # its arrays are views: of memory of their own
-                body = _BODIES.empty(size, np.uint8)
+                body = self._memory.empty(size, np.uint8)
                 body[:] = np.frombuffer(buffer, np.uint8, size, start)
                 out.append(unpickled_apart(body.data))
             else:  # unpickled from the buffer itself (no view of it outlives the call)

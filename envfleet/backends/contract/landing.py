@@ -26,7 +26,7 @@ import fcntl
 import io
 import pickle
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -145,14 +145,21 @@ class Landing:
         self._at = 0  # its bytes in
 
     @classmethod
-    def of(cls, pickled: Any, size: int, given: Mapping[tuple[int, ...], Sampled]) -> Landing:
+    def of(
+        cls,
+        pickled: Any,
+        size: int,
+        given: Mapping[tuple[int, ...], Sampled],
+        empty: Callable[..., np.ndarray] = np.empty,
+    ) -> Landing:
         """The reply ``pickled`` holds, its parts' arrays those ``given`` for their envs where
-        they fit (each taken out of ``given``), else new ones; ``size``: their bytes."""
+        they fit (each taken out of ``given``), else new ones (made by ``empty``); ``size``:
+        their bytes."""
         reply = pickle.loads(pickled)
         buffers: list[np.ndarray] = []
         for part in raw_parts.stripped(reply):
             into = given.pop(part.env_ids, None) if isinstance(given, dict) else None
-            buffers += raw_parts.destinations(part, into)
+            buffers += raw_parts.destinations(part, into, empty)
         return cls(reply, buffers, size)
 
     @property

@@ -30,12 +30,9 @@ from typing import Any
 import numpy as np
 
 from envfleet.protocol import Reply
-from envfleet.recycling import Recycler
 from envfleet.rollout_loop import Sampled
 
 __all__ = ["LEAST_ROW", "RECORDED", "Raw", "destinations", "strip", "stripped"]
-
-_NEW = Recycler(keep=4)  # a part's own arrays (none given): copied on and dropped, as a rule
 
 RECORDED = ("observations", "actions", "rewards", "terminations", "truncations")
 """A part's fields that travel as raw bytes, in this order (a nest's leaves in its order)."""
@@ -99,11 +96,13 @@ own and copied into its columns by NumPy: a read per step of CartPole's 128-byte
 pool's process 2.7x the CPU of one read and one copy (a Pong frame's rows are 450 KB)."""
 
 
-def destinations(part: Sampled, into: Sampled | None) -> list[np.ndarray]:
+def destinations(
+    part: Sampled, into: Sampled | None, empty: Callable[..., np.ndarray] = np.empty
+) -> list[np.ndarray]:
     """The pool's side: ``part``'s recorded arrays set to ``into``'s where they fit (its steps,
     dtypes and shapes: the rollout's columns) and each step's block is large
-    (:data:`LEAST_ROW`), else to new arrays; returns the buffers their bytes are read into, in
-    order (flat ``uint8`` arrays: one per step of a column block)."""
+    (:data:`LEAST_ROW`), else to new arrays (made by ``empty``); returns the buffers their
+    bytes are read into, in order (flat ``uint8`` arrays: one per step of a column block)."""
     fits = into is not None and into.steps == part.steps and into.env_ids == part.env_ids
     buffers: list[np.ndarray] = []
 
@@ -117,7 +116,7 @@ def destinations(part: Sampled, into: Sampled | None) -> list[np.ndarray]:
         ):
             buffers.extend(_flat(given))
             return given
-        array = _NEW.empty(raw.shape, dtype)
+        array = empty(raw.shape, dtype)
         buffers.extend(_flat(array))
         return array
 
