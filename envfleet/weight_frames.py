@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from envfleet import out_of_band
+
 MAGIC = b"EFWEIGHT"
 """What every frame starts with."""
 
@@ -49,19 +51,7 @@ def pack(weights: Mapping[str, Any], hashed: bool = True) -> bytes:
     contents when ``hashed`` (what tells a changed version from the same one), else a token of
     its own: it only tells the frame from every other, at no cost (a hash of a CNN's 7 MB cost
     the pool's process 7 ms a version)."""
-    buffers: list[memoryview] = []
-
-    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
-        try:
-            raw = buffer.raw()
-        except BufferError:  # not contiguous: inside the pickle
-            return True
-        if raw.nbytes < OUT_OF_BAND:
-            return True
-        buffers.append(raw)
-        return False
-
-    body = pickle.dumps(weights, protocol=5, buffer_callback=out_of_band)
+    body, buffers = out_of_band.dumps(weights, OUT_OF_BAND)
     hasher = hashlib.blake2b(body if hashed else os.urandom(16), digest_size=16)
     at = _HEADER.size + _ENTRY.size * len(buffers) + len(body)
     entries: list[bytes] = []

@@ -21,6 +21,7 @@ import pytest
 from gymnasium import spaces
 
 import envfleet
+from envfleet import out_of_band
 from envfleet.backends.contract import framing, landing
 from envfleet.protocol import Reply
 from envfleet.rollout_loop import Sampled
@@ -62,7 +63,7 @@ def test_large_arrays_travel_after_the_pickle_however_the_bytes_are_cut(piece: i
     encoded = framing.encode_reply(reply)
     assert isinstance(encoded, list) and encoded[0][0] == framing.BUFFERS
     after = encoded[4:]  # the tag and length, the pickle's length, the pickle, the sizes
-    apart = [p for p in after if isinstance(p, memoryview) and p.nbytes >= landing.OUT_OF_BAND]
+    apart = [p for p in after if isinstance(p, memoryview) and p.nbytes >= out_of_band.LEAST]
     assert sorted(p.nbytes for p in apart) == [1 << 17, 1 << 18, 3 << 20]  # not copied
     small = wire(Reply(env_ids=(1,), infos={1: {"x": 1}}))
     stream = wire(reply) + framing.PLAIN_BYTES + small + wire(reply)

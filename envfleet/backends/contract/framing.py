@@ -22,18 +22,12 @@ import os
 import pickle
 import struct
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from envfleet.backends.contract.landing import (
-    ALIGN,
-    IOV_MAX,
-    PARTS,
-    Landing,
-    encode_parts,
-    pickled_apart,
-    unpickled_apart,
-)
+from envfleet import out_of_band
+from envfleet.backends.contract.landing import IOV_MAX, PARTS, Landing, encode_parts, forking_table
 from envfleet.backends.contract.replies import as_columns, plain, unpicklable
 from envfleet.infos import Columns, column_dicts
 from envfleet.protocol import Reply
@@ -144,22 +138,19 @@ def encode_reply(reply: Reply) -> bytes | list[bytes | memoryview]:
         parts = encode_parts(reply)  # a rollout's part: its arrays' bytes after the reply
         if parts is not None:
             return parts
-        body, buffers = pickled_apart(reply)
+        body, buffers = out_of_band.dumps(reply, dispatch_table=forking_table())
     except Exception as exc:  # an info or call result that cannot be pickled
         failed = Reply(env_ids=reply.env_ids, failures=(unpicklable(reply, exc),))
-        body, buffers = pickled_apart(failed)
+        body, buffers = out_of_band.dumps(failed, dispatch_table=forking_table())
     if not buffers:
         return frame(bytes(body))
-    head = LENGTH.pack(len(body))
-    sizes = LENGTH.pack(len(buffers)) + b"".join(LENGTH.pack(b.nbytes) for b in buffers)
-    pieces: list[bytes | memoryview] = [head, body, sizes]
-    at = len(head) + len(body) + len(sizes)
-    for buffer in buffers:
-        if pad := -at % ALIGN:
-            pieces.append(bytes(pad))
-        pieces.append(buffer)
-        at += pad + buffer.nbytes
-    return [_BUFFERS_TAG + LENGTH.pack(at), *pieces]
+    pieces = out_of_band.laid_out(body, buffers)
+    return [_BUFFERS_TAG + LENGTH.pack(sum(map(len, pieces))), *pieces]
+
+
+def _decode(tag: int, body: np.ndarray) -> Any:
+    """What a whole frame's ``body`` holds: a :data:`BUFFERS` frame's arrays views of it."""
+    return out_of_band.loads(body.data)[0] if tag == BUFFERS else pickle.loads(body.data)
 
 
 @functools.lru_cache(maxsize=256)
@@ -210,9 +201,8 @@ class FrameReader:
         # ids and layout every step), its length, and what that part says. A reply that starts
         # with these very bytes and has this length says the same: only its records are new.
         self._known: tuple[bytes, int, tuple[int, ...], tuple[int, ...], bytes] | None = None
-        # A large reply under way (:data:`IN_PLACE`): its tag, its body, the bytes of it in.
-        self._large: tuple[int, np.ndarray, int] | None = None
-        # A rollout's reply whose parts' bytes are under way (:mod:`.landing`).
+        # A reply whose bytes are under way straight where they go (:mod:`.landing`): a
+        # rollout's parts into their arrays, a large reply (:data:`IN_PLACE`) into its body.
         self._parts: Landing | None = None
         # Large replies' memory (bodies, parts' own arrays): used again once their arrays are
         # dropped; one block of each size kept, gone with the reader.
@@ -224,12 +214,12 @@ class FrameReader:
     @property
     def partial(self) -> bool:
         """Part of a reply has arrived, not all of it."""
-        return bool(self._buffer) or self._large is not None or self._parts is not None
+        return bool(self._buffer) or self._parts is not None
 
     def read(self, fd: int, out: list[Reply | None]) -> bool:
         """Read what the non-blocking ``fd`` holds and :meth:`feed` it; False at EOF."""
         while True:
-            if self._parts is not None:  # straight into the rollout's arrays
+            if self._parts is not None:  # straight where it goes: its arrays, its body
                 parts = self._parts
                 try:
                     n = os.readv(fd, parts.iovecs())
@@ -242,19 +232,7 @@ class FrameReader:
                 parts.advance(n)
                 if parts.done:
                     self._parts = None
-                    out.append(parts.reply)
-                continue
-            if self._large is not None:  # straight into the reply's own memory
-                tag, body, got = self._large
-                try:
-                    n = os.readv(fd, [body.data[got:]])
-                except BlockingIOError:
-                    return True
-                except OSError:
-                    return False
-                if not n:
-                    return False
-                self._land(tag, body, got + n, out)
+                    out.append(parts.reply())
                 continue
             try:
                 data = os.read(fd, READ_SIZE)
@@ -271,14 +249,6 @@ class FrameReader:
             if len(data) < READ_SIZE:
                 return True
 
-    def _land(self, tag: int, body: np.ndarray, got: int, out: list[Reply | None]) -> None:
-        """``got`` bytes of the large reply ``body`` in: decoded once all are."""
-        if got < len(body):
-            self._large = (tag, body, got)
-            return
-        self._large = None
-        out.append(unpickled_apart(body.data) if tag == BUFFERS else pickle.loads(body.data))
-
     def feed(self, data: bytes, out: list[Reply | None]) -> None:
         """Take ``data`` in; append each reply it completes to ``out`` (``None``: plain)."""
         if self._parts is not None:
@@ -286,15 +256,7 @@ class FrameReader:
             data = data[parts.fill(data) :]
             if parts.done:
                 self._parts = None
-                out.append(parts.reply)
-            if not data:
-                return
-        if self._large is not None:
-            tag, body, got = self._large
-            n = min(len(data), len(body) - got)
-            body[got : got + n] = np.frombuffer(data, np.uint8, n)
-            self._land(tag, body, got + n, out)
-            data = data[n:]
+                out.append(parts.reply())
             if not data:
                 return
         if not self._buffer:
@@ -338,7 +300,7 @@ class FrameReader:
                 with memoryview(buffer) as view, view[pos:end] as rest:
                     pos += parts.fill(rest)
                 if parts.done:
-                    out.append(parts.reply)
+                    out.append(parts.reply())
                     continue
                 self._parts = parts  # the rest of its bytes: read in place
                 break
@@ -347,7 +309,7 @@ class FrameReader:
                     body = self._memory.empty(size, np.uint8)
                     got = end - pos - header
                     body[:got] = np.frombuffer(buffer, np.uint8, got, pos + header)
-                    self._land(tag, body, got, out)
+                    self._parts = Landing.whole(body, got, functools.partial(_decode, tag, body))
                     pos = end
                 break
             start, stop = pos + header, pos + header + size
@@ -356,7 +318,7 @@ class FrameReader:
             elif tag == BUFFERS:  # its arrays are views: of memory of their own
                 body = self._memory.empty(size, np.uint8)
                 body[:] = np.frombuffer(buffer, np.uint8, size, start)
-                out.append(unpickled_apart(body.data))
+                out.append(_decode(tag, body))
             else:  # unpickled from the buffer itself (no view of it outlives the call)
                 with memoryview(buffer) as view, view[start:stop] as pickled:
                     out.append(pickle.loads(pickled))

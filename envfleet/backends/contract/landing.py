@@ -1,10 +1,10 @@
 """Large replies on a process worker's reply pipe: arrays after the pickle; a rollout's part read
 straight into the rollout's arrays.
 
-A reply with large arrays (:data:`OUT_OF_BAND`) carries them after its pickle, as they are
-(pickle's protocol 5: :func:`pickled_apart`, :func:`unpickled_apart`, a
-:data:`~envfleet.backends.contract.framing.BUFFERS` frame), and a reply pipe is widened
-(:func:`widen`) before its first. A rollout's part goes further:
+A reply with large arrays carries them after its pickle, as they are (a
+:data:`~envfleet.backends.contract.framing.BUFFERS` frame, laid out by
+:mod:`envfleet.out_of_band`), and a reply pipe is widened (:func:`widen`) before its first. A
+rollout's part goes further:
 
 ::
 
@@ -37,15 +37,13 @@ from envfleet.protocol import Reply
 from envfleet.rollout_loop import Sampled
 
 __all__ = [
-    "ALIGN",
     "IOV_MAX",
-    "OUT_OF_BAND",
     "PARTS",
     "PIPE_SIZE",
+    "READ_AHEAD",
     "Landing",
     "encode_parts",
-    "pickled_apart",
-    "unpickled_apart",
+    "forking_table",
     "widen",
 ]
 
@@ -57,10 +55,6 @@ IOV_MAX = 1024
 """The most buffers one ``readv``/``writev`` takes (Linux's ``IOV_MAX``)."""
 READ_AHEAD = 1 << 20
 """The bytes of buffers one ``readv`` of a part is given (past a widened pipe's capacity)."""
-ALIGN = 16
-"""Where an array's bytes start in a frame's body: a multiple of this."""
-OUT_OF_BAND = 1 << 16
-"""A reply's buffer (an array's data) this large travels after the pickle, as it is."""
 PIPE_SIZE = 1 << 18
 """The capacity a reply pipe is widened to before its first reply with large arrays: the
 default 64 KB had the pool read a rollout's part some 20 KB at a time (Pong frames as float32
@@ -80,42 +74,10 @@ def widen(fd: int) -> bool:
     return True
 
 
-def pickled_apart(reply: Reply) -> tuple[memoryview, list[memoryview]]:
-    """``reply`` pickled, its large contiguous buffers apart (:data:`OUT_OF_BAND`)."""
-    buffers: list[memoryview] = []
-
-    def apart(buffer: pickle.PickleBuffer) -> bool:
-        try:
-            raw = buffer.raw()
-        except BufferError:  # not contiguous: inside the pickle
-            return True
-        if raw.nbytes < OUT_OF_BAND:
-            return True
-        buffers.append(raw)
-        return False
-
-    out = io.BytesIO()
-    pickler = pickle.Pickler(out, protocol=5, buffer_callback=apart)
-    # ForkingPickler's reducers (descriptors, connections): it takes no buffer_callback itself
-    pickler.dispatch_table = ForkingPickler(io.BytesIO()).dispatch_table
-    pickler.dump(reply)
-    return out.getbuffer(), buffers
-
-
-def unpickled_apart(body: bytearray | memoryview) -> Any:
-    """What a :data:`BUFFERS` frame's ``body`` holds, its large arrays views of ``body``."""
-    view = memoryview(body)
-    (size,) = _LENGTH.unpack_from(view, 0)
-    at = _LENGTH.size + size
-    (count,) = _LENGTH.unpack_from(view, at)
-    sizes = struct.unpack_from(f"<{count}Q", view, at + _LENGTH.size)
-    at += _LENGTH.size * (1 + count)
-    buffers = []
-    for n in sizes:
-        at += -at % ALIGN
-        buffers.append(view[at : at + n])
-        at += n
-    return pickle.loads(view[_LENGTH.size : _LENGTH.size + size], buffers=buffers)
+def forking_table() -> Any:
+    """``ForkingPickler``'s reducers (descriptors, connections), for a pickler of replies: it
+    takes no ``buffer_callback`` itself."""
+    return ForkingPickler(io.BytesIO()).dispatch_table
 
 
 def encode_parts(reply: Reply) -> list[bytes | memoryview] | None:
@@ -131,14 +93,17 @@ def encode_parts(reply: Reply) -> list[bytes | memoryview] | None:
 
 
 class Landing:
-    """The pool's side of a :data:`PARTS` frame whose pickle is in: its reply, and the
-    buffers its bytes go into (:meth:`fill` from bytes at hand, :meth:`iovecs` and
-    :meth:`advance` around a ``readv``)."""
+    """A reply whose bytes go straight where they belong: a :data:`PARTS` frame's (its pickle
+    in: its reply, and its parts' arrays), or a large reply's whole body (:meth:`whole`). Its
+    bytes come by :meth:`fill` from bytes at hand, or :meth:`iovecs` and :meth:`advance`
+    around a ``readv``; :meth:`reply` once :attr:`done`."""
 
-    def __init__(self, reply: Reply, buffers: list[np.ndarray], size: int) -> None:
+    def __init__(
+        self, reply: Reply | Callable[[], Any], buffers: list[np.ndarray], size: int
+    ) -> None:
         if sum(b.nbytes for b in buffers) != size:
             raise ValueError(f"a reply's parts hold {size} bytes, their arrays another size")
-        self.reply = reply
+        self._reply = reply
         self._buffers = [b for b in buffers if b.nbytes]
         self._views = [b.data for b in self._buffers]
         self._k = 0  # the buffer being filled
@@ -162,9 +127,21 @@ class Landing:
             buffers += raw_parts.destinations(part, into, empty)
         return cls(reply, buffers, size)
 
+    @classmethod
+    def whole(cls, body: np.ndarray, got: int, decode: Callable[[], Any]) -> Landing:
+        """A large reply's ``body`` (``got`` bytes of it in already), ``decode``-d once full."""
+        landing = cls(decode, [body], body.nbytes)
+        landing.advance(got)
+        return landing
+
     @property
     def done(self) -> bool:
         return self._k == len(self._buffers)
+
+    def reply(self) -> Any:
+        """What the frame holds (its bytes all in)."""
+        reply = self._reply
+        return reply if isinstance(reply, Reply) else reply()
 
     def iovecs(self) -> list[memoryview]:
         """Where the next bytes go, for one ``readv``: a pipe's worth or so (a read takes

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from envfleet import out_of_band as apart
 from envfleet.errors import EnvError, EnvTimeoutError, WorkerDiedError
 from envfleet.infos import Columns
 from envfleet.protocol import EnvFailure
@@ -135,69 +136,35 @@ def header_apart(tag: bytes, body: Any) -> list[bytes]:
     return [tag + _LENGTH.pack(len(blob)), blob]
 
 
-OUT_OF_BAND = 1 << 16
+OUT_OF_BAND = apart.LEAST
 """In the answer to a rollout, a buffer (an array's data) this large travels after the pickle,
 not inside it: not copied into the pickle by the agent, nor out of it by the pool."""
-
-_ALIGN = 16
 
 
 def header_parts(tag: bytes, body: Any, out_of_band: bool = False) -> list[bytes | memoryview]:
     """``tag``, then ``body`` pickled (its length first); with ``out_of_band``, its large
     buffers after it: their count and lengths, then each, 16-byte aligned in the message, as
-    it is (the parts are written by one ``writev``, not joined). Read by
-    :func:`read_header_parts`, whose arrays are then views of the message: only for what the
-    pool copies out at once (a rollout's parts), else a value the caller keeps would keep the
-    whole message alive."""
-    buffers: list[memoryview] = []
-
-    def inside(buffer: pickle.PickleBuffer) -> bool:
-        try:
-            raw = buffer.raw()
-        except BufferError:  # not contiguous: pickled inside, as always
-            return True
-        if raw.nbytes < OUT_OF_BAND:
-            return True
-        buffers.append(raw)
-        return False
-
-    blob = pickle.dumps(body, protocol=5, buffer_callback=inside if out_of_band else None)
-    sizes = [_LENGTH.pack(len(blob)), blob, _LENGTH.pack(len(buffers))]
-    sizes += [_LENGTH.pack(b.nbytes) for b in buffers]
-    head = tag + b"".join(sizes)
-    parts: list[bytes | memoryview] = [head]
-    at = len(head)
-    for buffer in buffers:
-        pad = -at % _ALIGN
-        if pad:
-            parts.append(bytes(pad))
-        parts.append(buffer)
-        at += pad + buffer.nbytes
-    if pad := -at % _ALIGN:  # what follows (rows) starts aligned too
-        parts.append(bytes(pad))
-    return parts
+    it is (:mod:`envfleet.out_of_band`; the parts are written by one ``writev``, not joined).
+    Read by :func:`read_header_parts`, whose arrays are then views of the message: only for
+    what the pool copies out at once (a rollout's parts), else a value the caller keeps would
+    keep the whole message alive."""
+    if out_of_band:
+        blob, buffers = apart.dumps(body, OUT_OF_BAND)
+    else:
+        blob, buffers = pickle.dumps(body, protocol=5), []
+    return [tag, *apart.laid_out(blob, buffers, at=len(tag), pad_end=True)]
 
 
 def read_header_parts(data: Any) -> tuple[Any, int]:
     """What :func:`header_parts` wrote after its tag, and the offset of what follows it: the
     large buffers' arrays are views of ``data`` (of a copy if ``data`` is read-only: they
     are writable, as those pickled inside are)."""
-    (size,) = _LENGTH.unpack_from(data, 1)
-    start = 1 + _LENGTH.size
-    at = start + size
-    (count,) = _LENGTH.unpack_from(data, at)
-    sizes = struct.unpack_from(f"<{count}Q", data, at + _LENGTH.size)
-    at += _LENGTH.size * (1 + count)
     view = memoryview(data)
+    (size,) = _LENGTH.unpack_from(view, 1)
+    (count,) = _LENGTH.unpack_from(view, 1 + _LENGTH.size + size)
     if count and view.readonly:
         view = memoryview(bytearray(view))
-    buffers = []
-    for n in sizes:
-        at += -at % _ALIGN
-        buffers.append(view[at : at + n])
-        at += n
-    at += -at % _ALIGN
-    return pickle.loads(view[start : start + size], buffers=buffers), at
+    return apart.loads(view, 1)
 
 
 def read_header(data: Any) -> tuple[Any, int]:
