@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
+import struct
+import termios
 import threading
 import time
 from typing import Any
@@ -23,6 +26,7 @@ from gymnasium import spaces
 import envfleet
 from envfleet import out_of_band
 from envfleet.backends.contract import framing, landing
+from envfleet.errors import WorkerDiedError
 from envfleet.protocol import Reply
 from envfleet.rollout_loop import Sampled
 from envfleet.rollouts import Out
@@ -227,3 +231,44 @@ def test_a_rollouts_part_is_read_from_the_pipe_into_the_columns(given: bool) -> 
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("on_error", ["restart", "raise"])
+def test_a_worker_that_dies_halfway_through_its_part_is_lost_and_named(on_error: str) -> None:
+    """Killed while writing its part (the pool not reading: its pipe full, the rest never
+    comes): under ``raise`` the wait names the worker; under ``restart`` its part runs again on
+    the rebuilt worker, its envs flagged as restarted at the first step, and the other
+    worker's part is the serial backend's, bit for bit."""
+    make: dict[str, Any] = {"num_workers": 2, "seed": 0, "on_error": on_error}
+    steps = 200  # 2 envs x 200 x 12 KB a worker: 4.9 MB, past a widened pipe
+    with envfleet.make(FramesEnv, 4, backend="serial", **make) as serial:
+        serial.reset(seed=0)
+        want = serial.rollout(envfleet.RandomPolicy(serial.single_action_space, seed=2), steps)
+    with envfleet.make(FramesEnv, 4, backend="process", **make) as pool:
+        pool.reset(seed=0)
+        pool.rollout_async(envfleet.RandomPolicy(pool.single_action_space, seed=2), steps)
+        slot = pool._transport._workers[0]  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 60
+        while _pipe_holds(slot.reply_fd) < landing.PIPE_SIZE // 2:  # writing, and blocked
+            assert time.monotonic() < deadline, "the worker never filled its pipe"
+            time.sleep(0.01)
+        os.kill(slot.proc.pid, signal.SIGKILL)
+        if on_error == "raise":
+            with pytest.raises(WorkerDiedError) as caught:
+                pool.rollout_wait()
+            assert caught.value.worker == 0
+            return
+        got = pool.rollout_wait()
+        assert got.env_ids.tolist() == [0, 1, 2, 3]
+        np.testing.assert_array_equal(got.truncations[0], [True, True, False, False])
+        np.testing.assert_array_equal(got.infos[0]["_envfleet/restarted"], [1, 1, 0, 0])
+        for name in ("observations", "actions", "rewards", "terminations", "truncations"):
+            have, ref = getattr(got, name)[:, 2:], getattr(want, name)[:, 2:]
+            np.testing.assert_array_equal(have, ref, err_msg=name)
+        assert pool.stats().restarts == 2
+
+
+def _pipe_holds(fd: int) -> int:
+    """The bytes waiting in the pipe ``fd`` (``FIONREAD``)."""
+    return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
