@@ -136,6 +136,26 @@ def script_parser(doc: str, default_json: Path) -> argparse.ArgumentParser:
     return parser
 
 
+def paired_parser(doc: str, default_json: Path, rounds: int) -> argparse.ArgumentParser:
+    """The options every script of paired rounds takes (:func:`paired_args` reads them):
+    rounds, window, seed, JSON, quick."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=rounds, help="paired rounds")
+    parser.add_argument("--seconds", type=float, default=1.0, help="a window")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 0.2 s")
+    parser.add_argument("--json", type=Path, default=default_json, help="where to write results")
+    return parser
+
+
+def paired_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """:func:`paired_parser`'s options parsed (``--quick``: 2 rounds of 0.2 s)."""
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.seconds = 2, 0.2
+    return args
+
+
 def timing_from(args: argparse.Namespace, full: tuple[float, int] = (3.0, 3)) -> benchmark.Timing:
     """The :class:`Timing` of :func:`script_parser`'s options (``full``: the seconds and
     repeats without ``--quick``)."""

@@ -92,17 +92,10 @@ def measure(console: Console, name: str, args: argparse.Namespace) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = common.paired_parser(__doc__ or "", common.RESULTS / "hosted_cost.json", 9)
     common.add_choice(parser, "--layouts", list(LAYOUTS))
     parser.add_argument("--num-envs", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=9, help="paired rounds")
-    parser.add_argument("--seconds", type=float, default=1.0, help="a window")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 0.2 s")
-    parser.add_argument("--json", type=Path, default=common.RESULTS / "hosted_cost.json")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.rounds, args.seconds = 2, 0.2
+    args = common.paired_args(parser, argv)
     with common.script_run(args.json, ["ale-py"]) as (console, document):
         document.update(num_envs=args.num_envs, rounds=args.rounds, seconds=args.seconds)
         document["layouts"] = {name: measure(console, name, args) for name in args.layouts}

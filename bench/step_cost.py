@@ -96,17 +96,10 @@ def measure(console: Console, name: str, args: argparse.Namespace, nodes: list[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = common.paired_parser(__doc__ or "", common.RESULTS / "step_cost.json", 7)
     common.add_choice(parser, "--workloads", list(WORKLOADS))
     parser.add_argument("--workers", type=int, default=2, help="on one machine")
-    parser.add_argument("--rounds", type=int, default=7, help="paired rounds")
-    parser.add_argument("--seconds", type=float, default=1.0, help="a window")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 0.2 s")
-    parser.add_argument("--json", type=Path, default=common.RESULTS / "step_cost.json")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.rounds, args.seconds = 2, 0.2
+    args = common.paired_args(parser, argv)
     nodes = max(WORKLOADS[name][2] for name in args.workloads)
     with (
         common.script_run(args.json, ["ray"] if nodes else []) as (console, document),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import io
 import pickle
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["ALIGN", "LEAST", "dumps", "laid_out", "loads"]
@@ -30,10 +30,11 @@ _LENGTH = struct.Struct("<Q")
 
 
 def dumps(
-    value: Any, least: int = LEAST, dispatch_table: Mapping[Any, Any] | None = None
+    value: Any, least: int = LEAST, pickler: Callable[..., pickle.Pickler] = pickle.Pickler
 ) -> tuple[bytes | memoryview, list[memoryview]]:
     """``value`` pickled, and its contiguous buffers of ``least`` bytes or more, apart (views of
-    the arrays themselves); ``dispatch_table``: a pickler's reducers (``ForkingPickler``'s)."""
+    the arrays themselves); ``pickler``: the class that pickles (one with reducers of its own,
+    as ``ForkingPickler``'s), called as ``pickle.Pickler`` is."""
     buffers: list[memoryview] = []
 
     def apart(buffer: pickle.PickleBuffer) -> bool:
@@ -46,12 +47,10 @@ def dumps(
         buffers.append(raw)
         return False
 
-    if dispatch_table is None:
+    if pickler is pickle.Pickler:
         return pickle.dumps(value, protocol=5, buffer_callback=apart), buffers
     out = io.BytesIO()
-    pickler = pickle.Pickler(out, protocol=5, buffer_callback=apart)
-    pickler.dispatch_table = dispatch_table
-    pickler.dump(value)
+    pickler(out, 5, buffer_callback=apart).dump(value)
     return out.getbuffer(), buffers
 
 

@@ -172,3 +172,24 @@ def local_ray() -> Iterator[None]:
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(name="no_leaked_processes_or_shared_memory", autouse=True)
+def no_ray_leaks() -> Iterator[None]:
+    """conftest.py's leak check, for a module with a local Ray (import it into the module):
+    Ray's daemons outlive tests, envfleet's actors must not."""
+    yield from ray_leak_check()
+
+
+@pytest.fixture(name="no_leaked_processes_or_shared_memory", autouse=True)
+def no_node_leaks() -> Iterator[None]:
+    """conftest.py's leak check, for a module with a cluster of its own (import it into the
+    module): the nodes' daemons belong to the cluster (tests may add nodes); no agent, worker
+    process of an agent or actor of a closed pool may outlive its test."""
+    yield from ray_leak_check(ray_daemons_too=False)
+
+
+@pytest.fixture(name="ray_session", scope="module")
+def local_ray_session() -> Iterator[None]:
+    """One local Ray for the module's pools (:func:`local_ray`; import it into the module)."""
+    yield from local_ray()

@@ -13,7 +13,7 @@ import pytest
 from gymnasium.vector import SyncVectorEnv
 
 import envfleet
-from bench.common import script_parser, timing_from
+from bench.common import paired_args, paired_parser, script_parser, timing_from
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
 from envfleet.spec import EnvSpec
@@ -295,10 +295,13 @@ def test_every_bench_script_takes_quick() -> None:
     scripts = {p.name: p.read_text() for p in (root / "bench").glob("*.py")}
     scripts = {name: text for name, text in scripts.items() if "__main__" in text}
     assert len(scripts) >= 6
-    # The shared parser's --quick, or an option of the script's own.
+    # A shared parser's --quick (script_parser, paired_parser), or an option of the script's own.
+    shared = ("script_parser(", "paired_parser(")
     assert {
-        n for n, t in scripts.items() if "script_parser(" not in t and '"--quick"' not in t
+        n for n, t in scripts.items() if not any(p in t for p in shared) and '"--quick"' not in t
     } == set()
+    paired = paired_args(paired_parser("doc", Path("x.json"), 7), ["--quick"])
+    assert (paired.rounds, paired.seconds) == (2, 0.2)
     args = script_parser("doc", Path("x.json")).parse_args(["--quick"])
     assert timing_from(args) == benchmark.Timing(seconds=0.5, warmup=0.3, rewarm=0.1, repeats=1)
     args = script_parser("doc", Path("x.json")).parse_args(["--quick", "--repeats", "2"])

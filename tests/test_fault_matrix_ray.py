@@ -19,7 +19,6 @@ import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ ray = pytest.importorskip("ray")
 import envfleet  # noqa: E402
 from tests import matrix_hooks as hooks  # noqa: E402
 from tests.envs import FaultyEnv  # noqa: E402
-from tests.ray_helpers import local_ray, ray_leak_check  # noqa: E402
+from tests.ray_helpers import local_ray_session, no_ray_leaks  # noqa: E402
 from tests.test_fault_matrix import (  # noqa: E402
     check_cell,
     check_large_command_to_a_hung_worker,
@@ -41,6 +40,8 @@ from tests.test_fault_matrix import (  # noqa: E402
     check_undecodable_commands,
     not_applicable,
 )
+
+__all__ = ["local_ray_session", "no_ray_leaks"]  # fixtures, used by name
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,17 +56,6 @@ CELLS = (
     + [("close", "hang", "raise"), ("rebuild", "raise", "restart"), ("rebuild", "hang", "restart")]
     + [("step", "sigkill", "restart"), ("step", "sigstop", "raise")]
 )
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes_or_shared_memory() -> Iterator[None]:
-    """Overrides conftest.py's: Ray's daemons outlive tests, envfleet's actors must not."""
-    yield from ray_leak_check()
-
-
-@pytest.fixture(scope="module")
-def ray_session() -> Iterator[None]:
-    yield from local_ray()
 
 
 @pytest.mark.timeout(90)

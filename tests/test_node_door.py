@@ -38,18 +38,13 @@ from envfleet.backends.nodes import agent as node_agent
 from envfleet.backends.nodes.actors import connect_agent
 from envfleet.backends.nodes.frames import Frames, SendTimeout, send
 from tests import timing
-from tests.ray_helpers import ray_leak_check
+from tests.ray_helpers import no_node_leaks
+
+__all__ = ["no_node_leaks"]  # fixtures, used by name
 
 KEY = b"k" * 32
 WAIT = 60.0
 """Seconds a test waits for what should happen within a second or so (a busy machine)."""
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes_or_shared_memory() -> Iterator[None]:
-    """Overrides conftest.py's: the nodes' daemons belong to the module's cluster; no agent, and
-    no worker process of an agent, may outlive its test."""
-    yield from ray_leak_check(ray_daemons_too=False)
 
 
 class Door:

@@ -25,19 +25,14 @@ import ray
 import torch
 from ray.cluster_utils import Cluster
 
-from tests.ray_helpers import ray_leak_check
+from tests.ray_helpers import no_node_leaks
+
+__all__ = ["no_node_leaks"]  # fixtures, used by name
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 << 20}
 SHORT = ["--num-envs=6", "--num-steps=32", "--total-timesteps=3072", "--window=10"]
 """16 updates of 6 envs x 32 steps: CartPole's returns double from the first episodes."""
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes_or_shared_memory() -> Iterator[None]:
-    """Overrides conftest.py's: the nodes' daemons belong to the module's cluster; no agent, and
-    no worker process of an agent, may outlive its test."""
-    yield from ray_leak_check(ray_daemons_too=False)
 
 
 @pytest.fixture(scope="module")

@@ -43,8 +43,8 @@ from tests.ray_helpers import (
     LOOPBACK,
     envfleet_actor_pids,
     listening_addresses,
-    local_ray,
-    ray_leak_check,
+    local_ray_session,
+    no_ray_leaks,
 )
 from tests.test_equivalence import (
     CASES,
@@ -64,24 +64,13 @@ from tests.test_pool_rollout import (
     reference,
 )
 
+__all__ = ["local_ray_session", "no_ray_leaks"]  # fixtures, used by name
+
 NUM_ENVS = 7
 NUM_WORKERS = 3  # 7 envs as 3 + 2 + 2
 FAST = 20.0
 """Seconds within which a failure must surface (no hang)."""
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "seed_simulator.py"
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes_or_shared_memory() -> Iterator[None]:
-    """Overrides conftest.py's: Ray's daemons outlive tests, envfleet's actors must not."""
-    yield from ray_leak_check()
-
-
-@pytest.fixture(scope="module")
-def ray_session() -> Iterator[None]:
-    """One local Ray for the module's pools to join (``address="local"``: never a cluster that
-    another test run on this machine started)."""
-    yield from local_ray()
 
 
 def make_ray(env: Any, path: str = "socket", **kwargs: Any) -> envfleet.Pool:

@@ -22,7 +22,9 @@ from ray.cluster_utils import Cluster
 
 import envfleet
 from envfleet.backends.ray.session import loopback
-from tests.ray_helpers import ray_leak_check
+from tests.ray_helpers import no_node_leaks
+
+__all__ = ["no_node_leaks"]  # fixtures, used by name
 
 NUM_ENVS = 8
 NUM_WORKERS = 4  # 2 envs each
@@ -42,13 +44,6 @@ its reply, so a node merely slow on a loaded machine is not declared dead."""
 DETECT_WITHIN = 60.0
 """Seconds a node's death may take to surface."""
 ACTIONS = np.ones(NUM_ENVS, dtype=np.int64)
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes_or_shared_memory() -> Iterator[None]:
-    """Overrides conftest.py's: the nodes' daemons belong to the module's cluster (tests add
-    nodes), but no actor of a closed pool may outlive its test."""
-    yield from ray_leak_check(ray_daemons_too=False)
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ from envfleet.backends.ray.options import RayOptions
 from envfleet.backends.ray.transport import RayTransport
 from envfleet.infos import column_dicts, info_columns
 from tests import timing
-from tests.ray_helpers import ray_leak_check
+from tests.ray_helpers import no_node_leaks
 from tests.test_equivalence import NUM_ENVS as EQUIVALENCE_ENVS
 from tests.test_equivalence import SEED, Case, assert_same_run, drive
 from tests.test_info_columns import INFO_SHIFT, InfoShiftEnv, assert_async_infos
@@ -58,16 +58,11 @@ from tests.test_pool_rollout import (
 )
 from tests.test_pool_rollout import SEED as SEED_OF_REFERENCE
 
+__all__ = ["no_node_leaks"]  # fixtures, used by name
+
 NUM_ENVS = 6
 NODE = {"num_cpus": 1, "object_store_memory": 80 << 20}
 HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 4}
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes_or_shared_memory() -> Iterator[None]:
-    """Overrides conftest.py's: the nodes' daemons belong to the module's cluster; no agent, and
-    no worker process of an agent, may outlive its test."""
-    yield from ray_leak_check(ray_daemons_too=False)
 
 
 @pytest.fixture(scope="module")

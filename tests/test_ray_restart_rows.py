@@ -12,7 +12,6 @@ the process backend, values and dtypes, and a rollout part run again on a replac
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import envfleet.backends.ray.transport
 from tests import faults
 from tests.envs import FaultyEnv
 from tests.faults import SEED
-from tests.ray_helpers import local_ray, ray_leak_check
+from tests.ray_helpers import local_ray_session, no_ray_leaks
 from tests.test_equivalence import assert_same
 from tests.test_rollout_faults import (
     MARK_AT,
@@ -38,22 +37,12 @@ from tests.test_rollout_faults import (
     start_then_kill,
 )
 
+__all__ = ["local_ray_session", "no_ray_leaks"]  # fixtures, used by name
+
 NUM_ENVS, NUM_WORKERS = 7, 3  # worker 1 holds envs 3 and 4; env 3 ends its process
 VICTIM_ENVS = [3, 4]
 PATHS = ["socket", "calls"]
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP]
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes_or_shared_memory() -> Iterator[None]:
-    """Overrides conftest.py's: Ray's daemons outlive tests, envfleet's actors must not."""
-    yield from ray_leak_check()
-
-
-@pytest.fixture(scope="module")
-def ray_session() -> Iterator[None]:
-    """One local Ray for the module's pools (``address="local"``: never another run's)."""
-    yield from local_ray()
 
 
 def same_machine(pool: envfleet.Pool) -> list[bool]:

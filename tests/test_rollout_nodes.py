@@ -29,7 +29,7 @@ import envfleet
 from tests import timing
 from tests.envs import FaultyEnv
 from tests.faults import SEED
-from tests.ray_helpers import ray_leak_check
+from tests.ray_helpers import no_node_leaks
 from tests.test_rollout_faults import (
     MARK_AT,
     SLOW,
@@ -41,16 +41,11 @@ from tests.test_rollout_faults import (
 )
 from tests.test_weights_memory import MIB, Big, segments_mapped
 
+__all__ = ["no_node_leaks"]  # fixtures, used by name
+
 NODE: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 << 20}
 HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 4}
 N = 6
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes_or_shared_memory() -> Iterator[None]:
-    """Overrides conftest.py's: the nodes' daemons belong to the module's cluster; no agent, and
-    no worker process of an agent, may outlive its test."""
-    yield from ray_leak_check(ray_daemons_too=False)
 
 
 @pytest.fixture(scope="module")

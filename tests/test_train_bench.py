@@ -17,13 +17,9 @@ from bench import common
 from bench.envs import NoOpEnv
 from envfleet.benchmark import training
 from envfleet.benchmark.training import ArrayPolicy, Figure
-from tests.ray_helpers import ray_leak_check
+from tests.ray_helpers import no_node_leaks
 
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes_or_shared_memory() -> Iterator[None]:
-    """Overrides conftest.py's: the nodes' daemons belong to the module's cluster."""
-    yield from ray_leak_check(ray_daemons_too=False)
+__all__ = ["no_node_leaks"]  # fixtures, used by name
 
 
 @pytest.fixture(scope="module")

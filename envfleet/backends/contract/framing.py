@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from envfleet import out_of_band
-from envfleet.backends.contract.landing import IOV_MAX, PARTS, Landing, encode_parts, forking_table
+from envfleet.backends.contract.landing import IOV_MAX, PARTS, Landing, ReplyPickler, encode_parts
 from envfleet.backends.contract.replies import as_columns, plain, unpicklable
 from envfleet.infos import Columns, column_dicts
 from envfleet.protocol import Reply
@@ -138,10 +138,10 @@ def encode_reply(reply: Reply) -> bytes | list[bytes | memoryview]:
         parts = encode_parts(reply)  # a rollout's part: its arrays' bytes after the reply
         if parts is not None:
             return parts
-        body, buffers = out_of_band.dumps(reply, dispatch_table=forking_table())
+        body, buffers = out_of_band.dumps(reply, pickler=ReplyPickler)
     except Exception as exc:  # an info or call result that cannot be pickled
         failed = Reply(env_ids=reply.env_ids, failures=(unpicklable(reply, exc),))
-        body, buffers = out_of_band.dumps(failed, dispatch_table=forking_table())
+        body, buffers = out_of_band.dumps(failed, pickler=ReplyPickler)
     if not buffers:
         return frame(bytes(body))
     pieces = out_of_band.laid_out(body, buffers)

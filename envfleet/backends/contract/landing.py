@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import io
 import pickle
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -42,8 +41,8 @@ __all__ = [
     "PIPE_SIZE",
     "READ_AHEAD",
     "Landing",
+    "ReplyPickler",
     "encode_parts",
-    "forking_table",
     "widen",
 ]
 
@@ -74,10 +73,15 @@ def widen(fd: int) -> bool:
     return True
 
 
-def forking_table() -> Any:
-    """``ForkingPickler``'s reducers (descriptors, connections), for a pickler of replies: it
-    takes no ``buffer_callback`` itself."""
-    return ForkingPickler(io.BytesIO()).dispatch_table
+class ReplyPickler(ForkingPickler):
+    """``ForkingPickler`` (its reducers: descriptors, connections) that takes a
+    ``buffer_callback``, which its own constructor does not."""
+
+    def __init__(self, file: Any, protocol: int, *, buffer_callback: Any = None) -> None:
+        pickle.Pickler.__init__(self, file, protocol, buffer_callback=buffer_callback)
+        # What ForkingPickler's constructor sets: copyreg's reducers and those registered
+        self.dispatch_table = self._copyreg_dispatch_table.copy()  # type: ignore[attr-defined]
+        self.dispatch_table.update(self._extra_reducers)  # type: ignore[attr-defined]
 
 
 def encode_parts(reply: Reply) -> list[bytes | memoryview] | None:
@@ -93,19 +97,20 @@ def encode_parts(reply: Reply) -> list[bytes | memoryview] | None:
 
 
 class Landing:
-    """A reply whose bytes go straight where they belong: a :data:`PARTS` frame's (its pickle
-    in: its reply, and its parts' arrays), or a large reply's whole body (:meth:`whole`). Its
-    bytes come by :meth:`fill` from bytes at hand, or :meth:`iovecs` and :meth:`advance`
-    around a ``readv``; :meth:`reply` once :attr:`done`."""
+    """Bytes that go straight where they belong, as they come: a :data:`PARTS` frame's (its
+    pickle in: its reply, and its parts' arrays), a large reply's whole body (:meth:`whole`),
+    a node's frame of parts (``reply`` ``None``). They come by :meth:`fill` from bytes at hand,
+    or :meth:`iovecs` and :meth:`advance` around a ``readv``; :meth:`reply` once :attr:`done`.
+    ``ValueError`` if ``buffers`` do not hold ``size`` bytes."""
 
     def __init__(
-        self, reply: Reply | Callable[[], Any], buffers: list[np.ndarray], size: int
+        self, reply: Reply | Callable[[], Any] | None, buffers: Sequence[Any], size: int
     ) -> None:
-        if sum(b.nbytes for b in buffers) != size:
-            raise ValueError(f"a reply's parts hold {size} bytes, their arrays another size")
+        views = [memoryview(b).cast("B") for b in buffers]
+        if sum(v.nbytes for v in views) != size:
+            raise ValueError(f"{size} bytes due, where the buffers hold another number")
         self._reply = reply
-        self._buffers = [b for b in buffers if b.nbytes]
-        self._views = [b.data for b in self._buffers]
+        self._views = [v for v in views if v.nbytes]
         self._k = 0  # the buffer being filled
         self._at = 0  # its bytes in
 
@@ -136,12 +141,12 @@ class Landing:
 
     @property
     def done(self) -> bool:
-        return self._k == len(self._buffers)
+        return self._k == len(self._views)
 
     def reply(self) -> Any:
         """What the frame holds (its bytes all in)."""
         reply = self._reply
-        return reply if isinstance(reply, Reply) else reply()
+        return reply() if callable(reply) else reply
 
     def iovecs(self) -> list[memoryview]:
         """Where the next bytes go, for one ``readv``: a pipe's worth or so (a read takes
@@ -156,9 +161,9 @@ class Landing:
 
     def advance(self, n: int) -> None:
         """``n`` more bytes are in."""
-        buffers = self._buffers
+        views = self._views
         while n:
-            left = buffers[self._k].nbytes - self._at
+            left = views[self._k].nbytes - self._at
             if n < left:
                 self._at += n
                 return
@@ -166,14 +171,12 @@ class Landing:
             self._k, self._at = self._k + 1, 0
 
     def fill(self, data: bytes | bytearray | memoryview) -> int:
-        """Copy the first bytes of ``data`` in; how many it took (all, or those the reply
-        still lacked)."""
+        """Copy the first bytes of ``data`` in; how many it took (all, or those still due)."""
         view = memoryview(data).cast("B")
         taken = 0
         while taken < len(view) and not self.done:
-            buffer = self._buffers[self._k]
-            n = min(buffer.nbytes - self._at, len(view) - taken)
-            buffer[self._at : self._at + n] = np.frombuffer(view, np.uint8, n, taken)
+            n = min(self._views[self._k].nbytes - self._at, len(view) - taken)
+            self._views[self._k][self._at : self._at + n] = view[taken : taken + n]
             taken += n
             self.advance(n)
         return taken

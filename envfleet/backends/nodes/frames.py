@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from envfleet.backends.contract.landing import Landing
+
 Buffer = Any
 """A writable bytes-like object, contiguous (a flat ``uint8`` array, a ``bytearray``)."""
 
@@ -45,8 +47,6 @@ SEND_TIMEOUT = 60.0
 pool has no ``step_timeout``: a live agent reads its connection at least once a second, even
 while its workers step."""
 
-_IOV_MAX = 1024
-"""Buffers one ``readv`` takes at most (POSIX's least ``IOV_MAX``; Linux's)."""
 
 _SIZE = struct.Struct("!i")
 _LARGE = struct.Struct("!Q")
@@ -115,18 +115,14 @@ class Frames:
                 f"a message of {size} bytes where {sum(v.nbytes for v in views)} were due"
             )
         end = min(len(buffer), start + size)
-        ahead = memoryview(buffer)[start:end]  # what was read of it already
+        landing = Landing(None, views, size)
+        landing.fill(memoryview(buffer)[start:end])  # what was read of it already
         self._buffer = buffer[start + size :] if len(buffer) > start + size else b""
-        while views and ahead.nbytes:
-            n = min(views[0].nbytes, ahead.nbytes)
-            views[0][:n] = ahead[:n]
-            ahead = ahead[n:]
-            views = _after_views(views, n)
-        while views:
-            n = os.readv(self.fd, views[:_IOV_MAX])
+        while not landing.done:
+            n = os.readv(self.fd, landing.iovecs())
             if n == 0:
                 raise EOFError("the connection closed mid-message")
-            views = _after_views(views, n)
+            landing.advance(n)
 
     def _read_into(self, head: bytes, size: int) -> bytearray:
         """A message of ``size`` bytes whose first bytes, ``head``, are in."""
@@ -226,18 +222,6 @@ def _after(chunks: list[bytes | memoryview], n: int) -> list[bytes | memoryview]
             return [memoryview(chunk)[n:], *chunks[k + 1 :]]
         n -= len(chunk)
     return []
-
-
-def _after_views(views: list[memoryview], n: int) -> list[memoryview]:
-    """``views`` less their first ``n`` bytes (filled)."""
-    k = 0
-    while k < len(views) and n >= views[k].nbytes:
-        n -= views[k].nbytes
-        k += 1
-    rest = views[k:]
-    if n and rest:
-        rest[0] = rest[0][n:]
-    return rest
 
 
 def _frame(buffer: bytes) -> tuple[int, int]:
