@@ -235,10 +235,18 @@ class Target:
 
 
 _PROCESS = ("serial", "process", "ale-vector")  # ale-vector: Pong only, left out elsewhere
-_HOSTED = ("vector", "vector-ceiling", "hosted", "process")
-"""For the hosted workloads: the VectorEnv alone, its ceiling, envfleet hosting it, and
-envfleet's single-env path."""
-_PONG_HOSTED = ("ale-vector", "ale-hosted", "vector", "hosted", "process")
+_HOSTED = ("vector", "vector-ceiling", "hosted", "hosted-rollout", "process")
+"""For the hosted workloads: the VectorEnv alone, its ceiling, envfleet hosting it (stepped by
+the driver, and acting on the workers: rollouts), and envfleet's single-env path."""
+_PONG_HOSTED = (
+    "ale-vector",
+    "ale-hosted",
+    "ale-hosted-rollout",
+    "vector",
+    "hosted",
+    "hosted-rollout",
+    "process",
+)
 _ASYNC, _PROCESS_THREADS = "process:batch_size=8", "process:num_workers=2:threads_per_worker=16"
 _RAY = ("naive-ray", "batched-ray", "envfleet-ray", "envfleet-ray-calls", "process")
 _SLEEP = ("loop", "bare-threads", "thread", "thread:cpu_affinity=[1]", "gym-async")

@@ -255,6 +255,29 @@ def test_ale_hosted_steps_ale_vectors_frames_on_envfleets_workers() -> None:
         runner.close()
 
 
+def test_hosted_rollouts_act_with_the_stepping_runners_actions_and_leave_nothing_out() -> None:
+    """The rollout runner's workers act with the stepping runners' pre-sampled batches, row
+    ``i`` for env ``i``, in turn (whichever worker holds the env); a window counts only what
+    it handed over, and leaves no part of a rollout out (the next runner's window is its own)."""
+    workload = benchmark.Workload.of("CartPole-v1", 6)
+    table = np.stack(benchmark.sample_actions(workload.spec.build().action_space, 6, TIMING))
+    kwargs = {"backend": "process", "num_workers": 2, "vectorization_mode": "vector_entry_point"}
+    with envfleet.make("CartPole-v1", 6, **kwargs) as pool:
+        policy = benchmark.CycledActions(pool.single_action_space, 6, TIMING)
+        pool.reset(seed=0)
+        r = pool.rollout(policy, 5)
+        r2 = pool.rollout(policy, len(table))
+    np.testing.assert_array_equal(r.actions, table[:5])
+    np.testing.assert_array_equal(r2.actions, table[np.arange(5, 5 + len(table)) % len(table)])
+    runner = benchmark.RUNNERS["hosted-rollout"].open(workload, TIMING)
+    try:
+        assert runner.info["workers"] == min(6, len(usable_cpus())) and runner.window(0.05) > 0
+        with pytest.raises(envfleet.NoPendingError):
+            runner.pool.rollout_wait(timeout=0)  # type: ignore[attr-defined]
+    finally:
+        runner.close()
+
+
 def test_sweep_reports_each_stage_with_its_place_and_the_share_done() -> None:
     stages: list[str] = []
     shown: list[str] = []

@@ -19,10 +19,11 @@ if importlib.util.find_spec("rich") is None:  # the cli extra
     raise ImportError("envfleet.benchmark needs rich: pip install 'envfleet[cli]'", name="rich")
 
 # Every public name of the submodules (each module's ``__all__``), as asyncio gathers its own.
-from envfleet.benchmark import bare, base, cpu, peers, registry, report, runners, wakeups
+from envfleet.benchmark import bare, base, collect, cpu, peers, registry, report, runners, wakeups
 from envfleet.benchmark import measure as _measure  # `measure` is its function, below
 from envfleet.benchmark.bare import *  # noqa: F403
 from envfleet.benchmark.base import *  # noqa: F403
+from envfleet.benchmark.collect import *  # noqa: F403
 from envfleet.benchmark.cpu import *  # noqa: F403
 from envfleet.benchmark.measure import *  # noqa: F403
 from envfleet.benchmark.peers import *  # noqa: F403
@@ -34,6 +35,7 @@ from envfleet.benchmark.wakeups import *  # noqa: F403
 __all__ = [
     *bare.__all__,
     *base.__all__,
+    *collect.__all__,
     *cpu.__all__,
     *_measure.__all__,
     *peers.__all__,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from envfleet.benchmark import bare, base, peers, runners
+from envfleet.benchmark import bare, base, collect, peers, runners
 from envfleet.spec import EnvSpec
 
 
@@ -72,6 +72,16 @@ RUNNERS: dict[str, RunnerKind] = {
             vectorization_mode="vector_entry_point",
         ),
         RunnerKind(
+            "hosted-rollout",
+            "hosted, each worker acting on its own (rollouts of 32 steps): no round trip a step",
+            functools.partial(
+                collect.open_rollouts,
+                backend="process",
+                vectorization_mode="vector_entry_point",
+            ),
+            check=runners.vector_check,
+        ),
+        RunnerKind(
             "vector",
             "the id's own VectorEnv (its vector entry point), alone in this process",
             runners.open_vector_alone,
@@ -115,6 +125,14 @@ RUNNERS: dict[str, RunnerKind] = {
             "envfleet, process backend, a worker per core hosting ale-vector's AtariVectorEnv "
             "for its envs on one thread (ale-vector's threads in all)",
             peers.open_ale_hosted,
+            "ale_py.vector_env",
+            peers.ale_vector_check,
+            "atari",
+        ),
+        RunnerKind(
+            "ale-hosted-rollout",
+            "ale-hosted, each worker acting on its own (rollouts of 16 steps)",
+            collect.open_ale_hosted_rollouts,
             "ale_py.vector_env",
             peers.ale_vector_check,
             "atari",
