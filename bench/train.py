@@ -12,9 +12,10 @@ its target in one table (:mod:`envfleet.benchmark.training` measures):
 (d) env-steps per driver CPU-second: ``rollout_async`` of an ``envfleet.TorchPolicy`` on the
     workers (RLlib's default model; a new version each round) against RLlib's ``EnvRunnerGroup``
     (new API stack, its default model, weights synced and episodes returned each round) on
-    CartPole and on Pong frames (84x84x4 float32, as RLlib's Atari wrappers give them; and
-    envfleet on the same frames in uint8, normalised in the network); and the float32 frames on
-    one machine (the process backend) against them on the nodes.
+    CartPole and on Pong frames (84x84x4 float32, as RLlib's Atari wrappers give them, raw and
+    with ``compress="lz4"``; and envfleet on the same frames in uint8, normalised in the
+    network); and the float32 frames on one machine (the process backend) against them on the
+    nodes.
 
     PYTHONPATH=. python bench/train.py [--quick] [--json PATH]
 """
@@ -199,11 +200,13 @@ def per_cpu(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:
     turn of 2 rounds with --quick."""
     frames = pong_84(32)
     pong = {"frames": frames.astype(np.float32) / 128 - 1}
+    floats = functools.partial(PongFrames, pong)
     cases = {  # envfleet's env, RLlib's env and its config (None: as above), envs a node, steps
         "CartPole": ("CartPole-v1", "CartPole-v1", {}, 8, 100),
-        "Pong frames": (functools.partial(PongFrames, pong), PongFrames, pong, 4, 50),
+        "Pong frames": (floats, PongFrames, pong, 4, 50),
+        "Pong frames, compress='lz4'": (floats, PongFrames, pong, 4, 50),
         "Pong frames, uint8": (functools.partial(PongFrames, {"frames": frames}), None, {}, 4, 50),
-        "Pong frames, one machine": (functools.partial(PongFrames, pong), None, {}, 4, 50),
+        "Pong frames, one machine": (floats, None, {}, 4, 50),
     }
     figures: list[Figure] = []
     rllib, params = 0.0, 0
@@ -211,6 +214,8 @@ def per_cpu(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:
     for name, (ours, theirs, config, envs, steps) in cases.items():
         rounds = 2 if quick else 12 - 2 * (steps == 100)
         make: dict[str, Any] = {"backend": "ray", "nodes": nodes, "num_workers": 2, "seed": 0}
+        if "lz4" in name:  # the frames a block per step, decompressed into the rollout
+            make["compress"] = "lz4"
         if name.endswith("one machine"):  # the process backend's 2 workers, no RLlib
             make = {"backend": "process", "num_workers": 2, "seed": 0}
         with contextlib.ExitStack() as stack:

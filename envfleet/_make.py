@@ -162,7 +162,7 @@ def make(
             (``None``: one sub-pool per node on a cluster of several nodes, each command one
             message per node; ``"auto"`` or Ray node ids: always; ``False``: one actor per
             worker), ``compress`` (node sub-pools: ``"lz4"`` or ``"zlib"``, lossless
-            compression of image observations on their way to the pool) and
+            compression of image observations on their way to the pool, rollouts' too) and
             ``connect_timeout`` (seconds a join of a cluster may take, default 20; no Ray at
             the address: a :class:`ConnectionError` naming it, at once where nothing listens).
 

@@ -70,7 +70,8 @@ def test_a_block_of_the_wrong_size_is_refused(name: str) -> None:
 def test_only_images_are_compressed_and_names_are_checked() -> None:
     assert compressible(np.zeros((4, 2, 2), np.uint8))
     assert not compressible(np.zeros((4, 2), np.uint8))
-    assert not compressible(np.zeros((4, 2, 2), np.float32))
+    assert compressible(np.zeros((4, 2, 2), np.float32))  # float frames too
+    assert not compressible(np.zeros((4, 2, 2), object))
     assert raw_rows.row_codecs([np.zeros((4, 2), np.float32)], codec("zlib")) is None
     assert codec(None) is None
     with pytest.raises(ValueError, match="compress must be one of 'lz4', 'zlib' or None"):

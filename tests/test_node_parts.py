@@ -109,3 +109,48 @@ def test_a_nodes_rollout_parts_are_read_into_the_columns_the_pool_gave(
             )
             for name in ("actions", "rewards", "terminations", "truncations"):
                 np.testing.assert_array_equal(getattr(out, name)[:, columns], getattr(want, name))
+
+
+def test_a_parts_frames_travel_compressed_a_block_per_step_into_the_columns() -> None:
+    """With a codec (a node's ``compress=``), each observation array of frames goes as one
+    compressed block per step, decompressed once read straight into the rollout's columns;
+    the other fields go raw. Blocks that come to a pool that cannot decompress them: an error
+    that says why, not values."""
+    from envfleet.backends.nodes.compression import codec
+
+    lz4 = codec("lz4")
+    assert lz4 is not None
+    ids, steps = (2, 3), 5
+    frames = np.zeros((steps, 2, 6, 8), np.float32)
+    frames[:, :, 1:3, 2:5] = np.random.default_rng(0).normal(size=(steps, 2, 2, 3))
+    base = sampled(ids, steps)
+    part = dataclasses.replace(base, observations={"a": frames, "b": base.observations["b"]})
+    int8 = spaces.Box(-128, 127, (), np.int8)
+    image = spaces.Box(-np.inf, np.inf, (6, 8), np.float32)
+    layout = spaces.Dict({"a": image, "b": spaces.Tuple([int8])})
+    out = Out(layout, spaces.Discrete(9), steps, np.arange(ENVS, dtype=np.int64))
+    reply = Reply(values={2: dataclasses.replace(part)})
+    sent = raw_parts.strip([reply], lz4)
+    assert sent is not None
+    (stripped,) = raw_parts.stripped(reply)
+    raw_a, raw_b = stripped.observations["a"], stripped.observations["b"][0]
+    assert len(raw_a.packed) == steps and raw_b.packed == ()  # frames only
+    data = b"".join(bytes(view) for view in sent)
+    assert len(data) < frames.nbytes / 2
+    with pytest.raises(ValueError, match="compressed to a pool without compress="):
+        raw_parts.destinations(dataclasses.replace(stripped), out.into(ids))
+    unpacks: list[raw_parts.Unpack] = []
+    into = out.into(ids)
+    buffers = raw_parts.destinations(stripped, into, unpacks=unpacks)
+    at = 0
+    for buffer in buffers:  # as Frames.read_into fills them: in order
+        buffer[:] = np.frombuffer(data, np.uint8, buffer.size, at)
+        at += buffer.size
+    assert at == len(data)
+    with pytest.raises(ValueError, match="compressed to a pool without compress="):
+        raw_parts.unpack(unpacks, None)
+    raw_parts.unpack(unpacks, lz4)
+    assert np.shares_memory(stripped.observations["a"], out.observations["a"])  # in place
+    np.testing.assert_array_equal(stripped.observations["a"], frames)
+    np.testing.assert_array_equal(stripped.observations["b"][0], part.observations["b"][0])
+    np.testing.assert_array_equal(stripped.rewards, part.rewards)

@@ -774,10 +774,12 @@ class Frames(gymnasium.Env[dict[str, Any], np.int64]):
     """Small frames (mostly black, a patch of seeded noise that moves) beside a float vector:
     an image field that compresses and one that does not. Episodes end at ``length`` steps."""
 
-    def __init__(self, length: int) -> None:
+    def __init__(self, length: int, dtype: str = "uint8") -> None:
+        self.dtype = np.dtype(dtype)  # float32: the frames as floats, / 128 - 1
+        low, high = (0, 255) if self.dtype == np.uint8 else (-1, 1)
         self.observation_space = gymnasium.spaces.Dict(
             {
-                "frame": gymnasium.spaces.Box(0, 255, (24, 32, 3), np.uint8),
+                "frame": gymnasium.spaces.Box(low, high, (24, 32, 3), self.dtype),
                 "pos": gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32),
             }
         )
@@ -790,6 +792,8 @@ class Frames(gymnasium.Env[dict[str, Any], np.int64]):
         at = (self._t * 3 + action) % 20
         frame[at : at + 4, at : at + 6] = self.np_random.integers(0, 256, (4, 6, 3))
         pos = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        if self.dtype != np.uint8:
+            return {"frame": (frame / 128 - 1).astype(self.dtype), "pos": pos}
         return {"frame": frame, "pos": pos}
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
@@ -803,14 +807,24 @@ class Frames(gymnasium.Env[dict[str, Any], np.int64]):
         return obs, float(obs["pos"][0]), self._t >= self.length, False, {}
 
 
-@pytest.mark.parametrize("compress", [None, "zlib", "lz4"])
-def test_compressed_frames_are_bit_identical(cluster: Cluster, compress: str | None) -> None:
+@pytest.mark.parametrize(
+    ("compress", "dtype"),
+    [(None, "uint8"), ("zlib", "uint8"), ("lz4", "uint8"), ("lz4", "float32")],
+)
+def test_compressed_frames_are_bit_identical(
+    cluster: Cluster, compress: str | None, dtype: str
+) -> None:
     """compress= changes the bytes on the wire, never the values: SyncVectorEnv's image and
-    vector observations, bit for bit, on three nodes; the nodes send far fewer bytes."""
-    fns = [functools.partial(Frames, 5 + i) for i in range(NUM_ENVS)]
+    vector observations, bit for bit, on three nodes, frames of uint8 or of floats; the nodes
+    send far fewer bytes. A rollout's frames travel compressed too (a block per step), and
+    the rollout is the serial backend's, bit for bit."""
+    fns = [functools.partial(Frames, 5 + i, dtype) for i in range(NUM_ENVS)]
     reference = SyncVectorEnv(fns)
     want = trajectory(reference, 20)
     reference.close()
+    with envfleet.make(fns, backend="serial") as serial:
+        serial.reset(seed=3)
+        want_rollout = serial.rollout(envfleet.RandomPolicy(serial.single_action_space, 0), 12)
     with envfleet.make(
         fns, backend="ray", num_workers=3, nodes=all_nodes(cluster), compress=compress
     ) as pool:
@@ -818,6 +832,17 @@ def test_compressed_frames_are_bit_identical(cluster: Cluster, compress: str | N
         nodes = pool.stats().nodes
         received = sum(n.bytes_in for n in nodes)
         sent = sum(n.envs for n in nodes if not n.shared_memory)  # the pool's own: no copy
+        pool.reset(seed=3)
+        before = sum(n.bytes_in for n in pool.stats().nodes)
+        rollout = pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 0), 12)
+        rollout_bytes = sum(n.bytes_in for n in pool.stats().nodes) - before
+    for name in ("actions", "rewards", "terminations", "truncations"):
+        np.testing.assert_array_equal(getattr(rollout, name), getattr(want_rollout, name))
+    for key in ("frame", "pos"):
+        np.testing.assert_array_equal(rollout.observations[key], want_rollout.observations[key])
+        assert rollout.observations[key].dtype == want_rollout.observations[key].dtype
+    rollout_frames = 12 * sent * 24 * 32 * 3 * np.dtype(dtype).itemsize
+    assert (rollout_bytes < rollout_frames / 4) is (compress is not None), rollout_bytes
     for k, (x, y) in enumerate(zip(want, got, strict=True)):
         if isinstance(x, dict):
             for key in x:
@@ -825,7 +850,7 @@ def test_compressed_frames_are_bit_identical(cluster: Cluster, compress: str | N
                 assert x[key].dtype == y[key].dtype
         else:
             np.testing.assert_array_equal(x, y, err_msg=f"item {k}")
-    frames = 21 * sent * 24 * 32 * 3  # the reset and 20 steps
+    frames = 21 * sent * 24 * 32 * 3 * np.dtype(dtype).itemsize  # the reset and 20 steps
     assert sent == 4  # the two nodes besides the pool's own
     if compress is None:
         assert received > frames

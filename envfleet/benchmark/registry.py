@@ -73,7 +73,7 @@ RUNNERS: dict[str, RunnerKind] = {
         ),
         RunnerKind(
             "hosted-rollout",
-            "hosted, each worker acting on its own (rollouts of 32 steps): no round trip a step",
+            "hosted, each worker acting on its own (rollouts of 128 steps): no round trip a step",
             functools.partial(
                 collect.open_rollouts,
                 backend="process",
@@ -131,7 +131,7 @@ RUNNERS: dict[str, RunnerKind] = {
         ),
         RunnerKind(
             "ale-hosted-rollout",
-            "ale-hosted, each worker acting on its own (rollouts of 16 steps)",
+            "ale-hosted, each worker acting on its own (rollouts of 128 steps)",
             collect.open_ale_hosted_rollouts,
             "ale_py.vector_env",
             peers.ale_vector_check,

@@ -1,6 +1,6 @@
 """Lossless compression of image rows between a node agent and the pool (``compress=``).
 
-A node's rows of an image field (a ``uint8`` observation of two or more dimensions: frames)
+A node's rows of an image field (an observation of numbers, two or more dimensions a row: frames)
 travel as one compressed block per field and message, and the pool decompresses each block
 straight into its batch array where the rows are consecutive (they are for a node's sync step),
 through the C library's own call (``LZ4_decompress_safe``, zlib's ``uncompress``): the
@@ -177,8 +177,10 @@ def codec(name: str | None) -> Codec | None:
 
 
 def compressible(field: np.ndarray) -> bool:
-    """Whether a batch field's rows are images (``uint8``, two or more dimensions a row)."""
-    return field.dtype == np.uint8 and field.ndim >= 3
+    """Whether a batch field's rows are images: numbers of two or more dimensions a row
+    (``uint8`` frames, and float frames as RLlib's Atari wrappers give them, which compress
+    as well: a float32 Pong frame ~100x)."""
+    return field.dtype.kind in "biuf" and field.ndim >= 3
 
 
 @functools.cache

@@ -332,6 +332,7 @@ class NodeLink:
         answered: list[tuple[Command, Reply | None]] = []
         out: Replies = []
         arrays: list[np.ndarray] | None = None  # where a rollout's arrays are read (raw_parts)
+        unpacks: list[raw_parts.Unpack] = []  # its compressed frames, decompressed once read
         for local, reply in body:
             if isinstance(reply, WorkerLost):  # as its agent saw it: where, too
                 self.inflight[local].clear()
@@ -342,7 +343,7 @@ class NodeLink:
             answered.append((command, reply))
             into = self.landing.pop(command, None) if isinstance(command, Sample) else None
             for part in raw_parts.stripped(reply):
-                arrays = (arrays or []) + raw_parts.destinations(part, into)
+                arrays = (arrays or []) + raw_parts.destinations(part, into, unpacks=unpacks)
             if reply is not None:
                 for failure in reply.restarts:
                     if failure.env_index is not None:
@@ -355,6 +356,8 @@ class NodeLink:
         if arrays is not None:  # the frame that follows: read straight into them
             assert self.frames is not None
             self.frames.read_into(arrays)
+            self.bytes_in += sum(array.nbytes for array in arrays)
+            raw_parts.unpack(unpacks, raw_rows.frames_codec(codecs))
         return out
 
 

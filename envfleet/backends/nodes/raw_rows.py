@@ -30,6 +30,7 @@ __all__ = [
     "action_ids",
     "check_compress",
     "copy_into",
+    "frames_codec",
     "leaves",
     "pack",
     "row_codecs",
@@ -181,8 +182,8 @@ def check_compress(compress: str | None, codec: Codec | None, options: Transport
     probe = row_fields(Batch.local(options.observation_space, options.action_space, 1))
     if compress is not None and row_codecs(probe, codec) is None:
         raise ValueError(
-            f"compress={compress!r} compresses image observations (uint8 arrays of two or more "
-            f"dimensions a row); {options.observation_space} has none"
+            f"compress={compress!r} compresses image observations (arrays of numbers of two or "
+            f"more dimensions a row); {options.observation_space} has none"
         )
 
 
@@ -193,6 +194,12 @@ def row_codecs(fields: Sequence[np.ndarray], codec: Codec | None) -> Codecs:
         return None
     codecs = [codec if compressible(field) else None for field in fields]
     return codecs if any(c is not None for c in codecs) else None
+
+
+def frames_codec(codecs: Codecs) -> Codec | None:
+    """The codec of a pool's image fields (``None``: none), which compresses its rollouts'
+    frames too (:func:`~envfleet.backends.contract.raw_parts.strip`)."""
+    return next((c for c in codecs if c is not None), None) if codecs else None
 
 
 def action_ids(commands: Iterable[Command]) -> np.ndarray:

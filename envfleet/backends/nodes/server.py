@@ -88,6 +88,7 @@ class NodeServer:
         self.batch = batch
         self.rows = raw_rows.row_fields(batch)
         self.codecs = raw_rows.row_codecs(self.rows, codec)
+        self.codec = raw_rows.frames_codec(self.codecs)  # a rollout's frames, per step
         self.objects = isinstance(batch.observations, ObjectRows)
         self.actions = raw_rows.action_fields(batch)
         # Per local worker, its commands not answered yet, each with its round's number.
@@ -280,7 +281,7 @@ class NodeServer:
                 replies.append((worker, reply))
         rollout = any(isinstance(command, Sample) for _, command, _ in held)  # copied at once
         # A rollout's recorded arrays follow as a frame of their own, read into its columns.
-        arrays = raw_parts.strip(reply for _, _, reply in held) if rollout else None
+        arrays = raw_parts.strip((reply for _, _, reply in held), self.codec) if rollout else None
         head = wire.header_parts(wire.GENERAL, (replies, columns), out_of_band=rollout)
         send(self.conn.fileno(), [*head, *rows])
         if arrays is not None:

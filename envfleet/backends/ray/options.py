@@ -52,8 +52,9 @@ class RayOptions:
     sub-pools always. ``False``: one actor per worker always."""
     compress: str | None = None
     """Node sub-pools only: ``"lz4"`` (the ``lz4`` package, in the ``ray`` extra) or
-    ``"zlib"`` compresses the image observations (``uint8`` arrays of two or more dimensions a
-    row) each node sends the pool, losslessly; ``None`` (default): raw bytes
+    ``"zlib"`` compresses the image observations (arrays of numbers, ``uint8`` or float, of two
+    or more dimensions a row) each node sends the pool, losslessly: a step's rows, and a
+    rollout's frames a block per step; ``None`` (default): raw bytes
     (:mod:`envfleet.backends.nodes.compression`)."""
 
     connect_timeout: float = CONNECT_TIMEOUT
