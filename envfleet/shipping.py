@@ -9,7 +9,7 @@ and the weights only where it holds another version::
     rollout_async(policy) ── version: the caller's, or one more when the weights changed
     Sample(code=digest, policy=code | None, version, weights=frame | None) per worker
     worker: the policy kept under its digest; load_weights(weights) when they came
-    node agents: one message per node, pickled at once: the same frame goes once per node
+    node agents: one message per node, the frame once in it, after the pickle, as it is
     worker processes: the frame once per machine in shared memory, the Sample names it
 
 The weights are pickled once per version into a frame (:mod:`envfleet.weight_frames`): the

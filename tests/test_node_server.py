@@ -347,3 +347,32 @@ def sampled(ids: tuple[int, ...], steps: int, **changes: Any) -> Sampled:
         },
     )
     return dataclasses.replace(part, **changes)
+
+
+@pytest.mark.parametrize("size", [100, node_wire.OUT_OF_BAND])
+def test_a_versions_frame_goes_to_a_node_once_as_it_is(size: int) -> None:
+    """A round whose rollout commands carry a large frame (a version's weights, a large
+    policy) sends its bytes once, from the frame itself, after the pickle (SUBMIT_APART), not
+    copied into each node's pickle; the agent reads one ``bytes`` the commands share, and
+    what follows the commands (a step's actions) where it was. A small frame goes inside."""
+    frame = bytes(range(256)) * (size // 256 + 1)
+    policy = b"p" * (2 * size)
+    body: list[tuple[int, Command]] = [
+        (0, Sample((0, 1), 5, policy, version=3, code="c", weights=frame)),
+        (1, Sample((2, 3), 5, None, version=3, code="c", weights=frame)),
+        (2, Step((4, 5))),
+    ]
+    parts = node_wire.submit(body)
+    message = b"".join(parts) + b"rows"
+    large = size >= node_wire.OUT_OF_BAND
+    assert message[:1] == (node_wire.SUBMIT_APART if large else node_wire.SUBMIT)
+    assert (len(message) < len(frame) + len(policy) + 1024) and len(message) > len(frame)
+    sent = [p for p in parts if isinstance(p, memoryview) and p.obj in (frame, policy)]
+    assert len(sent) == (2 if large else 0)  # the frames' own memory: no copy
+    got, at = node_wire.read_submit(memoryview(message))
+    assert message[at:] == b"rows"
+    assert [(w, type(c), vars(c)) for w, c in got] == [(w, type(c), vars(c)) for w, c in body]
+    first, second = got[0][1], got[1][1]
+    assert isinstance(first, Sample) and isinstance(second, Sample)
+    assert type(first.weights) is bytes and first.weights is second.weights
+    assert type(first.policy) is bytes and second.policy is None

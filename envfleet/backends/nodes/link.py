@@ -254,7 +254,7 @@ class NodeLink:
         if repeat:
             parts = [wire.REPEAT]
         else:
-            parts = [*wire.header_apart(wire.SUBMIT, list(zip(locals_, commands, strict=True)))]
+            parts = wire.submit(list(zip(locals_, commands, strict=True)))
             self.last = commands if len(locals_) == len(self.workers) else None
             self.actions = None
         if actions:

@@ -188,8 +188,8 @@ class NodeServer:
             self.hold = self.owed == 0
             self.submit(self.last, view, 1)
             return True
-        if tag == wire.SUBMIT:
-            commands, at = wire.read_header(view)
+        if tag == wire.SUBMIT or tag == wire.SUBMIT_APART:
+            commands, at = wire.read_submit(view)
             self.last = commands
             self.last_actions = None
             whole = [w for w, _ in commands] == list(range(self.workers))

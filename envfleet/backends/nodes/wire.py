@@ -6,6 +6,8 @@
     ─────────────                                     ─────────────────────────
     R + action rows ─────── "the same round again" ─► write the rows into its batch, submit
     S + len + pickle[(worker, command)] + actions ──►   each command to its local worker
+      (s + ... + frame: a rollout's large frame,
+       a version's weights, once, after the pickle)
                                                       wait for the local replies (its pipes)
     rows into the batch arrays ◄──── P + rows ─────── every command answered, nothing to say
       (np.frombuffer + one slice   ◄─ I + columns + rows  nothing to say but infos of plain
@@ -40,9 +42,10 @@ of the pickle.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -50,10 +53,11 @@ import numpy as np
 from envfleet import out_of_band as apart
 from envfleet.errors import EnvError, EnvTimeoutError, WorkerDiedError
 from envfleet.infos import Columns
-from envfleet.protocol import EnvFailure
+from envfleet.protocol import Command, EnvFailure, Sample
 
 REPEAT = b"R"
 SUBMIT = b"S"
+SUBMIT_APART = b"s"  # commands with a large frame (a version's weights) after the pickle
 PLAIN = b"P"
 INFOS = b"I"
 GENERAL = b"G"
@@ -139,6 +143,67 @@ def header_apart(tag: bytes, body: Any) -> list[bytes]:
 OUT_OF_BAND = apart.LEAST
 """In the answer to a rollout, a buffer (an array's data) this large travels after the pickle,
 not inside it: not copied into the pickle by the agent, nor out of it by the pool."""
+
+
+def _large(value: object) -> bool:
+    return type(value) is bytes and len(value) >= OUT_OF_BAND
+
+
+def submit(body: Sequence[tuple[int, Command]]) -> list[bytes | memoryview]:
+    """A round's commands as :data:`SUBMIT` (:func:`header_apart`), or as
+    :data:`SUBMIT_APART` when a rollout's carries a large frame: its bytes after the pickle, as
+    they are (the pool sends a version's megabytes to each node without pickling them again
+    for each). Read by :func:`read_submit`."""
+    if not any(isinstance(c, Sample) and (_large(c.weights) or _large(c.policy)) for _, c in body):
+        return [*header_apart(SUBMIT, body)]
+    wrapped: dict[int, _Frame] = {}  # one per frame: the workers' commands share it
+
+    def wrap(frame: Any) -> Any:
+        if type(frame) is not bytes or len(frame) < OUT_OF_BAND:
+            return frame
+        return wrapped.setdefault(id(frame), _Frame(pickle.PickleBuffer(frame)))
+
+    apart_body = [(worker, _frames(command, wrap)) for worker, command in body]
+    blob, buffers = apart.dumps(apart_body, OUT_OF_BAND)
+    return [SUBMIT_APART, *apart.laid_out(blob, buffers, at=1, pad_end=True)]
+
+
+def read_submit(view: memoryview) -> tuple[Any, int]:
+    """What :func:`submit` wrote (a frame apart comes back as ``bytes`` of its own, one per
+    frame, not a view of the message), and the offset of what follows it."""
+    if view[:1] != SUBMIT_APART:
+        return read_header(view)
+    body, at = apart.loads(view, 1)
+    unwrapped: dict[int, bytes] = {}
+
+    def unwrap(frame: Any) -> Any:
+        if not isinstance(frame, _Frame):
+            return frame
+        return unwrapped.setdefault(id(frame), bytes(frame.data))
+
+    return [(worker, _frames(command, unwrap)) for worker, command in body], at
+
+
+class _Frame:
+    """A large frame in a :data:`SUBMIT_APART` message: its bytes out of band (the object is
+    pickled once however many commands hold it)."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _Frame, (self.data,)
+
+
+def _frames(command: Command, change: Callable[[Any], Any]) -> Command:
+    """``command`` with a :class:`~envfleet.protocol.Sample`'s weights and policy changed by
+    ``change`` (the same command when nothing changed)."""
+    if not isinstance(command, Sample):
+        return command
+    weights, policy = change(command.weights), change(command.policy)
+    if weights is command.weights and policy is command.policy:
+        return command
+    return dataclasses.replace(command, weights=weights, policy=policy)
 
 
 def header_parts(tag: bytes, body: Any, out_of_band: bool = False) -> list[bytes | memoryview]:
@@ -229,6 +294,7 @@ __all__ = [
     "REPEAT",
     "RESTART",
     "SUBMIT",
+    "SUBMIT_APART",
     "Portable",
     "header",
     "header_apart",
@@ -243,5 +309,7 @@ __all__ = [
     "read_memory",
     "read_pickled",
     "read_plain_workers",
+    "read_submit",
     "rebuild",
+    "submit",
 ]
