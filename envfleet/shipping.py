@@ -30,6 +30,7 @@ from typing import Any
 
 from envfleet.protocol import Sample
 from envfleet.rollouts import Policy, policy_bytes
+from envfleet.torch_policy import TorchPolicy
 from envfleet.weight_frames import digest, pack
 
 
@@ -60,7 +61,9 @@ class Shipper:
         if callable(getattr(own, "weights", None)) and callable(getattr(own, "load_weights", None)):
             # The version's snapshot (one copy), its contents hashed only when the pool counts
             # the versions: the caller's version says which weights these are.
-            self._weights = pack(own.weights(), hashed=version is None)
+            views = isinstance(own, TorchPolicy)  # pack copies them: no snapshot before
+            snapshot = own.weights(copy=False) if views else own.weights()
+            self._weights = pack(snapshot, hashed=version is None)
             key = digest(self._weights).hex()
         else:
             self._weights, key = None, self._digest

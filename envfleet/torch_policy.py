@@ -148,9 +148,11 @@ class TorchPolicy:
 
     # -- weights apart from code -----------------------------------------------------------------
 
-    def weights(self) -> dict[str, np.ndarray]:
+    def weights(self, copy: bool = True) -> dict[str, np.ndarray]:
         """The module's ``state_dict`` as numpy arrays: a snapshot, copied (bfloat16 as
-        float32; :meth:`load_weights` casts back)."""
+        float32; :meth:`load_weights` casts back). ``copy=False``: views of the module's CPU
+        tensors, for a caller that copies them at once (the pool packs each version into a
+        frame: one copy, not two)."""
         import torch
 
         out = {}
@@ -158,7 +160,8 @@ class TorchPolicy:
             value = tensor.detach().cpu()
             if value.dtype == torch.bfloat16:
                 value = value.float()
-            out[name] = value.numpy().copy()
+            array = value.numpy()
+            out[name] = array.copy() if copy else array
         return out
 
     def load_weights(self, weights: Mapping[str, Any]) -> None:

@@ -163,6 +163,9 @@ def test_weights_round_trip_as_snapshots() -> None:
     assert not np.array_equal(source.weights()["0.weight"], weights["0.weight"])
     target.load_weights({k: torch.as_tensor(v) for k, v in source.weights().items()})  # tensors
     np.testing.assert_array_equal(target.weights()["0.weight"], source.weights()["0.weight"])
+    views = source.weights(copy=False)  # what the pool packs (one copy, into the frame)
+    assert all(np.shares_memory(views[k], t.numpy()) for k, t in source.module.state_dict().items())
+    assert not any(np.shares_memory(weights[k], views[k]) for k in weights)
     with pytest.raises(RuntimeError, match="size mismatch"):
         TorchPolicy(mlp(0, out=3), space).load_weights(weights)
     with pytest.raises(RuntimeError, match="Missing key"):
