@@ -136,6 +136,9 @@ def sample(group: Group, command: Sample) -> Reply:
     record.version = command.version
     disabled = group.mode is AutoresetMode.DISABLED
     flat = isinstance(act_space, _FLAT_SPACES) and isinstance(batch.actions, np.ndarray)
+    into_record = isinstance(batch.observations, np.ndarray) and isinstance(
+        record.observations, np.ndarray
+    )
     for t in range(steps):
         if policy is None:
             break
@@ -149,7 +152,11 @@ def sample(group: Group, command: Sample) -> Reply:
                     break
                 if reply.infos:
                     record.reset_infos[t] = reply.infos
-        observations = take(obs_space, batch.observations, index)
+        if into_record:  # straight into the record: the policy sees that row, never changed
+            observations = record.observations[t]
+            np.take(batch.observations, index, axis=0, out=observations, mode="clip")
+        else:
+            observations = take(obs_space, batch.observations, index)
         try:
             actions = check_actions(
                 act_space, policy(observations, index.copy()), index, check_membership=False
@@ -172,11 +179,12 @@ def sample(group: Group, command: Sample) -> Reply:
         if reply.failures:
             failures = reply.failures
             break
-        _set_step(obs_space, record.observations, t, observations)
+        if not into_record:
+            _set_step(obs_space, record.observations, t, observations)
         _set_step(act_space, record.actions, t, actions)
-        record.rewards[t] = batch.rewards[index]
-        record.terminations[t] = batch.terminations[index]
-        record.truncations[t] = batch.truncations[index]
+        np.take(batch.rewards, index, out=record.rewards[t], mode="clip")
+        np.take(batch.terminations, index, out=record.terminations[t], mode="clip")
+        np.take(batch.truncations, index, out=record.truncations[t], mode="clip")
         if reply.infos:
             record.infos[t] = reply.infos
         record.steps = t + 1
