@@ -159,9 +159,11 @@ def submit(body: Sequence[tuple[int, Command]]) -> list[bytes | memoryview]:
     wrapped: dict[int, _Frame] = {}  # one per frame: the workers' commands share it
 
     def wrap(frame: Any) -> Any:
-        if type(frame) is not bytes or len(frame) < OUT_OF_BAND:
+        if not _large(frame):
             return frame
-        return wrapped.setdefault(id(frame), _Frame(pickle.PickleBuffer(frame)))
+        if id(frame) not in wrapped:
+            wrapped[id(frame)] = _Frame(pickle.PickleBuffer(frame))
+        return wrapped[id(frame)]
 
     apart_body = [(worker, _frames(command, wrap)) for worker, command in body]
     blob, buffers = apart.dumps(apart_body, OUT_OF_BAND)
