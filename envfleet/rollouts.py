@@ -248,7 +248,7 @@ class Out:
         """``part``'s arrays into columns ``rows``, unless they are ``into``'s very arrays
         (the transport read them there: :meth:`into`)."""
         obs_space, act_space = self._spaces
-        read = into or part  # a field read in place is ``into``'s own array: no copy
+        read = part if into is None else into  # a field read in place: ``into``'s own array
 
         def fill(leaf: np.ndarray, value: np.ndarray, in_place: np.ndarray) -> None:
             if into is None or value is not in_place:

@@ -91,7 +91,7 @@ def encode_parts(reply: Reply) -> list[bytes | memoryview] | None:
     arrays = raw_parts.strip([reply])
     if arrays is None:
         return None
-    body = bytes(ForkingPickler.dumps(reply))
+    body = ForkingPickler.dumps(reply)  # written from the pickler's own buffer: no copy
     size = sum(a.nbytes for a in arrays)
     return [_TAG + _LENGTH.pack(len(body)), body, _LENGTH.pack(size), *arrays]
 

@@ -181,7 +181,9 @@ def read_submit(view: memoryview) -> tuple[Any, int]:
     def unwrap(frame: Any) -> Any:
         if not isinstance(frame, _Frame):
             return frame
-        return unwrapped.setdefault(id(frame), bytes(frame.data))
+        if id(frame) not in unwrapped:  # copied out once, however many commands share it
+            unwrapped[id(frame)] = bytes(frame.data)
+        return unwrapped[id(frame)]
 
     return [(worker, _frames(command, unwrap)) for worker, command in body], at
 
