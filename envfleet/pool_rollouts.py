@@ -113,7 +113,8 @@ class PoolRollouts:
         fails."""
         self._life.check(rollouts=True)
         workers = self._workers_of(env_ids)
-        self._check_rollout(policy, steps, workers)
+        ids = self._ids_of(workers)
+        self._check_rollout(policy, steps, workers, ids)
         version = self._shipper.prepare(policy, version)
         assignment, ship = self._ledger.assignment, self._shipper.command
         commands = [(w, ship(w, assignment[w], steps, version, check_actions)) for w in workers]
@@ -121,7 +122,6 @@ class PoolRollouts:
         if self._recovery.worker_memory_limit is not None:
             dispatch.recycle_over_limit()
         # The rollout's arrays, made now: the parts may be read straight into their columns.
-        ids = np.array([i for w in workers for i in assignment[w]], dtype=np.int64)
         spaces = self._observation_space, self._action_space
         out = Out(*spaces, int(steps), ids, self._life.memory.empty)
         parts = [_Part(w, c.env_ids, int(steps), version, check_actions, out) for w, c in commands]
@@ -239,9 +239,10 @@ class PoolRollouts:
         if env_ids is None:
             return list(range(ledger.num_workers))
         ids = check_env_ids(env_ids, ledger.num_envs)
-        workers = sorted(set(ledger.worker_of[ids].tolist()))
-        whole = {i for w in workers for i in ledger.assignment[w]}
-        if whole != set(ids.tolist()):
+        workers: list[int] = np.unique(ledger.worker_of[ids]).tolist()
+        # No repeats among ids: they are those workers' whole blocks when as many.
+        if sum(len(ledger.assignment[w]) for w in workers) != ids.size:
+            whole = {i for w in workers for i in ledger.assignment[w]}
             raise ValueError(
                 f"rollout_async(env_ids=...): a rollout runs whole workers' envs; "
                 f"{sorted(whole - set(ids.tolist()))} share a worker with the envs given "
@@ -249,7 +250,16 @@ class PoolRollouts:
             )
         return workers
 
-    def _check_rollout(self, policy: Policy, steps: int, workers: list[int]) -> None:
+    def _ids_of(self, workers: list[int]) -> np.ndarray:
+        """The env ids of ``workers``' blocks, in order (``int64``; from the ledger's cached
+        index arrays: no Python per env)."""
+        ledger = self._ledger
+        blocks = [ledger.index(ledger.assignment[w]) for w in workers]
+        return np.concatenate(blocks).astype(np.int64, copy=False)
+
+    def _check_rollout(
+        self, policy: Policy, steps: int, workers: list[int], ids: np.ndarray
+    ) -> None:
         """What makes the rollout impossible, raised before anything is sent."""
         if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
             raise ValueError(f"steps must be an int >= 1, got {steps!r}")
@@ -267,9 +277,10 @@ class PoolRollouts:
                     f"MultiBinary, Dict/Tuple of them); the {what} space is {space}: use step()"
                 )
         ledger = self._ledger
-        ids = np.array([i for w in workers for i in ledger.assignment[w]], dtype=np.intp)
         busy = ledger.busy(ids)
-        out = self.pending_envs() & set(ids.tolist())
+        # Parts are whole workers' blocks: an env is out when its worker's part is.
+        out_workers = {p.worker for p in [*self._out.values(), *self._done]}
+        out = self.pending_envs() & set(ids.tolist()) if out_workers & set(workers) else set()
         if busy.size or any(ledger.pending[w] for w in workers) or out:
             raise AlreadyPendingError(
                 f"rollout() needs its envs idle, but envs {sorted(set(busy.tolist()) | out)} "
@@ -297,8 +308,8 @@ class PoolRollouts:
             self._dispatch.fail(failure.to_error(worker, self._env_name))
         obs_space, act_space = self._observation_space, self._action_space
         batch, needs_reset = self._batch, self._episodes.needs_reset
-        for _, got in parts:  # the pool's rows: where each env stands now
-            rows = columns(got.env_ids)
+        for part, got in parts:  # the pool's rows: where each env stands now
+            rows = columns(self._ledger.index(part.env_ids))
             put(obs_space, batch.observations, rows, got.final_observations)
             if got.steps:  # else its rows are as they were
                 batch.rewards[rows] = got.rewards[-1]
@@ -311,15 +322,18 @@ class PoolRollouts:
         # Each part's columns go where its envs are among all, in the envs' order. The arrays
         # made when the parts were sent are the rollout's when it is all of theirs (parts
         # read there are not copied again), else new ones.
-        env_ids = np.sort(np.array([i for _, got in parts for i in got.env_ids], dtype=np.int64))
+        index = self._ledger.index
+        blocks = [index(part.env_ids) for part, _ in parts]
+        env_ids = np.sort(np.concatenate(blocks)) if blocks else np.zeros(0, np.intp)
+        env_ids = env_ids.astype(np.int64, copy=False)
         n = len(env_ids)
         made = parts[0][0].out if parts else None
         if made is None or any(p.out is not made for p, _ in parts) or len(made.env_ids) != n:
             out = Out(obs_space, act_space, steps, env_ids, self._life.memory.empty)
         else:
             out = made  # all of its envs: the same ids, in order
-        for part, got in parts:
-            where = np.searchsorted(env_ids, got.env_ids)
+        for (part, got), block_ids in zip(parts, blocks, strict=True):
+            where = np.searchsorted(env_ids, block_ids)
             at = int(where[0])
             block = (where == np.arange(at, at + len(where))).all()
             cols = slice(at, at + len(where)) if block else where

@@ -292,20 +292,27 @@ def merged(
     return merged
 
 
-def columns(env_ids: tuple[int, ...]) -> slice | np.ndarray:
-    """``env_ids`` as a slice when consecutive (views, not copies), else an index array."""
-    first, last = env_ids[0], env_ids[-1]
-    if last - first + 1 == len(env_ids) and list(env_ids) == list(range(first, last + 1)):
+def columns(env_ids: np.ndarray) -> slice | np.ndarray:
+    """``env_ids`` (an index array) as a slice when consecutive (views, not copies), else as
+    they are."""
+    first, last = int(env_ids[0]), int(env_ids[-1])
+    if last - first + 1 == len(env_ids) and (len(env_ids) < 3 or (np.diff(env_ids) == 1).all()):
         return slice(first, last + 1)
-    return np.array(env_ids, dtype=np.intp)
+    return env_ids
 
 
 def relabelled(part: Sampled, env_ids: np.ndarray) -> Sampled:
-    """``part`` with its infos under their columns in the rollout (positions, not env ids)."""
-    column = {int(i): k for k, i in enumerate(env_ids.tolist())}
+    """``part`` with its infos under their columns in the rollout (positions in ``env_ids``,
+    sorted, not env ids); ``part`` itself when it has none."""
+    if not part.infos and not part.reset_infos:
+        return part
 
     def moved(infos: dict[int, dict[int, dict[str, Any]]]) -> dict[int, dict[int, dict[str, Any]]]:
-        return {t: {column[i]: info for i, info in by_env.items()} for t, by_env in infos.items()}
+        out: dict[int, dict[int, dict[str, Any]]] = {}
+        for t, by_env in infos.items():
+            at = np.searchsorted(env_ids, np.fromiter(by_env, np.int64, len(by_env)))
+            out[t] = dict(zip(at.tolist(), by_env.values(), strict=True))
+        return out
 
     return dataclasses.replace(part, infos=moved(part.infos), reset_infos=moved(part.reset_infos))
 
