@@ -45,9 +45,10 @@ class Lifecycle:
         self.rolling_out = False
         """Whether parts of an asynchronous rollout are out (or in, not handed over): only
         rollouts may be started or waited for then."""
-        self.memory = Recycler()
+        self.memory = Recycler(shared=True)
         """The pool's large arrays (its rollouts'), their memory used again once dropped;
-        none kept after the close."""
+        none kept after the close. Shared memory: a process worker records its part of a
+        rollout straight into it (:mod:`envfleet.shared_records`)."""
         _LIVE.add(self)
 
     def check(self, rollouts: bool = False) -> None:

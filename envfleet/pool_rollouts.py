@@ -172,6 +172,8 @@ class PoolRollouts:
             part = self._out.pop(command)
             reply = self._ledger.answer(command)
             got = (reply.values or {}).get(part.env_ids[0])
+            if isinstance(got, Sampled) and got.in_place and reply.values is not None:
+                got = reply.values[part.env_ids[0]] = part.out.placed(got, part.into)
             self._untaken(part, reply, got)
             if (
                 isinstance(got, Sampled)

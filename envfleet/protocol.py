@@ -33,6 +33,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envfleet.errors import EnvError, Phase, RemoteError, RemoteTraceback, env_raised_error
+from envfleet.shared_records import RecordRef
 from envfleet.weight_frames import SegmentRef
 
 if TYPE_CHECKING:
@@ -257,6 +258,9 @@ class Sample(ValueCommand):
     """``policy.weights()`` of ``version`` as a frame (:mod:`envfleet.weight_frames`), for
     ``policy.load_weights``: inline, or where it is in the machine's shared memory; ``None``:
     the worker has them (or the policy has no weights apart from its code)."""
+    record: RecordRef | None = None
+    """Where to record the part: its columns of the rollout's arrays in the pool's shared
+    memory (:mod:`envfleet.shared_records`); ``None``: recorded in the worker's own, and sent."""
     phase: ClassVar[Phase] = Phase.STEP
 
 

@@ -18,11 +18,14 @@ pipe's reader (large replies).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
+import os
 import threading
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,20 +34,60 @@ LEAST = 1 << 20
 """Arrays smaller than this are plain ``np.empty`` (their pages are cheap and few)."""
 
 
+SHARED_MOST = 32
+"""The most blocks of shared memory one :class:`Recycler` holds at once (each keeps a descriptor
+open); past it, blocks are private."""
+
+
+@dataclass(frozen=True)
+class SharedBlock:
+    """A block of shared memory (a memfd) this process holds: its descriptor, inode and size,
+    and where it is mapped here."""
+
+    fd: int
+    ino: int
+    size: int
+    address: int
+
+
+_SHARED: dict[int, SharedBlock] = {}
+"""This process's shared blocks handed out by a :class:`Recycler` and not yet given back, by
+address (for :func:`locate`)."""
+_SHARED_LOCK = threading.Lock()
+
+
+def locate(array: np.ndarray) -> tuple[SharedBlock, int] | None:
+    """The shared block ``array``'s memory lies in, and its first element's offset there; ``None``
+    when it is not in one (a private block, or no block of a :class:`Recycler`)."""
+    address = int(array.__array_interface__["data"][0])
+    with _SHARED_LOCK:
+        for block in _SHARED.values():
+            if block.address <= address < block.address + block.size:
+                return block, address - block.address
+    return None
+
+
 class Recycler:
     """Arrays from memory used again (see the module docstring).
 
     Args:
         keep: free blocks kept per size.
         least: the bytes below which an array is not recycled.
+        shared: make blocks of shared memory (memfds, where the system has them), which this
+            machine's other processes may map by ``/proc/<pid>/fd`` (:func:`locate`): a
+            process worker records a rollout's part straight into the pool's arrays.
     """
 
-    def __init__(self, keep: int = 2, least: int = LEAST) -> None:
+    def __init__(self, keep: int = 2, least: int | None = None, shared: bool = False) -> None:
         self._keep = keep
-        self._least = least
+        self._least = LEAST if least is None else least
+        self._shared = shared and hasattr(os, "memfd_create")
         self._free: dict[int, list[mmap.mmap]] = {}
+        self._fds: dict[int, SharedBlock] = {}  # by id of the mmap: its shared blocks
         self._lock = threading.Lock()
         self._open = True
+        if self._shared:
+            _RECYCLERS.add(self)
 
     def empty(self, shape: int | Sequence[int], dtype: Any = np.float64) -> np.ndarray:
         """An uninitialised array, as ``np.empty(shape, dtype)``."""
@@ -52,26 +95,55 @@ class Recycler:
         kind = np.dtype(dtype)
         count = math.prod(dims)
         nbytes = count * kind.itemsize
-        if nbytes < self._least or kind.hasobject:
+        if nbytes < max(self._least, 1) or kind.hasobject:
             return np.empty(dims, dtype=kind)
         with self._lock:
             blocks = self._free.get(nbytes)
             block = blocks.pop() if blocks else None
         if block is None:
-            block = mmap.mmap(-1, nbytes)
-            if hasattr(mmap, "MADV_HUGEPAGE"):  # fewer faults on first touch, where allowed
-                block.madvise(mmap.MADV_HUGEPAGE)
+            block = self._new(nbytes)
         flat = np.frombuffer(block, dtype=kind, count=count)  # every view's base
+        shared = self._fds.get(id(block))
+        if shared is not None:
+            with _SHARED_LOCK:
+                _SHARED[shared.address] = shared
         weakref.finalize(flat, self._give_back, block)
         return flat.reshape(dims)
 
+    def _new(self, nbytes: int) -> mmap.mmap:
+        """A new block: shared while this recycler holds fewer than :data:`SHARED_MOST`."""
+        if self._shared and len(self._fds) < SHARED_MOST:
+            with contextlib.suppress(OSError):  # no memory for a memfd: a private block
+                fd = os.memfd_create("envfleet-rollout", os.MFD_CLOEXEC)
+                try:
+                    os.ftruncate(fd, nbytes)
+                    block = mmap.mmap(fd, nbytes)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                address = np.frombuffer(block, np.uint8).ctypes.data
+                with self._lock:
+                    self._fds[id(block)] = SharedBlock(fd, os.fstat(fd).st_ino, nbytes, address)
+                return block
+        block = mmap.mmap(-1, nbytes)
+        if hasattr(mmap, "MADV_HUGEPAGE"):  # fewer faults on first touch, where allowed
+            block.madvise(mmap.MADV_HUGEPAGE)
+        return block
+
     def _give_back(self, block: mmap.mmap) -> None:
+        shared = self._fds.get(id(block))
+        if shared is not None:
+            with _SHARED_LOCK:
+                _SHARED.pop(shared.address, None)
         with self._lock:
-            if not self._open:
-                return
-            blocks = self._free.setdefault(len(block), [])
-            if len(blocks) < self._keep:
-                blocks.append(block)
+            if self._open:
+                blocks = self._free.setdefault(len(block), [])
+                if len(blocks) < self._keep:
+                    blocks.append(block)
+                    return
+            self._fds.pop(id(block), None)
+        if shared is not None:  # gone with its last array: its descriptor too
+            os.close(shared.fd)
 
     def free_bytes(self) -> int:
         """The bytes of the free blocks kept."""
@@ -82,7 +154,40 @@ class Recycler:
         """Keep no free block from now on (the pool closed)."""
         with self._lock:
             self._open = False
+            free = [block for blocks in self._free.values() for block in blocks]
             self._free.clear()
+            fds = [self._fds.pop(id(block)).fd for block in free if id(block) in self._fds]
+        for fd in fds:
+            os.close(fd)
+
+    def forked(self) -> None:
+        """In a forked child: the shared blocks' descriptors are the parent's (closed here; the
+        memory stays mapped while arrays over it live), and no block is kept or made shared."""
+        self._lock = threading.Lock()  # another thread of the parent's may have held it
+        self._open = self._shared = False
+        self._free.clear()
+        fds = [block.fd for block in self._fds.values()]
+        self._fds.clear()
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
-__all__ = ["LEAST", "Recycler"]
+_RECYCLERS: weakref.WeakSet[Recycler] = weakref.WeakSet()
+"""The recyclers of shared blocks in this process (:func:`_after_fork`)."""
+
+
+def _after_fork() -> None:
+    global _SHARED_LOCK
+    _SHARED_LOCK = threading.Lock()
+    for recycler in list(_RECYCLERS):
+        recycler.forked()
+    _RECYCLERS.clear()
+    _SHARED.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+__all__ = ["LEAST", "SHARED_MOST", "Recycler", "SharedBlock", "locate"]

@@ -38,6 +38,7 @@ from envfleet.errors import Phase
 from envfleet.guards import env_errors
 from envfleet.protocol import EnvFailure, Group, Reply, Sample
 from envfleet.recycling import Recycler
+from envfleet.shared_records import recorded_views
 from envfleet.validation import check_actions, keeps_dtype
 from envfleet.weight_frames import code as code_of
 from envfleet.weight_frames import load
@@ -76,6 +77,9 @@ class Sampled:
     """The policy's failure that stopped the rollout (its envs stand where it stopped)."""
     version: int = 0
     """The version of the policy's weights that chose every action of this part."""
+    in_place: bool = False
+    """Its recorded arrays are where the command's ``record`` named (the pool's own): they do
+    not travel, and the fields that hold them here are empty."""
 
 
 def tree(space: spaces.Space[Any], fn: Callable[..., Any], *nests: Any) -> Any:
@@ -103,21 +107,23 @@ def sample(group: Group, command: Sample) -> Reply:
     batch = group.batch
     obs_space, act_space = group.observation_space, group.action_space
     steps, count = command.steps, len(ids)
-    memory = _RECORDS.get(group)
-    if memory is None:
-        memory = _RECORDS[group] = Recycler(keep=1)
-    record = Sampled(
-        env_ids=ids,
-        steps=0,
-        observations=empty_steps(obs_space, steps, count, memory.empty),
-        actions=empty_steps(act_space, steps, count, memory.empty),
-        rewards=np.empty((steps, count), dtype=batch.rewards.dtype),
-        terminations=np.empty((steps, count), dtype=np.bool_),
-        truncations=np.empty((steps, count), dtype=np.bool_),
-        infos={},
-        reset_infos={},
-        final_observations=None,
-    )
+    record = _in_place(command, obs_space, act_space, batch.rewards.dtype)
+    if record is None:
+        memory = _RECORDS.get(group)
+        if memory is None:
+            memory = _RECORDS[group] = Recycler(keep=1)
+        record = Sampled(
+            env_ids=ids,
+            steps=0,
+            observations=empty_steps(obs_space, steps, count, memory.empty),
+            actions=empty_steps(act_space, steps, count, memory.empty),
+            rewards=np.empty((steps, count), dtype=batch.rewards.dtype),
+            terminations=np.empty((steps, count), dtype=np.bool_),
+            truncations=np.empty((steps, count), dtype=np.bool_),
+            infos={},
+            reset_infos={},
+            final_observations=None,
+        )
     failures: tuple[EnvFailure, ...] = ()
     restarts: list[EnvFailure] = []
     try:
@@ -189,7 +195,10 @@ def sample(group: Group, command: Sample) -> Reply:
             record.infos[t] = reply.infos
         record.steps = t + 1
     done = record.steps
-    if done < steps:  # stopped early: only what was recorded travels
+    if record.in_place:  # the pool has them: none travels
+        record.observations = record.actions = None
+        record.rewards = record.terminations = record.truncations = _NOTHING
+    elif done < steps:  # stopped early: only what was recorded travels
         for name in ("observations", "actions"):
             space = obs_space if name == "observations" else act_space
             setattr(record, name, tree(space, lambda a: a[:done], getattr(record, name)))
@@ -198,6 +207,61 @@ def sample(group: Group, command: Sample) -> Reply:
         record.truncations = record.truncations[:done]
     record.final_observations = take(obs_space, batch.observations, index)
     return Reply(values={ids[0]: record}, failures=failures, restarts=tuple(restarts))
+
+
+_NOTHING = np.zeros(0)
+"""What an in-place part's recorded fields hold in its reply."""
+
+
+def leaves(space: spaces.Space[Any], nest: Any) -> list[np.ndarray]:
+    """The arrays of ``nest`` laid out like ``space``, in :func:`tree`'s order."""
+    found: list[np.ndarray] = []
+    tree(space, found.append, nest)
+    return found
+
+
+def nested(space: spaces.Space[Any], arrays: list[np.ndarray]) -> Any:
+    """``arrays`` (as :func:`leaves` gives them) laid out like ``space`` again."""
+    it = iter(arrays)
+    return tree(space, lambda _: next(it), create_empty_array(space, 1))
+
+
+def _in_place(
+    command: Sample, obs_space: spaces.Space[Any], act_space: spaces.Space[Any], rewards: Any
+) -> Sampled | None:
+    """A record whose arrays are the columns ``command.record`` names, where the block maps and
+    each array is as this worker would record it; else ``None`` (its own, sent)."""
+    ref = command.record
+    if ref is None:
+        return None
+    try:
+        views = recorded_views(ref)
+    except OSError:
+        return None
+    shape = (command.steps, len(command.env_ids))
+    obs = leaves(obs_space, create_empty_array(obs_space, 1))
+    act = leaves(act_space, create_empty_array(act_space, 1))
+    expected = [(shape + a.shape[1:], a.dtype) for a in [*obs, *act]]
+    flags = (shape, np.dtype(np.bool_))
+    expected += [(shape, np.dtype(rewards)), flags, flags]
+    if len(views) != len(expected) or any(
+        v.shape != s or v.dtype != d for v, (s, d) in zip(views, expected, strict=True)
+    ):
+        return None
+    k = len(obs) + len(act)
+    return Sampled(
+        env_ids=command.env_ids,
+        steps=0,
+        observations=nested(obs_space, views[: len(obs)]),
+        actions=nested(act_space, views[len(obs) : k]),
+        rewards=views[k],
+        terminations=views[k + 1],
+        truncations=views[k + 2],
+        infos={},
+        reset_infos={},
+        final_observations=None,
+        in_place=True,
+    )
 
 
 def _set_step(space: spaces.Space[Any], record: Any, t: int, value: Any) -> None:
@@ -250,4 +314,4 @@ def _policy_failure(exc: BaseException, what: str) -> EnvFailure:
     return dataclasses.replace(failure, message=f"the rollout's policy {what}: {failure.message}")
 
 
-__all__ = ["MissingPolicy", "Sampled", "empty_steps", "sample", "tree"]
+__all__ = ["MissingPolicy", "Sampled", "empty_steps", "leaves", "nested", "sample", "tree"]

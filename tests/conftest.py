@@ -51,8 +51,8 @@ def _sb3_logs_under_pytests_temp_dir(tmp_path_factory: pytest.TempPathFactory) -
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "backend" in metafunc.fixturenames:
-        metafunc.parametrize("backend", BACKENDS)
+    if "backend" in metafunc.fixturenames:  # a module may name its own (``BACKENDS_HERE``)
+        metafunc.parametrize("backend", getattr(metafunc.module, "BACKENDS_HERE", BACKENDS))
     if "pool_config" in metafunc.fixturenames:
         ids = [b if w is None else f"{b}-w{w}" for b, w in POOL_CONFIGS]
         metafunc.parametrize("pool_config", POOL_CONFIGS, ids=ids)

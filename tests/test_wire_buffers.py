@@ -26,6 +26,7 @@ from gymnasium import spaces
 import envfleet
 from envfleet import out_of_band
 from envfleet.backends.contract import framing, landing
+from envfleet.backends.local import shared_weights
 from envfleet.errors import WorkerDiedError
 from envfleet.protocol import Reply
 from envfleet.rollout_loop import Sampled
@@ -235,11 +236,16 @@ def test_a_rollouts_part_is_read_from_the_pipe_into_the_columns(given: bool) -> 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("on_error", ["restart", "raise"])
-def test_a_worker_that_dies_halfway_through_its_part_is_lost_and_named(on_error: str) -> None:
+def test_a_worker_that_dies_halfway_through_its_part_is_lost_and_named(
+    on_error: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Killed while writing its part (the pool not reading: its pipe full, the rest never
     comes): under ``raise`` the wait names the worker; under ``restart`` its part runs again on
     the rebuilt worker, its envs flagged as restarted at the first step, and the other
-    worker's part is the serial backend's, bit for bit."""
+    worker's part is the serial backend's, bit for bit. (Parts go down the pipe here, as where
+    the pool's memory is not shared: tests/test_shared_records.py kills a worker recording in
+    place.)"""
+    monkeypatch.setattr(shared_weights, "record_ref", lambda arrays: None)
     make: dict[str, Any] = {"num_workers": 2, "seed": 0, "on_error": on_error}
     steps = 200  # 2 envs x 200 x 12 KB a worker: 4.9 MB, past a widened pipe
     with envfleet.make(FramesEnv, 4, backend="serial", **make) as serial:

@@ -43,6 +43,7 @@ __all__ = [
     "Raw",
     "Unpack",
     "destinations",
+    "recorded_arrays",
     "strip",
     "stripped",
     "unpack",
@@ -86,6 +87,14 @@ def _nest(fn: Callable[[Any], Any], value: Any) -> Any:
     return fn(value)
 
 
+def recorded_arrays(part: Sampled) -> list[np.ndarray]:
+    """``part``'s recorded arrays (:data:`RECORDED`, each nest's leaves in order)."""
+    found: list[np.ndarray] = []
+    for name in RECORDED:
+        _nest(found.append, getattr(part, name))
+    return found
+
+
 def _parts(replies: Iterable[Any]) -> Iterable[tuple[Reply, Any, Sampled]]:
     """Each part among ``replies``' values, with its reply and key, in order."""
     for reply in replies:
@@ -118,6 +127,8 @@ def strip(replies: Iterable[Any], codec: Codec | None = None) -> list[memoryview
         return raw(array, frames=True)
 
     for reply, key, part in _parts(replies):
+        if part.in_place:  # recorded where the pool reads it: nothing follows
+            continue
         found = True
         assert reply.values is not None
         swapped = {

@@ -33,9 +33,12 @@ from collections import deque
 from collections.abc import Callable
 
 from envfleet.backends.contract.base import LocalPool, TransportOptions, WorkerLost
+from envfleet.backends.contract.raw_parts import recorded_arrays
 from envfleet.backends.local.process import ProcessTransport
 from envfleet.infos import Columns
 from envfleet.protocol import Command, Reply, Sample
+from envfleet.rollout_loop import Sampled
+from envfleet.shared_records import RecordRef, record_ref
 from envfleet.weight_frames import Segment, SegmentRef, digest, is_frame, segments_available
 
 CODE_IN_SEGMENT = 16 << 10
@@ -166,10 +169,25 @@ class SharedWeightsTransport(ProcessTransport):
         cores: int | None = None,
     ) -> None:
         self.segments = Segments(len(options.assignment), segments_available())
+        # Per worker, the Sample whose part it records in place, and where (till it is sent).
+        self._records: dict[int, tuple[Sample, RecordRef]] = {}
         super().__init__(options, info_columns=info_columns, spares=spares, cores=cores)
+
+    def land(self, worker: int, command: Sample, into: Sampled) -> None:
+        """``into``'s columns named in ``command`` as it goes, where they are in the pool's
+        shared memory (:mod:`envfleet.shared_records`): the worker records its part there and
+        nothing is read; else the part is read from the pipe into them."""
+        ref = record_ref(recorded_arrays(into))
+        if ref is None:
+            super().land(worker, command, into)
+        else:
+            self._records[worker] = (command, ref)
 
     def submit(self, worker: int, command: Command) -> None:
         if type(command) is Sample:
+            record = self._records.pop(worker, None)
+            if record is not None and record[0] is command:
+                command = dataclasses.replace(command, record=record[1])
             command = self.segments.outgoing(worker, command)
         super().submit(worker, command)
 

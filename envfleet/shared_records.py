@@ -1,0 +1,105 @@
+"""A rollout's part recorded where the pool will read it: its columns in the pool's shared memory.
+
+A rollout's arrays are made when its parts are sent (:class:`~envfleet.rollouts.Out`), in one
+block of the pool's memory; on one machine that block is shared (a memfd:
+:class:`~envfleet.recycling.Recycler` with ``shared=True``). The process backend then names a
+part's columns in its worker's :class:`~envfleet.protocol.Sample` (:class:`RecordRef`: the
+block, and where each recorded field's columns lie in it), and the worker records each step
+straight there (:func:`envfleet.rollout_loop.sample`). Its reply carries none of the recorded
+arrays (``Sampled.in_place``): no pipe carries them and the pool copies nothing::
+
+    pool: Out in a shared block ── Sample(record=RecordRef(pid, fd, inode, fields)) ──► worker
+    worker: maps the block (/proc/<pid>/fd/<fd>, kept for the next rollouts), records into
+            the columns, replies with the part's other values only (in_place)
+
+Where the block cannot be named (private memory, a node's agent, a rollout smaller than the
+recycler's least) or mapped (another user, no ``/proc``), the part travels as before.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from envfleet.recycling import SharedBlock, locate
+
+__all__ = ["MAPPED_MOST", "RecordRef", "record_ref", "recorded_views"]
+
+MAPPED_MOST = 4
+"""The blocks a worker keeps mapped for the rollouts to come (its pool recycles two or three)."""
+
+Leaf = tuple[int, tuple[int, ...], tuple[int, ...], str]
+"""Where one array lies in a block: its offset, shape, strides and dtype."""
+
+
+@dataclass(frozen=True)
+class RecordRef:
+    """Where a part's recorded arrays go: a block of the pool's shared memory, and each array
+    (observations' leaves, actions' leaves, rewards, terminations, truncations, in order)."""
+
+    pid: int
+    fd: int
+    ino: int
+    size: int
+    leaves: tuple[Leaf, ...]
+
+
+def record_ref(arrays: list[np.ndarray]) -> RecordRef | None:
+    """``arrays`` named in the one shared block they lie in; ``None`` where they are not all in
+    one (private memory)."""
+    found: list[tuple[SharedBlock, int]] = []
+    for array in arrays:
+        where = locate(array)
+        if where is None or (found and where[0] != found[0][0]):
+            return None
+        found.append(where)
+    if not found:
+        return None
+    block = found[0][0]
+    leaves = tuple(
+        (offset, array.shape, array.strides, array.dtype.str)
+        for (_, offset), array in zip(found, arrays, strict=True)
+    )
+    return RecordRef(os.getpid(), block.fd, block.ino, block.size, leaves)
+
+
+_MAPPED: OrderedDict[tuple[int, int, int, int], mmap.mmap] = OrderedDict()
+"""This worker's mappings of the pool's blocks, the latest used last."""
+
+
+def recorded_views(ref: RecordRef) -> list[np.ndarray]:
+    """The arrays ``ref`` names, as writable views of its block mapped shared.
+
+    Raises:
+        OSError: the block cannot be opened or is not (any more) the one named.
+    """
+    key = (ref.pid, ref.fd, ref.ino, ref.size)
+    memory = _MAPPED.get(key)
+    if memory is None:
+        memory = _map(ref)
+        _MAPPED[key] = memory
+        while len(_MAPPED) > MAPPED_MOST:
+            _MAPPED.popitem(last=False)  # unmapped once its arrays are gone
+    else:
+        _MAPPED.move_to_end(key)
+    return [
+        np.ndarray(shape, np.dtype(dtype), buffer=memory, offset=offset, strides=strides)
+        for offset, shape, strides, dtype in ref.leaves
+    ]
+
+
+def _map(ref: RecordRef) -> mmap.mmap:
+    path = f"/proc/{ref.pid}/fd/{ref.fd}"
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_ino != ref.ino or st.st_size != ref.size:
+            raise OSError(f"{path} is not the pool's block it names")
+        return mmap.mmap(fd, ref.size)
+    finally:
+        os.close(fd)
