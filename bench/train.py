@@ -14,8 +14,8 @@ its target in one table (:mod:`envfleet.benchmark.training` measures):
     (new API stack, its default model, weights synced and episodes returned each round) on
     CartPole and on Pong frames (84x84x4 float32, as RLlib's Atari wrappers give them, raw and
     with ``compress="lz4"``; and envfleet on the same frames in uint8, normalised in the
-    network); and the float32 frames on one machine (the process backend) against them on the
-    nodes.
+    network); and the float32 frames on one machine (the process backend: the workers record
+    in the pool's shared memory) against them on the nodes and against RLlib's.
 
     PYTHONPATH=. python bench/train.py [--quick] [--json PATH]
 """
@@ -196,8 +196,8 @@ def per_cpu(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:
     """(d): CartPole (2 x 8 envs, 100 steps a round, 10 rounds) and Pong frames (2 x 4 envs,
     50 steps, 12 rounds: the rollouts' memory is in use again from the third), envfleet's pool
     and RLlib's group open side by side and measured in turn, 5 times (medians); the same Pong
-    frames on one machine (the process backend, 2 workers) against them on the 2 nodes; one
-    turn of 2 rounds with --quick."""
+    frames on one machine (the process backend, 2 workers) against them on the 2 nodes and
+    against RLlib's group on them; one turn of 2 rounds with --quick."""
     frames = pong_84(32)
     pong = {"frames": frames.astype(np.float32) / 128 - 1}
     floats = functools.partial(PongFrames, pong)
@@ -245,9 +245,10 @@ def per_cpu(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:
             "rllib parameters": params,
         }
         label = f"(d) {name}: env-steps per driver CPU-s ({size:,} parameters)"
-        if "process" in make.values():
-            nodes_rate = next(f.value for f in figures if f.name.startswith("(d) Pong frames:"))
-            figures.append(Figure(label, rate, "", "the same on 2 nodes", nodes_rate))
+        if "process" in make.values():  # against the nodes, and RLlib's on the same frames
+            nodes = next(f for f in figures if f.name.startswith("(d) Pong frames:"))
+            figures.append(Figure(label, rate, "", "the same on 2 nodes", nodes.value))
+            figures.append(Figure(label, rate, "", nodes.against, nodes.base, 2.0))
             continue
         against = f"RLlib EnvRunnerGroup ({params:,} parameters)"
         figures.append(Figure(label, rate, "", against, rllib, 2.0))
