@@ -22,6 +22,7 @@ one rollout to the next.
 from __future__ import annotations
 
 import dataclasses
+import math
 import pickle
 import weakref
 from collections.abc import Callable
@@ -91,13 +92,62 @@ def tree(space: spaces.Space[Any], fn: Callable[..., Any], *nests: Any) -> Any:
     return fn(*nests)
 
 
-def empty_steps(
-    space: spaces.Space[Any], steps: int, count: int, empty: Callable[..., np.ndarray] = np.empty
-) -> Any:
-    """Arrays of ``space``'s dtypes shaped ``(steps, count, ...)``, made by ``empty`` (as
-    ``np.empty``: a :class:`~envfleet.recycling.Recycler`'s)."""
-    flat = create_empty_array(space, steps * count, fn=empty)
-    return tree(space, lambda a: a.reshape(steps, count, *a.shape[1:]), flat)
+ALIGN = 64
+"""Where each field of a record's block starts: a multiple of this many bytes."""
+
+
+def record_arrays(
+    obs_space: spaces.Space[Any],
+    act_space: spaces.Space[Any],
+    steps: int,
+    count: int,
+    rewards: Any,
+    empty: Callable[..., np.ndarray] = np.empty,
+) -> tuple[Any, Any, np.ndarray, np.ndarray, np.ndarray]:
+    """What a part of ``count`` envs records over ``steps`` steps (observations, actions laid
+    out like their spaces; rewards of dtype ``rewards``; terminations, truncations), each
+    ``(steps, count, ...)``, in one block that ``empty`` makes (a pool's shared memory: a
+    worker may record there, :mod:`envfleet.shared_records`)."""
+    obs = leaves(obs_space, create_empty_array(obs_space, 1))
+    act = leaves(act_space, create_empty_array(act_space, 1))
+    fields = [(a.shape[1:], a.dtype) for a in [*obs, *act]]
+    fields += [((), np.dtype(rewards)), ((), np.dtype(np.bool_)), ((), np.dtype(np.bool_))]
+    sizes = [steps * count * math.prod(shape) * kind.itemsize for shape, kind in fields]
+    starts = [0]
+    for size in sizes[:-1]:
+        starts.append(-(-(starts[-1] + size) // ALIGN) * ALIGN)
+    block = empty(starts[-1] + sizes[-1], np.uint8)
+    arrays = [
+        block[at : at + size].view(kind).reshape(steps, count, *shape)
+        for at, size, (shape, kind) in zip(starts, sizes, fields, strict=True)
+    ]
+    k = len(obs) + len(act)
+    observations, actions = (
+        nested(obs_space, arrays[: len(obs)]),
+        nested(act_space, arrays[len(obs) : k]),
+    )
+    return observations, actions, arrays[k], arrays[k + 1], arrays[k + 2]
+
+
+def placed(
+    part: Sampled, into: Sampled, obs_space: spaces.Space[Any], act_space: spaces.Space[Any]
+) -> Sampled:
+    """``part``, recorded in place (``in_place``: where ``into``'s arrays are), holding them:
+    ``into``'s very arrays when it took all their steps, their first rows else."""
+    steps = part.steps
+
+    def cut(leaf: np.ndarray) -> np.ndarray:
+        return leaf if steps == len(leaf) else leaf[:steps]
+
+    return dataclasses.replace(
+        part,
+        observations=tree(obs_space, cut, into.observations),
+        actions=tree(act_space, cut, into.actions),
+        rewards=cut(into.rewards),
+        terminations=cut(into.terminations),
+        truncations=cut(into.truncations),
+        in_place=False,
+    )
 
 
 def sample(group: Group, command: Sample) -> Reply:
@@ -112,18 +162,10 @@ def sample(group: Group, command: Sample) -> Reply:
         memory = _RECORDS.get(group)
         if memory is None:
             memory = _RECORDS[group] = Recycler(keep=1)
-        record = Sampled(
-            env_ids=ids,
-            steps=0,
-            observations=empty_steps(obs_space, steps, count, memory.empty),
-            actions=empty_steps(act_space, steps, count, memory.empty),
-            rewards=np.empty((steps, count), dtype=batch.rewards.dtype),
-            terminations=np.empty((steps, count), dtype=np.bool_),
-            truncations=np.empty((steps, count), dtype=np.bool_),
-            infos={},
-            reset_infos={},
-            final_observations=None,
+        fields = record_arrays(
+            obs_space, act_space, steps, count, batch.rewards.dtype, memory.empty
         )
+        record = Sampled(ids, 0, *fields, infos={}, reset_infos={}, final_observations=None)
     failures: tuple[EnvFailure, ...] = ()
     restarts: list[EnvFailure] = []
     try:
@@ -314,4 +356,14 @@ def _policy_failure(exc: BaseException, what: str) -> EnvFailure:
     return dataclasses.replace(failure, message=f"the rollout's policy {what}: {failure.message}")
 
 
-__all__ = ["MissingPolicy", "Sampled", "empty_steps", "leaves", "nested", "sample", "tree"]
+__all__ = [
+    "ALIGN",
+    "MissingPolicy",
+    "Sampled",
+    "leaves",
+    "nested",
+    "placed",
+    "record_arrays",
+    "sample",
+    "tree",
+]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import operator
 import pickle
 from collections.abc import Callable, Sequence
@@ -39,10 +38,7 @@ from gymnasium import spaces
 from gymnasium.vector.utils import concatenate, create_empty_array
 
 from envfleet.infos import merge_infos
-from envfleet.rollout_loop import Sampled, leaves, nested, tree
-
-_ALIGN = 64
-"""Where each field of a rollout's block starts: a multiple of this many bytes."""
+from envfleet.rollout_loop import Sampled, placed, record_arrays, tree
 
 
 class Policy(Protocol):
@@ -219,23 +215,8 @@ class Out:
         self.env_ids = env_ids
         # Every recorded field in one block of ``empty``'s (shared memory, where the pool's is:
         # a process worker may record its part there, :mod:`envfleet.shared_records`).
-        obs = leaves(obs_space, create_empty_array(obs_space, 1))
-        act = leaves(act_space, create_empty_array(act_space, 1))
-        fields = [(a.shape[1:], a.dtype) for a in [*obs, *act]]
-        fields += [((), np.dtype(np.float64)), ((), np.dtype(np.bool_)), ((), np.dtype(np.bool_))]
-        sizes = [steps * n * math.prod(shape) * kind.itemsize for shape, kind in fields]
-        starts = [0]
-        for size in sizes[:-1]:
-            starts.append(-(-(starts[-1] + size) // _ALIGN) * _ALIGN)
-        block = empty(starts[-1] + sizes[-1], np.uint8)
-        arrays = [
-            block[at : at + size].view(kind).reshape(steps, n, *shape)
-            for at, size, (shape, kind) in zip(starts, sizes, fields, strict=True)
-        ]
-        k = len(obs) + len(act)
-        self.observations = nested(obs_space, arrays[: len(obs)])
-        self.actions = nested(act_space, arrays[len(obs) : k])
-        self.rewards, self.terminations, self.truncations = arrays[k:]
+        fields = record_arrays(obs_space, act_space, steps, n, np.float64, empty)
+        self.observations, self.actions, self.rewards, self.terminations, self.truncations = fields
         self.versions = np.zeros((steps, n), dtype=np.int64)
         self._spaces = (obs_space, act_space)
 
@@ -263,23 +244,8 @@ class Out:
         )
 
     def placed(self, part: Sampled, into: Sampled) -> Sampled:
-        """``part`` recorded in place (``in_place``: where ``into``'s arrays are), holding them:
-        ``into``'s very arrays when it took all its steps, their first rows else."""
-        obs_space, act_space = self._spaces
-        steps = part.steps
-
-        def cut(leaf: np.ndarray) -> np.ndarray:
-            return leaf if steps == len(leaf) else leaf[:steps]
-
-        return dataclasses.replace(
-            part,
-            observations=tree(obs_space, cut, into.observations),
-            actions=tree(act_space, cut, into.actions),
-            rewards=cut(into.rewards),
-            terminations=cut(into.terminations),
-            truncations=cut(into.truncations),
-            in_place=False,
-        )
+        """``part`` recorded in place, holding ``into``'s arrays (:func:`placed`)."""
+        return placed(part, into, *self._spaces)
 
     def add(self, part: Sampled, rows: slice | np.ndarray, into: Sampled | None = None) -> None:
         """``part``'s arrays into columns ``rows``, unless they are ``into``'s very arrays

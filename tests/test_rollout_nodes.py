@@ -3,7 +3,8 @@
 A head and two worker nodes of ``ray.cluster_utils.Cluster``, all on this machine, shared by the
 module. Oracles: a version's 10 MB go to each node once (its message) and from there into one
 segment of the node's shared memory that its workers map, each reading a few hundred bytes from
-its pipe, and the rollouts are the serial backend's; a worker SIGKILLed mid-rollout, or a
+its pipe, and the rollouts are the serial backend's; a large part is recorded in the agent's
+shared memory, not written down the worker's pipe; a worker SIGKILLed mid-rollout, or a
 node's agent, raises ``WorkerDiedError`` naming it (``raise``) or has its part run again from
 its rebuilt envs (``restart``), every env-step handed over and counted once; ``close()`` with a
 rollout out is bounded and leaves nothing behind (``ray_leak_check``).
@@ -131,6 +132,37 @@ def test_each_version_goes_once_to_each_node_into_one_segment_its_workers_map(
         np.testing.assert_array_equal(w.observations, g.observations)
     for version, g in enumerate(got, 1):
         assert (g.policy_versions == version).all()
+
+
+def test_a_nodes_workers_record_a_large_part_where_their_agent_sends_it_from(
+    nodes: list[str],
+) -> None:
+    """A rollout of over 1 MB a worker (CartPole x 8 on two nodes of two workers, 16,000
+    steps): each worker records its part in its agent's shared memory, writing a few KB of it
+    to its pipe rather than the part, and the rollout is the serial backend's, twice (the
+    agent's blocks used again)."""
+    steps = 16_000
+
+    def written(pids: list[int]) -> np.ndarray:
+        return np.array([psutil.Process(pid).io_counters().write_chars for pid in pids])
+
+    with envfleet.make("CartPole-v1", 8, backend="serial", seed=0) as serial:
+        serial.reset()
+        want = [serial.rollout(envfleet.RandomPolicy(serial.single_action_space, 5), steps)]
+        want.append(serial.rollout(envfleet.RandomPolicy(serial.single_action_space, 6), steps))
+    with envfleet.make("CartPole-v1", 8, backend="ray", num_workers=4, nodes=nodes, seed=0) as pool:
+        pool.reset()
+        workers = [pid for agent in agent_pids(pool) for pid in workers_of(agent)]
+        for k, w in enumerate(want):
+            before = written(workers)
+            got = pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 5 + k), steps)
+            fields = ("observations", "actions", "rewards", "terminations", "truncations")
+            part = sum(getattr(got, name).nbytes for name in fields) // 4  # a worker's
+            assert part > 1 << 20
+            assert ((written(workers) - before) < part // 50).all(), written(workers) - before
+            for name in fields:
+                ours, theirs = getattr(got, name), getattr(w, name)
+                assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs), name
 
 
 def mark_each(directory: str, counts: frozenset[int], env: FaultyEnv, action: Any) -> None:

@@ -174,9 +174,9 @@ class NodeAgent:
         sock.detach()
         try:
             with conn:
-                NodeServer(
-                    self.local, conn, len(self.options.assignment), self._codec, self._columns
-                ).run()
+                spaces = (self.options.observation_space, self.options.action_space)
+                workers = len(self.options.assignment)
+                NodeServer(self.local, conn, workers, self._codec, self._columns, spaces).run()
         finally:
             self.local.close(5.0)
             self.remove_temp()

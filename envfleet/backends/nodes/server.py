@@ -31,10 +31,11 @@ from multiprocessing.connection import Connection
 from operator import is_, itemgetter
 from typing import Any
 
+import gymnasium
 import numpy as np
 
 from envfleet.backends.contract import raw_parts
-from envfleet.backends.contract.base import LocalPool, WorkerLost
+from envfleet.backends.contract.base import LandsParts, LocalPool, WorkerLost
 from envfleet.backends.nodes import raw_rows, wire
 from envfleet.backends.nodes.compression import Codec
 from envfleet.backends.nodes.frames import Frames, Message, send
@@ -42,6 +43,8 @@ from envfleet.buffers import ObjectRows
 from envfleet.errors import EnvError
 from envfleet.infos import Columns
 from envfleet.protocol import Command, Reply, Rows, Sample
+from envfleet.recycling import Recycler
+from envfleet.rollout_loop import Sampled, placed, record_arrays
 
 LOCAL_SLICE = 0.002
 """Seconds at most the agent holds the replies of a round that is not all in (async): past
@@ -76,8 +79,15 @@ class NodeServer:
         workers: int,
         codec: Codec | None,
         columns: list[Columns] | None = None,
+        spaces: tuple[gymnasium.Space[Any], gymnasium.Space[Any]] | None = None,
     ) -> None:
         self.local = local
+        # Where each worker records its part of a rollout: a block of this agent's shared
+        # memory (:mod:`envfleet.shared_records`), sent from there; by the Sample, till answered.
+        self.lands = local if isinstance(local, LandsParts) else None
+        self.spaces = spaces if self.lands is not None else None
+        self.memory = Recycler(shared=True)
+        self.records: dict[Command, Sampled] = {}
         # The infos the workers sent as columns since the last answer (``local`` appends them
         # as it reads the replies they belong to: those replies are held, and go with them).
         self.columns: list[Columns] = [] if columns is None else columns
@@ -175,8 +185,9 @@ class NodeServer:
 
     def drop(self, worker: int) -> None:
         """``worker`` owes nothing any more (lost, or rebuilt)."""
-        for _, number in self.inflight[worker]:
+        for command, number in self.inflight[worker]:
             self.tick(number)
+            self.records.pop(command, None)
         self.owed -= len(self.inflight[worker])
         self.inflight[worker].clear()
 
@@ -244,12 +255,36 @@ class NodeServer:
         inflight = self.inflight
         for worker, command in commands:
             inflight[worker].append((command, number))
+            if self.spaces is not None and type(command) is Sample:
+                self.record(worker, command)
         if self.hold and self.in_order is not None:  # a sync step: other cores' workers first
             self.local.submit_all(self.in_order)
             return
         submit = self.local.submit
         for worker, command in commands:
             submit(worker, command)
+
+    def record(self, worker: int, command: Sample) -> None:
+        """Give ``worker`` a block to record its part of ``command`` in (in place, or read
+        there from its pipe)."""
+        assert self.spaces is not None and self.lands is not None
+        rewards = self.batch.rewards.dtype
+        steps, count = command.steps, len(command.env_ids)
+        fields = record_arrays(*self.spaces, steps, count, rewards, self.memory.empty)
+        into = Sampled(command.env_ids, steps, *fields, {}, {}, None)
+        self.lands.land(worker, command, into)
+        self.records[command] = into
+
+    def placed(self, held: list[_Held]) -> None:
+        """The parts recorded in place among ``held``, holding the arrays they were recorded
+        in (sent from there)."""
+        for _, command, reply in held:
+            into = self.records.pop(command, None) if command is not None else None
+            if into is None or not isinstance(reply, Reply) or not reply.values:
+                continue
+            got = reply.values.get(into.env_ids[0])
+            if isinstance(got, Sampled) and got.in_place and self.spaces is not None:
+                reply.values[into.env_ids[0]] = placed(got, into, *self.spaces)
 
     def answer(self) -> None:
         """Send the pool what is held: one message."""
@@ -280,6 +315,8 @@ class NodeServer:
                         reply.rows = Rows(got, [observations[i] for i in got.tolist()])
                 replies.append((worker, reply))
         rollout = any(isinstance(command, Sample) for _, command, _ in held)  # copied at once
+        if rollout and self.records:
+            self.placed(held)
         # A rollout's recorded arrays follow as a frame of their own, read into its columns.
         arrays = raw_parts.strip((reply for _, _, reply in held), self.codec) if rollout else None
         head = wire.header_parts(wire.GENERAL, (replies, columns), out_of_band=rollout)
