@@ -13,7 +13,12 @@ their base alive, ``torch.from_numpy`` keeps its array alive). Nothing changes f
 keeps a rollout: its memory is simply not reused while it is held. Up to ``keep`` free blocks
 of each size are kept, and none after :meth:`clear`. Each has an owner it goes with: the pool
 (its rollouts' arrays, cleared at its close), a worker's group (what it records), a reply
-pipe's reader (large replies).
+pipe's reader (large replies), a node's agent (what its workers record).
+
+The pool's and a node agent's blocks are shared memory (``shared=True``: memfds, at most
+:data:`SHARED_MOST` held, each with its descriptor open): their process workers map them by
+``/proc/<pid>/fd`` and record a rollout's parts straight into them
+(:mod:`envfleet.shared_records`). A forked child closes the descriptors it inherited.
 """
 
 from __future__ import annotations

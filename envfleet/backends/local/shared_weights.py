@@ -1,4 +1,5 @@
-"""The process backend's transport: worker processes, with each version's weights shared.
+"""The process backend's transport: worker processes, each version's weights shared, each
+rollout's part recorded where the pool (or a node's agent) reads it.
 
 A rollout's :class:`~envfleet.protocol.Sample` carries a version's weights (a frame of
 :mod:`envfleet.weight_frames`) to the workers that lack it. Sent as they come, a pipe per
@@ -21,8 +22,14 @@ yet) or while its version is the newest sent; then it is closed. A worker lost o
 nothing more; the pool's close closes them all. Segments are memfds, named nowhere: one the
 pool (or an agent) still held when it was killed goes with its process and its workers.
 
+A rollout's part goes the same way: where the pool gives its columns in shared memory
+(:meth:`SharedWeightsTransport.land`), the worker's command names them
+(:mod:`envfleet.shared_records`) and the worker records its steps there, so no pipe carries
+them; else the part is read from the worker's pipe into them.
+
 :class:`SharedWeightsTransport` is :class:`~envfleet.backends.local.process.ProcessTransport`
-with :class:`Segments` on its way in and out; everything else is the process backend's.
+with :class:`Segments` (and the parts' columns) on its way in and out; everything else is the
+process backend's.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ Infos that workers send as columns (plain scalars: Atari's, MuJoCo's) reach the 
 never as dicts, and go on to the pool as they came (an ``I`` answer when the replies have
 nothing else to say). The answer to a rollout is followed by its parts' recorded arrays, a frame
 of their own that the pool reads into the rollout's columns
-(:mod:`~envfleet.backends.contract.raw_parts`).
+(:mod:`~envfleet.backends.contract.raw_parts`); its workers record them in blocks of the agent's
+shared memory (:mod:`envfleet.shared_records`), which the frame is written from.
 
 Each message from the pool is a round, and each round is answered as soon as all of its
 replies are in, whatever else the node owes: with two halves of the node's envs in flight
