@@ -12,8 +12,10 @@ arrays (``Sampled.in_place``): no pipe carries them and the pool copies nothing:
     worker: maps the block (/proc/<pid>/fd/<fd>, kept for the next rollouts), records into
             the columns, replies with the part's other values only (in_place)
 
-Where the block cannot be named (private memory, a node's agent, a rollout smaller than the
-recycler's least) or mapped (another user, no ``/proc``), the part travels as before.
+A node's agent does the same for its own workers (blocks of its own shared memory), and sends
+each part from its block. Where a block cannot be named (private memory: a rollout smaller than
+the recycler's least, or past its most shared blocks) or mapped (another user, no ``/proc``), the
+part goes down the worker's pipe.
 """
 
 from __future__ import annotations

@@ -124,6 +124,12 @@ class NodeServer:
         self.plain: dict[tuple[int, ...], _Plain] = {}
 
     def run(self) -> None:
+        try:
+            self.serve()
+        finally:
+            self.memory.clear()  # the blocks its workers recorded in
+
+    def serve(self) -> None:
         frames = self.frames
         while True:
             try:
