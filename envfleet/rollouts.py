@@ -264,14 +264,17 @@ class Out:
         fill(self.truncations, part.truncations, read.truncations)
 
     def rollout(self, parts: Sequence[Sampled], n: int, final: Any, env_ids: np.ndarray) -> Rollout:
+        """The :class:`Rollout` of these arrays. Its observations are the block's own; the
+        other fields are copies (small beside them), so that a caller who keeps only those
+        (rewards, say) does not keep the block's memory from the rollouts to come."""
         steps = len(self.rewards)
         reset_infos = merged([p.reset_infos for p in parts], steps, n)
         return Rollout(
             observations=self.observations,
-            actions=self.actions,
-            rewards=self.rewards,
-            terminations=self.terminations,
-            truncations=self.truncations,
+            actions=tree(self._spaces[1], np.copy, self.actions),
+            rewards=self.rewards.copy(),
+            terminations=self.terminations.copy(),
+            truncations=self.truncations.copy(),
             infos=merged([p.infos for p in parts], steps, n),
             final_observations=final,
             reset_infos=reset_infos,

@@ -6,7 +6,7 @@ block of the pool's memory; on one machine that block is shared (a memfd:
 part's columns in its worker's :class:`~envfleet.protocol.Sample` (:class:`RecordRef`: the
 block, and where each recorded field's columns lie in it), and the worker records each step
 straight there (:func:`envfleet.rollout_loop.sample`). Its reply carries none of the recorded
-arrays (``Sampled.in_place``): no pipe carries them and the pool copies nothing::
+arrays (``Sampled.in_place``): no pipe carries them and the pool copies no observation::
 
     pool: Out in a shared block ── Sample(record=RecordRef(pid, fd, inode, fields)) ──► worker
     worker: maps the block (/proc/<pid>/fd/<fd>, kept for the next rollouts), records into

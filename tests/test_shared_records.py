@@ -167,17 +167,23 @@ def test_a_large_rollout_goes_in_place_bit_identical_to_serial(
     ):
         pool.reset(seed=3)
         ref.reset(seed=3)
-        blocks = set()
+        blocks: set[int] = set()
+        kept: list[np.ndarray] = []
+        fields = ("observations", "actions", "rewards", "terminations", "truncations")
         for _ in range(3):
             got = pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 7), 512)
             want = ref.rollout(envfleet.RandomPolicy(ref.single_action_space, 7), 512)
-            for name in ("observations", "actions", "rewards", "terminations", "truncations"):
+            for name in fields:
                 ours, theirs = getattr(got, name), getattr(want, name)
                 assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs), name
             np.testing.assert_array_equal(got.final_observations, want.final_observations)
-            where = locate(got.rewards)
+            where = locate(got.observations)
             assert where is not None
-            blocks.add(where[0].fd)
+            blocks.add(where[0].ino)
+            # What a caller keeps of a rollout but its observations is its own memory: keeping
+            # the rewards does not keep the block from the next rollouts.
+            assert all(locate(getattr(got, name)) is None for name in fields[1:])
+            kept.append(got.rewards)
             del got
         assert len(blocks) <= 2  # dropped rollouts' blocks are used again
     assert every_rollout_in_place[0] - before == 6
