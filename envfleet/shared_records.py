@@ -83,6 +83,7 @@ def recorded_views(ref: RecordRef) -> list[np.ndarray]:
     key = (ref.pid, ref.fd, ref.ino, ref.size)
     memory = _MAPPED.get(key)
     if memory is None:
+        _forget_closed()
         memory = _map(ref)
         _MAPPED[key] = memory
         while len(_MAPPED) > MAPPED_MOST:
@@ -93,6 +94,18 @@ def recorded_views(ref: RecordRef) -> list[np.ndarray]:
         np.ndarray(shape, np.dtype(dtype), buffer=memory, offset=offset, strides=strides)
         for offset, shape, strides, dtype in ref.leaves
     ]
+
+
+def _forget_closed() -> None:
+    """Unmap the blocks their pool has closed since (a mapping would keep their memory)."""
+    for key in list(_MAPPED):
+        pid, fd, ino, _ = key
+        try:
+            gone = os.stat(f"/proc/{pid}/fd/{fd}").st_ino != ino
+        except OSError:
+            gone = True
+        if gone:
+            del _MAPPED[key]
 
 
 def _map(ref: RecordRef) -> mmap.mmap:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import envfleet
-from envfleet import recycling
+from envfleet import recycling, shared_records
 from envfleet.recycling import Recycler, locate
 from envfleet.rollouts import Out
 from envfleet.shared_records import record_ref, recorded_views
@@ -142,6 +142,29 @@ def test_another_process_writes_the_columns_a_ref_names() -> None:
     assert (field[:, 4:8] == 1).all() and (field[:, :4] == 0).all() and (field[:, 8:] == 0).all()
     assert flags[:, 1:3].all() and not flags[:, 0].any() and not flags[:, 3].any()
     assert record_ref([field, np.zeros(3)]) is None  # not all in one shared block
+
+
+def test_a_worker_unmaps_the_blocks_its_pool_closed() -> None:
+    """Mapping a new block forgets the mappings of blocks whose descriptor the pool closed
+    (they would keep the memory), and keeps the live ones."""
+    memory = Recycler(keep=0, least=0, shared=True)
+    first, second = memory.empty(4096, np.uint8), memory.empty(4096, np.uint8)
+    refs = [record_ref([first]), record_ref([second])]
+    assert refs[0] is not None and refs[1] is not None
+    for ref in refs:
+        recorded_views(ref)
+    assert len(shared_records._MAPPED) >= 2
+    keys = {(r.pid, r.fd, r.ino, r.size) for r in refs}
+    del first  # keep=0: its descriptor is closed
+    gc.collect()
+    third = memory.empty(4096, np.uint8)
+    ref = record_ref([third])
+    assert ref is not None
+    recorded_views(ref)
+    mapped = set(shared_records._MAPPED)
+    gone = (refs[0].pid, refs[0].fd, refs[0].ino, refs[0].size)
+    assert gone not in mapped and (keys - {gone}) <= mapped
+    memory.clear()
 
 
 def test_a_ref_to_another_block_is_refused() -> None:
