@@ -55,18 +55,12 @@ class SharedBlock:
     address: int
 
 
-_SHARED: dict[int, SharedBlock] = {}
-"""This process's shared blocks handed out by a :class:`Recycler` and not yet given back, by
-address (for :func:`locate`)."""
-_SHARED_LOCK = threading.Lock()
-
-
 def locate(array: np.ndarray) -> tuple[SharedBlock, int] | None:
     """The shared block ``array``'s memory lies in, and its first element's offset there; ``None``
     when it is not in one (a private block, or no block of a :class:`Recycler`)."""
     address = int(array.__array_interface__["data"][0])
-    with _SHARED_LOCK:
-        for block in _SHARED.values():
+    for recycler in list(_RECYCLERS):
+        for block in recycler.shared_blocks():
             if block.address <= address < block.address + block.size:
                 return block, address - block.address
     return None
@@ -108,10 +102,6 @@ class Recycler:
         if block is None:
             block = self._new(nbytes)
         flat = np.frombuffer(block, dtype=kind, count=count)  # every view's base
-        shared = self._fds.get(id(block))
-        if shared is not None:
-            with _SHARED_LOCK:
-                _SHARED[shared.address] = shared
         weakref.finalize(flat, self._give_back, block)
         return flat.reshape(dims)
 
@@ -135,18 +125,19 @@ class Recycler:
             block.madvise(mmap.MADV_HUGEPAGE)
         return block
 
+    def shared_blocks(self) -> list[SharedBlock]:
+        """The shared blocks it holds (handed out or free)."""
+        with self._lock:
+            return list(self._fds.values())
+
     def _give_back(self, block: mmap.mmap) -> None:
-        shared = self._fds.get(id(block))
-        if shared is not None:
-            with _SHARED_LOCK:
-                _SHARED.pop(shared.address, None)
         with self._lock:
             if self._open:
                 blocks = self._free.setdefault(len(block), [])
                 if len(blocks) < self._keep:
                     blocks.append(block)
                     return
-            self._fds.pop(id(block), None)
+            shared = self._fds.pop(id(block), None)
         if shared is not None:  # gone with its last array: its descriptor too
             os.close(shared.fd)
 
@@ -183,12 +174,9 @@ _RECYCLERS: weakref.WeakSet[Recycler] = weakref.WeakSet()
 
 
 def _after_fork() -> None:
-    global _SHARED_LOCK
-    _SHARED_LOCK = threading.Lock()
     for recycler in list(_RECYCLERS):
         recycler.forked()
     _RECYCLERS.clear()
-    _SHARED.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -108,10 +108,7 @@ def record_arrays(
     out like their spaces; rewards of dtype ``rewards``; terminations, truncations), each
     ``(steps, count, ...)``, in one block that ``empty`` makes (a pool's shared memory: a
     worker may record there, :mod:`envfleet.shared_records`)."""
-    obs = leaves(obs_space, create_empty_array(obs_space, 1))
-    act = leaves(act_space, create_empty_array(act_space, 1))
-    fields = [(a.shape[1:], a.dtype) for a in [*obs, *act]]
-    fields += [((), np.dtype(rewards)), ((), np.dtype(np.bool_)), ((), np.dtype(np.bool_))]
+    fields, cuts = record_fields(obs_space, act_space, rewards)
     sizes = [steps * count * math.prod(shape) * kind.itemsize for shape, kind in fields]
     starts = [0]
     for size in sizes[:-1]:
@@ -121,11 +118,32 @@ def record_arrays(
         block[at : at + size].view(kind).reshape(steps, count, *shape)
         for at, size, (shape, kind) in zip(starts, sizes, fields, strict=True)
     ]
-    k = len(obs) + len(act)
-    observations, actions = (
-        nested(obs_space, arrays[: len(obs)]),
-        nested(act_space, arrays[len(obs) : k]),
-    )
+    return _laid_out(obs_space, act_space, arrays, cuts)
+
+
+def record_fields(
+    obs_space: spaces.Space[Any], act_space: spaces.Space[Any], rewards: Any
+) -> tuple[list[tuple[tuple[int, ...], np.dtype[Any]]], tuple[int, int]]:
+    """Each array a part records, in order (the observations' leaves, the actions', rewards of
+    dtype ``rewards``, terminations, truncations), as its shape past ``(steps, count)`` and its
+    dtype; and where the observations' leaves end and the actions' do."""
+    obs = leaves(obs_space, create_empty_array(obs_space, 1))
+    act = leaves(act_space, create_empty_array(act_space, 1))
+    fields = [(a.shape[1:], a.dtype) for a in [*obs, *act]]
+    flag = ((), np.dtype(np.bool_))
+    return [*fields, ((), np.dtype(rewards)), flag, flag], (len(obs), len(fields))
+
+
+def _laid_out(
+    obs_space: spaces.Space[Any],
+    act_space: spaces.Space[Any],
+    arrays: list[np.ndarray],
+    cuts: tuple[int, int],
+) -> tuple[Any, Any, np.ndarray, np.ndarray, np.ndarray]:
+    """A record's ``arrays`` (as :func:`record_fields` orders them, ``cuts`` its) as its five
+    fields."""
+    split, k = cuts
+    observations, actions = nested(obs_space, arrays[:split]), nested(act_space, arrays[split:k])
     return observations, actions, arrays[k], arrays[k + 1], arrays[k + 2]
 
 
@@ -280,30 +298,15 @@ def _in_place(
         views = recorded_views(ref)
     except OSError:
         return None
-    shape = (command.steps, len(command.env_ids))
-    obs = leaves(obs_space, create_empty_array(obs_space, 1))
-    act = leaves(act_space, create_empty_array(act_space, 1))
-    expected = [(shape + a.shape[1:], a.dtype) for a in [*obs, *act]]
-    flags = (shape, np.dtype(np.bool_))
-    expected += [(shape, np.dtype(rewards)), flags, flags]
-    if len(views) != len(expected) or any(
-        v.shape != s or v.dtype != d for v, (s, d) in zip(views, expected, strict=True)
+    steps = (command.steps, len(command.env_ids))
+    fields, cuts = record_fields(obs_space, act_space, rewards)
+    if len(views) != len(fields) or any(
+        v.shape != steps + shape or v.dtype != kind
+        for v, (shape, kind) in zip(views, fields, strict=True)
     ):
         return None
-    k = len(obs) + len(act)
-    return Sampled(
-        env_ids=command.env_ids,
-        steps=0,
-        observations=nested(obs_space, views[: len(obs)]),
-        actions=nested(act_space, views[len(obs) : k]),
-        rewards=views[k],
-        terminations=views[k + 1],
-        truncations=views[k + 2],
-        infos={},
-        reset_infos={},
-        final_observations=None,
-        in_place=True,
-    )
+    laid_out = _laid_out(obs_space, act_space, views, cuts)
+    return Sampled(command.env_ids, 0, *laid_out, {}, {}, None, in_place=True)
 
 
 def _set_step(space: spaces.Space[Any], record: Any, t: int, value: Any) -> None:
@@ -364,6 +367,7 @@ __all__ = [
     "nested",
     "placed",
     "record_arrays",
+    "record_fields",
     "sample",
     "tree",
 ]

@@ -73,6 +73,8 @@ class Codec(Protocol):
     def decompress_into(self, data: np.ndarray, out: np.ndarray) -> None: ...
 
 
+_NO_CODEC = "a rollout's frames came compressed to a pool without compress="
+
 Unpack = tuple[np.ndarray, tuple[int, ...], np.ndarray]
 """A compressed array read: its blocks' bytes, their sizes, and the array they fill (a block
 per step)."""
@@ -173,7 +175,7 @@ def destinations(
         dtype = np.dtype(raw.dtype)
         if raw.packed:
             if unpacks is None:
-                raise ValueError("a rollout's frames came compressed to a pool without compress=")
+                raise ValueError(_NO_CODEC)
             fit = isinstance(given, np.ndarray) and (given.shape, given.dtype) == (raw.shape, dtype)
             array = given if fit and _rows_contiguous(given) else empty(raw.shape, dtype)
             blocks = np.empty(sum(raw.packed), np.uint8)
@@ -209,9 +211,11 @@ def unpack(unpacks: list[Unpack], codec: Codec | None) -> None:
     Raises:
         ValueError: no ``codec``, or a block that does not fill its step.
     """
+    if not unpacks:
+        return
+    if codec is None:
+        raise ValueError(_NO_CODEC)
     for blocks, sizes, array in unpacks:
-        if codec is None:
-            raise ValueError("a rollout's frames came compressed to a pool without compress=")
         at = 0
         for step, size in zip(array, sizes, strict=True):
             codec.decompress_into(blocks[at : at + size], step)

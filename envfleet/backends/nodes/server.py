@@ -67,6 +67,10 @@ _Held = tuple[int, "Command | None", "Reply | WorkerLost | None"]
 _Plain = tuple[list[Command], bytes, "slice | np.ndarray", "list[memoryview] | None"]
 """A plain answer's commands, its workers part, its rows, and their views (``None``: packed)."""
 
+_Recording = tuple[LandsParts, gymnasium.Space[Any], gymnasium.Space[Any]]
+"""Where the workers record their rollouts' parts: the local pool that lands them, and the
+observation and action spaces."""
+
 _by_worker = itemgetter(0)
 
 
@@ -85,8 +89,9 @@ class NodeServer:
         self.local = local
         # Where each worker records its part of a rollout: a block of this agent's shared
         # memory (:mod:`envfleet.shared_records`), sent from there; by the Sample, till answered.
-        self.lands = local if isinstance(local, LandsParts) else None
-        self.spaces = spaces if self.lands is not None else None
+        self.recording: _Recording | None = None
+        if isinstance(local, LandsParts) and spaces is not None:
+            self.recording = (local, *spaces)
         self.memory = Recycler(shared=True)
         self.records: dict[Command, Sampled] = {}
         # The infos the workers sent as columns since the last answer (``local`` appends them
@@ -262,8 +267,8 @@ class NodeServer:
         inflight = self.inflight
         for worker, command in commands:
             inflight[worker].append((command, number))
-            if self.spaces is not None and type(command) is Sample:
-                self.record(worker, command)
+            if self.recording is not None and type(command) is Sample:
+                self.record(worker, command, self.recording)
         if self.hold and self.in_order is not None:  # a sync step: other cores' workers first
             self.local.submit_all(self.in_order)
             return
@@ -271,27 +276,28 @@ class NodeServer:
         for worker, command in commands:
             submit(worker, command)
 
-    def record(self, worker: int, command: Sample) -> None:
+    def record(self, worker: int, command: Sample, recording: _Recording) -> None:
         """Give ``worker`` a block to record its part of ``command`` in (in place, or read
         there from its pipe)."""
-        assert self.spaces is not None and self.lands is not None
+        local, obs_space, act_space = recording
         rewards = self.batch.rewards.dtype
         steps, count = command.steps, len(command.env_ids)
-        fields = record_arrays(*self.spaces, steps, count, rewards, self.memory.empty)
+        fields = record_arrays(obs_space, act_space, steps, count, rewards, self.memory.empty)
         into = Sampled(command.env_ids, steps, *fields, {}, {}, None)
-        self.lands.land(worker, command, into)
+        local.land(worker, command, into)
         self.records[command] = into
 
-    def placed(self, held: list[_Held]) -> None:
+    def placed(self, held: list[_Held], recording: _Recording) -> None:
         """The parts recorded in place among ``held``, holding the arrays they were recorded
         in (sent from there)."""
+        _, obs_space, act_space = recording
         for _, command, reply in held:
             into = self.records.pop(command, None) if command is not None else None
             if into is None or not isinstance(reply, Reply) or not reply.values:
                 continue
             got = reply.values.get(into.env_ids[0])
-            if isinstance(got, Sampled) and got.in_place and self.spaces is not None:
-                reply.values[into.env_ids[0]] = placed(got, into, *self.spaces)
+            if isinstance(got, Sampled) and got.in_place:
+                reply.values[into.env_ids[0]] = placed(got, into, obs_space, act_space)
 
     def answer(self) -> None:
         """Send the pool what is held: one message."""
@@ -322,8 +328,8 @@ class NodeServer:
                         reply.rows = Rows(got, [observations[i] for i in got.tolist()])
                 replies.append((worker, reply))
         rollout = any(isinstance(command, Sample) for _, command, _ in held)  # copied at once
-        if rollout and self.records:
-            self.placed(held)
+        if rollout and self.records and self.recording is not None:
+            self.placed(held, self.recording)
         # A rollout's recorded arrays follow as a frame of their own, read into its columns.
         arrays = raw_parts.strip((reply for _, _, reply in held), self.codec) if rollout else None
         head = wire.header_parts(wire.GENERAL, (replies, columns), out_of_band=rollout)
