@@ -205,6 +205,12 @@ def sample(group: Group, command: Sample) -> Reply:
     into_record = isinstance(batch.observations, np.ndarray) and isinstance(
         record.observations, np.ndarray
     )
+    rows = _rows(index)
+    shape = (count, *(act_space.shape or ())) if flat else None
+    actions_rows = batch.actions[rows] if flat and isinstance(rows, slice) else None
+    obs_rows = _Rows(batch.observations, rows) if into_record else None
+    rewards, terminations = _Rows(batch.rewards, rows), _Rows(batch.terminations, rows)
+    truncations = _Rows(batch.truncations, rows)
     for t in range(steps):
         if policy is None:
             break
@@ -220,13 +226,13 @@ def sample(group: Group, command: Sample) -> Reply:
                     record.reset_infos[t] = reply.infos
         if into_record:  # straight into the record: the policy sees that row, never changed
             observations = record.observations[t]
-            np.take(batch.observations, index, axis=0, out=observations, mode="clip")
+            obs_rows.into(observations)  # type: ignore[union-attr]
         else:
             observations = take(obs_space, batch.observations, index)
         try:
-            actions = check_actions(
-                act_space, policy(observations, index.copy()), index, check_membership=False
-            )
+            actions = policy(observations, index.copy())
+            if type(actions) is not np.ndarray or actions.shape != shape:  # else: as checked
+                actions = check_actions(act_space, actions, index, check_membership=False)
             if command.check_actions:
                 check_actions(act_space, actions, index, check_membership=True)
         except env_errors() as exc:
@@ -234,7 +240,10 @@ def sample(group: Group, command: Sample) -> Reply:
             break
         carried: dict[int, Any] | None = None
         if flat and actions.dtype == batch.actions.dtype:
-            batch.actions[index] = actions
+            if actions_rows is not None:
+                actions_rows[...] = actions
+            else:
+                batch.actions[index] = actions
         elif not flat and keeps_dtype(act_space, actions):
             put(act_space, batch.actions, index, actions)
         else:  # another dtype: the envs get the actions as the policy gave them
@@ -247,10 +256,13 @@ def sample(group: Group, command: Sample) -> Reply:
             break
         if not into_record:
             _set_step(obs_space, record.observations, t, observations)
-        _set_step(act_space, record.actions, t, actions)
-        np.take(batch.rewards, index, out=record.rewards[t], mode="clip")
-        np.take(batch.terminations, index, out=record.terminations[t], mode="clip")
-        np.take(batch.truncations, index, out=record.truncations[t], mode="clip")
+        if flat:
+            record.actions[t] = actions
+        else:
+            _set_step(act_space, record.actions, t, actions)
+        rewards.into(record.rewards[t])
+        terminations.into(record.terminations[t])
+        truncations.into(record.truncations[t])
         if reply.infos:
             record.infos[t] = reply.infos
         record.steps = t + 1
@@ -307,6 +319,33 @@ def _in_place(
         return None
     laid_out = _laid_out(obs_space, act_space, views, cuts)
     return Sampled(command.env_ids, 0, *laid_out, {}, {}, None, in_place=True)
+
+
+def _rows(index: np.ndarray) -> slice | np.ndarray:
+    """``index`` (a part's env ids, rows of the batch) as a slice where they are consecutive
+    (a worker's block, as a rule: its rows then are views, copied without a gather)."""
+    spans = index.size and int(index[-1]) - int(index[0]) == index.size - 1
+    if spans and (index.size < 3 or bool((np.diff(index) == 1).all())):
+        return slice(int(index[0]), int(index[-1]) + 1)
+    return index
+
+
+class _Rows:
+    """A batch array's rows of a part (:func:`_rows`), copied out at each step: from a view
+    made once where they are a slice, else gathered."""
+
+    __slots__ = ("index", "source", "view")
+
+    def __init__(self, source: np.ndarray, rows: slice | np.ndarray) -> None:
+        self.source = source
+        self.index = rows if isinstance(rows, np.ndarray) else None
+        self.view = source[rows] if self.index is None else source[:0]
+
+    def into(self, out: np.ndarray) -> None:
+        if self.index is None:
+            out[...] = self.view
+        else:
+            np.take(self.source, self.index, axis=0, out=out, mode="clip")
 
 
 def _set_step(space: spaces.Space[Any], record: Any, t: int, value: Any) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envfleet.recycling import SharedBlock, locate
+from envfleet.recycling import locate
 
 __all__ = ["MAPPED_MOST", "RecordRef", "record_ref", "recorded_views"]
 
@@ -54,20 +54,32 @@ class RecordRef:
 def record_ref(arrays: list[np.ndarray]) -> RecordRef | None:
     """``arrays`` named in the one shared block they lie in; ``None`` where they are not all in
     one (private memory)."""
-    found: list[tuple[SharedBlock, int]] = []
-    for array in arrays:
-        where = locate(array)
-        if where is None or (found and where[0] != found[0][0]):
-            return None
-        found.append(where)
-    if not found:
+    where = locate(arrays[0]) if arrays else None
+    if where is None:
         return None
-    block = found[0][0]
+    block, offset = where
+    start = int(arrays[0].__array_interface__["data"][0]) - offset  # the block's address here
+    offsets = []
+    for array in arrays:  # each in the first one's block, all of it
+        low, high = _byte_bounds(array)
+        if low < start or high > start + block.size:
+            return None
+        offsets.append(int(array.__array_interface__["data"][0]) - start)
     leaves = tuple(
-        (offset, array.shape, array.strides, array.dtype.str)
-        for (_, offset), array in zip(found, arrays, strict=True)
+        (at, array.shape, array.strides, array.dtype.str)
+        for at, array in zip(offsets, arrays, strict=True)
     )
     return RecordRef(os.getpid(), block.fd, block.ino, block.size, leaves)
+
+
+def _byte_bounds(array: np.ndarray) -> tuple[int, int]:
+    """The first byte ``array`` reaches and one past its last, whatever its strides."""
+    low = high = int(array.__array_interface__["data"][0])
+    if array.size == 0:
+        return low, low
+    for n, stride in zip(array.shape, array.strides, strict=True):
+        low, high = low + min(0, (n - 1) * stride), high + max(0, (n - 1) * stride)
+    return low, high + array.itemsize
 
 
 _MAPPED: OrderedDict[tuple[int, int, int, int], mmap.mmap] = OrderedDict()

@@ -50,7 +50,8 @@ def check_env_ids(env_id: Sequence[int] | np.ndarray | None, num_envs: int) -> n
     if bad.size:
         raise ValueError(f"env_id {bad.tolist()} out of range: the pool has envs 0..{num_envs - 1}")
     ids = ids.astype(np.intp, copy=False)
-    if np.unique(ids).size != ids.size:
+    ascending = ids.size < 2 or bool((ids[1:] > ids[:-1]).all())  # as a rule: no repeats then
+    if not ascending and np.unique(ids).size != ids.size:
         values, counts = np.unique(ids, return_counts=True)
         raise ValueError(f"env_id repeats envs {values[counts > 1].tolist()}")
     if ids.size == 0:

@@ -474,3 +474,21 @@ def test_random_policy_on_discrete_draws_what_the_space_would(
     kept = rollouts.policy_bytes(policy)
     policy.seed = 10  # another seed: pickled anew
     assert pickle.loads(rollouts.policy_bytes(policy)).seed == 10 and kept is not None
+
+
+@pytest.mark.parametrize(
+    "ids", [[4], [2, 3], [0, 1, 2, 3, 4, 5], [1, 3], [0, 2, 3], [5, 1, 2], [2, 3, 5, 6]]
+)
+def test_a_parts_rows_are_copied_out_as_fancy_indexing_would(ids: list[int]) -> None:
+    """The loop copies a part's rows of the batch from a view where its env ids are
+    consecutive, else by a gather: both give ``batch[ids]``."""
+    from envfleet.rollout_loop import _Rows, _rows
+
+    batch = np.arange(7 * 3, dtype=np.float32).reshape(7, 3)
+    index = np.array(ids, dtype=np.intp)
+    rows = _rows(index)
+    consecutive = ids == list(range(ids[0], ids[0] + len(ids)))
+    assert isinstance(rows, slice) == consecutive
+    out = np.full((len(ids), 3), -1, np.float32)
+    _Rows(batch, rows).into(out)
+    np.testing.assert_array_equal(out, batch[index])

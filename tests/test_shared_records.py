@@ -69,7 +69,9 @@ def went_in_place(
 ) -> Iterator[None]:
     before = every_rollout_in_place[0]
     yield
-    if request.node.originalname in IMPORTED:  # the oracles above took this path
+    # A rollout that raises as its worker dies may do so before any other part is in.
+    raised = request.node.name == "test_a_worker_lost_mid_rollout[raise]"
+    if request.node.originalname in IMPORTED and not raised:  # the oracles took this path
         assert every_rollout_in_place[0] > before, "no part was recorded in place"
 
 
