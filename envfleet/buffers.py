@@ -164,7 +164,8 @@ def allocate_local(space: spaces.Space[Any], n: int) -> Any:
 @dataclass
 class Batch:
     """The arrays one step of the pool fills: row ``i`` belongs to env ``i``; and the infos a
-    transport delivers as columns (:func:`~envfleet.infos.info_columns`), until handed out."""
+    transport delivers as columns (:func:`~envfleet.info_columns.info_columns`), until handed
+    out."""
 
     observations: Any
     actions: Any

@@ -8,12 +8,11 @@ batches hold whichever envs were ready. Infos that every env fills with the same
 
 from __future__ import annotations
 
-import pickle
-import struct
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
+
+from envfleet.info_columns import SCALARS, Columns, Layout, info_dict, layout_of, record_dtype
 
 
 def merge_infos(pairs: list[tuple[dict[str, Any] | None, int]], size: int) -> dict[str, Any]:
@@ -27,15 +26,12 @@ def merge_infos(pairs: list[tuple[dict[str, Any] | None, int]], size: int) -> di
     return infos
 
 
-_SCALARS = (int, float, bool)
-
-
 def _uniform_scalars(infos: list[dict[str, Any] | None]) -> bool:
     """Every env has an info with the same keys, each a plain scalar (Atari's, for instance)."""
     first = infos[0]
     if not first:
         return False
-    if not all(type(value) in _SCALARS or isinstance(value, np.number) for value in first.values()):
+    if not all(type(value) in SCALARS or isinstance(value, np.number) for value in first.values()):
         return False
     keys = first.keys()
     for info in infos:
@@ -83,166 +79,6 @@ def _add_info(infos: dict[str, Any], info: dict[str, Any], index: int, size: int
             mask = np.zeros(size, dtype=np.bool_)
         mask[index] = True
         infos[key], infos[f"_{key}"] = array, mask
-
-
-# ---------------------------------------------------------------------------------------------
-# Infos as columns: what a worker process sends when every env's info is plain scalars (Atari's
-# lives and frame numbers every step, MuJoCo's reward terms), and the table the pool keeps them
-# in until they are handed out (issue 23: the per-env infos cost more than the frames).
-#
-#   worker: {env: {key: scalar}} ── info_columns ──► (env ids, layout: the keys and their types
-#                                                    pickled once, one record per env as bytes
-#                                                    packed by one cached ``struct.Struct``)
-#   pool:   InfoTable.put ──► the records' bytes into a structured array (a record per env;
-#                             one copy of bytes for a worker's block of consecutive envs)
-#           InfoTable.take ──► per key: the column (a copy) and an all-True mask, as
-#                              Gymnasium's ``_add_info`` builds them; any other mix (envs with
-#                              no info, other keys, dict infos) goes through :func:`merge_infos`
-#                              with the records turned back into the very values sent.
-
-
-def _plain(kind: type) -> bool:
-    """Whether ``_add_info`` stores values of type ``kind`` in an array of that dtype (a
-    timedelta's unit is not in its type: those go as dicts)."""
-    return kind in _SCALARS or (
-        issubclass(kind, np.number) and not issubclass(kind, np.timedelta64)
-    )
-
-
-_RECORDS: dict[tuple[type, ...], np.dtype[Any]] = {}
-
-
-def _record(types: tuple[type, ...]) -> np.dtype[Any]:
-    """One env's info as a record: one field per key, of the dtype ``_add_info`` would use."""
-    dtype = _RECORDS.get(types)
-    if dtype is None:
-        dtype = np.dtype([(f"f{k}", np.dtype(kind)) for k, kind in enumerate(types)])
-        _RECORDS[types] = dtype
-    return dtype
-
-
-Columns = tuple[tuple[int, ...], bytes, bytes]
-"""The infos of some envs as columns: their env ids, their layout (the keys and each key's
-type, pickled: :func:`layout_of`), and one record per env (:func:`_record`) as bytes."""
-
-Layout = tuple[tuple[Any, ...], tuple[type, ...]]
-_PICKLED: dict[Layout, bytes] = {}
-_LAYOUTS: dict[bytes, Layout] = {}
-
-
-def _pickled(layout: Layout) -> bytes:
-    """``layout`` pickled, once (every step of an env sends the same one)."""
-    blob = _PICKLED.get(layout)
-    if blob is None:
-        if len(_PICKLED) > 256:
-            _PICKLED.clear()
-        blob = _PICKLED[layout] = pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL)
-    return blob
-
-
-def layout_of(blob: bytes) -> Layout:
-    """The layout pickled in ``blob``, unpickled once."""
-    layout = _LAYOUTS.get(blob)
-    if layout is None:
-        if len(_LAYOUTS) > 256:
-            _LAYOUTS.clear()
-        layout = _LAYOUTS[blob] = pickle.loads(blob)
-    return layout
-
-
-class _Packer:
-    """How the infos of one layout become records' bytes: with ``struct`` when every type has
-    an exact struct code (Python and numpy ints, Python floats, ``np.float64``, Python bools),
-    else through a numpy array."""
-
-    def __init__(self, keys: tuple[Any, ...], types: tuple[type, ...]) -> None:
-        self.width = len(keys)
-        self.get = itemgetter(*keys)
-        self.blob = _pickled((keys, types))
-        self.dtype = _record(types)
-        codes = [_CODES.get((field.kind, field.itemsize)) for field in map(np.dtype, types)]
-        known = [code for code in codes if code is not None]
-        self.code = "".join(known) if len(known) == len(codes) else None
-        self._structs: dict[int, struct.Struct] = {}
-
-    def pack(self, values: list[Any], count: int) -> bytes:
-        """``values`` (``count`` records, flattened) as the records' bytes; ``ValueError`` or
-        ``OverflowError`` when one does not fit its field (an int past int64)."""
-        if self.code is None:
-            width = self.width
-            rows = [tuple(values[k : k + width]) for k in range(0, len(values), width)]
-            return np.array(rows, dtype=self.dtype).tobytes()
-        packer = self._structs.get(count)
-        if packer is None:
-            packer = self._structs[count] = struct.Struct("=" + self.code * count)
-        try:
-            return packer.pack(*values)
-        except struct.error as exc:
-            raise OverflowError(str(exc)) from exc
-
-
-_CODES = {
-    ("b", 1): "?",
-    **{("i", size): code for size, code in ((1, "b"), (2, "h"), (4, "i"), (8, "q"))},
-    **{("u", size): code for size, code in ((1, "B"), (2, "H"), (4, "I"), (8, "Q"))},
-    ("f", 8): "d",
-}
-"""The struct code of each numpy (kind, size) whose values struct packs bit for bit as numpy
-stores them: not float16/float32 (struct goes through a Python float, which quiets a signalling
-NaN), nor complex or longdouble."""
-
-
-_PACKERS: dict[tuple[tuple[Any, ...], tuple[type, ...]], _Packer] = {}
-
-
-def info_columns(infos: dict[int, dict[str, Any]]) -> Columns | None:
-    """The non-empty ``infos`` of one reply as columns, or ``None`` when they are not
-    all the same keys, in the same order, each a plain scalar of one type per key (those go as
-    dicts: merged env by env, they give what ``_add_info`` gives, errors included)."""
-    first = next(iter(infos.values()))
-    keys = tuple(first)
-    types = tuple(map(type, first.values()))
-    packer = _PACKERS.get((keys, types))
-    if packer is None:
-        if not keys or "final_obs" in keys:  # an object array in Gymnasium, whatever its value
-            return None
-        if not all(map(_plain, types)):
-            return None
-        if len(_PACKERS) > 256:
-            _PACKERS.clear()
-        packer = _PACKERS[keys, types] = _Packer(keys, types)
-    get = packer.get
-    dicts = infos.values()
-    for info in dicts:
-        if tuple(info) != keys:
-            return None
-    if packer.width == 1:
-        values = list(map(get, dicts))
-    else:
-        values = [value for info in dicts for value in get(info)]
-    if list(map(type, values)) != list(types) * len(infos):
-        return None
-    try:
-        data = packer.pack(values, len(infos))
-    except (OverflowError, ValueError, TypeError):  # an int past int64: _add_info raises it
-        return None
-    return tuple(infos), packer.blob, data
-
-
-def column_dicts(columns: Columns) -> dict[int, dict[str, Any]]:
-    """``columns`` turned back into the dicts :func:`info_columns` took them from."""
-    env_ids, blob, data = columns
-    keys, types = layout_of(blob)
-    records = np.frombuffer(data, dtype=_record(types))
-    return {i: _as_dict(keys, types, record) for i, record in zip(env_ids, records, strict=True)}
-
-
-def _as_dict(keys: tuple[Any, ...], types: tuple[type, ...], record: Any) -> dict[str, Any]:
-    """One record as the info it was: plain Python scalars stay Python scalars."""
-    return {
-        key: record[k].item() if kind in _SCALARS else record[k]
-        for k, (key, kind) in enumerate(zip(keys, types, strict=True))
-    }
 
 
 class InfoTable:
@@ -360,7 +196,7 @@ class InfoTable:
             return None
         self._has[i] = False
         assert self._layout is not None
-        return _as_dict(*self._layout, self._records[i])
+        return info_dict(*self._layout, self._records[i])
 
     def _relayout(self, layout: Layout) -> None:
         """Switch to ``layout``: the records waiting become dicts."""
@@ -370,7 +206,7 @@ class InfoTable:
                 assert info is not None
                 self._dicts[i] = info
         self._layout = layout
-        self._records = np.zeros(self._num_envs, dtype=_record(layout[1]))
+        self._records = np.zeros(self._num_envs, dtype=record_dtype(layout[1]))
         self._bytes = self._records.view(np.uint8).reshape(self._num_envs, -1)
         self._memory = self._records.view(np.uint8).data
         self._size = self._records.dtype.itemsize
@@ -387,12 +223,4 @@ def _rows(env_ids: tuple[int, ...]) -> slice | np.ndarray:
     return np.array(env_ids, dtype=np.intp)
 
 
-__all__ = [
-    "Columns",
-    "InfoTable",
-    "Layout",
-    "column_dicts",
-    "info_columns",
-    "layout_of",
-    "merge_infos",
-]
+__all__ = ["InfoTable", "merge_infos"]

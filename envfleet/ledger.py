@@ -30,11 +30,12 @@ from __future__ import annotations
 import enum
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
+from envfleet.info_columns import BatchedInfos, Columns
 from envfleet.protocol import Close, Command, EnvCommand, Reply, Sample, Step, ValueCommand
 from envfleet.stats import StatsRecorder
 
@@ -62,8 +63,14 @@ class Ledger:
         stats: where busy and reply times go (:meth:`envfleet.Pool.stats`).
     """
 
-    def __init__(self, assignment: Sequence[tuple[int, ...]], stats: StatsRecorder) -> None:
+    def __init__(
+        self,
+        assignment: Sequence[tuple[int, ...]],
+        stats: StatsRecorder,
+        columns: Callable[[Columns], None] | None = None,
+    ) -> None:
         self.assignment = [tuple(ids) for ids in assignment]
+        self._columns = columns  # where infos that came as arrays go as columns: the batch's
         self.num_envs = sum(len(ids) for ids in self.assignment)
         self.num_workers = len(self.assignment)
         self.worker_of = np.empty(self.num_envs, dtype=np.intp)
@@ -266,7 +273,10 @@ class Ledger:
         ids = command.env_ids
         self.in_flight -= len(ids)
         if reply is not None and reply.infos:
-            self.infos.update(reply.infos)
+            if self._columns is not None and isinstance(reply.infos, BatchedInfos):
+                self._columns(reply.infos.columns())  # no dict per env
+            else:
+                self.infos.update(reply.infos)
         if reply is None or not reply.failures:  # every env delivered: the common case
             self.state[self.index(ids)] = _READY
             self.ready.extend(ids)

@@ -56,7 +56,7 @@ class Parts:
         ``transport``; ``recovery_settings``: :class:`Recovery`'s keyword arguments."""
         num_envs = sum(len(ids) for ids in assignment)
         stats = StatsRecorder([tuple(ids) for ids in assignment], num_envs)
-        ledger = Ledger(assignment, stats)
+        ledger = Ledger(assignment, stats, transport.batch.infos.put)
         recovery = Recovery(ledger, env_name=env_name, **recovery_settings)
         dispatch = Dispatch(transport, ledger, recovery, env_name, face._gather)
         life = Lifecycle(env_name, dispatch, recovery)

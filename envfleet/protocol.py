@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pickle
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -152,7 +152,7 @@ class Reply:
     """What a group sends back for one command."""
 
     env_ids: tuple[int, ...] = ()
-    infos: dict[int, dict[str, Any]] | None = None  # only the non-empty ones
+    infos: Mapping[int, dict[str, Any]] | None = None  # only the non-empty ones
     rows: Rows | None = None  # the results themselves, when the transport ships them
     values: dict[int, Any] | None = None  # results of call/get_attr, per env
     failures: tuple[EnvFailure, ...] = ()

@@ -25,7 +25,7 @@ import dataclasses
 import math
 import pickle
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -68,9 +68,9 @@ class Sampled:
     rewards: np.ndarray
     terminations: np.ndarray
     truncations: np.ndarray
-    infos: dict[int, dict[int, dict[str, Any]]]
+    infos: dict[int, Mapping[int, dict[str, Any]]]
     """The non-empty infos by step, then by env (steps where no env had any: absent)."""
-    reset_infos: dict[int, dict[int, dict[str, Any]]]
+    reset_infos: dict[int, Mapping[int, dict[str, Any]]]
     """DISABLED mode: the infos of the envs reset before each step, by step, then by env."""
     final_observations: Any
     """The envs' observations after the last step (their rewards and flags: the last step's)."""

@@ -28,7 +28,7 @@ import copy
 import dataclasses
 import operator
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -284,7 +284,7 @@ class Out:
 
 
 def merged(
-    per_part: list[dict[int, dict[int, dict[str, Any]]]], steps: int, n: int
+    per_part: list[dict[int, Mapping[int, dict[str, Any]]]], steps: int, n: int
 ) -> list[dict[str, Any]]:
     """Each step's infos from the parts' (by step, then env), merged Gymnasium's way."""
     merged: list[dict[str, Any]] = [{} for _ in range(steps)]
@@ -313,8 +313,10 @@ def relabelled(part: Sampled, env_ids: np.ndarray) -> Sampled:
     if not part.infos and not part.reset_infos:
         return part
 
-    def moved(infos: dict[int, dict[int, dict[str, Any]]]) -> dict[int, dict[int, dict[str, Any]]]:
-        out: dict[int, dict[int, dict[str, Any]]] = {}
+    def moved(
+        infos: dict[int, Mapping[int, dict[str, Any]]],
+    ) -> dict[int, Mapping[int, dict[str, Any]]]:
+        out: dict[int, Mapping[int, dict[str, Any]]] = {}
         for t, by_env in infos.items():
             at = np.searchsorted(env_ids, np.fromiter(by_env, np.int64, len(by_env)))
             out[t] = dict(zip(at.tolist(), by_env.values(), strict=True))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 from typing import Any
 
 import gymnasium
@@ -424,3 +425,80 @@ def test_a_workers_vector_envs_with_send_and_recv_all_get_their_actions_first(
     for k in range(2, len(want)):  # block a's envs: every step as alone
         if not isinstance(want[k], dict):
             np.testing.assert_array_equal(want[k][:2], got[k][:2], err_msg=f"item {k}")
+
+
+class PlainInfoVectorEnv(CountingVectorEnv):
+    """:class:`CountingVectorEnv` whose step infos are Atari's kind: every env holds every key,
+    arrays of plain scalars with no ``_key`` mask (kept as arrays and sent as columns)."""
+
+    def step(self, actions: Any) -> Any:
+        obs, rewards, terminations, truncations, _ = super().step(actions)
+        infos = {
+            "lives": (3 - self.t % 3).astype(np.int32),
+            "frame": self.base + self.t,
+            "score": (self.t / 4).astype(np.float32),
+        }
+        return obs, rewards, terminations, truncations, infos
+
+
+def plain_infos(num_envs: int, **kwargs: Any) -> VectorEnv[Any, Any, Any]:
+    return PlainInfoVectorEnv(num_envs, **kwargs)
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["plain", "beside-masked"])
+def test_plain_array_infos_are_those_of_the_vector_envs_alone(backend: str, mixed: bool) -> None:
+    """Infos of unmasked arrays (sent as columns, no dict per env) are, key for key and dtype
+    for dtype, what the VectorEnvs alone give, two to a worker; beside a VectorEnv whose infos
+    have masks, each env's own, merged Gymnasium's way; and in a rollout, step by step."""
+    fns = [functools.partial(plain_infos, 2), functools.partial(plain_infos, 3, length=3)]
+    if mixed:
+        fns.append(functools.partial(counting, 2))
+    workers = {} if backend == "serial" else {"num_workers": 1 if mixed else 2}
+    alone = Alone([fn() for fn in fns])
+    want = run(alone, alone.sizes, seed=5)
+    with envfleet.make(vector_env_fns=fns, backend=backend, seed=5, **workers) as pool:
+        got = run(pool, alone.sizes, seed=5)
+        assert_same(want, got)
+        assert got[6]["lives"].dtype == np.int32 and got[6]["score"].dtype == np.float32
+        out = pool.rollout(envfleet.RandomPolicy(pool.single_action_space, seed=0), 9)
+    obs = want[-5]  # where the pool stood: the last step's observations
+    for t in range(9):
+        np.testing.assert_array_equal(out.observations[t], obs, err_msg=f"step {t}")
+        obs, rewards, _, _, infos = alone.step(out.actions[t])
+        np.testing.assert_array_equal(out.rewards[t], rewards)
+        assert_same([infos], [out.infos[t]])
+
+
+def test_batched_infos_read_as_unbatched_and_travel_as_the_same_columns() -> None:
+    """A VectorEnv's unmasked arrays read as the dicts unbatching gives (values and types),
+    pickle, join, and make exactly the columns :func:`info_columns` makes of those dicts;
+    anything else (a mask, another length, bools, objects, ``final_obs``) is left to
+    unbatching."""
+    from envfleet.info_columns import BatchedInfos, info_columns
+
+    arrays = {"lives": np.array([3, 2, 1], np.int32), "frame": np.array([7, 8, 9], np.int64)}
+    batched = BatchedInfos.of((4, 5, 6), arrays)
+    assert batched is not None
+    dicts = {4 + j: info for j, info in unbatch_infos(arrays, 3).items()}
+    assert dict(batched) == dicts and batched == dicts and pickle.loads(pickle.dumps(batched))
+    assert [type(v) for v in batched[5].values()] == [np.int32, np.int64]
+    assert batched.columns() == info_columns(dicts)
+    arrays["lives"][0] = 0  # the VectorEnv's next step: the infos kept are their own
+    assert batched[4]["lives"] == 3
+    more = BatchedInfos.of((7,), {"lives": np.array([5], np.int32), "frame": np.array([1])})
+    assert more is not None
+    joined = BatchedInfos.join([batched, more])
+    assert joined is not None and dict(joined) == {**dicts, 7: more[7]}
+    assert joined.columns() == info_columns(dict(joined))
+    other = BatchedInfos.of((7,), {"lives": np.array([5], np.int64), "frame": np.array([1])})
+    assert other is not None and BatchedInfos.join([batched, other]) is None
+    for refused in (
+        {"a": np.ones(3), "_a": np.ones(3, bool)},
+        {"a": np.ones(2)},
+        {"a": np.ones(3, bool)},
+        {"a": np.array([None] * 3)},
+        {"final_obs": np.ones(3)},
+        {"a": [1, 2, 3]},
+        {},
+    ):
+        assert BatchedInfos.of((0, 1, 2), refused) is None, refused

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 import envfleet
 from envfleet.backends.contract import framing
 from envfleet.errors import Phase
-from envfleet.infos import InfoTable, column_dicts, info_columns, layout_of, merge_infos
+from envfleet.info_columns import column_dicts, info_columns, layout_of
+from envfleet.infos import InfoTable, merge_infos
 from envfleet.protocol import EnvFailure, Reply
 from tests.test_equivalence import MODES, NUM_ENVS, Case, Record, assert_same_run, drive
 from tests.test_infos import assert_same, gymnasium_infos

@@ -25,7 +25,7 @@ from envfleet.backends.nodes import wire as node_wire
 from envfleet.backends.nodes.link import NodeLink
 from envfleet.backends.nodes.server import NodeServer
 from envfleet.buffers import Batch
-from envfleet.infos import info_columns
+from envfleet.info_columns import info_columns
 from envfleet.protocol import Command, Reply, Sample, Step
 from envfleet.rollout_loop import Sampled
 from tests.test_infos import assert_same, gymnasium_infos

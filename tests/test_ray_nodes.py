@@ -41,7 +41,7 @@ from envfleet.backends.nodes.placement import place
 from envfleet.backends.nodes.transport import NodeTransport
 from envfleet.backends.ray.options import RayOptions
 from envfleet.backends.ray.transport import RayTransport
-from envfleet.infos import column_dicts, info_columns
+from envfleet.info_columns import column_dicts, info_columns
 from tests import timing
 from tests.ray_helpers import no_node_leaks
 from tests.test_equivalence import NUM_ENVS as EQUIVALENCE_ENVS

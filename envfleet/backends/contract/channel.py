@@ -31,7 +31,7 @@ from envfleet.backends.contract.framing import (
 )
 from envfleet.backends.contract.landing import widen
 from envfleet.backends.contract.replies import as_columns, plain, undecodable, unpicklable
-from envfleet.infos import Columns
+from envfleet.info_columns import Columns
 from envfleet.protocol import Close, Command, Group, Reply
 from envfleet.worker import serve
 

@@ -29,7 +29,7 @@ import numpy as np
 from envfleet import out_of_band
 from envfleet.backends.contract.landing import IOV_MAX, PARTS, Landing, ReplyPickler, encode_parts
 from envfleet.backends.contract.replies import as_columns, plain, unpicklable
-from envfleet.infos import Columns, column_dicts
+from envfleet.info_columns import Columns, column_dicts
 from envfleet.protocol import Reply
 from envfleet.recycling import Recycler
 from envfleet.rollout_loop import Sampled
@@ -63,7 +63,7 @@ COLUMNS = 2
 """Tag of a framed reply that carries nothing but infos as columns, with no pickle to read: a
 length, then :data:`_COLUMNS_HEAD` (how many env ids the reply names, how many the columns name,
 0 when the same ones, the layout's length), the env ids as 4-byte unsigned ints, the layout
-and the records (:data:`~envfleet.infos.Columns`)."""
+and the records (:data:`~envfleet.info_columns.Columns`)."""
 BUFFERS = 3
 """Tag of a framed reply whose large buffers follow its pickle: a length, then the pickle's
 length, the pickle, the count of buffers, their lengths, and each buffer 16-byte aligned in the
@@ -123,9 +123,9 @@ def read_exact(fd: int, n: int) -> bytes:
 
 def encode_reply(reply: Reply) -> bytes | list[bytes | memoryview]:
     """A reply on the wire: one byte when plain; a :data:`COLUMNS` frame when it carries only
-    infos of plain scalars (:func:`~envfleet.infos.info_columns`); a :data:`BUFFERS` frame, as
-    pieces for one ``writev``, when it holds large arrays; else a frame (an unpicklable one
-    replaced by the failure that says so)."""
+    infos of plain scalars (:func:`~envfleet.info_columns.info_columns`); a :data:`BUFFERS`
+    frame, as pieces for one ``writev``, when it holds large arrays; else a frame (an
+    unpicklable one replaced by the failure that says so)."""
     if plain(reply):
         return PLAIN_BYTES
     columns = as_columns(reply)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from multiprocessing.reduction import ForkingPickler
 
 from envfleet.errors import Phase
-from envfleet.infos import Columns, info_columns
+from envfleet.info_columns import Columns, info_columns
 from envfleet.protocol import Command, EnvFailure, Reply
 
 __all__ = ["PickledCommands", "as_columns", "plain", "undecodable", "unpicklable"]
@@ -21,7 +21,7 @@ def plain(reply: Reply) -> bool:
 
 def as_columns(reply: Reply) -> Columns | None:
     """The reply's infos as columns when it reports nothing else and they are all plain
-    scalars (:func:`~envfleet.infos.info_columns`); ``None`` when it must travel whole."""
+    scalars (:func:`~envfleet.info_columns.info_columns`); ``None`` when it must travel whole."""
     if reply.infos and not _beyond_infos(reply):
         return info_columns(reply.infos)
     return None

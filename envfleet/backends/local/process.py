@@ -65,7 +65,7 @@ from envfleet.backends.local.spin import poll_spinning, quick, spin_seconds
 from envfleet.backends.local.worker_process import SPIN_SECONDS, WorkerProcess, worker_main
 from envfleet.backends.local.workers import await_built, wait_for_exit
 from envfleet.buffers import SharedBatch
-from envfleet.infos import Columns
+from envfleet.info_columns import Columns
 from envfleet.protocol import Close, Command, Reply, Sample
 from envfleet.rollout_loop import Sampled
 

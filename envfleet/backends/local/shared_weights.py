@@ -42,7 +42,7 @@ from collections.abc import Callable
 from envfleet.backends.contract.base import LocalPool, TransportOptions, WorkerLost
 from envfleet.backends.contract.raw_parts import recorded_arrays
 from envfleet.backends.local.process import ProcessTransport
-from envfleet.infos import Columns
+from envfleet.info_columns import Columns
 from envfleet.protocol import Command, Reply, Sample
 from envfleet.rollout_loop import Sampled
 from envfleet.shared_records import RecordRef, record_ref

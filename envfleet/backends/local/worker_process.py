@@ -33,7 +33,7 @@ from envfleet.backends.local.lifeline import die_with_parent
 from envfleet.buffers import SharedBatch
 from envfleet.errors import Phase
 from envfleet.guards import claim_base_exceptions
-from envfleet.infos import Columns
+from envfleet.info_columns import Columns
 from envfleet.protocol import Command, EnvFailure, Reply
 from envfleet.worker import start_group
 

@@ -44,7 +44,7 @@ from envfleet.backends.nodes.placement import alive_nodes, node_cpus
 from envfleet.backends.nodes.server import NodeServer
 from envfleet.backends.nodes.wire import Portable, portable
 from envfleet.errors import EnvError
-from envfleet.infos import Columns
+from envfleet.info_columns import Columns
 
 DEFAULT_CONTEXT = "forkserver"
 """How the agent starts its worker processes: a Ray worker runs threads, which ``fork`` would

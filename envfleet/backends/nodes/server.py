@@ -42,7 +42,7 @@ from envfleet.backends.nodes.compression import Codec
 from envfleet.backends.nodes.frames import Frames, Message, send
 from envfleet.buffers import ObjectRows
 from envfleet.errors import EnvError
-from envfleet.infos import Columns
+from envfleet.info_columns import Columns
 from envfleet.protocol import Command, Reply, Rows, Sample
 from envfleet.recycling import Recycler
 from envfleet.rollout_loop import Sampled, placed, record_arrays

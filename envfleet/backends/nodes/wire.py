@@ -30,7 +30,7 @@ same way). Spaces that are not arrays (pickled path) carry their observations in
 part instead. With ``compress=``, the rows of each image field
 (:mod:`envfleet.backends.nodes.compression`) travel instead as one compressed block, its length
 (8 bytes) first. Infos that the workers sent as columns
-(:func:`~envfleet.infos.info_columns`: one record per env) travel as they came, those of one
+(:func:`~envfleet.info_columns.info_columns`: one record per env) travel as they came, those of one
 layout joined (:func:`join_columns`), and go into the pool's
 :class:`~envfleet.infos.InfoTable` with no Python per env; other infos are the replies' dicts.
 In the general answer to a rollout, the parts' recorded arrays travel in the frame after it
@@ -52,7 +52,7 @@ import numpy as np
 
 from envfleet import out_of_band as apart
 from envfleet.errors import EnvError, EnvTimeoutError, WorkerDiedError
-from envfleet.infos import Columns
+from envfleet.info_columns import Columns
 from envfleet.protocol import Command, EnvFailure, Sample
 
 REPEAT = b"R"

@@ -14,6 +14,7 @@ import mmap
 import os
 import shutil
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 import cloudpickle
@@ -32,7 +33,7 @@ from envfleet.protocol import Command, EnvCommand, Group, Reply, Rows
 from envfleet.worker import run_command, start_group
 
 Packed = tuple[
-    np.ndarray, Any, np.ndarray, np.ndarray, np.ndarray, "dict[int, dict[str, Any]] | None"
+    np.ndarray, Any, np.ndarray, np.ndarray, np.ndarray, "Mapping[int, dict[str, Any]] | None"
 ]
 """A step's or reset's reply with nothing but results: ``(env_ids, observations, rewards,
 terminations, truncations, infos)``, rows in ``env_ids`` order."""
