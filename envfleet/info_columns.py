@@ -174,11 +174,31 @@ class BatchedInfos(Mapping[int, dict[str, Any]]):
     __slots__ = ("_arrays", "_at", "env_ids", "keys_")
 
     def __init__(
-        self, env_ids: tuple[int, ...], keys: tuple[str, ...], arrays: list[np.ndarray]
+        self,
+        env_ids: tuple[int, ...],
+        keys: tuple[str, ...],
+        arrays: list[np.ndarray],
+        copy: bool = True,
     ) -> None:
         self.env_ids, self.keys_ = env_ids, keys
-        self._arrays = [np.array(array, copy=True) for array in arrays]
+        self._arrays = [np.array(array, copy=True) for array in arrays] if copy else arrays
         self._at: dict[int, int] | None = None
+
+    def relabelled(self, env_ids: tuple[int, ...]) -> BatchedInfos:
+        """The same infos under other ids (a rollout's columns), in the same order."""
+        return BatchedInfos(env_ids, self.keys_, self._arrays, copy=False)
+
+    def stacked(self, size: int) -> dict[str, Any] | None:
+        """Gymnasium's batch of these infos when they are envs ``0 .. size - 1`` in order
+        (a column and an all-True mask per key, as merging the dicts would give); else
+        ``None``."""
+        if self.env_ids != tuple(range(size)):
+            return None
+        infos: dict[str, Any] = {}
+        for key, array in zip(self.keys_, self._arrays, strict=True):
+            infos[key] = array.copy()
+            infos[f"_{key}"] = np.ones(size, dtype=np.bool_)
+        return infos
 
     @staticmethod
     def of(env_ids: tuple[int, ...], infos: Mapping[str, Any]) -> BatchedInfos | None:
@@ -214,7 +234,7 @@ class BatchedInfos(Mapping[int, dict[str, Any]]):
                 return None
         env_ids = tuple(i for part in parts for i in part.env_ids)
         columns = [np.concatenate([p._arrays[k] for p in parts]) for k in range(len(kinds))]
-        return BatchedInfos(env_ids, first.keys_, columns)
+        return BatchedInfos(env_ids, first.keys_, columns, copy=False)
 
     def columns(self) -> Columns:
         """The infos as :func:`info_columns` makes them of the dicts: one record per env."""
@@ -237,7 +257,7 @@ class BatchedInfos(Mapping[int, dict[str, Any]]):
         return len(self.env_ids)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return BatchedInfos, (self.env_ids, self.keys_, self._arrays)
+        return BatchedInfos, (self.env_ids, self.keys_, self._arrays, False)
 
 
 def column_dicts(columns: Columns) -> dict[int, dict[str, Any]]:

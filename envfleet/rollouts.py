@@ -30,13 +30,14 @@ import operator
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import cloudpickle
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import concatenate, create_empty_array
 
+from envfleet.info_columns import BatchedInfos
 from envfleet.infos import merge_infos
 from envfleet.rollout_loop import Sampled, placed, record_arrays, tree
 
@@ -289,6 +290,14 @@ def merged(
     """Each step's infos from the parts' (by step, then env), merged Gymnasium's way."""
     merged: list[dict[str, Any]] = [{} for _ in range(steps)]
     for t in sorted({t for infos in per_part for t in infos}):
+        arrays = [infos[t] for infos in per_part if t in infos]
+        if all(isinstance(a, BatchedInfos) for a in arrays):  # a hosted VectorEnv's, each
+            batched = sorted(cast(list[BatchedInfos], arrays), key=lambda a: a.env_ids[0])
+            joined = BatchedInfos.join(batched)
+            stacked = joined.stacked(n) if joined is not None else None
+            if stacked is not None:
+                merged[t] = stacked
+                continue
         pairs: list[tuple[dict[str, Any] | None, int]] = sorted(
             ((info, i) for infos in per_part for i, info in infos.get(t, {}).items() if info),
             key=operator.itemgetter(1),
@@ -317,9 +326,17 @@ def relabelled(part: Sampled, env_ids: np.ndarray) -> Sampled:
         infos: dict[int, Mapping[int, dict[str, Any]]],
     ) -> dict[int, Mapping[int, dict[str, Any]]]:
         out: dict[int, Mapping[int, dict[str, Any]]] = {}
+        places: dict[tuple[int, ...], tuple[int, ...]] = {}  # by a step's env ids: columns
         for t, by_env in infos.items():
-            at = np.searchsorted(env_ids, np.fromiter(by_env, np.int64, len(by_env)))
-            out[t] = dict(zip(at.tolist(), by_env.values(), strict=True))
+            if isinstance(by_env, BatchedInfos):  # its arrays as they are, under their columns
+                at = places.get(by_env.env_ids)
+                if at is None:
+                    found = np.searchsorted(env_ids, np.array(by_env.env_ids, np.int64))
+                    at = places[by_env.env_ids] = tuple(found.tolist())
+                out[t] = by_env.relabelled(at)
+                continue
+            found = np.searchsorted(env_ids, np.fromiter(by_env, np.int64, len(by_env)))
+            out[t] = dict(zip(found.tolist(), by_env.values(), strict=True))
         return out
 
     return dataclasses.replace(part, infos=moved(part.infos), reset_infos=moved(part.reset_infos))

@@ -445,18 +445,25 @@ def plain_infos(num_envs: int, **kwargs: Any) -> VectorEnv[Any, Any, Any]:
     return PlainInfoVectorEnv(num_envs, **kwargs)
 
 
-@pytest.mark.parametrize("mixed", [False, True], ids=["plain", "beside-masked"])
-def test_plain_array_infos_are_those_of_the_vector_envs_alone(backend: str, mixed: bool) -> None:
+@pytest.mark.parametrize(
+    ("mixed", "workers"),
+    [(False, 2), (True, 1), (True, 2)],
+    ids=["plain", "beside-masked-in-a-worker", "beside-masked-in-another"],
+)
+def test_plain_array_infos_are_those_of_the_vector_envs_alone(
+    backend: str, mixed: bool, workers: int
+) -> None:
     """Infos of unmasked arrays (sent as columns, no dict per env) are, key for key and dtype
-    for dtype, what the VectorEnvs alone give, two to a worker; beside a VectorEnv whose infos
-    have masks, each env's own, merged Gymnasium's way; and in a rollout, step by step."""
+    for dtype, what the VectorEnvs alone give, one or two to a worker; beside a VectorEnv whose
+    infos have masks (in the same worker, or another), each env's own, merged Gymnasium's way;
+    and in a rollout, step by step."""
     fns = [functools.partial(plain_infos, 2), functools.partial(plain_infos, 3, length=3)]
     if mixed:
         fns.append(functools.partial(counting, 2))
-    workers = {} if backend == "serial" else {"num_workers": 1 if mixed else 2}
+    layout = {} if backend == "serial" else {"num_workers": workers}  # serial: one worker
     alone = Alone([fn() for fn in fns])
     want = run(alone, alone.sizes, seed=5)
-    with envfleet.make(vector_env_fns=fns, backend=backend, seed=5, **workers) as pool:
+    with envfleet.make(vector_env_fns=fns, backend=backend, seed=5, **layout) as pool:
         got = run(pool, alone.sizes, seed=5)
         assert_same(want, got)
         assert got[6]["lives"].dtype == np.int32 and got[6]["score"].dtype == np.float32
