@@ -159,19 +159,22 @@ def info_columns(infos: Mapping[int, dict[str, Any]]) -> Columns | None:
 
 
 class BatchedInfos(Mapping[int, dict[str, Any]]):
-    """A hosted VectorEnv's infos of one step, every env holding every key (arrays with no
-    ``_key`` mask: Atari's lives and frame numbers), kept as its arrays: read as a dict per env
-    (``value[j]`` for each key, what unbatching gives), and sent as columns (:meth:`columns`)
-    with no Python per env.
+    """Infos of one step that every env fills alike, kept as one array per key: a hosted
+    VectorEnv's (arrays with no ``_key`` mask: Atari's lives and frame numbers), or the dicts of
+    a rollout's step of single envs (:meth:`of_dicts`). Read as a dict per env (what unbatching,
+    or the dicts, gave: each value of the type it had), sent as columns (:meth:`columns`), and
+    stacked into Gymnasium's batch (:meth:`stacked`), with no Python per env.
 
     Args:
         env_ids: the envs, in the arrays' order.
         keys: the infos' keys, in their order.
-        arrays: one array per key, ``len(env_ids)`` values each (copied: a VectorEnv may write
-            the next step's into the same arrays).
+        arrays: one array per key, ``len(env_ids)`` values each (copied unless ``copy`` is
+            false: a VectorEnv may write the next step's into the same arrays).
+        types: each key's values' type (a Python scalar type, read back as one); by default
+            the arrays' numpy types.
     """
 
-    __slots__ = ("_arrays", "_at", "env_ids", "keys_")
+    __slots__ = ("_arrays", "_at", "_types", "env_ids", "keys_")
 
     def __init__(
         self,
@@ -179,26 +182,12 @@ class BatchedInfos(Mapping[int, dict[str, Any]]):
         keys: tuple[str, ...],
         arrays: list[np.ndarray],
         copy: bool = True,
+        types: tuple[type, ...] | None = None,
     ) -> None:
         self.env_ids, self.keys_ = env_ids, keys
         self._arrays = [np.array(array, copy=True) for array in arrays] if copy else arrays
+        self._types = types or tuple(array.dtype.type for array in self._arrays)
         self._at: dict[int, int] | None = None
-
-    def relabelled(self, env_ids: tuple[int, ...]) -> BatchedInfos:
-        """The same infos under other ids (a rollout's columns), in the same order."""
-        return BatchedInfos(env_ids, self.keys_, self._arrays, copy=False)
-
-    def stacked(self, size: int) -> dict[str, Any] | None:
-        """Gymnasium's batch of these infos when they are envs ``0 .. size - 1`` in order
-        (a column and an all-True mask per key, as merging the dicts would give); else
-        ``None``."""
-        if self.env_ids != tuple(range(size)):
-            return None
-        infos: dict[str, Any] = {}
-        for key, array in zip(self.keys_, self._arrays, strict=True):
-            infos[key] = array.copy()
-            infos[f"_{key}"] = np.ones(size, dtype=np.bool_)
-        return infos
 
     @staticmethod
     def of(env_ids: tuple[int, ...], infos: Mapping[str, Any]) -> BatchedInfos | None:
@@ -223,22 +212,51 @@ class BatchedInfos(Mapping[int, dict[str, Any]]):
         return BatchedInfos(env_ids, tuple(keys), arrays) if keys else None
 
     @staticmethod
+    def of_dicts(infos: Mapping[int, dict[str, Any]]) -> BatchedInfos | None:
+        """Envs' dicts kept as arrays where :func:`info_columns` takes them as columns (the
+        same keys, each a plain scalar of one type); else ``None``."""
+        columns = info_columns(infos)
+        if columns is None:
+            return None
+        env_ids, blob, data = columns
+        keys, types = layout_of(blob)
+        records = np.frombuffer(data, dtype=record_dtype(types))
+        arrays = [records[f"f{k}"] for k in range(len(keys))]
+        return BatchedInfos(env_ids, keys, arrays, copy=False, types=types)
+
+    @staticmethod
     def join(parts: list[BatchedInfos]) -> BatchedInfos | None:
-        """``parts`` (of other envs each) as one, where they have the same keys and dtypes."""
+        """``parts`` (of other envs each) as one, where they have the same keys and types."""
         first = parts[0]
         if len(parts) == 1:
             return first
-        kinds = [array.dtype for array in first._arrays]
         for part in parts[1:]:
-            if part.keys_ != first.keys_ or [a.dtype for a in part._arrays] != kinds:
+            if part.keys_ != first.keys_ or part._types != first._types:
                 return None
         env_ids = tuple(i for part in parts for i in part.env_ids)
-        columns = [np.concatenate([p._arrays[k] for p in parts]) for k in range(len(kinds))]
-        return BatchedInfos(env_ids, first.keys_, columns, copy=False)
+        count = range(len(first.keys_))
+        columns = [np.concatenate([p._arrays[k] for p in parts]) for k in count]
+        return BatchedInfos(env_ids, first.keys_, columns, copy=False, types=first._types)
+
+    def relabelled(self, env_ids: tuple[int, ...]) -> BatchedInfos:
+        """The same infos under other ids (a rollout's columns), in the same order."""
+        return BatchedInfos(env_ids, self.keys_, self._arrays, copy=False, types=self._types)
+
+    def stacked(self, size: int) -> dict[str, Any] | None:
+        """Gymnasium's batch of these infos when they are envs ``0 .. size - 1`` in order
+        (a column and an all-True mask per key, as merging the dicts would give); else
+        ``None``."""
+        if self.env_ids != tuple(range(size)):
+            return None
+        infos: dict[str, Any] = {}
+        for key, array, kind in zip(self.keys_, self._arrays, self._types, strict=True):
+            infos[key] = array.astype(kind)  # a copy, of the dtype merging gives
+            infos[f"_{key}"] = np.ones(size, dtype=np.bool_)
+        return infos
 
     def columns(self) -> Columns:
         """The infos as :func:`info_columns` makes them of the dicts: one record per env."""
-        types = tuple(array.dtype.type for array in self._arrays)
+        types = self._types
         records = np.empty(len(self.env_ids), dtype=record_dtype(types))
         for k, array in enumerate(self._arrays):
             records[f"f{k}"] = array
@@ -248,7 +266,10 @@ class BatchedInfos(Mapping[int, dict[str, Any]]):
         if self._at is None:
             self._at = {i: j for j, i in enumerate(self.env_ids)}
         j = self._at[env]
-        return {key: array[j] for key, array in zip(self.keys_, self._arrays, strict=True)}
+        return {
+            key: array[j].item() if kind in SCALARS else array[j]
+            for key, array, kind in zip(self.keys_, self._arrays, self._types, strict=True)
+        }
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.env_ids)
@@ -257,7 +278,7 @@ class BatchedInfos(Mapping[int, dict[str, Any]]):
         return len(self.env_ids)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return BatchedInfos, (self.env_ids, self.keys_, self._arrays, False)
+        return BatchedInfos, (self.env_ids, self.keys_, self._arrays, False, self._types)
 
 
 def column_dicts(columns: Columns) -> dict[int, dict[str, Any]]:

@@ -37,6 +37,7 @@ from gymnasium.vector.utils import batch_space, create_empty_array, iterate
 from envfleet.buffers import put, take
 from envfleet.errors import Phase
 from envfleet.guards import env_errors
+from envfleet.info_columns import BatchedInfos
 from envfleet.protocol import EnvFailure, Group, Reply, Sample
 from envfleet.recycling import Recycler
 from envfleet.shared_records import recorded_views
@@ -263,8 +264,10 @@ def sample(group: Group, command: Sample) -> Reply:
         rewards.into(record.rewards[t])
         terminations.into(record.terminations[t])
         truncations.into(record.truncations[t])
-        if reply.infos:
-            record.infos[t] = reply.infos
+        if reply.infos:  # every env's alike: as arrays (the pool stacks them, no dict per env)
+            infos = reply.infos
+            arrays = None if isinstance(infos, BatchedInfos) else BatchedInfos.of_dicts(infos)
+            record.infos[t] = infos if arrays is None else arrays
         record.steps = t + 1
     done = record.steps
     if record.in_place:  # the pool has them: none travels
