@@ -34,7 +34,8 @@ from envfleet.lifecycle import Lifecycle
 from envfleet.protocol import EnvFailure, Reply, Sample
 from envfleet.recovery import Recovery
 from envfleet.rollout_loop import Sampled
-from envfleet.rollouts import Out, Policy, Rollout, columns, relabelled
+from envfleet.rollouts import Out, Policy, Rollout, relabelled
+from envfleet.row_access import block_rows
 from envfleet.shipping import Shipper
 from envfleet.stats import StatsRecorder
 from envfleet.validation import check_env_ids
@@ -314,7 +315,7 @@ class PoolRollouts:
         obs_space, act_space = self._observation_space, self._action_space
         batch, needs_reset = self._batch, self._episodes.needs_reset
         for part, got in parts:  # the pool's rows: where each env stands now
-            rows = columns(self._ledger.index(part.env_ids))
+            rows = block_rows(self._ledger.index(part.env_ids))
             put(obs_space, batch.observations, rows, got.final_observations)
             if got.steps:  # else its rows are as they were
                 batch.rewards[rows] = got.rewards[-1]

@@ -40,6 +40,7 @@ from envfleet.guards import env_errors
 from envfleet.info_columns import BatchedInfos
 from envfleet.protocol import EnvFailure, Group, Reply, Sample
 from envfleet.recycling import Recycler
+from envfleet.row_access import BlockRows, block_rows
 from envfleet.shared_records import recorded_views
 from envfleet.validation import check_actions, keeps_dtype
 from envfleet.weight_frames import code as code_of
@@ -206,12 +207,12 @@ def sample(group: Group, command: Sample) -> Reply:
     into_record = isinstance(batch.observations, np.ndarray) and isinstance(
         record.observations, np.ndarray
     )
-    rows = _rows(index)
+    rows = block_rows(index)
     shape = (count, *(act_space.shape or ())) if flat else None
     actions_rows = batch.actions[rows] if flat and isinstance(rows, slice) else None
-    obs_rows = _Rows(batch.observations, rows) if into_record else None
-    rewards, terminations = _Rows(batch.rewards, rows), _Rows(batch.terminations, rows)
-    truncations = _Rows(batch.truncations, rows)
+    obs_rows = BlockRows(batch.observations, rows) if into_record else None
+    rewards, terminations = BlockRows(batch.rewards, rows), BlockRows(batch.terminations, rows)
+    truncations = BlockRows(batch.truncations, rows)
     for t in range(steps):
         if policy is None:
             break
@@ -322,33 +323,6 @@ def _in_place(
         return None
     laid_out = _laid_out(obs_space, act_space, views, cuts)
     return Sampled(command.env_ids, 0, *laid_out, {}, {}, None, in_place=True)
-
-
-def _rows(index: np.ndarray) -> slice | np.ndarray:
-    """``index`` (a part's env ids, rows of the batch) as a slice where they are consecutive
-    (a worker's block, as a rule: its rows then are views, copied without a gather)."""
-    spans = index.size and int(index[-1]) - int(index[0]) == index.size - 1
-    if spans and (index.size < 3 or bool((np.diff(index) == 1).all())):
-        return slice(int(index[0]), int(index[-1]) + 1)
-    return index
-
-
-class _Rows:
-    """A batch array's rows of a part (:func:`_rows`), copied out at each step: from a view
-    made once where they are a slice, else gathered."""
-
-    __slots__ = ("index", "source", "view")
-
-    def __init__(self, source: np.ndarray, rows: slice | np.ndarray) -> None:
-        self.source = source
-        self.index = rows if isinstance(rows, np.ndarray) else None
-        self.view = source[rows] if self.index is None else source[:0]
-
-    def into(self, out: np.ndarray) -> None:
-        if self.index is None:
-            out[...] = self.view
-        else:
-            np.take(self.source, self.index, axis=0, out=out, mode="clip")
 
 
 def _set_step(space: spaces.Space[Any], record: Any, t: int, value: Any) -> None:

@@ -307,15 +307,6 @@ def merged(
     return merged
 
 
-def columns(env_ids: np.ndarray) -> slice | np.ndarray:
-    """``env_ids`` (an index array) as a slice when consecutive (views, not copies), else as
-    they are."""
-    first, last = int(env_ids[0]), int(env_ids[-1])
-    if last - first + 1 == len(env_ids) and (len(env_ids) < 3 or (np.diff(env_ids) == 1).all()):
-        return slice(first, last + 1)
-    return env_ids
-
-
 def relabelled(part: Sampled, env_ids: np.ndarray) -> Sampled:
     """``part`` with its infos under their columns in the rollout (positions in ``env_ids``,
     sorted, not env ids); ``part`` itself when it has none."""
@@ -342,4 +333,4 @@ def relabelled(part: Sampled, env_ids: np.ndarray) -> Sampled:
     return dataclasses.replace(part, infos=moved(part.infos), reset_infos=moved(part.reset_infos))
 
 
-__all__ = ["Out", "Policy", "RandomPolicy", "Rollout", "columns", "relabelled"]
+__all__ = ["Out", "Policy", "RandomPolicy", "Rollout", "relabelled"]

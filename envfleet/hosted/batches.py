@@ -12,6 +12,7 @@ from gymnasium import spaces
 from gymnasium.vector import VectorEnv
 
 from envfleet.buffers import Batch, is_array_space, view_rows
+from envfleet.info_columns import BatchedInfos
 
 
 def sends(venv: Any) -> bool:
@@ -92,6 +93,38 @@ def unbatch_infos(infos: Mapping[str, Any], n: int) -> dict[int, dict[str, Any]]
     return dict(sorted(out.items()))
 
 
+def take_infos(
+    info: Mapping[str, Any],
+    ids: tuple[int, ...],
+    infos: dict[int, Any],
+    batched: list[BatchedInfos],
+) -> None:
+    """A block's (envs ``ids``) infos of a step: kept as arrays in ``batched`` where every env
+    fills them alike (:class:`~envfleet.info_columns.BatchedInfos`), else a dict per env that
+    has any into ``infos``."""
+    arrays = BatchedInfos.of(ids, info)
+    if arrays is not None:
+        batched.append(arrays)
+        return
+    for j, env_info in unbatch_infos(info, len(ids)).items():
+        infos[ids[0] + j] = env_info
+
+
+def step_infos(
+    infos: dict[int, Any], batched: list[BatchedInfos]
+) -> Mapping[int, dict[str, Any]] | None:
+    """A step's infos (:func:`take_infos`): those kept as arrays as one
+    :class:`~envfleet.info_columns.BatchedInfos` (sent as columns) where no env has a dict;
+    else every env's as a dict."""
+    if batched and not infos:
+        joined = BatchedInfos.join(batched)
+        if joined is not None:
+            return joined
+    for part in batched:
+        infos.update(part)
+    return infos or None
+
+
 def _unmasked_arrays(infos: Mapping[str, Any]) -> list[tuple[str, Any]] | None:
     """The infos' keys and values when each value is an array with no ``_key`` mask (every
     env has it: Atari's lives and frame numbers); ``None`` otherwise."""
@@ -105,4 +138,14 @@ def _unmasked_arrays(infos: Mapping[str, Any]) -> list[tuple[str, Any]] | None:
     return whole
 
 
-__all__ = ["block_views", "leaves", "row", "sends", "span", "unbatch_infos", "vector_call"]
+__all__ = [
+    "block_views",
+    "leaves",
+    "row",
+    "sends",
+    "span",
+    "step_infos",
+    "take_infos",
+    "unbatch_infos",
+    "vector_call",
+]

@@ -23,11 +23,12 @@ from envfleet.hosted.batches import (
     row,
     sends,
     span,
+    step_infos,
+    take_infos,
     unbatch_infos,
     vector_call,
 )
 from envfleet.hosted.recipe import RESTARTED, HostedRecipe
-from envfleet.info_columns import BatchedInfos
 from envfleet.protocol import EnvFailure, Reply
 
 
@@ -191,9 +192,8 @@ class HostedGroup:
     def step(self, env_ids: Sequence[int], actions: dict[int, Any] | None = None) -> Reply:
         """Step whole blocks with the actions in their batch rows (or ``actions``)."""
         infos: dict[int, Any] = {}
-        batched: list[BatchedInfos] = []  # blocks' infos kept as their arrays
-        failures: list[EnvFailure] = []
-        recovered: list[EnvFailure] = []
+        batched: list[Any] = []  # blocks' infos kept as their arrays (take_infos)
+        failures, recovered = list[EnvFailure](), list[EnvFailure]()
         kept: list[int] = []
         batch = self.batch
         blocks = self._blocks_of(env_ids)
@@ -233,35 +233,14 @@ class HostedGroup:
                 self._report_truncated(block, infos, kept, failures)
                 continue
             if info:
-                arrays = BatchedInfos.of(block.ids, info)
-                if arrays is not None:
-                    batched.append(arrays)
-                    continue
-                first = block.ids[0]
-                for j, env_info in unbatch_infos(info, len(block.ids)).items():
-                    infos[first + j] = env_info
+                take_infos(info, block.ids, infos, batched)
         return Reply(
             env_ids=tuple(env_ids),
-            infos=self._step_infos(infos, batched),
+            infos=step_infos(infos, batched),
             failures=tuple(failures),
             restarts=tuple(recovered),
             kept=tuple(kept),
         )
-
-    @staticmethod
-    def _step_infos(
-        infos: dict[int, Any], batched: list[BatchedInfos]
-    ) -> Mapping[int, dict[str, Any]] | None:
-        """A step's infos: those of its blocks that every env fills alike as one
-        :class:`~envfleet.info_columns.BatchedInfos` (sent as columns) where nothing else has any;
-        else every env's as a dict."""
-        if batched and not infos:
-            joined = BatchedInfos.join(batched)
-            if joined is not None:
-                return joined
-        for part in batched:
-            infos.update(part)
-        return infos or None
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Reply:
         """Call ``name`` on each hosted VectorEnv (``call`` where it has one, one value per
