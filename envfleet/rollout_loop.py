@@ -225,7 +225,7 @@ def sample(group: Group, command: Sample) -> Reply:
                     failures = reply.failures
                     break
                 if reply.infos:
-                    record.reset_infos[t] = reply.infos
+                    record.reset_infos[t] = _as_arrays(reply.infos)
         if into_record:  # straight into the record: the policy sees that row, never changed
             observations = record.observations[t]
             obs_rows.into(observations)  # type: ignore[union-attr]
@@ -265,10 +265,8 @@ def sample(group: Group, command: Sample) -> Reply:
         rewards.into(record.rewards[t])
         terminations.into(record.terminations[t])
         truncations.into(record.truncations[t])
-        if reply.infos:  # every env's alike: as arrays (the pool stacks them, no dict per env)
-            infos = reply.infos
-            arrays = None if isinstance(infos, BatchedInfos) else BatchedInfos.of_dicts(infos)
-            record.infos[t] = infos if arrays is None else arrays
+        if reply.infos:
+            record.infos[t] = _as_arrays(reply.infos)
         record.steps = t + 1
     done = record.steps
     if record.in_place:  # the pool has them: none travels
@@ -323,6 +321,14 @@ def _in_place(
         return None
     laid_out = _laid_out(obs_space, act_space, views, cuts)
     return Sampled(command.env_ids, 0, *laid_out, {}, {}, None, in_place=True)
+
+
+def _as_arrays(infos: Mapping[int, dict[str, Any]]) -> Mapping[int, dict[str, Any]]:
+    """A step's envs' infos, as arrays where every env's are alike (the pool stacks them,
+    with no dict per env: :class:`~envfleet.info_columns.BatchedInfos`)."""
+    if isinstance(infos, BatchedInfos):
+        return infos
+    return BatchedInfos.of_dicts(infos) or infos
 
 
 def _set_step(space: spaces.Space[Any], record: Any, t: int, value: Any) -> None:

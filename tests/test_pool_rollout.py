@@ -496,8 +496,8 @@ def test_a_parts_rows_are_copied_out_as_fancy_indexing_would(ids: list[int]) -> 
 
 class ScalarInfoEnv(gymnasium.Env[np.ndarray, int]):
     """Infos of plain scalars of five types every step (kept as arrays in a rollout, stacked
-    by the pool), none on reset, and none from env 0 on odd steps (those steps merge env by
-    env); episodes of ``4 + index`` steps."""
+    by the pool), none from env 0 on odd steps (those steps merge env by env), and another
+    key on reset; episodes of ``4 + index`` steps."""
 
     observation_space = gymnasium.spaces.Box(-1e6, 1e6, (2,), np.float64)
     action_space = gymnasium.spaces.Discrete(3)
@@ -508,7 +508,7 @@ class ScalarInfoEnv(gymnasium.Env[np.ndarray, int]):
     def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
         super().reset(seed=seed)
         self.t = int(self.np_random.integers(0, 5))
-        return np.array([self.index, self.t], dtype=np.float64), {}
+        return np.array([self.index, self.t], dtype=np.float64), {"start": self.t}
 
     def step(self, action: int) -> Any:
         self.t += 1 + int(action)
@@ -525,17 +525,21 @@ class ScalarInfoEnv(gymnasium.Env[np.ndarray, int]):
         return obs, float(action), self.t > 4 + self.index, False, info
 
 
-def test_a_rollouts_scalar_infos_are_sync_vector_envs(backend: str) -> None:
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.DISABLED])
+def test_a_rollouts_scalar_infos_are_sync_vector_envs(backend: str, mode: AutoresetMode) -> None:
     """Every env's infos alike (plain scalars) travel as arrays and are stacked by the pool;
-    steps where one env has none merge env by env: SyncVectorEnv's infos either way, key for
+    steps where one env has none, or where envs reset beside others stepping, merge env by
+    env; in DISABLED mode, the resets' infos too: SyncVectorEnv's infos either way, key for
     key, type for type."""
     fns = [functools.partial(ScalarInfoEnv, i) for i in range(NUM_ENVS)]
-    ref = SyncVectorEnv(fns)
+    ref = SyncVectorEnv(fns, autoreset_mode=mode)
     want, last = reference(ref, envfleet.RandomPolicy(ref.single_action_space, 0), "p" * 12)
     ref.close()
     assert any(len(step["infos"]) == 10 for step in want)  # every env's: stacked
     assert any(0 < step["infos"]["_lives"].sum() < NUM_ENVS for step in want)  # merged
-    with envfleet.make(fns, backend=backend, num_workers=2) as pool:
+    if mode is AutoresetMode.DISABLED:
+        assert any(step["reset_infos"] for step in want)
+    with envfleet.make(fns, backend=backend, num_workers=2, autoreset_mode=mode) as pool:
         pool.reset(seed=SEED)
         got = pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 0), 12)
     assert_rollout(got, want, "rollout")
