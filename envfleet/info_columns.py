@@ -50,7 +50,7 @@ def record_dtype(types: tuple[type, ...]) -> np.dtype[Any]:
 
 Columns = tuple[tuple[int, ...], bytes, bytes]
 """The infos of some envs as columns: their env ids, their layout (the keys and each key's
-type, pickled: :func:`layout_of`), and one record per env (:func:`_record`) as bytes."""
+type, pickled: :func:`layout_of`), and one record per env (:func:`record_dtype`) as bytes."""
 
 Layout = tuple[tuple[Any, ...], tuple[type, ...]]
 _PICKLED: dict[Layout, bytes] = {}
