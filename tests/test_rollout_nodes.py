@@ -24,6 +24,7 @@ import numpy as np
 import psutil
 import pytest
 import ray
+from gymnasium.vector import SyncVectorEnv
 from ray.cluster_utils import Cluster
 
 import envfleet
@@ -31,6 +32,7 @@ from tests import timing
 from tests.envs import FaultyEnv
 from tests.faults import SEED
 from tests.ray_helpers import no_node_leaks
+from tests.test_pool_rollout import ScalarInfoEnv, assert_rollout, assert_tree, reference
 from tests.test_rollout_faults import (
     MARK_AT,
     SLOW,
@@ -276,3 +278,17 @@ def _mapped(pid: int) -> set[int]:
         return segments_mapped(pid)
     except OSError:
         return set()
+
+
+def test_a_rollouts_scalar_infos_on_nodes_are_sync_vector_envs(nodes: list[str]) -> None:
+    """Infos of plain scalars every env has travel from the nodes' workers as arrays, through
+    their agents, and are stacked by the pool: SyncVectorEnv's, key for key, type for type."""
+    fns = [functools.partial(ScalarInfoEnv, i) for i in range(4)]
+    ref = SyncVectorEnv(fns)
+    want, last = reference(ref, envfleet.RandomPolicy(ref.single_action_space, 0), "p" * 8)
+    ref.close()
+    with envfleet.make(fns, backend="ray", nodes=nodes, num_workers=2) as pool:
+        pool.reset(seed=SEED)
+        got = pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 0), 8)
+    assert_rollout(got, want, "rollout on 2 nodes")
+    assert_tree(got.final_observations, last, "final observations")
