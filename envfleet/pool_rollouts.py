@@ -243,9 +243,10 @@ class PoolRollouts:
             return list(range(ledger.num_workers))
         ids = check_env_ids(env_ids, ledger.num_envs)
         held = ledger.worker_of[ids]
-        if held.size > 1 and (held[1:] >= held[:-1]).all():  # as a rule: blocks in order
-            held = held[np.flatnonzero(np.diff(held, prepend=-1))]
-        workers: list[int] = np.unique(held).tolist()
+        if (held[1:] >= held[:-1]).all():  # as a rule: blocks in order, a run per worker
+            workers: list[int] = held[np.flatnonzero(np.diff(held, prepend=-1))].tolist()
+        else:
+            workers = np.unique(held).tolist()
         # No repeats among ids: they are those workers' whole blocks when as many.
         if sum(len(ledger.assignment[w]) for w in workers) != ids.size:
             whole = {i for w in workers for i in ledger.assignment[w]}

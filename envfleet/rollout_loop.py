@@ -226,9 +226,9 @@ def sample(group: Group, command: Sample) -> Reply:
                     break
                 if reply.infos:
                     record.reset_infos[t] = _as_arrays(reply.infos)
-        if into_record:  # straight into the record: the policy sees that row, never changed
+        if obs_rows is not None:  # straight into the record: the policy sees that row as is
             observations = record.observations[t]
-            obs_rows.into(observations)  # type: ignore[union-attr]
+            obs_rows.into(observations)
         else:
             observations = take(obs_space, batch.observations, index)
         try:
