@@ -291,7 +291,7 @@ def merged(
     merged: list[dict[str, Any]] = [{} for _ in range(steps)]
     for t in sorted({t for infos in per_part for t in infos}):
         arrays = [infos[t] for infos in per_part if t in infos]
-        if all(isinstance(a, BatchedInfos) for a in arrays):  # a hosted VectorEnv's, each
+        if all(isinstance(a, BatchedInfos) for a in arrays):  # each part's kept as arrays
             batched = sorted(cast(list[BatchedInfos], arrays), key=lambda a: a.env_ids[0])
             joined = BatchedInfos.join(batched)
             stacked = joined.stacked(n) if joined is not None else None

@@ -29,6 +29,7 @@ from envfleet.hosted.batches import (
     vector_call,
 )
 from envfleet.hosted.recipe import RESTARTED, HostedRecipe
+from envfleet.info_columns import BatchedInfos
 from envfleet.protocol import EnvFailure, Reply
 
 
@@ -192,14 +193,13 @@ class HostedGroup:
     def step(self, env_ids: Sequence[int], actions: dict[int, Any] | None = None) -> Reply:
         """Step whole blocks with the actions in their batch rows (or ``actions``)."""
         infos: dict[int, Any] = {}
-        batched: list[Any] = []  # blocks' infos kept as their arrays (take_infos)
-        failures, recovered = list[EnvFailure](), list[EnvFailure]()
+        batched: list[BatchedInfos] = []  # blocks' infos kept as their arrays (take_infos)
+        failures: list[EnvFailure] = []
+        recovered: list[EnvFailure] = []
         kept: list[int] = []
-        batch = self.batch
         blocks = self._blocks_of(env_ids)
         sent = self._send_all(blocks, actions)
         for block in blocks:
-            rows = block.rows
             if block.owe_truncation:  # rebuilt: the interrupted episodes end here
                 self._report_truncated(block, infos, kept, failures)
                 continue
@@ -211,10 +211,7 @@ class HostedGroup:
                         None,
                     )
                     block.owe_reset = False
-                    self._write_obs(block, obs)
-                    batch.rewards[rows] = 0.0
-                    batch.terminations[rows] = False
-                    batch.truncations[rows] = False
+                    self._write_step(block, obs, 0.0, False, False)
                 elif block.index in sent:  # its actions are out: its results
                     error = sent[block.index]
                     if error is not None:
@@ -323,10 +320,9 @@ class HostedGroup:
     ) -> None:
         """A step's results of ``block`` into its rows of the batch."""
         self._write_obs(block, obs)
-        _, _, rewards_rows, terminations_rows, truncations_rows = block.views
-        rewards_rows[...] = rewards
-        terminations_rows[...] = terminations
-        truncations_rows[...] = truncations
+        _, _, *flags = block.views  # rewards, terminations, truncations
+        for rows, values in zip(flags, (rewards, terminations, truncations), strict=True):
+            rows[...] = values
 
     def _write_obs(self, block: _Block, obs: Any) -> None:
         """The block's observations into its rows, with one copy per field; a dtype that does
