@@ -8,6 +8,7 @@ batches hold whichever envs were ready. Infos that every env fills with the same
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -27,28 +28,31 @@ def merge_infos(pairs: list[tuple[dict[str, Any] | None, int]], size: int) -> di
 
 
 def _uniform_scalars(infos: list[dict[str, Any] | None]) -> bool:
-    """Every env has an info with the same keys, each a plain scalar (Atari's, for instance)."""
+    """Every env has an info with the same keys, in the same order, each a plain scalar of the
+    same type as in the others (Atari's, for instance)."""
     first = infos[0]
     if not first:
         return False
-    if not all(type(value) in SCALARS or isinstance(value, np.number) for value in first.values()):
+    types = tuple(map(type, first.values()))
+    if not all(kind in SCALARS or issubclass(kind, np.number) for kind in types):
         return False
-    keys = first.keys()
-    for info in infos:
-        if not info or info.keys() != keys:
-            return False
-        if any(type(info[k]) is not type(first[k]) for k in keys):
+    keys = tuple(first)
+    for info in infos:  # C loops: no Python per key
+        if not info or tuple(info) != keys or tuple(map(type, info.values())) != types:
             return False
     return True
 
 
 def _stack_scalar_infos(pairs: list[tuple[Any, int]], size: int) -> dict[str, Any]:
     """What :func:`_add_info` builds for uniform scalar infos, one array per key at once."""
-    order = np.argsort([position for _, position in pairs], kind="stable")
-    ordered = [pairs[k][0] for k in order]
+    positions = [position for _, position in pairs]
+    if positions == sorted(positions):
+        ordered = [info for info, _ in pairs]
+    else:
+        ordered = [pairs[k][0] for k in np.argsort(positions, kind="stable")]
     infos: dict[str, Any] = {}
     for key, value in ordered[0].items():
-        infos[key] = np.array([info[key] for info in ordered], dtype=type(value))
+        infos[key] = np.array(list(map(itemgetter(key), ordered)), dtype=type(value))
         infos[f"_{key}"] = np.ones(size, dtype=np.bool_)
     return infos
 

@@ -158,7 +158,10 @@ class Ledger:
         infos = self.infos
         if not infos:
             return None
-        return [(infos.pop(int(i), None), int(p)) for i, p in zip(env_ids, positions, strict=False)]
+        pop = infos.pop
+        ids = env_ids.tolist() if isinstance(env_ids, np.ndarray) else list(map(int, env_ids))
+        places = positions.tolist() if isinstance(positions, np.ndarray) else positions
+        return [(pop(i, None), int(p)) for i, p in zip(ids, places, strict=False)]
 
     def by_worker(self, env_ids: np.ndarray) -> list[tuple[int, tuple[int, ...]]]:
         """``env_ids`` grouped by the worker holding them, each group sorted."""

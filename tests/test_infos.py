@@ -62,6 +62,9 @@ def test_uniform_scalar_infos_take_the_fast_path_with_the_same_result() -> None:
     ]
     for order in ([0, 1, 2, 3, 4], [4, 2, 0, 3, 1]):
         assert_same(merged(infos, order), gymnasium_infos(infos))
+    # The same keys in another order, their types swapped along: as Gymnasium merges them.
+    swapped: list[dict[str, Any] | None] = [{"a": 1, "b": 2.5}, {"b": 3, "a": 4.5}]
+    assert_same(merged(swapped, [0, 1]), gymnasium_infos(swapped))
 
 
 def test_final_obs_nested_dicts_arrays_and_objects() -> None:
