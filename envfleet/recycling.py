@@ -27,6 +27,7 @@ import contextlib
 import math
 import mmap
 import os
+import stat
 import threading
 import weakref
 from collections.abc import Sequence
@@ -64,6 +65,27 @@ def locate(array: np.ndarray) -> tuple[SharedBlock, int] | None:
             if block.address <= address < block.address + block.size:
                 return block, address - block.address
     return None
+
+
+def map_peer(
+    pid: int, fd: int, size: int, *, ino: int | None = None, write: bool, what: str = "the block"
+) -> mmap.mmap:
+    """Descriptor ``fd`` of process ``pid`` on this machine (a memfd: ``/proc/<pid>/fd``) mapped
+    here: shared when ``write`` (what this process writes, the other sees), else copy-on-write.
+
+    Raises:
+        OSError: it cannot be opened, or is not a regular file of ``size`` bytes (and inode
+            ``ino``): not (any more) ``what`` it was named as.
+    """
+    path = f"/proc/{pid}/fd/{fd}"
+    handle = os.open(path, (os.O_RDWR if write else os.O_RDONLY | os.O_NONBLOCK) | os.O_CLOEXEC)
+    try:
+        st = os.fstat(handle)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size or ino not in (None, st.st_ino):
+            raise OSError(f"{path} is not {what}")
+        return mmap.mmap(handle, size, access=mmap.ACCESS_WRITE if write else mmap.ACCESS_COPY)
+    finally:
+        os.close(handle)
 
 
 class Recycler:
@@ -183,4 +205,4 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-__all__ = ["LEAST", "SHARED_MOST", "Recycler", "SharedBlock", "locate"]
+__all__ = ["LEAST", "SHARED_MOST", "Recycler", "SharedBlock", "locate", "map_peer"]

@@ -204,13 +204,12 @@ def sample(group: Group, command: Sample) -> Reply:
     record.version = command.version
     disabled = group.mode is AutoresetMode.DISABLED
     flat = isinstance(act_space, _FLAT_SPACES) and isinstance(batch.actions, np.ndarray)
-    into_record = isinstance(batch.observations, np.ndarray) and isinstance(
-        record.observations, np.ndarray
-    )
     rows = block_rows(index)
     shape = (count, *(act_space.shape or ())) if flat else None
     actions_rows = batch.actions[rows] if flat and isinstance(rows, slice) else None
-    obs_rows = BlockRows(batch.observations, rows) if into_record else None
+    obs_rows = None  # one array each side: the observations go straight into the record
+    if isinstance(batch.observations, np.ndarray) and isinstance(record.observations, np.ndarray):
+        obs_rows = BlockRows(batch.observations, rows)
     rewards, terminations = BlockRows(batch.rewards, rows), BlockRows(batch.terminations, rows)
     truncations = BlockRows(batch.truncations, rows)
     for t in range(steps):
@@ -256,7 +255,7 @@ def sample(group: Group, command: Sample) -> Reply:
         if reply.failures:
             failures = reply.failures
             break
-        if not into_record:
+        if obs_rows is None:
             _set_step(obs_space, record.observations, t, observations)
         if flat:
             record.actions[t] = actions

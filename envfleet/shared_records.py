@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import mmap
 import os
-import stat
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
-from envfleet.recycling import locate
+from envfleet.recycling import locate, map_peer
 
 __all__ = ["MAPPED_MOST", "RecordRef", "record_ref", "recorded_views"]
 
@@ -57,8 +56,7 @@ def record_ref(arrays: list[np.ndarray]) -> RecordRef | None:
     where = locate(arrays[0]) if arrays else None
     if where is None:
         return None
-    block, offset = where
-    start = int(arrays[0].__array_interface__["data"][0]) - offset  # the block's address here
+    block, start = where[0], where[0].address
     offsets = []
     for array in arrays:  # each in the first one's block, all of it
         low, high = _byte_bounds(array)
@@ -96,7 +94,9 @@ def recorded_views(ref: RecordRef) -> list[np.ndarray]:
     memory = _MAPPED.get(key)
     if memory is None:
         _forget_closed()
-        memory = _map(ref)
+        memory = map_peer(
+            ref.pid, ref.fd, ref.size, ino=ref.ino, write=True, what="the pool's block it names"
+        )
         _MAPPED[key] = memory
         while len(_MAPPED) > MAPPED_MOST:
             _MAPPED.popitem(last=False)  # unmapped once its arrays are gone
@@ -118,15 +118,3 @@ def _forget_closed() -> None:
             gone = True
         if gone:
             del _MAPPED[key]
-
-
-def _map(ref: RecordRef) -> mmap.mmap:
-    path = f"/proc/{ref.pid}/fd/{ref.fd}"
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_ino != ref.ino or st.st_size != ref.size:
-            raise OSError(f"{path} is not the pool's block it names")
-        return mmap.mmap(fd, ref.size)
-    finally:
-        os.close(fd)

@@ -27,13 +27,13 @@ import hashlib
 import mmap
 import os
 import pickle
-import stat
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from envfleet import out_of_band
+from envfleet.recycling import map_peer
 
 MAGIC = b"EFWEIGHT"
 """What every frame starts with."""
@@ -140,20 +140,13 @@ _SEGMENT_MAGIC = b"EFSEGMNT"
 def mapped(ref: SegmentRef) -> memoryview:
     """The bytes of the segment ``ref`` names, mapped copy-on-write (writable, private to this
     process: no copy until it writes), their digest checked."""
-    path = f"/proc/{ref.pid}/fd/{ref.fd}"
+    what = f"the segment of version {ref.version}"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as exc:
-        raise SegmentUnreadable(f"could not open {path}: {exc}") from exc
-    try:
-        st = os.fstat(fd)
-        size = _ALIGN + ref.size
-        if not stat.S_ISREG(st.st_mode) or st.st_size != size:  # not (any more) the segment
-            raise SegmentUnreadable(f"{path} is not the segment of version {ref.version}")
-        memory = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
-    finally:
-        os.close(fd)
+        memory = map_peer(ref.pid, ref.fd, _ALIGN + ref.size, write=False, what=what)
+    except OSError as exc:  # not (any more) the segment
+        raise SegmentUnreadable(str(exc)) from exc
     if _SEGMENT.unpack_from(memory, 0) != (_SEGMENT_MAGIC, ref.digest, ref.size):
+        path = f"/proc/{ref.pid}/fd/{ref.fd}"
         raise SegmentUnreadable(f"{path} holds other bytes than version {ref.version}'s")
     return memoryview(memory)[_ALIGN:]
 
