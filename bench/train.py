@@ -15,7 +15,10 @@ its target in one table (:mod:`envfleet.benchmark.training` measures):
     CartPole and on Pong frames (84x84x4 float32, as RLlib's Atari wrappers give them, raw and
     with ``compress="lz4"``; and envfleet on the same frames in uint8, normalised in the
     network); and the float32 frames on one machine (the process backend: the workers record
-    in the pool's shared memory) against them on the nodes and against RLlib's.
+    in the pool's shared memory) against them on the nodes and against RLlib's. Beside each
+    figure per driver CPU-second, the same per CPU-second of the whole machine (every process:
+    RLlib's episodes reach its driver through Ray's object stores, whose copies other processes
+    pay; envfleet's driver reads its parts itself).
 
     PYTHONPATH=. python bench/train.py [--quick] [--json PATH]
 """
@@ -33,6 +36,7 @@ import torch
 import envfleet
 from bench import cluster, common
 from bench.envs import NoOpEnv
+from envfleet import benchmark
 from envfleet.benchmark import training
 from envfleet.benchmark.training import ArrayPolicy, Figure
 
@@ -155,8 +159,8 @@ def rllib_rate(env: Any, env_config: dict[str, Any], envs: int, steps: int) -> I
     """RLlib's EnvRunnerGroup (:func:`bench.cluster.rllib_group`) open, as ``(rate, params)``:
     ``rate(rounds)`` runs ``rounds`` rounds, each with its runners' own weights synced as PPO
     does (``sync_weights``, a new sequence number) and ``envs x steps`` env-steps sampled by
-    each, episodes to the driver, and returns env-steps per driver CPU-second; ``params``: the
-    parameters of the runners' module."""
+    each, episodes to the driver, and returns env-steps per driver CPU-second and per CPU-second
+    of the whole machine; ``params``: the parameters of the runners' module."""
     from ray.rllib.core import COMPONENT_RL_MODULE
     from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
@@ -183,11 +187,11 @@ def rllib_rate(env: Any, env_config: dict[str, Any], envs: int, steps: int) -> I
             )
             done[0] += sum(len(episode) for episodes in got for episode in episodes)
 
-        def rate(rounds: int) -> float:
+        def rate(rounds: int) -> tuple[float, float]:
             once([0])
-            done = [0]
+            done, machine = [0], benchmark.busy_cpu_s()
             _, cpu, _ = common.timed(lambda: once(done), rounds)
-            return done[0] / cpu
+            return done[0] / cpu, done[0] / (benchmark.busy_cpu_s() - machine)
 
         yield rate, params
 
@@ -209,7 +213,7 @@ def per_cpu(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:
         "Pong frames, one machine": (floats, None, {}, 4, 50),
     }
     figures: list[Figure] = []
-    rllib, params = 0.0, 0
+    rllib, rllib_machine, params = 0.0, 0.0, 0
     turns = 1 if quick else 5
     for name, (ours, theirs, config, envs, steps) in cases.items():
         rounds = 2 if quick else 12 - 2 * (steps == 100)
@@ -233,14 +237,18 @@ def per_cpu(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:
                     rllib_runs.append(theirs_rate(rounds))
         got = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
         rate = float(np.median([r["env_steps"] / r["cpu_s"] for r in runs]))
+        machine = float(np.median([r["env_steps"] / r["machine_cpu_s"] for r in runs]))
         if rllib_runs:
-            rllib = float(np.median(rllib_runs))
+            rllib = float(np.median([driver for driver, _ in rllib_runs]))
+            rllib_machine = float(np.median([whole for _, whole in rllib_runs]))
         size = sum(int(p.numel()) for p in module.parameters())
         raw[f"(d) {name}"] = {
             **got,
             "env_steps_per_cpu_s": [r["env_steps"] / r["cpu_s"] for r in runs],
             "parameters": size,
+            "env_steps_per_machine_cpu_s": [r["env_steps"] / r["machine_cpu_s"] for r in runs],
             "rllib": rllib,
+            "rllib_machine": rllib_machine,
             "rllib_runs": rllib_runs,
             "rllib parameters": params,
         }
@@ -252,6 +260,8 @@ def per_cpu(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:
             continue
         against = f"RLlib EnvRunnerGroup ({params:,} parameters)"
         figures.append(Figure(label, rate, "", against, rllib, 2.0))
+        whole = label.replace("driver CPU-s", "machine CPU-s")
+        figures.append(Figure(whole, machine, "", "the same of RLlib's", rllib_machine))
     return figures
 
 

@@ -10,6 +10,7 @@ import pickle
 from collections.abc import Iterator
 
 import numpy as np
+import psutil
 import pytest
 
 import envfleet
@@ -81,3 +82,17 @@ def test_a_figure_is_judged_by_its_ratio_against_its_bounds() -> None:
     assert Figure("a", 3.0, "", "b", 0.0).ratio is None  # nothing to set it against
     rows = training.figure_table([Figure("a", 1.2, "s", "b", 1.0, high=1.1)]).row_count
     assert rows == 1
+
+
+def test_per_cpu_counts_every_env_step_handed_over_and_the_whole_machines_cpu() -> None:
+    """``per_cpu``: ``rounds`` rollouts of every env handed over after one not timed, each
+    counted whole; the whole machine's CPU (every process, read from the kernel in ticks)
+    holds at least this process's."""
+    env = {"sleep_s": 0.001}
+    with envfleet.make(NoOpEnv, 4, num_workers=2, env_kwargs=env, seed=0) as pool:
+        got = training.per_cpu(pool, ArrayPolicy(1 << 16), 5, 6)
+        assert pool.stats().rollout_parts_dropped == 0
+    assert got["env_steps"] == 6 * 5 * 4, got
+    assert got["wall_s"] > 6 * 5 * 0.001 and got["cpu_s"] > 0, got
+    slack = 0.01 * (psutil.cpu_count() or 1)  # each core's count lags by a tick (10 ms) at most
+    assert got["machine_cpu_s"] + slack >= got["cpu_s"], got
