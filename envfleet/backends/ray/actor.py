@@ -165,7 +165,9 @@ class GroupActor:
         if not isinstance(command, EnvCommand):
             return reply
         rows = pack(self.batch, self.options.observation_space, reply, results=True)
-        if rows is None or reply.failures or reply.restarts:
+        # A reply with more to say than rows and infos travels whole: failures, restarts, and
+        # the envs whose rows the pool keeps (``kept``: a restarted env's latest observation).
+        if rows is None or reply.failures or reply.restarts or reply.kept:
             reply.rows = rows
             return reply
         assert rows.rewards is not None and rows.terminations is not None
