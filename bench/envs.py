@@ -254,7 +254,7 @@ TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
         Target("cartpole", "CartPole-v1", 64, Target.runners + _PROCESS, target=("process", 0.7)),
-        Target("pong", "ALE/Pong-v5", 8, Target.runners + _PROCESS, target=("process", 0.85)),
+        Target("pong", "ALE/Pong-v5", 8, Target.runners + _PROCESS, target=("process", 0.8)),
         Target("sleep", SleepEnv, 32, (*_SLEEP, _PROCESS_THREADS), "loop"),
         # Async: the first 8 envs ready of a heavy tail (HeavyTailEnv), against sync.
         Target("heavytail", HeavyTailEnv, 32, ("process", _ASYNC), "process", (_ASYNC, 1.5)),
