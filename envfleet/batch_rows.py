@@ -14,6 +14,9 @@ kept by the group; nothing is allocated per env but the env's own result::
 A result that does not fit (another length than five, an observation of another shape, or of
 a dtype numpy's ``same_kind`` rule does not cast into the rows') is reported, not written: the
 group then writes env by env, so that the failure names its env.
+
+The other way, a rollout's loop copies its part's rows out of the batch every step
+(:class:`BlockRows`), from views made once over the same rows (:func:`row_index`).
 """
 
 from __future__ import annotations
@@ -34,15 +37,41 @@ Written = tuple[bool, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]
 truncated flags and the infos, one per env."""
 
 
-def row_index(env_ids: Sequence[int]) -> slice | np.ndarray:
-    """Rows ``env_ids`` of a batch array: a slice when they are consecutive, in order."""
-    if not env_ids:
+def row_index(env_ids: Sequence[int] | np.ndarray) -> slice | np.ndarray:
+    """Rows ``env_ids`` (ids, or an index array) of a batch array: a slice when they are
+    consecutive, in order (a worker's block, as a rule: its rows are then views), else an index
+    array."""
+    count = len(env_ids)
+    if not count:
         return slice(0, 0)
-    first = env_ids[0]
-    stop = first + len(env_ids)
-    if env_ids[-1] == stop - 1 and tuple(env_ids) == tuple(range(first, stop)):
-        return slice(first, stop)
+    first, last = int(env_ids[0]), int(env_ids[-1])
+    if last - first + 1 == count:
+        if isinstance(env_ids, np.ndarray):
+            consecutive = count < 3 or bool((np.diff(env_ids) == 1).all())
+        else:
+            consecutive = tuple(env_ids) == tuple(range(first, last + 1))
+        if consecutive:
+            return slice(first, last + 1)
     return np.asarray(env_ids, dtype=np.intp)
+
+
+class BlockRows:
+    """A per-env array's rows ``rows`` (:func:`row_index`), copied out again and again: from a
+    view made once where they are a slice, else gathered."""
+
+    __slots__ = ("index", "source", "view")
+
+    def __init__(self, source: np.ndarray, rows: slice | np.ndarray) -> None:
+        self.source = source
+        self.index = rows if isinstance(rows, np.ndarray) else None
+        self.view = source[rows] if self.index is None else source[:0]
+
+    def into(self, out: np.ndarray) -> None:
+        """The rows as they stand now, into ``out``."""
+        if self.index is None:
+            out[...] = self.view
+        else:
+            np.take(self.source, self.index, axis=0, out=out, mode="clip")
 
 
 class _Scattered:
@@ -223,4 +252,4 @@ def _canonical(dtype: np.dtype[Any]) -> np.dtype[Any]:
     return dtype
 
 
-__all__ = ["SMALL_ROW_BYTES", "BatchRows", "Written", "row_index"]
+__all__ = ["SMALL_ROW_BYTES", "BatchRows", "BlockRows", "Written", "row_index"]

@@ -158,6 +158,19 @@ def info_columns(infos: Mapping[int, dict[str, Any]]) -> Columns | None:
     return tuple(infos), packer.blob, data
 
 
+def unmasked_arrays(infos: Mapping[str, Any]) -> list[tuple[str, Any]] | None:
+    """A VectorEnv's infos' keys and values when each value is an array with no ``_key`` mask
+    (every env has it: Atari's lives and frame numbers); ``None`` otherwise."""
+    whole: list[tuple[str, Any]] = []
+    for key, value in infos.items():
+        if key.startswith("_"):
+            continue
+        if type(value) is not np.ndarray or "_" + key in infos:
+            return None
+        whole.append((key, value))
+    return whole
+
+
 class BatchedInfos(Mapping[int, dict[str, Any]]):
     """Infos of one step that every env fills alike, kept as one array per key: a hosted
     VectorEnv's (arrays with no ``_key`` mask: Atari's lives and frame numbers), or the dicts of
@@ -194,22 +207,14 @@ class BatchedInfos(Mapping[int, dict[str, Any]]):
         """``infos`` (a VectorEnv's, over ``env_ids``) kept as arrays, where each key's value
         is an array of one value per env, of a plain scalar dtype, with no ``_key`` mask;
         else ``None`` (they are unbatched env by env)."""
-        keys: list[str] = []
-        arrays: list[np.ndarray] = []
-        for key, value in infos.items():
-            if key.startswith("_"):
-                continue
-            if (
-                type(value) is not np.ndarray
-                or value.shape != (len(env_ids),)
-                or "_" + key in infos
-                or key == "final_obs"
-                or not _plain(value.dtype.type)
-            ):
+        whole = unmasked_arrays(infos)
+        if not whole:
+            return None
+        for key, value in whole:
+            if value.shape != (len(env_ids),) or key == "final_obs" or not _plain(value.dtype.type):
                 return None
-            keys.append(key)
-            arrays.append(value)
-        return BatchedInfos(env_ids, tuple(keys), arrays) if keys else None
+        keys, arrays = zip(*whole, strict=True)
+        return BatchedInfos(env_ids, keys, list(arrays))
 
     @staticmethod
     def of_dicts(infos: Mapping[int, dict[str, Any]]) -> BatchedInfos | None:
@@ -218,9 +223,7 @@ class BatchedInfos(Mapping[int, dict[str, Any]]):
         columns = info_columns(infos)
         if columns is None:
             return None
-        env_ids, blob, data = columns
-        keys, types = layout_of(blob)
-        records = np.frombuffer(data, dtype=record_dtype(types))
+        env_ids, (keys, types), records = _decoded(columns)
         arrays = [records[f"f{k}"] for k in range(len(keys))]
         return BatchedInfos(env_ids, keys, arrays, copy=False, types=types)
 
@@ -266,10 +269,7 @@ class BatchedInfos(Mapping[int, dict[str, Any]]):
         if self._at is None:
             self._at = {i: j for j, i in enumerate(self.env_ids)}
         j = self._at[env]
-        return {
-            key: array[j].item() if kind in SCALARS else array[j]
-            for key, array, kind in zip(self.keys_, self._arrays, self._types, strict=True)
-        }
+        return info_dict(self.keys_, self._types, [array[j] for array in self._arrays])
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.env_ids)
@@ -283,10 +283,15 @@ class BatchedInfos(Mapping[int, dict[str, Any]]):
 
 def column_dicts(columns: Columns) -> dict[int, dict[str, Any]]:
     """``columns`` turned back into the dicts :func:`info_columns` took them from."""
-    env_ids, blob, data = columns
-    keys, types = layout_of(blob)
-    records = np.frombuffer(data, dtype=record_dtype(types))
+    env_ids, (keys, types), records = _decoded(columns)
     return {i: info_dict(keys, types, record) for i, record in zip(env_ids, records, strict=True)}
+
+
+def _decoded(columns: Columns) -> tuple[tuple[int, ...], Layout, np.ndarray]:
+    """``columns`` read: their env ids, their layout, and their records (a view of the bytes)."""
+    env_ids, blob, data = columns
+    layout = layout_of(blob)
+    return env_ids, layout, np.frombuffer(data, dtype=record_dtype(layout[1]))
 
 
 def info_dict(keys: tuple[Any, ...], types: tuple[type, ...], record: Any) -> dict[str, Any]:
@@ -307,4 +312,5 @@ __all__ = [
     "info_dict",
     "layout_of",
     "record_dtype",
+    "unmasked_arrays",
 ]

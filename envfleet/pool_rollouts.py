@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from envfleet.batch_rows import row_index
 from envfleet.buffers import Batch, is_array_space, put, take
 from envfleet.dispatch import Dispatch
 from envfleet.episodes import Episodes
@@ -35,7 +36,6 @@ from envfleet.protocol import EnvFailure, Reply, Sample
 from envfleet.recovery import Recovery
 from envfleet.rollout_loop import Sampled
 from envfleet.rollouts import Out, Policy, Rollout, relabelled
-from envfleet.row_access import block_rows
 from envfleet.shipping import Shipper
 from envfleet.stats import StatsRecorder
 from envfleet.validation import check_env_ids
@@ -316,7 +316,7 @@ class PoolRollouts:
         obs_space, act_space = self._observation_space, self._action_space
         batch, needs_reset = self._batch, self._episodes.needs_reset
         for part, got in parts:  # the pool's rows: where each env stands now
-            rows = block_rows(self._ledger.index(part.env_ids))
+            rows = row_index(self._ledger.index(part.env_ids))
             put(obs_space, batch.observations, rows, got.final_observations)
             if got.steps:  # else its rows are as they were
                 batch.rewards[rows] = got.rewards[-1]

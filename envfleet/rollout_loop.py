@@ -34,13 +34,13 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, create_empty_array, iterate
 
+from envfleet.batch_rows import BlockRows, row_index
 from envfleet.buffers import put, take
 from envfleet.errors import Phase
 from envfleet.guards import env_errors
 from envfleet.info_columns import BatchedInfos
 from envfleet.protocol import EnvFailure, Group, Reply, Sample
 from envfleet.recycling import Recycler
-from envfleet.row_access import BlockRows, block_rows
 from envfleet.shared_records import recorded_views
 from envfleet.validation import check_actions, keeps_dtype
 from envfleet.weight_frames import code as code_of
@@ -204,7 +204,7 @@ def sample(group: Group, command: Sample) -> Reply:
     record.version = command.version
     disabled = group.mode is AutoresetMode.DISABLED
     flat = isinstance(act_space, _FLAT_SPACES) and isinstance(batch.actions, np.ndarray)
-    rows = block_rows(index)
+    rows = row_index(index)
     shape = (count, *(act_space.shape or ())) if flat else None
     actions_rows = batch.actions[rows] if flat and isinstance(rows, slice) else None
     obs_rows = None  # one array each side: the observations go straight into the record

@@ -1,7 +1,6 @@
 """One env's row of a batch, written and read: the functions resolved once per space and
 called per env per step (:func:`make_writer`, :func:`make_reader`, one registered per Gymnasium
-space with ``singledispatch``); and a block of envs' rows, copied out by field
-(:func:`block_rows`, :class:`BlockRows`).
+space with ``singledispatch``).
 
 A writer refuses what Gymnasium's vector envs refuse, in the env's own failure path: an
 observation of another shape (numpy would broadcast it) or of a dtype that does not cast by
@@ -21,15 +20,7 @@ from gymnasium.vector.utils import create_empty_array
 
 from envfleet.buffers import ObjectRows, fits_dtype, is_array_space
 
-__all__ = [
-    "BlockRows",
-    "Reader",
-    "Writer",
-    "block_rows",
-    "cast_refused",
-    "make_reader",
-    "make_writer",
-]
+__all__ = ["Reader", "Writer", "cast_refused", "make_reader", "make_writer"]
 
 Writer = Callable[[int, Any], None]
 Reader = Callable[[int], Any]
@@ -183,34 +174,3 @@ def _read_tuple(space: spaces.Tuple[Any], batch: Any) -> Reader:
         return batch.__getitem__
     readers = [make_reader(sub, part) for sub, part in zip(space.spaces, batch, strict=True)]
     return lambda i: tuple(reader(i) for reader in readers)
-
-
-def block_rows(env_ids: np.ndarray) -> slice | np.ndarray:
-    """``env_ids`` (an index array: rows of a per-env array) as a slice where they are
-    consecutive and in order (a worker's block, as a rule: its rows are then views, copied
-    without a gather), else as they are."""
-    if not env_ids.size:
-        return env_ids
-    first, last = int(env_ids[0]), int(env_ids[-1])
-    if last - first + 1 == env_ids.size and (env_ids.size < 3 or (np.diff(env_ids) == 1).all()):
-        return slice(first, last + 1)
-    return env_ids
-
-
-class BlockRows:
-    """A per-env array's rows ``rows`` (:func:`block_rows`), copied out again and again: from
-    a view made once where they are a slice, else gathered."""
-
-    __slots__ = ("index", "source", "view")
-
-    def __init__(self, source: np.ndarray, rows: slice | np.ndarray) -> None:
-        self.source = source
-        self.index = rows if isinstance(rows, np.ndarray) else None
-        self.view = source[rows] if self.index is None else source[:0]
-
-    def into(self, out: np.ndarray) -> None:
-        """The rows as they stand now, into ``out``."""
-        if self.index is None:
-            out[...] = self.view
-        else:
-            np.take(self.source, self.index, axis=0, out=out, mode="clip")

@@ -482,11 +482,11 @@ def test_random_policy_on_discrete_draws_what_the_space_would(
 def test_a_parts_rows_are_copied_out_as_fancy_indexing_would(ids: list[int]) -> None:
     """The loop copies a part's rows of the batch from a view where its env ids are
     consecutive, else by a gather: both give ``batch[ids]``."""
-    from envfleet.row_access import BlockRows, block_rows
+    from envfleet.batch_rows import BlockRows, row_index
 
     batch = np.arange(7 * 3, dtype=np.float32).reshape(7, 3)
     index = np.array(ids, dtype=np.intp)
-    rows = block_rows(index)
+    rows = row_index(index)
     consecutive = ids == list(range(ids[0], ids[0] + len(ids)))
     assert isinstance(rows, slice) == consecutive
     out = np.full((len(ids), 3), -1, np.float32)

@@ -12,7 +12,7 @@ from gymnasium import spaces
 from gymnasium.vector import VectorEnv
 
 from envfleet.buffers import Batch, is_array_space, view_rows
-from envfleet.info_columns import BatchedInfos
+from envfleet.info_columns import BatchedInfos, unmasked_arrays
 
 
 def sends(venv: Any) -> bool:
@@ -69,7 +69,7 @@ def unbatch_infos(infos: Mapping[str, Any], n: int) -> dict[int, dict[str, Any]]
     """A vector env's infos (arrays, and ``_key`` masks) as a dict per env that has any
     (by its index in the batch), holding only what that env has: what the pool merges back
     Gymnasium's way. No infos (the common step): nothing done per env."""
-    whole = _unmasked_arrays(infos)
+    whole = unmasked_arrays(infos)
     if whole is not None:  # a dict per env, filled key by key: no merging per env and key
         dicts: list[dict[str, Any]] = [{} for _ in range(n)] if whole else []
         for key, value in whole:
@@ -123,19 +123,6 @@ def step_infos(
     for part in batched:
         infos.update(part)
     return infos or None
-
-
-def _unmasked_arrays(infos: Mapping[str, Any]) -> list[tuple[str, Any]] | None:
-    """The infos' keys and values when each value is an array with no ``_key`` mask (every
-    env has it: Atari's lives and frame numbers); ``None`` otherwise."""
-    whole: list[tuple[str, Any]] = []
-    for key, value in infos.items():
-        if key.startswith("_"):
-            continue
-        if type(value) is not np.ndarray or "_" + key in infos:
-            return None
-        whole.append((key, value))
-    return whole
 
 
 __all__ = [

@@ -10,24 +10,24 @@ from envfleet.errors import Phase
 from envfleet.info_columns import Columns, info_columns
 from envfleet.protocol import Command, EnvFailure, Reply
 
-__all__ = ["PickledCommands", "as_columns", "plain", "undecodable", "unpicklable"]
+__all__ = ["PickledCommands", "as_columns", "beyond_infos", "plain", "undecodable", "unpicklable"]
 
 
 def plain(reply: Reply) -> bool:
     """Nothing to report beyond success: the pool knows which envs the command named, and
     their rows are where it reads them (such a reply travels as ``None``, or one byte)."""
-    return not reply.infos and not _beyond_infos(reply)
+    return not reply.infos and not beyond_infos(reply)
 
 
 def as_columns(reply: Reply) -> Columns | None:
     """The reply's infos as columns when it reports nothing else and they are all plain
     scalars (:func:`~envfleet.info_columns.info_columns`); ``None`` when it must travel whole."""
-    if reply.infos and not _beyond_infos(reply):
+    if reply.infos and not beyond_infos(reply):
         return info_columns(reply.infos)
     return None
 
 
-def _beyond_infos(reply: Reply) -> bool:
+def beyond_infos(reply: Reply) -> bool:
     """Whether ``reply`` reports anything but infos: failures, restarts, rows, call results or
     rows left as they were (those always come with a restarted env's infos)."""
     return bool(reply.failures or reply.restarts or reply.rows or reply.values or reply.kept)

@@ -24,7 +24,7 @@ import ray
 from envfleet.backends.contract.base import TransportOptions
 from envfleet.backends.contract.channel import serve_connection
 from envfleet.backends.contract.connections import accept_pool, open_listener
-from envfleet.backends.contract.replies import unpicklable
+from envfleet.backends.contract.replies import beyond_infos, unpicklable
 from envfleet.backends.contract.rows import Shipping, deliver, pack
 from envfleet.backends.ray.memory import NodeMemory
 from envfleet.buffers import Batch, ObjectRows
@@ -165,9 +165,9 @@ class GroupActor:
         if not isinstance(command, EnvCommand):
             return reply
         rows = pack(self.batch, self.options.observation_space, reply, results=True)
-        # A reply with more to say than rows and infos travels whole: failures, restarts, and
-        # the envs whose rows the pool keeps (``kept``: a restarted env's latest observation).
-        if rows is None or reply.failures or reply.restarts or reply.kept:
+        # A reply with more to say than rows and infos travels whole (failures, restarts, the
+        # envs whose rows the pool keeps: what the process backend's wire sends whole too).
+        if rows is None or beyond_infos(reply):
             reply.rows = rows
             return reply
         assert rows.rewards is not None and rows.terminations is not None
