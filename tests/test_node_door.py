@@ -37,6 +37,7 @@ from envfleet.backends.contract import connections
 from envfleet.backends.nodes import agent as node_agent
 from envfleet.backends.nodes.actors import connect_agent
 from envfleet.backends.nodes.frames import Frames, SendTimeout, send
+from envfleet.backends.ray.ended import alive, bury, ended
 from tests import timing
 from tests.ray_helpers import no_node_leaks
 
@@ -233,9 +234,57 @@ def test_the_temp_dirs_of_ended_agents_are_removed(tmp_path: Any) -> None:
     live.mkdir()
     other = tmp_path / "pymp-keep"
     other.mkdir()
-    node_agent.remove_dead_agents_dirs(str(tmp_path))
-    assert not gone.exists()
+    parent, zombie = _unreaped()  # an agent the raylet has not reaped yet
+    unreaped = tmp_path / f"{node_agent.AGENT_DIR_PREFIX}{zombie}-ghi"
+    unreaped.mkdir()
+    try:
+        node_agent.remove_dead_agents_dirs(str(tmp_path))
+    finally:
+        parent.kill()
+        parent.wait(WAIT)
+    assert not gone.exists() and not unreaped.exists()
     assert live.exists() and other.exists()
+
+
+def _unreaped() -> tuple[subprocess.Popen[bytes], int]:
+    """A process that has exited and that its parent, not this process, has not reaped (an
+    actor's process once Ray has killed it, till the raylet reaps it): the parent, and its
+    pid."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _NOT_REAPING], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
+    )
+    assert parent.stdout is not None
+    pid = int(parent.stdout.readline())
+    while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.01)
+    return parent, pid
+
+
+_NOT_REAPING = (
+    "import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'pass']); "
+    "print(child.pid, flush=True); time.sleep(600)"
+)
+
+
+def test_bury_counts_an_exited_process_ended_and_kills_one_past_its_timeout() -> None:
+    """What a pool's close waits for once Ray has killed its actors: a process that exited
+    counts as ended though its parent has not reaped it (the raylet does, in its own time); one
+    still running past ``timeout`` is killed."""
+    parent, pid = _unreaped()
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        watched = [psutil.Process(pid), psutil.Process(running.pid)]
+        assert ended(watched[0]) and not alive(pid)
+        assert not ended(watched[1]) and alive(running.pid)
+        began = time.monotonic()
+        bury(watched[:1], WAIT)
+        assert time.monotonic() - began < WAIT, "bury waited for an exited process's reaping"
+        bury(watched, 0.2)
+        assert running.wait(WAIT) == -signal.SIGKILL and ended(watched[1])
+    finally:
+        for process in (running, parent):
+            process.kill()
+            process.wait(WAIT)
 
 
 NODE = {"num_cpus": 1, "object_store_memory": 80 << 20}

@@ -32,6 +32,7 @@ from envfleet.backends.nodes import raw_rows, wire
 from envfleet.backends.nodes.agent import NodeAgent, node_options, remove_dead_agents_dirs
 from envfleet.backends.nodes.frames import Frames
 from envfleet.backends.nodes.link import NodeLink
+from envfleet.backends.ray.ended import bury
 from envfleet.backends.ray.options import RayOptions
 from envfleet.backends.ray.session import START_ATTEMPTS, await_start
 from envfleet.errors import EnvTimeoutError
@@ -214,21 +215,6 @@ def local_agents(nodes: Sequence[NodeLink]) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return out
-
-
-def bury(processes: list[psutil.Process], timeout: float) -> None:
-    """Wait up to ``timeout`` for ``processes`` to end, then end those still there (and wait
-    for them as long again)."""
-    try:
-        _, alive = psutil.wait_procs(processes, timeout=timeout)
-        for process in alive:
-            try:
-                process.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=timeout)
-    except psutil.Error:
-        pass
 
 
 def connect_agent(

@@ -43,6 +43,7 @@ from envfleet.backends.nodes.compression import Codec, codec
 from envfleet.backends.nodes.placement import alive_nodes, node_cpus
 from envfleet.backends.nodes.server import NodeServer
 from envfleet.backends.nodes.wire import Portable, portable
+from envfleet.backends.ray.ended import alive
 from envfleet.errors import EnvError
 from envfleet.info_columns import Columns
 
@@ -81,19 +82,8 @@ def remove_dead_agents_dirs(temp: str | None = None) -> None:
     pattern = os.path.join(temp or tempfile.gettempdir(), f"{AGENT_DIR_PREFIX}*-*")
     for path in glob.glob(pattern):
         pid = os.path.basename(path)[len(AGENT_DIR_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):  # a zombie's is removed: it has exited
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` runs on this machine (another user's counts: not ours)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def node_cores(node: str) -> int:

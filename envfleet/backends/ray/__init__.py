@@ -10,7 +10,9 @@
 - :mod:`~envfleet.backends.ray.options`: :class:`~envfleet.backends.ray.options.RayOptions`,
   the backend's own options (importing it does not import Ray);
 - :mod:`~envfleet.backends.ray.memory`: the batch memory shared with the actors of the pool's
-  own machine.
+  own machine;
+- :mod:`~envfleet.backends.ray.ended`: whether the processes Ray ends for a pool have ended,
+  and waiting for them (no Ray imported).
 
 These import the contract, never the node sub-pools;
 whether a ``backend="ray"`` pool runs one actor per worker or node sub-pools is

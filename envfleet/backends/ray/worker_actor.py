@@ -21,6 +21,7 @@ import psutil
 import ray
 
 from envfleet.backends.contract.outbox import Outbox
+from envfleet.backends.ray.ended import bury
 from envfleet.protocol import Close, Command
 
 
@@ -88,18 +89,7 @@ def close_actors(slots: list[ActorSlot], close: bytes, timeout: float) -> None:
                 ray.kill(slot.handle, no_restart=True)
             except Exception:
                 pass
-        _bury(local, timeout)
-
-
-def _bury(processes: list[psutil.Process], timeout: float) -> None:
-    """Wait up to ``timeout`` for ``processes`` to end, then end those still there."""
-    try:
-        _, alive = psutil.wait_procs(processes, timeout=timeout)
-        for process in alive:
-            process.kill()
-        psutil.wait_procs(alive, timeout=timeout)
-    except psutil.Error:
-        pass
+        bury(local, timeout)
 
 
 __all__ = ["ActorSlot", "close_actors", "message"]
