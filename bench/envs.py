@@ -235,9 +235,17 @@ class Target:
 
 
 _PROCESS = ("serial", "process", "ale-vector")  # ale-vector: Pong only, left out elsewhere
-_HOSTED = ("vector", "vector-ceiling", "hosted", "hosted-rollout", "process")
-"""For the hosted workloads: the VectorEnv alone, its ceiling, envfleet hosting it (stepped by
-the driver, and acting on the workers: rollouts), and envfleet's single-env path."""
+_HOSTED = (
+    "vector",
+    "vector-ceiling",
+    "vector-recording-ceiling",
+    "hosted",
+    "hosted-rollout",
+    "process",
+)
+"""For the hosted workloads: the VectorEnv alone, its ceiling (as is, and acting and recording
+as a rollout's worker does), envfleet hosting it (stepped by the driver, and acting on the
+workers: rollouts), and envfleet's single-env path."""
 _PONG_HOSTED = (
     "ale-vector",
     "ale-hosted",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import gymnasium
 import numpy as np
 import psutil
 import pytest
@@ -16,6 +17,7 @@ import envfleet
 from bench.common import paired_args, paired_parser, script_parser, timing_from
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
+from envfleet.benchmark import runners
 from envfleet.spec import EnvSpec
 from tests.envs import FaultyEnv
 
@@ -166,6 +168,40 @@ def test_ceiling_splits_the_envs_over_processes_and_reports_a_failure() -> None:
     assert runner.info["processes"] == processes and sum(runner.info["envs_per_process"]) == 3
     with pytest.raises(RuntimeError, match="ceiling worker failed: OSError: no simulator here"):
         benchmark.CeilingRunner(benchmark.Workload.of(_broken, 2), TIMING)
+
+
+def test_the_recording_ceiling_records_what_its_vector_env_gives_alone() -> None:
+    """Each process of ``vector-recording-ceiling`` acts and records as a rollout's worker: its
+    columns hold the observations each action was chosen on, the actions (its policy's pick
+    from the batch) and the step's rewards and flags, those of the same VectorEnv stepped alone
+    with the same seed; the row goes round past RECORDED_STEPS."""
+    steps, count, first = benchmark.RECORDED_STEPS + 5, 6, 3
+    workload = benchmark.Workload.of("CartPole-v1", 9)
+    recording, actions, venv = runners._recording_loop(workload, count, TIMING, first)
+    alone = gymnasium.make_vec("CartPole-v1", count, vectorization_mode="vector_entry_point")
+    try:
+        obs, _ = alone.reset(seed=TIMING.seed + first)
+        expected = []
+        for t in range(steps):
+            batch = actions[t % len(actions)]
+            recording(batch)
+            step = alone.step(batch)
+            expected.append((obs, batch, *step[1:4]))
+            obs = step[0]
+        for t in (5, steps - 6, steps - 5, steps - 1):  # the last 5 went round to rows 0-4
+            row = t % benchmark.RECORDED_STEPS
+            for got, want in zip(recording.columns, expected[t], strict=True):
+                np.testing.assert_array_equal(got[row], want)
+        assert recording.columns[0].dtype == np.float32 and recording.columns[1].dtype == np.int64
+        np.testing.assert_array_equal(recording.obs, obs)
+    finally:
+        venv.close()
+        alone.close()
+    runner = benchmark.CeilingRunner(workload, TIMING, recording=True)
+    try:
+        assert runner.name == "vector-recording-ceiling" and runner.window(0.05) > 0
+    finally:
+        runner.close()
 
 
 def _call_runner(workload: benchmark.Workload, timing: benchmark.Timing) -> benchmark.Runner:

@@ -93,6 +93,12 @@ RUNNERS: dict[str, RunnerKind] = {
             functools.partial(runners.CeilingRunner, vectorized=True),
             check=runners.vector_check,
         ),
+        RunnerKind(
+            "vector-recording-ceiling",
+            "vector-ceiling, each process acting and recording its steps as a rollout does",
+            functools.partial(runners.CeilingRunner, recording=True),
+            check=runners.vector_check,
+        ),
         RunnerKind("gym-sync", "Gymnasium SyncVectorEnv", runners.open_gym_sync),
         RunnerKind("gym-async", "Gymnasium AsyncVectorEnv (shared memory)", runners.open_gym_async),
         RunnerKind(

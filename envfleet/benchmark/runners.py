@@ -12,12 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium
+import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
 import envfleet
 from envfleet.affinity import usable_cpus
 from envfleet.benchmark import base
+from envfleet.rollout_loop import record_arrays, tree
 from envfleet.threads import split_ids
 
 CEILING_TIMEOUT = 600.0
@@ -86,6 +88,48 @@ def _vector_loop(
     return venv.step, actions, venv
 
 
+RECORDED_STEPS = 128
+"""Steps a recording loop's columns hold (a rollout's, as the ``hosted-rollout`` runner's;
+written over again each time round)."""
+
+
+class Recording:
+    """A VectorEnv acting and recording as a worker collecting a rollout must: each call picks
+    its envs' actions from the batch it is given (the ``hosted-rollout`` runner's policy,
+    :class:`~envfleet.benchmark.collect.CycledActions`), steps, and records the observations
+    the actions were chosen on, the actions, rewards and flags in :attr:`columns` of
+    :data:`RECORDED_STEPS` steps (row ``t`` of each, ``t`` going round): the least a layout
+    that collects rollouts where the envs are does, with no pool at all."""
+
+    def __init__(self, venv: Any, seed: int) -> None:
+        self.venv, self.count = venv, venv.num_envs
+        self.spaces = venv.single_observation_space, venv.single_action_space
+        self.columns = record_arrays(*self.spaces, RECORDED_STEPS, self.count, np.float64)
+        self.index = np.arange(self.count)
+        self.obs, self.t = venv.reset(seed=seed)[0], 0
+
+    def __call__(self, batch: Any) -> None:
+        t, (obs_space, act_space) = self.t % RECORDED_STEPS, self.spaces
+        observations, actions, rewards, terminations, truncations = self.columns
+
+        def row_t(leaf: np.ndarray, value: Any) -> None:
+            leaf[t] = value
+
+        tree(obs_space, row_t, observations, self.obs)
+        chosen = batch[self.index] if isinstance(batch, np.ndarray) else batch
+        tree(act_space, row_t, actions, chosen)
+        self.obs, rewards[t], terminations[t], truncations[t], _ = self.venv.step(chosen)
+        self.t += 1
+
+
+def _recording_loop(
+    workload: base.Workload, count: int, timing: base.Timing, first_index: int = 0
+) -> tuple[Callable[[Any], object], list[Any], Any]:
+    """:func:`_vector_loop`'s VectorEnv as a :class:`Recording`, its actions and the env."""
+    _, actions, venv = _vector_loop(workload, count, timing, first_index)
+    return Recording(venv, timing.seed + first_index), actions, venv
+
+
 def vector_check(spec: Any) -> str | None:
     """Why ``spec`` has no VectorEnv of its own to host (``None``: it has one)."""
     from envfleet.tune import has_vector_entry_point
@@ -126,12 +170,13 @@ def _ceiling_worker(
     seconds: Any,
     results: Any,
     vectorized: bool = False,
+    recording: bool = False,
 ) -> None:
     """Build process ``index``'s share of the envs (``counts[index]`` of them; ``vectorized``:
-    as the id's own VectorEnv); at each ``go``, time a window of ``seconds.value`` of sweeps
-    over them (<= 0: stop)."""
+    as the id's own VectorEnv, ``recording`` its steps as a rollout does); at each ``go``, time
+    a window of ``seconds.value`` of sweeps over them (<= 0: stop)."""
     try:
-        build = _vector_loop if vectorized else _for_loop
+        build = _recording_loop if recording else _vector_loop if vectorized else _for_loop
         sweep, actions, _ = build(workload, counts[index], timing, firsts[index])
         step = base.cycle(sweep, actions, counts[index])
         results.put((index, "ready", None))
@@ -150,16 +195,24 @@ def _ceiling_worker(
 class CeilingRunner(base.Runner):
     """The envs split over one process per usable core, never communicating; throughputs summed.
 
-    Each process runs the for-loop on its share; the parent only starts each window (a barrier)
-    and adds up what the processes measured inside it.
+    Each process runs the for-loop on its share (``vectorized``: the id's own VectorEnv;
+    ``recording``: that VectorEnv acting and recording its steps, :func:`_recording_loop`); the
+    parent only starts each window (a barrier) and adds up what the processes measured inside
+    it.
     """
 
     def __init__(
-        self, workload: base.Workload, timing: base.Timing, vectorized: bool = False
+        self,
+        workload: base.Workload,
+        timing: base.Timing,
+        vectorized: bool = False,
+        recording: bool = False,
     ) -> None:
         count = min(len(usable_cpus()), workload.num_envs)
         counts, firsts = blocks(workload.num_envs, count)
-        self.name = "vector-ceiling" if vectorized else base.CEILING
+        self.name = base.CEILING
+        if vectorized or recording:
+            self.name = "vector-recording-ceiling" if recording else "vector-ceiling"
         self.info = {"processes": count, "envs_per_process": counts}
         ctx = multiprocessing.get_context()
         self._go, self._seconds, self._results = ctx.Barrier(count + 1), ctx.Value("d"), ctx.Queue()
@@ -167,7 +220,7 @@ class CeilingRunner(base.Runner):
         self._workers = [
             ctx.Process(
                 target=_ceiling_worker,
-                args=(*args, i, self._go, self._seconds, self._results, vectorized),
+                args=(*args, i, self._go, self._seconds, self._results, vectorized, recording),
                 daemon=True,
             )
             for i in range(count)
@@ -267,7 +320,9 @@ def open_gym_async(
 
 __all__ = [
     "CEILING_TIMEOUT",
+    "RECORDED_STEPS",
     "CeilingRunner",
+    "Recording",
     "blocks",
     "envfleet_opener",
     "open_envfleet",
