@@ -23,6 +23,8 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+from envfleet.backends.ray.ended import ended
+
 GRACE = 10.0
 """Seconds a killed actor's process gets to exit (``ray.kill`` is asynchronous)."""
 
@@ -148,11 +150,12 @@ def listening_addresses(processes: list[psutil.Process]) -> set[str]:
 
 
 def envfleet_actor_pids() -> list[int]:
-    """Processes of this process tree now running an envfleet actor."""
+    """Processes of this process tree now running an envfleet actor (one that has exited,
+    not yet reaped by the raylet, runs nothing: not counted)."""
     pids = []
     for pid, child in _children().items():
         try:
-            if child.name().startswith("ray::GroupActor"):
+            if child.name().startswith("ray::GroupActor") and not ended(child):
                 pids.append(pid)
         except psutil.Error:
             pass
