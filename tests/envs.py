@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -199,3 +200,14 @@ class InheritingEnv(StepEnv):
     def __init__(self) -> None:
         super().__init__(100)
         self.inherited = bool(IN_PARENT)
+
+
+class ModulesCartPole(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """CartPole that says whether its process has imported a module (this module imports no
+    Ray: a worker that unpickles it does not either)."""
+
+    def __init__(self) -> None:
+        super().__init__(gymnasium.make("CartPole-v1"))
+
+    def imported(self, name: str) -> bool:
+        return name in sys.modules

@@ -12,6 +12,8 @@
   :mod:`~envfleet.backends.nodes.raw_rows` and :mod:`~envfleet.backends.nodes.compression`:
   the messages between them;
 - :mod:`~envfleet.backends.nodes.placement`: which nodes, and how many workers on each;
+- :mod:`~envfleet.backends.nodes.options`: a node's options for its workers (no Ray imported:
+  the workers unpickle them);
 - :mod:`~envfleet.backends.nodes.driver_node`: the pool's own node, on its shared memory (the
   ray family's actors).
 

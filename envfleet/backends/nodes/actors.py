@@ -29,9 +29,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from envfleet.backends.contract.base import TransportOptions
 from envfleet.backends.contract.connections import handshake
 from envfleet.backends.nodes import raw_rows, wire
-from envfleet.backends.nodes.agent import NodeAgent, node_options, remove_dead_agents_dirs
+from envfleet.backends.nodes.agent import NodeAgent, remove_dead_agents_dirs
 from envfleet.backends.nodes.frames import Frames
 from envfleet.backends.nodes.link import NodeLink
+from envfleet.backends.nodes.options import node_options
 from envfleet.backends.ray.ended import bury
 from envfleet.backends.ray.options import RayOptions
 from envfleet.backends.ray.session import START_ATTEMPTS, await_start

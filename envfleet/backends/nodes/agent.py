@@ -21,56 +21,30 @@ pool as it closes once its agents on its own machine are gone.
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import multiprocessing
 import os
 import shutil
 import socket
+import sys
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import ray
 
 from envfleet.affinity import usable_cpus
-from envfleet.backends.contract.base import LocalPool, TransportOptions
+from envfleet.backends.contract.base import LocalPool
 from envfleet.backends.contract.connections import accept_pool
 from envfleet.backends.local.shared_weights import open_local_pool
 from envfleet.backends.nodes import raw_rows
 from envfleet.backends.nodes.compression import Codec, codec
+from envfleet.backends.nodes.options import NodeOptions
 from envfleet.backends.nodes.placement import alive_nodes, node_cpus
 from envfleet.backends.nodes.server import NodeServer
 from envfleet.backends.nodes.wire import Portable, portable
 from envfleet.backends.ray.ended import alive
 from envfleet.errors import EnvError
 from envfleet.info_columns import Columns
-
-DEFAULT_CONTEXT = "forkserver"
-"""How the agent starts its worker processes: a Ray worker runs threads, which ``fork`` would
-copy in whatever state they are; a fork server is started clean once."""
-
-
-@dataclass(frozen=True)
-class NodeOptions(TransportOptions):
-    """A pool's options for one node's workers: their envs keep their global indices (rows of a
-    batch as large as the whole pool's)."""
-
-    rows: int = 0
-
-    @property
-    def num_envs(self) -> int:
-        return self.rows
-
-
-def node_options(options: TransportOptions, workers: Sequence[int]) -> NodeOptions:
-    """``options`` for the node that runs ``workers`` (global worker indices)."""
-    values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
-    values["assignment"] = [tuple(options.assignment[w]) for w in workers]
-    values["context"] = options.context or DEFAULT_CONTEXT
-    return NodeOptions(**values, rows=options.num_envs)
-
 
 AGENT_DIR_PREFIX = "envfleet-agent-"
 """How an agent's own temp directory is named: the prefix, its process id, ``-``, random."""
@@ -92,6 +66,21 @@ def node_cores(node: str) -> int:
     cpus = {str(n["NodeID"]): node_cpus(n) for n in alive_nodes()}.get(node)
     usable = len(usable_cpus())
     return usable if cpus is None else max(1, min(usable, int(cpus)))
+
+
+def leave_rays_main_alone() -> None:
+    """Have the worker processes started from here not import this process's main script.
+
+    An agent runs in a Ray worker process, whose main module is Ray's ``default_worker.py``. A
+    process that ``multiprocessing`` starts with a fork server (or spawns) imports its parent's
+    main script first; CPython's fork server (to 3.12) never preloads it, so every one of the
+    node's workers imported Ray (~0.4 s of CPU each here) though it runs envfleet's worker loop
+    only, its code and envs unpickled. With no file to its name, the main module is left alone
+    (as for an interactive session); Ray's worker reads that name only as a driver.
+    """
+    main = sys.modules.get("__main__")
+    if main is not None and getattr(main, "__spec__", None) is None:
+        main.__dict__.pop("__file__", None)
 
 
 class NodeAgent:
@@ -123,6 +112,7 @@ class NodeAgent:
         except ImportError as exc:  # lz4 on the pool's machine, not on this node
             return ("missing", f"node {node} ({host}): {exc}"), node, host, 0, os.getpid()
         remove_dead_agents_dirs()  # of agents killed on this node before
+        leave_rays_main_alone()  # its workers, started below and on restarts, import no Ray
         self._temp = tempfile.mkdtemp(prefix=f"{AGENT_DIR_PREFIX}{os.getpid()}-")
         # multiprocessing's own temp dir for this process (where its fork server's socket
         # goes), which it would otherwise make as pymp-* and remove only at exit.
@@ -180,10 +170,8 @@ class NodeAgent:
 
 __all__ = [
     "AGENT_DIR_PREFIX",
-    "DEFAULT_CONTEXT",
     "NodeAgent",
-    "NodeOptions",
+    "leave_rays_main_alone",
     "node_cores",
-    "node_options",
     "remove_dead_agents_dirs",
 ]

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from envfleet.backends.contract.base import Replies, TransportOptions
-from envfleet.backends.nodes.agent import NodeOptions
+from envfleet.backends.nodes.options import NodeOptions
 from envfleet.backends.ray import memory as node_memory
 from envfleet.backends.ray.options import RayOptions
 from envfleet.backends.ray.session import pool_node
