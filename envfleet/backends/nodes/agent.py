@@ -73,9 +73,9 @@ def leave_rays_main_alone() -> None:
 
     An agent runs in a Ray worker process, whose main module is Ray's ``default_worker.py``. A
     process that ``multiprocessing`` starts with a fork server (or spawns) imports its parent's
-    main script first; CPython's fork server (to 3.12) never preloads it, so every one of the
-    node's workers imported Ray (~0.4 s of CPU each here) though it runs envfleet's worker loop
-    only, its code and envs unpickled. With no file to its name, the main module is left alone
+    main script first (CPython 3.11's fork server does not preload it for them), so every one
+    of the node's workers imported Ray (~0.4 s of CPU each here) though it runs envfleet's
+    worker loop only, its code and envs unpickled. With no file to its name, the main module is left alone
     (as for an interactive session); Ray's worker reads that name only as a driver.
     """
     main = sys.modules.get("__main__")

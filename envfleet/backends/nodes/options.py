@@ -1,5 +1,5 @@
 """A node's options for its workers, in a module of its own that imports no Ray: the workers
-unpickle them, and would otherwise import Ray with the agent's module (~0.4 s of CPU and ~70
+unpickle them, and would otherwise import Ray with the agent's module (~0.4 s of CPU and ~40
 MB a worker here) though they never use it."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A process that has exited stays in the process table, a zombie, until its parent
 parent of an actor's process is Ray's raylet, which reaps in its own time (about a second after
 ``ray.kill`` here). A zombie runs nothing and holds nothing but that entry, so here it counts as
 ended: a pool's ``close`` waits for its actors' processes to exit, not for the raylet (psutil's
-own wait, which did, kept ``close`` of a node pool 1.2-1.9 s longer than its agents took to
+own wait, which did, kept ``close`` of a node pool 1.2-2.1 s longer than its agents took to
 exit).
 """
 
