@@ -75,8 +75,9 @@ def leave_rays_main_alone() -> None:
     process that ``multiprocessing`` starts with a fork server (or spawns) imports its parent's
     main script first (CPython 3.11's fork server does not preload it for them), so every one
     of the node's workers imported Ray (~0.4 s of CPU each here) though it runs envfleet's
-    worker loop only, its code and envs unpickled. With no file to its name, the main module is left alone
-    (as for an interactive session); Ray's worker reads that name only as a driver.
+    worker loop only, its code and envs unpickled. With no file to its name, the main module is
+    left alone (as for an interactive session); Ray's worker reads that name only as a
+    driver.
     """
     main = sys.modules.get("__main__")
     if main is not None and getattr(main, "__spec__", None) is None:
