@@ -88,7 +88,7 @@ def leave_rays_main_alone() -> None:
 def preload_worker_loop(context: str | None) -> None:
     """Have the fork server (``context``, the agent's default) import the workers' loop once,
     before it forks any: each worker then starts with envfleet, numpy and Gymnasium imported
-    (a node pool of 2 nodes x 2 workers started in 1.2-1.5 s here instead of 1.7-2.1)."""
+    (a node pool of 2 nodes x 2 workers started in 1.2-1.7 s here instead of 1.7-2.1)."""
     if (context or DEFAULT_CONTEXT) == "forkserver":
         multiprocessing.set_forkserver_preload([worker_process.__name__])
 
