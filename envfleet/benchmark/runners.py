@@ -102,22 +102,29 @@ class Recording:
     that collects rollouts where the envs are does, with no pool at all."""
 
     def __init__(self, venv: Any, seed: int) -> None:
-        self.venv, self.count = venv, venv.num_envs
+        self.venv = venv
         self.spaces = venv.single_observation_space, venv.single_action_space
-        self.columns = record_arrays(*self.spaces, RECORDED_STEPS, self.count, np.float64)
-        self.index = np.arange(self.count)
+        self.columns = record_arrays(*self.spaces, RECORDED_STEPS, venv.num_envs, np.float64)
+        # Observations and actions that are one array each (Box, Discrete...) are written
+        # straight into their row, as the rollout loop writes them; nested ones leaf by leaf.
+        self.flat = all(isinstance(c, np.ndarray) for c in self.columns[:2])
+        self.index = np.arange(venv.num_envs)
         self.obs, self.t = venv.reset(seed=seed)[0], 0
 
     def __call__(self, batch: Any) -> None:
-        t, (obs_space, act_space) = self.t % RECORDED_STEPS, self.spaces
+        t = self.t % RECORDED_STEPS
         observations, actions, rewards, terminations, truncations = self.columns
-
-        def row_t(leaf: np.ndarray, value: Any) -> None:
-            leaf[t] = value
-
-        tree(obs_space, row_t, observations, self.obs)
         chosen = batch[self.index] if isinstance(batch, np.ndarray) else batch
-        tree(act_space, row_t, actions, chosen)
+        if self.flat:
+            observations[t] = self.obs
+            actions[t] = chosen
+        else:
+
+            def row_t(leaf: np.ndarray, value: Any) -> None:
+                leaf[t] = value
+
+            tree(self.spaces[0], row_t, observations, self.obs)
+            tree(self.spaces[1], row_t, actions, chosen)
         self.obs, rewards[t], terminations[t], truncations[t], _ = self.venv.step(chosen)
         self.t += 1
 
