@@ -1,19 +1,25 @@
-"""CPU per vector step of envfleet's pools, by process, against the bare layouts.
+"""CPU per vector step of envfleet's pools, by process, against the bare layouts and against
+the VectorEnvs they host alone.
 
 No-op envs (:class:`bench.envs.NoOpEnv`) x 2 and x 64, CartPole-v1 x 64 and ALE/Pong-v5 x 8 on
 one machine, 2 workers (``--workers``), and no-op x 64 on 8 workers over 2 nodes of a fake Ray
-cluster (``noop-64-nodes``; :data:`WORKLOADS`). Each pool beside the bare layout of as many
-workers (:class:`envfleet.benchmark.BarePool`: actions and rows in shared memory, autoreset;
-across nodes an agent per node, at the pool's agents' niceness, and one TCP message each way)
-stepped with the same actions, in paired rounds that alternate which goes first
-(:func:`envfleet.benchmark.versus_bare`). Per role (the driver, each agent, each worker), the
-CPU µs per step of both, read from every process before and after each window, and their
-ratio; then the wall time and the targets (:data:`TARGETS`).
+cluster (``noop-64-nodes``), each against the bare layout of as many workers
+(:class:`envfleet.benchmark.BarePool`: actions and rows in shared memory, autoreset; across
+nodes an agent per node, at the pool's agents' niceness, one TCP message each way). Named
+only: ALE/Pong-v5 x 16 hosted (:data:`HOSTED`) against the same VectorEnv alone in this
+process: ``pong-16-ale``, ale-vector's ``AtariVectorEnv`` (the id's frames) hosted a worker
+per core on one thread each, against one of every env on a thread per core;
+``pong-16-make_vec``, ``gymnasium.make_vec``'s (84x84 grey, 4 stacked), a worker per core.
+Both sides step the same actions in paired rounds that alternate which goes first
+(:func:`envfleet.benchmark.versus`): per role (the driver: this process, every thread; each
+agent; each worker) the CPU µs per step of both and their ratio, the wall time and the
+targets (:data:`TARGETS`).
 
 Usage (from the repository root, so that Ray's workers can import ``bench``)::
 
-    python bench/step_cost.py                         # all five: 7 rounds of 1 s, ~4 minutes
+    python bench/step_cost.py                         # the first five: 7 rounds of 1 s, ~4 min
     python bench/step_cost.py --workloads noop-2,noop-64 --rounds 9 --seconds 2
+    python bench/step_cost.py --workloads pong-16-ale,pong-16-make_vec --rounds 9
 """
 
 from __future__ import annotations
@@ -27,12 +33,16 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 import argparse
 from typing import Any
 
+import gymnasium
+import psutil
 from rich.console import Console
 
 import envfleet
 from bench import common
 from bench.envs import NoOpEnv
 from envfleet import benchmark
+from envfleet.affinity import usable_cpus
+from envfleet.spec import EnvSpec
 
 WORKLOADS: dict[str, tuple[Any, int, int]] = {  # env, envs, fake nodes (0: this machine)
     "noop-2": (NoOpEnv, 2, 0),
@@ -40,7 +50,11 @@ WORKLOADS: dict[str, tuple[Any, int, int]] = {  # env, envs, fake nodes (0: this
     "cartpole-64": ("CartPole-v1", 64, 0),
     "pong-8": ("ALE/Pong-v5", 8, 0),
     "noop-64-nodes": (NoOpEnv, 64, 2),
+    "pong-16-ale": ("ALE/Pong-v5", 16, 0),
+    "pong-16-make_vec": ("ALE/Pong-v5", 16, 0),
 }
+HOSTED = ("pong-16-ale", "pong-16-make_vec")
+"""The workloads hosted as VectorEnvs, set against the VectorEnv alone (not the bare layout)."""
 NODE_WORKERS = 8
 """Workers of the node layout, over its 2 nodes."""
 TARGETS: dict[str, dict[str, float]] = {  # envfleet / bare: CPU at most, throughput at least
@@ -66,8 +80,24 @@ def check(console: Console, name: str, compared: dict[str, Any], nodes: int) -> 
         common.target(
             console, f"{name}: {figure}", figures[figure], bound, most=figure != "throughput"
         )
-        for figure, bound in TARGETS[name].items()
+        for figure, bound in TARGETS.get(name, {}).items()
     ]
+
+
+def hosted(name: str, n: int) -> tuple[envfleet.Pool, Any]:
+    """The pool hosting ``n`` Pong VectorEnvs for workload ``name`` and the same alone."""
+    if name == "pong-16-ale":
+        from ale_py.vector_env import AtariVectorEnv
+
+        spec = EnvSpec.from_user("ALE/Pong-v5")
+        options = benchmark.ale_vector_options(spec) or {}
+        game, threads = options.pop("game"), len(usable_cpus())
+        fns = benchmark.ale_hosted_fns(spec, n, threads)
+        alone = AtariVectorEnv(game, n, num_threads=threads, **options)
+        return envfleet.make(vector_env_fns=fns, backend="process"), alone
+    mode = {"vectorization_mode": "vector_entry_point"}
+    alone = gymnasium.make_vec("ALE/Pong-v5", n, **mode)  # type: ignore[arg-type]
+    return envfleet.make("ALE/Pong-v5", n, backend="process", **mode), alone
 
 
 def measure(console: Console, name: str, args: argparse.Namespace, nodes: list[str]) -> Any:
@@ -76,20 +106,29 @@ def measure(console: Console, name: str, args: argparse.Namespace, nodes: list[s
     where = {"backend": "process", "num_workers": args.workers}
     if on_nodes:
         where = {"backend": "ray", "nodes": nodes[:on_nodes], "num_workers": NODE_WORKERS}
-    with envfleet.make(env, n, **where) as pool:
+    pool, other = hosted(name, n) if name in HOSTED else (envfleet.make(env, n, **where), None)
+    workers = pool.num_workers
+    try:
         pool.reset(seed=args.seed)
         actions = benchmark.sample_actions(pool.single_action_space, n, timing)[:64]
-        nice = benchmark.pool_roles(pool)["agent 0"][0].nice() if on_nodes else None
-        workload, workers = benchmark.Workload.of(env, n), pool.num_workers
-        bare = benchmark.BarePool(workload, timing, workers, on_nodes, nice)
-        try:
-            with common.progress(console, name) as hooks:
-                hook = hooks.get("progress") or hooks["on_stage"]
-                compared = benchmark.versus_bare(
-                    pool, bare, actions, args.rounds, args.seconds, hook
-                )
-        finally:
-            bare.close()
+        if other is None:  # the bare layout of as many workers, at the agents' niceness
+            nice = benchmark.pool_roles(pool)["agent 0"][0].nice() if on_nodes else None
+            other = benchmark.BarePool(
+                benchmark.Workload.of(env, n), timing, workers, on_nodes, nice
+            )
+            layout = benchmark.bare_layout(other)
+        else:
+            other.reset(seed=args.seed)
+            layout = benchmark.Layout(
+                "alone", other.step, benchmark.roles(psutil.Process(), [], [])
+            )
+        with common.progress(console, name) as hooks:
+            hook = hooks.get("progress") or hooks["on_stage"]
+            compared = benchmark.versus(pool, layout, actions, args.rounds, args.seconds, hook)
+    finally:
+        pool.close()
+        if other is not None:
+            other.close()
     title = f"{name} on {workers} workers, medians of {args.rounds} paired rounds"
     console.print(benchmark.roles_table(title, compared))
     return {"roles": compared, "targets": check(console, name, compared, on_nodes)}
@@ -97,7 +136,8 @@ def measure(console: Console, name: str, args: argparse.Namespace, nodes: list[s
 
 def main(argv: list[str] | None = None) -> int:
     parser = common.paired_parser(__doc__ or "", common.RESULTS / "step_cost.json", 7)
-    common.add_choice(parser, "--workloads", list(WORKLOADS))
+    default = [name for name in WORKLOADS if name not in HOSTED]
+    common.add_choice(parser, "--workloads", list(WORKLOADS), default)
     parser.add_argument("--workers", type=int, default=2, help="on one machine")
     args = common.paired_args(parser, argv)
     nodes = max(WORKLOADS[name][2] for name in args.workloads)

@@ -112,6 +112,7 @@ def test_a_cpu_ratio_pairs_the_rounds_and_compare_names_every_role() -> None:
     compared = benchmark.compare(mine, bare)
     assert list(compared) == ["driver", "all processes", "thread", "wall", "machine"]
     assert compared["driver"] == {"envfleet_us": 6.0, "bare_us": 2.0, "ratio": 3.0}
+    assert "alone_us" in benchmark.compare(mine, bare, "alone")["wall"]
 
 
 def test_roles_name_the_driver_each_worker_and_the_rest() -> None:

@@ -6,8 +6,8 @@ fork server). :func:`paired` times layouts in rounds, each round in another orde
 every process's CPU time around each window: what the whole layout spends, which the caller's
 thread alone misses and a machine's wake-ups hide in wall time. A ratio of two layouts is the
 median of their per-round ratios (:func:`paired_ratio`): drift moves both sides of a round
-alike. :func:`versus_bare` sets an envfleet pool against its bare layout
-(:class:`~envfleet.benchmark.bare.BarePool`) on the same actions; :func:`roles_table` shows it.
+alike. :func:`versus` sets an envfleet pool against another layout on the same actions (its
+bare layout, :func:`bare_layout`, or the VectorEnv it hosts alone); :func:`roles_table` shows it.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ Roles = dict[str, list[psutil.Process]]
 
 @dataclass(frozen=True)
 class Layout:
-    """A step to time and the processes that serve it, by role."""
+    """A step to time and the processes that serve it, by role (:func:`versus` calls its
+    other layout's step with a batch of actions, :func:`cpu_window` with none)."""
 
     name: str
-    step: Callable[[], object]
+    step: Callable[..., object]
     roles: Roles
 
 
@@ -146,33 +147,42 @@ def pool_roles(pool: Any) -> Roles:
     return roles(psutil.Process(), agents, workers)
 
 
-def versus_bare(
+def versus(
     pool: Any,
-    bare: BarePool,
+    other: Layout,
     actions: Sequence[Any],
     rounds: int,
     seconds: float,
     progress: Callable[[str], object] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """``pool`` (reset) and ``bare`` stepped with ``actions`` in turn, in paired rounds: the
-    figures of their windows side by side (:func:`compare`)."""
+    """``pool`` (reset) and ``other`` (a layout whose step takes a batch of actions: the bare
+    layout's, a VectorEnv alone) stepped with ``actions`` in turn, in paired rounds: the figures
+    of their windows side by side (:func:`compare`)."""
     mine, theirs = itertools.cycle(actions), itertools.cycle(actions)
     layouts = [
         Layout("envfleet", lambda: pool.step(next(mine)), pool_roles(pool)),
-        Layout("bare", lambda: bare.step(next(theirs)), roles(psutil.Process(), **bare.pids)),
+        Layout(other.name, lambda: other.step(next(theirs)), other.roles),
     ]
     got = paired(layouts, rounds, seconds, progress)
-    return compare(got["envfleet"], got["bare"])
+    return compare(got["envfleet"], got[other.name], other.name)
+
+
+def bare_layout(bare: BarePool) -> Layout:
+    """:class:`~envfleet.benchmark.bare.BarePool`'s step and its processes, for :func:`versus`."""
+    return Layout("bare", bare.step, roles(psutil.Process(), **bare.pids))
 
 
 def _role(name: str) -> Callable[[CpuWindow], float]:
     return lambda window: window.roles_us.get(name, 0.0)
 
 
-def compare(mine: Sequence[CpuWindow], bare: Sequence[CpuWindow]) -> dict[str, dict[str, Any]]:
+def compare(
+    mine: Sequence[CpuWindow], theirs: Sequence[CpuWindow], other: str = "bare"
+) -> dict[str, dict[str, Any]]:
     """Per role (then ``all processes``, the caller's ``thread``, ``wall`` and ``machine``):
-    the median µs per step of each side and their paired ratio."""
-    names = list(dict.fromkeys([*mine[0].roles_us, *bare[0].roles_us]))
+    the median µs per step of each side (``envfleet_us``, ``<other>_us``) and their paired
+    ratio."""
+    names = list(dict.fromkeys([*mine[0].roles_us, *theirs[0].roles_us]))
     figures: dict[str, Callable[[CpuWindow], float]] = {
         **{name: _role(name) for name in names},
         "all processes": lambda w: w.cpu_us,
@@ -183,8 +193,8 @@ def compare(mine: Sequence[CpuWindow], bare: Sequence[CpuWindow]) -> dict[str, d
     return {
         name: {
             "envfleet_us": statistics.median(map(figure, mine)),
-            "bare_us": statistics.median(map(figure, bare)),
-            "ratio": paired_ratio(mine, bare, figure),
+            f"{other}_us": statistics.median(map(figure, theirs)),
+            "ratio": paired_ratio(mine, theirs, figure),
         }
         for name, figure in figures.items()
     }
@@ -193,12 +203,13 @@ def compare(mine: Sequence[CpuWindow], bare: Sequence[CpuWindow]) -> dict[str, d
 def roles_table(title: str, compared: dict[str, dict[str, Any]]) -> Table:
     """:func:`compare`'s figures as a table, one row per role."""
     table = Table(title=title, title_justify="left")
-    for header in ("µs per step", "envfleet", "bare", "envfleet / bare"):
+    other = [key for key in next(iter(compared.values())) if key.endswith("_us")][1]
+    for header in ("µs per step", "envfleet", other[:-3], f"envfleet / {other[:-3]}"):
         table.add_column(header, justify="left" if header == "µs per step" else "right")
     for name, row in compared.items():
         ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
         label = {"thread": "(the caller's thread)", "machine": "(the whole machine)"}.get(name)
-        table.add_row(label or name, f"{row['envfleet_us']:.1f}", f"{row['bare_us']:.1f}", ratio)
+        table.add_row(label or name, f"{row['envfleet_us']:.1f}", f"{row[other]:.1f}", ratio)
     return table
 
 
@@ -206,6 +217,7 @@ __all__ = [
     "CpuWindow",
     "Layout",
     "Roles",
+    "bare_layout",
     "compare",
     "cpu_window",
     "paired",
@@ -213,5 +225,5 @@ __all__ = [
     "pool_roles",
     "roles",
     "roles_table",
-    "versus_bare",
+    "versus",
 ]
