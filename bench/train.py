@@ -5,7 +5,8 @@ its target in one table (:mod:`envfleet.benchmark.training` measures):
 (a) a learner sleeping L per update beside envs collecting for C per rollout (process backend):
     an iteration of ``r = rollout_wait(); rollout_async(policy, steps, r.env_ids, v + 1);
     learn(r)`` against max(L, C) and L + C, and of the synchronous ``rollout`` loop;
-(b) the bytes the driver sends per version of 4 MB of weights, 2 nodes x 2 and x 4 workers;
+(b) the bytes per version of 4 MB of weights: each worker reads on the process backend (4
+    workers), the driver sends 2 nodes x 2 and x 4 workers;
 (c) a straggling node (its envs sleep 3x longer a step): ``rollout_wait(min_envs=<a node's
     envs>, max_lag=2)`` and those envs restarted at once, against both nodes healthy and the
     synchronous loop; every env-step started is delivered or dropped;
@@ -57,18 +58,27 @@ def overlap(quick: bool, raw: dict[str, Any]) -> list[Figure]:
 
 
 def weights(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:
-    """(b): one env per worker, 3 versions (1 with --quick) of 4 MB of weights."""
-    figures = []
-    for per_node in (2, 4):
-        workers = per_node * len(nodes)
-        make: dict[str, Any] = {"backend": "ray", "nodes": nodes, "num_workers": workers, "seed": 0}
-        with envfleet.make(NoOpEnv, workers, **make) as pool:
+    """(b): one env per worker, 3 versions (1 with --quick) of 4 MB of weights: the bytes each
+    worker reads per version on the process backend (4 workers: the weights reach them through
+    shared memory), and the bytes the driver sends per version to 2 nodes x 2 and x 4 workers."""
+    figures, process = [], {"backend": "process", "num_workers": 4}
+    layouts = {"process backend, 4 workers": process}
+    for k in (2, 4):
+        ray = {"backend": "ray", "nodes": nodes, "num_workers": k * len(nodes)}
+        layouts[f"2 nodes x {k} workers"] = ray
+    for label, make in layouts.items():
+        with envfleet.make(NoOpEnv, make["num_workers"], seed=0, **make) as pool:
             got = training.weight_bytes(pool, ArrayPolicy(4 << 20), 1 if quick else 3)
-        raw[f"weights {per_node} per node"] = got
-        size = got["weights_bytes"]
-        name = f"(b) bytes sent per version, 2 nodes x {per_node} workers"
-        against = f"nodes x weights ({size:,} B)"
-        figures.append(Figure(name, got["per_version"] * size, "B", against, 2 * size, 0.98, 1.02))
+        raw[f"weights, {label}"], size = got, got["weights_bytes"]
+        weights = f"weights ({size:,} B)"
+        if make is process:
+            most = max(got["read_per_worker_per_version"])
+            name = f"(b) bytes a worker reads per version, {label}"
+            figures.append(Figure(name, most, "B", weights, size, high=0.001))
+        else:
+            name = f"(b) bytes sent per version, {label}"
+            sent = got["per_version"] * size
+            figures.append(Figure(name, sent, "B", f"nodes x {weights}", 2 * size, 0.98, 1.02))
     return figures
 
 

@@ -55,6 +55,17 @@ def test_each_versions_weights_cross_to_each_node_once_whatever_its_workers(
     assert all(1.0 < share < 1.001 for share in got["per_node_per_version"]), got
     assert 2.0 < got["per_version"] < 2.002
     assert all(0 < sent < 2000 for sent in got["same_version_bytes"]), got  # no weights
+    assert all(0 < read < 2000 for read in got["read_per_worker_per_version"]), got
+
+
+def test_a_process_backends_workers_read_a_version_through_shared_memory_not_their_pipes() -> None:
+    policy = ArrayPolicy(1 << 20)
+    with envfleet.make(NoOpEnv, 2, backend="process", num_workers=2) as pool:
+        got = training.weight_bytes(pool, policy, versions=2)
+    assert got["workers"] == [] and got["per_version"] == 0.0  # no nodes
+    # A command's few hundred bytes down each pipe, not the weights' megabyte.
+    assert len(got["read_per_worker_per_version"]) == 2, got
+    assert all(0 < read < 2000 for read in got["read_per_worker_per_version"]), got
 
 
 def test_collect_delivers_or_drops_every_env_step_it_started() -> None:

@@ -1,11 +1,10 @@
 """Asynchronous, versioned rollouts measured as a training loop uses them (``bench/train.py``).
 
 Each function takes an open pool and a policy and returns what it counted: :func:`overlap`
-(a learner that sleeps while the workers collect), :func:`weight_bytes` (what each version of
-the weights costs on the wire, per node), :func:`collect` (``rollout_wait(min_envs)`` then
-those envs restarted at once, with every env-step started accounted for) and :func:`per_cpu`
-(env-steps per driver CPU-second). :class:`Figure` sets a figure against what it is judged by;
-:func:`figure_table` prints them all, each ratio beside its target.
+(a learner that sleeps while the workers collect), :func:`weight_bytes` (what a version of the
+weights costs each node and each worker), :func:`collect` (``rollout_wait(min_envs)`` then those
+envs restarted at once, every env-step started accounted for) and :func:`per_cpu` (env-steps per
+CPU-second). :func:`figure_table` prints the :class:`Figure` rows, each ratio beside its target.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from rich.table import Table
 
 import envfleet
 from envfleet.benchmark.base import busy_cpu_s
+from envfleet.benchmark.cpu import pool_roles
 
 
 class ArrayPolicy:
@@ -85,11 +85,15 @@ def overlap(
 
 
 def weight_bytes(pool: envfleet.Pool, policy: Any, versions: int, steps: int = 2) -> dict[str, Any]:
-    """Bytes the driver sent each node per version of ``policy``'s weights (``versions`` new
-    versions, after one rollout that ships the code), in units of the pickled weights; and the
-    bytes sent each node by a rollout of the same version again (no weights). ``workers``:
-    each node's workers."""
+    """What each new version of ``policy``'s weights costs (``versions`` of them, after one
+    rollout that ships the code): the bytes the driver sent each node (node sub-pools), in units
+    of the pickled weights, and the bytes each worker process read (its pipe: ``rchar`` of
+    ``/proc/<pid>/io``; its envs read no file); then the bytes sent each node by a rollout of
+    the same version again (no weights). ``workers``: each node's workers."""
     size = len(pickle.dumps(policy.weights(), protocol=pickle.HIGHEST_PROTOCOL))
+    processes = [
+        p for role, ps in pool_roles(pool).items() if role.startswith("worker") for p in ps
+    ]
     pool.reset(seed=0)
     version = pool.rollout_async(policy, steps)
     pool.rollout_wait()
@@ -97,13 +101,15 @@ def weight_bytes(pool: envfleet.Pool, policy: Any, versions: int, steps: int = 2
     def sent() -> np.ndarray:
         return np.array([n.bytes_out for n in sorted(pool.stats().nodes, key=lambda n: n.node)])
 
-    workers = [n.workers for n in sorted(pool.stats().nodes, key=lambda n: n.node)]
+    def read() -> np.ndarray:
+        return np.array([p.io_counters().read_chars for p in processes])
 
-    before = sent()
+    workers = [n.workers for n in sorted(pool.stats().nodes, key=lambda n: n.node)]
+    before, read_before = sent(), read()
     for _ in range(versions):
         version = pool.rollout_async(policy, steps, version=version + 1)
         pool.rollout_wait()
-    after = sent()
+    after, read_after = sent(), read()
     pool.rollout_async(policy, steps, version=version)
     pool.rollout_wait()
     per_node = (after - before) / versions / size
@@ -113,6 +119,7 @@ def weight_bytes(pool: envfleet.Pool, policy: Any, versions: int, steps: int = 2
         "per_node_per_version": per_node.tolist(),
         "per_version": float(per_node.sum()),
         "same_version_bytes": (sent() - after).tolist(),
+        "read_per_worker_per_version": ((read_after - read_before) / versions).tolist(),
     }
 
 
