@@ -122,34 +122,31 @@ def target(
 # -- options, machine, JSON --------------------------------------------------------------------
 
 
-def script_parser(doc: str, default_json: Path) -> argparse.ArgumentParser:
-    """The options every benchmark script takes: window, repeats, warm-up, seed, JSON, quick."""
+def script_parser(
+    doc: str, default_json: Path, rounds: int | None = None
+) -> argparse.ArgumentParser:
+    """The options every benchmark script takes: seed, JSON, quick, and either windows of runners
+    (``--seconds``, ``--repeats``, ``--warmup``: :func:`timing_from`) or, given ``rounds``,
+    paired rounds (``--rounds``, ``--seconds`` a window: :func:`paired_args`)."""
     parser = argparse.ArgumentParser(
         description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=default_json, help="where to write results")
+    if rounds is not None:
+        parser.add_argument("--rounds", type=int, default=rounds, help="paired rounds")
+        parser.add_argument("--seconds", type=float, default=1.0, help="a window")
+        parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 0.2 s")
+        return parser
     parser.add_argument("--seconds", type=float, default=None, help="timed window (default 3)")
     parser.add_argument("--repeats", type=int, default=None, help="windows per runner (default 3)")
     parser.add_argument("--warmup", type=float, default=None, help="warm-up s (default 1)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, default=default_json, help="where to write results")
     parser.add_argument("--quick", action="store_true", help="1 window of 0.5 s per runner")
     return parser
 
 
-def paired_parser(doc: str, default_json: Path, rounds: int) -> argparse.ArgumentParser:
-    """The options every script of paired rounds takes (:func:`paired_args` reads them):
-    rounds, window, seed, JSON, quick."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=rounds, help="paired rounds")
-    parser.add_argument("--seconds", type=float, default=1.0, help="a window")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 0.2 s")
-    parser.add_argument("--json", type=Path, default=default_json, help="where to write results")
-    return parser
-
-
 def paired_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """:func:`paired_parser`'s options parsed (``--quick``: 2 rounds of 0.2 s)."""
+    """Paired rounds' options parsed (``--quick``: 2 rounds of 0.2 s)."""
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.seconds = 2, 0.2

@@ -1,19 +1,15 @@
 """CPU per vector step of envfleet's pools, by process, against the bare layouts and against
 the VectorEnvs they host alone.
 
-No-op envs (:class:`bench.envs.NoOpEnv`) x 2 and x 64, CartPole-v1 x 64 and ALE/Pong-v5 x 8 on
-one machine, 2 workers (``--workers``), and no-op x 64 on 8 workers over 2 nodes of a fake Ray
-cluster (``noop-64-nodes``), each against the bare layout of as many workers
-(:class:`envfleet.benchmark.BarePool`: actions and rows in shared memory, autoreset; across
-nodes an agent per node, at the pool's agents' niceness, one TCP message each way). Named
-only: ALE/Pong-v5 x 16 hosted (:data:`HOSTED`) against the same VectorEnv alone in this
-process: ``pong-16-ale``, ale-vector's ``AtariVectorEnv`` (the id's frames) hosted a worker
-per core on one thread each, against one of every env on a thread per core;
-``pong-16-make_vec``, ``gymnasium.make_vec``'s (84x84 grey, 4 stacked), a worker per core.
-Both sides step the same actions in paired rounds that alternate which goes first
-(:func:`envfleet.benchmark.versus`): per role (the driver: this process, every thread; each
-agent; each worker) the CPU µs per step of both and their ratio, the wall time and the
-targets (:data:`TARGETS`).
+:data:`WORKLOADS` on one machine (2 workers, ``--workers``) and over 2 nodes of a fake Ray
+cluster (``noop-64-nodes``: 8 workers), each against the bare layout of as many workers
+(:class:`envfleet.benchmark.BarePool`, across nodes at the pool's agents' niceness); named only,
+Pong x 16 hosted (:data:`HOSTED`) against the same VectorEnv alone in this process
+(``pong-16-ale``: ale-vector's ``AtariVectorEnv`` on a thread per core, hosted a worker per core
+on one thread each; ``pong-16-make_vec``: ``gymnasium.make_vec``'s). Both sides step the same
+actions in paired rounds that alternate which goes first (:func:`envfleet.benchmark.versus`):
+per role (the driver: this process, every thread; each agent; each worker) the CPU µs per step
+of both and their ratio, the wall time and the targets (:data:`TARGETS`).
 
 Usage (from the repository root, so that Ray's workers can import ``bench``)::
 
@@ -135,7 +131,7 @@ def measure(console: Console, name: str, args: argparse.Namespace, nodes: list[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = common.paired_parser(__doc__ or "", common.RESULTS / "step_cost.json", 7)
+    parser = common.script_parser(__doc__ or "", common.RESULTS / "step_cost.json", rounds=7)
     default = [name for name in WORKLOADS if name not in HOSTED]
     common.add_choice(parser, "--workloads", list(WORKLOADS), default)
     parser.add_argument("--workers", type=int, default=2, help="on one machine")

@@ -1,26 +1,17 @@
 """Throughput of envfleet against the baselines, side by side in one run (a thin caller of
 :mod:`envfleet.benchmark`, which ``envfleet bench`` runs too).
 
-Workloads (:data:`bench.envs.TARGETS`): each with its runners, the row its ratios are to and a
-target. ``cartpole``, ``pong``: against the ceiling; ``sleep``: envs that wait 1 ms, the thread
-backend against the for-loop and bare threads; ``heavytail``: async (``batch_size=8``) against
-sync; ``cartpole-1024``, ``pong-16``: VectorEnvs hosted by the workers; ``ray-cartpole``,
-``ray-pong`` (not run unless named): the ray backend against plain Ray patterns and the
-process backend, on a Ray of this run's own whose start-up is timed apart: ``naive-ray`` (an
-actor per env, a call per env step), ``batched-ray`` (the envs split by hand over an actor per
-usable core, a call per actor per step: what the ray backend automates), ``envfleet-ray`` (its
-actors on this machine share the batch memory) and ``envfleet-ray-calls``
-(``ray_shared_memory=False``: a Ray call per command, as actors on other nodes).
-``--runners`` takes the engine's names and envfleet's variants (``process:batch_size=8``,
-``thread:cpu_affinity=[1]``: :mod:`envfleet.benchmark.registry`). A table per workload; every
-number, with machine info, in the JSON.
+A table per workload (:data:`bench.envs.TARGETS`: its runners, the row its ratios are to and a
+target); every number, with machine info, in the JSON. ``ray-cartpole`` and ``ray-pong`` (not
+run unless named) set the ray backend against plain Ray patterns (:data:`OWN`) on a Ray of this
+run's own, whose start-up is timed apart. ``--runners`` takes the engine's names, this script's
+and envfleet's variants (``process:batch_size=8``: :mod:`envfleet.benchmark.registry`).
 
 Usage (from the repository root, so that Ray's workers can import ``bench``)::
 
     python bench/throughput.py --workloads cartpole,pong      # about 5 minutes on 2 cores
     python bench/throughput.py --quick                        # smoke run: 1 window of 0.5 s
     python bench/throughput.py --workloads ray-cartpole,ray-pong --seconds 2 --repeats 3
-    python -m bench.throughput --workloads sleep --seconds 5 --repeats 5
 """
 
 from __future__ import annotations
@@ -111,22 +102,20 @@ def open_batched_ray(workload: Workload, timing: Timing) -> Runner:
     return _open_ray("batched-ray", workload, timing, min(len(usable_cpus()), workload.num_envs))
 
 
+_RAY_CALLS = benchmark.envfleet_opener("ray", "envfleet-ray-calls", ray_shared_memory=False)
 OWN = {
-    case.name: case
-    for case in (
-        common.Case("bare-threads", benchmark.open_bare_threads),
-        common.Case("naive-ray", open_naive_ray),
-        common.Case("batched-ray", open_batched_ray),
-        common.Case(
-            "envfleet-ray", benchmark.envfleet_opener("ray", "envfleet-ray", ray_shared_memory=True)
-        ),
-        common.Case(
-            "envfleet-ray-calls",
-            benchmark.envfleet_opener("ray", "envfleet-ray-calls", ray_shared_memory=False),
-        ),
-    )
+    name: common.Case(name, opener)
+    for name, opener in {
+        "bare-threads": benchmark.open_bare_threads,
+        "naive-ray": open_naive_ray,
+        "batched-ray": open_batched_ray,
+        "envfleet-ray": benchmark.envfleet_opener("ray", "envfleet-ray", ray_shared_memory=True),
+        "envfleet-ray-calls": _RAY_CALLS,
+    }.items()
 }
-"""Runners of this script's own, beside the engine's."""
+"""Runners of this script's own, beside the engine's: ``naive-ray`` (an actor per env, a call
+per env step), ``batched-ray`` (the envs split by hand over an actor per core: what the ray
+backend automates), envfleet's ray backend with and without shared memory."""
 
 
 def _runners(value: str) -> list[str]:

@@ -1,25 +1,14 @@
 """Asynchronous, versioned rollouts in a training loop, side by side on a fake cluster (a head
 and 2 worker nodes of ``ray.cluster_utils.Cluster``, all on this machine), every figure against
-its target in one table (:mod:`envfleet.benchmark.training` measures):
+its target in one table (:mod:`envfleet.benchmark.training` measures; each part's function says
+how):
 
-(a) a learner sleeping L per update beside envs collecting for C per rollout (process backend):
-    an iteration of ``r = rollout_wait(); rollout_async(policy, steps, r.env_ids, v + 1);
-    learn(r)`` against max(L, C) and L + C, and of the synchronous ``rollout`` loop;
-(b) the bytes per version of 4 MB of weights: each worker reads on the process backend (4
-    workers), the driver sends 2 nodes x 2 and x 4 workers;
-(c) a straggling node (its envs sleep 3x longer a step): ``rollout_wait(min_envs=<a node's
-    envs>, max_lag=2)`` and those envs restarted at once, against both nodes healthy and the
-    synchronous loop; every env-step started is delivered or dropped;
-(d) env-steps per driver CPU-second: ``rollout_async`` of an ``envfleet.TorchPolicy`` on the
-    workers (RLlib's default model; a new version each round) against RLlib's ``EnvRunnerGroup``
-    (new API stack, its default model, weights synced and episodes returned each round) on
-    CartPole and on Pong frames (84x84x4 float32, as RLlib's Atari wrappers give them, raw and
-    with ``compress="lz4"``; and envfleet on the same frames in uint8, normalised in the
-    network); and the float32 frames on one machine (the process backend: the workers record
-    in the pool's shared memory) against them on the nodes and against RLlib's. Beside each
-    figure per driver CPU-second, the same per CPU-second of the whole machine (every process:
-    RLlib's episodes reach its driver through Ray's object stores, whose copies other processes
-    pay; envfleet's driver reads its parts itself).
+(a) :func:`overlap`: the asynchronous loop against max(L, C) and L + C of a learner sleeping L
+    beside envs collecting for C, and the synchronous loop;
+(b) :func:`weights`: the bytes a version of the weights costs each worker and each node;
+(c) :func:`stragglers`: ``rollout_wait(min_envs=..., max_lag=2)`` beside a straggling node;
+(d) :func:`per_cpu`: env-steps per driver CPU-second (and per CPU-second of the whole machine)
+    of an ``envfleet.TorchPolicy`` acting on the workers, against RLlib's ``EnvRunnerGroup``.
 
     PYTHONPATH=. python bench/train.py [--quick] [--json PATH]
 """
@@ -208,10 +197,12 @@ def rllib_rate(env: Any, env_config: dict[str, Any], envs: int, steps: int) -> I
 
 def per_cpu(nodes: list[str], quick: bool, raw: dict[str, Any]) -> list[Figure]:
     """(d): CartPole (2 x 8 envs, 100 steps a round, 10 rounds) and Pong frames (2 x 4 envs,
-    50 steps, 12 rounds: the rollouts' memory is in use again from the third), envfleet's pool
-    and RLlib's group open side by side and measured in turn, 5 times (medians); the same Pong
-    frames on one machine (the process backend, 2 workers) against them on the 2 nodes and
-    against RLlib's group on them; one turn of 2 rounds with --quick."""
+    50 steps, 12 rounds: the rollouts' memory is in use again from the third; 84x84x4 float32
+    as RLlib's Atari wrappers give them, raw and with ``compress="lz4"``, and for envfleet alone
+    uint8 normalised in the network), envfleet's pool and RLlib's group open side by side and
+    measured in turn, 5 times (medians); the float32 frames on one machine (the process
+    backend, 2 workers) against them on the 2 nodes and against RLlib's; one turn of 2 rounds
+    with --quick."""
     frames = pong_84(32)
     pong = {"frames": frames.astype(np.float32) / 128 - 1}
     floats = functools.partial(PongFrames, pong)

@@ -14,7 +14,7 @@ import pytest
 from gymnasium.vector import SyncVectorEnv
 
 import envfleet
-from bench.common import paired_args, paired_parser, script_parser, timing_from
+from bench.common import paired_args, script_parser, timing_from
 from envfleet import benchmark
 from envfleet.affinity import usable_cpus
 from envfleet.benchmark import runners
@@ -42,7 +42,7 @@ def test_bare_pool_worker_that_cannot_build_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="a bare worker died"):
         benchmark.open_bare_pool(workload, TIMING, num_workers=2)
     with pytest.raises(RuntimeError, match="a bare-nodes worker or agent died"):
-        benchmark.open_bare_pool(benchmark.Workload.of(_builds_here_only, 4), TIMING, 2, nodes=2)
+        benchmark.BarePool(benchmark.Workload.of(_builds_here_only, 4), TIMING, 2, nodes=2)
     with pytest.raises(ValueError, match="1 workers cannot serve 2 nodes"):
         benchmark.BarePool(benchmark.Workload.of(FaultyEnv, 4), TIMING, 1, nodes=2)
 
@@ -90,9 +90,9 @@ def test_bare_pool_rows_are_those_of_sync_vector_env_for_the_same_actions(
 
 def test_bare_pool_runner_steps_with_sampled_actions() -> None:
     workload = benchmark.Workload.of(FaultyEnv, 3)
-    runner = benchmark.open_bare_pool(workload, TIMING, 2, nodes=2)
+    runner = benchmark.open_bare_pool(workload, TIMING, 2)
     try:
-        assert runner.info == {"workers": 2, "nodes": [1, 1]}
+        assert runner.info == {"workers": 2}
         assert runner.advance() == 3  # type: ignore[attr-defined]
     finally:
         runner.close()
@@ -355,12 +355,11 @@ def test_every_bench_script_takes_quick() -> None:
     scripts = {p.name: p.read_text() for p in (root / "bench").glob("*.py")}
     scripts = {name: text for name, text in scripts.items() if "__main__" in text}
     assert len(scripts) >= 6
-    # A shared parser's --quick (script_parser, paired_parser), or an option of the script's own.
-    shared = ("script_parser(", "paired_parser(")
+    # The shared parser's --quick (script_parser), or an option of the script's own.
     assert {
-        n for n, t in scripts.items() if not any(p in t for p in shared) and '"--quick"' not in t
+        n for n, t in scripts.items() if "script_parser(" not in t and '"--quick"' not in t
     } == set()
-    paired = paired_args(paired_parser("doc", Path("x.json"), 7), ["--quick"])
+    paired = paired_args(script_parser("doc", Path("x.json"), rounds=7), ["--quick"])
     assert (paired.rounds, paired.seconds) == (2, 0.2)
     args = script_parser("doc", Path("x.json")).parse_args(["--quick"])
     assert timing_from(args) == benchmark.Timing(seconds=0.5, warmup=0.3, rewarm=0.1, repeats=1)

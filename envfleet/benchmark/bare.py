@@ -43,7 +43,6 @@ from envfleet.benchmark.base import (
 from envfleet.threads import split_ids
 
 BARE_POOL = "bare-pool"
-BARE_NODES = "bare-nodes"
 FIELDS = ("obs", "rewards", "terminated", "truncated")
 """The rows a step writes, in the order a node's answer carries them."""
 _GO, _STOP, _DONE = b"g", b"s", b"d"
@@ -325,21 +324,17 @@ class BarePool:
         self._links, self._agents = [], []
 
 
-def open_bare_pool(
-    workload: Workload, timing: Timing, num_workers: int | None = None, nodes: int = 0
-) -> Runner:
-    """A runner of :class:`BarePool` stepped with sampled actions (``num_workers``: default as
-    the process backend's)."""
-    pool = BarePool(workload, timing, num_workers, nodes)
+def open_bare_pool(workload: Workload, timing: Timing, num_workers: int | None = None) -> Runner:
+    """A runner of :class:`BarePool` on one node stepped with sampled actions (``num_workers``:
+    default as the process backend's)."""
+    pool = BarePool(workload, timing, num_workers)
     try:
         actions = sample_actions(pool.single_action_space, workload.num_envs, timing)
     except BaseException:
         pool.close()
         raise
-    info: dict[str, Any] = {"nodes": pool.layout} if nodes else {}
     advance = cycle(pool.step, actions, workload.num_envs)
-    name = BARE_NODES if nodes else BARE_POOL
-    return CallRunner(name, advance, pool.close, timing, workers=pool.num_workers, **info)
+    return CallRunner(BARE_POOL, advance, pool.close, timing, workers=pool.num_workers)
 
 
 def open_bare_threads(workload: Workload, timing: Timing) -> Runner:
@@ -389,7 +384,6 @@ def open_bare_threads(workload: Workload, timing: Timing) -> Runner:
 
 
 __all__ = [
-    "BARE_NODES",
     "BARE_POOL",
     "FIELDS",
     "BarePool",

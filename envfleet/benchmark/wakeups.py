@@ -1,14 +1,11 @@
 """What a wake-up costs on this machine now: a pipe's round trip on one core and across two.
 
 Every vector step of a pool is a chain of wake-ups (the pool wakes its workers, the last worker
-wakes the pool; across nodes, the pool wakes each node's agent, which wakes its workers, and is
-woken by them, and wakes the pool), so what one costs sets how fast a step of cheap envs can be.
-On a virtual machine, waking a process on another core that idles costs the host an
-inter-processor interrupt to a halted virtual CPU, which a busy host may serve late: on the
-2-core machine behind docs/benchmarks.md, one hour measured 7 µs a round trip on one core and
-69-95 µs across two. Recorded with each benchmark run
-(:func:`~envfleet.benchmark.measure.machine_info`), it tells apart runs on one machine between
-which the machine itself changed, which ratios from one run do not need.
+wakes the pool; across nodes through each node's agent), so what one costs sets how fast a step
+of cheap envs can be. On a virtual machine, waking an idle core costs the host an interrupt to
+a halted virtual CPU, which a busy host may serve late (tens of times a wake-up on one core).
+Recorded with each run (:func:`~envfleet.benchmark.measure.machine_info`), it tells apart runs
+between which the machine itself changed.
 """
 
 from __future__ import annotations
