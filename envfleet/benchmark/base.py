@@ -361,28 +361,16 @@ def open_vector(
 
 
 __all__ = [
-    "CEILING",
     "FAILED",
-    "LOOP",
-    "NOT_INSTALLED",
     "OK",
-    "PARTIAL",
-    "SKIPPED",
-    "UNAVAILABLE",
-    "UNSUPPORTED",
     "CallRunner",
-    "OtherLoad",
     "RunResult",
     "Runner",
     "Skipped",
-    "StartupTimeout",
     "Timing",
     "Workload",
     "busy_cpu_s",
-    "cpu_seconds",
     "cycle",
-    "join_all",
     "open_vector",
     "sample_actions",
-    "time_calls",
 ]

@@ -117,4 +117,4 @@ def open_ale_hosted_rollouts(workload: base.Workload, timing: base.Timing) -> ba
     )
 
 
-__all__ = ["CycledActions", "RolloutRunner", "open_ale_hosted_rollouts", "open_rollouts"]
+__all__ = ["CycledActions"]

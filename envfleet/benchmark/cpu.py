@@ -216,10 +216,8 @@ def roles_table(title: str, compared: dict[str, dict[str, Any]]) -> Table:
 __all__ = [
     "CpuWindow",
     "Layout",
-    "Roles",
     "bare_layout",
     "compare",
-    "cpu_window",
     "paired",
     "paired_ratio",
     "pool_roles",

@@ -330,14 +330,4 @@ def sweep(
     return report
 
 
-__all__ = [
-    "EXPECTED_MARGIN",
-    "KILL_GRACE",
-    "PACKAGES",
-    "Hook",
-    "Opener",
-    "machine_info",
-    "measure",
-    "open_bounded",
-    "sweep",
-]
+__all__ = ["KILL_GRACE", "machine_info", "measure", "sweep"]

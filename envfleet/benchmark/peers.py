@@ -288,21 +288,4 @@ def open_ale_hosted(workload: Workload, timing: Timing) -> Runner:
     )
 
 
-__all__ = [
-    "AS_ALE_V5",
-    "PUFFER_SETTLE_S",
-    "QuietEnvPool",
-    "ale_hosted_fns",
-    "ale_vector_check",
-    "ale_vector_options",
-    "envpool_check",
-    "envpool_id",
-    "open_ale_hosted",
-    "open_ale_vector",
-    "open_envpool",
-    "open_pufferlib",
-    "open_sb3",
-    "puffer_env",
-    "quiet",
-    "version",
-]
+__all__ = ["ale_hosted_fns", "ale_vector_options", "open_envpool", "open_sb3", "quiet", "version"]

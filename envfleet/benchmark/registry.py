@@ -249,7 +249,6 @@ def availability(name: str, spec: EnvSpec) -> Availability:
 
 
 __all__ = [
-    "ALIASES",
     "RUNNERS",
     "Availability",
     "RunnerKind",

@@ -326,7 +326,6 @@ def open_gym_async(
 
 
 __all__ = [
-    "CEILING_TIMEOUT",
     "RECORDED_STEPS",
     "CeilingRunner",
     "Recording",
@@ -334,8 +333,5 @@ __all__ = [
     "envfleet_opener",
     "open_envfleet",
     "open_gym_async",
-    "open_gym_sync",
     "open_loop",
-    "open_vector_alone",
-    "vector_check",
 ]
