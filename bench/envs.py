@@ -266,12 +266,8 @@ TARGETS: dict[str, Target] = {
         Target("sleep", SleepEnv, 32, (*_SLEEP, _PROCESS_THREADS), "loop"),
         # Async: the first 8 envs ready of a heavy tail (HeavyTailEnv), against sync.
         Target("heavytail", HeavyTailEnv, 32, ("process", _ASYNC), "process", (_ASYNC, 1.5)),
-        # Batched simulators hosted by the workers (vectorization_mode="vector_entry_point"):
-        # CartPole's numpy VectorEnv, and ale-py's AtariVectorEnv for the Pong id. CartPole's
-        # ratios are to its ceiling (one VectorEnv per core). Pong's are to ale-vector (the
-        # id's frames on a thread per core); ale-hosted hosts that very AtariVectorEnv, a
-        # worker per core on one thread each; vector and hosted step make_vec's (84x84 grey
-        # frames, 4 stacked, max-pooled).
+        # VectorEnvs hosted by the workers: CartPole's against its ceiling (one per core),
+        # Pong's against ale-vector (the id's frames; ale-hosted hosts that very VectorEnv).
         Target(
             "cartpole-1024",
             "CartPole-v1",
