@@ -15,19 +15,17 @@ that many steps, and after the last one the group's batch rows are what they wou
 records goes back as one :class:`Sampled` per worker, in its reply's ``values``.
 
 The policy travels cloudpickled; each worker keeps the one it unpickled while the same bytes
-come again, so a stateful policy (:class:`~envfleet.RandomPolicy`'s generators) continues from
-one rollout to the next.
+come again (:mod:`envfleet.worker_policies`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import pickle
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
@@ -38,21 +36,19 @@ from envfleet.batch_rows import BlockRows, row_index
 from envfleet.buffers import put, take
 from envfleet.errors import Phase
 from envfleet.guards import env_errors
+from envfleet.hosted.group import HostedGroup
 from envfleet.info_columns import BatchedInfos
 from envfleet.protocol import EnvFailure, Group, Reply, Sample
 from envfleet.recycling import Recycler
 from envfleet.shared_records import recorded_views
 from envfleet.validation import check_actions, keeps_dtype
-from envfleet.weight_frames import code as code_of
-from envfleet.weight_frames import load
+from envfleet.worker_policies import MissingPolicy, WeightsFailed, policy_failure, policy_of
 
 _FLAT_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
 _RECORDS: weakref.WeakKeyDictionary[Any, Recycler] = weakref.WeakKeyDictionary()
 """Per group, the memory of its recorded arrays (sent and dropped each rollout), used again by
 its next rollout; gone with the group."""
-_policies: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
-"""Per group, the policy bytes last received and the policy unpickled from them."""
 
 
 @dataclass
@@ -189,17 +185,17 @@ def sample(group: Group, command: Sample) -> Reply:
     failures: tuple[EnvFailure, ...] = ()
     restarts: list[EnvFailure] = []
     try:
-        policy = _policy(group, command)
+        policy = policy_of(group, command)
     except MissingPolicy as exc:  # the pool sends the code or the weights, and asks again
         record.error = EnvFailure.capture(None, Phase.STEP, exc)
         policy = None
-    except _WeightsFailed as exc:
-        record.error = _policy_failure(
+    except WeightsFailed as exc:
+        record.error = policy_failure(
             exc.__cause__ or exc, f"could not load the weights of version {command.version}"
         )
         policy = None
     except env_errors() as exc:
-        record.error = _policy_failure(exc, "could not be unpickled on the worker")
+        record.error = policy_failure(exc, "could not be unpickled on the worker")
         policy = None
     record.version = command.version
     disabled = group.mode is AutoresetMode.DISABLED
@@ -212,6 +208,11 @@ def sample(group: Group, command: Sample) -> Reply:
         obs_rows = BlockRows(batch.observations, rows)
     rewards, terminations = BlockRows(batch.rewards, rows), BlockRows(batch.terminations, rows)
     truncations = BlockRows(batch.truncations, rows)
+    flag_rows = (rewards, terminations, truncations)
+    # A hosted VectorEnv steps straight into the record (HostedGroup.step_into), its batch rows
+    # brought up to date when a step goes through the group's own step, and at the end.
+    hosted = group if isinstance(group, HostedGroup) and actions_rows is not None else None
+    ahead = False  # the record holds steps the batch rows do not
     for t in range(steps):
         if policy is None:
             break
@@ -227,7 +228,8 @@ def sample(group: Group, command: Sample) -> Reply:
                     record.reset_infos[t] = _as_arrays(reply.infos)
         if obs_rows is not None:  # straight into the record: the policy sees that row as is
             observations = record.observations[t]
-            obs_rows.into(observations)
+            if not ahead:
+                obs_rows.into(observations)
         else:
             observations = take(obs_space, batch.observations, index)
         try:
@@ -237,8 +239,31 @@ def sample(group: Group, command: Sample) -> Reply:
             if command.check_actions:
                 check_actions(act_space, actions, index, check_membership=True)
         except env_errors() as exc:
-            record.error = _policy_failure(exc, f"failed at step {t} of {steps}")
+            record.error = policy_failure(exc, f"failed at step {t} of {steps}")
             break
+        if (
+            hosted is not None
+            and obs_rows is not None
+            and actions.dtype == batch.actions.dtype
+            and hosted.plain(ids)
+        ):
+            last = record.observations[t + 1] if t + 1 < steps else obs_rows.view
+            into = (last, record.rewards[t], record.terminations[t], record.truncations[t])
+            got = hosted.step_into(ids, actions, observations, into)
+            ahead = True
+            if got is not None:
+                restarts += got.restarts
+                if got.failures:
+                    failures = got.failures
+                    break
+                if got.infos:
+                    record.infos[t] = _as_arrays(got.infos)
+            record.actions[t] = actions
+            record.steps = t + 1
+            continue
+        if ahead:
+            _catch_up(record, steps, obs_rows, flag_rows)
+            ahead = False
         carried: dict[int, Any] | None = None
         if flat and actions.dtype == batch.actions.dtype:
             if actions_rows is not None:
@@ -267,6 +292,8 @@ def sample(group: Group, command: Sample) -> Reply:
         if reply.infos:
             record.infos[t] = _as_arrays(reply.infos)
         record.steps = t + 1
+    if ahead:
+        _catch_up(record, steps, obs_rows, flag_rows)
     done = record.steps
     if record.in_place:  # the pool has them: none travels
         record.observations = record.actions = None
@@ -280,6 +307,18 @@ def sample(group: Group, command: Sample) -> Reply:
         record.truncations = record.truncations[:done]
     record.final_observations = take(obs_space, batch.observations, index)
     return Reply(values={ids[0]: record}, failures=failures, restarts=tuple(restarts))
+
+
+def _catch_up(record: Sampled, steps: int, obs_rows: Any, flag_rows: tuple[BlockRows, ...]) -> None:
+    """The batch rows as the group's own steps would have left them after the record's last
+    step (its observations after it, in the record's next row unless it was the last)."""
+    done = record.steps
+    if done < steps:
+        obs_rows.view[...] = record.observations[done]
+    if done:
+        columns = (record.rewards, record.terminations, record.truncations)
+        for rows, column in zip(flag_rows, columns, strict=True):
+            rows.view[...] = column[done - 1]
 
 
 _NOTHING = np.zeros(0)
@@ -339,50 +378,8 @@ def _set_step(space: spaces.Space[Any], record: Any, t: int, value: Any) -> None
     tree(space, set_leaf, record, value)
 
 
-class MissingPolicy(Exception):
-    """The worker lacks the policy's code or the weights of the version asked for (it was
-    rebuilt since the pool sent them): the pool sends them again with the same rollout."""
-
-
-class _WeightsFailed(Exception):
-    """``policy.load_weights`` raised (its ``__cause__``)."""
-
-
-def _policy(group: Group, command: Sample) -> Callable[..., Any]:
-    """The policy of ``command``: unpickled from its code, or the one this group keeps under
-    the same code (a stateful policy continues), with the weights of ``command.version``
-    loaded (``policy.load_weights``) when they came with it."""
-    key = command.code or command.policy
-    cached = _policies.get(group)
-    if command.policy is not None and (cached is None or cached[0] != key):
-        cached = [key, pickle.loads(code_of(command.policy)), None]
-        _policies[group] = cached
-    elif cached is None or cached[0] != key:
-        raise MissingPolicy("code")
-    policy = cached[1]
-    if command.weights is not None:
-        try:
-            policy.load_weights(load(command.weights))  # inline, or in a segment
-        except env_errors() as exc:
-            cached[2] = None
-            raise _WeightsFailed(str(exc)) from exc
-        cached[2] = command.version
-    elif cached[2] is not None and cached[2] != command.version:
-        raise MissingPolicy("weights")
-    elif cached[2] is None and hasattr(policy, "load_weights") and command.code:
-        cached[2] = command.version  # the code's own weights are this version's
-    return cast(Callable[..., Any], policy)
-
-
-def _policy_failure(exc: BaseException, what: str) -> EnvFailure:
-    """The failure of the policy (``what`` it did), not of an env."""
-    failure = EnvFailure.capture(None, Phase.STEP, exc)
-    return dataclasses.replace(failure, message=f"the rollout's policy {what}: {failure.message}")
-
-
 __all__ = [
     "ALIGN",
-    "MissingPolicy",
     "Sampled",
     "leaves",
     "nested",

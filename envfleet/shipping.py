@@ -18,7 +18,7 @@ pool side, and each node's agent, writes a frame once into a segment of shared m
 workers map (:mod:`envfleet.backends.local.shared_weights`); the other backends carry it inline.
 
 A worker that was rebuilt since (it lost what it held) answers
-:class:`~envfleet.rollout_loop.MissingPolicy`; the pool forgets what it thought the worker had
+:class:`~envfleet.worker_policies.MissingPolicy`; the pool forgets what it thought the worker had
 and sends its part again with the code and the weights (:meth:`Shipper.command` with
 ``force``). A policy without ``weights()`` travels whole, as before; its versions only stamp.
 """

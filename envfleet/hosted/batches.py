@@ -1,10 +1,10 @@
 """A hosted VectorEnv's batches seen env by env: its infos per env, rows of its
-observations, its rows of the pool's batch, the leaves of a space, how it is called and whether
-it has ``send``/``recv``."""
+observations, its rows of the pool's batch, the leaves of a space, how it is called (and its
+attributes set) and whether it has ``send``/``recv``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,7 +12,10 @@ from gymnasium import spaces
 from gymnasium.vector import VectorEnv
 
 from envfleet.buffers import Batch, is_array_space, view_rows
+from envfleet.errors import Phase
+from envfleet.guards import env_errors
 from envfleet.info_columns import BatchedInfos, unmasked_arrays
+from envfleet.protocol import EnvFailure, Reply
 
 
 def sends(venv: Any) -> bool:
@@ -55,6 +58,49 @@ def vector_call(venv: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, A
         return venv.call(name, *args, **kwargs)
     value = getattr(venv, name)
     return value(*args, **kwargs) if callable(value) else value
+
+
+Hosted = Sequence[tuple[tuple[int, ...], Any]]
+"""Hosted VectorEnvs, each with the ids of its envs."""
+
+
+def call_venvs(venvs: Hosted, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Reply:
+    """Call ``name`` on each hosted VectorEnv (``call`` where it has one, one value per env;
+    else its own attribute or method, the same value for each of its envs)."""
+    values: dict[int, Any] = {}
+    failures: list[EnvFailure] = []
+    for ids, venv in venvs:
+        try:
+            got = vector_call(venv, name, args, kwargs)
+        except env_errors() as exc:
+            failures.append(EnvFailure.capture(ids[0], Phase.CALL, exc))
+            continue
+        if isinstance(got, (tuple, list)) and len(got) == len(ids):
+            values.update(zip(ids, got, strict=True))
+        else:
+            values.update((i, got) for i in ids)
+    return Reply(values=values, failures=tuple(failures))
+
+
+def set_venvs(venvs: Hosted, name: str, values: dict[int, Any]) -> Reply:
+    """Set ``name`` on each hosted VectorEnv: per env where it has ``set_attr``, else one
+    value for all its envs (refused when they differ)."""
+    failures: list[EnvFailure] = []
+    for ids, venv in venvs:
+        mine = [values[i] for i in ids if i in values]
+        try:
+            if hasattr(venv, "set_attr"):
+                venv.set_attr(name, mine)
+            elif all(v is mine[0] or v == mine[0] for v in mine):
+                setattr(venv, name, mine[0])
+            else:
+                raise ValueError(
+                    f"set_attr({name!r}): the hosted {type(venv).__name__} has no "
+                    "set_attr: give every env of its block the same value"
+                )
+        except env_errors() as exc:
+            failures.append(EnvFailure.capture(ids[0], Phase.CALL, exc))
+    return Reply(failures=tuple(failures))
 
 
 def leaves(value: Any, space: spaces.Space[Any]) -> list[tuple[Any, spaces.Space[Any]]]:
@@ -126,10 +172,13 @@ def step_infos(
 
 
 __all__ = [
+    "Hosted",
     "block_views",
+    "call_venvs",
     "leaves",
     "row",
     "sends",
+    "set_venvs",
     "span",
     "step_infos",
     "take_infos",

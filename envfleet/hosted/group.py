@@ -4,10 +4,8 @@ stepped with one call of its VectorEnv (see :mod:`envfleet.hosted`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
-import gymnasium
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
@@ -19,37 +17,20 @@ from envfleet.group_envs import derive_seed
 from envfleet.guards import env_errors
 from envfleet.hosted.batches import (
     block_views,
+    call_venvs,
     leaves,
     row,
     sends,
+    set_venvs,
     span,
     step_infos,
     take_infos,
     unbatch_infos,
-    vector_call,
 )
+from envfleet.hosted.block import Block
 from envfleet.hosted.recipe import RESTARTED, HostedRecipe
 from envfleet.info_columns import BatchedInfos
 from envfleet.protocol import EnvFailure, Reply
-
-
-@dataclass
-class _Block:
-    """One hosted VectorEnv and the rows it owns."""
-
-    index: int
-    ids: tuple[int, ...]
-    rows: slice
-    venv: VectorEnv[Any, Any, Any]
-    restarts: int = 0
-    owe_truncation: bool = False  # rebuilt: its next step reports the episodes truncated
-    owe_reset: bool = False  # rebuilt and reported: its next step resets it (NEXT_STEP)
-    per_env_seeds: bool | None = None  # whether its reset takes one seed per env
-    sends: bool = False  # its VectorEnv has send/recv of all its envs (looked at once per build)
-    views: tuple[Any, ...] = ()  # its rows of the batch, made once (batches.block_views)
-
-    def __post_init__(self) -> None:
-        self.sends = sends(self.venv)
 
 
 class HostedGroup:
@@ -77,7 +58,7 @@ class HostedGroup:
         self.action_space = action_space
         self.on_error = on_error
         self.seed_base = seed_base
-        self.blocks: list[_Block] = []
+        self.blocks: list[Block] = []
         ids = list(env_ids)
         try:
             while ids:
@@ -90,7 +71,7 @@ class HostedGroup:
                         f"are not block {b} ({block_ids})"
                     )
                 count = max(((restarts or {}).get(i, 0) for i in block_ids), default=0)
-                block = _Block(b, block_ids, slice(start, start + size), self._build(b), count)
+                block = Block(b, block_ids, slice(start, start + size), self._build(b), count)
                 block.views = block_views(batch, action_space, block.rows)
                 block.owe_truncation = restarted
                 self.blocks.append(block)
@@ -99,7 +80,7 @@ class HostedGroup:
             self.close()
             raise
         self._by_first = {block.ids[0]: block for block in self.blocks}
-        self._last: tuple[Sequence[int] | None, list[_Block]] = (None, [])
+        self._last: tuple[Sequence[int] | None, list[Block]] = (None, [])
 
     def _build(self, b: int) -> VectorEnv[Any, Any, Any]:
         venv = self.recipe.build(b)
@@ -112,7 +93,7 @@ class HostedGroup:
             )
         return venv
 
-    def _blocks_of(self, env_ids: Sequence[int]) -> list[_Block]:
+    def _blocks_of(self, env_ids: Sequence[int]) -> list[Block]:
         if env_ids is self._last[0]:  # the same command's ids every step
             return self._last[1]
         out, ids, at = [], tuple(env_ids), 0
@@ -153,7 +134,7 @@ class HostedGroup:
                 [seed_of[i] for i in block.ids] if len(mine) == len(block.ids) else [None]
             )
             try:
-                obs, info = self._reset_block(block, seeds_here, opts or None)
+                obs, info = block.reset(seeds_here, opts or None)
                 self._write_obs(block, obs)
             except env_errors() as exc:
                 failures.append(EnvFailure.capture(block.ids[0], Phase.RESET, exc))
@@ -173,23 +154,6 @@ class HostedGroup:
                     infos[i] = env_info
         return Reply(env_ids=tuple(env_ids), infos=infos or None, failures=tuple(failures))
 
-    def _reset_block(
-        self, block: _Block, seeds: list[int | None], options: dict[str, Any] | None
-    ) -> tuple[Any, dict[str, Any]]:
-        if all(s is None for s in seeds):
-            return block.venv.reset(options=options)
-        if block.per_env_seeds is not False and len(seeds) == len(block.ids):
-            try:
-                per_env: Any = np.array(seeds, dtype=np.int64)  # VectorEnv's stub says int
-                out = block.venv.reset(seed=per_env, options=options)
-                block.per_env_seeds = True
-                return out
-            except (TypeError, ValueError, gymnasium.error.Error):
-                if block.per_env_seeds:
-                    raise
-                block.per_env_seeds = False  # one seed for the batch: its first env's
-        return block.venv.reset(seed=seeds[0], options=options)
-
     def step(self, env_ids: Sequence[int], actions: dict[int, Any] | None = None) -> Reply:
         """Step whole blocks with the actions in their batch rows (or ``actions``)."""
         infos: dict[int, Any] = {}
@@ -205,8 +169,7 @@ class HostedGroup:
                 continue
             try:
                 if block.owe_reset:  # the rebuilt env's first result: its reset
-                    obs, info = self._reset_block(
-                        block,
+                    obs, info = block.reset(
                         [derive_seed(self.seed_base, i, block.restarts) for i in block.ids],
                         None,
                     )
@@ -223,11 +186,7 @@ class HostedGroup:
                     obs, rewards, terminations, truncations, info = block.venv.step(acts)
                     self._write_step(block, obs, rewards, terminations, truncations)
             except env_errors() as exc:
-                if self.on_error is OnError.RAISE:
-                    failures.append(EnvFailure.capture(block.ids[0], Phase.STEP, exc))
-                    continue
-                self._rebuild(block, exc, recovered)
-                self._report_truncated(block, infos, kept, failures)
+                self._broke(block, exc, infos, kept, failures, recovered)
                 continue
             if info:
                 take_infos(info, block.ids, infos, batched)
@@ -239,42 +198,63 @@ class HostedGroup:
             kept=tuple(kept),
         )
 
+    def plain(self, env_ids: Sequence[int]) -> bool:
+        """Whether a step of ``env_ids`` may go through :meth:`step_into`: one block, in
+        NEXT_STEP mode (its VectorEnv resets its own envs), owing no reset or truncation since
+        a rebuild, its observations one array."""
+        blocks = self._blocks_of(env_ids)
+        block = blocks[0]
+        return (
+            len(blocks) == 1
+            and self.mode is AutoresetMode.NEXT_STEP
+            and not (block.owe_truncation or block.owe_reset)
+            and block.views[1] is not None
+        )
+
+    def step_into(
+        self, env_ids: Sequence[int], actions: np.ndarray, current: np.ndarray, out: Sequence[Any]
+    ) -> Reply | None:
+        """A rollout's step of ``env_ids`` (:meth:`plain`) with ``actions``, its observations,
+        rewards, terminations and truncations written into ``out`` (a record's rows), not into
+        the batch, whose rows the caller brings up to date when its steps end (``current``:
+        the observations they would hold now). When the VectorEnv raises, the step goes as
+        :meth:`step`'s does, through the batch, then into ``out``. ``None``: a plain step,
+        nothing to report (no infos, failures or restarts)."""
+        block = self._blocks_of(env_ids)[0]
+        try:
+            obs, rewards, terminations, truncations, info = block.venv.step(actions)
+            self._write_obs(block, obs, out[0])
+            out[1][...], out[2][...], out[3][...] = rewards, terminations, truncations
+        except env_errors() as exc:
+            infos: dict[int, Any] = {}
+            failures: list[EnvFailure] = []
+            recovered: list[EnvFailure] = []
+            kept: list[int] = []
+            block.views[1][...] = current  # the rows as they stand, kept by a restart
+            self._broke(block, exc, infos, kept, failures, recovered)
+            for rows, into in zip(block.views[1:], out, strict=True):
+                into[...] = rows
+            return Reply(
+                env_ids=tuple(env_ids),
+                infos=infos or None,
+                failures=tuple(failures),
+                restarts=tuple(recovered),
+                kept=tuple(kept),
+            )
+        if not info:
+            return None
+        by_env: dict[int, Any] = {}
+        batched: list[BatchedInfos] = []
+        take_infos(info, block.ids, by_env, batched)
+        return Reply(env_ids=tuple(env_ids), infos=step_infos(by_env, batched))
+
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Reply:
-        """Call ``name`` on each hosted VectorEnv (``call`` where it has one, one value per
-        env; else its own attribute or method, the same value for each of its envs)."""
-        values: dict[int, Any] = {}
-        failures: list[EnvFailure] = []
-        for block in self.blocks:
-            try:
-                got = vector_call(block.venv, name, args, kwargs)
-            except env_errors() as exc:
-                failures.append(EnvFailure.capture(block.ids[0], Phase.CALL, exc))
-                continue
-            if isinstance(got, (tuple, list)) and len(got) == len(block.ids):
-                values.update(zip(block.ids, got, strict=True))
-            else:
-                values.update((i, got) for i in block.ids)
-        return Reply(values=values, failures=tuple(failures))
+        """Call ``name`` on each hosted VectorEnv (:func:`~envfleet.hosted.batches.call_venvs`)."""
+        return call_venvs([(b.ids, b.venv) for b in self.blocks], name, args, kwargs)
 
     def set_attr(self, name: str, values: dict[int, Any]) -> Reply:
-        """Set ``name`` on each hosted VectorEnv: per env where it has ``set_attr``, else one
-        value for all its envs (refused when they differ)."""
-        failures: list[EnvFailure] = []
-        for block in self.blocks:
-            mine = [values[i] for i in block.ids if i in values]
-            try:
-                if hasattr(block.venv, "set_attr"):
-                    block.venv.set_attr(name, mine)
-                elif all(v is mine[0] or v == mine[0] for v in mine):
-                    setattr(block.venv, name, mine[0])
-                else:
-                    raise ValueError(
-                        f"set_attr({name!r}): the hosted {type(block.venv).__name__} has no "
-                        "set_attr: give every env of its block the same value"
-                    )
-            except env_errors() as exc:
-                failures.append(EnvFailure.capture(block.ids[0], Phase.CALL, exc))
-        return Reply(failures=tuple(failures))
+        """Set ``name`` on each hosted VectorEnv (:func:`~envfleet.hosted.batches.set_venvs`)."""
+        return set_venvs([(b.ids, b.venv) for b in self.blocks], name, values)
 
     def close(self) -> Reply:
         """Close every hosted VectorEnv."""
@@ -288,7 +268,7 @@ class HostedGroup:
     # -- internals -----------------------------------------------------------------------------
 
     def _send_all(
-        self, blocks: list[_Block], carried: dict[int, Any] | None
+        self, blocks: list[Block], carried: dict[int, Any] | None
     ) -> dict[int, BaseException | None]:
         """Where two or more blocks of this step host VectorEnvs with their own ``send`` and
         ``recv`` (ale-py's ``AtariVectorEnv``, EnvPool) stepping all their envs at once, each
@@ -307,7 +287,7 @@ class HostedGroup:
                 sent[block.index] = exc
         return sent
 
-    def _actions(self, block: _Block, carried: dict[int, Any] | None) -> Any:
+    def _actions(self, block: Block, carried: dict[int, Any] | None) -> Any:
         """The block's actions: a view of its rows of the batch, or the carried ones."""
         if carried is None:  # a view made once, or (actions that are no arrays) a slice
             view = block.views[0]
@@ -316,7 +296,7 @@ class HostedGroup:
         return concatenate(self.action_space, [carried[i] for i in block.ids], out)
 
     def _write_step(
-        self, block: _Block, obs: Any, rewards: Any, terminations: Any, truncations: Any
+        self, block: Block, obs: Any, rewards: Any, terminations: Any, truncations: Any
     ) -> None:
         """A step's results of ``block`` into its rows of the batch."""
         self._write_obs(block, obs)
@@ -324,10 +304,11 @@ class HostedGroup:
         for rows, values in zip(flags, (rewards, terminations, truncations), strict=True):
             rows[...] = values
 
-    def _write_obs(self, block: _Block, obs: Any) -> None:
-        """The block's observations into its rows, with one copy per field; a dtype that does
-        not fit the space without an unsafe cast is refused, as ``SyncVectorEnv`` does."""
-        rows = block.views[1]
+    def _write_obs(self, block: Block, obs: Any, into: np.ndarray | None = None) -> None:
+        """The block's observations into its rows (or ``into``, rows of one array), with one
+        copy per field; a dtype that does not fit the space without an unsafe cast is refused,
+        as ``SyncVectorEnv`` does."""
+        rows = block.views[1] if into is None else into
         if rows is not None and type(obs) is np.ndarray and obs.dtype == rows.dtype:
             rows[...] = obs  # one array of the batch's dtype: nothing to check (the hot path)
             return
@@ -338,9 +319,29 @@ class HostedGroup:
                     f"Cannot cast observations of dtype {array.dtype} to the space's "
                     f"{space.dtype} according to the rule 'same_kind'"
                 )
+        if into is not None:
+            into[...] = obs
+            return
         put(self.observation_space, self.batch.observations, block.rows, obs)
 
-    def _rebuild(self, block: _Block, exc: BaseException, recovered: list[EnvFailure]) -> None:
+    def _broke(
+        self,
+        block: Block,
+        exc: BaseException,
+        infos: dict[int, Any],
+        kept: list[int],
+        failures: list[EnvFailure],
+        recovered: list[EnvFailure],
+    ) -> None:
+        """``block``'s VectorEnv raised ``exc`` stepping: its failure reported (``raise``), or
+        the VectorEnv rebuilt and its envs' episodes reported truncated."""
+        if self.on_error is OnError.RAISE:
+            failures.append(EnvFailure.capture(block.ids[0], Phase.STEP, exc))
+            return
+        self._rebuild(block, exc, recovered)
+        self._report_truncated(block, infos, kept, failures)
+
+    def _rebuild(self, block: Block, exc: BaseException, recovered: list[EnvFailure]) -> None:
         """Replace ``block``'s VectorEnv after it raised; each of its envs counts a restart."""
         try:
             block.venv.close()
@@ -354,7 +355,7 @@ class HostedGroup:
 
     def _report_truncated(
         self,
-        block: _Block,
+        block: Block,
         infos: dict[int, Any],
         kept: list[int],
         failures: list[EnvFailure],
@@ -369,7 +370,7 @@ class HostedGroup:
             final = take(self.observation_space, self.batch.observations, np.arange(*span(rows)))
             seeds = [derive_seed(self.seed_base, i, block.restarts) for i in block.ids]
             try:
-                obs, reset_info = self._reset_block(block, seeds, None)
+                obs, reset_info = block.reset(seeds, None)
                 self._write_obs(block, obs)
             except env_errors() as exc:
                 failures.append(EnvFailure.capture(block.ids[0], Phase.RESET, exc))
