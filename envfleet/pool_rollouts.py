@@ -243,6 +243,9 @@ class PoolRollouts:
             return list(range(ledger.num_workers))
         ids = check_env_ids(env_ids, ledger.num_envs)
         held = ledger.worker_of[ids]
+        first = int(held[0])
+        if ids.size == len(ledger.assignment[first]) and bool((held == first).all()):
+            return [first]  # one worker's block (no repeats: all of it), as a Rollout's env_ids
         if (held[1:] >= held[:-1]).all():  # as a rule: blocks in order, a run per worker
             workers: list[int] = held[np.flatnonzero(np.diff(held, prepend=-1))].tolist()
         else:

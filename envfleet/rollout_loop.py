@@ -125,11 +125,17 @@ def record_fields(
     """Each array a part records, in order (the observations' leaves, the actions', rewards of
     dtype ``rewards``, terminations, truncations), as its shape past ``(steps, count)`` and its
     dtype; and where the observations' leaves end and the actions' do."""
-    obs = leaves(obs_space, create_empty_array(obs_space, 1))
-    act = leaves(act_space, create_empty_array(act_space, 1))
-    fields = [(a.shape[1:], a.dtype) for a in [*obs, *act]]
+    obs, act = _leaf_fields(obs_space), _leaf_fields(act_space)
+    fields = [*obs, *act]
     flag = ((), np.dtype(np.bool_))
     return [*fields, ((), np.dtype(rewards)), flag, flag], (len(obs), len(fields))
+
+
+def _leaf_fields(space: spaces.Space[Any]) -> list[tuple[tuple[int, ...], np.dtype[Any]]]:
+    """The shape and dtype of each leaf of ``space``'s batches (a flat space's own)."""
+    if isinstance(space, _FLAT_SPACES) and space.shape is not None:  # without making one
+        return [(tuple(space.shape), np.dtype(space.dtype))]
+    return [(a.shape[1:], a.dtype) for a in leaves(space, create_empty_array(space, 1))]
 
 
 def _laid_out(
@@ -334,6 +340,8 @@ def leaves(space: spaces.Space[Any], nest: Any) -> list[np.ndarray]:
 
 def nested(space: spaces.Space[Any], arrays: list[np.ndarray]) -> Any:
     """``arrays`` (as :func:`leaves` gives them) laid out like ``space`` again."""
+    if not isinstance(space, spaces.Dict | spaces.Tuple):
+        return arrays[0]
     it = iter(arrays)
     return tree(space, lambda _: next(it), create_empty_array(space, 1))
 

@@ -218,7 +218,7 @@ class Out:
         # a process worker may record its part there, :mod:`envfleet.shared_records`).
         fields = record_arrays(obs_space, act_space, steps, n, np.float64, empty)
         self.observations, self.actions, self.rewards, self.terminations, self.truncations = fields
-        self.versions = np.zeros((steps, n), dtype=np.int64)
+        self.versions = np.empty((steps, n), dtype=np.int64)  # each part's, once they are in
         self._spaces = (obs_space, act_space)
 
     def into(self, env_ids: tuple[int, ...]) -> Sampled:
