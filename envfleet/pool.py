@@ -87,7 +87,6 @@ class Pool(VectorEnv):
         recovery["worker_memory_limit"] = worker_memory_limit
         parts = Parts.wire(self, transport, assignment, env_name, seed, recovery)
         self._ledger, self._recovery, self._dispatch = parts.ledger, parts.recovery, parts.dispatch
-        self._assignment = parts.ledger.assignment
         self._life, self._exchange, self._gymnasium = parts.life, parts.exchange, parts.gymnasium
         self._rollouts, self._report = parts.rollouts, parts.report
 
@@ -206,7 +205,7 @@ class Pool(VectorEnv):
     @property
     def num_workers(self) -> int:
         """Workers the envs are split over."""
-        return len(self._assignment)
+        return len(self._ledger.assignment)
 
     def stats(self) -> PoolStats:
         """Per-worker step latency (p50/p99), idle fraction, steps, episodes and restarts.
@@ -360,21 +359,22 @@ class Pool(VectorEnv):
         steps: int,
         env_ids: Sequence[int] | np.ndarray | None = None,
         version: int | None = None,
+        queue: bool = False,
     ) -> int:
         """Start a rollout of ``env_ids`` (whole workers' envs; default all); return the
-        version that acts. A policy with ``weights()``/``load_weights(mapping)`` sends its code
-        once, each version's weights once per worker lacking them (once per node's message).
+        version that acts. The policy's code goes once, each version's weights once a worker.
 
         Args:
             policy: as for :meth:`rollout`.
             steps: vector steps, at least 1.
             env_ids: the envs to roll out (``r.env_ids`` of a :class:`Rollout` handed over).
             version: stamped on every action; ``None``: counted (one more on new weights).
+            queue: behind each worker's part out, if any (one at most), with no round trip.
 
         Raises:
             AlreadyPendingError: an env of ``env_ids`` has a step, result or rollout pending.
         """
-        return self._rollouts.start(policy, steps, env_ids, version, self.check_actions)
+        return self._rollouts.start(policy, steps, env_ids, version, self.check_actions, queue)
 
     def rollout_wait(
         self, min_envs: int | None = None, timeout: float | None = None, max_lag: int | None = None

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,7 +33,15 @@ from envfleet.ledger import Ledger
 from envfleet.lifecycle import Lifecycle
 from envfleet.protocol import EnvFailure, Reply, Sample
 from envfleet.recovery import Recovery
-from envfleet.rollout_loop import Sampled
+from envfleet.rollout_loop import Sampled, tree
+from envfleet.rollout_parts import (
+    QUEUED_MOST,
+    Part,
+    RolloutParts,
+    check_max_lag,
+    check_min_envs,
+    check_timeout,
+)
 from envfleet.rollouts import Out, Policy, Rollout, relabelled
 from envfleet.shipping import Shipper
 from envfleet.stats import StatsRecorder
@@ -78,28 +85,23 @@ class PoolRollouts:
         self._observation_space = observation_space
         self._action_space = action_space
         self._env_name = recovery.env_name
-        self._out: dict[Sample, _Part] = {}  # parts sent, their replies not yet in
-        self._done: list[_Part] = []  # parts in, not yet handed over
+        self._parts = RolloutParts()
         self._shipper = Shipper()
 
     # -- the synchronous rollout: start every env's part, wait for all ---------------------------
 
     def rollout(self, policy: Policy, steps: int, check_actions: bool) -> Rollout:
         """``Pool.rollout``; ``check_actions``: each action against the action space."""
-        if self._out:
+        if self._parts.out:
             raise AlreadyPendingError(
                 f"rollout() while parts of an asynchronous rollout are out (envs "
-                f"{sorted(self.pending_envs())}): rollout_wait() them first",
+                f"{sorted(self._parts.pending_envs())}): rollout_wait() them first",
                 name="rollout",
             )
         self.start(policy, steps, None, None, check_actions)
         return self.wait(None, None, None)
 
     # -- asynchronous, versioned rollouts --------------------------------------------------------
-
-    def pending_envs(self) -> set[int]:
-        """The envs whose part of a rollout is out (or in, not yet handed over)."""
-        return {i for part in [*self._out.values(), *self._done] for i in part.env_ids}
 
     def start(
         self,
@@ -108,14 +110,15 @@ class PoolRollouts:
         env_ids: Sequence[int] | np.ndarray | None,
         version: int | None,
         check_actions: bool,
+        queue: bool = False,
     ) -> int:
         """``Pool.rollout_async``: one :class:`Sample` per worker of ``env_ids`` (whole
-        workers' blocks) sent; returns the version that acts. Nothing is sent when a check
-        fails."""
+        workers' blocks) sent (``queue``: behind the part a worker has out, if any); returns
+        the version that acts. Nothing is sent when a check fails."""
         self._life.check(rollouts=True)
         workers = self._workers_of(env_ids)
         ids = self._ids_of(workers)
-        self._check_rollout(policy, steps, workers, ids)
+        self._check_rollout(policy, steps, workers, ids, queue)
         version = self._shipper.prepare(policy, version)
         assignment, ship = self._ledger.assignment, self._shipper.command
         commands = [(w, ship(w, assignment[w], steps, version, check_actions)) for w in workers]
@@ -125,52 +128,54 @@ class PoolRollouts:
         # The rollout's arrays, made now: the parts may be read straight into their columns.
         spaces = self._observation_space, self._action_space
         out = Out(*spaces, int(steps), ids, self._life.memory.empty)
-        parts = [_Part(w, c.env_ids, int(steps), version, check_actions, out) for w, c in commands]
+        parts = [Part(w, c.env_ids, int(steps), version, check_actions, out) for w, c in commands]
         for (worker, command), part in zip(commands, parts, strict=True):
             dispatch.land(worker, command, part.into)
         dispatch.submit_many(commands, True)  # the policy is bytes already
         for (_, command), part in zip(commands, parts, strict=True):
-            self._out[command] = part
+            self._parts.out[command] = part
         self._life.rolling_out = True
         return version
 
     def wait(self, min_envs: int | None, timeout: float | None, max_lag: int | None) -> Rollout:
-        """``Pool.rollout_wait``: the parts done once at least ``min_envs`` envs' are (all
-        the parts out when ``None``), or those done after ``timeout`` seconds (at least one).
-        Parts of one ``steps`` go together; those of another wait for a later call."""
+        """``Pool.rollout_wait``: the parts done once at least ``min_envs`` envs' are (every
+        worker's next part when ``None``), or those done after ``timeout`` seconds (at least
+        one). A worker's parts go one a call, as they came in (:mod:`~envfleet.rollout_parts`);
+        parts of one ``steps`` go together, those of another wait for a later call."""
         self._life.check(rollouts=True)
-        if not self._out and not self._done:
+        parts = self._parts
+        if not parts:
             raise NoPendingError(
                 "rollout_wait() with no rollout pending: call rollout_async() first",
                 name="rollout_wait",
             )
-        owed = sum(len(p.env_ids) for p in [*self._out.values(), *self._done])
-        want = owed if min_envs is None else _min_envs(min_envs, owed)
-        deadline = None if timeout is None else time.monotonic() + _timeout(timeout)
+        owed = parts.owed()
+        want = owed if min_envs is None else check_min_envs(min_envs, owed)
+        deadline = None if timeout is None else time.monotonic() + check_timeout(timeout)
         dispatch = self._dispatch
         while True:
             self._take_answers()
-            done = sum(len(p.env_ids) for p in self._done)
-            if done >= want and self._done:
+            ready = parts.ready()
+            if ready and sum(len(p.env_ids) for p in ready) >= want:
                 break
-            if deadline is not None and time.monotonic() >= deadline and self._done:
+            if deadline is not None and time.monotonic() >= deadline and ready:
                 break  # what is done so far
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if left == 0.0:
                 raise TimeoutError(
                     f"rollout_wait(timeout={timeout}): no part done yet; the envs "
-                    f"{sorted(self.pending_envs())} are still out (a later rollout_wait() "
+                    f"{sorted(parts.pending_envs())} are still out (a later rollout_wait() "
                     "returns them)"
                 )
             dispatch.pump(block=True, want=1, limit=left)
-        return self._hand_over(_max_lag(max_lag))
+        return self._hand_over(ready, check_max_lag(max_lag))
 
     def _take_answers(self) -> None:
-        """Move the parts whose replies are in from ``_out`` to ``_done`` (a worker that lacked
-        the code or the weights is sent them, and its part stays out)."""
-        answers = self._ledger.answers
-        for command in [c for c in self._out if c in answers]:
-            part = self._out.pop(command)
+        """Move the parts whose replies are in from out to in (a worker that lacked the code
+        or the weights is sent them, and its part stays out)."""
+        answers, out = self._ledger.answers, self._parts.out
+        for command in [c for c in out if c in answers]:
+            part = out.pop(command)
             reply = self._ledger.answer(command)
             got = (reply.values or {}).get(part.env_ids[0])
             if isinstance(got, Sampled) and got.in_place and reply.values is not None:
@@ -193,12 +198,12 @@ class PoolRollouts:
                 )
                 self._dispatch.land(part.worker, again, part.into)
                 self._dispatch.submit_many([(part.worker, again)], True)
-                self._out[again] = part
+                out[again] = part
                 continue
             part.reply = reply
-            self._done.append(part)
+            self._parts.done.append(part)
 
-    def _untaken(self, part: _Part, reply: Reply, got: Any) -> None:
+    def _untaken(self, part: Part, reply: Reply, got: Any) -> None:
         """Take back from the worker's count the env-steps its reply did not take: the ledger
         counts a :class:`Sample` answered as all its steps, but a part that stopped early (its
         policy failed, or the worker lacked it: sent again, and counted then) took fewer."""
@@ -211,14 +216,14 @@ class PoolRollouts:
         if taken < part.steps:
             self._stats.steps[part.worker] -= (part.steps - taken) * len(part.env_ids)
 
-    def _hand_over(self, max_lag: int | None) -> Rollout:
-        """The parts done (of the first one's ``steps``) as one :class:`Rollout` over their
+    def _hand_over(self, ready: list[Part], max_lag: int | None) -> Rollout:
+        """The parts ``ready`` (of the first one's ``steps``) as one :class:`Rollout` over their
         envs; parts past ``max_lag`` are dropped and counted."""
-        steps = self._done[0].steps
-        parts = [p for p in self._done if p.steps == steps]
-        self._done = [p for p in self._done if p.steps != steps]
-        self._life.rolling_out = bool(self._out or self._done)
-        kept: list[_Part] = []
+        steps = ready[0].steps
+        parts = [p for p in ready if p.steps == steps]
+        self._parts.handed_over(parts)
+        self._life.rolling_out = bool(self._parts)
+        kept: list[Part] = []
         dropped_ids: list[int] = []
         for part in parts:
             lag = self._shipper.version - part.version
@@ -268,9 +273,10 @@ class PoolRollouts:
         return np.concatenate(blocks).astype(np.int64, copy=False)
 
     def _check_rollout(
-        self, policy: Policy, steps: int, workers: list[int], ids: np.ndarray
+        self, policy: Policy, steps: int, workers: list[int], ids: np.ndarray, queue: bool
     ) -> None:
-        """What makes the rollout impossible, raised before anything is sent."""
+        """What makes the rollout impossible, raised before anything is sent (``queue``: a
+        worker may have one part outstanding, this one goes behind it)."""
         if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
             raise ValueError(f"steps must be an int >= 1, got {steps!r}")
         if not callable(policy):
@@ -286,25 +292,28 @@ class PoolRollouts:
                     f"rollout() needs spaces laid out as arrays (Box, Discrete, MultiDiscrete, "
                     f"MultiBinary, Dict/Tuple of them); the {what} space is {space}: use step()"
                 )
-        ledger = self._ledger
-        busy = ledger.busy(ids)
+        ledger, parts = self._ledger, self._parts
+        taken = set(ledger.busy(ids).tolist())
         # Parts are whole workers' blocks: an env is out when its worker's part is.
-        out_workers = {p.worker for p in [*self._out.values(), *self._done]}
-        out = self.pending_envs() & set(ids.tolist()) if out_workers & set(workers) else set()
-        if busy.size or any(ledger.pending[w] for w in workers) or out:
+        most = QUEUED_MOST if queue else 1
+        for w in workers:
+            others = any(type(command) is not Sample for command in ledger.pending[w])
+            if others or parts.outstanding(w) >= most:
+                taken.update(ledger.assignment[w])
+        if taken:
+            behind = f" ({most} parts at most, queued)" if queue else ""
             raise AlreadyPendingError(
-                f"rollout() needs its envs idle, but envs {sorted(set(busy.tolist()) | out)} "
-                "have a step, a result or a rollout pending; recv() or rollout_wait() them "
-                "first",
+                f"rollout() needs its envs idle, but envs {sorted(taken)} have a step, a "
+                f"result or a rollout pending{behind}; recv() or rollout_wait() them first",
                 name="rollout",
             )
         self._episodes.check_rollout()
 
-    def _assemble(self, done: list[_Part], steps: int) -> Rollout:
+    def _assemble(self, done: list[Part], steps: int) -> Rollout:
         """The parts as one :class:`Rollout` over their envs; the pool's rows set as after
         the steps, or the failure raised (an env's breaks the pool, as a failed step does)."""
         failed: tuple[int, EnvFailure] | None = None
-        parts: list[tuple[_Part, Sampled]] = []
+        parts: list[tuple[Part, Sampled]] = []
         for part in sorted(done, key=lambda p: p.env_ids[0]):  # in the envs' order
             reply = part.reply
             assert reply is not None
@@ -318,7 +327,12 @@ class PoolRollouts:
             self._dispatch.fail(failure.to_error(worker, self._env_name))
         obs_space, act_space = self._observation_space, self._action_space
         batch, needs_reset = self._batch, self._episodes.needs_reset
+        # A worker with a part queued behind runs it now: its rows are that part's to set (in
+        # shared memory, the worker's own, being written).
+        later = {p.worker for p in [*self._parts.out.values(), *self._parts.done]}
         for part, got in parts:  # the pool's rows: where each env stands now
+            if part.worker in later:
+                continue
             rows = row_index(self._ledger.index(part.env_ids))
             put(obs_space, batch.observations, rows, got.final_observations)
             if got.steps:  # else its rows are as they were
@@ -352,50 +366,15 @@ class PoolRollouts:
         ended = np.zeros(self._ledger.num_envs, dtype=np.int64)
         ended[env_ids] = (out.terminations | out.truncations).sum(axis=0)
         self._stats.ended_many(ended)
-        return out.rollout(
-            [relabelled(got, env_ids) for _, got in parts],
-            n,
-            take(obs_space, batch.observations, env_ids),
-            env_ids,
-        )
-
-
-@dataclass
-class _Part:
-    """A worker's part of a rollout: what was asked, the rollout's arrays it goes into (its
-    columns: ``into``), and its reply once in."""
-
-    worker: int
-    env_ids: tuple[int, ...]
-    steps: int
-    version: int
-    check_actions: bool
-    out: Out
-    reply: Reply | None = None
-    into: Sampled = dataclasses.field(init=False)
-
-    def __post_init__(self) -> None:
-        self.into = self.out.into(self.env_ids)
-
-
-def _min_envs(min_envs: Any, owed: int) -> int:
-    if isinstance(min_envs, bool) or not isinstance(min_envs, int | np.integer) or min_envs < 1:
-        raise ValueError(f"min_envs must be an int >= 1 or None, got {min_envs!r}")
-    return min(int(min_envs), owed)
-
-
-def _max_lag(max_lag: Any) -> int | None:
-    if max_lag is not None and (
-        isinstance(max_lag, bool) or not isinstance(max_lag, int | np.integer) or max_lag < 0
-    ):
-        raise ValueError(f"max_lag must be an int >= 0 or None, got {max_lag!r}")
-    return None if max_lag is None else int(max_lag)
-
-
-def _timeout(timeout: Any) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-        raise ValueError(f"timeout must be seconds >= 0 or None, got {timeout!r}")
-    return float(timeout)
+        finals = [got.final_observations for _, got in parts]
+        if not finals:
+            final = take(obs_space, batch.observations, env_ids)
+        else:  # each part's own (the batch rows may be a queued part's already)
+            final = tree(obs_space, lambda *leaves: np.concatenate(leaves), *finals)
+            order = np.argsort(np.concatenate(blocks), kind="stable")
+            if (order[1:] < order[:-1]).any():
+                final = take(obs_space, final, order)
+        return out.rollout([relabelled(got, env_ids) for _, got in parts], n, final, env_ids)
 
 
 __all__ = ["PoolRollouts"]

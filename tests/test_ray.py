@@ -803,3 +803,26 @@ def check_rollout_matches_sync_vector_env(pool: envfleet.Pool, mode: AutoresetMo
     pool.reset(seed=faults.SEED)
     assert_rollout(pool.rollout(policy, 6), want[:6], "first rollout")
     assert_step_then_rollout(pool, policy, want, last, 6)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_queued_parts_through_actors_are_the_rollouts_one_after_another(
+    ray_session: None, path: str
+) -> None:
+    """A part queued behind each actor's (``queue=True``): each hand-over is the serial
+    backend's rollout of that turn, over both paths."""
+    from tests.test_rollout_async import Linear, weights
+
+    with envfleet.make("CartPole-v1", NUM_ENVS, backend="serial", seed=0) as serial:
+        serial.reset()
+        want = [serial.rollout(Linear(weights(v)), 6) for v in (1, 2)]
+    with make_ray("CartPole-v1", path, seed=0) as pool:
+        pool.reset()
+        pool.rollout_async(Linear(weights(1)), 6)
+        pool.rollout_async(Linear(weights(2)), 6, queue=True)
+        got = [pool.rollout_wait(), pool.rollout_wait()]
+    for k, (w, g) in enumerate(zip(want, got, strict=True)):
+        assert (g.policy_versions == k + 1).all()
+        for field in ("observations", "actions", "rewards", "terminations", "truncations"):
+            np.testing.assert_array_equal(getattr(w, field), getattr(g, field), f"{k} {field}")
+        np.testing.assert_array_equal(w.final_observations, g.final_observations)

@@ -82,13 +82,18 @@ def slow_envs(marker: Path, victim: int, n: int = N) -> list[Any]:
     ]
 
 
-def start_then_kill(pool: envfleet.Pool, policy: Shift, marker: Path, pid: int | None) -> None:
-    """Version 1 (with its code) whole, then version 2 (weights only) out; once the marker
-    says it is under way, SIGKILL ``pid`` (else the process that wrote the marker)."""
+def start_then_kill(
+    pool: envfleet.Pool, policy: Shift, marker: Path, pid: int | None, queued: bool = False
+) -> None:
+    """Version 1 (with its code) whole, then version 2 (weights only) out (``queued``: and
+    another part of it queued behind); once the marker says it is under way, SIGKILL ``pid``
+    (else the process that wrote the marker)."""
     pool.reset(seed=SEED)
     assert pool.rollout(policy, 2).steps == 2
     policy.shift = np.array([2])
     assert pool.rollout_async(policy, STEPS) == 2
+    if queued:
+        assert pool.rollout_async(policy, STEPS, queue=True) == 2
     written = await_marker(marker, timing.bound(10.0, pools=4))
     os.kill(written if pid is None else pid, signal.SIGKILL)
 

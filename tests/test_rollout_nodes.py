@@ -183,7 +183,7 @@ def node_pool(directory: Path, counts: set[int], nodes: list[str], on_error: str
         for _ in range(N)
     ]
     pool = envfleet.make(envs, backend="ray", num_workers=4, nodes=nodes, seed=0, on_error=on_error)
-    assert [tuple(ids) for ids in pool._assignment] == [(0, 1), (2, 3), (4,), (5,)]
+    assert [tuple(ids) for ids in pool._ledger.assignment] == [(0, 1), (2, 3), (4,), (5,)]
     return pool
 
 
@@ -292,3 +292,29 @@ def test_a_rollouts_scalar_infos_on_nodes_are_sync_vector_envs(nodes: list[str])
         got = pool.rollout(envfleet.RandomPolicy(pool.single_action_space, 0), 8)
     assert_rollout(got, want, "rollout on 2 nodes")
     assert_tree(got.final_observations, last, "final observations")
+
+
+def test_queued_parts_on_nodes_are_the_rollouts_one_after_another(nodes: list[str]) -> None:
+    """A part queued behind each worker's (``queue=True``) on 2 nodes x 2 workers: each
+    hand-over is the serial backend's rollout of that turn, its final observations its own,
+    each env once."""
+    from tests.test_rollout_async import Linear, weights
+
+    def rollouts(queue: bool, **kwargs: Any) -> list[envfleet.Rollout]:
+        with envfleet.make("CartPole-v1", 8, seed=0, **kwargs) as pool:
+            pool.reset()
+            if not queue:
+                return [pool.rollout(Linear(weights(v)), 7) for v in (1, 2, 3)]
+            pool.rollout_async(Linear(weights(1)), 7)
+            pool.rollout_async(Linear(weights(2)), 7, queue=True)
+            got = [pool.rollout_wait()]
+            pool.rollout_async(Linear(weights(3)), 7, queue=True)
+            return [*got, pool.rollout_wait(), pool.rollout_wait()]
+
+    want = rollouts(False, backend="serial")
+    got = rollouts(True, backend="ray", num_workers=4, nodes=nodes)
+    for k, (w, g) in enumerate(zip(want, got, strict=True)):
+        assert g.env_ids.tolist() == list(range(8)) and (g.policy_versions == k + 1).all()
+        for field in ("observations", "actions", "rewards", "terminations", "truncations"):
+            np.testing.assert_array_equal(getattr(w, field), getattr(g, field), f"{k} {field}")
+        np.testing.assert_array_equal(w.final_observations, g.final_observations)

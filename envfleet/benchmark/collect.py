@@ -2,8 +2,9 @@
 
 A stepping runner pays a round trip to the driver for every vector step; a rollout runs
 ``steps`` steps in a row on the workers (:meth:`envfleet.Pool.rollout_async`) and ships what it
-recorded. :class:`RolloutRunner` keeps every worker collecting: it waits for the first worker's
-part (``rollout_wait(min_envs=...)``), starts those envs again at once, and counts the
+recorded. :class:`RolloutRunner` keeps every worker collecting: each has a part out and one
+queued behind it (``queue=True``), and as each part is handed over
+(``rollout_wait(min_envs=...)``) those envs' next part is queued at once; it counts the
 env-steps handed over. Each window runs from every worker idle to every worker idle: no part
 begun before the clock started is counted, and every part begun in the window is (a worker
 that finishes its last part before the others idles on the clock: a conservative rate). The
@@ -76,10 +77,11 @@ class RolloutRunner(base.Runner):
         pool, handed = self.pool, 0
         start = time.perf_counter()
         pool.rollout_async(self.policy, self.steps)
+        pool.rollout_async(self.policy, self.steps, queue=True)
         while time.perf_counter() - start < seconds:
             rollout = pool.rollout_wait(min_envs=self.min_envs)
             handed += rollout.rewards.size
-            pool.rollout_async(self.policy, self.steps, rollout.env_ids)
+            pool.rollout_async(self.policy, self.steps, rollout.env_ids, queue=True)
             del rollout
         with contextlib.suppress(envfleet.NoPendingError):
             while True:  # the parts still out
