@@ -241,6 +241,7 @@ _HOSTED = (
     "vector-recording-ceiling",
     "hosted",
     "hosted-rollout",
+    "hosted-rollout-unqueued",
     "process",
 )
 """For the hosted workloads: the VectorEnv alone, its ceiling (as is, and acting and recording

@@ -17,6 +17,7 @@ and the pool's rows, reset flags and statistics are left as after the steps::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -86,6 +87,9 @@ class PoolRollouts:
         self._action_space = action_space
         self._env_name = recovery.env_name
         self._parts = RolloutParts()
+        # A block of shared memory a part, given again to the same workers' parts: each keeps
+        # its few mapped (shared_records.MAPPED_MOST), one free between parts.
+        life.memory.keep_at_least(ledger.num_workers + 2)
         self._shipper = Shipper()
 
     # -- the synchronous rollout: start every env's part, wait for all ---------------------------
@@ -127,7 +131,8 @@ class PoolRollouts:
             dispatch.recycle_over_limit()
         # The rollout's arrays, made now: the parts may be read straight into their columns.
         spaces = self._observation_space, self._action_space
-        out = Out(*spaces, int(steps), ids, self._life.memory.empty)
+        empty = functools.partial(self._life.memory.empty, hint=tuple(workers))
+        out = Out(*spaces, int(steps), ids, empty)
         parts = [Part(w, c.env_ids, int(steps), version, check_actions, out) for w, c in commands]
         for (worker, command), part in zip(commands, parts, strict=True):
             dispatch.land(worker, command, part.into)

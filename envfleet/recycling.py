@@ -30,7 +30,7 @@ import os
 import stat
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,13 +105,18 @@ class Recycler:
         self._shared = shared and hasattr(os, "memfd_create")
         self._free: dict[int, list[mmap.mmap]] = {}
         self._fds: dict[int, SharedBlock] = {}  # by id of the mmap: its shared blocks
+        self._hints: dict[int, Hashable] = {}  # by id of the mmap: whom it was last given to
         self._lock = threading.Lock()
         self._open = True
         if self._shared:
             _RECYCLERS.add(self)
 
-    def empty(self, shape: int | Sequence[int], dtype: Any = np.float64) -> np.ndarray:
-        """An uninitialised array, as ``np.empty(shape, dtype)``."""
+    def empty(
+        self, shape: int | Sequence[int], dtype: Any = np.float64, hint: Hashable = None
+    ) -> np.ndarray:
+        """An uninitialised array, as ``np.empty(shape, dtype)``; ``hint``: whom it is for (a
+        free block last given with the same hint is given first: a process worker that records
+        into the pool's blocks keeps mapped the few it is given again and again)."""
         dims = (int(shape),) if isinstance(shape, int | np.integer) else tuple(map(int, shape))
         kind = np.dtype(dtype)
         count = math.prod(dims)
@@ -120,9 +125,15 @@ class Recycler:
             return np.empty(dims, dtype=kind)
         with self._lock:
             blocks = self._free.get(nbytes)
-            block = blocks.pop() if blocks else None
+            block = None
+            if blocks:
+                hints = self._hints
+                mine = [k for k, b in enumerate(blocks) if hints.get(id(b)) == hint]
+                block = blocks.pop(mine[-1] if mine else -1)
         if block is None:
             block = self._new(nbytes)
+        with self._lock:
+            self._hints[id(block)] = hint
         flat = np.frombuffer(block, dtype=kind, count=count)  # every view's base
         weakref.finalize(flat, self._give_back, block)
         return flat.reshape(dims)
@@ -152,6 +163,12 @@ class Recycler:
         with self._lock:
             return list(self._fds.values())
 
+    def keep_at_least(self, count: int) -> None:
+        """Keep at least ``count`` free blocks of each size (one for each of that many users
+        that take one, give it back and take one again: a pool's workers' rollout parts)."""
+        with self._lock:
+            self._keep = max(self._keep, count)
+
     def _give_back(self, block: mmap.mmap) -> None:
         with self._lock:
             if self._open:
@@ -159,6 +176,7 @@ class Recycler:
                 if len(blocks) < self._keep:
                     blocks.append(block)
                     return
+            self._hints.pop(id(block), None)
             shared = self._fds.pop(id(block), None)
         if shared is not None:  # gone with its last array: its descriptor too
             os.close(shared.fd)
@@ -174,6 +192,7 @@ class Recycler:
             self._open = False
             free = [block for blocks in self._free.values() for block in blocks]
             self._free.clear()
+            self._hints.clear()
             fds = [self._fds.pop(id(block)).fd for block in free if id(block) in self._fds]
         for fd in fds:
             os.close(fd)
@@ -184,6 +203,7 @@ class Recycler:
         self._lock = threading.Lock()  # another thread of the parent's may have held it
         self._open = self._shared = False
         self._free.clear()
+        self._hints.clear()
         fds = [block.fd for block in self._fds.values()]
         self._fds.clear()
         for fd in fds:

@@ -31,8 +31,10 @@ from envfleet.recycling import locate, map_peer
 
 __all__ = ["MAPPED_MOST", "RecordRef", "record_ref", "recorded_views"]
 
-MAPPED_MOST = 4
-"""The blocks a worker keeps mapped for the rollouts to come (its pool recycles two or three)."""
+MAPPED_MOST = 6
+"""The blocks a worker keeps mapped for the rollouts to come: its pool gives each worker's parts
+the same few again (the one recorded, one queued behind, one handed over; ``Recycler``'s
+``hint``); mapping a block anew costs a page fault for each of its pages."""
 
 Leaf = tuple[int, tuple[int, ...], tuple[int, ...], str]
 """Where one array lies in a block: its offset, shape, strides and dtype."""

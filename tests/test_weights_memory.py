@@ -10,6 +10,7 @@ the caller does to its arrays afterwards.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 from typing import Any
@@ -229,3 +230,26 @@ def test_a_child_forked_from_the_pool_holds_none_of_its_segments() -> None:
         assert held_in_child == 0 and segments_held() == 1
         policy.w = np.full((4, 2), -0.5)
         assert (pool.rollout(policy, 2).policy_versions == 2).all()
+
+
+def test_a_part_queued_behind_another_keeps_its_segment_until_it_is_answered() -> None:
+    """Worker 0 has two parts out, the first naming no segment (it holds the code already),
+    the second carrying the code again in a segment (as to a worker rebuilt since): the
+    first's answer releases nothing of the second's, whose answer releases it."""
+    from envfleet.protocol import Sample
+
+    segments = shared_weights.Segments(1)
+    try:
+        code = bytes(shared_weights.CODE_IN_SEGMENT)
+        key = hashlib.blake2b(code, digest_size=16).hexdigest()  # as the pool's shipper names it
+        first = Sample((0,), 4, None, version=1, code=key)
+        second = Sample((0,), 4, code, version=1, code=key)
+        assert segments.outgoing(0, first) is first
+        sent = segments.outgoing(0, second)
+        assert isinstance(sent.policy, weight_frames.SegmentRef)
+        segments.answered(0)  # the first part's reply
+        assert segments.held() == 1 and weight_frames.code(sent.policy) == code
+        segments.answered(0)  # the second's
+        assert segments.held() == 0 and segments.owing == 0
+    finally:
+        segments.close()

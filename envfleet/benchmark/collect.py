@@ -3,13 +3,13 @@
 A stepping runner pays a round trip to the driver for every vector step; a rollout runs
 ``steps`` steps in a row on the workers (:meth:`envfleet.Pool.rollout_async`) and ships what it
 recorded. :class:`RolloutRunner` keeps every worker collecting: each has a part out and one
-queued behind it (``queue=True``), and as each part is handed over
-(``rollout_wait(min_envs=...)``) those envs' next part is queued at once; it counts the
-env-steps handed over. Each window runs from every worker idle to every worker idle: no part
-begun before the clock started is counted, and every part begun in the window is (a worker
-that finishes its last part before the others idles on the clock: a conservative rate). The
-actions are pre-sampled like the stepping runners' (:class:`CycledActions`): the same work,
-with the driver's round trips taken away. Rollouts of 128 steps (CleanRL's PPO's).
+queued behind it (``queue=True``; else the next is sent once the last is handed over), and as
+each part is handed over (``rollout_wait(min_envs=...)``) those envs' next part goes at once;
+it counts the env-steps handed over. Each window runs from every worker idle to every worker
+idle: no part begun before the clock started is counted, and every part begun in the window
+is (a worker that finishes its last part before the others idles on the clock: a conservative
+rate). The actions are pre-sampled like the stepping runners' (:class:`CycledActions`): the
+same work, with the driver's round trips taken away. Rollouts of 128 steps (CleanRL's PPO's).
 """
 
 from __future__ import annotations
@@ -54,10 +54,16 @@ class RolloutRunner(base.Runner):
     """A pool collecting rollouts of ``steps`` steps, every worker kept busy (module docstring)."""
 
     def __init__(
-        self, name: str, pool: envfleet.Pool, steps: int, timing: base.Timing, **info: Any
+        self,
+        name: str,
+        pool: envfleet.Pool,
+        steps: int,
+        timing: base.Timing,
+        queue: bool = True,
+        **info: Any,
     ) -> None:
-        self.name, self.pool, self.steps = name, pool, steps
-        self.info = {"steps": steps, "workers": pool.num_workers, **info}
+        self.name, self.pool, self.steps, self.queue = name, pool, steps, queue
+        self.info = {"steps": steps, "workers": pool.num_workers, "queue": queue, **info}
         self._rewarm = timing.rewarm
         try:
             self.policy = CycledActions(pool.single_action_space, pool.num_envs, timing)
@@ -77,11 +83,12 @@ class RolloutRunner(base.Runner):
         pool, handed = self.pool, 0
         start = time.perf_counter()
         pool.rollout_async(self.policy, self.steps)
-        pool.rollout_async(self.policy, self.steps, queue=True)
+        if self.queue:
+            pool.rollout_async(self.policy, self.steps, queue=True)
         while time.perf_counter() - start < seconds:
             rollout = pool.rollout_wait(min_envs=self.min_envs)
             handed += rollout.rewards.size
-            pool.rollout_async(self.policy, self.steps, rollout.env_ids, queue=True)
+            pool.rollout_async(self.policy, self.steps, rollout.env_ids, queue=self.queue)
             del rollout
         with contextlib.suppress(envfleet.NoPendingError):
             while True:  # the parts still out
@@ -102,11 +109,13 @@ def open_rollouts(
     *,
     name: str = "hosted-rollout",
     steps: int = 128,
+    queue: bool = True,
     **make_kwargs: Any,
 ) -> base.Runner:
-    """``envfleet.make(workload, **make_kwargs)`` collecting rollouts of ``steps`` steps."""
+    """``envfleet.make(workload, **make_kwargs)`` collecting rollouts of ``steps`` steps
+    (``queue``: a part queued behind each worker's)."""
     pool = envfleet.make(workload.spec, workload.num_envs, **make_kwargs)
-    return RolloutRunner(name, pool, steps, timing, **make_kwargs)
+    return RolloutRunner(name, pool, steps, timing, queue, **make_kwargs)
 
 
 def open_ale_hosted_rollouts(workload: base.Workload, timing: base.Timing) -> base.Runner:

@@ -13,7 +13,7 @@ import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from envfleet.benchmark import bare, base, collect, peers, runners
 from envfleet.spec import EnvSpec
@@ -47,6 +47,14 @@ def _envfleet(name: str, description: str, check: Any = None, **make: Any) -> Ru
     return RunnerKind(name, description, opener, check=check, make=make)
 
 
+def _rollouts(name: str, description: str, **make: Any) -> RunnerKind:
+    """Hosted VectorEnvs collecting rollouts (:func:`~envfleet.benchmark.collect.open_rollouts`);
+    like envfleet's stepping runners, it takes ``make()`` options after its name."""
+    make = {"backend": "process", "vectorization_mode": "vector_entry_point", **make}
+    opener = functools.partial(collect.open_rollouts, name=name, **make)
+    return RunnerKind(name, description, opener, check=runners.vector_check, make=make)
+
+
 RUNNERS: dict[str, RunnerKind] = {
     kind.name: kind
     for kind in (
@@ -71,15 +79,14 @@ RUNNERS: dict[str, RunnerKind] = {
             backend="process",
             vectorization_mode="vector_entry_point",
         ),
-        RunnerKind(
+        _rollouts(
             "hosted-rollout",
             "hosted, each worker acting on its own (rollouts of 128 steps): no round trip a step",
-            functools.partial(
-                collect.open_rollouts,
-                backend="process",
-                vectorization_mode="vector_entry_point",
-            ),
-            check=runners.vector_check,
+        ),
+        _rollouts(
+            "hosted-rollout-unqueued",
+            "hosted-rollout, each worker's next part sent only once its last is handed over",
+            queue=False,
         ),
         RunnerKind(
             "vector",
@@ -185,7 +192,8 @@ def opener(name: str) -> Callable[[base.Workload, base.Timing], base.Runner]:
     kind, given = variant(name)
     if not given:
         return kind.open
-    return runners.envfleet_opener(name=name, **{**(kind.make or {}), **given})
+    made = cast(functools.partial[base.Runner], kind.open)  # an envfleet kind's: a partial
+    return functools.partial(made.func, *made.args, **{**made.keywords, "name": name, **given})
 
 
 def parse_runners(text: str) -> list[str]:

@@ -69,7 +69,7 @@ class Segments:
         # (a policy's code goes once per worker: its segment goes once they all answered).
         self._newest: dict[str, tuple[int, bytes]] = {}
         self.owing = 0
-        """Commands out that name segments (none: a reply needs no look)."""
+        """Rollouts' commands out (none: a reply needs no look)."""
         self.written = 0
         """Bytes written into segments (each version's once while it is kept)."""
 
@@ -78,8 +78,9 @@ class Segments:
         they are in segments instead of carried.
 
         While a rollout is out the pool sends its workers nothing else (steps, resets and calls
-        are refused), so the next reply of ``worker`` is this command's: no other command is
-        looked at, on the way out or in (a step costs nothing more)."""
+        are refused), so the worker's replies answer its rollouts' commands in order (one may
+        be queued behind another): each is noted here, naming segments or not, and no other
+        command is looked at, on the way out or in (a step costs nothing more)."""
         keys: list[bytes] = []
         weights, policy = command.weights, command.policy
         if self.enabled and isinstance(weights, bytes) and is_frame(weights):
@@ -89,9 +90,8 @@ class Segments:
             with contextlib.suppress(ValueError):  # no digest of the code (a hand-made one)
                 key = bytes.fromhex(command.code)
                 policy = self._share("code", policy, key, command.version, keys)
-        if keys:
-            self._owed[worker].append(tuple(keys))
-            self.owing += 1
+        self._owed[worker].append(tuple(keys))
+        self.owing += 1
         if weights is command.weights and policy is command.policy:
             return command
         return dataclasses.replace(command, weights=weights, policy=policy)
@@ -117,8 +117,8 @@ class Segments:
         return live.segment.ref(version)
 
     def answered(self, worker: int) -> None:
-        """``worker`` answered its oldest command: a :class:`Sample` that named segments, if
-        it owes one (see :meth:`outgoing`)."""
+        """``worker`` answered its oldest command: a :class:`Sample`, if it owes one (see
+        :meth:`outgoing`); the segments it named are released."""
         owed = self._owed[worker]
         if owed:
             self.owing -= 1
