@@ -68,6 +68,23 @@ def test_small_arrays_are_plain_and_free_blocks_are_bounded_and_cleared() -> Non
     assert memory.free_bytes() == 0  # closed: none kept
 
 
+def test_a_free_block_goes_back_to_whom_it_was_given_first() -> None:
+    """Blocks given with hints come back to the same hint while free ones of it are kept
+    (``keep_at_least``), whatever order they were freed in; a hint with none takes any."""
+    memory = Recycler(keep=1, shared=True)
+    memory.keep_at_least(3)
+    given = {hint: memory.empty(2 * MIB, np.uint8, hint=hint) for hint in ("a", "b", "c")}
+    where = {hint: array.ctypes.data for hint, array in given.items()}
+    for hint in ("b", "a", "c"):  # freed in another order than given
+        del given[hint]
+    gc.collect()
+    assert memory.free_bytes() == 3 * 2 * MIB
+    again = {hint: memory.empty(2 * MIB, np.uint8, hint=hint) for hint in ("a", "c", "b")}
+    assert {hint: array.ctypes.data for hint, array in again.items()} == where
+    assert memory.empty(2 * MIB, np.uint8, hint="d").ctypes.data not in where.values()
+    memory.clear()
+
+
 FIELDS = ("observations", "actions", "rewards", "terminations", "truncations")
 
 
