@@ -11,8 +11,9 @@ that many ``step`` calls, without a message per step::
 
 It steps through the group's own :meth:`~envfleet.group.EnvGroup.step` (or its threads'), so
 autoreset modes, restarts under ``on_error="restart"``, infos and flags are exactly those of
-that many steps, and after the last one the group's batch rows are what they would be. What it
-records goes back as one :class:`Sampled` per worker, in its reply's ``values``.
+that many steps, and after the last one the group's batch rows are what they would be (a
+worker hosting one VectorEnv steps it straight into the record: ``HostedGroup.step_into``).
+What it records goes back as one :class:`Sampled` per worker, in its reply's ``values``.
 
 The policy travels cloudpickled; each worker keeps the one it unpickled while the same bytes
 come again (:mod:`envfleet.worker_policies`).

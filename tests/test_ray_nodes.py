@@ -216,7 +216,7 @@ def check_a_lost_worker_on_the_pools_own_node_restarts_alone(pool: envfleet.Pool
     transport = pool._transport
     assert isinstance(transport, NodeTransport) and transport._here is not None
     (worker,) = transport._here.workers
-    lost = np.isin(np.arange(NUM_ENVS), pool._assignment[worker])
+    lost = np.isin(np.arange(NUM_ENVS), pool._ledger.assignment[worker])
     pids = [node.pid for node in transport._nodes]
     actions = np.ones(NUM_ENVS, dtype=np.int64)
     pool.reset()
@@ -555,7 +555,7 @@ def test_agent_killed_mid_step_raises_worker_died_naming_node(cluster: Cluster) 
         assert error.phase is envfleet.Phase.STEP
         assert error.worker in node.workers
         assert node.node_id in str(error)
-        held = [i for w in node.workers for i in pool._assignment[w]]
+        held = [i for w in node.workers for i in pool._ledger.assignment[w]]
         assert str(held[0]) in str(error)
         with pytest.raises(envfleet.BrokenPoolError):
             pool.step(np.ones(NUM_ENVS, dtype=np.int64))
@@ -566,7 +566,7 @@ def test_agent_killed_mid_step_restarts_its_envs(cluster: Cluster) -> None:
         pool.reset()
         node = pool._transport._nodes[0]
         lost = np.zeros(NUM_ENVS, dtype=bool)
-        lost[[i for w in node.workers for i in pool._assignment[w]]] = True
+        lost[[i for w in node.workers for i in pool._ledger.assignment[w]]] = True
         pool.send(np.ones(NUM_ENVS, dtype=np.int64))
         os.kill(agent_pid(pool, 0), signal.SIGKILL)
         _, rewards, _, truncations, infos = pool.recv()
@@ -675,7 +675,7 @@ def test_node_removed_mid_run_restarts_its_envs_elsewhere(
         pool.step(actions)
         lost = np.array(pool._transport.node_ids()) == spare_node.node_id
         lost_envs = np.zeros(NUM_ENVS, dtype=bool)
-        lost_envs[[i for w in np.flatnonzero(lost) for i in pool._assignment[w]]] = True
+        lost_envs[[i for w in np.flatnonzero(lost) for i in pool._ledger.assignment[w]]] = True
         cluster.remove_node(spare_node, allow_graceful=False)
         restarted = np.zeros(NUM_ENVS, dtype=bool)
         start = time.monotonic()
@@ -779,7 +779,7 @@ def test_a_hung_worker_is_killed_by_its_agent_and_only_its_envs_restart(
                 assert truncations[now].all()
                 restarted |= now
         assert os.path.exists(marker)
-        assert restarted.tolist() == [i in pool._assignment[0] for i in range(NUM_ENVS)]
+        assert restarted.tolist() == [i in pool._ledger.assignment[0] for i in range(NUM_ENVS)]
         assert pool.restarts.tolist() == restarted.astype(int).tolist()
         assert [node.pid for node in pool._transport._nodes] == pids, "an agent was replaced"
 
@@ -1033,7 +1033,7 @@ def test_an_agent_lost_during_a_restart_is_replaced_with_its_whole_node(
         pool.reset(seed=0)
         node = pool._transport._where[0][0]  # env 1 is worker 0's
         pid = node.pid
-        held = [i for w in node.workers for i in pool._assignment[w]]
+        held = [i for w in node.workers for i in pool._ledger.assignment[w]]
         actions = np.ones(NUM_ENVS, dtype=np.int64)
         restarted = np.zeros(NUM_ENVS, dtype=bool)
         for _ in range(6):
@@ -1382,7 +1382,7 @@ def test_an_agent_lost_with_its_envs_infos_waiting_leaks_no_stale_infos(
         on_error="restart",
     ) as pool:
         node = pool._transport._nodes[0]
-        lost = [i for w in node.workers for i in pool._assignment[w]]
+        lost = [i for w in node.workers for i in pool._ledger.assignment[w]]
         table = pool._batch.infos
         killed, waiting = False, set()
         pool.async_reset()
@@ -1500,7 +1500,7 @@ def test_a_nodes_slow_replacement_restarts_no_env_of_the_other_nodes(
         pool.reset()
         node = pool._transport._nodes[0]
         lost = np.zeros(NUM_ENVS, dtype=bool)
-        lost[[i for w in node.workers for i in pool._assignment[w]]] = True
+        lost[[i for w in node.workers for i in pool._ledger.assignment[w]]] = True
         assert 0 < lost.sum() < NUM_ENVS
         pool.send(np.ones(NUM_ENVS, dtype=np.int64))
         open(marker, "w").close()

@@ -26,6 +26,7 @@ work. A sync step is one round of every worker, answered in one message. The mes
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from multiprocessing.connection import Connection
@@ -117,6 +118,7 @@ class NodeServer:
         self.last_actions: tuple[np.ndarray, slice | np.ndarray, list[memoryview] | None] | None
         self.last_actions = None
         self.workers = workers
+        self.memory.keep_at_least(workers + 2)  # a free block each between its parts
         self.hold = False  # a sync step's round: held up to HOLD_LIMIT, not LOCAL_SLICE
         # The last round's commands in the workers' order, when it named every worker in it.
         self.in_order: list[Command] | None = None
@@ -282,7 +284,9 @@ class NodeServer:
         local, obs_space, act_space = recording
         rewards = self.batch.rewards.dtype
         steps, count = command.steps, len(command.env_ids)
-        fields = record_arrays(obs_space, act_space, steps, count, rewards, self.memory.empty)
+        # Each worker's parts in the same few blocks again: it keeps them mapped.
+        empty = functools.partial(self.memory.empty, hint=worker)
+        fields = record_arrays(obs_space, act_space, steps, count, rewards, empty)
         into = Sampled(command.env_ids, steps, *fields, {}, {}, None)
         local.land(worker, command, into)
         self.records[command] = into
