@@ -1,5 +1,5 @@
 """A pool's rollout parts in flight (:class:`RolloutParts`): each worker's parts out (sent,
-their replies not yet in) and in (not yet handed over), oldest first.
+their replies not yet in) and in (not yet handed over, in the order they came in).
 
 A worker may have :data:`QUEUED_MOST` parts outstanding: the one it records and one queued
 behind it (``rollout_async(..., queue=True)``), which it starts as soon as the first ends, with
