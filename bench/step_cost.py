@@ -83,14 +83,10 @@ def check(console: Console, name: str, compared: dict[str, Any], nodes: int) -> 
 def hosted(name: str, n: int) -> tuple[envfleet.Pool, Any]:
     """The pool hosting ``n`` Pong VectorEnvs for workload ``name`` and the same alone."""
     if name == "pong-16-ale":
-        from ale_py.vector_env import AtariVectorEnv
-
         spec = EnvSpec.from_user("ALE/Pong-v5")
-        options = benchmark.ale_vector_options(spec) or {}
-        game, threads = options.pop("game"), len(usable_cpus())
-        fns = benchmark.ale_hosted_fns(spec, n, threads)
-        alone = AtariVectorEnv(game, n, num_threads=threads, **options)
-        return envfleet.make(vector_env_fns=fns, backend="process"), alone
+        fns = benchmark.ale_hosted_fns(spec, n, len(usable_cpus()))
+        pool = envfleet.make(vector_env_fns=fns, backend="process")
+        return pool, benchmark.ale_vector(spec, n)
     mode = {"vectorization_mode": "vector_entry_point"}
     alone = gymnasium.make_vec("ALE/Pong-v5", n, **mode)  # type: ignore[arg-type]
     return envfleet.make("ALE/Pong-v5", n, backend="process", **mode), alone

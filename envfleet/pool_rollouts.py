@@ -353,8 +353,9 @@ class PoolRollouts:
         # read there are not copied again), else new ones.
         index = self._ledger.index
         blocks = [index(part.env_ids) for part, _ in parts]
-        env_ids = np.sort(np.concatenate(blocks)) if blocks else np.zeros(0, np.intp)
-        env_ids = env_ids.astype(np.int64, copy=False)
+        joined = np.concatenate(blocks) if blocks else np.zeros(0, np.intp)  # the parts' order
+        in_order = not (joined[1:] < joined[:-1]).any()
+        env_ids = (joined if in_order else np.sort(joined)).astype(np.int64)
         n = len(env_ids)
         made = parts[0][0].out if parts else None
         if made is None or any(p.out is not made for p, _ in parts) or len(made.env_ids) != n:
@@ -376,9 +377,8 @@ class PoolRollouts:
             final = take(obs_space, batch.observations, env_ids)
         else:  # each part's own (the batch rows may be a queued part's already)
             final = tree(obs_space, lambda *leaves: np.concatenate(leaves), *finals)
-            order = np.argsort(np.concatenate(blocks), kind="stable")
-            if (order[1:] < order[:-1]).any():
-                final = take(obs_space, final, order)
+            if not in_order:
+                final = take(obs_space, final, np.argsort(joined, kind="stable"))
         return out.rollout([relabelled(got, env_ids) for _, got in parts], n, final, env_ids)
 
 

@@ -256,46 +256,39 @@ def sample(group: Group, command: Sample) -> Reply:
         ):
             last = record.observations[t + 1] if t + 1 < steps else obs_rows.view
             into = (last, record.rewards[t], record.terminations[t], record.truncations[t])
-            got = hosted.step_into(ids, actions, observations, into)
+            reply = hosted.step_into(ids, actions, observations, into) or _PLAIN
             ahead = True
-            if got is not None:
-                restarts += got.restarts
-                if got.failures:
-                    failures = got.failures
-                    break
-                if got.infos:
-                    record.infos[t] = _as_arrays(got.infos)
-            record.actions[t] = actions
-            record.steps = t + 1
-            continue
-        if ahead:
-            _catch_up(record, steps, obs_rows, flag_rows)
-            ahead = False
-        carried: dict[int, Any] | None = None
-        if flat and actions.dtype == batch.actions.dtype:
-            if actions_rows is not None:
-                actions_rows[...] = actions
-            else:
-                batch.actions[index] = actions
-        elif not flat and keeps_dtype(act_space, actions):
-            put(act_space, batch.actions, index, actions)
-        else:  # another dtype: the envs get the actions as the policy gave them
-            items = list(actions) if flat else list(iterate(batch_space(act_space, count), actions))
-            carried = dict(zip(ids, items, strict=True))
-        reply = group.step(ids, carried)
+        else:
+            if ahead:
+                _catch_up(record, steps, obs_rows, flag_rows)
+                ahead = False
+            carried: dict[int, Any] | None = None
+            if flat and actions.dtype == batch.actions.dtype:
+                if actions_rows is not None:
+                    actions_rows[...] = actions
+                else:
+                    batch.actions[index] = actions
+            elif not flat and keeps_dtype(act_space, actions):
+                put(act_space, batch.actions, index, actions)
+            else:  # another dtype: the envs get the actions as the policy gave them
+                batched = batch_space(act_space, count)
+                items = list(actions) if flat else list(iterate(batched, actions))
+                carried = dict(zip(ids, items, strict=True))
+            reply = group.step(ids, carried)
         restarts += reply.restarts
         if reply.failures:
             failures = reply.failures
             break
-        if obs_rows is None:
-            _set_step(obs_space, record.observations, t, observations)
+        if not ahead:  # the group's step wrote the batch rows: into the record
+            if obs_rows is None:
+                _set_step(obs_space, record.observations, t, observations)
+            rewards.into(record.rewards[t])
+            terminations.into(record.terminations[t])
+            truncations.into(record.truncations[t])
         if flat:
             record.actions[t] = actions
         else:
             _set_step(act_space, record.actions, t, actions)
-        rewards.into(record.rewards[t])
-        terminations.into(record.terminations[t])
-        truncations.into(record.truncations[t])
         if reply.infos:
             record.infos[t] = _as_arrays(reply.infos)
         record.steps = t + 1
@@ -327,6 +320,9 @@ def _catch_up(record: Sampled, steps: int, obs_rows: Any, flag_rows: tuple[Block
         for rows, column in zip(flag_rows, columns, strict=True):
             rows.view[...] = column[done - 1]
 
+
+_PLAIN = Reply()
+"""A plain step's reply (nothing to report), read only."""
 
 _NOTHING = np.zeros(0)
 """What an in-place part's recorded fields hold in its reply."""

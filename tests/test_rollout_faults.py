@@ -82,6 +82,15 @@ def slow_envs(marker: Path, victim: int, n: int = N) -> list[Any]:
     ]
 
 
+LOST = np.isin(np.arange(N), [2, 3])
+"""The victim worker's envs (:data:`VICTIM_WORKER`; the victim env, 2, is one)."""
+
+
+def victim_pool(marker: Path, **kwargs: Any) -> envfleet.Pool:
+    """:func:`slow_envs` on :data:`WORKERS` workers, env 2 marking the rollout."""
+    return envfleet.make(slow_envs(marker, victim=2), num_workers=WORKERS, seed=0, **kwargs)
+
+
 def start_then_kill(
     pool: envfleet.Pool, policy: Shift, marker: Path, pid: int | None, queued: bool = False
 ) -> None:
@@ -136,11 +145,8 @@ def assert_restarted_part(
 
 
 def test_a_worker_killed_mid_rollout_restarts_its_part_counted_once(tmp_path: Path) -> None:
-    marker = tmp_path / "marker"
-    lost = np.isin(np.arange(N), [2, 3])
-    with envfleet.make(
-        slow_envs(marker, victim=2), num_workers=WORKERS, on_error="restart", seed=0
-    ) as pool:
+    marker, lost = tmp_path / "marker", LOST
+    with victim_pool(marker, on_error="restart") as pool:
         policy = Shift(1)
         victim = worker_pids(pool)[VICTIM_WORKER]
         start_then_kill(pool, policy, marker, None)
@@ -163,7 +169,7 @@ def test_a_worker_killed_mid_rollout_restarts_its_part_counted_once(tmp_path: Pa
 
 def test_a_worker_killed_mid_rollout_raises_naming_it(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
-    with envfleet.make(slow_envs(marker, victim=2), num_workers=WORKERS, seed=0) as pool:
+    with victim_pool(marker) as pool:
         start_then_kill(pool, Shift(1), marker, None)
         with pytest.raises(envfleet.WorkerDiedError) as caught:
             pool.rollout_wait()

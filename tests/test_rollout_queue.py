@@ -27,11 +27,12 @@ from tests.test_rollout_async import (
     weights,
 )
 from tests.test_rollout_faults import (
+    LOST,
     STEPS,
     Shift,
     assert_restarted_part,
-    slow_envs,
     start_then_kill,
+    victim_pool,
 )
 
 
@@ -97,11 +98,8 @@ def test_a_third_part_or_a_part_behind_a_step_is_refused_before_anything_is_sent
 
 
 def test_a_worker_killed_with_a_part_queued_delivers_both_each_step_once(tmp_path: Path) -> None:
-    marker = tmp_path / "marker"
-    lost = np.isin(np.arange(N), [2, 3])
-    with envfleet.make(
-        slow_envs(marker, victim=2), num_workers=WORKERS, on_error="restart", seed=0
-    ) as pool:
+    marker, lost = tmp_path / "marker", LOST
+    with victim_pool(marker, on_error="restart") as pool:
         policy = Shift(1)
         start_then_kill(pool, policy, marker, None, queued=True)
         before = pool.stats()

@@ -242,18 +242,22 @@ def ale_vector_check(spec: EnvSpec) -> str | None:
     return None
 
 
-def open_ale_vector(workload: Workload, timing: Timing) -> Runner:
-    """ale-py's C++ ``AtariVectorEnv`` (one thread per usable core), configured by
-    :func:`ale_vector_options` to step the same frames as the id."""
+def ale_vector(spec: EnvSpec, num_envs: int) -> Any:
+    """ale-py's C++ ``AtariVectorEnv`` of ``num_envs`` (one thread per usable core), configured
+    by :func:`ale_vector_options` to step the same frames as ``spec``'s id."""
     from ale_py.vector_env import AtariVectorEnv
 
-    options = ale_vector_options(workload.spec)
+    options = ale_vector_options(spec)
     if options is None:
-        raise ValueError(str(ale_vector_check(workload.spec)))
-    game, threads = options.pop("game"), len(usable_cpus())
-    build = functools.partial(
-        AtariVectorEnv, game, workload.num_envs, num_threads=threads, **options
-    )
+        raise ValueError(str(ale_vector_check(spec)))
+    game = options.pop("game")
+    return AtariVectorEnv(game, num_envs, num_threads=len(usable_cpus()), **options)
+
+
+def open_ale_vector(workload: Workload, timing: Timing) -> Runner:
+    """:func:`ale_vector` of the workload's envs, alone in this process."""
+    build = functools.partial(ale_vector, workload.spec, workload.num_envs)
+    threads = len(usable_cpus())
     return open_vector("ale-vector", build, timing, threads=threads, ale_py=version("ale-py"))
 
 
@@ -288,4 +292,12 @@ def open_ale_hosted(workload: Workload, timing: Timing) -> Runner:
     )
 
 
-__all__ = ["ale_hosted_fns", "ale_vector_options", "open_envpool", "open_sb3", "quiet", "version"]
+__all__ = [
+    "ale_hosted_fns",
+    "ale_vector",
+    "ale_vector_options",
+    "open_envpool",
+    "open_sb3",
+    "quiet",
+    "version",
+]

@@ -190,36 +190,27 @@ class HostedGroup:
                 continue
             if info:
                 take_infos(info, block.ids, infos, batched)
-        return Reply(
-            env_ids=tuple(env_ids),
-            infos=step_infos(infos, batched),
-            failures=tuple(failures),
-            restarts=tuple(recovered),
-            kept=tuple(kept),
-        )
+        return _reply(env_ids, infos, batched, failures, recovered, kept)
 
     def plain(self, env_ids: Sequence[int]) -> bool:
         """Whether a step of ``env_ids`` may go through :meth:`step_into`: one block, in
         NEXT_STEP mode (its VectorEnv resets its own envs), owing no reset or truncation since
         a rebuild, its observations one array."""
         blocks = self._blocks_of(env_ids)
-        block = blocks[0]
         return (
             len(blocks) == 1
             and self.mode is AutoresetMode.NEXT_STEP
-            and not (block.owe_truncation or block.owe_reset)
-            and block.views[1] is not None
+            and not (blocks[0].owe_truncation or blocks[0].owe_reset)
+            and blocks[0].views[1] is not None
         )
 
     def step_into(
         self, env_ids: Sequence[int], actions: np.ndarray, current: np.ndarray, out: Sequence[Any]
     ) -> Reply | None:
-        """A rollout's step of ``env_ids`` (:meth:`plain`) with ``actions``, its observations,
-        rewards, terminations and truncations written into ``out`` (a record's rows), not into
-        the batch, whose rows the caller brings up to date when its steps end (``current``:
-        the observations they would hold now). When the VectorEnv raises, the step goes as
-        :meth:`step`'s does, through the batch, then into ``out``. ``None``: a plain step,
-        nothing to report (no infos, failures or restarts)."""
+        """A rollout's step of ``env_ids`` (:meth:`plain`) with ``actions``, its rows written
+        into ``out`` (a record's observations, rewards and flags), not the batch's, which the
+        caller brings up to date (``current``: the observations they would hold now); one that
+        raises goes as :meth:`step`'s does, through the batch. ``None``: nothing to report."""
         block = self._blocks_of(env_ids)[0]
         try:
             obs, rewards, terminations, truncations, info = block.venv.step(actions)
@@ -234,13 +225,7 @@ class HostedGroup:
             self._broke(block, exc, infos, kept, failures, recovered)
             for rows, into in zip(block.views[1:], out, strict=True):
                 into[...] = rows
-            return Reply(
-                env_ids=tuple(env_ids),
-                infos=infos or None,
-                failures=tuple(failures),
-                restarts=tuple(recovered),
-                kept=tuple(kept),
-            )
+            return _reply(env_ids, infos, [], failures, recovered, kept)
         if not info:
             return None
         by_env: dict[int, Any] = {}
@@ -392,6 +377,24 @@ class HostedGroup:
         self.batch.rewards[rows] = 0.0
         self.batch.terminations[rows] = False
         self.batch.truncations[rows] = True
+
+
+def _reply(
+    env_ids: Sequence[int],
+    infos: dict[int, Any],
+    batched: list[BatchedInfos],
+    failures: list[EnvFailure],
+    recovered: list[EnvFailure],
+    kept: list[int],
+) -> Reply:
+    """A step's reply: its infos, failures, restarts and the envs whose rows were kept."""
+    return Reply(
+        env_ids=tuple(env_ids),
+        infos=step_infos(infos, batched),
+        failures=tuple(failures),
+        restarts=tuple(recovered),
+        kept=tuple(kept),
+    )
 
 
 __all__ = ["HostedGroup"]
