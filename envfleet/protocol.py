@@ -21,6 +21,7 @@ Each type names its :class:`~envfleet.errors.Phase` as a class attribute (``Step
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import traceback
 from collections.abc import Mapping, Sequence
@@ -97,6 +98,16 @@ class EnvFailure:
         except BaseException:
             blob = None
         return cls(env_index, phase, type_name, message, text, blob)
+
+    @classmethod
+    def capture_all(
+        cls, env_ids: Sequence[int], phase: Phase, exc: BaseException
+    ) -> list[EnvFailure]:
+        """:meth:`capture` for envs that fail together (a hosted VectorEnv's block): the same
+        failure for each of ``env_ids``, the first named first, so that none of them counts
+        as delivered."""
+        first = cls.capture(env_ids[0], phase, exc)
+        return [first, *(dataclasses.replace(first, env_index=i) for i in env_ids[1:])]
 
     def original(self) -> BaseException:
         """The original exception rebuilt (or a :class:`RemoteError` with its text)."""

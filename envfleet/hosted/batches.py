@@ -73,7 +73,7 @@ def call_venvs(venvs: Hosted, name: str, args: tuple[Any, ...], kwargs: dict[str
         try:
             got = vector_call(venv, name, args, kwargs)
         except env_errors() as exc:
-            failures.append(EnvFailure.capture(ids[0], Phase.CALL, exc))
+            failures.extend(EnvFailure.capture_all(ids, Phase.CALL, exc))
             continue
         if isinstance(got, (tuple, list)) and len(got) == len(ids):
             values.update(zip(ids, got, strict=True))
@@ -99,7 +99,7 @@ def set_venvs(venvs: Hosted, name: str, values: dict[int, Any]) -> Reply:
                     "set_attr: give every env of its block the same value"
                 )
         except env_errors() as exc:
-            failures.append(EnvFailure.capture(ids[0], Phase.CALL, exc))
+            failures.extend(EnvFailure.capture_all(ids, Phase.CALL, exc))
     return Reply(failures=tuple(failures))
 
 

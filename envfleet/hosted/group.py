@@ -137,7 +137,7 @@ class HostedGroup:
                 obs, info = block.reset(seeds_here, opts or None)
                 self._write_obs(block, obs)
             except env_errors() as exc:
-                failures.append(EnvFailure.capture(block.ids[0], Phase.RESET, exc))
+                failures.extend(EnvFailure.capture_all(block.ids, Phase.RESET, exc))
                 continue
             block.owe_truncation = block.owe_reset = False
             rows = block.rows
@@ -321,7 +321,7 @@ class HostedGroup:
         """``block``'s VectorEnv raised ``exc`` stepping: its failure reported (``raise``), or
         the VectorEnv rebuilt and its envs' episodes reported truncated."""
         if self.on_error is OnError.RAISE:
-            failures.append(EnvFailure.capture(block.ids[0], Phase.STEP, exc))
+            failures.extend(EnvFailure.capture_all(block.ids, Phase.STEP, exc))
             return
         self._rebuild(block, exc, recovered)
         self._report_truncated(block, infos, kept, failures)
@@ -332,7 +332,7 @@ class HostedGroup:
             block.venv.close()
         except Exception:
             pass
-        recovered.extend(EnvFailure.capture(i, Phase.STEP, exc) for i in block.ids)
+        recovered.extend(EnvFailure.capture_all(block.ids, Phase.STEP, exc))
         block.restarts += 1
         block.venv = self._build(block.index)
         block.sends = sends(block.venv)
@@ -358,7 +358,7 @@ class HostedGroup:
                 obs, reset_info = block.reset(seeds, None)
                 self._write_obs(block, obs)
             except env_errors() as exc:
-                failures.append(EnvFailure.capture(block.ids[0], Phase.RESET, exc))
+                failures.extend(EnvFailure.capture_all(block.ids, Phase.RESET, exc))
                 return
             per_env = unbatch_infos(reset_info, len(block.ids))
             for j, i in enumerate(block.ids):
