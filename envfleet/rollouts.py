@@ -190,8 +190,9 @@ class Rollout:
     each time the policy's weights differ from the last sent)."""
     dropped_env_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """The envs whose parts this :meth:`~envfleet.Pool.rollout_wait` dropped, acting more than
-    ``max_lag`` versions behind (counted in ``stats()``, not in the columns): free again, to be
-    started anew with the envs of ``env_ids``."""
+    ``max_lag`` versions behind (counted in ``stats()``, not in the columns): to be started
+    anew with the envs of ``env_ids``, as they are (``queue=True`` where their worker has a part
+    queued behind the dropped one: the next goes behind it)."""
 
     @property
     def steps(self) -> int:

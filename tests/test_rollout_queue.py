@@ -97,6 +97,42 @@ def test_a_third_part_or_a_part_behind_a_step_is_refused_before_anything_is_sent
         assert pool.rollout(policy, 3).steps == 3  # the pool goes on
 
 
+def test_a_dropped_part_with_one_queued_behind_has_its_envs_start_behind_that_one() -> None:
+    """``max_lag`` drops a part whose worker runs the part queued behind it: its envs are
+    dropped (named in ``dropped_env_ids``) but not idle, so their next part goes behind the
+    one running (``queue=True``), as a handed-over part's would; unqueued it is refused, naming
+    them, and nothing is sent. Every part started comes back once, handed over or dropped."""
+    policy = Linear(weights(1))
+    per_worker = N // WORKERS
+    with pool_of("process") as pool:
+        pool.reset()
+        pool.rollout_async(policy, 4, version=0)
+        pool.rollout_async(policy, 4, version=0, queue=True)  # two parts per worker out
+        first = pool.rollout_wait(min_envs=2)  # one or more workers' first parts
+        handed, dropped_parts = {0: len(first.env_ids) // per_worker, 10: 0}, 0
+        pool.rollout_async(policy, 4, first.env_ids, version=10, queue=True)
+        started = {0: 2 * WORKERS, 10: len(first.env_ids) // per_worker}
+        got = pool.rollout_wait(max_lag=2)  # every version-0 part in is 10 behind: dropped
+        dropped = got.dropped_env_ids
+        assert got.env_ids.size == 0 and dropped.size
+        dropped_parts += len(dropped) // per_worker
+        with pytest.raises(envfleet.AlreadyPendingError, match=rf"envs \[{dropped[0]}, "):
+            pool.rollout_async(policy, 4, dropped, version=10)
+        pool.rollout_async(policy, 4, dropped, version=10, queue=True)
+        started[10] += len(dropped) // per_worker
+        while True:
+            try:
+                got = pool.rollout_wait(max_lag=2)
+            except envfleet.NoPendingError:
+                break
+            for version in np.unique(got.policy_versions).tolist():
+                handed[version] += (got.policy_versions[0] == version).sum() // per_worker
+            dropped_parts += len(got.dropped_env_ids) // per_worker
+        assert handed[10] == started[10]  # every newer part handed over
+        assert handed[0] + dropped_parts == started[0]  # every older one handed or dropped
+        assert pool.rollout(policy, 2).steps == 2  # the pool goes on
+
+
 def test_a_worker_killed_with_a_part_queued_delivers_both_each_step_once(tmp_path: Path) -> None:
     marker, lost = tmp_path / "marker", LOST
     with victim_pool(marker, on_error="restart") as pool:
