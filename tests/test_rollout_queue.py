@@ -10,6 +10,7 @@ has both delivered (the first restarted), each env-step counted once.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,39 @@ def test_a_dropped_part_with_one_queued_behind_has_its_envs_start_behind_that_on
         assert handed[10] == started[10]  # every newer part handed over
         assert handed[0] + dropped_parts == started[0]  # every older one handed or dropped
         assert pool.rollout(policy, 2).steps == 2  # the pool goes on
+
+
+class Counted:
+    """A policy that counts its calls in this process (its class is pickled by reference:
+    the thread backend's workers share the count) and takes ``delay`` seconds each."""
+
+    calls = 0
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def __call__(self, observations: np.ndarray, env_ids: np.ndarray) -> np.ndarray:
+        type(self).calls += 1
+        time.sleep(self.delay)
+        return np.zeros(len(observations), dtype=np.int64)
+
+
+def test_close_drops_the_parts_queued_behind_on_the_thread_backend() -> None:
+    """A thread cannot be killed: close() lets each finish what it has begun, but a part queued
+    behind it is dropped, not run (it stepped envs after the pool was closed)."""
+    steps = 20
+    pool = pool_of("thread")
+    pool.reset()
+    Counted.calls = 0
+    policy = Counted(0.01)
+    pool.rollout_async(policy, steps)
+    pool.rollout_async(policy, steps, queue=True)
+    while Counted.calls == 0:  # the first parts have begun
+        time.sleep(0.001)
+    pool.close(timeout=30)
+    assert Counted.calls <= WORKERS * steps  # the first parts at most, nothing queued
+    time.sleep(0.1)
+    assert Counted.calls <= WORKERS * steps
 
 
 def test_a_worker_killed_with_a_part_queued_delivers_both_each_step_once(tmp_path: Path) -> None:

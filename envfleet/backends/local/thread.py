@@ -271,6 +271,9 @@ class ThreadTransport(BaseTransport, BaseWorkers):
         with self._lock:  # the last thread to end closes the bells: not while they ring
             self._closed = True
             for worker in range(len(self._threads)):
+                # What it has not begun (a rollout's part queued behind another) is dropped:
+                # it stops once its current command is done, and steps no env after that.
+                self._inboxes[worker].clear()
                 self._inboxes[worker].append((0, _STOP))
                 if self._bells_open:
                     self._bells[worker].ring()
