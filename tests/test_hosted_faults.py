@@ -77,8 +77,9 @@ caller's own on the serial backend)."""
 ACTIONS = np.random.default_rng(3).integers(0, 3, size=(STEPS, 2 * SIZE))
 
 
-def _pool(fault: str, where: str, on_error: str, marker: str) -> envfleet.Pool:
+def _pool(fault: str, where: str, on_error: str, marker: str, **more: Any) -> envfleet.Pool:
     fns = [functools.partial(healthy, SIZE), functools.partial(faulty, SIZE, fault, marker)]
+    killable = where in ("process", "ray")
     return envfleet.make(
         vector_env_fns=fns,
         backend=where,
@@ -86,7 +87,8 @@ def _pool(fault: str, where: str, on_error: str, marker: str) -> envfleet.Pool:
         on_error=on_error,
         # A loaded machine's step may take seconds: the bound widens with what a pool costs now
         # (only worker processes can be killed past it).
-        step_timeout=timing.bound(1.0, pools=2) if where == "process" else None,
+        step_timeout=timing.bound(1.0, pools=2) if killable else None,
+        **more,
     )
 
 
@@ -97,33 +99,62 @@ def _alone() -> list[tuple[Any, ...]]:
     return [(obs, None), *(venv.step(a[:SIZE]) for a in ACTIONS)]
 
 
+def check_restarted(pool: envfleet.Pool, marker: str) -> None:
+    """Under ``restart``: the healthy block is its VectorEnv alone every step; the failed block
+    restarted once, on the step that failed (flagged, truncated), and nothing else ever."""
+    want = _alone()
+    obs, _ = pool.reset()
+    np.testing.assert_array_equal(obs[:SIZE], want[0][0])
+    flagged: list[list[int]] = []
+    for step, actions in enumerate(ACTIONS, start=1):
+        obs, rewards, terminations, truncations, infos = pool.step(actions)
+        got = np.flatnonzero(infos.get("envfleet/restarted", np.zeros(2 * SIZE, bool)))
+        flagged.append(got.tolist())
+        if got.size:
+            assert truncations[got].all(), (step, truncations)
+        w_obs, w_rewards, w_terminations, w_truncations, _ = want[step]
+        np.testing.assert_array_equal(obs[:SIZE], w_obs, err_msg=f"step {step}")
+        np.testing.assert_array_equal(rewards[:SIZE], w_rewards, err_msg=f"step {step}")
+        np.testing.assert_array_equal(truncations[:SIZE], w_truncations)
+        np.testing.assert_array_equal(terminations[:SIZE], w_terminations)
+    assert os.path.exists(marker)
+    assert flagged == [[2, 3] if step == FAULT_CALL else [] for step in range(1, STEPS + 1)]
+    assert pool.restarts.tolist() == [0, 0, 1, 1]
+
+
+def check_raised(pool: envfleet.Pool, fault: str, worker: int) -> None:
+    """Under ``raise``: the step that fails raises the error naming ``worker`` and the block,
+    within a bound, with the healthy block's results only on it; the pool is broken after."""
+    pool.reset()
+    for actions in ACTIONS[: FAULT_CALL - 1]:
+        pool.step(actions)
+    started = time.monotonic()
+    with pytest.raises(ERRORS[fault]) as info:
+        pool.step(ACTIONS[FAULT_CALL - 1])
+    assert time.monotonic() - started < timing.bound(15.0, pools=4)
+    error = info.value
+    assert error.phase is envfleet.Phase.STEP and error.worker == worker
+    if fault == "raise":
+        assert error.env_index == SIZE  # the block's first env
+        assert "broke" in str(error.__cause__)
+    else:
+        assert isinstance(error, envfleet.WorkerDiedError)
+        assert tuple(error.env_ids) == (2, 3) and f"worker {worker}" in str(error)
+    # The healthy block finished that step: its results ride on the error, and no other's.
+    assert error.completed is not None
+    assert set(error.completed[4]["env_id"].tolist()) == {0, 1}
+    with pytest.raises(envfleet.BrokenPoolError):
+        pool.step(ACTIONS[FAULT_CALL])
+
+
 @pytest.mark.parametrize(("fault", "where"), CELLS)
 def test_a_failed_hosted_vector_env_is_rebuilt_whole_and_the_other_block_goes_on(
     fault: str, where: str, tmp_path: Any
 ) -> None:
     marker = str(tmp_path / "failed")
-    want = _alone()
     pool = _pool(fault, where, "restart", marker)
     try:
-        obs, _ = pool.reset()
-        np.testing.assert_array_equal(obs[:SIZE], want[0][0])
-        flagged: list[list[int]] = []
-        for step, actions in enumerate(ACTIONS, start=1):
-            obs, rewards, terminations, truncations, infos = pool.step(actions)
-            got = np.flatnonzero(infos.get("envfleet/restarted", np.zeros(2 * SIZE, bool)))
-            flagged.append(got.tolist())
-            if got.size:
-                assert truncations[got].all(), (step, truncations)
-            # The healthy block: the values of its VectorEnv alone, every step.
-            w_obs, w_rewards, w_terminations, w_truncations, _ = want[step]
-            np.testing.assert_array_equal(obs[:SIZE], w_obs, err_msg=f"step {step}")
-            np.testing.assert_array_equal(rewards[:SIZE], w_rewards, err_msg=f"step {step}")
-            np.testing.assert_array_equal(truncations[:SIZE], w_truncations)
-            np.testing.assert_array_equal(terminations[:SIZE], w_terminations)
-        assert os.path.exists(marker)
-        # Its whole block restarted once, on the step that failed; nothing else ever.
-        assert flagged == [[2, 3] if step == FAULT_CALL else [] for step in range(1, STEPS + 1)]
-        assert pool.restarts.tolist() == [0, 0, 1, 1]
+        check_restarted(pool, marker)
     finally:
         pool.close()
         pool.close()
@@ -135,27 +166,7 @@ def test_a_failed_hosted_vector_env_under_raise_names_its_block_within_a_bound(
 ) -> None:
     pool = _pool(fault, where, "raise", str(tmp_path / "failed"))
     try:
-        pool.reset()
-        for actions in ACTIONS[: FAULT_CALL - 1]:
-            pool.step(actions)
-        started = time.monotonic()
-        with pytest.raises(ERRORS[fault]) as info:
-            pool.step(ACTIONS[FAULT_CALL - 1])
-        assert time.monotonic() - started < timing.bound(15.0, pools=4)
-        error = info.value
-        assert error.phase is envfleet.Phase.STEP
-        assert error.worker == (0 if where == "serial" else 1)
-        if fault == "raise":
-            assert error.env_index == SIZE  # the block's first env
-            assert "broke" in str(error.__cause__)
-        else:
-            assert isinstance(error, envfleet.WorkerDiedError)
-            assert tuple(error.env_ids) == (2, 3) and "worker 1" in str(error)
-        # The healthy block finished that step: its results ride on the error.
-        assert error.completed is not None
-        assert set(error.completed[4]["env_id"].tolist()) == {0, 1}
-        with pytest.raises(envfleet.BrokenPoolError):
-            pool.step(ACTIONS[FAULT_CALL])
+        check_raised(pool, fault, 0 if where == "serial" else 1)
     finally:
         pool.close()
         pool.close()
