@@ -1543,17 +1543,20 @@ def test_hosted_vector_envs_on_three_nodes_are_the_vector_envs_alone(cluster: Cl
     assert_same(want, got)
 
 
+@pytest.mark.parametrize("nodes", ["sub-pools", "actors"])
 @pytest.mark.parametrize("on_error", ["restart", "raise"])
 @pytest.mark.parametrize("fault", ["raise", "exit", "hang"])
-def test_a_failed_hosted_vector_env_on_a_node_fails_its_block_alone(
-    cluster: Cluster, fault: str, on_error: str, tmp_path: Any
+def test_a_failed_hosted_vector_env_on_ray_fails_its_block_alone(
+    cluster: Cluster, fault: str, on_error: str, nodes: str, tmp_path: Any
 ) -> None:
-    """The hosted failure matrix (tests/test_hosted_faults.py) on node sub-pools, a worker
-    per node: a VectorEnv that raises, whose worker exits, that hangs, under both policies."""
+    """The hosted failure matrix (tests/test_hosted_faults.py) through Ray, on node sub-pools
+    (a worker per node) or an actor per worker: a VectorEnv that raises, whose worker exits,
+    that hangs, under both policies."""
     from tests.test_hosted_faults import _pool, check_raised, check_restarted
 
     marker = str(tmp_path / "failed")
-    pool = _pool(fault, "ray", on_error, marker, nodes=all_nodes(cluster)[1:])
+    where = all_nodes(cluster)[1:] if nodes == "sub-pools" else False
+    pool = _pool(fault, "ray", on_error, marker, nodes=where)
     try:
         if on_error == "restart":
             check_restarted(pool, marker)
