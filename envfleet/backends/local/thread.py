@@ -235,9 +235,9 @@ class ThreadTransport(BaseTransport, BaseWorkers):
         self, timeout: float | None, want: int = 1
     ) -> list[tuple[int, Reply | WorkerLost | None]]:
         with self._lock:
-            if len(self._replies) < max(1, want) and timeout != 0:
+            if len(self._replies) < max(1, want) and timeout != 0 and not self._closed:
                 self._want = max(1, want)
-            else:
+            else:  # in, only a look, or closed (what was not begun is dropped: no reply comes)
                 return self._take_replies()
         woken = self._wake.acquire(timeout=-1 if timeout is None else timeout)
         with self._lock:
@@ -277,6 +277,9 @@ class ThreadTransport(BaseTransport, BaseWorkers):
                 self._inboxes[worker].append((0, _STOP))
                 if self._bells_open:
                     self._bells[worker].ring()
+            if self._want:  # a wait in another thread: its replies may have been dropped
+                self._want = 0
+                self._wake.release()
         deadline = time.monotonic() + timeout
         stuck = False
         for thread in self._threads:
