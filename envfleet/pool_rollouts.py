@@ -301,9 +301,10 @@ class PoolRollouts:
         taken = set(ledger.busy(ids).tolist())
         # Parts are whole workers' blocks: an env is out when its worker's part is.
         most = QUEUED_MOST if queue else 1
+        outstanding = parts.per_worker()
         for w in workers:
             others = any(type(command) is not Sample for command in ledger.pending[w])
-            if others or parts.outstanding(w) >= most:
+            if others or outstanding[w] >= most:
                 taken.update(ledger.assignment[w])
         if taken:
             behind = f" ({most} parts at most, queued)" if queue else ""
@@ -334,7 +335,7 @@ class PoolRollouts:
         batch, needs_reset = self._batch, self._episodes.needs_reset
         # A worker with a part queued behind runs it now: its rows are that part's to set (in
         # shared memory, the worker's own, being written).
-        later = {p.worker for p in [*self._parts.out.values(), *self._parts.done]}
+        later = {p.worker for p in self._parts.outstanding()}
         for part, got in parts:  # the pool's rows: where each env stands now
             if part.worker in later:
                 continue

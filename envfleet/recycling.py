@@ -123,17 +123,18 @@ class Recycler:
         nbytes = count * kind.itemsize
         if nbytes < max(self._least, 1) or kind.hasobject:
             return np.empty(dims, dtype=kind)
-        with self._lock:
+        with self._lock:  # once on the common path: a free block taken, and its hint noted
             blocks = self._free.get(nbytes)
             block = None
             if blocks:
                 hints = self._hints
                 mine = [k for k, b in enumerate(blocks) if hints.get(id(b)) == hint]
                 block = blocks.pop(mine[-1] if mine else -1)
+                hints[id(block)] = hint
         if block is None:
             block = self._new(nbytes)
-        with self._lock:
-            self._hints[id(block)] = hint
+            with self._lock:
+                self._hints[id(block)] = hint
         flat = np.frombuffer(block, dtype=kind, count=count)  # every view's base
         weakref.finalize(flat, self._give_back, block)
         return flat.reshape(dims)

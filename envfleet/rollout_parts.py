@@ -12,6 +12,7 @@ once, and its envs' rows are left as the last part run left them.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,18 +63,21 @@ class RolloutParts:
     def __bool__(self) -> bool:
         return bool(self.out or self.done)
 
-    def outstanding(self, worker: int) -> int:
-        """The parts of ``worker`` out or in, not yet handed over."""
-        return sum(p.worker == worker for p in [*self.out.values(), *self.done])
+    def outstanding(self) -> list[Part]:
+        """Every part out or in, not yet handed over."""
+        return [*self.out.values(), *self.done]
+
+    def per_worker(self) -> Counter[int]:
+        """How many parts each worker has outstanding."""
+        return Counter(p.worker for p in self.outstanding())
 
     def pending_envs(self) -> set[int]:
         """The envs whose part of a rollout is out (or in, not yet handed over)."""
-        return {i for part in [*self.out.values(), *self.done] for i in part.env_ids}
+        return {i for part in self.outstanding() for i in part.env_ids}
 
     def owed(self) -> int:
         """The envs whose next part is out or in: each worker's block once."""
-        blocks = {p.worker: len(p.env_ids) for p in [*self.out.values(), *self.done]}
-        return sum(blocks.values())
+        return sum({p.worker: len(p.env_ids) for p in self.outstanding()}.values())
 
     def ready(self) -> list[Part]:
         """The parts a hand-over takes: each worker's first part in."""
