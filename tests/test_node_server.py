@@ -19,14 +19,15 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from envfleet.backends.contract.base import Replies
+from envfleet.backends.contract.base import Replies, WorkerLost
 from envfleet.backends.nodes import server as node_server
 from envfleet.backends.nodes import wire as node_wire
 from envfleet.backends.nodes.link import NodeLink
 from envfleet.backends.nodes.server import NodeServer
 from envfleet.buffers import Batch
+from envfleet.errors import Phase
 from envfleet.info_columns import info_columns
-from envfleet.protocol import Command, Reply, Sample, Step
+from envfleet.protocol import Command, EnvFailure, Reply, Sample, Step
 from envfleet.rollout_loop import Sampled
 from tests.test_infos import assert_same, gymnasium_infos
 
@@ -46,6 +47,8 @@ class ScriptedWorkers:
         self.submitted: list[tuple[int, Command]] = []
         self.done: Replies = []
         self.whole_rounds = 0  # rounds handed over whole (submit_all: in the wake order)
+        self.at_once: set[int] = set()  # workers that finish as soon as a whole round is out
+        self.read_in_order = 0  # plain replies read one worker at a time (read_plain)
 
     def watch(self, fd: int) -> None:
         pass
@@ -57,6 +60,7 @@ class ScriptedWorkers:
         self.whole_rounds += 1
         for worker, command in enumerate(commands):
             self.submit(worker, command)
+        self.finish(*sorted(self.at_once))
 
     def finish(self, *workers: int, reply: Reply | None = None) -> None:
         for worker in workers:
@@ -73,6 +77,14 @@ class ScriptedWorkers:
             return []
         done, self.done = self.done, []
         return done
+
+    def read_plain(self, worker: int, timeout: float) -> Replies | None:
+        mine = [done for done in self.done if done[0] == worker]
+        self.done = [done for done in self.done if done[0] != worker]
+        if mine == [(worker, None)]:
+            self.read_in_order += 1
+            return None
+        return mine
 
 
 @pytest.fixture
@@ -195,6 +207,78 @@ def test_a_sync_step_is_answered_once_every_worker_is_in(
         np.testing.assert_array_equal(pool.rewards, 10 * np.arange(ENVS) + step)
     assert server.hold and link.last is commands
     assert workers.whole_rounds == 2  # each went out in the wake order (submit_all)
+
+
+def test_a_repeated_sync_step_is_read_worker_by_worker_and_answered_the_same(
+    pair: tuple[Connection, Connection],
+) -> None:
+    """Once a sync step of every worker was answered plainly, its repeats are the agent's hot
+    path: the replies read in the workers' order with no bookkeeping, the same answer."""
+    server, workers, link = setup(pair)
+    pool = Batch.local(OBS, ACTIONS, ENVS)
+    commands = None
+    for step in range(4):
+        workers.at_once = set(range(WORKERS)) if step else set()  # the first: the general way
+        commands = send_steps(link, server, pool, list(range(WORKERS)), step, commands)
+        if not step:
+            workers.finish(*range(WORKERS))
+            server.collect()
+        assert answers(link, pool) == [[0, 1, 2, 3]]
+        np.testing.assert_array_equal(pool.rewards, 10 * np.arange(ENVS) + step)
+        assert server.owed == 0 and not server.left and not server.held
+        assert not any(server.inflight)
+    assert workers.read_in_order == 3 * WORKERS and workers.whole_rounds == 4
+
+
+def failure(ids: tuple[int, ...]) -> Reply:
+    """A reply whose first env failed."""
+    return Reply(env_ids=ids, failures=(EnvFailure.capture(ids[0], Phase.STEP, ValueError()),))
+
+
+@pytest.mark.parametrize("late", range(WORKERS))
+@pytest.mark.parametrize("how", ["late", "infos", "fails", "lost"])
+def test_a_repeat_whose_worker_is_late_says_more_or_is_lost_goes_on_the_general_way(
+    pair: tuple[Connection, Connection], late: int, how: str
+) -> None:
+    """Read worker by worker, a repeat stops at the first worker that is not in, answers
+    more than a plain reply or is lost: the workers read before it are held, the rest taken
+    as any round's replies are; a failure or a lost worker goes at once, with what is in,
+    and the rest in their own answer; a late worker's round, or one with dict infos, is
+    answered once, whole."""
+    server, workers, link = setup(pair)
+    pool = Batch.local(OBS, ACTIONS, ENVS)
+    everyone = list(range(WORKERS))
+    commands = send_steps(link, server, pool, everyone, 0)
+    workers.finish(*everyone)
+    server.collect()
+    assert answers(link, pool) == [everyone]
+    ids = tuple(range(late * PER_WORKER, (late + 1) * PER_WORKER))
+    workers.at_once = set(range(late))  # those before it finish at once, the rest later
+    if how == "fails":
+        workers.done.append((late, failure(ids)))
+    elif how == "infos":
+        workers.done.append((late, Reply(env_ids=ids, infos={ids[0]: {"final": (1, 2)}})))
+    elif how == "lost":
+        workers.done.append((late, WorkerLost(-9, "killed")))
+    send_steps(link, server, pool, everyone, 1, commands)
+    assert workers.read_in_order == late
+    if how in ("late", "infos"):
+        if how == "late" or late < WORKERS - 1:
+            assert answers(link, pool) == [] and server.owed == WORKERS - late - (how == "infos")
+            workers.finish(*range(late + (how == "infos"), WORKERS))
+            server.collect()
+        got = answers(link, pool)
+        assert got == [everyone]  # one answer, whole, with the infos
+        if how == "late":
+            np.testing.assert_array_equal(pool.rewards, 10 * np.arange(ENVS) + 1)
+    else:
+        first = answers(link, pool)
+        assert first == [list(range(late + 1))]  # at once: what is in and the bad news
+        rest = list(range(late + 1, WORKERS))
+        workers.finish(*rest)
+        server.collect()
+        assert answers(link, pool) == ([rest] if rest else [])
+    assert server.owed == 0 and not server.left and not server.held and not workers.done
 
 
 def test_a_round_of_every_worker_out_of_order_goes_to_the_workers_it_names(

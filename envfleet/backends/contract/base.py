@@ -253,8 +253,9 @@ class LocalPool(Workers, Protocol):
     own :class:`Workers` (the agent kills, restarts, measures and closes them).
 
     What the agent asks of it beyond a :class:`Transport`'s submit and wait: to wait with a
-    ``linger`` (hold a fast worker's reply that long at most for the others) and to stop waiting
-    when the agent's own connection speaks (:meth:`watch`). Its workers hold the pool's global
+    ``linger`` (hold a fast worker's reply that long at most for the others), to wait for one
+    worker alone (:meth:`read_plain`) and to stop waiting when the agent's own connection speaks
+    (:meth:`watch`). Its workers hold the pool's global
     env indices (rows of a batch as large as the whole pool's). One is opened by the local
     family's ``open_local_pool(options, info_columns, cores)``: infos the workers send as
     columns go, as they came, to ``info_columns``; ``cores`` are the cores its waits may count
@@ -275,6 +276,12 @@ class LocalPool(Workers, Protocol):
 
     def watch(self, fd: int) -> None:
         """Have :meth:`wait` also end, with what is in, once ``fd`` is readable."""
+
+    def read_plain(self, worker: int, timeout: float) -> Replies | None:
+        """``worker``'s next reply, waited for up to ``timeout`` on its own: ``None`` when it
+        is one plain reply (its infos, if any, gone to ``info_columns``), else what came, as
+        :meth:`wait` gives it (none: nothing in time). An agent reads a sync step's replies so,
+        in the workers' order."""
 
 
 __all__ = [

@@ -51,8 +51,8 @@ from envfleet.backends.contract import spares as spare_rows
 from envfleet.backends.contract.base import (
     BaseTransport,
     BaseWorkers,
+    Replies,
     TransportOptions,
-    WorkerLost,
 )
 from envfleet.backends.contract.framing import REPEAT_BYTES, frame
 from envfleet.backends.contract.replies import PickledCommands
@@ -250,9 +250,7 @@ class ProcessTransport(BaseTransport, BaseWorkers):
             slot.outbox.send(frame(self._pickled.dumps(command)))
             slot.last = command
 
-    def wait(
-        self, timeout: float | None, want: int = 1, linger: float | None = None
-    ) -> list[tuple[int, Reply | WorkerLost | None]]:
+    def wait(self, timeout: float | None, want: int = 1, linger: float | None = None) -> Replies:
         """Replies that have arrived, waiting up to ``timeout`` for the first.
 
         Keeps waiting (within ``timeout``) until ``want`` replies are in, a worker is lost or a
@@ -282,12 +280,10 @@ class ProcessTransport(BaseTransport, BaseWorkers):
         self._watched = fd
         self._poller.register(fd, select.POLLIN)
 
-    def _wait(
-        self, timeout: float | None, want: int, linger: float | None = None
-    ) -> list[tuple[int, Reply | WorkerLost | None]]:
+    def _wait(self, timeout: float | None, want: int, linger: float | None = None) -> Replies:
         poll = self._poller.poll
         deadline = None if timeout is None else time.monotonic() + timeout
-        replies: list[tuple[int, Reply | WorkerLost | None]] = []
+        replies: Replies = []
         ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
         cores = self._cores
         # Its own tasks: itself and, of its workers, as many as it has cores (a spin waits on
@@ -328,41 +324,44 @@ class ProcessTransport(BaseTransport, BaseWorkers):
                     return replies
                 ms = math.ceil(left * 1000)
 
-    def _take_events(
-        self, ready: dict[int, int], replies: list[tuple[int, Reply | WorkerLost | None]]
-    ) -> bool:
+    def _take_events(self, ready: dict[int, int], replies: Replies) -> bool:
         """Read the replies of the workers ``ready`` names; True if one of them is lost or
         reports a failure (raised at once, not after the other replies)."""
         stop = False
         got: list[Reply | None] = []
         for w, slot in enumerate(self._workers):
-            if not slot.alive:
-                continue
             died = slot.sentinel in ready
-            if slot.reply_fd in ready or died:  # replies it sent before dying come first
-                if not slot.read(got):
-                    died = True
-                if got == _ONE_PLAIN:  # the hot path: one reply, nothing to report
-                    replies.append((w, None))
-                    got.clear()
-                elif got:
-                    for reply in got:
-                        if reply is not None:
-                            if reply.rows is not None:  # into the batch
-                                deliver(self.batch, self._options.observation_space, reply)
-                                self._spoil()
-                            stop = stop or bool(reply.failures)
-                    replies.extend([(w, reply) for reply in got])
-                    got.clear()
-            if died:
-                gone = slot.bury(got)  # with what it sent between the first read and its exit
-                replies.extend([(w, reply) for reply in got])
-                got.clear()
-                self._poller.unregister(slot.reply_fd)
-                self._poller.unregister(slot.sentinel)
-                replies.append((w, gone))
-                stop = True
-                self._spoil()
+            if slot.alive and (slot.reply_fd in ready or died):  # what it sent before dying first
+                stop = self._took(w, slot, got, not slot.read(got) or died, replies) or stop
+        return stop
+
+    def _took(
+        self, w: int, slot: WorkerProcess, got: list[Reply | None], died: bool, replies: Replies
+    ) -> bool:
+        """Worker ``w``'s replies read (``got``, emptied) into ``replies`` (``died``: it is
+        gone); True if it is lost or reports a failure."""
+        stop = False
+        if got == _ONE_PLAIN:  # the hot path: one reply, nothing to report
+            replies.append((w, None))
+            got.clear()
+        elif got:
+            for reply in got:
+                if reply is not None:
+                    if reply.rows is not None:  # into the batch
+                        deliver(self.batch, self._options.observation_space, reply)
+                        self._spoil()
+                    stop = stop or bool(reply.failures)
+            replies.extend([(w, reply) for reply in got])
+            got.clear()
+        if died:
+            gone = slot.bury(got)  # with what it sent between the first read and its exit
+            replies.extend([(w, reply) for reply in got])
+            got.clear()
+            self._poller.unregister(slot.reply_fd)
+            self._poller.unregister(slot.sentinel)
+            replies.append((w, gone))
+            stop = True
+            self._spoil()
         return stop
 
     def close(self, timeout: float) -> None:

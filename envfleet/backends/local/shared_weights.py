@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections import deque
 from collections.abc import Callable
 
-from envfleet.backends.contract.base import LocalPool, TransportOptions, WorkerLost
+from envfleet.backends.contract.base import LocalPool, Replies, TransportOptions, WorkerLost
 from envfleet.backends.contract.raw_parts import recorded_arrays
 from envfleet.backends.local.process import ProcessTransport
 from envfleet.info_columns import Columns
@@ -163,6 +164,9 @@ class _Live:
     users: int = 0  # commands naming it, unanswered
 
 
+_PLAIN: list[Reply | None] = [None]
+
+
 class SharedWeightsTransport(ProcessTransport):
     """:class:`~envfleet.backends.local.process.ProcessTransport`, each version's weights
     written once into a segment its workers map (see the module docstring)."""
@@ -189,6 +193,25 @@ class SharedWeightsTransport(ProcessTransport):
             super().land(worker, command, into)
         else:
             self._records[worker] = (command, ref)
+
+    def read_plain(self, worker: int, timeout: float) -> Replies | None:
+        """``worker``'s next reply, waited for up to ``timeout`` on its own
+        (:class:`~envfleet.backends.contract.base.LocalPool`): ``None`` when it is one plain
+        reply, else what came (none: nothing in time, or commands wait for room in a pipe)."""
+        slot = self._workers[worker]
+        if self._closed or not slot.alive or self._writing:
+            return []
+        got: list[Reply | None] = []
+        alive = slot.read(got)
+        if alive and not got:
+            if not slot.poll_alone(max(0, math.ceil(timeout * 1000))):
+                return []
+            alive = slot.read(got)
+        if alive and got == _PLAIN:
+            return None
+        replies: Replies = []
+        self._took(worker, slot, got, not alive, replies)
+        return replies
 
     def submit(self, worker: int, command: Command) -> None:
         if type(command) is Sample:

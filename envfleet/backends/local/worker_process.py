@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import pickle
+import select
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -114,6 +115,7 @@ class WorkerProcess:
     reader: FrameReader = field(default_factory=FrameReader)
     last: Command | None = None  # the command it would repeat
     alive: bool = True
+    alone: select.poll | None = None  # its reply pipe and sentinel alone
 
     @classmethod
     def start(
@@ -163,6 +165,15 @@ class WorkerProcess:
             Outbox(functools.partial(os.write, command_fd), watcher(command_fd)),
             FrameReader(infos),
         )
+
+    def poll_alone(self, timeout_ms: int) -> list[tuple[int, int]]:
+        """Wait up to ``timeout_ms`` for this worker alone: its reply pipe or its sentinel
+        readable; the events."""
+        if self.alone is None:
+            self.alone = select.poll()
+            self.alone.register(self.reply_fd, select.POLLIN)
+            self.alone.register(self.sentinel, select.POLLIN)
+        return self.alone.poll(timeout_ms)
 
     def read(self, out: list[Reply | None]) -> bool:
         """Read what the reply pipe holds into ``out``; False at EOF (the worker is gone)."""

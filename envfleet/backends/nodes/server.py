@@ -11,9 +11,8 @@
 Infos that workers send as columns (plain scalars: Atari's, MuJoCo's) reach the agent as bytes,
 never as dicts, and go on to the pool as they came (an ``I`` answer when the replies have
 nothing else to say). The answer to a rollout is followed by its parts' recorded arrays, a frame
-of their own that the pool reads into the rollout's columns
-(:mod:`~envfleet.backends.contract.raw_parts`); its workers record them in blocks of the agent's
-shared memory (:mod:`envfleet.shared_records`), which the frame is written from.
+of their own (:mod:`~envfleet.backends.contract.raw_parts`), sent from where its workers
+recorded them (:mod:`~envfleet.backends.nodes.recording`).
 
 Each message from the pool is a round, and each round is answered as soon as all of its
 replies are in, whatever else the node owes: with two halves of the node's envs in flight
@@ -26,9 +25,9 @@ work. A sync step is one round of every worker, answered in one message. The mes
 
 from __future__ import annotations
 
-import functools
 import time
 from collections import deque
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from operator import is_, itemgetter
 from typing import Any
@@ -37,16 +36,15 @@ import gymnasium
 import numpy as np
 
 from envfleet.backends.contract import raw_parts
-from envfleet.backends.contract.base import LandsParts, LocalPool, WorkerLost
+from envfleet.backends.contract.base import LandsParts, LocalPool, Replies, WorkerLost
 from envfleet.backends.nodes import raw_rows, wire
 from envfleet.backends.nodes.compression import Codec
 from envfleet.backends.nodes.frames import Frames, Message, send
+from envfleet.backends.nodes.recording import PartBlocks
 from envfleet.buffers import ObjectRows
 from envfleet.errors import EnvError
 from envfleet.info_columns import Columns
-from envfleet.protocol import Command, Reply, Rows, Sample
-from envfleet.recycling import Recycler
-from envfleet.rollout_loop import Sampled, placed, record_arrays
+from envfleet.protocol import Command, Reply, Rows, Sample, Step
 
 LOCAL_SLICE = 0.002
 """Seconds at most the agent holds the replies of a round that is not all in (async): past
@@ -62,15 +60,16 @@ finishes, to send the node's answer as one message: past it, what is in goes, so
 pool's ``step_timeout`` sees a hung worker's fast neighbours answer (a ``step_timeout`` this
 short would blame them)."""
 
+IN_ORDER_LIMIT = 0.002
+"""Seconds at most the agent reads a sync step's replies in the workers' order
+(:meth:`NodeServer.step_plain`) before it waits on them all (:meth:`NodeServer.collect`,
+within :data:`HOLD_LIMIT` of the first reply)."""
+
 _Held = tuple[int, "Command | None", "Reply | WorkerLost | None"]
 """A reply in, not yet sent: local worker, the command it answers (``None``: lost), reply."""
 
 _Plain = tuple[list[Command], bytes, "slice | np.ndarray", "list[memoryview] | None"]
 """A plain answer's commands, its workers part, its rows, and their views (``None``: packed)."""
-
-_Recording = tuple[LandsParts, gymnasium.Space[Any], gymnasium.Space[Any]]
-"""Where the workers record their rollouts' parts: the local pool that lands them, and the
-observation and action spaces."""
 
 _by_worker = itemgetter(0)
 
@@ -88,20 +87,16 @@ class NodeServer:
         spaces: tuple[gymnasium.Space[Any], gymnasium.Space[Any]] | None = None,
     ) -> None:
         self.local = local
-        # Where each worker records its part of a rollout: a block of this agent's shared
-        # memory (:mod:`envfleet.shared_records`), sent from there; by the Sample, till answered.
-        self.recording: _Recording | None = None
+        batch = local.batch
+        self.parts: PartBlocks | None = None  # where the workers record their rollouts' parts
         if isinstance(local, LandsParts) and spaces is not None:
-            self.recording = (local, *spaces)
-        self.memory = Recycler(shared=True)
-        self.records: dict[Command, Sampled] = {}
+            self.parts = PartBlocks(local, spaces, batch.rewards.dtype, workers)
         # The infos the workers sent as columns since the last answer (``local`` appends them
         # as it reads the replies they belong to: those replies are held, and go with them).
         self.columns: list[Columns] = [] if columns is None else columns
         self.conn = conn
         self.frames = Frames(conn.fileno())  # the pool's messages, read in one go each
         local.watch(conn.fileno())  # its wait ends when the pool speaks
-        batch = local.batch
         self.batch = batch
         self.rows = raw_rows.row_fields(batch)
         self.codecs = raw_rows.row_codecs(self.rows, codec)
@@ -118,10 +113,13 @@ class NodeServer:
         self.last_actions: tuple[np.ndarray, slice | np.ndarray, list[memoryview] | None] | None
         self.last_actions = None
         self.workers = workers
-        self.memory.keep_at_least(workers + 2)  # a free block each between its parts
         self.hold = False  # a sync step's round: held up to HOLD_LIMIT, not LOCAL_SLICE
         # The last round's commands in the workers' order, when it named every worker in it.
         self.in_order: list[Command] | None = None
+        self.stepping = False  # and they are all steps
+        # The plain answer of a sync step of every worker, all stepping with the commands of
+        # ``in_order``, once one was sent: what :meth:`step_plain` sends again.
+        self.whole_plain: _Plain | None = None
         self.held: list[_Held] = []
         self.held_since = 0.0
         self.complete = False  # a round is all in since the last answer
@@ -134,7 +132,8 @@ class NodeServer:
         try:
             self.serve()
         finally:
-            self.memory.clear()  # the blocks its workers recorded in
+            if self.parts is not None:
+                self.parts.clear()
 
     def serve(self) -> None:
         frames = self.frames
@@ -174,6 +173,45 @@ class NodeServer:
         if self.held and (self.complete or self.bad or now - self.held_since >= limit):
             self.answer()
 
+    def step_plain(self, view: memoryview) -> None:
+        """The sync step's hot path: a repeat of the last round, every worker stepping, whose
+        answer was plain (:attr:`whole_plain`). Its actions in, each worker's command out, and
+        its replies read in the workers' order, each waited for on its own pipe (a wait on
+        every pipe wakes the agent once per reply that comes apart), with no bookkeeping while
+        each is one plain reply; then the same answer. A worker not in within
+        :data:`IN_ORDER_LIMIT`, a reply that says more, or a lost worker: the round is held
+        as :meth:`submit` holds one, what came is taken in, and :meth:`collect` goes on."""
+        cached = self.whole_plain
+        assert cached is not None and cached[3] is not None
+        self.write_actions(self.last, view, 1)
+        self.local.submit_all(cached[0])
+        read, deadline = self.local.read_plain, time.monotonic() + IN_ORDER_LIMIT
+        for worker in range(self.workers):
+            replies = read(worker, max(0.0, deadline - time.monotonic()))
+            if replies is not None:
+                self.held_over(worker, replies)
+                return
+        self.send_plain(cached[1], cached[3])
+
+    def held_over(self, worker: int, replies: Replies) -> None:
+        """:meth:`step_plain` goes no further at ``worker`` (``replies``: what it sent): the
+        round as :meth:`submit` would have it, the workers before ``worker`` answered plainly."""
+        self.hold = True
+        number = self.rounds
+        self.rounds += 1
+        self.left[number] = self.workers
+        self.owed += self.workers
+        for w, command in self.last:
+            self.inflight[w].append((command, number))
+        for w in range(worker):
+            self.receive(w, None)
+        for w, reply in replies:
+            self.receive(w, reply)
+        if self.held:
+            self.held_since = time.monotonic()
+            if self.bad or self.complete:
+                self.answer()
+
     def receive(self, worker: int, reply: Reply | WorkerLost | None) -> None:
         """Hold one reply of ``worker`` (a lost worker owes nothing more)."""
         if isinstance(reply, WorkerLost):
@@ -201,7 +239,8 @@ class NodeServer:
         """``worker`` owes nothing any more (lost, or rebuilt)."""
         for command, number in self.inflight[worker]:
             self.tick(number)
-            self.records.pop(command, None)
+            if self.parts is not None:
+                self.parts.forget(command)
         self.owed -= len(self.inflight[worker])
         self.inflight[worker].clear()
 
@@ -210,18 +249,27 @@ class NodeServer:
         tag = message[:1]
         view = memoryview(message)
         if tag == wire.REPEAT:
+            if self.whole_plain is not None and self.owed == 0 and not self.frames.whole():
+                self.step_plain(view)
+                return True
             self.hold = self.owed == 0
             self.submit(self.last, view, 1)
             return True
         if tag == wire.SUBMIT or tag == wire.SUBMIT_APART:
             commands, at = wire.read_submit(view)
             self.last = commands
-            self.last_actions = None
+            self.last_actions = self.whole_plain = None
             whole = [w for w, _ in commands] == list(range(self.workers))
             self.in_order = [command for _, command in commands] if whole else None
+            self.stepping = whole and all(type(command) is Step for _, command in commands)
             self.hold = self.owed == 0 and whole
             self.submit(commands, view, at)
             return True
+        self.whole_plain = None
+        return self.control(tag, message, view)
+
+    def control(self, tag: bytes | bytearray, message: Message, view: memoryview) -> bool:
+        """A message that is not a round; False once the pool asked to close."""
         if tag == wire.MEMORY:  # answered at once, between the node's rounds
             local = self.local
             self.conn.send_bytes(wire.memory([local.memory(k) for k in range(self.workers)]))
@@ -247,8 +295,8 @@ class NodeServer:
             return False
         return True
 
-    def submit(self, commands: list[tuple[int, Command]], view: memoryview, at: int) -> None:
-        """One round: its actions into the batch, each command to its worker."""
+    def write_actions(self, commands: list[tuple[int, Command]], view: memoryview, at: int) -> None:
+        """A round's actions (``view``, from ``at``) into the batch."""
         if self.actions:
             cached = self.last_actions
             if cached is None:
@@ -260,6 +308,10 @@ class NodeServer:
                 raw_rows.copy_into(views, view, at)
             else:
                 raw_rows.unpack(self.actions, sel, ids.size, view, at)
+
+    def submit(self, commands: list[tuple[int, Command]], view: memoryview, at: int) -> None:
+        """One round: its actions into the batch, each command to its worker."""
+        self.write_actions(commands, view, at)
         if not commands:
             return
         number = self.rounds
@@ -269,8 +321,8 @@ class NodeServer:
         inflight = self.inflight
         for worker, command in commands:
             inflight[worker].append((command, number))
-            if self.recording is not None and type(command) is Sample:
-                self.record(worker, command, self.recording)
+            if self.parts is not None and type(command) is Sample:
+                self.parts.record(worker, command)
         if self.hold and self.in_order is not None:  # a sync step: other cores' workers first
             self.local.submit_all(self.in_order)
             return
@@ -278,43 +330,16 @@ class NodeServer:
         for worker, command in commands:
             submit(worker, command)
 
-    def record(self, worker: int, command: Sample, recording: _Recording) -> None:
-        """Give ``worker`` a block to record its part of ``command`` in (in place, or read
-        there from its pipe)."""
-        local, obs_space, act_space = recording
-        rewards = self.batch.rewards.dtype
-        steps, count = command.steps, len(command.env_ids)
-        # Each worker's parts in the same few blocks again: it keeps them mapped.
-        empty = functools.partial(self.memory.empty, hint=worker)
-        fields = record_arrays(obs_space, act_space, steps, count, rewards, empty)
-        into = Sampled(command.env_ids, steps, *fields, {}, {}, None)
-        local.land(worker, command, into)
-        self.records[command] = into
-
-    def placed(self, held: list[_Held], recording: _Recording) -> None:
-        """The parts recorded in place among ``held``, holding the arrays they were recorded
-        in (sent from there)."""
-        _, obs_space, act_space = recording
-        for _, command, reply in held:
-            into = self.records.pop(command, None) if command is not None else None
-            if into is None or not isinstance(reply, Reply) or not reply.values:
-                continue
-            got = reply.values.get(into.env_ids[0])
-            if isinstance(got, Sampled) and got.in_place:
-                reply.values[into.env_ids[0]] = placed(got, into, obs_space, act_space)
-
     def answer(self) -> None:
         """Send the pool what is held: one message."""
         held, self.held = self.held, []
         self.complete = self.bad = False
         held.sort(key=_by_worker)  # the order the pool reads an answer in (stable: per worker)
-        columns: list[Columns] = []
-        if self.columns:
-            columns = wire.join_columns(self.columns)
-            self.columns.clear()
         if not self.objects and all(reply is None for _, _, reply in held):
-            self.answer_plain(held, columns)
+            self.answer_plain(held)
             return
+        columns = wire.join_columns(self.columns) if self.columns else []
+        self.columns.clear()
         answered: list[tuple[Command, Reply | None]] = []
         for _, command, reply in held:
             if command is not None and not isinstance(reply, WorkerLost):
@@ -332,8 +357,8 @@ class NodeServer:
                         reply.rows = Rows(got, [observations[i] for i in got.tolist()])
                 replies.append((worker, reply))
         rollout = any(isinstance(command, Sample) for _, command, _ in held)  # copied at once
-        if rollout and self.records and self.recording is not None:
-            self.placed(held, self.recording)
+        if rollout and self.parts is not None:
+            self.parts.placed(held)
         # A rollout's recorded arrays follow as a frame of their own, read into its columns.
         arrays = raw_parts.strip((reply for _, _, reply in held), self.codec) if rollout else None
         head = wire.header_parts(wire.GENERAL, (replies, columns), out_of_band=rollout)
@@ -341,9 +366,9 @@ class NodeServer:
         if arrays is not None:
             send(self.conn.fileno(), arrays)
 
-    def answer_plain(self, held: list[_Held], columns: list[Columns]) -> None:
+    def answer_plain(self, held: list[_Held]) -> None:
         """Every held reply is plain: the workers answered, the rows of their envs, and the
-        infos that came as ``columns``."""
+        infos that came as columns."""
         key = tuple([worker for worker, _, _ in held])
         commands: list[Command] = [command for _, command, _ in held]  # type: ignore[misc]
         cached = self.plain.get(key)
@@ -355,11 +380,21 @@ class NodeServer:
             views = None if self.codecs else raw_rows.row_views(self.rows, sel)
             cached = self.plain[key] = (commands, wire.plain_workers(key), sel, views)
         _, workers, sel, views = cached
+        whole = self.stepping and views is not None and len(key) == self.workers
+        if whole and all(map(is_, commands, self.in_order or ())):  # the sync step's answer
+            self.whole_plain = cached  # step_plain answers its repeats
         rows = views if views is not None else raw_rows.pack(self.rows, sel, self.codecs)
-        if columns:
+        self.send_plain(workers, rows)
+
+    def send_plain(self, workers: bytes, rows: Sequence[bytes | memoryview]) -> None:
+        """A plain answer: ``workers`` answered, their ``rows``, and the infos that came as
+        columns since the last answer."""
+        if self.columns:
+            columns = wire.join_columns(self.columns)
+            self.columns.clear()
             send(self.conn.fileno(), [wire.INFOS, workers, wire.pickled(columns), *rows])
         else:
             send(self.conn.fileno(), [wire.PLAIN, workers, *rows])
 
 
-__all__ = ["HOLD_LIMIT", "LOCAL_SLICE", "WAIT_SLICE", "NodeServer"]
+__all__ = ["HOLD_LIMIT", "IN_ORDER_LIMIT", "LOCAL_SLICE", "WAIT_SLICE", "NodeServer"]
