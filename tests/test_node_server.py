@@ -230,6 +230,24 @@ def test_a_repeated_sync_step_is_read_worker_by_worker_and_answered_the_same(
     assert workers.read_in_order == 3 * WORKERS and workers.whole_rounds == 4
 
 
+def test_a_sync_step_slower_than_the_in_order_limit_repeats_the_general_way(
+    pair: tuple[Connection, Connection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Envs whose rounds take longer than IN_ORDER_LIMIT would wait it out on the first worker
+    every step: their repeats go the general way, answered as before."""
+    monkeypatch.setattr(node_server, "IN_ORDER_LIMIT", 0.0)
+    server, workers, link = setup(pair)
+    pool = Batch.local(OBS, ACTIONS, ENVS)
+    commands = None
+    for step in range(3):
+        commands = send_steps(link, server, pool, list(range(WORKERS)), step, commands)
+        workers.finish(*range(WORKERS))
+        server.collect()
+        assert answers(link, pool) == [[0, 1, 2, 3]]
+        np.testing.assert_array_equal(pool.rewards, 10 * np.arange(ENVS) + step)
+    assert workers.read_in_order == 0 and server.whole_plain is None
+
+
 def failure(ids: tuple[int, ...]) -> Reply:
     """A reply whose first env failed."""
     return Reply(env_ids=ids, failures=(EnvFailure.capture(ids[0], Phase.STEP, ValueError()),))

@@ -62,8 +62,8 @@ short would blame them)."""
 
 IN_ORDER_LIMIT = 0.002
 """Seconds at most the agent reads a sync step's replies in the workers' order
-(:meth:`NodeServer.step_plain`) before it waits on them all (:meth:`NodeServer.collect`,
-within :data:`HOLD_LIMIT` of the first reply)."""
+(:meth:`NodeServer.step_plain`, for a round last answered within it: slower envs would wait it
+out every step) before it waits on them all (:meth:`NodeServer.collect`)."""
 
 _Held = tuple[int, "Command | None", "Reply | WorkerLost | None"]
 """A reply in, not yet sent: local worker, the command it answers (``None``: lost), reply."""
@@ -117,15 +117,13 @@ class NodeServer:
         # The last round's commands in the workers' order, when it named every worker in it.
         self.in_order: list[Command] | None = None
         self.stepping = False  # and they are all steps
-        # The plain answer of a sync step of every worker, all stepping with the commands of
-        # ``in_order``, once one was sent: what :meth:`step_plain` sends again.
-        self.whole_plain: _Plain | None = None
+        self.began = 0.0  # when the last round went out
+        self.whole_plain: _Plain | None = None  # their plain answer: step_plain sends it again
         self.held: list[_Held] = []
         self.held_since = 0.0
         self.complete = False  # a round is all in since the last answer
         self.bad = False  # a failure or a lost worker is held: it goes at once
-        # A plain answer's workers and rows (and their views), by its workers (the same
-        # commands each step).
+        # A plain answer's workers and rows (and their views), by its workers.
         self.plain: dict[tuple[int, ...], _Plain] = {}
 
     def run(self) -> None:
@@ -174,18 +172,18 @@ class NodeServer:
             self.answer()
 
     def step_plain(self, view: memoryview) -> None:
-        """The sync step's hot path: a repeat of the last round, every worker stepping, whose
-        answer was plain (:attr:`whole_plain`). Its actions in, each worker's command out, and
-        its replies read in the workers' order, each waited for on its own pipe (a wait on
-        every pipe wakes the agent once per reply that comes apart), with no bookkeeping while
-        each is one plain reply; then the same answer. A worker not in within
-        :data:`IN_ORDER_LIMIT`, a reply that says more, or a lost worker: the round is held
-        as :meth:`submit` holds one, what came is taken in, and :meth:`collect` goes on."""
+        """The sync step's hot path: a repeat of a round of every worker stepping, answered
+        plainly (:attr:`whole_plain`). Its replies read in the workers' order, each waited for
+        on its own pipe (a wait on every pipe wakes the agent once per reply that comes apart),
+        with no bookkeeping while each is one plain reply; then the same answer. A worker not in
+        within :data:`IN_ORDER_LIMIT`, a reply that says more or a lost worker: the round is
+        held as :meth:`submit` holds one, and :meth:`collect` goes on."""
         cached = self.whole_plain
         assert cached is not None and cached[3] is not None
         self.write_actions(self.last, view, 1)
         self.local.submit_all(cached[0])
-        read, deadline = self.local.read_plain, time.monotonic() + IN_ORDER_LIMIT
+        self.began = time.monotonic()
+        read, deadline = self.local.read_plain, self.began + IN_ORDER_LIMIT
         for worker in range(self.workers):
             replies = read(worker, max(0.0, deadline - time.monotonic()))
             if replies is not None:
@@ -311,6 +309,7 @@ class NodeServer:
 
     def submit(self, commands: list[tuple[int, Command]], view: memoryview, at: int) -> None:
         """One round: its actions into the batch, each command to its worker."""
+        self.began = time.monotonic()
         self.write_actions(commands, view, at)
         if not commands:
             return
@@ -380,9 +379,9 @@ class NodeServer:
             views = None if self.codecs else raw_rows.row_views(self.rows, sel)
             cached = self.plain[key] = (commands, wire.plain_workers(key), sel, views)
         _, workers, sel, views = cached
-        whole = self.stepping and views is not None and len(key) == self.workers
-        if whole and all(map(is_, commands, self.in_order or ())):  # the sync step's answer
-            self.whole_plain = cached  # step_plain answers its repeats
+        quick = time.monotonic() - self.began < IN_ORDER_LIMIT and len(key) == self.workers
+        whole = quick and self.stepping and all(map(is_, commands, self.in_order or ()))
+        self.whole_plain = cached if whole and views is not None else None
         rows = views if views is not None else raw_rows.pack(self.rows, sel, self.codecs)
         self.send_plain(workers, rows)
 
