@@ -255,11 +255,10 @@ class LocalPool(Workers, Protocol):
     What the agent asks of it beyond a :class:`Transport`'s submit and wait: to wait with a
     ``linger`` (hold a fast worker's reply that long at most for the others), to wait for one
     worker alone (:meth:`read_plain`) and to stop waiting when the agent's own connection speaks
-    (:meth:`watch`). Its workers hold the pool's global
-    env indices (rows of a batch as large as the whole pool's). One is opened by the local
-    family's ``open_local_pool(options, info_columns, cores)``: infos the workers send as
-    columns go, as they came, to ``info_columns``; ``cores`` are the cores its waits may count
-    on.
+    (:meth:`watch`). Its workers hold the pool's global env indices (rows of a batch as large as
+    the whole pool's). One is opened by the local family's ``open_local_pool(options,
+    info_columns, cores)``: infos the workers send as columns go, as they came, to
+    ``info_columns``; ``cores`` are the cores its waits may count on.
     """
 
     batch: Batch

@@ -180,9 +180,9 @@ class NodeServer:
         held as :meth:`submit` holds one, and :meth:`collect` goes on."""
         cached = self.whole_plain
         assert cached is not None and cached[3] is not None
+        self.began = time.monotonic()
         self.write_actions(self.last, view, 1)
         self.local.submit_all(cached[0])
-        self.began = time.monotonic()
         read, deadline = self.local.read_plain, self.began + IN_ORDER_LIMIT
         for worker in range(self.workers):
             replies = read(worker, max(0.0, deadline - time.monotonic()))
