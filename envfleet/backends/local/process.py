@@ -62,7 +62,12 @@ from envfleet.backends.local.lifeline import sigint_held
 from envfleet.backends.local.runnable import Runnable
 from envfleet.backends.local.shm import batch_allocator
 from envfleet.backends.local.spin import poll_spinning, quick, spin_seconds
-from envfleet.backends.local.worker_process import SPIN_SECONDS, WorkerProcess, worker_main
+from envfleet.backends.local.worker_process import (
+    ONE_PLAIN,
+    SPIN_SECONDS,
+    WorkerProcess,
+    worker_main,
+)
 from envfleet.backends.local.workers import await_built, wait_for_exit
 from envfleet.buffers import SharedBatch
 from envfleet.info_columns import Columns
@@ -70,9 +75,6 @@ from envfleet.protocol import Close, Command, Reply, Sample
 from envfleet.rollout_loop import Sampled
 
 __all__ = ["ProcessTransport"]
-
-_ONE_PLAIN: list[Reply | None] = [None]
-"""What a worker's reply pipe holds after most steps: one plain reply."""
 
 
 class ProcessTransport(BaseTransport, BaseWorkers):
@@ -341,7 +343,7 @@ class ProcessTransport(BaseTransport, BaseWorkers):
         """Worker ``w``'s replies read (``got``, emptied) into ``replies`` (``died``: it is
         gone); True if it is lost or reports a failure."""
         stop = False
-        if got == _ONE_PLAIN:  # the hot path: one reply, nothing to report
+        if got == ONE_PLAIN:  # the hot path: one reply, nothing to report
             replies.append((w, None))
             got.clear()
         elif got:

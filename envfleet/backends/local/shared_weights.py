@@ -43,6 +43,7 @@ from collections.abc import Callable
 from envfleet.backends.contract.base import LocalPool, Replies, TransportOptions, WorkerLost
 from envfleet.backends.contract.raw_parts import recorded_arrays
 from envfleet.backends.local.process import ProcessTransport
+from envfleet.backends.local.worker_process import ONE_PLAIN
 from envfleet.info_columns import Columns
 from envfleet.protocol import Command, Reply, Sample
 from envfleet.rollout_loop import Sampled
@@ -164,9 +165,6 @@ class _Live:
     users: int = 0  # commands naming it, unanswered
 
 
-_PLAIN: list[Reply | None] = [None]
-
-
 class SharedWeightsTransport(ProcessTransport):
     """:class:`~envfleet.backends.local.process.ProcessTransport`, each version's weights
     written once into a segment its workers map (see the module docstring)."""
@@ -207,7 +205,7 @@ class SharedWeightsTransport(ProcessTransport):
             if not slot.poll_alone(max(0, math.ceil(timeout * 1000))):
                 return []
             alive = slot.read(got)
-        if alive and got == _PLAIN:
+        if alive and got == ONE_PLAIN:
             return None
         replies: Replies = []
         self._took(worker, slot, got, not alive, replies)

@@ -102,6 +102,10 @@ def worker_main(
     serve_pipes(group, commands.fileno(), reply_fd, SPIN_SECONDS, after)
 
 
+ONE_PLAIN: list[Reply | None] = [None]
+"""What :meth:`WorkerProcess.read` gives after most steps: one plain reply."""
+
+
 @dataclass(eq=False)
 class WorkerProcess:
     """One worker process and the pool's ends of its pipes."""
@@ -247,4 +251,4 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
-__all__ = ["SPIN_SECONDS", "WorkerProcess", "describe_exit", "worker_main"]
+__all__ = ["ONE_PLAIN", "SPIN_SECONDS", "WorkerProcess", "describe_exit", "worker_main"]

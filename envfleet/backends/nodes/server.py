@@ -195,12 +195,7 @@ class NodeServer:
         """:meth:`step_plain` goes no further at ``worker`` (``replies``: what it sent): the
         round as :meth:`submit` would have it, the workers before ``worker`` answered plainly."""
         self.hold = True
-        number = self.rounds
-        self.rounds += 1
-        self.left[number] = self.workers
-        self.owed += self.workers
-        for w, command in self.last:
-            self.inflight[w].append((command, number))
+        self.book(self.last)
         for w in range(worker):
             self.receive(w, None)
         for w, reply in replies:
@@ -313,21 +308,25 @@ class NodeServer:
         self.write_actions(commands, view, at)
         if not commands:
             return
-        number = self.rounds
-        self.rounds += 1
-        self.left[number] = len(commands)
-        self.owed += len(commands)
-        inflight = self.inflight
-        for worker, command in commands:
-            inflight[worker].append((command, number))
-            if self.parts is not None and type(command) is Sample:
-                self.parts.record(worker, command)
+        self.book(commands)
         if self.hold and self.in_order is not None:  # a sync step: other cores' workers first
             self.local.submit_all(self.in_order)
             return
         submit = self.local.submit
         for worker, command in commands:
             submit(worker, command)
+
+    def book(self, commands: list[tuple[int, Command]]) -> None:
+        """A round's commands in flight, each with its round's number (a rollout's part given
+        a block to be recorded in)."""
+        number = self.rounds
+        self.rounds += 1
+        self.left[number] = len(commands)
+        self.owed += len(commands)
+        for worker, command in commands:
+            self.inflight[worker].append((command, number))
+            if self.parts is not None and type(command) is Sample:
+                self.parts.record(worker, command)
 
     def answer(self) -> None:
         """Send the pool what is held: one message."""
